@@ -1,0 +1,68 @@
+"""Builders that turn a recipe's stages into nodes; the only place the facade meets the stages."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torchdata.nodes import BaseNode, ParallelMapper
+
+if TYPE_CHECKING:
+    from padpipe.pipeline import BuildContext
+
+
+def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: int) -> BaseNode:
+    """Build the row shuffle buffer."""
+    from padpipe.pipes.shuffle import ShuffleBuffer
+
+    return ShuffleBuffer(upstream, buffer_size=buffer_size, seed=seed, stats=ctx.stats)
+
+
+def tokenize(upstream: BaseNode, ctx: BuildContext, *, encoder: Any, fields: tuple[str, ...], num_threads: int, on_error: str) -> BaseNode:
+    """Build the tokenizer stage: a ``ParallelMapper`` of threads running the batch encoder."""
+    from padpipe.pipes.tokenize import ChunkTokenizer
+
+    fn = ChunkTokenizer(encoder, fields=fields, on_error=on_error, stats=ctx.stats)
+    if num_threads == 1:
+        return ParallelMapper(upstream, fn, num_workers=0)
+    return ParallelMapper(upstream, fn, num_workers=num_threads, method="thread", in_order=True)
+
+
+def batch(upstream: BaseNode, ctx: BuildContext, *, batch_size: int, drop_last: bool) -> BaseNode:
+    """Build the in-order fixed-size batcher."""
+    from padpipe.pipes.batch import FixedBatcher
+
+    return FixedBatcher(upstream, batch_size=batch_size, drop_last=drop_last, stats=ctx.stats)
+
+
+def bucket(upstream: BaseNode, ctx: BuildContext, *, seed: int | None, **options: Any) -> BaseNode:
+    """Build the length bucketizer; the padding rules come from the recipe's ``pad`` stage."""
+    from padpipe.pipes.bucket import Bucketizer
+
+    seed = seed if seed is not None else (ctx.seed if ctx.seed is not None else 0)
+    return Bucketizer(
+        upstream,
+        seed=seed,
+        pad_to_multiple_of=ctx.pad_to_multiple_of,
+        pad_to_length=ctx.pad_to_length,
+        stats=ctx.stats,
+        **options,
+    )
+
+
+def pad(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
+    """Build the pad-collate stage."""
+    from padpipe.pipes.pad import Padder
+
+    return Padder(upstream, stats=ctx.stats, **options)
+
+
+def prefetch(upstream: BaseNode, ctx: BuildContext, *, prefetch: int, device: Any) -> BaseNode:
+    """Build the background prefetcher (and CUDA copier when ``device`` is set)."""
+    from padpipe.pipes.device import DevicePrefetcher
+
+    return DevicePrefetcher(upstream, prefetch=prefetch, device=device, stats=ctx.stats)
+
+
+def source(upstream: None, ctx: BuildContext, *, reader: type, **options: Any) -> BaseNode:
+    """Build a reader node; the shuffle seed and consumer slot come from the recipe."""
+    return reader(seed=ctx.seed, consumer=ctx.consumer, stats=ctx.stats, **options)

@@ -1,0 +1,59 @@
+"""Who is reading: this process's rank among distributed ranks and its DataLoader worker slot."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One reader of the data: ``rank`` of ``world_size`` ranks, ``worker`` of ``num_workers``.
+
+    Every work unit goes to exactly one consumer; consumer ``index`` reads units
+    ``index, index + count, ...`` of the epoch's unit order.
+
+    Example:
+        >>> Consumer(rank=1, world_size=2, worker=0, num_workers=2).index
+        2
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), but is {self.rank} instead.")
+        if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker must be in [0, num_workers={self.num_workers}), but is {self.worker} instead.")
+
+    @property
+    def index(self) -> int:
+        """Position of this consumer among all ``count`` consumers (rank-major)."""
+        return self.rank * self.num_workers + self.worker
+
+    @property
+    def count(self) -> int:
+        """Number of consumers sharing the data."""
+        return self.world_size * self.num_workers
+
+    @staticmethod
+    def detect() -> Consumer:
+        """The current process's consumer slot.
+
+        Rank and world size come from ``torch.distributed`` when it is initialized, else from the
+        ``RANK``/``WORLD_SIZE`` environment variables, else a single rank; the worker slot comes from
+        ``torch.utils.data.get_worker_info()``.
+        """
+        import torch.distributed as dist
+        from torch.utils.data import get_worker_info
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return Consumer(rank=rank, world_size=world, worker=worker, num_workers=workers)

@@ -1,0 +1,195 @@
+"""The columnar unit that flows between tokenized stages: many rows of token ids, stored flat.
+
+Raw stages (readers, shuffle) pass ``pyarrow.RecordBatch`` objects. From ``tokenize`` on, stages
+pass :class:`TokenChunk`: one flat ``int32`` id array plus row offsets, optional flat token type
+ids, and the pass-through columns (labels, ids, ...) as Arrow arrays. Gathering, concatenating and
+serialising chunks are vectorized; no stage loops over rows in Python.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+ID_DTYPE = np.int32
+TYPE_ID_DTYPE = np.int8
+
+
+def gather_segments(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gather variable-length rows ``rows`` from flat ``values`` split by ``offsets``.
+
+    Args:
+        values: Flat values of all rows.
+        offsets: ``len(rows_total) + 1`` monotone offsets into ``values``.
+        rows: Row indices to gather, in output order (repeats allowed).
+
+    Returns:
+        ``(flat_values, new_offsets)`` of the gathered rows.
+
+    Example:
+        >>> v, o = gather_segments(np.array([1, 2, 3, 4, 5]), np.array([0, 2, 5]), np.array([1, 0]))
+        >>> v.tolist(), o.tolist()
+        ([3, 4, 5, 1, 2], [0, 3, 5])
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    starts = offsets[rows]
+    lengths = offsets[rows + 1] - starts
+    new_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    # position j of output row r reads values[starts[r] + j]
+    index = np.arange(total, dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
+    return values[index], new_offsets
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """Tokenized rows: row ``i`` is ``ids[offsets[i]:offsets[i + 1]]``.
+
+    Args:
+        ids: Flat ``int32`` token ids of all rows.
+        offsets: ``int64`` array of ``num_rows + 1`` offsets; ``offsets[0] == 0``.
+        type_ids: Flat ``int8`` token type ids aligned with ``ids``, or ``None`` when the tokenizer
+            makes none.
+        columns: Pass-through columns (labels, row ids, ...), each an Arrow array of ``num_rows``.
+
+    Example:
+        >>> c = TokenChunk.from_lists([[2, 7, 3], [2, 3]])
+        >>> c.num_rows, c.lengths.tolist(), c.row(0).tolist()
+        (2, [3, 2], [2, 7, 3])
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    type_ids: np.ndarray | None = None
+    columns: dict[str, pa.Array] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        """Number of rows in the chunk."""
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Token count of every row (``int64``)."""
+        return np.diff(self.offsets)
+
+    @property
+    def num_tokens(self) -> int:
+        """Total number of real tokens."""
+        return int(self.offsets[-1])
+
+    def row(self, i: int) -> np.ndarray:
+        """Token ids of row ``i`` (a view)."""
+        return self.ids[self.offsets[i] : self.offsets[i + 1]]
+
+    def take(self, rows: np.ndarray | Sequence[int]) -> TokenChunk:
+        """Rows ``rows`` in that order, as a new chunk (vectorized gather).
+
+        Example:
+            >>> TokenChunk.from_lists([[1], [2, 2], [3, 3, 3]]).take([2, 0]).lengths.tolist()
+            [3, 1]
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        ids, offsets = gather_segments(self.ids, self.offsets, rows)
+        type_ids = None if self.type_ids is None else gather_segments(self.type_ids, self.offsets, rows)[0]
+        indices = pa.array(rows, type=pa.int64())
+        columns = {name: col.take(indices) for name, col in self.columns.items()}
+        return TokenChunk(ids, offsets, type_ids, columns)
+
+    @staticmethod
+    def concat(chunks: Sequence[TokenChunk]) -> TokenChunk:
+        """Concatenate chunks row-wise; all must carry the same columns and type-id presence.
+
+        Example:
+            >>> a = TokenChunk.from_lists([[1, 2]]); b = TokenChunk.from_lists([[3]])
+            >>> TokenChunk.concat([a, b]).offsets.tolist()
+            [0, 2, 3]
+        """
+        if len(chunks) == 1:
+            return chunks[0]
+        if not chunks:
+            return TokenChunk.empty()
+        ids = np.concatenate([c.ids for c in chunks])
+        offsets = np.zeros(sum(c.num_rows for c in chunks) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate([c.lengths for c in chunks]), out=offsets[1:])
+        has_types = chunks[0].type_ids is not None
+        type_ids = np.concatenate([c.type_ids for c in chunks]) if has_types else None  # type: ignore[misc]
+        names = list(chunks[0].columns)
+        columns = {n: pa.concat_arrays([_as_array(c.columns[n]) for c in chunks]) for n in names}
+        return TokenChunk(ids, offsets, type_ids, columns)
+
+    @staticmethod
+    def empty() -> TokenChunk:
+        """A chunk with no rows."""
+        return TokenChunk(np.zeros(0, ID_DTYPE), np.zeros(1, np.int64))
+
+    @staticmethod
+    def from_lists(rows: Sequence[Sequence[int]], columns: dict[str, Any] | None = None) -> TokenChunk:
+        """Build a chunk from Python lists of ids (tests and small inputs).
+
+        Example:
+            >>> TokenChunk.from_lists([[5, 6]], {"label": [1]}).columns["label"].to_pylist()
+            [1]
+        """
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.fromiter((t for r in rows for t in r), dtype=ID_DTYPE, count=int(offsets[-1]))
+        cols = {k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in (columns or {}).items()}
+        return TokenChunk(ids, offsets, None, cols)
+
+    def to_state(self) -> dict[str, Any]:
+        """A picklable, ``torch.save``-able snapshot (numpy arrays and Arrow IPC bytes)."""
+        return {
+            "ids": self.ids.copy(),
+            "offsets": self.offsets.copy(),
+            "type_ids": None if self.type_ids is None else self.type_ids.copy(),
+            "columns": _columns_to_ipc(self.columns, self.num_rows),
+        }
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> TokenChunk:
+        """Inverse of :meth:`to_state`."""
+        return TokenChunk(
+            np.asarray(state["ids"], dtype=ID_DTYPE),
+            np.asarray(state["offsets"], dtype=np.int64),
+            None if state["type_ids"] is None else np.asarray(state["type_ids"], dtype=TYPE_ID_DTYPE),
+            _columns_from_ipc(state["columns"]),
+        )
+
+
+def _as_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _columns_to_ipc(columns: dict[str, pa.Array], num_rows: int) -> bytes | None:
+    if not columns:
+        return None
+    batch = pa.RecordBatch.from_arrays([_as_array(c) for c in columns.values()], names=list(columns))
+    return record_batch_to_bytes(batch)
+
+
+def _columns_from_ipc(data: bytes | None) -> dict[str, pa.Array]:
+    if data is None:
+        return {}
+    batch = record_batch_from_bytes(data)
+    return {name: batch.column(i) for i, name in enumerate(batch.schema.names)}
+
+
+def record_batch_to_bytes(batch: pa.RecordBatch | pa.Table) -> bytes:
+    """Serialize a record batch or table to Arrow IPC stream bytes (for state dicts)."""
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write(batch)
+    return sink.getvalue()
+
+
+def record_batch_from_bytes(data: bytes) -> pa.RecordBatch:
+    """Inverse of :func:`record_batch_to_bytes`; always one record batch."""
+    table = pa.ipc.open_stream(data).read_all()
+    return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)

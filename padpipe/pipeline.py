@@ -1,0 +1,369 @@
+"""The fluent facade: an immutable recipe of stages, built into fresh ``torchdata.nodes`` per loader.
+
+Each method checks its arguments at once and returns a new :class:`Pipeline` with one more stage;
+nothing is read or tokenized until :meth:`Pipeline.loader` (or iteration) builds the node graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal
+
+import torch
+from torch.utils.data import IterableDataset
+from torchdata.nodes import BaseNode
+
+from padpipe import _build
+from padpipe._shard import Consumer
+from padpipe.errors import one_of, positive
+from padpipe.loader import PipelineLoader
+from padpipe.stats import PipelineStats
+
+# What flows out of the pipeline so far, in the order stages may move it along.
+RECORDS, TOKENS, TOKEN_BATCHES, TENSORS = "records", "tokens", "token batches", "tensors"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a recipe: ``builder(upstream, context, **options)`` makes its node."""
+
+    name: str
+    builder: Callable[..., BaseNode]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What stages learn from the whole recipe when the graph is built."""
+
+    stats: PipelineStats
+    consumer: Consumer | None
+    seed: int | None
+    pad_to_multiple_of: int | None
+    pad_to_length: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class Pipeline(IterableDataset):
+    """A reusable recipe: a source and the stages after it.
+
+    Build one with a reader (:func:`padpipe.read_parquet`, :func:`padpipe.read_arrow`,
+    :func:`padpipe.read_jsonl`, :func:`padpipe.from_hf`, :func:`padpipe.from_iterable`), chain
+    stages, then call :meth:`loader`. Every ``loader()`` call builds fresh, independent state. A
+    pipeline is also a ``torch.utils.data.IterableDataset``: under
+    ``DataLoader(pipe, batch_size=None, num_workers=N)`` each worker reads its own share.
+
+    Example:
+        >>> import padpipe as pp
+        >>> pipe = (pp.from_iterable([{"text": "hello world"}, {"text": "hi"}])
+        ...           .tokenize(pp.examples.tokenizer(), fields="text")
+        ...           .batch(batch_size=2).pad())
+        >>> batch = next(iter(pipe.loader()))
+        >>> batch["input_ids"].shape, batch["attention_mask"].sum(1).tolist()
+        (torch.Size([2, 4]), [4, 3])
+    """
+
+    source: Stage
+    stages: tuple[Stage, ...] = ()
+    output: str = RECORDS
+    seed: int | None = None
+    _epoch: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+
+    # -- stages -----------------------------------------------------------------------------------
+    def shuffle(self, buffer_size: int = 10_000, *, seed: int = 0) -> Pipeline:
+        """Shuffle the order of input units per epoch, then rows through a ``buffer_size`` buffer.
+
+        Deterministic for ``(seed, epoch)``; each new pass over a loader is the next epoch.
+
+        Args:
+            buffer_size: Rows held in the shuffle buffer (memory vs randomness).
+            seed: Seed for unit order, the buffer, and (by default) bucket batch order.
+
+        Example:
+            >>> pp.from_iterable([{"text": "a"}]).shuffle(buffer_size=100, seed=1).seed
+            1
+        """
+        self._expect("shuffle", RECORDS)
+        positive("buffer_size", buffer_size)
+        if not isinstance(seed, int):
+            raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
+        stage = Stage("shuffle", _build.shuffle, {"buffer_size": buffer_size, "seed": seed})
+        return self._add(stage, RECORDS, seed=seed)
+
+    def tokenize(
+        self,
+        tokenizer: Any,
+        *,
+        fields: str | tuple[str, ...] | list[str] = "text",
+        max_length: int | None = None,
+        truncation: bool = True,
+        add_special_tokens: bool = True,
+        num_threads: int = 2,
+        on_error: Literal["raise", "skip"] = "raise",
+    ) -> Pipeline:
+        """Tokenize one text field, or two for sentence pairs, with the fast tokenizer's batch call.
+
+        Token ids equal ``tokenizer(text, text_pair, truncation=..., max_length=...)`` for every
+        row. Other columns pass through; a ``label`` column comes out as ``labels``.
+
+        Args:
+            tokenizer: A ``transformers`` fast tokenizer, a ``tokenizers.Tokenizer``, or a path to a
+                ``tokenizer.json`` file or a pretrained folder/name.
+            fields: The text column, or two columns for pairs.
+            max_length: Truncate to this many tokens (special tokens included). ``None`` with
+                ``truncation=True`` uses the tokenizer's ``model_max_length`` when it has one.
+            truncation: Whether to truncate (``longest_first`` for pairs, as ``transformers``).
+            add_special_tokens: Add ``[CLS]``/``[SEP]``-style tokens from the tokenizer's template.
+            num_threads: Chunks tokenized concurrently (the Rust tokenizer releases the GIL).
+            on_error: ``"raise"`` on ``None``/non-string text (naming the row), or ``"skip"`` such
+                rows, counted in stats as ``tokenize.bad_text``.
+
+        Example:
+            >>> tok = pp.examples.tokenizer()
+            >>> pipe = pp.from_iterable([{"s1": "a cat", "s2": "a dog", "label": 1}])
+            >>> pipe.tokenize(tok, fields=("s1", "s2"), max_length=32).output
+            'tokens'
+        """
+        self._expect("tokenize", RECORDS)
+        fields = (fields,) if isinstance(fields, str) else tuple(fields)
+        if len(fields) not in (1, 2) or not all(isinstance(f, str) for f in fields):
+            raise ValueError(f"`fields` must be one column name or two for pairs, but is {fields!r} instead.")
+        positive("max_length", max_length, allow_none=True)
+        positive("num_threads", num_threads)
+        one_of("on_error", on_error, ("raise", "skip"))
+        from padpipe.tokenizer import TextEncoder
+
+        encoder = TextEncoder.load(
+            tokenizer, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens
+        )
+        options = {"encoder": encoder, "fields": fields, "num_threads": num_threads, "on_error": on_error}
+        return self._add(Stage("tokenize", _build.tokenize, options), TOKENS)
+
+    def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
+        """Group rows into batches of ``batch_size`` in arrival order (no length grouping).
+
+        Example:
+            >>> pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(8).output
+            'token batches'
+        """
+        self._expect("batch", TOKENS)
+        positive("batch_size", batch_size)
+        stage = Stage("batch", _build.batch, {"batch_size": batch_size, "drop_last": drop_last})
+        return self._add(stage, TOKEN_BATCHES)
+
+    def bucket(
+        self,
+        batch_size: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        buffer_size: int = 10_000,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        seed: int | None = None,
+        on_oversize: Literal["raise", "drop", "truncate"] = "raise",
+    ) -> Pipeline:
+        """Group rows of similar length from a bounded buffer into batches.
+
+        Exactly one of ``batch_size`` (rows per batch) or ``max_tokens`` (a budget on *padded*
+        tokens: rows x longest row after ``pad_to_multiple_of``, never exceeded) is given.
+
+        Args:
+            batch_size: Rows per batch.
+            max_tokens: Padded-token budget per batch.
+            buffer_size: Rows sorted together; larger groups lengths better but holds more memory.
+            drop_last: Drop the epoch's last batch if it is smaller than ``batch_size``.
+            shuffle: Shuffle batch order (seeded) so length does not trend through the epoch.
+            seed: Seed for batch order; default: the pipeline's shuffle seed, else 0.
+            on_oversize: A row longer than ``max_tokens``: ``"raise"`` an error naming its length,
+                ``"drop"`` it or ``"truncate"`` it to the budget (both counted in stats).
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer())
+            >>> pipe.bucket(max_tokens=4096).output
+            'token batches'
+        """
+        self._expect("bucket", TOKENS)
+        if (batch_size is None) == (max_tokens is None):
+            raise ValueError("Pass exactly one of `batch_size` or `max_tokens` to bucket().")
+        positive("batch_size", batch_size, allow_none=True)
+        positive("max_tokens", max_tokens, allow_none=True)
+        positive("buffer_size", buffer_size)
+        one_of("on_oversize", on_oversize, ("raise", "drop", "truncate"))
+        options = {
+            "batch_size": batch_size,
+            "max_tokens": max_tokens,
+            "buffer_size": buffer_size,
+            "drop_last": drop_last,
+            "shuffle": shuffle,
+            "seed": seed,
+            "on_oversize": on_oversize,
+        }
+        return self._add(Stage("bucket", _build.bucket, options), TOKEN_BATCHES)
+
+    def pad(
+        self,
+        *,
+        pad_id: int | None = None,
+        side: Literal["right", "left"] = "right",
+        pad_to_multiple_of: int | None = None,
+        pad_to_length: int | None = None,
+        label_pad_id: int = -100,
+        dtype: torch.dtype = torch.int64,
+    ) -> Pipeline:
+        """Pad each batch to its longest row (rounded up to a multiple) and make tensors.
+
+        Output: ``input_ids`` and ``attention_mask`` ``[B, L]``, ``token_type_ids`` when the
+        tokenizer makes them, ``labels`` (token-level labels padded with ``label_pad_id``), and the
+        other pass-through columns (numbers as tensors, strings as lists).
+
+        Args:
+            pad_id: Padding id; default: the tokenizer's pad token (error if it has none).
+            side: ``"right"``, or ``"left"`` for decoder-only generation.
+            pad_to_multiple_of: Round ``L`` up to a multiple (8 suits tensor cores).
+            pad_to_length: Pad every batch to this fixed length instead (static padding).
+            label_pad_id: Fill value for token-level labels.
+            dtype: ``torch.int64`` (default) or ``torch.int32`` for ids.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": "a b"}]).tokenize(pp.examples.tokenizer()).batch(1)
+            >>> next(iter(pipe.pad(pad_to_multiple_of=8).loader()))["input_ids"].shape
+            torch.Size([1, 8])
+        """
+        self._expect("pad", TOKEN_BATCHES)
+        one_of("side", side, ("right", "left"))
+        positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
+        positive("pad_to_length", pad_to_length, allow_none=True)
+        one_of("dtype", dtype, (torch.int64, torch.int32))
+        if pad_id is None:
+            encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
+            pad_id = getattr(encoder, "pad_id", None)
+            if pad_id is None:
+                raise ValueError("The tokenizer has no pad token, so pad() cannot pick one: pass `pad_id=`.")
+        elif not isinstance(pad_id, int):
+            raise TypeError(f"`pad_id` must be an int, but is {pad_id!r} instead.")
+        options = {
+            "pad_id": pad_id,
+            "side": side,
+            "pad_to_multiple_of": pad_to_multiple_of,
+            "pad_to_length": pad_to_length,
+            "label_pad_id": label_pad_id,
+            "dtype": dtype,
+        }
+        return self._add(Stage("pad", _build.pad, options), TENSORS)
+
+    def prefetch(self, prefetch: int = 2) -> Pipeline:
+        """Produce up to ``prefetch`` batches ahead in a background thread.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> pipe.prefetch(4).output
+            'tensors'
+        """
+        self._expect("prefetch", TENSORS)
+        positive("prefetch", prefetch)
+        return self._add(Stage("prefetch", _build.prefetch, {"prefetch": prefetch, "device": None}), TENSORS)
+
+    def to(self, device: str | torch.device) -> Pipeline:
+        """Move batches to ``device``: ``"cpu"`` is a no-op, ``"cuda[:N]"`` is :meth:`to_cuda`.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> pipe.to("cpu") is pipe
+            True
+        """
+        self._expect("to", TENSORS)
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self
+        if device.type == "cuda":
+            return self.to_cuda(device, prefetch=2)
+        raise ValueError(f"`device` must be 'cpu' or a CUDA device, but is {str(device)!r} instead.")
+
+    def to_cuda(self, device: str | torch.device | int | None = None, *, prefetch: int = 2) -> Pipeline:
+        """Copy batches to a GPU ahead of use: pinned memory, ``non_blocking`` copies on a side stream.
+
+        Tensors are safe to use on the consumer's current stream. Raises ``RuntimeError`` at once
+        when no CUDA device is available.
+
+        Args:
+            device: The CUDA device; default: the current one.
+            prefetch: Batches copied ahead.
+
+        Example:
+            >>> pipe.to_cuda(prefetch=2)  # doctest: +SKIP
+        """
+        self._expect("to_cuda", TENSORS)
+        positive("prefetch", prefetch)
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "to_cuda() needs a CUDA device, but torch.cuda.is_available() is False; "
+                "use .to('cpu') or .prefetch() on a machine without a GPU."
+            )
+        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"`device` must be a CUDA device, but is {str(device)!r} instead.")
+        return self._add(Stage("to_cuda", _build.prefetch, {"prefetch": prefetch, "device": device}), TENSORS)
+
+    def add_stage(self, name: str, builder: Callable[..., BaseNode], *, output: str, **options: Any) -> Pipeline:
+        """Append a custom stage: ``builder(upstream_node, context, **options)`` returns its node.
+
+        For extensions (packing, mixing) and advanced users; ``output`` names what it yields
+        (``"records"``, ``"tokens"``, ``"token batches"`` or ``"tensors"``).
+        """
+        one_of("output", output, (RECORDS, TOKENS, TOKEN_BATCHES, TENSORS))
+        return self._add(Stage(name, builder, options), output)
+
+    # -- running ----------------------------------------------------------------------------------
+    def build(self, *, consumer: Consumer | None = None, stats: PipelineStats | None = None) -> BaseNode:
+        """Build a fresh node graph (advanced: most users call :meth:`loader`)."""
+        pad = next((s.options for s in self.stages if s.name == "pad"), {})
+        context = BuildContext(
+            stats=stats or PipelineStats(),
+            consumer=consumer,
+            seed=self.seed,
+            pad_to_multiple_of=pad.get("pad_to_multiple_of"),
+            pad_to_length=pad.get("pad_to_length"),
+        )
+        node = self.source.builder(None, context, **self.source.options)
+        for stage in self.stages:
+            node = stage.builder(node, context, **stage.options)
+        return node
+
+    def loader(self, *, consumer: Consumer | None = None) -> PipelineLoader:
+        """A ``torchdata.nodes.Loader`` over a freshly built graph; one pass per epoch.
+
+        Supports ``state_dict()``/``load_state_dict()`` for mid-epoch resume and ``stats()``.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> loader = pipe.loader(); n = sum(1 for _ in loader); loader.stats().rows
+            1
+        """
+        stats = PipelineStats()
+        return PipelineLoader(self.build(consumer=consumer, stats=stats), stats)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch the next ``iter(pipe)`` reads (``IterableDataset`` use, as in HF datasets).
+
+        Each ``iter(pipe)`` then moves on to the next epoch by itself; loaders count their own epochs.
+        """
+        self._epoch[0] = epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        """Read one epoch as this process's share (rank x DataLoader worker)."""
+        epoch = self._epoch[0]
+        self._epoch[0] += 1
+        node = self.build(consumer=Consumer.detect())
+        for _ in range(epoch + 1):
+            node.reset(None)
+        yield from node
+
+    # -- internals --------------------------------------------------------------------------------
+    def _expect(self, method: str, *kinds: str) -> None:
+        if self.output not in kinds:
+            wanted = " or ".join(kinds)
+            raise ValueError(f".{method}() needs {wanted} as input, but this pipeline yields {self.output} here.")
+
+    def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
+        return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], **changes)

@@ -1,0 +1,169 @@
+"""The shared reader machinery: work units, per-epoch unit order, sharding and exact positions.
+
+A reader lists its *work units* (a Parquet row group, an Arrow record batch, a JSONL byte range,
+an index range of a ``datasets.Dataset``) and reads one unit from a given row. This base class does
+the rest: lists once, orders units per epoch (shuffled by ``(seed, epoch)`` when asked), gives each
+consumer (rank x DataLoader worker) its share, and saves the position as ``(unit, row)`` so resume
+reads from there instead of skipping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+from torchdata.nodes import BaseNode
+
+from padpipe._shard import Consumer
+from padpipe._state import check_state, make_state
+from padpipe.errors import DataError, positive
+from padpipe.stats import PipelineStats
+
+DEFAULT_CHUNK_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """The smallest piece of input one consumer reads whole.
+
+    Attributes:
+        path: The file (or a label such as ``"<datasets.Dataset>"``).
+        index: Which unit of that file: row group, record batch, byte range or index range number.
+        num_rows: Rows in the unit when known from metadata, else ``None``.
+        start: Unit-specific start (byte offset for JSONL ranges, first index for datasets).
+        stop: Unit-specific end, exclusive.
+    """
+
+    path: str
+    index: int
+    num_rows: int | None = None
+    start: int = 0
+    stop: int | None = None
+
+
+class UnitSource(BaseNode[pa.RecordBatch]):
+    """Base class of all readers; subclasses implement ``list_units``, ``read_unit`` and ``describe``.
+
+    Args:
+        chunk_rows: Most rows per emitted record batch.
+        seed: When set, the unit order is shuffled per epoch with ``(seed, epoch)``; same on every
+            rank, so consumers still split the units exactly.
+        consumer: This reader's consumer slot; default: detected when the node is first reset.
+        stats: Counters to report into.
+    """
+
+    VERSION = 1
+    EPOCH_KEY = "epoch"
+    UNIT_KEY = "unit"
+    ROW_KEY = "row"
+
+    def __init__(
+        self,
+        *,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        seed: int | None = None,
+        consumer: Consumer | None = None,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        super().__init__()
+        positive("chunk_rows", chunk_rows)
+        self.chunk_rows = chunk_rows
+        self.seed = seed
+        self.consumer = consumer
+        self.stats = stats or PipelineStats()
+        self._units: list[WorkUnit] | None = None
+        self._epoch = -1
+        self._order: list[WorkUnit] = []
+        self._unit = 0
+        self._row = 0
+        self._reader: Iterator[pa.RecordBatch] | None = None
+
+    # -- subclass hooks -------------------------------------------------------------------------
+    def list_units(self) -> list[WorkUnit]:
+        """All work units of the input, in a fixed natural order (called once, lazily)."""
+        raise NotImplementedError
+
+    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        """Record batches of ``unit`` from row ``start_row`` on; errors should name ``unit.path``."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Short description of the input for messages and fingerprints (paths, columns)."""
+        raise NotImplementedError
+
+    # -- BaseNode ---------------------------------------------------------------------------------
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if self.consumer is None:
+            self.consumer = Consumer.detect()
+        if self._units is None:
+            self._units = self.list_units()
+        self._reader = None
+        if initial_state is None:
+            self._epoch += 1
+            self._unit, self._row = 0, 0
+        else:
+            check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings())
+            self._epoch = initial_state[self.EPOCH_KEY]
+            self._unit, self._row = initial_state[self.UNIT_KEY], initial_state[self.ROW_KEY]
+        self._order = self._units_for_epoch(self._epoch)
+
+    def next(self) -> pa.RecordBatch:
+        while True:
+            if self._reader is None:
+                if self._unit >= len(self._order):
+                    raise StopIteration
+                self._reader = self._read(self._order[self._unit], self._row)
+            with self.stats.timer("read"):
+                batch = next(self._reader, None)
+            if batch is None:
+                self._unit, self._row, self._reader = self._unit + 1, 0, None
+                continue
+            if batch.num_rows == 0:
+                continue
+            self._row += batch.num_rows
+            self.stats.add("read.rows", batch.num_rows)
+            return batch
+
+    def get_state(self) -> dict[str, Any]:
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings(),
+            **{self.EPOCH_KEY: self._epoch, self.UNIT_KEY: self._unit, self.ROW_KEY: self._row},
+        )
+
+    # -- helpers ------------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch being read (0 on the first pass)."""
+        return self._epoch
+
+    def _settings(self) -> dict[str, Any]:
+        assert self.consumer is not None  # set in reset, before any state is made or checked
+        return {
+            "input": hashlib.sha1(self.describe().encode()).hexdigest()[:16],
+            "seed": self.seed,
+            "consumer": f"{self.consumer.index}/{self.consumer.count}",
+        }
+
+    def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
+        assert self._units is not None and self.consumer is not None
+        order = np.arange(len(self._units))
+        if self.seed is not None:
+            order = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(order)
+        mine = order[self.consumer.index :: self.consumer.count]
+        return [self._units[i] for i in mine]
+
+    def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        """Wrap ``read_unit``: cut batches to ``chunk_rows`` and name the file in any read error."""
+        try:
+            for batch in self.read_unit(unit, start_row):
+                for offset in range(0, batch.num_rows, self.chunk_rows):
+                    yield batch.slice(offset, self.chunk_rows)
+        except DataError:
+            raise
+        except (OSError, pa.ArrowException, ValueError, EOFError) as exc:
+            raise DataError(f"{unit.path}: cannot read unit {unit.index} from row {start_row}: {exc}") from exc

@@ -1,0 +1,116 @@
+"""Entry points that start a pipeline from files, Hugging Face datasets or any iterable."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from padpipe import _build
+from padpipe.errors import positive
+from padpipe.pipeline import Pipeline, Stage
+
+PathsLike = str | Sequence[str]
+
+
+def _start(name: str, reader: type, **options: Any) -> Pipeline:
+    positive("chunk_rows", options.get("chunk_rows", 1))
+    return Pipeline(Stage(name, _build.source, {"reader": reader, **options}))
+
+
+def read_parquet(
+    paths: PathsLike, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024, storage_options: dict | None = None
+) -> Pipeline:
+    """Read Parquet files row group by row group.
+
+    Args:
+        paths: A path, glob, folder or list of them; local or any fsspec URL (``s3://...``).
+        columns: Columns to read (default: all).
+        chunk_rows: Most rows per chunk passed downstream.
+        storage_options: Options for the fsspec filesystem (credentials, endpoint).
+
+    Example:
+        >>> pipe = pp.read_parquet(pp.examples.SAMPLE_PARQUET, columns=["sentence1", "label"])
+        >>> next(iter(pipe.loader())).num_rows
+        1024
+    """
+    from padpipe.pipes.read_parquet import ParquetReader
+
+    return _start("read_parquet", ParquetReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
+                  storage_options=storage_options)
+
+
+def read_arrow(
+    paths: PathsLike, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024, storage_options: dict | None = None
+) -> Pipeline:
+    """Read Arrow IPC files, file or stream format (``datasets`` cache files, ``save_to_disk`` folders).
+
+    Args:
+        paths: A path, glob, folder (a ``save_to_disk`` folder too) or list of them.
+        columns: Columns to read (default: all).
+        chunk_rows: Most rows per chunk passed downstream.
+        storage_options: Options for the fsspec filesystem.
+
+    Example:
+        >>> pipe = pp.read_arrow("my_dataset/")  # doctest: +SKIP
+    """
+    from padpipe.pipes.read_arrow import ArrowReader
+
+    return _start("read_arrow", ArrowReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
+                  storage_options=storage_options)
+
+
+def read_jsonl(
+    paths: PathsLike, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024, storage_options: dict | None = None
+) -> Pipeline:
+    """Read JSON Lines files: plain, ``.gz`` or ``.zst``; one JSON object per line.
+
+    Args:
+        paths: A path, glob, folder or list of them.
+        columns: Keys to keep (default: all).
+        chunk_rows: Most rows per chunk passed downstream.
+        storage_options: Options for the fsspec filesystem.
+
+    Example:
+        >>> pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL)
+        >>> sorted(next(iter(pipe.loader())).schema.names)
+        ['id', 'text']
+    """
+    from padpipe.pipes.read_jsonl import JsonlReader
+
+    return _start("read_jsonl", JsonlReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
+                  storage_options=storage_options)
+
+
+def from_hf(dataset: Any, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024) -> Pipeline:
+    """Read a ``datasets.Dataset`` (its Arrow table, zero-copy) or a streaming ``IterableDataset``.
+
+    Args:
+        dataset: A ``datasets.Dataset`` or ``datasets.IterableDataset``. A ``DatasetDict`` is an
+            error asking for a split.
+        columns: Columns to read (default: all).
+        chunk_rows: Most rows per chunk passed downstream.
+
+    Example:
+        >>> import datasets
+        >>> ds = datasets.Dataset.from_dict({"text": ["a", "b"]})
+        >>> next(iter(pp.from_hf(ds).loader())).num_rows
+        2
+    """
+    from padpipe.pipes.from_hf import hf_reader
+
+    reader, options = hf_reader(dataset, columns=columns)
+    return _start("from_hf", reader, chunk_rows=chunk_rows, **options)
+
+
+def from_iterable(iterable: Iterable[dict[str, Any]], *, chunk_rows: int = 1024) -> Pipeline:
+    """Read any re-iterable of dicts (a list, a generator factory's result per epoch).
+
+    Each epoch iterates ``iterable`` again, so pass a list or an object whose ``__iter__`` starts
+    over; resume skips the rows already read.
+
+    Example:
+        >>> next(iter(pp.from_iterable([{"text": "a"}, {"text": "b"}]).loader())).to_pylist()
+        [{'text': 'a'}, {'text': 'b'}]
+    """
+    from padpipe.pipes.from_iterable import IterableReader
+
+    return _start("from_iterable", IterableReader, iterable=iterable, chunk_rows=chunk_rows)
