@@ -66,3 +66,10 @@ def prefetch(upstream: BaseNode, ctx: BuildContext, *, prefetch: int, device: An
 def source(upstream: None, ctx: BuildContext, *, reader: type, **options: Any) -> BaseNode:
     """Build a reader node; the shuffle seed and consumer slot come from the recipe."""
     return reader(seed=ctx.seed, consumer=ctx.consumer, stats=ctx.stats, **options)
+
+
+def pack(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
+    """Build the sequence packer."""
+    from padpipe.pipes.pack import Packer
+
+    return Packer(upstream, stats=ctx.stats, **options)

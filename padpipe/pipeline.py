@@ -252,6 +252,74 @@ class Pipeline(IterableDataset):
         }
         return self._add(Stage("pad", _build.pad, options), TENSORS)
 
+    def pack(
+        self,
+        seq_len: int,
+        *,
+        batch_size: int = 1,
+        buffer_size: int = 256,
+        long_docs: Literal["split", "truncate", "drop"] = "split",
+        keep_tail: bool = True,
+        position_offset: int = 0,
+        block_mask: bool = False,
+        pad_id: int | None = None,
+        label_pad_id: int = -100,
+    ) -> Pipeline:
+        """Pack documents into rows of exactly ``seq_len`` tokens (best-fit decreasing in a buffer).
+
+        Output per batch: ``input_ids``, ``position_ids`` (restarting at ``position_offset`` for every
+        document), ``document_ids`` and ``labels`` ``[B, seq_len]`` (labels are -100 at document
+        starts and padding, ready for the model's own shift), ``cu_seqlens`` (int32, flash-attention
+        varlen format over the flattened batch) and ``max_seqlen``; with ``block_mask=True`` also a
+        block-diagonal causal ``attention_mask`` ``[B, 1, seq_len, seq_len]`` for backends without
+        varlen kernels.
+
+        Args:
+            seq_len: Tokens per packed row.
+            batch_size: Packed rows per batch.
+            buffer_size: Documents held to choose good fits from.
+            long_docs: A document longer than ``seq_len``: ``"split"`` into ``seq_len`` pieces,
+                ``"truncate"`` to ``seq_len`` or ``"drop"`` it (counted in stats).
+            keep_tail: When splitting, keep the last piece shorter than ``seq_len`` (else dropped,
+                counted).
+            position_offset: First position id of every document (some models count from 2).
+            block_mask: Also emit the 4-D block-diagonal causal mask.
+            pad_id: Padding id for unfilled slots; default: the tokenizer's pad, else its EOS.
+            label_pad_id: Label at padding and document starts.
+
+        Example:
+            >>> pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer())
+            >>> next(iter(pipe.pack(512, batch_size=4).loader()))["input_ids"].shape
+            torch.Size([4, 512])
+        """
+        self._expect("pack", TOKENS)
+        positive("seq_len", seq_len)
+        if seq_len < 2:
+            raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
+        positive("batch_size", batch_size)
+        positive("buffer_size", buffer_size)
+        one_of("long_docs", long_docs, ("split", "truncate", "drop"))
+        if not isinstance(position_offset, int) or position_offset < 0:
+            raise ValueError(f"`position_offset` must be a non-negative int, but is {position_offset!r} instead.")
+        if pad_id is None:
+            encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
+            pad_id = getattr(encoder, "pad_id", None)
+            pad_id = getattr(encoder, "eos_id", None) if pad_id is None else pad_id
+            if pad_id is None:
+                raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
+        options = {
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "buffer_size": buffer_size,
+            "long_docs": long_docs,
+            "keep_tail": keep_tail,
+            "position_offset": position_offset,
+            "block_mask": block_mask,
+            "pad_id": pad_id,
+            "label_pad_id": label_pad_id,
+        }
+        return self._add(Stage("pack", _build.pack, options), TENSORS)
+
     def prefetch(self, prefetch: int = 2) -> Pipeline:
         """Produce up to ``prefetch`` batches ahead in a background thread.
 
