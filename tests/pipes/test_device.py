@@ -239,3 +239,20 @@ def test_to_cuda_batches_are_safe_on_a_busy_consumer_stream() -> None:
         big = big @ big / 4096  # keep the consumer's stream busy while copies run on the side stream
         batch = next(node)
         assert normalize((batch["input_ids"] + 0).cpu()) == expected["input_ids"]
+
+
+@pytest.mark.timeout(120)
+def test_prefetch_saves_and_restores_its_state_in_a_real_pipeline(tmp_path) -> None:
+    for stage in ("read_parquet", "tokenize", "batch", "pad"):  # written in parallel with this stage
+        pytest.importorskip(f"padpipe.pipes.{stage}")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "pairs.parquet")
+    texts = [" ".join(["word"] * (1 + i % 5)) for i in range(12)]
+    pq.write_table(pa.table({"text": texts, "label": list(range(12))}), path, row_group_size=5)
+    pipe = pp.read_parquet(path, chunk_rows=4).tokenize(pp.examples.tokenizer(), fields="text").batch(3).pad()
+    check_loader_resume(lambda: pipe.prefetch(2).loader(), epochs=2)
+    plain = [normalize(b) for b in pipe.loader()]
+    assert [normalize(b) for b in pipe.prefetch(2).loader()] == plain
+    assert sorted(label for b in plain for label in b["labels"][2]) == list(range(12))
