@@ -368,7 +368,7 @@ class Pipeline(IterableDataset):
                 "to_cuda() needs a CUDA device, but torch.cuda.is_available() is False; "
                 "use .to('cpu') or .prefetch() on a machine without a GPU."
             )
-        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        device = torch.device("cuda") if device is None else torch.device(device)  # resolved on first use
         if device.type != "cuda":
             raise ValueError(f"`device` must be a CUDA device, but is {str(device)!r} instead.")
         return self._add(Stage("to_cuda", _build.prefetch, {"prefetch": prefetch, "device": device}), TENSORS)
