@@ -1,0 +1,126 @@
+"""In-order fixed-size batching of token chunks (no length grouping)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe.chunks import TokenChunk
+from padpipe.errors import positive
+from padpipe.stats import PipelineStats
+
+
+class FixedBatcher(BaseNode[TokenChunk]):
+    """Regroup a stream of token chunks into chunks of exactly ``batch_size`` rows, in arrival order.
+
+    Rows left over at the end of an input chunk wait for the next one. The epoch's last batch is
+    smaller unless ``drop_last`` drops it (counted in stats as ``batch.drop_last``). The waiting
+    rows are saved in the state, so resume is exact.
+
+    Args:
+        source: Upstream node yielding :class:`~padpipe.chunks.TokenChunk`.
+        batch_size: Rows per batch.
+        drop_last: Drop a last batch smaller than ``batch_size``.
+        stats: Counters to report into (time under ``"batch"``).
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> chunks = [TokenChunk.from_lists([[1], [2], [3]]), TokenChunk.from_lists([[4], [5]])]
+        >>> [b.ids.tolist() for b in FixedBatcher(IterableWrapper(chunks), batch_size=2, drop_last=False)]
+        [[1, 2], [3, 4], [5]]
+    """
+
+    VERSION = 1
+    PENDING_KEY = "pending"
+    POS_KEY = "pos"
+    EXHAUSTED_KEY = "exhausted"
+
+    def __init__(
+        self,
+        source: BaseNode[TokenChunk],
+        *,
+        batch_size: int,
+        drop_last: bool = False,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        super().__init__()
+        positive("batch_size", batch_size)
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"`drop_last` must be a bool, but is {drop_last!r} instead.")
+        self.source = source
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.stats = stats or PipelineStats()
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._pending: TokenChunk | None = None  # rows not yet emitted start at self._pos
+        self._pos = 0
+        self._pending_state: dict[str, Any] | None = None
+        if initial_state is None:
+            self.source.reset(None)
+            self._exhausted = False
+            return
+        check_state("FixedBatcher", initial_state, version=self.VERSION, settings=self._settings())
+        self.source.reset(initial_state[SOURCE_KEY])
+        self._exhausted = initial_state[self.EXHAUSTED_KEY]
+        if initial_state[self.PENDING_KEY] is not None:
+            self._pending = TokenChunk.from_state(initial_state[self.PENDING_KEY])
+            self._pos = initial_state[self.POS_KEY]
+
+    def next(self) -> TokenChunk:
+        while True:
+            available = 0 if self._pending is None else self._pending.num_rows - self._pos
+            if available >= self.batch_size or (self._exhausted and available):
+                if self._exhausted and available < self.batch_size and self.drop_last:
+                    self.stats.record_skip("batch.drop_last", available)
+                    self._set_pending(None)
+                    raise StopIteration
+                with self.stats.timer("batch"):
+                    return self._take(min(self.batch_size, available))
+            if self._exhausted:
+                raise StopIteration
+            try:
+                chunk = next(self.source)
+            except StopIteration:
+                self._exhausted = True
+                continue
+            if chunk.num_rows:
+                with self.stats.timer("batch"):
+                    rest = self._take(available) if available else None
+                    self._set_pending(chunk if rest is None else TokenChunk.concat([rest, chunk]))
+
+    def get_state(self) -> dict[str, Any]:
+        if self._pending is not None and self._pending_state is None:
+            self._pending_state = self._pending.to_state()  # once per input chunk, shared by later states
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings(),
+            **{
+                SOURCE_KEY: self.source.state_dict(),
+                self.PENDING_KEY: self._pending_state,
+                self.POS_KEY: self._pos,
+                self.EXHAUSTED_KEY: self._exhausted,
+            },
+        )
+
+    def _settings(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "drop_last": self.drop_last}
+
+    def _set_pending(self, chunk: TokenChunk | None) -> None:
+        self._pending, self._pos, self._pending_state = chunk, 0, None
+
+    def _take(self, count: int) -> TokenChunk:
+        """The next ``count`` pending rows; the pending rows move on past them."""
+        assert self._pending is not None
+        start, pending = self._pos, self._pending
+        if start == 0 and count == pending.num_rows:
+            self._set_pending(None)
+            return pending
+        self._pos += count
+        if self._pos == pending.num_rows:
+            self._set_pending(None)
+        return pending.take(np.arange(start, start + count))

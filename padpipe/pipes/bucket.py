@@ -1,0 +1,233 @@
+"""Length bucketing: sort a bounded buffer of rows by length and cut it into batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe.chunks import TokenChunk
+from padpipe.errors import one_of, positive
+from padpipe.pipes._cut import cut_by_budget, handle_oversize, longest_row_allowed
+from padpipe.pipes.pad import padded_length
+from padpipe.pipes.shuffle import check_seed
+from padpipe.stats import PipelineStats
+
+_RNG_STREAM = 0xB0C7  # keeps this stage's random stream apart from other stages seeded alike
+
+
+class Bucketizer(BaseNode[TokenChunk]):
+    """Group rows of similar length into batches, from a buffer of about ``buffer_size`` rows.
+
+    Each buffer is sorted by length (stable) and cut into batches, either of ``batch_size`` rows
+    or greedily under ``max_tokens``, a budget on padded tokens: ``rows x padded length``, where
+    the padded length is the longest row rounded up to ``pad_to_multiple_of`` (or
+    ``pad_to_length`` with static padding). The budget is never exceeded. With ``shuffle`` the
+    batches of each buffer come out in a random order seeded by ``(seed, epoch)``; without it, in
+    ascending length. With ``batch_size``, rows that do not make a full batch (picked at random
+    with ``shuffle``, else the longest) wait for the next buffer; the epoch's remainder is the
+    last, smaller batch unless ``drop_last`` (counted as ``bucket.drop_last``).
+
+    With ``max_tokens``, a row longer than the budget allows is handled by ``on_oversize``:
+    ``"raise"`` a ``ValueError``, ``"drop"`` it (counted as ``bucket.oversize``) or
+    ``"truncate"`` it to the longest length that fits (counted as ``bucket.truncated``; a
+    list-valued ``labels`` column is cut alike). With ``pad_to_length`` that length is also the
+    longest row allowed.
+
+    The waiting rows, the cut batches not yet emitted and the random generator are saved in the
+    state, so resume is exact.
+
+    Args:
+        source: Upstream node yielding :class:`~padpipe.chunks.TokenChunk`.
+        batch_size: Rows per batch (exactly one of ``batch_size`` and ``max_tokens``).
+        max_tokens: Budget on padded tokens per batch.
+        buffer_size: Rows sorted together.
+        drop_last: Drop the epoch's last batch when smaller than ``batch_size`` (``batch_size`` only).
+        shuffle: Shuffle the batch order within each buffer.
+        seed: Non-negative seed; the epoch is mixed in.
+        on_oversize: ``"raise"``, ``"drop"`` or ``"truncate"``.
+        pad_to_multiple_of: The padding rule the downstream ``pad`` stage applies.
+        pad_to_length: Static padding length of the downstream ``pad`` stage.
+        stats: Counters to report into (time under ``"bucket"``).
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> rows = TokenChunk.from_lists([[1] * n for n in (5, 1, 4, 2, 3, 1)])
+        >>> node = Bucketizer(IterableWrapper([rows]), max_tokens=6, shuffle=False)
+        >>> [b.lengths.tolist() for b in node]
+        [[1, 1, 2], [3], [4], [5]]
+    """
+
+    VERSION = 1
+    EPOCH_KEY = "epoch"
+    RNG_KEY = "rng"
+    EXHAUSTED_KEY = "exhausted"
+    CARRY_KEY = "carry"
+    READY_KEY = "ready"
+    SIZES_KEY = "sizes"
+    BATCH_KEY = "batch"
+    POS_KEY = "pos"
+
+    def __init__(
+        self,
+        source: BaseNode[TokenChunk],
+        *,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        buffer_size: int = 10_000,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        seed: int = 0,
+        on_oversize: str = "raise",
+        pad_to_multiple_of: int | None = None,
+        pad_to_length: int | None = None,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        super().__init__()
+        if (batch_size is None) == (max_tokens is None):
+            raise ValueError("Pass exactly one of `batch_size` or `max_tokens` to bucket().")
+        positive("batch_size", batch_size, allow_none=True)
+        positive("max_tokens", max_tokens, allow_none=True)
+        positive("buffer_size", buffer_size)
+        positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
+        positive("pad_to_length", pad_to_length, allow_none=True)
+        for name, flag in (("drop_last", drop_last), ("shuffle", shuffle)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"`{name}` must be a bool, but is {flag!r} instead.")
+        if drop_last and max_tokens is not None:
+            raise ValueError("`drop_last` needs `batch_size`: with `max_tokens` no batch is short of a full size.")
+        check_seed(seed)
+        one_of("on_oversize", on_oversize, ("raise", "drop", "truncate"))
+        self.source = source
+        self.batch_size, self.max_tokens, self.buffer_size = batch_size, max_tokens, buffer_size
+        self.drop_last, self.shuffle, self.seed, self.on_oversize = drop_last, shuffle, seed, on_oversize
+        self.pad_to_multiple_of, self.pad_to_length = pad_to_multiple_of, pad_to_length
+        self.stats = stats or PipelineStats()
+        self._limit = None if max_tokens is None else longest_row_allowed(max_tokens, pad_to_multiple_of, pad_to_length)
+        self._fill_rows = max(buffer_size, batch_size or 1)
+        self._epoch = -1
+
+    # -- BaseNode -----------------------------------------------------------------------------------
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._carry_state: dict[str, Any] | None = None
+        self._ready_state: dict[str, Any] | None = None
+        if initial_state is None:
+            self.source.reset(None)
+            self._epoch += 1
+            self._rng = np.random.default_rng([self.seed, self._epoch, _RNG_STREAM])
+            self._exhausted, self._carry = False, None
+            self._set_ready(None, np.zeros(0, np.int64))
+            return
+        check_state("Bucketizer", initial_state, version=self.VERSION, settings=self._settings())
+        self.source.reset(initial_state[SOURCE_KEY])
+        self._epoch = initial_state[self.EPOCH_KEY]
+        self._rng = np.random.default_rng()
+        self._rng.bit_generator.state = initial_state[self.RNG_KEY]
+        self._exhausted = initial_state[self.EXHAUSTED_KEY]
+        carry, ready = initial_state[self.CARRY_KEY], initial_state[self.READY_KEY]
+        self._carry = None if carry is None else TokenChunk.from_state(carry)
+        self._set_ready(None if ready is None else TokenChunk.from_state(ready), initial_state[self.SIZES_KEY])
+        self._batch, self._pos = initial_state[self.BATCH_KEY], initial_state[self.POS_KEY]
+
+    def next(self) -> TokenChunk:
+        while self._ready is None:
+            if self._exhausted:
+                raise StopIteration
+            self._fill()
+        with self.stats.timer("bucket"):
+            size, start = int(self._sizes[self._batch]), self._pos
+            out = self._ready.take(np.arange(start, start + size))
+            self._batch, self._pos = self._batch + 1, start + size
+            if self._batch == len(self._sizes):
+                self._set_ready(None, np.zeros(0, np.int64))
+            return out
+
+    def get_state(self) -> dict[str, Any]:
+        # buffers are serialised once after each cut and shared by every later state
+        if self._carry is not None and self._carry_state is None:
+            self._carry_state = self._carry.to_state()
+        if self._ready is not None and self._ready_state is None:
+            self._ready_state = self._ready.to_state()
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings(),
+            **{
+                SOURCE_KEY: self.source.state_dict(),
+                self.EPOCH_KEY: self._epoch,
+                self.RNG_KEY: self._rng.bit_generator.state,
+                self.EXHAUSTED_KEY: self._exhausted,
+                self.CARRY_KEY: self._carry_state,
+                self.READY_KEY: self._ready_state,
+                self.SIZES_KEY: self._sizes.copy(),
+                self.BATCH_KEY: self._batch,
+                self.POS_KEY: self._pos,
+            },
+        )
+
+    # -- buffer -------------------------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        names = ("batch_size", "max_tokens", "buffer_size", "drop_last", "shuffle", "seed", "on_oversize")
+        return {name: getattr(self, name) for name in names + ("pad_to_multiple_of", "pad_to_length")}
+
+    def _set_ready(self, chunk: TokenChunk | None, sizes: np.ndarray) -> None:
+        self._ready, self._sizes, self._batch, self._pos = chunk, np.asarray(sizes, np.int64), 0, 0
+        self._ready_state = None
+
+    def _fill(self) -> None:
+        """Read up to a buffer of rows after the waiting ones, then cut it into ready batches."""
+        parts = [] if self._carry is None else [self._carry]
+        rows = sum(p.num_rows for p in parts)
+        while rows < self._fill_rows:
+            try:
+                chunk = next(self.source)
+            except StopIteration:
+                self._exhausted = True
+                break
+            if self._limit is not None:
+                with self.stats.timer("bucket"):
+                    chunk = handle_oversize(chunk, self._limit, self.max_tokens, self.on_oversize, self.stats)
+            if chunk.num_rows:
+                parts.append(chunk)
+                rows += chunk.num_rows
+        self._carry, self._carry_state = None, None
+        if rows:
+            with self.stats.timer("bucket"):
+                self._cut(TokenChunk.concat(parts))
+
+    def _cut(self, buffer: TokenChunk) -> None:
+        """Sort ``buffer`` by length, cut it into batches, order them; keep the rest waiting."""
+        n = buffer.num_rows
+        order = np.argsort(buffer.lengths, kind="stable")
+        left = np.zeros(0, np.int64)
+        if self.batch_size is not None:
+            spare = n % self.batch_size
+            if spare and self.shuffle:
+                waiting = np.zeros(n, dtype=bool)
+                waiting[self._rng.choice(n, size=spare, replace=False)] = True
+                left, order = order[waiting[order]], order[~waiting[order]]
+            elif spare:
+                left, order = order[n - spare :], order[: n - spare]
+            sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
+        else:
+            padded = padded_length(buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of,
+                                   pad_to_length=self.pad_to_length)
+            sizes = cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+        if self.shuffle and len(sizes) > 1:
+            perm = self._rng.permutation(len(sizes))
+            starts = np.cumsum(sizes) - sizes
+            sizes = sizes[perm]
+            # row k of the reordered batches reads sorted row (its batch's old start + k - new start)
+            shift = np.repeat(starts[perm] - (np.cumsum(sizes) - sizes), sizes)
+            order = order[np.arange(len(order)) + shift]
+        if len(left) and self._exhausted:
+            if self.drop_last:
+                self.stats.record_skip("bucket.drop_last", len(left))
+            else:
+                order, sizes = np.concatenate([order, left]), np.append(sizes, len(left))
+        elif len(left):
+            self._carry = buffer.take(left)
+        if len(sizes):
+            self._set_ready(buffer.take(order), sizes)

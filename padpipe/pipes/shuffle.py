@@ -1,0 +1,204 @@
+"""Row shuffle buffer over record batches: a bounded, seeded, exactly resumable buffer shuffle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from torchdata.nodes import BaseNode
+
+from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe.chunks import record_batch_from_bytes, record_batch_to_bytes
+from padpipe.errors import DataError, positive
+from padpipe.stats import PipelineStats
+
+_RNG_STREAM = 0x5A1F  # keeps this stage's random stream apart from other stages seeded alike
+
+
+def check_seed(seed: object) -> None:
+    """Raise unless ``seed`` is a non-negative int (what ``numpy.random.default_rng`` accepts).
+
+    Example:
+        >>> check_seed(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: `seed` must be a non-negative int, but is -1 instead.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"`seed` must be an int, but is {seed!r} of type {type(seed).__name__} instead.")
+    if seed < 0:
+        raise ValueError(f"`seed` must be a non-negative int, but is {seed} instead.")
+
+
+class ShuffleBuffer(BaseNode[pa.RecordBatch]):
+    """Shuffle rows through a buffer of ``buffer_size`` rows, columnar (no per-row Python work).
+
+    The first ``buffer_size`` rows fill the buffer. After that, every incoming record batch of
+    ``k`` rows evicts ``k`` rows picked uniformly at random from the buffer (the newcomers take
+    their slots) and emits them as one record batch, so output batches are about the input chunk
+    size. When the input ends the buffer is drained in a random order. The order is a function of
+    ``(seed, epoch)`` only; each ``reset()`` starts the next epoch.
+
+    The buffered rows, the random generator and the upstream position are saved in the state, so
+    resuming continues with exactly the rows that would have come next (nothing is replayed).
+
+    Args:
+        source: Upstream node yielding ``pyarrow.RecordBatch``.
+        buffer_size: Rows held; larger mixes better and holds more memory.
+        seed: Non-negative seed; the epoch is mixed in.
+        stats: Counters to report into (time under ``"shuffle"``).
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> rows = [pa.record_batch({"i": list(range(j, j + 4))}) for j in range(0, 12, 4)]
+        >>> node = ShuffleBuffer(IterableWrapper(rows), buffer_size=4, seed=0)
+        >>> sorted(i for b in node for i in b.column("i").to_pylist())
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    """
+
+    VERSION = 1
+    EPOCH_KEY = "epoch"
+    RNG_KEY = "rng"
+    SEGMENTS_KEY = "segments"
+    LIVE_KEY = "live"
+    EXHAUSTED_KEY = "exhausted"
+    CHUNK_KEY = "chunk_rows"
+
+    def __init__(
+        self,
+        source: BaseNode[pa.RecordBatch],
+        *,
+        buffer_size: int = 10_000,
+        seed: int = 0,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        super().__init__()
+        positive("buffer_size", buffer_size)
+        check_seed(seed)
+        self.source = source
+        self.buffer_size = buffer_size
+        self.seed = seed
+        self.stats = stats or PipelineStats()
+        self._epoch = -1
+
+    # -- BaseNode -----------------------------------------------------------------------------------
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._rng = np.random.default_rng()
+        if initial_state is None:
+            self.source.reset(None)
+            self._epoch += 1
+            self._rng = np.random.default_rng([self.seed, self._epoch, _RNG_STREAM])
+            self._set_buffer([], [], np.zeros(0, np.int64))
+            self._exhausted, self._chunk_rows = False, 0
+            return
+        check_state("ShuffleBuffer", initial_state, version=self.VERSION, settings=self._settings())
+        self.source.reset(initial_state[SOURCE_KEY])
+        self._epoch = initial_state[self.EPOCH_KEY]
+        self._rng.bit_generator.state = initial_state[self.RNG_KEY]
+        data = list(initial_state[self.SEGMENTS_KEY])
+        self._set_buffer([record_batch_from_bytes(b) for b in data], data, initial_state[self.LIVE_KEY])
+        self._exhausted = initial_state[self.EXHAUSTED_KEY]
+        self._chunk_rows = initial_state[self.CHUNK_KEY]
+
+    def next(self) -> pa.RecordBatch:
+        while not self._exhausted:
+            try:
+                batch = next(self.source)
+            except StopIteration:
+                with self.stats.timer("shuffle"):
+                    live = self._live[: self._count]
+                    self._live, self._exhausted = live[self._rng.permutation(len(live))], True
+                break
+            with self.stats.timer("shuffle"):
+                out = self._accept(batch)
+            if out is not None:
+                return out
+        if self._count == 0:
+            raise StopIteration
+        with self.stats.timer("shuffle"):
+            take = max(1, min(self._chunk_rows, self._count))
+            self._count -= take
+            return self._gather(self._live[self._count : self._count + take])
+
+    def get_state(self) -> dict[str, Any]:
+        for i, data in enumerate(self._segment_bytes):
+            if data is None:  # serialised once per segment, then shared by every later state
+                self._segment_bytes[i] = record_batch_to_bytes(self._segments[i])
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings(),
+            **{
+                SOURCE_KEY: self.source.state_dict(),
+                self.EPOCH_KEY: self._epoch,
+                self.RNG_KEY: self._rng.bit_generator.state,
+                self.SEGMENTS_KEY: list(self._segment_bytes),
+                self.LIVE_KEY: self._live[: self._count].copy(),
+                self.EXHAUSTED_KEY: self._exhausted,
+                self.CHUNK_KEY: self._chunk_rows,
+            },
+        )
+
+    # -- buffer -------------------------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        return {"buffer_size": self.buffer_size, "seed": self.seed}
+
+    def _set_buffer(self, segments: list[pa.RecordBatch], data: list[bytes | None], live: np.ndarray) -> None:
+        """Hold ``segments`` (rows numbered across them) of which rows ``live`` are buffered."""
+        self._segments, self._segment_bytes = segments, data
+        self._table = pa.Table.from_batches(segments) if segments else None
+        self._rows = sum(s.num_rows for s in segments)
+        self._count = len(live)
+        self._live = np.zeros(max(self.buffer_size, self._count), np.int64)
+        self._live[: self._count] = live
+
+    def _accept(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """Add ``batch`` to the buffer; return the rows it evicts, or ``None`` while filling."""
+        if not isinstance(batch, pa.RecordBatch):
+            raise TypeError(f"ShuffleBuffer expects pyarrow.RecordBatch items, but got {type(batch).__name__} instead.")
+        k = batch.num_rows
+        if k == 0:
+            return None
+        batch = self._match_schema(batch)
+        self._chunk_rows = max(self._chunk_rows, k)
+        new = np.arange(self._rows, self._rows + k, dtype=np.int64)
+        self._segments.append(batch)
+        self._segment_bytes.append(None)
+        self._table = pa.Table.from_batches(self._segments)
+        self._rows += k
+        fill = min(self.buffer_size - self._count, k)
+        self._live[self._count : self._count + fill] = new[:fill]
+        self._count += fill
+        new = new[fill:]
+        if not len(new):
+            return None
+        if len(new) <= self._count:  # evict random slots; the newcomers take their places
+            slots = self._rng.choice(self._count, size=len(new), replace=False)
+            out = self._live[slots]
+            self._live[slots] = new
+        else:  # the buffer is smaller than the chunk: shuffle buffer and chunk together
+            pool = np.concatenate([self._live[: self._count], new])[self._rng.permutation(self._count + len(new))]
+            self._live[: self._count], out = pool[: self._count], pool[self._count :]
+        result = self._gather(out)
+        if self._rows > 2 * self._count + k:  # drop rows already emitted, amortised O(1) per row
+            kept = self._gather(self._live[: self._count])
+            self._set_buffer([kept], [None], np.arange(self._count, dtype=np.int64))
+        return result
+
+    def _gather(self, rows: np.ndarray) -> pa.RecordBatch:
+        assert self._table is not None
+        table = self._table.take(pa.array(rows, type=pa.int64())).combine_chunks()
+        return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+    def _match_schema(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if not self._segments or batch.schema.equals(self._segments[0].schema):
+            return batch
+        expected = self._segments[0].schema
+        try:
+            return batch.select(expected.names).cast(expected)
+        except (KeyError, ValueError, pa.ArrowException) as exc:
+            raise DataError(
+                f"shuffle: an input record batch has columns {batch.schema.to_string(show_schema_metadata=False)!r}; "
+                f"expected the buffered rows' columns {expected.to_string(show_schema_metadata=False)!r}."
+            ) from exc
