@@ -86,8 +86,7 @@ class Pipeline(IterableDataset):
         """
         self._expect("shuffle", RECORDS)
         positive("buffer_size", buffer_size)
-        if not isinstance(seed, int):
-            raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
+        _check_seed(seed)
         stage = Stage("shuffle", _build.shuffle, {"buffer_size": buffer_size, "seed": seed})
         return self._add(stage, RECORDS, seed=seed)
 
@@ -190,6 +189,10 @@ class Pipeline(IterableDataset):
         positive("max_tokens", max_tokens, allow_none=True)
         positive("buffer_size", buffer_size)
         one_of("on_oversize", on_oversize, ("raise", "drop", "truncate"))
+        if seed is not None:
+            _check_seed(seed)
+        if drop_last and max_tokens is not None:
+            raise ValueError("`drop_last` needs `batch_size`: with `max_tokens` no batch is short of a full size.")
         options = {
             "batch_size": batch_size,
             "max_tokens": max_tokens,
@@ -242,6 +245,10 @@ class Pipeline(IterableDataset):
                 raise ValueError("The tokenizer has no pad token, so pad() cannot pick one: pass `pad_id=`.")
         elif not isinstance(pad_id, int):
             raise TypeError(f"`pad_id` must be an int, but is {pad_id!r} instead.")
+        budget = next((s.options["max_tokens"] for s in self.stages if s.name == "bucket"), None)
+        for name, value in (("pad_to_multiple_of", pad_to_multiple_of), ("pad_to_length", pad_to_length)):
+            if budget is not None and value is not None and value > budget:
+                raise ValueError(f"`{name}` ({value}) must not exceed the bucket budget `max_tokens` ({budget}).")
         options = {
             "pad_id": pad_id,
             "side": side,
@@ -414,18 +421,25 @@ class Pipeline(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch the next ``iter(pipe)`` reads (``IterableDataset`` use, as in HF datasets).
 
-        Each ``iter(pipe)`` then moves on to the next epoch by itself; loaders count their own epochs.
+        Each ``iter(pipe)`` then moves on to the next epoch by itself; loaders from :meth:`loader`
+        count their own epochs.
+
+        Example:
+            >>> pipe.set_epoch(3)  # doctest: +SKIP
         """
         self._epoch[0] = epoch
 
     def __iter__(self) -> Iterator[Any]:
-        """Read one epoch as this process's share (rank x DataLoader worker)."""
-        epoch = self._epoch[0]
-        self._epoch[0] += 1
-        node = self.build(consumer=Consumer.detect())
-        for _ in range(epoch + 1):
-            node.reset(None)
-        yield from node
+        """Read one epoch as this process's share (rank x DataLoader worker).
+
+        The iterator is resumable: ``StatefulDataLoader(pipe, batch_size=None, num_workers=N)``
+        saves and restores it in every worker. Each ``iter(pipe)`` reads the next epoch; a worker
+        process starts from the epoch set in the main process, so call :meth:`set_epoch` each
+        epoch when workers are not persistent (as with ``DistributedSampler``).
+        """
+        from padpipe._iterable import PipelineIterator
+
+        return PipelineIterator(self, self._epoch[0])
 
     # -- internals --------------------------------------------------------------------------------
     def _expect(self, method: str, *kinds: str) -> None:
@@ -435,3 +449,10 @@ class Pipeline(IterableDataset):
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
         return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], **changes)
+
+
+def _check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
+    if seed < 0:
+        raise ValueError(f"`seed` must be a non-negative int, but is {seed} instead.")

@@ -1,0 +1,94 @@
+"""``iter(pipeline)``: one epoch of this process's share, resumable under ``StatefulDataLoader``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from torchdata.nodes import BaseNode
+
+from padpipe._shard import Consumer
+
+if TYPE_CHECKING:
+    from padpipe.pipeline import Pipeline
+
+EPOCH_KEY = "epoch"
+NODE_KEY = "node"
+
+
+def start_at_epoch(root: BaseNode, epoch: int) -> None:
+    """Make the next ``reset(None)`` of every epoch-aware node in ``root``'s graph start ``epoch``.
+
+    Epoch-aware nodes keep ``_epoch`` (the last epoch started, -1 before the first); this sets it
+    to ``epoch - 1`` throughout the graph, so jumping to epoch 50 reads nothing of epochs 0-49.
+    """
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or not isinstance(node, BaseNode):
+            continue
+        seen.add(id(node))
+        if hasattr(node, "_epoch"):
+            node._epoch = epoch - 1
+        stack.extend(getattr(node, "source_nodes", {}).values())
+        stack.extend(getattr(node, name) for name in ("source", "root", "_it") if hasattr(node, name))
+
+
+class PipelineIterator(Iterator[Any]):
+    """One epoch of a pipeline for this process (rank x DataLoader worker).
+
+    It is ``Stateful``: ``torchdata.stateful_dataloader.StatefulDataLoader`` saves
+    ``state_dict()`` in each worker and restores it with ``load_state_dict()`` before the first
+    item. A state saved after the last item of an epoch resumes with the next epoch.
+
+    Args:
+        pipeline: The recipe to build.
+        epoch: The epoch to read unless a state is loaded.
+    """
+
+    def __init__(self, pipeline: Pipeline, epoch: int) -> None:
+        self._pipeline = pipeline
+        self._epoch = epoch
+        self._node: BaseNode | None = None
+        self._pending: dict[str, Any] | None = None
+        self._yielded = 0
+
+    def _start(self) -> BaseNode:
+        node = self._pipeline.build(consumer=Consumer.detect())
+        if self._pending is not None:
+            self._epoch = self._pending[EPOCH_KEY]
+            node.reset(self._pending[NODE_KEY])
+            self._pending = None
+        else:
+            start_at_epoch(node, self._epoch)
+            node.reset(None)
+        self._pipeline.set_epoch(self._epoch + 1)
+        self._node = node
+        return node
+
+    def __next__(self) -> Any:
+        node = self._node if self._node is not None else self._start()
+        try:
+            item = next(node)
+        except StopIteration:
+            if self._yielded:
+                raise
+            # a state saved at the very end of an epoch: go on with the next epoch, losing nothing
+            self._epoch += 1
+            self._pipeline.set_epoch(self._epoch + 1)
+            node.reset(None)
+            item = next(node)
+        self._yielded += 1
+        return item
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last item returned (epoch and node state)."""
+        node = self._node if self._node is not None else self._start()
+        return {EPOCH_KEY: self._epoch, NODE_KEY: node.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` at the first ``next()``; must come before any item is read."""
+        if self._yielded:
+            raise RuntimeError("load_state_dict() must be called before the iterator yields anything.")
+        self._pending = dict(state)
+        self._node = None
