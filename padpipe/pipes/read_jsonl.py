@@ -1,0 +1,173 @@
+"""Read JSON Lines files (plain, ``.gz``, ``.zst``), parsing blocks of lines with ``pyarrow.json``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.json as pj
+
+from padpipe._shard import Consumer
+from padpipe.errors import DataError, positive
+from padpipe.pipes import _jsonl_blocks as blocks
+from padpipe.pipes._paths import FileRef, check_paths, expand_paths
+from padpipe.pipes._schema import check_columns, conform
+from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
+from padpipe.stats import PipelineStats
+
+SUFFIXES = tuple(base + comp for comp in ("", ".gz", ".zst", ".zstd") for base in (".jsonl", ".ndjson", ".json"))
+
+
+class JsonlReader(UnitSource):
+    """JSON Lines files as record batches: one JSON object per line, blank lines skipped.
+
+    Blocks of about ``block_bytes``, cut at a newline, are parsed in one ``pyarrow.json`` call.
+    A plain file is split into units of ``unit_bytes`` byte ranges (a range owns every line that
+    *starts* in it), so one big file is still shared between consumers; a compressed file is one
+    unit. The saved state also holds the byte offset of the current block, so a resumed reader
+    seeks there (a compressed file is decompressed up to it, without parsing) and re-parses
+    only that block.
+
+    The schema is fixed per reader, so chunks concatenate downstream: the keys (or ``columns``)
+    and their types come from the first block of the first file that has rows, with date-like
+    strings kept as strings. In every later block a key that is missing or null comes out as
+    nulls of that type; a key not in the schema is dropped (pass ``columns`` to read it); a
+    value of another type is an error naming the line. A requested key absent from the first
+    block takes its type from each block (all-null blocks then come out as type ``null``).
+
+    Args:
+        paths: A file, folder (``.jsonl``/``.ndjson``/``.json``, optionally ``.gz``/``.zst``,
+            recursively), glob or list of them; local or any fsspec URL.
+        columns: Keys to keep, in this order (default: the keys of the first block).
+        chunk_rows: Most rows per emitted record batch.
+        storage_options: Keyword arguments for the fsspec filesystem.
+        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
+        consumer: This reader's share of the units; default: detected on first ``reset``.
+        stats: Counters to report into.
+        unit_bytes: Size of the byte ranges a plain file is split into.
+        block_bytes: About how many bytes are parsed at once.
+
+    Raises:
+        DataError: ``"<file> line N: invalid JSON: ..."`` for a line that is not a JSON object,
+            and ``"<file> line N: ..."`` for a value of the wrong type.
+
+    Example:
+        >>> reader = JsonlReader(paths=pp.examples.SAMPLE_JSONL, columns=["id"], chunk_rows=2)
+        >>> reader.reset(); next(reader).to_pylist()
+        [{'id': 0}, {'id': 1}]
+    """
+
+    BLOCK_KEY = "block"
+
+    def __init__(
+        self,
+        *,
+        paths: str | Sequence[str],
+        columns: Sequence[str] | None = None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        storage_options: dict[str, Any] | None = None,
+        seed: int | None = None,
+        consumer: Consumer | None = None,
+        stats: PipelineStats | None = None,
+        unit_bytes: int = 64 << 20,
+        block_bytes: int = 2 << 20,
+    ) -> None:
+        super().__init__(chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
+        positive("unit_bytes", unit_bytes)
+        positive("block_bytes", block_bytes)
+        self.paths = check_paths(paths)
+        self.columns = check_columns(columns)
+        self.storage_options = dict(storage_options or {})
+        self.unit_bytes = unit_bytes
+        self.block_bytes = block_bytes
+        self._files: dict[str, FileRef] = {}
+        self._schema: pa.Schema | None = None
+        self._reference = ""
+        self._options = pj.ParseOptions()
+        self._block: tuple[int, int] | None = None  # (byte offset, unit row) of the block being read
+        self._resume_at: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        return f"read_jsonl paths={list(self.paths)!r} columns={self.columns!r} unit_bytes={self.unit_bytes}"
+
+    def list_units(self) -> list[WorkUnit]:
+        files = expand_paths(self.paths, suffixes=SUFFIXES, storage_options=self.storage_options)
+        units = []
+        for file in files:
+            self._files[file.name] = file
+            if blocks.compression_of(file.name):
+                units.append(WorkUnit(file.name, 0))
+                continue
+            size = file.size()
+            for i, start in enumerate(range(0, size, self.unit_bytes)):
+                units.append(WorkUnit(file.name, i, start=start, stop=min(start + self.unit_bytes, size)))
+        self._take_schema(files)
+        return units
+
+    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        file = self._files[unit.path]
+        begin, row = unit.start, 0
+        if self._resume_at is not None and self._resume_at[1] <= start_row:
+            begin, row = self._resume_at
+        self._resume_at = None
+        stop = math.inf if unit.stop is None else unit.stop
+        with blocks.open_stream(file) as stream:
+            for offset, block in blocks.line_blocks(stream, begin, stop, self.block_bytes):
+                self._block = (offset, row)
+                batch = self._parse(file, offset, block)
+                if batch is not None and row + batch.num_rows > start_row:
+                    yield batch.slice(max(0, start_row - row))
+                row += 0 if batch is None else batch.num_rows
+
+    # -- state: (unit, row) plus the current block's byte offset ------------------------------------
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._block = None
+        block = None if initial_state is None else initial_state.get(self.BLOCK_KEY)
+        self._resume_at = None if block is None else (int(block[0]), int(block[1]))
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        block = self._block if self._reader is not None else self._resume_at
+        if block is not None:
+            state[self.BLOCK_KEY] = list(block)
+        return state
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _take_schema(self, files: list[FileRef]) -> None:
+        """Fix the schema from the first block that has rows (see the class docs)."""
+        for file in files:
+            with blocks.open_stream(file) as stream:
+                first = next(blocks.line_blocks(stream, 0, math.inf, self.block_bytes), None)
+            table = None if first is None else self._parse(file, 0, first[1])
+            if table is None or table.num_rows == 0:
+                continue
+            sniffed = pa.schema([f.with_type(blocks.no_timestamps(f.type)) for f in table.schema])
+            names = self.columns or sniffed.names
+            fields = [sniffed.field(n) if n in sniffed.names else pa.field(n, pa.null()) for n in names]
+            self._schema = pa.schema(fields)
+            self._reference = f"the first block of {file.name}"
+            explicit = pa.schema([f for f in fields if not pa.types.is_null(f.type)])
+            unexpected = "infer" if len(explicit) < len(fields) else "ignore"  # infer the untyped keys
+            self._options = pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior=unexpected)
+            return
+
+    def _parse(self, file: FileRef, offset: int, block: bytes) -> pa.RecordBatch | None:
+        if not block or block.isspace():
+            return None
+        try:
+            table = blocks.parse_block(block, self._options)
+        except pa.ArrowInvalid as exc:
+            line, problem = blocks.locate_error(block, self._options, exc)
+            number = blocks.lines_before(file, offset) + line + 1
+            typed = self._schema is not None and not problem.startswith("invalid JSON")
+            hint = f"; keys keep the types of {self._reference}" if typed else ""
+            raise DataError(f"{file.name} line {number}: {problem}{hint}.") from exc
+        if table.num_rows == 0:
+            return None
+        batch = table.combine_chunks().to_batches()[0]
+        if self._schema is None:
+            return batch
+        where = f"{file.name} (block at byte {offset})"
+        return conform(batch, self._schema, where=where, reference=self._reference)
