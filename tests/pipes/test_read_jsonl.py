@@ -10,7 +10,7 @@ import zstandard
 import padpipe as pp
 from padpipe import Consumer, DataError
 from padpipe.pipes.read_jsonl import JsonlReader
-from tests.contract import check_node_resume
+from tests.contract import check_loader_resume, check_node_resume
 from tests.pipes.reader_checks import check_split, epoch_batches, rows
 
 
@@ -149,3 +149,7 @@ def test_read_jsonl_loader_yields_record_batches(folder):
     batches = list(pp.read_jsonl(str(folder), chunk_rows=16).loader())
     assert all(isinstance(b, pa.RecordBatch) for b in batches)
     assert rows(batches) == records(0, 80)
+
+
+def test_read_jsonl_loader_saves_and_restores_its_state(folder):
+    check_loader_resume(lambda: pp.read_jsonl(str(folder), chunk_rows=16).loader())

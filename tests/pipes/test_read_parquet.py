@@ -8,7 +8,7 @@ import pytest
 import padpipe as pp
 from padpipe import Consumer, DataError
 from padpipe.pipes.read_parquet import ParquetReader
-from tests.contract import check_node_resume
+from tests.contract import check_loader_resume, check_node_resume
 from tests.pipes.reader_checks import check_split, epoch_batches, rows
 
 
@@ -109,3 +109,7 @@ def test_read_parquet_loader_yields_record_batches(folder):
     batches = list(pp.read_parquet(str(folder), columns=["id"], chunk_rows=4).loader())
     assert all(isinstance(b, pa.RecordBatch) for b in batches)
     assert [r["id"] for r in rows(batches)] == [r["id"] for r in expected(folder)]
+
+
+def test_read_parquet_loader_saves_and_restores_its_state(folder):
+    check_loader_resume(lambda: pp.read_parquet(str(folder), chunk_rows=3).loader())
