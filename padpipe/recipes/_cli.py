@@ -1,0 +1,62 @@
+"""What the recipe command lines share: run a pipeline, print a few batch shapes and the efficiency."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+import padpipe as pp
+
+SHOWN_BATCHES = 3
+
+
+def describe(batch: dict[str, Any]) -> str:
+    """One line naming each key of a batch and its shape (tensors) or length (lists) or value.
+
+    Example:
+        >>> describe({"input_ids": torch.zeros(2, 8, dtype=torch.long), "max_seqlen": 5})
+        'input_ids [2, 8] int64, max_seqlen 5'
+    """
+    parts = []
+    for name, value in batch.items():
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            parts.append(f"{name} {list(value.shape)} {str(value.dtype).removeprefix('torch.')}")
+        elif isinstance(value, list):
+            parts.append(f"{name} list[{len(value)}]")
+        else:
+            parts.append(f"{name} {value!r}")
+    return ", ".join(parts)
+
+
+def run(
+    pipe: pp.Pipeline, *, max_batches: int | None, efficiency: str, rows: str = "rows", out: TextIO | None = None
+) -> pp.StatsSnapshot:
+    """Read up to ``max_batches`` batches (all of one epoch when ``None``) and print a summary.
+
+    Prints the shapes of the first few batches, then the totals and ``efficiency`` (the word for
+    real tokens over token slots: ``"padding"`` or ``"packing"``) from ``loader.stats()``.
+
+    Args:
+        pipe: The pipeline to run.
+        max_batches: Most batches to read; ``None`` reads one epoch.
+        efficiency: How to name the efficiency in the summary line.
+        rows: What the stats count as rows (``"documents"`` when packing: each piece of a split one).
+        out: Where to print; default: standard output.
+
+    Returns:
+        The loader's stats after the last batch read.
+    """
+    out = out or sys.stdout
+    loader = pipe.loader()
+    for number, batch in enumerate(loader):
+        if number < SHOWN_BATCHES:
+            print(f"batch {number}: {describe(batch)}", file=out)
+        if max_batches is not None and number + 1 >= max_batches:
+            break
+    stats = loader.stats()
+    print(
+        f"{stats.batches} batches, {stats.rows} {rows}, {stats.real_tokens} tokens in {stats.padded_tokens} slots: "
+        f"{efficiency} efficiency {stats.padding_efficiency:.1%}",
+        file=out,
+    )
+    return stats

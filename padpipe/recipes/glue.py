@@ -1,0 +1,220 @@
+"""GLUE: every task's text fields, labels and splits, as padded, length-bucketed batches.
+
+Example:
+    >>> from padpipe.recipes.glue import glue
+    >>> pipe = glue("mrpc", "validation", pp.examples.tokenizer(), data="glue_mrpc/")  # doctest: +SKIP
+    >>> batch = next(iter(pipe.loader()))  # doctest: +SKIP
+    >>> sorted(batch)  # doctest: +SKIP
+    ['attention_mask', 'idx', 'input_ids', 'labels', 'row_index', 'token_type_ids']
+
+Run it from the command line (prints a few batch shapes and the padding efficiency)::
+
+    python -m padpipe.recipes.glue --task mrpc --tokenizer PATH --data PATH [--split train]
+        [--batch-size N | --max-tokens N] [--max-batches N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+import padpipe as pp
+from padpipe.errors import DataError, positive
+from padpipe.recipes import _cli
+from padpipe.recipes._glue_data import as_dataset, columns_of, find_split
+
+LABEL, IDX = "label", "idx"
+ROW_INDEX = "row_index"
+"""The column of eval batches holding each row's position in its split (0-based)."""
+DEFAULT_BATCH_SIZE = 32
+
+_PAIR = ("sentence1", "sentence2")
+_NLI = ("premise", "hypothesis")
+_SPLITS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task: its text fields, its splits and the dtype of its ``label`` column.
+
+    Attributes:
+        fields: The text column, or the two columns of a pair.
+        splits: The splits the Hub dataset ``nyu-mll/glue`` has for it.
+        label: ``"int"`` (class ids; -1 on test splits) or ``"float"`` (stsb's similarity score).
+    """
+
+    fields: tuple[str, ...]
+    splits: tuple[str, ...] = _SPLITS
+    label: str = "int"
+
+
+TASKS: dict[str, GlueTask] = {
+    "cola": GlueTask(("sentence",)),
+    "sst2": GlueTask(("sentence",)),
+    "mrpc": GlueTask(_PAIR),
+    "qqp": GlueTask(("question1", "question2")),
+    "stsb": GlueTask(_PAIR, label="float"),
+    "mnli": GlueTask(_NLI, ("train", "validation_matched", "validation_mismatched", "test_matched", "test_mismatched")),
+    "mnli_matched": GlueTask(_NLI, ("validation", "test")),
+    "mnli_mismatched": GlueTask(_NLI, ("validation", "test")),
+    "qnli": GlueTask(("question", "sentence")),
+    "rte": GlueTask(_PAIR),
+    "wnli": GlueTask(_PAIR),
+    "ax": GlueTask(_NLI, ("test",)),
+}
+"""The GLUE tasks by their ``nyu-mll/glue`` config name."""
+
+
+def glue(
+    task: str,
+    split: str,
+    tokenizer: Any,
+    *,
+    data: Any = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    max_length: int = 128,
+    seed: int = 0,
+    pad_to_multiple_of: int | None = 8,
+    buffer_size: int = 10_000,
+) -> pp.Pipeline:
+    """Padded, length-bucketed batches of one GLUE task's split.
+
+    The train split is shuffled (by ``seed``; each pass over a loader is the next epoch) and
+    bucketed from a ``buffer_size`` buffer. Evaluation and test splits are read in order, sorted
+    by length over the whole split (fastest inference), never dropped from, and every batch
+    carries ``row_index``: each row's position in the split, to put predictions back in order
+    (``preds[batch["row_index"]] = logits.argmax(-1)``). Test labels are GLUE's -1, kept as is.
+
+    Batches hold ``input_ids``, ``attention_mask`` and ``token_type_ids`` ``[B, L]`` (``L`` is
+    the longest row rounded up to ``pad_to_multiple_of``), ``labels`` (int64, or float32 for
+    stsb), ``idx`` when the data has it, and ``row_index`` on evaluation and test splits.
+
+    Args:
+        task: A GLUE task: ``cola``, ``sst2``, ``mrpc``, ``qqp``, ``stsb``, ``mnli``
+            (or ``mnli_matched``/``mnli_mismatched``), ``qnli``, ``rte``, ``wnli``, ``ax``.
+        split: One of the task's splits; mnli has ``validation_matched``,
+            ``validation_mismatched``, ``test_matched`` and ``test_mismatched``; ax only ``test``.
+        tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes (fast tokenizer or path).
+        data: ``None`` downloads ``datasets.load_dataset("nyu-mll/glue", task, split=split)``;
+            else a ``datasets.DatasetDict`` or ``Dataset`` (the split's rows), or a local folder:
+            a ``save_to_disk`` folder (of a ``DatasetDict`` or a ``Dataset``) or Parquet files
+            ``<split>-*.parquet`` / ``<split>/*.parquet``, there or in its ``<task>/`` subfolder.
+        batch_size: Rows per batch (default 32 when ``max_tokens`` is not given).
+        max_tokens: Instead of ``batch_size``, a budget on padded tokens per batch.
+        max_length: Truncate each example (pair: ``longest_first``) to this many tokens.
+        seed: Seed of the train split's shuffle and batch order.
+        pad_to_multiple_of: Round each batch's length up to a multiple (``None``: no rounding).
+        buffer_size: Rows shuffled and sorted together on the train split.
+
+    Raises:
+        ValueError: An unknown task or split (the message lists the valid ones), or bad sizes.
+        DataError: The data lacks the split or one of the task's fields.
+
+    Example:
+        >>> dd = datasets.DatasetDict(validation=datasets.Dataset.from_dict(
+        ...     {"sentence": ["a fine film", "bad"], "label": [1, 0], "idx": [0, 1]}))
+        >>> batch = next(iter(glue("sst2", "validation", pp.examples.tokenizer(), data=dd).loader()))
+        >>> batch["row_index"].tolist(), batch["input_ids"].shape
+        ([1, 0], torch.Size([2, 8]))
+    """
+    spec = _task(task)
+    if split not in spec.splits:
+        raise ValueError(f"`split` must be one of {spec.splits!r} for GLUE task {task!r}, but is {split!r} instead.")
+    if batch_size is not None and max_tokens is not None:
+        raise ValueError("Pass at most one of `batch_size` or `max_tokens` to glue().")
+    if max_tokens is None:
+        batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    positive("batch_size", batch_size, allow_none=True)
+    positive("max_tokens", max_tokens, allow_none=True)
+    positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
+    positive("max_length", max_length)
+    positive("buffer_size", buffer_size)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
+    longest = -(-max_length // (pad_to_multiple_of or 1)) * (pad_to_multiple_of or 1)
+    if max_tokens is not None and max_tokens < longest:
+        raise ValueError(
+            f"`max_tokens` must be at least {longest} (`max_length`={max_length} padded to a multiple of "
+            f"{pad_to_multiple_of}), but is {max_tokens} instead."
+        )
+
+    rows = find_split(data, task, split)
+    columns = _columns(task, spec, split, columns_of(rows))
+    if split == "train":
+        if isinstance(rows, list):
+            pipe = pp.read_parquet(rows, columns=columns)
+        else:
+            pipe = pp.from_hf(rows, columns=columns)
+        pipe = pipe.shuffle(buffer_size, seed=seed)
+        shuffle, buffer = True, buffer_size
+    else:
+        dataset = as_dataset(rows, columns)
+        dataset = dataset.add_column(ROW_INDEX, np.arange(len(dataset), dtype=np.int64))
+        pipe = pp.from_hf(dataset)
+        shuffle, buffer = False, max(len(dataset), 1)  # the whole split is sorted by length at once
+    pipe = pipe.tokenize(tokenizer, fields=spec.fields, max_length=max_length)
+    pipe = pipe.bucket(batch_size, max_tokens=max_tokens, buffer_size=buffer, shuffle=shuffle, seed=seed)
+    return pipe.pad(pad_to_multiple_of=pad_to_multiple_of)
+
+
+def _task(task: str) -> GlueTask:
+    if task not in TASKS:
+        raise ValueError(f"`task` must be one of {tuple(TASKS)!r}, but is {task!r} instead.")
+    return TASKS[task]
+
+
+def _columns(task: str, spec: GlueTask, split: str, found: list[str]) -> list[str]:
+    """The columns to read: the text fields, ``label`` (optional on test splits) and ``idx`` if present."""
+    required = spec.fields if split.startswith("test") else spec.fields + (LABEL,)
+    for name in required:
+        if name not in found:
+            raise DataError(
+                f"glue {task} {split}: the data has no field {name!r}; expected columns {list(required)!r}, "
+                f"found {found!r}."
+            )
+    return list(spec.fields) + [name for name in (LABEL, IDX) if name in found]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: build :func:`glue`'s pipeline, print batch shapes and padding efficiency.
+
+    Example:
+        >>> main(["--task", "mrpc", "--tokenizer", "tok.json", "--data", "glue/"])  # doctest: +SKIP
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m padpipe.recipes.glue",
+        description="Padded GLUE batches: print a few shapes and the padding efficiency.",
+    )
+    parser.add_argument("--task", required=True, choices=tuple(TASKS))
+    parser.add_argument("--tokenizer", required=True, help="tokenizer.json file or pretrained folder")
+    parser.add_argument("--data", help="save_to_disk or Parquet folder (default: download nyu-mll/glue)")
+    parser.add_argument("--split", default="train")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--batch-size", type=int)
+    size.add_argument("--max-tokens", type=int)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-batches", type=int, help="stop after this many batches (default: one epoch)")
+    args = parser.parse_args(argv)
+    pipe = glue(
+        args.task,
+        args.split,
+        args.tokenizer,
+        data=args.data,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        max_length=args.max_length,
+        seed=args.seed,
+    )
+    print(f"glue {args.task} {args.split}:")
+    _cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

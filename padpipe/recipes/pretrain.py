@@ -1,0 +1,233 @@
+"""Pretraining: raw documents to packed ``[B, seq_len]`` rows (or length-bucketed padded batches).
+
+Example:
+    >>> from padpipe.recipes.pretrain import pretrain
+    >>> tok = transformers.AutoTokenizer.from_pretrained(pp.examples.TOKENIZER_DIR, eos_token="[SEP]")
+    >>> batch = next(iter(pretrain(pp.examples.SAMPLE_JSONL, tok, seq_len=512).loader()))
+    >>> batch["input_ids"].shape
+    torch.Size([8, 512])
+
+Run it from the command line (prints a few batch shapes and the packing efficiency)::
+
+    python -m padpipe.recipes.pretrain --data PATH [PATH ...] --tokenizer PATH [--seq-len N]
+        [--mode pack|bucket] [--eos-token TOKEN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Literal, Mapping, Sequence
+
+import padpipe as pp
+from padpipe.errors import one_of, positive
+from padpipe.recipes import _cli
+from padpipe.recipes._formats import read_corpus
+
+Sources = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any]
+
+
+def pretrain(
+    sources: Sources,
+    tokenizer: Any,
+    *,
+    seq_len: int = 2048,
+    mode: Literal["pack", "bucket"] = "pack",
+    batch_size: int = 8,
+    max_tokens: int | None = None,
+    weights: Mapping[str, float] | Sequence[float] | None = None,
+    text_field: str = "text",
+    shuffle_buffer: int = 10_000,
+    seed: int = 0,
+) -> pp.Pipeline:
+    """Language-model pretraining batches from raw text corpora, read in one streaming pass.
+
+    Each document is tokenized without the template's special tokens and followed by the
+    tokenizer's EOS token, so packed rows read ``doc EOS doc EOS ...``. With ``mode="pack"``
+    documents are packed into ``batch_size`` rows of exactly ``seq_len`` tokens (long documents
+    split across rows; see :meth:`padpipe.Pipeline.pack` for ``position_ids``, ``labels``,
+    ``cu_seqlens``). With ``mode="bucket"`` each document is truncated to ``seq_len`` tokens and
+    documents of similar length are batched under a budget of ``max_tokens`` padded tokens, then
+    padded (``input_ids``, ``attention_mask``). Rows are shuffled by ``seed`` through a
+    ``shuffle_buffer`` buffer (and the file order per epoch).
+
+    The format of each path comes from its name: ``.parquet`` (Parquet), ``.arrow`` (Arrow IPC),
+    ``.jsonl``/``.jsonl.gz``/``.jsonl.zst``/``.json`` (JSON Lines); a folder is looked into.
+
+    Args:
+        sources: A path, glob or URL, or a list of them (one corpus, all of one format), or a dict
+            ``{name: paths}`` of corpora to mix.
+        tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes; it must have an EOS token
+            for ``mode="pack"``.
+        seq_len: Tokens per packed row; the truncation length with ``mode="bucket"``.
+        mode: ``"pack"`` or ``"bucket"``.
+        batch_size: Packed rows per batch (``"pack"``).
+        max_tokens: Padded-token budget per batch (``"bucket"``; default ``seq_len * batch_size``).
+        weights: Mixing weights, by corpus name (dict ``sources``) or in the order of a list.
+        text_field: The column holding each document's text.
+        shuffle_buffer: Documents held in the shuffle buffer (and the bucketing buffer).
+        seed: Seed of the file order, the shuffle buffer, batch order and mixing.
+
+    Raises:
+        ValueError: ``seq_len`` < 2, a tokenizer without EOS with ``mode="pack"``, or bad options.
+        NotImplementedError: Mixing corpora (a dict or ``weights``) before ``pp.mix`` exists.
+
+    Example:
+        >>> corpora = {"web": "web/*.parquet", "code": "code/"}
+        >>> pipe = pretrain(corpora, tok, weights={"web": 3, "code": 1})  # doctest: +SKIP
+    """
+    positive("seq_len", seq_len)
+    if seq_len < 2:
+        raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
+    one_of("mode", mode, ("pack", "bucket"))
+    positive("batch_size", batch_size)
+    positive("max_tokens", max_tokens, allow_none=True)
+    positive("shuffle_buffer", shuffle_buffer)
+    if not isinstance(text_field, str):
+        raise TypeError(f"`text_field` must be a column name, but is {text_field!r} instead.")
+    if mode == "pack" and max_tokens is not None:
+        raise ValueError("`max_tokens` is for mode='bucket'; with mode='pack' a batch is `batch_size` x `seq_len`.")
+    max_tokens = seq_len * batch_size if max_tokens is None else max_tokens
+    if max_tokens < seq_len:
+        raise ValueError(f"`max_tokens` must be at least `seq_len`={seq_len}, but is {max_tokens} instead.")
+    corpora = _corpora(sources, weights)
+    eos_id, pad_id = _special_ids(tokenizer)
+    if mode == "pack" and eos_id is None:
+        raise ValueError(
+            "pretrain(mode='pack') needs a tokenizer with an EOS token to separate documents, but this one has none; "
+            "pass a tokenizer with an eos token (or set one, e.g. AutoTokenizer.from_pretrained(path, eos_token=...))."
+        )
+
+    columns = [text_field]
+    if isinstance(corpora, dict):
+        if not hasattr(pp, "mix"):
+            raise NotImplementedError("mixing lands with pp.mix")
+        parts = {
+            name: read_corpus(paths, columns=columns).shuffle(shuffle_buffer, seed=seed)
+            for name, paths in corpora.items()
+        }
+        pipe = pp.mix(parts, weights=_weights_by_name(corpora, weights), seed=seed)  # type: ignore[attr-defined]
+    else:
+        pipe = read_corpus(corpora, columns=columns).shuffle(shuffle_buffer, seed=seed)
+
+    if mode == "pack":
+        pipe = pipe.tokenize(tokenizer, fields=text_field, truncation=False, add_special_tokens=False, append_eos=True)
+        return pipe.pack(seq_len, batch_size=batch_size)
+    # room for the EOS after truncation, whether or not append_eos counts it within max_length
+    eos = {} if eos_id is None else {"append_eos": True}
+    length = seq_len if eos_id is None else seq_len - 1
+    pipe = pipe.tokenize(tokenizer, fields=text_field, max_length=length, add_special_tokens=False, **eos)
+    pipe = pipe.bucket(max_tokens=max_tokens, buffer_size=shuffle_buffer, seed=seed)
+    return pipe.pad(pad_id=pad_id if pad_id is not None else eos_id)
+
+
+def _corpora(sources: Sources, weights: Any) -> list[str] | dict[str, list[str]]:
+    """One corpus as a list of paths, or corpora to mix by name (a dict, or a list with ``weights``)."""
+    if isinstance(sources, Mapping):
+        if not sources:
+            raise ValueError("`sources` must name at least one corpus, but is {} instead.")
+        corpora = {str(name): _paths(paths) for name, paths in sources.items()}
+        if weights is not None:
+            _weights_by_name(corpora, weights)
+        return corpora
+    paths = _paths(sources)
+    if weights is None:
+        return paths
+    corpora = {path: [path] for path in paths}
+    if len(corpora) != len(paths):
+        raise ValueError(f"`sources` must not repeat a path when mixing by `weights`, but is {paths!r}.")
+    _weights_by_name(corpora, weights)
+    return corpora
+
+
+def _paths(paths: Any) -> list[str]:
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else paths
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(p, (str, os.PathLike)) for p in items):
+        raise TypeError(f"`sources` must be a path, a list of paths or a dict of them, but is {paths!r} instead.")
+    return [os.fspath(p) for p in items]
+
+
+def _weights_by_name(corpora: dict[str, list[str]], weights: Any) -> dict[str, float] | None:
+    """Check ``weights`` against the corpora and return them by corpus name."""
+    if weights is None:
+        return None
+    if isinstance(weights, Mapping):
+        if set(weights) != set(corpora):
+            raise ValueError(
+                f"`weights` must have one weight per corpus {sorted(corpora)!r}, but has {sorted(weights)!r}."
+            )
+        by_name = {name: weights[name] for name in corpora}
+    elif isinstance(weights, (list, tuple)) and len(weights) == len(corpora):
+        by_name = dict(zip(corpora, weights))
+    else:
+        raise ValueError(f"`weights` must be a dict or a list of {len(corpora)} weights, but is {weights!r} instead.")
+    for name, weight in by_name.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+            raise ValueError(f"The weight of corpus {name!r} must be a non-negative number, but is {weight!r} instead.")
+    if not sum(by_name.values()) > 0:
+        raise ValueError(f"`weights` must not all be zero, but are {by_name!r}.")
+    return by_name
+
+
+def _special_ids(tokenizer: Any) -> tuple[int | None, int | None]:
+    """The tokenizer's EOS and pad ids, as the tokenize stage will see them."""
+    from padpipe.tokenizer import TextEncoder
+
+    encoder = TextEncoder.load(tokenizer, max_length=None, truncation=False, add_special_tokens=False)
+    return encoder.eos_id, encoder.pad_id
+
+
+def load_tokenizer(path: str, eos_token: str | None) -> Any:
+    """``path`` as is, or loaded with ``eos_token`` set (a ``tokenizer.json`` file or a folder).
+
+    Example:
+        >>> load_tokenizer(pp.examples.TOKENIZER_JSON, "[SEP]").eos_token_id
+        3
+    """
+    if eos_token is None:
+        return path
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if os.path.isfile(path):
+        return PreTrainedTokenizerFast(tokenizer_file=path, eos_token=eos_token)
+    return AutoTokenizer.from_pretrained(path, eos_token=eos_token)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: build :func:`pretrain`'s pipeline, print batch shapes and packing efficiency."""
+    parser = argparse.ArgumentParser(
+        prog="python -m padpipe.recipes.pretrain",
+        description="Packed (or bucketed) pretraining batches: print a few shapes and the packing efficiency.",
+    )
+    parser.add_argument("--data", required=True, nargs="+", help="files, folders or globs of one corpus")
+    parser.add_argument("--tokenizer", required=True, help="tokenizer.json file or pretrained folder")
+    parser.add_argument("--eos-token", help="set the tokenizer's EOS token (for tokenizers without one)")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--mode", choices=("pack", "bucket"), default="pack")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--text-field", default="text")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-batches", type=int, help="stop after this many batches (default: one epoch)")
+    args = parser.parse_args(argv)
+    pipe = pretrain(
+        args.data,
+        load_tokenizer(args.tokenizer, args.eos_token),
+        seq_len=args.seq_len,
+        mode=args.mode,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        text_field=args.text_field,
+        seed=args.seed,
+    )
+    print(f"pretrain {args.mode} seq_len={args.seq_len}:")
+    if args.mode == "pack":
+        _cli.run(pipe, max_batches=args.max_batches, efficiency="packing", rows="documents")
+    else:
+        _cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

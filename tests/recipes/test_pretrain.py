@@ -1,0 +1,254 @@
+"""The pretraining recipe on small local corpora: packing, bucketing, formats, seeds, errors, CLI."""
+
+from __future__ import annotations
+
+import gzip
+import inspect
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import zstandard
+from transformers import AutoTokenizer
+
+import padpipe as pp
+from padpipe.recipes._formats import format_of
+from padpipe.recipes.pretrain import main, pretrain
+
+TOKENIZER = pp.examples.tokenizer()  # no EOS token
+EOS_TOKENIZER = AutoTokenizer.from_pretrained(pp.examples.TOKENIZER_DIR, eos_token="[SEP]")
+EOS = 3
+WORDS = "the a cat sat on mat quick brown fox jumps over lazy dog good bad plot was really not".split()
+DOCS = [
+    " ".join(np.random.default_rng(i).choice(WORDS, size=int(np.random.default_rng(i).integers(1, 21))))
+    for i in range(40)
+]
+
+needs_append_eos = pytest.mark.skipif(
+    "append_eos" not in inspect.signature(pp.Pipeline.tokenize).parameters,
+    reason="Pipeline.tokenize(append_eos=...) is not in the facade yet",
+)
+needs_no_mix = pytest.mark.skipif(hasattr(pp, "mix"), reason="pp.mix exists: mixing is implemented")
+
+
+def ids(doc: str) -> list[int]:
+    return TOKENIZER.encode(doc, add_special_tokens=False).ids
+
+
+def segments(batches: list[dict]) -> Counter:
+    """The documents of packed batches (each a tuple of ids), counted."""
+    out: Counter = Counter()
+    for batch in batches:
+        for row, docs in zip(batch["input_ids"].tolist(), batch["document_ids"].tolist()):
+            for d in sorted(set(docs) - {-1}):
+                out[tuple(t for t, k in zip(row, docs) if k == d)] += 1
+    return out
+
+
+def expected_segments(docs: list[str] = DOCS) -> Counter:
+    return Counter(tuple(ids(doc) + [EOS]) for doc in docs)
+
+
+def rows(batches: list[dict]) -> Counter:
+    """The real tokens of padded batches, counted."""
+    return Counter(
+        tuple(r[m.bool()].tolist()) for b in batches for r, m in zip(b["input_ids"], b["attention_mask"])
+    )
+
+
+def write_corpus(path: Path, docs: list[str] = DOCS) -> Path:
+    """``docs`` (with an ``id`` column) in the format ``path``'s name says."""
+    records = [{"id": i, "text": doc} for i, doc in enumerate(docs)]
+    table = pa.Table.from_pylist(records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps(r) + "\n" for r in records).encode()
+    if path.name.endswith(".parquet"):
+        pq.write_table(table, path, row_group_size=16)
+    elif path.name.endswith(".arrow"):
+        with pa.ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table, max_chunksize=16)
+    elif path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(lines))
+    elif path.name.endswith(".zst"):
+        path.write_bytes(zstandard.ZstdCompressor().compress(lines))
+    else:
+        path.write_bytes(lines)
+    return path
+
+
+# -- packing --------------------------------------------------------------------------------------
+@needs_append_eos
+def test_pretrain_works_in_pack_mode(tmp_path: Path) -> None:
+    path = write_corpus(tmp_path / "docs.jsonl")
+    batches = list(pretrain(str(path), EOS_TOKENIZER, seq_len=128, batch_size=2).loader())
+    assert all(b["input_ids"].shape == (2, 128) for b in batches[:-1])
+    assert segments(batches) == expected_segments()  # every document once, followed by EOS
+    assert sorted(batches[0]) == ["cu_seqlens", "document_ids", "input_ids", "labels", "max_seqlen", "position_ids"]
+
+
+@needs_append_eos
+@pytest.mark.parametrize(
+    "layout",
+    ["docs.jsonl", "docs.jsonl.gz", "docs.jsonl.zst", "docs.json", "docs.parquet", "docs.arrow",
+     "folder/", "glob/*.parquet", "saved/"],
+)
+def test_pretrain_reads_every_format(tmp_path: Path, layout: str) -> None:
+    if layout == "folder/":
+        write_corpus(tmp_path / "folder/a.jsonl.gz", DOCS[:25])
+        write_corpus(tmp_path / "folder/sub/b.jsonl", DOCS[25:])
+    elif layout == "glob/*.parquet":
+        write_corpus(tmp_path / "glob/a.parquet", DOCS[:10])
+        write_corpus(tmp_path / "glob/b.parquet", DOCS[10:])
+    elif layout == "saved/":
+        datasets.Dataset.from_dict({"text": DOCS}).save_to_disk(str(tmp_path / "saved"))
+    else:
+        write_corpus(tmp_path / layout)
+    batches = list(pretrain(str(tmp_path / layout), EOS_TOKENIZER, seq_len=128, batch_size=2).loader())
+    assert segments(batches) == expected_segments()
+
+
+@needs_append_eos
+def test_pretrain_takes_a_list_of_paths_as_one_corpus(tmp_path: Path) -> None:
+    paths = [str(write_corpus(tmp_path / "a.parquet", DOCS[:15])), str(write_corpus(tmp_path / "b.parquet", DOCS[15:]))]
+    batches = list(pretrain(paths, EOS_TOKENIZER, seq_len=64).loader())
+    assert segments(batches) == expected_segments()
+
+
+@needs_append_eos
+def test_pretrain_shuffles_deterministically_for_a_seed(tmp_path: Path) -> None:
+    path = str(write_corpus(tmp_path / "docs.parquet"))
+
+    def order(seed: int) -> list[list[int]]:
+        return [b["input_ids"].flatten().tolist() for b in pretrain(path, EOS_TOKENIZER, seq_len=64, seed=seed).loader()]
+
+    assert order(0) == order(0)
+    assert order(0) != order(1)
+
+
+# -- bucketing ------------------------------------------------------------------------------------
+@needs_append_eos
+def test_pretrain_works_in_bucket_mode(tmp_path: Path) -> None:
+    path = str(write_corpus(tmp_path / "docs.parquet"))
+    batches = list(pretrain(path, EOS_TOKENIZER, seq_len=16, batch_size=4, mode="bucket").loader())
+    assert all(b["input_ids"].numel() <= 64 and b["input_ids"].shape[1] <= 16 for b in batches)
+    assert rows(batches) == Counter(tuple(ids(doc)[:15] + [EOS]) for doc in DOCS)  # truncated, then EOS
+
+
+def test_pretrain_buckets_without_eos_when_the_tokenizer_has_none(tmp_path: Path) -> None:
+    path = str(write_corpus(tmp_path / "docs.parquet"))
+    batches = list(pretrain(path, TOKENIZER, seq_len=16, mode="bucket", max_tokens=48).loader())
+    assert all(b["input_ids"].numel() <= 48 for b in batches)
+    assert rows(batches) == Counter(tuple(ids(doc)[:16]) for doc in DOCS)
+
+
+# -- formats --------------------------------------------------------------------------------------
+def test_format_of_works(tmp_path: Path) -> None:
+    names = {"a.parquet": "parquet", "b.PQ": "parquet", "c.arrow": "arrow", "d.feather": "arrow",
+             "e.jsonl": "jsonl", "f.jsonl.gz": "jsonl", "g.jsonl.zst": "jsonl", "h.json": "jsonl",
+             "s3://bucket/x/*.json.gz": "jsonl", "data/*.parquet": "parquet"}
+    assert {name: format_of(name) for name in names} == names  # by name alone: no I/O
+    write_corpus(tmp_path / "nested/deep/x.arrow")
+    (tmp_path / "nested/_SUCCESS.parquet").write_bytes(b"")  # skipped: starts with "_"
+    (tmp_path / "nested/README.md").write_text("not data")
+    assert format_of(str(tmp_path / "nested")) == "arrow"
+
+
+def test_format_of_raises_error_when_the_format_is_unclear(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "mixed/a.parquet")
+    write_corpus(tmp_path / "mixed/b.jsonl")
+    with pytest.raises(ValueError, match=r"^'.*mixed' holds files of several formats \['jsonl', 'parquet'\]; "):
+        format_of(str(tmp_path / "mixed"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^'.*empty' holds no Parquet, Arrow or JSON Lines files\.$"):
+        format_of(str(tmp_path / "empty"))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"^'.*notes\.txt': unknown file format; expected a name ending in \.parquet"):
+        format_of(str(tmp_path / "notes.txt"))
+    with pytest.raises(FileNotFoundError, match=r"^No such file or folder: '.*nothing'\.$"):
+        format_of(str(tmp_path / "nothing"))
+
+
+# -- errors and mixing ----------------------------------------------------------------------------
+def test_pretrain_raises_error_when_seq_len_is_too_short() -> None:
+    with pytest.raises(ValueError, match=r"^`seq_len` must be at least 2, but is 1 instead\.$"):
+        pretrain("docs.jsonl", EOS_TOKENIZER, seq_len=1)
+
+
+def test_pretrain_raises_error_when_packing_with_a_tokenizer_without_eos() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"^pretrain\(mode='pack'\) needs a tokenizer with an EOS token to separate documents, but this one "
+        r"has none; pass a tokenizer with an eos token \(or set one, ",
+    ):
+        pretrain("docs.jsonl", TOKENIZER)
+
+
+def test_pretrain_raises_error_when_options_do_not_fit(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^`max_tokens` is for mode='bucket'; "):
+        pretrain("docs.jsonl", EOS_TOKENIZER, max_tokens=4096)
+    with pytest.raises(ValueError, match=r"^`max_tokens` must be at least `seq_len`=2048, but is 1024 instead\.$"):
+        pretrain("docs.jsonl", EOS_TOKENIZER, mode="bucket", max_tokens=1024)
+    with pytest.raises(ValueError, match=r"^`mode` must be one of \('pack', 'bucket'\), but is 'packed' instead\.$"):
+        pretrain("docs.jsonl", EOS_TOKENIZER, mode="packed")
+    paths = [str(write_corpus(tmp_path / "a.parquet")), str(write_corpus(tmp_path / "b.jsonl"))]
+    with pytest.raises(ValueError, match=r"^The paths of one corpus must share one format, but they are \{"):
+        pretrain(paths, EOS_TOKENIZER)
+    with pytest.raises(ValueError, match=r"^`weights` must have one weight per corpus \['a', 'b'\], but has \['a'\]\.$"):
+        pretrain({"a": paths[0], "b": paths[1]}, EOS_TOKENIZER, weights={"a": 1.0})
+
+
+@needs_no_mix
+def test_pretrain_raises_error_when_mixing_before_pp_mix_exists(tmp_path: Path) -> None:
+    with pytest.raises(NotImplementedError, match=r"^mixing lands with pp\.mix$"):
+        pretrain({"web": "web.jsonl", "code": "code.parquet"}, EOS_TOKENIZER)
+    with pytest.raises(NotImplementedError, match=r"^mixing lands with pp\.mix$"):
+        pretrain(["web.jsonl", "code.parquet"], EOS_TOKENIZER, weights=[3, 1])
+
+
+def test_pretrain_mixes_corpora_with_pp_mix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def mix(pipelines: dict, *, weights: dict | None, seed: int) -> pp.Pipeline:
+        calls.append((sorted(pipelines), weights, seed, {n: p.output for n, p in pipelines.items()}))
+        return next(iter(pipelines.values()))
+
+    monkeypatch.setattr(pp, "mix", mix, raising=False)
+    web, code = str(write_corpus(tmp_path / "web.jsonl")), str(write_corpus(tmp_path / "code.parquet"))
+    pipe = pretrain({"web": web, "code": [code]}, TOKENIZER, mode="bucket", seq_len=32, weights={"code": 1, "web": 3}, seed=7)
+    assert calls == [(["code", "web"], {"web": 3, "code": 1}, 7, {"web": "records", "code": "records"})]
+    assert rows(list(pipe.loader())) == Counter(tuple(ids(doc)[:32]) for doc in DOCS)
+
+
+# -- command line ---------------------------------------------------------------------------------
+def test_pretrain_cli_prints_batch_shapes_and_efficiency(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = str(write_corpus(tmp_path / "docs.parquet"))
+    args = ["--data", path, "--tokenizer", pp.examples.TOKENIZER_JSON, "--seq-len", "32", "--mode", "bucket",
+            "--max-tokens", "128"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "pretrain bucket seq_len=32:"
+    assert re.match(r"^batch 0: input_ids \[\d+, \d+\] int64, attention_mask \[\d+, \d+\] int64", lines[1])
+    assert re.match(r"^\d+ batches, 40 rows, \d+ tokens in \d+ slots: padding efficiency \d+\.\d%$", lines[-1])
+
+
+@needs_append_eos
+def test_pretrain_cli_runs_as_a_module(tmp_path: Path) -> None:
+    path = str(write_corpus(tmp_path / "docs.jsonl.gz"))
+    command = [sys.executable, "-m", "padpipe.recipes.pretrain", "--data", path, "--tokenizer",
+               pp.examples.TOKENIZER_DIR, "--eos-token", "[SEP]", "--seq-len", "64", "--batch-size", "2",
+               "--max-batches", "3"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "pretrain pack seq_len=64:"
+    assert re.match(r"^batch 0: input_ids \[2, 64\] int64, ", lines[1]) and "cu_seqlens" in lines[1]
+    assert re.match(r"^3 batches, \d+ documents, \d+ tokens in 384 slots: packing efficiency \d+\.\d%$", lines[-1])
