@@ -1,0 +1,325 @@
+"""Tests of Packer (padpipe/pipes/pack.py) and its helpers (padpipe/pipes/_packing.py).
+
+The upstream is a tiny in-file node over lists of documents, so most tests do not depend on the
+reader or tokenizer stages; the facade test at the end runs the real ones.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchdata.nodes import BaseNode
+
+import padpipe as pp
+from padpipe._state import StateMismatchError, check_state, make_state
+from padpipe.chunks import TokenChunk
+from padpipe.pipes.pack import Packer
+from padpipe.stats import PipelineStats
+from tests.contract import check_loader_resume, check_node_resume
+
+PAD = 0
+
+
+class ToyDocs(BaseNode[TokenChunk]):
+    """Documents in chunks of ``chunk_rows``; epoch ``e`` rotates the documents by ``e`` (epochs differ)."""
+
+    def __init__(self, docs: list[list[int]], *, chunk_rows: int = 3) -> None:
+        super().__init__()
+        self.docs, self.chunk_rows = docs, chunk_rows
+        self._epoch, self._pos = -1, 0
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is None:
+            self._epoch, self._pos = self._epoch + 1, 0
+        else:
+            check_state("toy", initial_state, version=1, settings={"n": len(self.docs)})
+            self._epoch, self._pos = initial_state["epoch"], initial_state["pos"]
+
+    def next(self) -> TokenChunk:
+        if self._pos >= len(self.docs):
+            raise StopIteration
+        shift = self._epoch % len(self.docs)
+        docs = self.docs[shift:] + self.docs[:shift]
+        chunk = TokenChunk.from_lists(docs[self._pos : self._pos + self.chunk_rows])
+        self._pos += self.chunk_rows
+        return chunk
+
+    def get_state(self) -> dict[str, Any]:
+        return make_state(version=1, settings={"n": len(self.docs)}, epoch=self._epoch, pos=self._pos)
+
+
+def make_docs(lengths: list[int], start: int = 1) -> list[list[int]]:
+    """Documents of these lengths with distinct consecutive ids from ``start`` (so every token is traceable)."""
+    out, next_id = [], start
+    for n in lengths:
+        out.append(list(range(next_id, next_id + n)))
+        next_id += n
+    return out
+
+
+def run(docs: list[list[int]], **options: Any) -> list[dict]:
+    options.setdefault("pad_id", PAD)
+    return list(Packer(ToyDocs(docs), **options))
+
+
+def docs_out(batches: list[dict]) -> list[list[int]]:
+    """Every packed piece's tokens, in output order, read back through ``document_ids``."""
+    pieces = []
+    for b in batches:
+        for ids, doc in zip(b["input_ids"].tolist(), b["document_ids"].tolist()):
+            for d in range(max(doc) + 1):
+                pieces.append([t for t, x in zip(ids, doc) if x == d])
+    return pieces
+
+
+def check_layout(batch: dict, *, seq_len: int, position_offset: int = 0, pad_id: int = PAD) -> None:
+    """Positions, labels, cu_seqlens and max_seqlen agree with ``document_ids``, slot by slot."""
+    ids, pos, doc, labels = (batch[k].numpy() for k in ("input_ids", "position_ids", "document_ids", "labels"))
+    assert ids.shape[1] == seq_len and all(batch[k].dtype == torch.int64 for k in ("input_ids", "labels"))
+    segments = []
+    for r in range(len(ids)):
+        start = 0
+        for c in range(1, seq_len + 1):
+            if c == seq_len or doc[r, c] != doc[r, c - 1]:
+                segments.append(c - start)
+                assert doc[r, start] in (-1, 0 if start == 0 else doc[r, start - 1] + 1)
+                assert pos[r, start:c].tolist() == list(range(position_offset, position_offset + c - start))
+                assert labels[r, start] == -100
+                if doc[r, start] == -1:
+                    assert c == seq_len and (ids[r, start:] == pad_id).all() and (labels[r, start:] == -100).all()
+                else:
+                    assert labels[r, start + 1 : c].tolist() == ids[r, start + 1 : c].tolist()
+                start = c
+    assert batch["cu_seqlens"].dtype == torch.int32
+    assert batch["cu_seqlens"].tolist() == np.concatenate([[0], np.cumsum(segments)]).tolist()
+    assert batch["max_seqlen"] == max(segments) and isinstance(batch["max_seqlen"], int)
+
+
+def test_pack_works() -> None:
+    docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    (batch,) = run(docs, seq_len=5, batch_size=2, buffer_size=8)
+    assert batch["input_ids"].tolist() == [[6, 7, 8, 9, 10], [1, 2, 3, 4, 5]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
+    assert batch["document_ids"].tolist() == [[0, 0, 0, 0, 1], [0, 0, 0, 1, 1]]
+    assert batch["labels"].tolist() == [[-100, 7, 8, 9, -100], [-100, 2, 3, -100, 5]]
+    assert batch["cu_seqlens"].tolist() == [0, 4, 5, 8, 10] and batch["max_seqlen"] == 4
+
+
+def test_pack_works_with_padding_position_offset_and_a_short_last_batch() -> None:
+    stats = PipelineStats()
+    docs = [[1, 2, 3], [4, 5, 6], [7]]
+    batches = list(Packer(ToyDocs(docs), seq_len=4, batch_size=2, buffer_size=2, position_offset=2, pad_id=9,
+                          label_pad_id=-1, stats=stats))
+    assert [b["input_ids"].tolist() for b in batches] == [[[1, 2, 3, 7], [4, 5, 6, 9]]]
+    assert batches[0]["position_ids"].tolist() == [[2, 3, 4, 2], [2, 3, 4, 2]]  # padding restarts too
+    assert batches[0]["labels"].tolist() == [[-1, 2, 3, -1], [-1, 5, 6, -1]]
+    three = run(make_docs([4, 4, 4]), seq_len=4, batch_size=2)
+    assert [b["input_ids"].shape[0] for b in three] == [2, 1]
+    snap = stats.snapshot()
+    assert (snap.rows, snap.batches, snap.real_tokens, snap.padded_tokens) == (3, 1, 7, 8)
+    assert snap.seconds["pack"] > 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=60),
+    seq_len=st.integers(2, 24),
+    batch_size=st.integers(1, 3),
+    buffer_size=st.integers(1, 9),
+    chunk_rows=st.integers(1, 7),
+)
+def test_pack_keeps_every_token_exactly_once(lengths, seq_len, batch_size, buffer_size, chunk_rows) -> None:
+    docs = make_docs(lengths)
+    node = Packer(ToyDocs(docs, chunk_rows=chunk_rows), seq_len=seq_len, batch_size=batch_size,
+                  buffer_size=buffer_size, pad_id=PAD)
+    batches = list(node)
+    for b in batches:
+        check_layout(b, seq_len=seq_len)
+    # ids are consecutive within a document, so pieces rejoin by sorting on their first id
+    rejoined: dict[int, list[int]] = {}
+    first_id = {doc[0]: i for i, doc in enumerate(docs) if doc}
+    owner = {t: first_id[doc[0]] for doc in docs if doc for t in doc}
+    for piece in sorted(docs_out(batches)):
+        assert 0 < len(piece) <= seq_len
+        rejoined.setdefault(owner[piece[0]], []).extend(piece)
+    assert rejoined == {i: doc for i, doc in enumerate(docs) if doc}
+
+
+def test_pack_splits_truncates_or_drops_long_documents() -> None:
+    docs = make_docs([11, 3, 8, 4])  # seq_len 4: 11 -> 4+4+3, 8 -> 4+4
+    stats = PipelineStats()
+    split = list(Packer(ToyDocs(docs), seq_len=4, batch_size=8, pad_id=PAD, stats=stats))
+    pieces = [docs[0][:4], docs[0][4:8], docs[0][8:], docs[1], docs[2][:4], docs[2][4:], docs[3]]
+    assert sorted(docs_out(split)) == sorted(pieces)
+    assert stats.snapshot().counters["pack.split_docs"] == 2
+    stats = PipelineStats()
+    no_tail = list(Packer(ToyDocs(docs), seq_len=4, batch_size=8, keep_tail=False, pad_id=PAD, stats=stats))
+    assert sorted(docs_out(no_tail)) == sorted([docs[0][:4], docs[0][4:8], docs[1], docs[2][:4], docs[2][4:], docs[3]])
+    assert stats.snapshot().skipped == {"pack.long_doc_tail": 1}
+    stats = PipelineStats()
+    truncated = list(Packer(ToyDocs(docs), seq_len=4, batch_size=8, long_docs="truncate", pad_id=PAD, stats=stats))
+    assert sorted(docs_out(truncated)) == sorted([docs[0][:4], docs[1], docs[2][:4], docs[3]])
+    assert stats.snapshot().counters["pack.truncated_docs"] == 2
+    stats = PipelineStats()
+    dropped = list(Packer(ToyDocs(docs + [[]]), seq_len=4, batch_size=8, long_docs="drop", pad_id=PAD, stats=stats))
+    assert sorted(docs_out(dropped)) == sorted([docs[1], docs[3]])
+    assert stats.snapshot().skipped == {"pack.long_doc": 2, "pack.empty_doc": 1}
+
+
+def test_pack_block_mask_is_block_diagonal_causal() -> None:
+    (batch,) = run([[1, 2], [3], [4, 5]], seq_len=4, batch_size=2, buffer_size=4, block_mask=True)
+    mask = batch["attention_mask"]
+    assert mask.dtype == torch.bool and mask.shape == (2, 1, 4, 4)
+    assert batch["document_ids"].tolist() == [[0, 0, 1, 1], [0, -1, -1, -1]]
+    assert mask[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    assert mask[1, 0].int().tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+
+
+def test_pack_gives_each_document_the_logits_it_has_alone() -> None:
+    transformers = pytest.importorskip("transformers")
+    vocab = 50
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                                      attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config).eval()
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, vocab, size=n).tolist() for n in [9, 3, 14, 6, 1, 11, 5, 2, 7, 13, 4]]
+    batches = run(docs, seq_len=16, batch_size=2, buffer_size=4, block_mask=True)
+    compared = 0
+    with torch.no_grad():
+        for b in batches:
+            kwargs = dict(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False)
+            packed = model(attention_mask=b["attention_mask"], **kwargs).logits
+            causal = torch.ones(16, 16, dtype=torch.bool).tril().expand(len(b["input_ids"]), 1, 16, 16)
+            plain = model(attention_mask=causal, **kwargs).logits
+            for r, doc_row in enumerate(b["document_ids"]):
+                for d in range(int(doc_row.max()) + 1):
+                    cols = (doc_row == d).nonzero().flatten()
+                    alone = model(input_ids=b["input_ids"][r, cols][None], use_cache=False).logits[0]
+                    torch.testing.assert_close(packed[r, cols], alone, atol=1e-4, rtol=0)
+                    if d > 0:  # the mask matters: a plain causal mask lets this document see the one before
+                        assert (plain[r, cols] - alone).abs().max() > 1e-3
+                        compared += 1
+    assert compared >= 3
+
+
+def test_pack_fills_long_tail_rows_at_least_99_percent() -> None:
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(rng.lognormal(np.log(300), 1.0, 20_000)), 2, 10_000).astype(int)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = np.full(offsets[-1], 7, dtype=np.int32)
+    bounds = [offsets[i : i + 1025] for i in range(0, len(lengths), 1024)]
+    chunks = [TokenChunk(ids[o[0] : o[-1]], o - o[0]) for o in bounds]
+    stats = PipelineStats()
+    start = time.perf_counter()
+    node = Packer(IterableChunks(chunks), seq_len=2048, batch_size=8, pad_id=PAD, stats=stats)
+    batches = sum(1 for _ in node)
+    seconds = time.perf_counter() - start
+    snap = stats.snapshot()
+    print(f"packing efficiency {snap.padding_efficiency:.4f} over {batches} batches, "
+          f"{len(lengths) / seconds:,.0f} docs/s, {snap.real_tokens / seconds:,.0f} tokens/s")
+    assert snap.real_tokens == lengths.sum()
+    assert snap.padding_efficiency >= 0.99
+
+
+class IterableChunks(BaseNode[TokenChunk]):
+    """Prepared chunks, the same every epoch (no resume needed for the efficiency run)."""
+
+    def __init__(self, chunks: list[TokenChunk]) -> None:
+        super().__init__()
+        self.chunks, self._pos = chunks, 0
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._pos = 0
+
+    def next(self) -> TokenChunk:
+        if self._pos >= len(self.chunks):
+            raise StopIteration
+        self._pos += 1
+        return self.chunks[self._pos - 1]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"pos": self._pos}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(seq_len=6, batch_size=1, buffer_size=3),
+        dict(seq_len=5, batch_size=2, buffer_size=2, long_docs="split", keep_tail=False, block_mask=True),
+        dict(seq_len=4, batch_size=3, buffer_size=5, long_docs="truncate", position_offset=1),
+    ],
+)
+def test_pack_saves_and_restores_its_state(options: dict) -> None:
+    docs = make_docs([3, 1, 9, 2, 5, 4, 1, 7, 2, 3, 6, 1])
+    items = check_node_resume(lambda: Packer(ToyDocs(docs, chunk_rows=4), pad_id=PAD, **options), epochs=2)
+    assert items[0] != items[1]
+
+
+def test_pack_raises_error_when_state_has_other_settings() -> None:
+    node = Packer(ToyDocs(make_docs([3, 4])), seq_len=8, pad_id=PAD)
+    state = node.state_dict()
+    with pytest.raises(StateMismatchError, match=r"^pack state doesn't match this pipeline: setting 'seq_len' found 8 instead of 4\.$"):
+        Packer(ToyDocs(make_docs([3, 4])), seq_len=4, pad_id=PAD).reset(state)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (dict(seq_len=0), ValueError, r"^`seq_len` must be greater than zero, but is 0 instead\.$"),
+        (dict(seq_len=1), ValueError, r"^`seq_len` must be at least 2, but is 1 instead\.$"),
+        (dict(seq_len=8, batch_size=0), ValueError, r"^`batch_size` must be greater than zero, but is 0 instead\.$"),
+        (dict(seq_len=8, buffer_size=-1), ValueError, r"^`buffer_size` must be greater than zero, but is -1 instead\.$"),
+        (dict(seq_len=8, long_docs="wrap"), ValueError, r"^`long_docs` must be one of \('split', 'truncate', 'drop'\), but is 'wrap' instead\.$"),
+        (dict(seq_len=8, position_offset=-1), ValueError, r"^`position_offset` must be a non-negative int, but is -1 instead\.$"),
+        (dict(seq_len=8, keep_tail=1), TypeError, r"^`keep_tail` must be a bool, but is 1 instead\.$"),
+        (dict(seq_len=8, pad_id=None), TypeError, r"^`pad_id` must be an int, but is None instead\.$"),
+    ],
+)
+def test_pack_raises_error_when_arguments_are_bad(options: dict, error: type, message: str) -> None:
+    options.setdefault("pad_id", PAD)
+    with pytest.raises(error, match=message):
+        Packer(ToyDocs([[1]]), **options)
+
+
+def test_pack_raises_error_when_input_is_not_tokenized() -> None:
+    import pyarrow as pa
+    from torchdata.nodes import IterableWrapper
+
+    node = Packer(IterableWrapper([pa.record_batch({"text": ["a"]})]), seq_len=8, pad_id=PAD)
+    with pytest.raises(TypeError, match=r"^pack\(\) needs tokenized rows \(TokenChunk\) as input, but got RecordBatch\.$"):
+        next(node)
+
+
+def test_pack_works_through_the_facade() -> None:
+    pytest.importorskip("padpipe.pipes.read_jsonl")
+    pytest.importorskip("padpipe.pipes.tokenize")
+    tok = pp.examples.tokenizer()
+    loader = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(tok).pack(512, batch_size=4).loader()
+    batches = list(loader)
+    pad = tok.token_to_id("[PAD]")
+    for b in batches[:-1]:
+        assert b["input_ids"].shape == (4, 512)
+    for b in batches:
+        check_layout(b, seq_len=512, pad_id=pad)
+    snap = loader.stats()
+    assert snap.padded_tokens == sum(b["input_ids"].numel() for b in batches)
+    assert snap.real_tokens == sum(int((b["document_ids"] >= 0).sum()) for b in batches)
+    assert snap.padding_efficiency > 0.95
+
+
+def test_pack_saves_and_restores_its_state_through_a_loader() -> None:
+    pytest.importorskip("padpipe.pipes.tokenize")
+    words = "the cat sat on a mat while dogs ran far away from home".split()
+    texts = [{"text": " ".join(words[i % 7 : i % 7 + 1 + (i * 5) % 13])} for i in range(40)]
+    pipe = pp.from_iterable(texts, chunk_rows=8).tokenize(pp.examples.tokenizer(), num_threads=1)
+    check_loader_resume(lambda: pipe.pack(24, batch_size=2, buffer_size=5, block_mask=True).loader(), epochs=2)
