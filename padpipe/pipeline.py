@@ -279,7 +279,8 @@ class Pipeline(IterableDataset):
         starts and padding, ready for the model's own shift), ``cu_seqlens`` (int32, flash-attention
         varlen format over the flattened batch) and ``max_seqlen``; with ``block_mask=True`` also a
         block-diagonal causal ``attention_mask`` ``[B, 1, seq_len, seq_len]`` for backends without
-        varlen kernels.
+        varlen kernels. Padding runs count as documents of their own (positions restart, labels
+        -100, ``document_ids`` -1); ``max_seqlen`` is an ``int``; an epoch's last batch may be short.
 
         Args:
             seq_len: Tokens per packed row.
@@ -290,7 +291,8 @@ class Pipeline(IterableDataset):
             keep_tail: When splitting, keep the last piece shorter than ``seq_len`` (else dropped,
                 counted).
             position_offset: First position id of every document (some models count from 2).
-            block_mask: Also emit the 4-D block-diagonal causal mask.
+            block_mask: Also emit the 4-D block-diagonal causal mask (``B x seq_len**2`` bools; for
+                long rows prefer ``cu_seqlens`` with a varlen kernel).
             pad_id: Padding id for unfilled slots; default: the tokenizer's pad, else its EOS.
             label_pad_id: Label at padding and document starts.
 
@@ -306,7 +308,12 @@ class Pipeline(IterableDataset):
         positive("batch_size", batch_size)
         positive("buffer_size", buffer_size)
         one_of("long_docs", long_docs, ("split", "truncate", "drop"))
-        if not isinstance(position_offset, int) or position_offset < 0:
+        for name, flag in (("keep_tail", keep_tail), ("block_mask", block_mask)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"`{name}` must be a bool, but is {flag!r} instead.")
+        if isinstance(label_pad_id, bool) or not isinstance(label_pad_id, int):
+            raise TypeError(f"`label_pad_id` must be an int, but is {label_pad_id!r} instead.")
+        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
             raise ValueError(f"`position_offset` must be a non-negative int, but is {position_offset!r} instead.")
         if pad_id is None:
             encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
@@ -314,6 +321,8 @@ class Pipeline(IterableDataset):
             pad_id = getattr(encoder, "eos_id", None) if pad_id is None else pad_id
             if pad_id is None:
                 raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
+        elif isinstance(pad_id, bool) or not isinstance(pad_id, int):
+            raise TypeError(f"`pad_id` must be an int, but is {pad_id!r} instead.")
         options = {
             "seq_len": seq_len,
             "batch_size": batch_size,
@@ -405,18 +414,42 @@ class Pipeline(IterableDataset):
             node = stage.builder(node, context, **stage.options)
         return node
 
-    def loader(self, *, consumer: Consumer | None = None) -> PipelineLoader:
+    def loader(
+        self,
+        *,
+        consumer: Consumer | None = None,
+        equal_steps: Literal["stop_first", "repeat", "off"] = "stop_first",
+    ) -> PipelineLoader:
         """A ``torchdata.nodes.Loader`` over a freshly built graph; one pass per epoch.
 
         Supports ``state_dict()``/``load_state_dict()`` for mid-epoch resume and ``stats()``.
+
+        Under ``torch.distributed`` with several ranks, every rank takes the same number of steps
+        per epoch (token budgets make different batch counts, and DDP hangs when one rank stops
+        early): one tiny all-reduce per step (see :class:`padpipe.pipes.equal_steps.EqualSteps`).
+        Without ``torch.distributed`` it changes nothing.
+
+        Args:
+            consumer: This reader's slot (default: detected from ``torch.distributed``).
+            equal_steps: ``"stop_first"`` ends the epoch on every rank when the first runs out
+                (the others' remaining batches are dropped, counted in ``stats().skipped`` as
+                ``equal_steps.dropped_batches``); ``"repeat"`` lets ranks that ran out repeat
+                their epoch's batches until the last finishes (dict batches get an
+                ``"is_repeat"`` bool tensor); ``"off"`` leaves step counts unequal.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
             >>> loader = pipe.loader(); n = sum(1 for _ in loader); loader.stats().rows
             1
         """
+        one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
         stats = PipelineStats()
-        return PipelineLoader(self.build(consumer=consumer, stats=stats), stats)
+        root = self.build(consumer=consumer, stats=stats)
+        if equal_steps != "off":
+            from padpipe.pipes.equal_steps import EqualSteps
+
+            root = EqualSteps(root, policy=equal_steps, stats=stats)
+        return PipelineLoader(root, stats)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch the next ``iter(pipe)`` reads (``IterableDataset`` use, as in HF datasets).
