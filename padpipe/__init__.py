@@ -18,7 +18,9 @@ from padpipe._state import StateMismatchError
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError
 from padpipe.loader import PipelineLoader
+from padpipe.mix import mix
 from padpipe.pipeline import Pipeline
+from padpipe.pipes.equal_steps import equal_steps
 from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
 from padpipe.stats import PipelineStats, StatsSnapshot
 
@@ -31,9 +33,11 @@ __all__ = [
     "StateMismatchError",
     "StatsSnapshot",
     "TokenChunk",
+    "equal_steps",
     "examples",
     "from_hf",
     "from_iterable",
+    "mix",
     "read_arrow",
     "read_jsonl",
     "read_parquet",
