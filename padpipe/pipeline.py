@@ -61,7 +61,7 @@ class Pipeline(IterableDataset):
         ...           .batch(batch_size=2).pad())
         >>> batch = next(iter(pipe.loader()))
         >>> batch["input_ids"].shape, batch["attention_mask"].sum(1).tolist()
-        (torch.Size([2, 4]), [4, 3])
+        (torch.Size([2, 4]), [4, 4])
     """
 
     source: Stage
