@@ -39,7 +39,8 @@ class PipelineIterator(Iterator[Any]):
 
     It is ``Stateful``: ``torchdata.stateful_dataloader.StatefulDataLoader`` saves
     ``state_dict()`` in each worker and restores it with ``load_state_dict()`` before the first
-    item. A state saved after the last item of an epoch resumes with the next epoch.
+    item. A state saved after this consumer's last item of an epoch yields nothing more (as the
+    uninterrupted run did); the next ``iter(pipe)`` reads the next epoch.
 
     Args:
         pipeline: The recipe to build.
@@ -68,16 +69,9 @@ class PipelineIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         node = self._node if self._node is not None else self._start()
-        try:
-            item = next(node)
-        except StopIteration:
-            if self._yielded:
-                raise
-            # a state saved at the very end of an epoch: go on with the next epoch, losing nothing
-            self._epoch += 1
-            self._pipeline.set_epoch(self._epoch + 1)
-            node.reset(None)
-            item = next(node)
+        # a state saved at the end of this consumer's share ends here too: under StatefulDataLoader
+        # other workers may still be mid-epoch, and the next iter(pipe) reads the next epoch
+        item = next(node)
         self._yielded += 1
         return item
 
