@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def mix(
     pipelines: Mapping[str, Pipeline],
     *,
-    weights: Mapping[str, float],
+    weights: Mapping[str, float] | None = None,
     seed: int = 0,
     stop: Literal["all_exhausted", "first_exhausted", "cycle"] = "all_exhausted",
     chunk_rows: int = 1024,
@@ -38,7 +38,8 @@ def mix(
 
     Args:
         pipelines: Name -> pipeline, all yielding ``"records"`` or all ``"tokens"``.
-        weights: Name -> weight (> 0; normalized), the same keys as ``pipelines``.
+        weights: Name -> weight (> 0; normalized), the same keys as ``pipelines``; default:
+            equal weights.
         seed: Seed of the draws; also the default seed of a later ``.bucket()``.
         stop: When a pipeline runs out: ``"all_exhausted"`` (it leaves the draw, the rest share
             its weight; every row of every pipeline once per epoch), ``"first_exhausted"`` (the
@@ -63,7 +64,7 @@ def mix(
     kinds = set(outputs.values())
     if len(kinds) != 1 or not kinds <= {RECORDS, TOKENS}:
         raise ValueError(f"mix() needs pipelines that all yield records or all yield tokens, but they yield {outputs!r}.")
-    weights = check_weights(list(pipelines), weights)
+    weights = check_weights(list(pipelines), {name: 1.0 for name in pipelines} if weights is None else weights)
     _check_seed(seed)
     one_of("stop", stop, STOPS)
     positive("chunk_rows", chunk_rows)

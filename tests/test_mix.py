@@ -68,6 +68,7 @@ def test_mix_raises_error_when_arguments_are_bad():
         pp.mix({"a": a}, weights={"a": 1}, stop="never")
     with pytest.raises(TypeError, match=r"^`pipelines\['a'\]` must be a padpipe Pipeline, but is list instead\.$"):
         pp.mix({"a": [1]}, weights={"a": 1})
+    assert pp.mix({"a": a, "b": b}).source.options["weights"] == {"a": 1.0, "b": 1.0}  # default: equal
 
 
 @pytest.mark.parametrize("stop", ["all_exhausted", "first_exhausted", "cycle"])
