@@ -14,7 +14,7 @@ def describe(batch: dict[str, Any]) -> str:
     """One line naming each key of a batch and its shape (tensors) or length (lists) or value.
 
     Example:
-        >>> describe({"input_ids": torch.zeros(2, 8, dtype=torch.long), "max_seqlen": 5})
+        >>> describe({"input_ids": np.zeros((2, 8), dtype=np.int64), "max_seqlen": 5})
         'input_ids [2, 8] int64, max_seqlen 5'
     """
     parts = []

@@ -1,8 +1,9 @@
 """Pretraining: raw documents to packed ``[B, seq_len]`` rows (or length-bucketed padded batches).
 
 Example:
+    >>> from transformers import AutoTokenizer
     >>> from padpipe.recipes.pretrain import pretrain
-    >>> tok = transformers.AutoTokenizer.from_pretrained(pp.examples.TOKENIZER_DIR, eos_token="[SEP]")
+    >>> tok = AutoTokenizer.from_pretrained(pp.examples.TOKENIZER_DIR, eos_token="[SEP]")
     >>> batch = next(iter(pretrain(pp.examples.SAMPLE_JSONL, tok, seq_len=512).loader()))
     >>> batch["input_ids"].shape
     torch.Size([8, 512])
@@ -163,10 +164,8 @@ def _weights_by_name(corpora: dict[str, list[str]], weights: Any) -> dict[str, f
     else:
         raise ValueError(f"`weights` must be a dict or a list of {len(corpora)} weights, but is {weights!r} instead.")
     for name, weight in by_name.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise ValueError(f"The weight of corpus {name!r} must be a non-negative number, but is {weight!r} instead.")
-    if not sum(by_name.values()) > 0:
-        raise ValueError(f"`weights` must not all be zero, but are {by_name!r}.")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"The weight of corpus {name!r} must be a positive number, but is {weight!r} instead.")
     return by_name
 
 

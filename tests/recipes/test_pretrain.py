@@ -38,6 +38,7 @@ needs_append_eos = pytest.mark.skipif(
     reason="Pipeline.tokenize(append_eos=...) is not in the facade yet",
 )
 needs_no_mix = pytest.mark.skipif(hasattr(pp, "mix"), reason="pp.mix exists: mixing is implemented")
+needs_mix = pytest.mark.skipif(not hasattr(pp, "mix"), reason="pp.mix is not there yet")
 
 
 def ids(doc: str) -> list[int]:
@@ -214,7 +215,7 @@ def test_pretrain_raises_error_when_mixing_before_pp_mix_exists(tmp_path: Path) 
         pretrain(["web.jsonl", "code.parquet"], EOS_TOKENIZER, weights=[3, 1])
 
 
-def test_pretrain_mixes_corpora_with_pp_mix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pretrain_hands_shuffled_corpora_by_name_to_pp_mix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
     def mix(pipelines: dict, *, weights: dict | None, seed: int) -> pp.Pipeline:
@@ -226,6 +227,18 @@ def test_pretrain_mixes_corpora_with_pp_mix(tmp_path: Path, monkeypatch: pytest.
     pipe = pretrain({"web": web, "code": [code]}, TOKENIZER, mode="bucket", seq_len=32, weights={"code": 1, "web": 3}, seed=7)
     assert calls == [(["code", "web"], {"web": 3, "code": 1}, 7, {"web": "records", "code": "records"})]
     assert rows(list(pipe.loader())) == Counter(tuple(ids(doc)[:32]) for doc in DOCS)
+
+
+@needs_mix
+@pytest.mark.parametrize("weights", [{"web": 3, "code": 1}, [1, 1, 2]])
+def test_pretrain_mixes_corpora(tmp_path: Path, weights: dict | list) -> None:
+    web = str(write_corpus(tmp_path / "web.jsonl", DOCS[:25]))
+    code = str(write_corpus(tmp_path / "code.parquet", DOCS[25:35]))
+    more = str(write_corpus(tmp_path / "more.arrow", DOCS[35:]))
+    sources = {"web": web, "code": code} if isinstance(weights, dict) else [web, code, more]
+    docs = DOCS[:35] if isinstance(weights, dict) else DOCS
+    pipe = pretrain(sources, TOKENIZER, mode="bucket", seq_len=32, weights=weights)
+    assert rows(list(pipe.loader())) == Counter(tuple(ids(doc)[:32]) for doc in docs)  # every document once
 
 
 # -- command line ---------------------------------------------------------------------------------
