@@ -79,8 +79,8 @@ class _DropLog:
         if count and not self.logged:
             self.logged = True
             logger.warning(
-                "equal_steps: this rank dropped its last %d batch(es) so that every rank stops at step %d; "
-                "later drops are counted in stats as %r, not logged.", count, step, DROPPED,
+                "equal_steps: this rank dropped its last %d batch(es) so that every rank stops at step %d "
+                "(counted in stats as %r; logged once).", count, step, DROPPED,
             )
 
 

