@@ -242,7 +242,10 @@ class Pipeline(IterableDataset):
             encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
             pad_id = getattr(encoder, "pad_id", None)
             if pad_id is None:
-                raise ValueError("The tokenizer has no pad token, so pad() cannot pick one: pass `pad_id=`.")
+                raise ValueError(
+                    "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed "
+                    "sub-pipelines): pass `pad_id=`."
+                )
         elif not isinstance(pad_id, int):
             raise TypeError(f"`pad_id` must be an int, but is {pad_id!r} instead.")
         budget = next((s.options["max_tokens"] for s in self.stages if s.name == "bucket"), None)
