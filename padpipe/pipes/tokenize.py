@@ -1,0 +1,155 @@
+"""The tokenize stage's work: one Arrow record batch of text in, one flat :class:`TokenChunk` out.
+
+:class:`ChunkTokenizer` is a plain callable; ``padpipe._build.tokenize`` runs it in a
+``torchdata.nodes.ParallelMapper`` of threads (the Rust batch call releases the GIL), so it keeps
+no state between calls and resume is the upstream reader's position.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from padpipe.chunks import TokenChunk
+from padpipe.errors import DataError, one_of
+from padpipe.stats import PipelineStats
+from padpipe.tokenizer import TextEncoder
+
+ROW_ID_COLUMNS = ("idx", "id")
+"""Columns whose value names a bad row in error messages, first found wins."""
+LABEL, LABELS = "label", "labels"
+
+
+class ChunkTokenizer:
+    """Tokenize the text field(s) of a record batch; pass the other columns through.
+
+    Rows are checked at once with Arrow compute: a ``None`` or non-string text raises
+    :class:`~padpipe.errors.DataError` naming the field, the row in the chunk and its ``idx``/``id``
+    (``on_error="raise"``), or drops the row and counts it as ``tokenize.bad_text``
+    (``on_error="skip"``). An empty string gives just the template's special tokens. The text
+    fields are dropped; the other columns become ``TokenChunk.columns`` as Arrow arrays, with
+    ``label`` renamed to ``labels`` (what ``transformers`` models take). When a batch has both
+    ``label`` and ``labels``, both pass through under their own names. A chunk whose rows are all
+    skipped comes out with zero rows.
+
+    Args:
+        encoder: The :class:`~padpipe.tokenizer.TextEncoder` to call.
+        fields: One text column, or two for sentence pairs.
+        on_error: ``"raise"`` or ``"skip"`` rows with ``None``/non-string text.
+        stats: Counters to report into (``tokenize`` time, ``tokenize.rows``, skips); default: new.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> from padpipe.pipes.tokenize import ChunkTokenizer
+        >>> from padpipe.tokenizer import TextEncoder
+        >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=None, truncation=True,
+        ...                        add_special_tokens=True)
+        >>> fn = ChunkTokenizer(enc, fields=("text",))
+        >>> chunk = fn(pa.RecordBatch.from_pylist([{"text": "hello world", "label": 1}]))
+        >>> chunk.lengths.tolist(), list(chunk.columns), chunk.columns["labels"].to_pylist()
+        ([4], ['labels'], [1])
+    """
+
+    def __init__(
+        self,
+        encoder: TextEncoder,
+        *,
+        fields: Sequence[str] = ("text",),
+        on_error: str = "raise",
+        stats: PipelineStats | None = None,
+    ) -> None:
+        if not isinstance(encoder, TextEncoder):
+            raise TypeError(f"`encoder` must be a TextEncoder, but is {type(encoder).__name__} instead.")
+        fields = (fields,) if isinstance(fields, str) else tuple(fields)
+        if len(fields) not in (1, 2) or not all(isinstance(f, str) for f in fields):
+            raise ValueError(f"`fields` must be one column name or two for pairs, but is {fields!r} instead.")
+        one_of("on_error", on_error, ("raise", "skip"))
+        self.encoder = encoder
+        self.fields = fields
+        self.on_error = on_error
+        self.stats = stats if stats is not None else PipelineStats()
+
+    def __call__(self, batch: pa.RecordBatch) -> TokenChunk:
+        """Tokenize one record batch (thread-safe: no state is kept between calls)."""
+        with self.stats.timer("tokenize"):
+            if not isinstance(batch, pa.RecordBatch):
+                raise TypeError(f"tokenize expects a pyarrow.RecordBatch, but got {type(batch).__name__} instead.")
+            missing = [f for f in self.fields if f not in batch.schema.names]
+            if missing:
+                raise DataError(
+                    f"tokenize: text field {missing[0]!r} is not in the data; "
+                    f"expected one of the columns {batch.schema.names!r}."
+                )
+            texts = [_as_text_column(batch.column(f)) for f in self.fields]
+            bad = _bad_rows(batch, texts)
+            if bad is not None:
+                if self.on_error == "raise":
+                    raise DataError(_bad_text_message(batch, self.fields, texts, bad))
+                keep = pa.array(~bad)
+                batch = batch.filter(keep)
+                texts = [t.filter(keep) for t in texts]
+                self.stats.record_skip("tokenize.bad_text", int(bad.sum()))
+            pairs = texts[1].to_pylist() if len(texts) == 2 else None
+            chunk = self.encoder.encode(texts[0].to_pylist(), pairs)
+            columns = _pass_through(batch, self.fields)
+            self.stats.add("tokenize.rows", chunk.num_rows)
+            self.stats.add("tokenize.tokens", chunk.num_tokens)
+            return TokenChunk(chunk.ids, chunk.offsets, chunk.type_ids, columns)
+
+    def __repr__(self) -> str:
+        return f"ChunkTokenizer({self.encoder!r}, fields={self.fields!r}, on_error={self.on_error!r})"
+
+
+def _as_text_column(column: pa.Array) -> pa.Array:
+    """Decode dictionary-encoded strings; other types are left for :func:`_bad_rows` to judge."""
+    if pa.types.is_dictionary(column.type) and _is_text(column.type.value_type):
+        return column.dictionary_decode()
+    return column
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+
+
+def _bad_mask(column: pa.Array) -> np.ndarray:
+    """``True`` for rows that are ``None``, or every row when the column is not text."""
+    if _is_text(column.type):
+        return pc.is_null(column).to_numpy(zero_copy_only=False)
+    return np.ones(len(column), dtype=bool)
+
+
+def _bad_rows(batch: pa.RecordBatch, texts: list[pa.Array]) -> np.ndarray | None:
+    """A boolean mask of rows with a bad text in any field, or ``None`` when all are good."""
+    if all(_is_text(t.type) and t.null_count == 0 for t in texts):
+        return None
+    bad = np.zeros(batch.num_rows, dtype=bool)
+    for column in texts:
+        bad |= _bad_mask(column)
+    return bad if bad.any() else None
+
+
+def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: list[pa.Array], bad: np.ndarray) -> str:
+    row = int(np.flatnonzero(bad)[0])
+    field, column = next((f, t) for f, t in zip(fields, texts) if _bad_mask(t)[row])
+    found = "None" if not column[row].is_valid else f"of type {column.type}"
+    name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
+    where = f" ({name}={batch.column(name)[row].as_py()!r})" if name else ""
+    count = int(bad.sum())
+    return (
+        f"tokenize: field {field!r} at row {row} of the chunk{where} is {found}; expected a string. "
+        f"{count} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
+    )
+
+
+def _pass_through(batch: pa.RecordBatch, fields: tuple[str, ...]) -> dict[str, pa.Array]:
+    """The non-text columns, ``label`` renamed to ``labels`` unless ``labels`` already exists."""
+    names = batch.schema.names
+    rename = LABEL in names and LABELS not in names
+    return {
+        (LABELS if rename and name == LABEL else name): batch.column(i)
+        for i, name in enumerate(names)
+        if name not in fields
+    }
