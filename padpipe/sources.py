@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
 
 from padpipe import _build
-from padpipe.errors import positive
+from padpipe.errors import one_of, positive
 from padpipe.pipeline import Pipeline, Stage
+
+if TYPE_CHECKING:
+    from padpipe.pipes._retry import Retry
 
 PathsLike = str | Sequence[str]
 
@@ -16,8 +19,24 @@ def _start(name: str, reader: type, **options: Any) -> Pipeline:
     return Pipeline(Stage(name, _build.source, {"reader": reader, **options}))
 
 
+def _file_options(retries: int | Retry, on_missing: str) -> dict[str, Any]:
+    """Check the file readers' storage options at once; one listing shared by all loaders and workers."""
+    from padpipe.pipes._listing import SharedListing
+    from padpipe.pipes._retry import Retry
+
+    Retry.of(retries)
+    one_of("on_missing", on_missing, ("raise", "skip"))
+    return {"retries": retries, "on_missing": on_missing, "listing": SharedListing()}
+
+
 def read_parquet(
-    paths: PathsLike, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024, storage_options: dict | None = None
+    paths: PathsLike,
+    *,
+    columns: Sequence[str] | None = None,
+    chunk_rows: int = 1024,
+    storage_options: dict | None = None,
+    retries: int | Retry = 5,
+    on_missing: Literal["raise", "skip"] = "raise",
 ) -> Pipeline:
     """Read Parquet files row group by row group.
 
@@ -26,6 +45,13 @@ def read_parquet(
         columns: Columns to read (default: all).
         chunk_rows: Most rows per chunk passed downstream.
         storage_options: Options for the fsspec filesystem (credentials, endpoint).
+        retries: Retries of a transient storage error (connection reset, timeout, 5xx), with
+            exponential backoff; or a ``padpipe.pipes._retry.Retry`` policy.
+        on_missing: A file gone or resized since it was listed: ``"raise"`` or ``"skip"`` it
+            (counted in stats as ``read.missing_file``).
+
+    Files are listed once per pipeline, on first use, and the listing is shared by its loaders
+    and DataLoader workers.
 
     Example:
         >>> pipe = pp.read_parquet(pp.examples.SAMPLE_PARQUET, columns=["sentence1", "label"])
@@ -35,11 +61,17 @@ def read_parquet(
     from padpipe.pipes.read_parquet import ParquetReader
 
     return _start("read_parquet", ParquetReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
-                  storage_options=storage_options)
+                  storage_options=storage_options, **_file_options(retries, on_missing))
 
 
 def read_arrow(
-    paths: PathsLike, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024, storage_options: dict | None = None
+    paths: PathsLike,
+    *,
+    columns: Sequence[str] | None = None,
+    chunk_rows: int = 1024,
+    storage_options: dict | None = None,
+    retries: int | Retry = 5,
+    on_missing: Literal["raise", "skip"] = "raise",
 ) -> Pipeline:
     """Read Arrow IPC files, file or stream format (``datasets`` cache files, ``save_to_disk`` folders).
 
@@ -48,6 +80,8 @@ def read_arrow(
         columns: Columns to read (default: all).
         chunk_rows: Most rows per chunk passed downstream.
         storage_options: Options for the fsspec filesystem.
+        retries: Retries of a transient storage error, as in :func:`read_parquet`.
+        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since it was listed.
 
     Example:
         >>> pipe = pp.read_arrow("my_dataset/")  # doctest: +SKIP
@@ -55,11 +89,17 @@ def read_arrow(
     from padpipe.pipes.read_arrow import ArrowReader
 
     return _start("read_arrow", ArrowReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
-                  storage_options=storage_options)
+                  storage_options=storage_options, **_file_options(retries, on_missing))
 
 
 def read_jsonl(
-    paths: PathsLike, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024, storage_options: dict | None = None
+    paths: PathsLike,
+    *,
+    columns: Sequence[str] | None = None,
+    chunk_rows: int = 1024,
+    storage_options: dict | None = None,
+    retries: int | Retry = 5,
+    on_missing: Literal["raise", "skip"] = "raise",
 ) -> Pipeline:
     """Read JSON Lines files: plain, ``.gz`` or ``.zst``; one JSON object per line.
 
@@ -68,6 +108,8 @@ def read_jsonl(
         columns: Keys to keep (default: all).
         chunk_rows: Most rows per chunk passed downstream.
         storage_options: Options for the fsspec filesystem.
+        retries: Retries of a transient storage error, as in :func:`read_parquet`.
+        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since it was listed.
 
     Example:
         >>> pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL)
@@ -77,7 +119,7 @@ def read_jsonl(
     from padpipe.pipes.read_jsonl import JsonlReader
 
     return _start("read_jsonl", JsonlReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
-                  storage_options=storage_options)
+                  storage_options=storage_options, **_file_options(retries, on_missing))
 
 
 def from_hf(dataset: Any, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024) -> Pipeline:

@@ -13,6 +13,7 @@ import pyarrow.json as pj
 from padpipe.pipes._paths import FileRef
 
 SCAN_BYTES = 1 << 16
+READ_AHEAD_BYTES = 8 << 20  # one range request per 8 MiB of a remote file
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
               float: "a number"}
@@ -26,7 +27,7 @@ def compression_of(name: str) -> str | None:
 @contextmanager
 def open_stream(file: FileRef) -> Iterator[pa.NativeFile]:
     """The file's (decompressed) bytes as a pyarrow input stream; seekable when not compressed."""
-    raw = pa.OSFile(file.path) if file.is_local else pa.PythonFile(file.open(), mode="r")
+    raw = file.open_native(block_size=READ_AHEAD_BYTES)
     codec = compression_of(file.name)
     stream = pa.CompressedInputStream(raw, codec) if codec else raw
     try:

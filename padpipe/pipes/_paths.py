@@ -2,17 +2,21 @@
 
 A path may be a file, a folder (searched recursively for files with the reader's suffixes), a glob
 (``data/*.parquet``, ``s3://bucket/**/*.jsonl.gz``) or a list of those. Listing does I/O, so
-readers call :func:`expand_paths` from ``list_units`` (on the first ``reset``), never in
-``__init__``; :func:`check_paths` validates the argument without touching storage.
+readers call :func:`expand_paths` when they list (on the first ``reset``), never in
+``__init__``; :func:`check_paths` validates the argument without touching storage. Each
+:class:`FileRef` keeps the size the listing reported, and opening it checks the file is still
+there with that size.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import pickle
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Sequence
 
 import fsspec.core
+import pyarrow as pa
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
@@ -21,17 +25,28 @@ GLOB_CHARS = frozenset("*?[")
 FolderFiles = Callable[[AbstractFileSystem, str], "list[str] | None"]
 
 
+class ChangedFileError(OSError):
+    """A listed file whose size is not the size it had when it was listed."""
+
+
 @dataclass(frozen=True)
 class FileRef:
-    """One input file: the filesystem that holds it and its path there.
+    """One input file: the filesystem that holds it, its path there and its size when listed.
+
+    A ``FileRef`` may be listed in one process and used in another (DataLoader workers get the
+    pipeline's listing): a filesystem made in another process is re-made on first use, since
+    fsspec's async filesystems (s3, gcs, http) cannot be used across a ``fork``.
 
     Attributes:
         fs: The fsspec filesystem.
         path: The path in ``fs``'s own form (no protocol).
+        listed_size: Size in bytes when the file was listed (``None``: not known).
     """
 
     fs: AbstractFileSystem
     path: str
+    listed_size: int | None = None
+    _pid: int = field(default_factory=os.getpid, repr=False, compare=False)
 
     @property
     def is_local(self) -> bool:
@@ -43,13 +58,54 @@ class FileRef:
         """The path for messages: plain for local files, a URL (``s3://...``) otherwise."""
         return self.path if self.is_local else self.fs.unstrip_protocol(self.path)
 
-    def open(self) -> BinaryIO:
-        """Open the file for binary reading (seekable)."""
-        return self.fs.open(self.path, "rb")
+    def open(self, *, block_size: int | None = None, cache_type: str | None = None) -> BinaryIO:
+        """Open the file for binary reading (seekable), streamed in ``block_size`` requests.
+
+        The file's size is looked up afresh (not from a listing cache) and checked against
+        ``listed_size``. Raises ``FileNotFoundError`` when the file is gone and
+        :class:`ChangedFileError` when its size changed since it was listed.
+        """
+        fs = self._fs()
+        options: dict[str, Any] = {}
+        if block_size is not None:
+            options["block_size"] = block_size
+        if cache_type is not None:
+            options["cache_type"] = cache_type
+        if not self.is_local:
+            fs.invalidate_cache(self.path)
+        handle = fs.open(self.path, "rb", **options)
+        try:
+            size = getattr(handle, "size", None)
+            self._check_size(size if isinstance(size, int) else None)
+        except BaseException:
+            handle.close()
+            raise
+        return handle
+
+    def open_native(self, *, mmap: bool = False, **options: Any) -> pa.NativeFile:
+        """The file as a pyarrow input: memory-mapped or an ``OSFile`` when local, else :meth:`open`'s stream."""
+        if self.is_local:
+            self._check_size(os.path.getsize(self.path))
+            return pa.memory_map(self.path) if mmap else pa.OSFile(self.path)
+        return pa.PythonFile(self.open(**options), mode="r")
 
     def size(self) -> int:
-        """Size of the file in bytes."""
-        return int(self.fs.size(self.path))
+        """Size of the file in bytes (the listed size when known)."""
+        return self.listed_size if self.listed_size is not None else int(self._fs().size(self.path))
+
+    def _fs(self) -> AbstractFileSystem:
+        """``fs``, re-made (from its pickle: same class and options) when used in another process."""
+        if self._pid != os.getpid():
+            object.__setattr__(self, "fs", pickle.loads(pickle.dumps(self.fs)))
+            object.__setattr__(self, "_pid", os.getpid())
+        return self.fs
+
+    def _check_size(self, size: int | None) -> None:
+        if size is not None and self.listed_size is not None and size != self.listed_size:
+            raise ChangedFileError(
+                f"{self.name}: is {size} bytes, but was {self.listed_size} bytes when it was listed; "
+                "it changed since"
+            )
 
 
 def check_paths(paths: Any) -> tuple[str, ...]:
@@ -90,8 +146,8 @@ def expand_paths(
             to the recursive search.
 
     Returns:
-        One :class:`FileRef` per file. In a folder search, files and folders whose names start
-        with ``.`` or ``_`` (``_SUCCESS``, ``.cache``) are skipped.
+        One :class:`FileRef` per file, with its size from the listing. In a folder search, files
+        and folders whose names start with ``.`` or ``_`` (``_SUCCESS``, ``.cache``) are skipped.
 
     Raises:
         FileNotFoundError: A pattern names nothing, or a folder or glob holds no matching file.
@@ -103,31 +159,41 @@ def expand_paths(
     files: list[FileRef] = []
     for pattern in paths:
         fs, path = fsspec.core.url_to_fs(pattern, **(storage_options or {}))
-        found: list[str] = []
+        found: list[FileRef] = []
         if any(c in GLOB_CHARS for c in path):
-            for match in sorted(fs.glob(path)):
-                found += _folder(fs, match, suffixes, folder_files) if fs.isdir(match) else [match]
-        elif fs.isdir(path):
-            found = _folder(fs, path, suffixes, folder_files)
-        elif fs.exists(path):
-            found = [path]
+            matches = fs.glob(path, detail=True)
+            for match in sorted(matches):
+                info = matches[match]
+                is_dir = info.get("type") == "directory"
+                found += _folder(fs, match, suffixes, folder_files) if is_dir else [_ref(fs, match, info)]
         else:
-            raise FileNotFoundError(f"No such file or folder: {pattern!r}.")
+            try:
+                info = fs.info(path)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"No such file or folder: {pattern!r}.") from None
+            is_dir = info.get("type") == "directory"
+            found = _folder(fs, path, suffixes, folder_files) if is_dir else [_ref(fs, path, info)]
         if not found:
             wanted = "/".join(suffixes)
             raise FileNotFoundError(f"{pattern!r} matches no files; expected at least one {wanted} file there.")
-        files += [FileRef(fs, p) for p in found]
+        files += found
     return files
 
 
-def _folder(fs: AbstractFileSystem, folder: str, suffixes: tuple[str, ...], hook: FolderFiles | None) -> list[str]:
-    listed = hook(fs, folder) if hook is not None else None
-    if listed is not None:
-        return listed
+def _ref(fs: AbstractFileSystem, path: str, info: dict[str, Any] | None) -> FileRef:
+    size = None if info is None else info.get("size")
+    return FileRef(fs, path, size if isinstance(size, int) else None)
+
+
+def _folder(fs: AbstractFileSystem, folder: str, suffixes: tuple[str, ...], hook: FolderFiles | None) -> list[FileRef]:
     root = folder.rstrip("/")
+    listed = hook(fs, folder) if hook is not None else None
+    infos = fs.find(root, detail=True)  # one listing gives every size
+    if listed is not None:
+        return [_ref(fs, path, infos.get(path)) for path in listed]
     keep = []
-    for path in sorted(fs.find(root)):
+    for path in sorted(infos):
         parts = path[len(root) :].strip("/").split("/")
         if path.endswith(suffixes) and not any(p.startswith((".", "_")) for p in parts):
-            keep.append(path)
+            keep.append(_ref(fs, path, infos[path]))
     return keep

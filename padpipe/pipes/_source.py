@@ -166,4 +166,10 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         except DataError:
             raise
         except (OSError, pa.ArrowException, ValueError, EOFError) as exc:
+            if self._recoverable(exc):
+                raise
             raise DataError(f"{unit.path}: cannot read unit {unit.index} from row {start_row}: {exc}") from exc
+
+    def _recoverable(self, exc: BaseException) -> bool:
+        """Whether a read error is left to the subclass (retried, or a lost file) instead of a DataError."""
+        return False

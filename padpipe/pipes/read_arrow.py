@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from fsspec import AbstractFileSystem
 
-from padpipe._shard import Consumer
 from padpipe.errors import DataError
-from padpipe.pipes._paths import FileRef, check_paths, expand_paths
-from padpipe.pipes._schema import check_columns, require_columns
-from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
-from padpipe.stats import PipelineStats
+from padpipe.pipes._file_source import FileSource
+from padpipe.pipes._paths import FileRef
+from padpipe.pipes._retry import is_transient
+from padpipe.pipes._schema import require_columns
+from padpipe.pipes._source import WorkUnit
 
 SUFFIXES = (".arrow", ".arrows", ".feather", ".ipc")
 FILE_MAGIC = b"ARROW1"
 RANDOM, OFFSETS, SEQUENTIAL = "random access", "stream offsets", "sequential stream"
+BLOCK_BYTES = 8 << 20  # read-ahead of a remote file
+HEAD_BYTES = 1 << 16  # read-ahead when only the schema is read
 
 
-class ArrowReader(UnitSource):
+class ArrowReader(FileSource):
     """Arrow IPC input as record batches; each record batch is one work unit where it can be.
 
     The format is told by the first bytes (``ARROW1`` starts the *file* format):
@@ -47,10 +49,14 @@ class ArrowReader(UnitSource):
         seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
         consumer: This reader's share of the units; default: detected on first ``reset``.
         stats: Counters to report into.
+        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
+        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
+        listing: The pipeline's shared listing (passed by ``pp.read_arrow``).
 
     Raises:
         DataError: On ``reset``, when a file is empty, not Arrow IPC, truncated (local streams) or
-            lacks a requested column; the message names the file.
+            lacks a requested column; while reading, when a file vanished or a storage error
+            outlasts the retries. The message names the file.
 
     Example:
         >>> ds = datasets.Dataset.from_dict({"text": ["a", "b"]}); ds.save_to_disk("saved")  # doctest: +SKIP
@@ -58,39 +64,17 @@ class ArrowReader(UnitSource):
         [{'text': 'a'}, {'text': 'b'}]
     """
 
-    def __init__(
-        self,
-        *,
-        paths: str | Sequence[str],
-        columns: Sequence[str] | None = None,
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        storage_options: dict[str, Any] | None = None,
-        seed: int | None = None,
-        consumer: Consumer | None = None,
-        stats: PipelineStats | None = None,
-    ) -> None:
-        super().__init__(chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
-        self.paths = check_paths(paths)
-        self.columns = check_columns(columns)
-        self.storage_options = dict(storage_options or {})
-        self._files: dict[str, tuple[FileRef, str]] = {}
-        self._open: tuple[str, Any, Any] | None = None  # (name, source, file reader or schema)
+    SUFFIXES = SUFFIXES
+    _open: tuple[str, Any, Any] | None = None  # (name, source, file reader or schema)
 
     def describe(self) -> str:
         return f"read_arrow paths={list(self.paths)!r} columns={self.columns!r}"
 
-    def list_units(self) -> list[WorkUnit]:
-        files = expand_paths(
-            self.paths, suffixes=SUFFIXES, storage_options=self.storage_options, folder_files=_saved_dataset_files
-        )
+    def list_files(self) -> list[WorkUnit]:
         units = []
-        for file in files:
-            try:
-                mode, file_units = self._list_file(file)
-            except (pa.ArrowException, OSError, ValueError) as exc:
-                if isinstance(exc, DataError):
-                    raise
-                raise DataError(f"{file.name}: not a readable Arrow IPC file or stream ({exc}).") from exc
+        self._files = {}
+        for file in self.expand(folder_files=_saved_dataset_files):
+            mode, file_units = self.retried(f"{file.name}: read the schema", self._list_file, file)
             self._files[file.name] = (file, mode)
             units += file_units
         return units
@@ -98,7 +82,7 @@ class ArrowReader(UnitSource):
     def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         file, mode = self._files[unit.path]
         if mode == SEQUENTIAL:
-            with file.open() as handle:
+            with file.open(block_size=BLOCK_BYTES) as handle:
                 batches: Iterator[pa.RecordBatch] = iter(ipc.open_stream(handle))
                 yield from self._rows_from(batches, start_row)
             return
@@ -110,9 +94,25 @@ class ArrowReader(UnitSource):
             batch = ipc.read_record_batch(ipc.read_message(source), reader)
         yield from self._rows_from(iter([batch]), start_row)
 
+    def drop_handles(self) -> None:
+        if self._open is not None:
+            source, self._open = self._open[1], None
+            try:
+                source.close()
+            except Exception:  # a broken connection may fail to close; it is dropped either way
+                pass
+
     # -- helpers ------------------------------------------------------------------------------------
     def _list_file(self, file: FileRef) -> tuple[str, list[WorkUnit]]:
-        with file.open() as handle:
+        try:
+            return self._list_units_of(file)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            if isinstance(exc, DataError) or is_transient(exc) or isinstance(exc, FileNotFoundError):
+                raise
+            raise DataError(f"{file.name}: not a readable Arrow IPC file or stream ({exc}).") from exc
+
+    def _list_units_of(self, file: FileRef) -> tuple[str, list[WorkUnit]]:
+        with file.open(cache_type="none") as handle:
             magic = handle.read(len(FILE_MAGIC))
         if not magic:
             raise DataError(f"{file.name}: empty file; expected an Arrow IPC file or stream.")
@@ -121,10 +121,10 @@ class ArrowReader(UnitSource):
             require_columns(file.name, reader.schema.names, self.columns)
             return RANDOM, [WorkUnit(file.name, i) for i in range(reader.num_record_batches)]
         if not file.is_local:
-            with file.open() as handle:
+            with file.open(block_size=HEAD_BYTES) as handle:
                 require_columns(file.name, ipc.open_stream(handle).schema.names, self.columns)
             return SEQUENTIAL, [WorkUnit(file.name, 0)]
-        source = pa.memory_map(file.path)
+        source = file.open_native(mmap=True)
         messages = ipc.MessageReader.open_stream(source)
         schema = ipc.read_schema(messages.read_next_message())
         require_columns(file.name, schema.names, self.columns)
@@ -143,8 +143,8 @@ class ArrowReader(UnitSource):
     def _source(self, file: FileRef, mode: str) -> tuple[Any, Any]:
         """The open file and its reader (random access) or schema (stream); cached per file."""
         if self._open is None or self._open[0] != file.name:
-            self._open = None
-            source = pa.memory_map(file.path) if file.is_local else file.open()
+            self.drop_handles()
+            source = file.open_native(mmap=True, block_size=BLOCK_BYTES)
             if mode == RANDOM:
                 reader = ipc.open_file(source)
             else:

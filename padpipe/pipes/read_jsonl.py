@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 import pyarrow as pa
 import pyarrow.json as pj
@@ -11,15 +11,18 @@ import pyarrow.json as pj
 from padpipe._shard import Consumer
 from padpipe.errors import DataError, positive
 from padpipe.pipes import _jsonl_blocks as blocks
-from padpipe.pipes._paths import FileRef, check_paths, expand_paths
-from padpipe.pipes._schema import check_columns, conform
-from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
+from padpipe.pipes._file_source import FileSource
+from padpipe.pipes._listing import SharedListing
+from padpipe.pipes._paths import FileRef
+from padpipe.pipes._retry import Retry
+from padpipe.pipes._schema import conform
+from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, WorkUnit
 from padpipe.stats import PipelineStats
 
 SUFFIXES = tuple(base + comp for comp in ("", ".gz", ".zst", ".zstd") for base in (".jsonl", ".ndjson", ".json"))
 
 
-class JsonlReader(UnitSource):
+class JsonlReader(FileSource):
     """JSON Lines files as record batches: one JSON object per line, blank lines skipped.
 
     Blocks of about ``block_bytes``, cut at a newline, are parsed in one ``pyarrow.json`` call.
@@ -27,7 +30,7 @@ class JsonlReader(UnitSource):
     *starts* in it), so one big file is still shared between consumers; a compressed file is one
     unit. The saved state also holds the byte offset of the current block, so a resumed reader
     seeks there (a compressed file is decompressed up to it, without parsing) and re-parses
-    only that block.
+    only that block; a read retried after a storage error re-opens the file the same way.
 
     The schema is fixed per reader, so chunks concatenate downstream: the keys (or ``columns``)
     and their types come from the first block of the first file that has rows, with date-like
@@ -45,12 +48,16 @@ class JsonlReader(UnitSource):
         seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
         consumer: This reader's share of the units; default: detected on first ``reset``.
         stats: Counters to report into.
+        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
+        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
+        listing: The pipeline's shared listing (passed by ``pp.read_jsonl``).
         unit_bytes: Size of the byte ranges a plain file is split into.
         block_bytes: About how many bytes are parsed at once.
 
     Raises:
         DataError: ``"<file> line N: invalid JSON: ..."`` for a line that is not a JSON object,
-            and ``"<file> line N: ..."`` for a value of the wrong type.
+            ``"<file> line N: ..."`` for a value of the wrong type, and errors naming the file
+            when it vanished or a storage error outlasts the retries.
 
     Example:
         >>> reader = JsonlReader(paths=pp.examples.SAMPLE_JSONL, columns=["id"], chunk_rows=2)
@@ -59,6 +66,8 @@ class JsonlReader(UnitSource):
     """
 
     BLOCK_KEY = "block"
+    SUFFIXES = SUFFIXES
+    LISTING_ATTRS = ("_files", "_schema", "_reference", "_options")
 
     def __init__(
         self,
@@ -70,18 +79,20 @@ class JsonlReader(UnitSource):
         seed: int | None = None,
         consumer: Consumer | None = None,
         stats: PipelineStats | None = None,
+        retries: int | Retry = 5,
+        on_missing: Literal["raise", "skip"] = "raise",
+        listing: SharedListing | None = None,
         unit_bytes: int = 64 << 20,
         block_bytes: int = 2 << 20,
     ) -> None:
-        super().__init__(chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
+        super().__init__(
+            paths=paths, columns=columns, chunk_rows=chunk_rows, storage_options=storage_options, seed=seed,
+            consumer=consumer, stats=stats, retries=retries, on_missing=on_missing, listing=listing,
+        )
         positive("unit_bytes", unit_bytes)
         positive("block_bytes", block_bytes)
-        self.paths = check_paths(paths)
-        self.columns = check_columns(columns)
-        self.storage_options = dict(storage_options or {})
         self.unit_bytes = unit_bytes
         self.block_bytes = block_bytes
-        self._files: dict[str, FileRef] = {}
         self._schema: pa.Schema | None = None
         self._reference = ""
         self._options = pj.ParseOptions()
@@ -91,9 +102,10 @@ class JsonlReader(UnitSource):
     def describe(self) -> str:
         return f"read_jsonl paths={list(self.paths)!r} columns={self.columns!r} unit_bytes={self.unit_bytes}"
 
-    def list_units(self) -> list[WorkUnit]:
-        files = expand_paths(self.paths, suffixes=SUFFIXES, storage_options=self.storage_options)
+    def list_files(self) -> list[WorkUnit]:
+        files = self.expand()
         units = []
+        self._files = {}
         for file in files:
             self._files[file.name] = file
             if blocks.compression_of(file.name):
@@ -111,6 +123,7 @@ class JsonlReader(UnitSource):
         if self._resume_at is not None and self._resume_at[1] <= start_row:
             begin, row = self._resume_at
         self._resume_at = None
+        self._block = (begin, row)  # where a retry re-opens, until the first block is read
         stop = math.inf if unit.stop is None else unit.stop
         with blocks.open_stream(file) as stream:
             for offset, block in blocks.line_blocks(stream, begin, stop, self.block_bytes):
@@ -119,6 +132,10 @@ class JsonlReader(UnitSource):
                 if batch is not None and row + batch.num_rows > start_row:
                     yield batch.slice(max(0, start_row - row))
                 row += 0 if batch is None else batch.num_rows
+
+    def reopen(self) -> None:
+        super().reopen()
+        self._resume_at = self._block
 
     # -- state: (unit, row) plus the current block's byte offset ------------------------------------
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -138,8 +155,7 @@ class JsonlReader(UnitSource):
     def _take_schema(self, files: list[FileRef]) -> None:
         """Fix the schema from the first block that has rows (see the class docs)."""
         for file in files:
-            with blocks.open_stream(file) as stream:
-                first = next(blocks.line_blocks(stream, 0, math.inf, self.block_bytes), None)
+            first = self.retried(f"{file.name}: read the first block", self._first_block, file)
             table = None if first is None else self._parse(file, 0, first[1])
             if table is None or table.num_rows == 0:
                 continue
@@ -152,6 +168,10 @@ class JsonlReader(UnitSource):
             unexpected = "infer" if len(explicit) < len(fields) else "ignore"  # infer the untyped keys
             self._options = pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior=unexpected)
             return
+
+    def _first_block(self, file: FileRef) -> tuple[int, bytes] | None:
+        with blocks.open_stream(file) as stream:
+            return next(blocks.line_blocks(stream, 0, math.inf, self.block_bytes), None)
 
     def _parse(self, file: FileRef, offset: int, block: bytes) -> pa.RecordBatch | None:
         if not block or block.isspace():

@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from padpipe._shard import Consumer
 from padpipe.errors import DataError
-from padpipe.pipes._paths import FileRef, check_paths, expand_paths
-from padpipe.pipes._schema import check_columns, require_columns
-from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
-from padpipe.stats import PipelineStats
+from padpipe.pipes._file_source import FileSource
+from padpipe.pipes._paths import FileRef
+from padpipe.pipes._retry import is_transient
+from padpipe.pipes._schema import require_columns
+from padpipe.pipes._source import WorkUnit
 
 SUFFIXES = (".parquet", ".parq", ".pq")
 LIST_THREADS = 8
 
 
-class ParquetReader(UnitSource):
+class ParquetReader(FileSource):
     """Parquet files as record batches; each row group is one work unit.
 
-    Row groups are listed from the file footers on the first ``reset`` (no data is read then) and
-    read with ``ParquetFile.iter_batches``, so memory holds about one batch, never a whole file.
-    A resumed reader decodes its row group from the start and drops the rows already read.
+    Row groups are listed from the file footers on the first ``reset`` (no data is read then;
+    footers are read by 8 threads) and read with ``ParquetFile.iter_batches``, so memory holds
+    about one row group's selected columns, never a whole file. Remote files are read through
+    the fsspec file object with pyarrow's ``pre_buffer`` (the column chunks of a row group are
+    fetched in a few coalesced range requests; no read-ahead cache). A resumed reader decodes its
+    row group from the start and drops the rows already read.
 
     Args:
         paths: A file, folder (searched recursively for ``.parquet``/``.parq``/``.pq`` files),
@@ -35,10 +38,14 @@ class ParquetReader(UnitSource):
         seed: Shuffle the row-group order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
         consumer: This reader's share of the row groups; default: detected on first ``reset``.
         stats: Counters to report into.
+        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
+        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
+        listing: The pipeline's shared listing (passed by ``pp.read_parquet``).
 
     Raises:
         DataError: On ``reset``, when a file is not a readable Parquet file or lacks a requested
-            column; while reading, when a page cannot be decoded. The message names the file.
+            column; while reading, when a page cannot be decoded, a file vanished, or a storage
+            error outlasts the retries. The message names the file.
 
     Example:
         >>> reader = ParquetReader(paths=pp.examples.SAMPLE_PARQUET, columns=["idx"], chunk_rows=3)
@@ -46,32 +53,18 @@ class ParquetReader(UnitSource):
         [{'idx': 0}, {'idx': 1}, {'idx': 2}]
     """
 
-    def __init__(
-        self,
-        *,
-        paths: str | Sequence[str],
-        columns: Sequence[str] | None = None,
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        storage_options: dict[str, Any] | None = None,
-        seed: int | None = None,
-        consumer: Consumer | None = None,
-        stats: PipelineStats | None = None,
-    ) -> None:
-        super().__init__(chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
-        self.paths = check_paths(paths)
-        self.columns = check_columns(columns)
-        self.storage_options = dict(storage_options or {})
-        self._files: dict[str, FileRef] = {}
-        self._open: tuple[str, Any, pq.ParquetFile] | None = None
+    SUFFIXES = SUFFIXES
+    _open: tuple[str, Any, pq.ParquetFile] | None = None  # (name, handle, file) kept between units
 
     def describe(self) -> str:
         return f"read_parquet paths={list(self.paths)!r} columns={self.columns!r}"
 
-    def list_units(self) -> list[WorkUnit]:
-        files = expand_paths(self.paths, suffixes=SUFFIXES, storage_options=self.storage_options)
+    def list_files(self) -> list[WorkUnit]:
+        files = self.expand()
         with ThreadPoolExecutor(max_workers=min(LIST_THREADS, len(files))) as pool:
             footers = list(pool.map(self._footer, files))
         units = []
+        self._files = {}
         for file, metadata in zip(files, footers):
             self._files[file.name] = file
             units += [WorkUnit(file.name, i, metadata.row_group(i).num_rows) for i in range(metadata.num_row_groups)]
@@ -87,9 +80,17 @@ class ParquetReader(UnitSource):
             batch, skip = batch.slice(skip), 0
             yield batch if self.columns is None else batch.select(self.columns)
 
+    def drop_handles(self) -> None:
+        if self._open is not None:
+            handle, self._open = self._open[1], None
+            try:
+                handle.close()
+            except Exception:  # a broken connection may fail to close; it is dropped either way
+                pass
+
     # -- helpers ------------------------------------------------------------------------------------
     def _footer(self, file: FileRef) -> pq.FileMetaData:
-        handle, parquet = _open(file)
+        handle, parquet = self.retried(f"{file.name}: read the footer", _open, file)
         try:
             require_columns(file.name, parquet.schema_arrow.names, self.columns)
             return parquet.metadata
@@ -99,18 +100,18 @@ class ParquetReader(UnitSource):
     def _parquet(self, name: str) -> pq.ParquetFile:
         """The open file ``name``; consecutive units of one file share the handle and footer."""
         if self._open is None or self._open[0] != name:
-            if self._open is not None:
-                self._open[1].close()
-                self._open = None
+            self.drop_handles()
             handle, parquet = _open(self._files[name])
             self._open = (name, handle, parquet)
         return self._open[2]
 
 
 def _open(file: FileRef) -> tuple[Any, pq.ParquetFile]:
-    handle = pa.OSFile(file.path) if file.is_local else file.open()
+    handle = file.open_native(cache_type="none")
     try:
-        return handle, pq.ParquetFile(handle)
+        return handle, pq.ParquetFile(handle, pre_buffer=not file.is_local)
     except (pa.ArrowException, OSError) as exc:
         handle.close()
+        if is_transient(exc) or isinstance(exc, FileNotFoundError):
+            raise
         raise DataError(f"{file.name}: not a readable Parquet file ({exc}).") from exc
