@@ -17,14 +17,29 @@ def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: in
     return ShuffleBuffer(upstream, buffer_size=buffer_size, seed=seed, stats=ctx.stats)
 
 
-def tokenize(upstream: BaseNode, ctx: BuildContext, *, encoder: Any, fields: tuple[str, ...], num_threads: int, on_error: str) -> BaseNode:
-    """Build the tokenizer stage: a ``ParallelMapper`` of threads running the batch encoder."""
+def tokenize(
+    upstream: BaseNode,
+    ctx: BuildContext,
+    *,
+    encoder: Any,
+    fields: tuple[str, ...],
+    num_threads: int,
+    on_error: str,
+    append_eos: bool,
+) -> BaseNode:
+    """Build the tokenizer stage: a ``ParallelMapper`` of threads running the batch encoder.
+
+    Errors raised in a worker thread travel as values and are re-raised by
+    :class:`~padpipe.pipes._errors.Reraise` in the consumer, unchanged and with their traceback.
+    """
+    from padpipe.pipes._errors import Reraise, capture_errors
     from padpipe.pipes.tokenize import ChunkTokenizer
 
-    fn = ChunkTokenizer(encoder, fields=fields, on_error=on_error, stats=ctx.stats)
+    fn = ChunkTokenizer(encoder, fields=fields, on_error=on_error, append_eos=append_eos, stats=ctx.stats)
     if num_threads == 1:
         return ParallelMapper(upstream, fn, num_workers=0)
-    return ParallelMapper(upstream, fn, num_workers=num_threads, method="thread", in_order=True)
+    mapper = ParallelMapper(upstream, capture_errors(fn), num_workers=num_threads, method="thread", in_order=True)
+    return Reraise(mapper)
 
 
 def batch(upstream: BaseNode, ctx: BuildContext, *, batch_size: int, drop_last: bool) -> BaseNode:

@@ -100,6 +100,7 @@ class Pipeline(IterableDataset):
         add_special_tokens: bool = True,
         num_threads: int = 2,
         on_error: Literal["raise", "skip"] = "raise",
+        append_eos: bool = False,
     ) -> Pipeline:
         """Tokenize one text field, or two for sentence pairs, with the fast tokenizer's batch call.
 
@@ -117,6 +118,8 @@ class Pipeline(IterableDataset):
             num_threads: Chunks tokenized concurrently (the Rust tokenizer releases the GIL).
             on_error: ``"raise"`` on ``None``/non-string text (naming the row), or ``"skip"`` such
                 rows, counted in stats as ``tokenize.bad_text``.
+            append_eos: Append the tokenizer's EOS id to every row after truncation (document
+                separators for packing); ``ValueError`` at once if the tokenizer has no EOS.
 
         Example:
             >>> tok = pp.examples.tokenizer()
@@ -136,7 +139,17 @@ class Pipeline(IterableDataset):
         encoder = TextEncoder.load(
             tokenizer, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens
         )
-        options = {"encoder": encoder, "fields": fields, "num_threads": num_threads, "on_error": on_error}
+        if not isinstance(append_eos, bool):
+            raise TypeError(f"`append_eos` must be a bool, but is {append_eos!r} instead.")
+        if append_eos and encoder.eos_id is None:
+            raise ValueError("`append_eos=True` needs a tokenizer with an EOS token, but this one has none.")
+        options = {
+            "encoder": encoder,
+            "fields": fields,
+            "num_threads": num_threads,
+            "on_error": on_error,
+            "append_eos": append_eos,
+        }
         return self._add(Stage("tokenize", _build.tokenize, options), TOKENS)
 
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:

@@ -39,6 +39,8 @@ class ChunkTokenizer:
         encoder: The :class:`~padpipe.tokenizer.TextEncoder` to call.
         fields: One text column, or two for sentence pairs.
         on_error: ``"raise"`` or ``"skip"`` rows with ``None``/non-string text.
+        append_eos: Append the tokenizer's EOS id to every row, after truncation (so a row may
+            be ``max_length + 1`` long); ``ValueError`` if the tokenizer has no EOS.
         stats: Counters to report into (``tokenize`` time, ``tokenize.rows``, skips); default: new.
 
     Example:
@@ -59,6 +61,7 @@ class ChunkTokenizer:
         *,
         fields: Sequence[str] = ("text",),
         on_error: str = "raise",
+        append_eos: bool = False,
         stats: PipelineStats | None = None,
     ) -> None:
         if not isinstance(encoder, TextEncoder):
@@ -70,6 +73,9 @@ class ChunkTokenizer:
         self.encoder = encoder
         self.fields = fields
         self.on_error = on_error
+        if append_eos and encoder.eos_id is None:
+            raise ValueError("`append_eos=True` needs a tokenizer with an EOS token, but this one has none.")
+        self.eos_id = encoder.eos_id if append_eos else None
         self.stats = stats if stats is not None else PipelineStats()
 
     def __call__(self, batch: pa.RecordBatch) -> TokenChunk:
@@ -94,6 +100,8 @@ class ChunkTokenizer:
                 self.stats.record_skip("tokenize.bad_text", int(bad.sum()))
             pairs = texts[1].to_pylist() if len(texts) == 2 else None
             chunk = self.encoder.encode(texts[0].to_pylist(), pairs)
+            if self.eos_id is not None:
+                chunk = append_token(chunk, self.eos_id)
             columns = _pass_through(batch, self.fields)
             self.stats.add("tokenize.rows", chunk.num_rows)
             self.stats.add("tokenize.tokens", chunk.num_tokens)
@@ -153,3 +161,22 @@ def _pass_through(batch: pa.RecordBatch, fields: tuple[str, ...]) -> dict[str, p
         for i, name in enumerate(names)
         if name not in fields
     }
+
+
+def append_token(chunk: TokenChunk, token: int) -> TokenChunk:
+    """Append ``token`` to the end of every row (vectorized); its type id is the row's last one.
+
+    Example:
+        >>> append_token(TokenChunk.from_lists([[5, 6], [], [7]]), 9).offsets.tolist()
+        [0, 3, 4, 6]
+    """
+    ends = chunk.offsets[1:]
+    ids = np.insert(chunk.ids, ends, np.asarray(token, dtype=chunk.ids.dtype))
+    offsets = chunk.offsets + np.arange(chunk.num_rows + 1, dtype=np.int64)
+    type_ids = None
+    if chunk.type_ids is not None:
+        last = np.zeros(chunk.num_rows, dtype=chunk.type_ids.dtype)
+        nonempty = chunk.lengths > 0
+        last[nonempty] = chunk.type_ids[ends[nonempty] - 1]
+        type_ids = np.insert(chunk.type_ids, ends, last)
+    return TokenChunk(ids, offsets, type_ids, chunk.columns)
