@@ -72,7 +72,6 @@ def pretrain(
 
     Raises:
         ValueError: ``seq_len`` < 2, a tokenizer without EOS with ``mode="pack"``, or bad options.
-        NotImplementedError: Mixing corpora (a dict or ``weights``) before ``pp.mix`` exists.
 
     Example:
         >>> corpora = {"web": "web/*.parquet", "code": "code/"}
@@ -102,8 +101,6 @@ def pretrain(
 
     columns = [text_field]
     if isinstance(corpora, dict):
-        if not hasattr(pp, "mix"):
-            raise NotImplementedError("mixing lands with pp.mix")
         parts = {
             name: read_corpus(paths, columns=columns).shuffle(shuffle_buffer, seed=seed)
             for name, paths in corpora.items()

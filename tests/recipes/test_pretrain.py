@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import inspect
 import json
 import re
 import subprocess
@@ -33,12 +32,6 @@ DOCS = [
     for i in range(40)
 ]
 
-needs_append_eos = pytest.mark.skipif(
-    "append_eos" not in inspect.signature(pp.Pipeline.tokenize).parameters,
-    reason="Pipeline.tokenize(append_eos=...) is not in the facade yet",
-)
-needs_no_mix = pytest.mark.skipif(hasattr(pp, "mix"), reason="pp.mix exists: mixing is implemented")
-needs_mix = pytest.mark.skipif(not hasattr(pp, "mix"), reason="pp.mix is not there yet")
 
 
 def ids(doc: str) -> list[int]:
@@ -87,7 +80,6 @@ def write_corpus(path: Path, docs: list[str] = DOCS) -> Path:
 
 
 # -- packing --------------------------------------------------------------------------------------
-@needs_append_eos
 def test_pretrain_works_in_pack_mode(tmp_path: Path) -> None:
     path = write_corpus(tmp_path / "docs.jsonl")
     batches = list(pretrain(str(path), EOS_TOKENIZER, seq_len=128, batch_size=2).loader())
@@ -96,7 +88,6 @@ def test_pretrain_works_in_pack_mode(tmp_path: Path) -> None:
     assert sorted(batches[0]) == ["cu_seqlens", "document_ids", "input_ids", "labels", "max_seqlen", "position_ids"]
 
 
-@needs_append_eos
 @pytest.mark.parametrize(
     "layout",
     ["docs.jsonl", "docs.jsonl.gz", "docs.jsonl.zst", "docs.json", "docs.parquet", "docs.arrow",
@@ -117,14 +108,12 @@ def test_pretrain_reads_every_format(tmp_path: Path, layout: str) -> None:
     assert segments(batches) == expected_segments()
 
 
-@needs_append_eos
 def test_pretrain_takes_a_list_of_paths_as_one_corpus(tmp_path: Path) -> None:
     paths = [str(write_corpus(tmp_path / "a.parquet", DOCS[:15])), str(write_corpus(tmp_path / "b.parquet", DOCS[15:]))]
     batches = list(pretrain(paths, EOS_TOKENIZER, seq_len=64).loader())
     assert segments(batches) == expected_segments()
 
 
-@needs_append_eos
 def test_pretrain_shuffles_deterministically_for_a_seed(tmp_path: Path) -> None:
     path = str(write_corpus(tmp_path / "docs.parquet"))
 
@@ -136,7 +125,6 @@ def test_pretrain_shuffles_deterministically_for_a_seed(tmp_path: Path) -> None:
 
 
 # -- bucketing ------------------------------------------------------------------------------------
-@needs_append_eos
 def test_pretrain_works_in_bucket_mode(tmp_path: Path) -> None:
     path = str(write_corpus(tmp_path / "docs.parquet"))
     batches = list(pretrain(path, EOS_TOKENIZER, seq_len=16, batch_size=4, mode="bucket").loader())
@@ -207,14 +195,6 @@ def test_pretrain_raises_error_when_options_do_not_fit(tmp_path: Path) -> None:
         pretrain({"a": paths[0], "b": paths[1]}, EOS_TOKENIZER, weights={"a": 1.0})
 
 
-@needs_no_mix
-def test_pretrain_raises_error_when_mixing_before_pp_mix_exists(tmp_path: Path) -> None:
-    with pytest.raises(NotImplementedError, match=r"^mixing lands with pp\.mix$"):
-        pretrain({"web": "web.jsonl", "code": "code.parquet"}, EOS_TOKENIZER)
-    with pytest.raises(NotImplementedError, match=r"^mixing lands with pp\.mix$"):
-        pretrain(["web.jsonl", "code.parquet"], EOS_TOKENIZER, weights=[3, 1])
-
-
 def test_pretrain_hands_shuffled_corpora_by_name_to_pp_mix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
@@ -229,7 +209,6 @@ def test_pretrain_hands_shuffled_corpora_by_name_to_pp_mix(tmp_path: Path, monke
     assert rows(list(pipe.loader())) == Counter(tuple(ids(doc)[:32]) for doc in DOCS)
 
 
-@needs_mix
 @pytest.mark.parametrize("weights", [{"web": 3, "code": 1}, [1, 1, 2]])
 def test_pretrain_mixes_corpora(tmp_path: Path, weights: dict | list) -> None:
     web = str(write_corpus(tmp_path / "web.jsonl", DOCS[:25]))
@@ -253,7 +232,6 @@ def test_pretrain_cli_prints_batch_shapes_and_efficiency(tmp_path: Path, capsys:
     assert re.match(r"^\d+ batches, 40 rows, \d+ tokens in \d+ slots: padding efficiency \d+\.\d%$", lines[-1])
 
 
-@needs_append_eos
 def test_pretrain_cli_runs_as_a_module(tmp_path: Path) -> None:
     path = str(write_corpus(tmp_path / "docs.jsonl.gz"))
     command = [sys.executable, "-m", "padpipe.recipes.pretrain", "--data", path, "--tokenizer",
