@@ -16,14 +16,15 @@ from padpipe.pipes._schema import require_columns
 from padpipe.pipes._source import WorkUnit
 
 SUFFIXES = (".parquet", ".parq", ".pq")
-LIST_THREADS = 8
+LIST_THREADS = 8  # footers read at once from local disk
+REMOTE_LIST_THREADS = 32  # ... and from object storage, where each footer is a round trip
 
 
 class ParquetReader(FileSource):
     """Parquet files as record batches; each row group is one work unit.
 
     Row groups are listed from the file footers on the first ``reset`` (no data is read then;
-    footers are read by 8 threads) and read with ``ParquetFile.iter_batches``, so memory holds
+    footers are read by 8 threads, 32 for remote files) and read with ``ParquetFile.iter_batches``, so memory holds
     about one row group's selected columns, never a whole file. Remote files are read through
     the fsspec file object with pyarrow's ``pre_buffer`` (the column chunks of a row group are
     fetched in a few coalesced range requests; no read-ahead cache). A resumed reader decodes its
@@ -61,7 +62,8 @@ class ParquetReader(FileSource):
 
     def list_files(self) -> list[WorkUnit]:
         files = self.expand()
-        with ThreadPoolExecutor(max_workers=min(LIST_THREADS, len(files))) as pool:
+        threads = LIST_THREADS if all(f.is_local for f in files) else REMOTE_LIST_THREADS
+        with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
             footers = list(pool.map(self._footer, files))
         units = []
         self._files = {}
