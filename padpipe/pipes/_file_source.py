@@ -51,6 +51,13 @@ class FileSource(UnitSource):
         on_missing: A file gone or resized since listing: ``"raise"`` a ``DataError`` naming
             it, or ``"skip"`` it (counted in stats as ``read.missing_file``).
         listing: The pipeline's shared listing (the facade passes one); default: this reader's own.
+
+    Example:
+        >>> from padpipe.pipes.read_parquet import ParquetReader  # a FileSource
+        >>> reader = ParquetReader(paths="s3://bucket/train/*.parquet", retries=Retry(retries=8, max_seconds=300),
+        ...                        on_missing="skip", storage_options={"anon": True})  # doctest: +SKIP
+        >>> reader.reset(); reader.stats.snapshot().counters.get("read.retries", 0)  # doctest: +SKIP
+        0
     """
 
     SUFFIXES: tuple[str, ...] = ()
