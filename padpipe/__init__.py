@@ -20,6 +20,7 @@ from padpipe.errors import DataError
 from padpipe.loader import PipelineLoader
 from padpipe.mix import mix
 from padpipe.pipeline import Pipeline
+from padpipe.pipes._retry import Retry
 from padpipe.pipes.equal_steps import equal_steps
 from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
 from padpipe.stats import PipelineStats, StatsSnapshot
@@ -30,6 +31,7 @@ __all__ = [
     "Pipeline",
     "PipelineLoader",
     "PipelineStats",
+    "Retry",
     "StateMismatchError",
     "StatsSnapshot",
     "TokenChunk",
