@@ -161,6 +161,7 @@ class Pipeline(IterableDataset):
         """
         self._expect("batch", TOKENS)
         positive("batch_size", batch_size)
+        _check_bool("drop_last", drop_last)
         stage = Stage("batch", _build.batch, {"batch_size": batch_size, "drop_last": drop_last})
         return self._add(stage, TOKEN_BATCHES)
 
@@ -202,6 +203,8 @@ class Pipeline(IterableDataset):
         positive("max_tokens", max_tokens, allow_none=True)
         positive("buffer_size", buffer_size)
         one_of("on_oversize", on_oversize, ("raise", "drop", "truncate"))
+        _check_bool("drop_last", drop_last)
+        _check_bool("shuffle", shuffle)
         if seed is not None:
             _check_seed(seed)
         if drop_last and max_tokens is not None:
@@ -259,8 +262,9 @@ class Pipeline(IterableDataset):
                     "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed "
                     "sub-pipelines): pass `pad_id=`."
                 )
-        elif not isinstance(pad_id, int):
-            raise TypeError(f"`pad_id` must be an int, but is {pad_id!r} instead.")
+        else:
+            _check_int("pad_id", pad_id)
+        _check_int("label_pad_id", label_pad_id)
         budget = next((s.options["max_tokens"] for s in self.stages if s.name == "bucket"), None)
         for name, value in (("pad_to_multiple_of", pad_to_multiple_of), ("pad_to_length", pad_to_length)):
             if budget is not None and value is not None and value > budget:
@@ -505,3 +509,13 @@ def _check_seed(seed: object) -> None:
         raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
     if seed < 0:
         raise ValueError(f"`seed` must be a non-negative int, but is {seed} instead.")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, but is {value!r} instead.")
+
+
+def _check_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, but is {value!r} instead.")
