@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
-if TYPE_CHECKING:
-    from padpipe.pipeline import BuildContext
+from padpipe._shard import Consumer
+from padpipe.stats import PipelineStats
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a recipe: ``builder(upstream, context, **options)`` makes its node."""
+
+    name: str
+    builder: Callable[..., BaseNode]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What stages learn from the whole recipe when the graph is built."""
+
+    stats: PipelineStats
+    consumer: Consumer | None
+    seed: int | None
+    pad_to_multiple_of: int | None
+    pad_to_length: int | None
 
 
 def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: int) -> BaseNode:

@@ -42,3 +42,44 @@ def one_of(name: str, value: object, choices: tuple) -> None:
     """
     if value not in choices:
         raise ValueError(f"`{name}` must be one of {choices!r}, but is {value!r} instead.")
+
+
+def check_bool(name: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool.
+
+    Example:
+        >>> check_bool("shuffle", "no")
+        Traceback (most recent call last):
+        ...
+        TypeError: `shuffle` must be a bool, but is 'no' instead.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, but is {value!r} instead.")
+
+
+def check_int(name: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` is an int (``True``/``False`` are not).
+
+    Example:
+        >>> check_int("pad_id", True)
+        Traceback (most recent call last):
+        ...
+        TypeError: `pad_id` must be an int, but is True instead.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, but is {value!r} instead.")
+
+
+def check_seed(seed: object) -> None:
+    """Raise unless ``seed`` is a non-negative int (what ``numpy.random.default_rng`` accepts).
+
+    Example:
+        >>> check_seed(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: `seed` must be a non-negative int, but is -1 instead.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"`seed` must be an int, but is {seed!r} of type {type(seed).__name__} instead.")
+    if seed < 0:
+        raise ValueError(f"`seed` must be a non-negative int, but is {seed} instead.")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-from padpipe.errors import one_of, positive
-from padpipe.pipeline import RECORDS, TOKENS, Pipeline, Stage, _check_seed
+from padpipe.errors import check_seed, one_of, positive
+from padpipe.pipeline import RECORDS, TOKENS, Pipeline, Stage
 
 if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
@@ -65,7 +65,7 @@ def mix(
     if len(kinds) != 1 or not kinds <= {RECORDS, TOKENS}:
         raise ValueError(f"mix() needs pipelines that all yield records or all yield tokens, but they yield {outputs!r}.")
     weights = check_weights(list(pipelines), {name: 1.0 for name in pipelines} if weights is None else weights)
-    _check_seed(seed)
+    check_seed(seed)
     one_of("stop", stop, STOPS)
     positive("chunk_rows", chunk_rows)
     options = {"pipelines": dict(pipelines), "weights": weights, "seed": seed, "stop": stop, "chunk_rows": chunk_rows}

@@ -15,33 +15,21 @@ from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
 from padpipe import _build
+from padpipe._build import BuildContext, Stage
 from padpipe._shard import Consumer
-from padpipe.errors import one_of, positive
+from padpipe._shutdown import track
+from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.loader import PipelineLoader
+from padpipe.pipes._cut import longest_row_allowed
+from padpipe.pipes.bucket import check_bucket_options
+from padpipe.pipes.device import cuda_device
+from padpipe.pipes.pack import check_pack_options
+from padpipe.pipes.pad import check_pad_options
+from padpipe.pipes.tokenize import tokenize_options
 from padpipe.stats import PipelineStats
 
-# What flows out of the pipeline so far, in the order stages may move it along.
+# What a pipeline yields so far, in stage order.
 RECORDS, TOKENS, TOKEN_BATCHES, TENSORS = "records", "tokens", "token batches", "tensors"
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One step of a recipe: ``builder(upstream, context, **options)`` makes its node."""
-
-    name: str
-    builder: Callable[..., BaseNode]
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What stages learn from the whole recipe when the graph is built."""
-
-    stats: PipelineStats
-    consumer: Consumer | None
-    seed: int | None
-    pad_to_multiple_of: int | None
-    pad_to_length: int | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +74,7 @@ class Pipeline(IterableDataset):
         """
         self._expect("shuffle", RECORDS)
         positive("buffer_size", buffer_size)
-        _check_seed(seed)
+        check_seed(seed)
         stage = Stage("shuffle", _build.shuffle, {"buffer_size": buffer_size, "seed": seed})
         return self._add(stage, RECORDS, seed=seed)
 
@@ -128,28 +116,16 @@ class Pipeline(IterableDataset):
             'tokens'
         """
         self._expect("tokenize", RECORDS)
-        fields = (fields,) if isinstance(fields, str) else tuple(fields)
-        if len(fields) not in (1, 2) or not all(isinstance(f, str) for f in fields):
-            raise ValueError(f"`fields` must be one column name or two for pairs, but is {fields!r} instead.")
-        positive("max_length", max_length, allow_none=True)
-        positive("num_threads", num_threads)
-        one_of("on_error", on_error, ("raise", "skip"))
-        from padpipe.tokenizer import TextEncoder
-
-        encoder = TextEncoder.load(
-            tokenizer, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens
+        options = tokenize_options(
+            tokenizer,
+            fields=fields,
+            max_length=max_length,
+            truncation=truncation,
+            add_special_tokens=add_special_tokens,
+            num_threads=num_threads,
+            on_error=on_error,
+            append_eos=append_eos,
         )
-        if not isinstance(append_eos, bool):
-            raise TypeError(f"`append_eos` must be a bool, but is {append_eos!r} instead.")
-        if append_eos and encoder.eos_id is None:
-            raise ValueError("`append_eos=True` needs a tokenizer with an EOS token, but this one has none.")
-        options = {
-            "encoder": encoder,
-            "fields": fields,
-            "num_threads": num_threads,
-            "on_error": on_error,
-            "append_eos": append_eos,
-        }
         return self._add(Stage("tokenize", _build.tokenize, options), TOKENS)
 
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
@@ -161,7 +137,7 @@ class Pipeline(IterableDataset):
         """
         self._expect("batch", TOKENS)
         positive("batch_size", batch_size)
-        _check_bool("drop_last", drop_last)
+        check_bool("drop_last", drop_last)
         stage = Stage("batch", _build.batch, {"batch_size": batch_size, "drop_last": drop_last})
         return self._add(stage, TOKEN_BATCHES)
 
@@ -197,18 +173,6 @@ class Pipeline(IterableDataset):
             'token batches'
         """
         self._expect("bucket", TOKENS)
-        if (batch_size is None) == (max_tokens is None):
-            raise ValueError("Pass exactly one of `batch_size` or `max_tokens` to bucket().")
-        positive("batch_size", batch_size, allow_none=True)
-        positive("max_tokens", max_tokens, allow_none=True)
-        positive("buffer_size", buffer_size)
-        one_of("on_oversize", on_oversize, ("raise", "drop", "truncate"))
-        _check_bool("drop_last", drop_last)
-        _check_bool("shuffle", shuffle)
-        if seed is not None:
-            _check_seed(seed)
-        if drop_last and max_tokens is not None:
-            raise ValueError("`drop_last` needs `batch_size`: with `max_tokens` no batch is short of a full size.")
         options = {
             "batch_size": batch_size,
             "max_tokens": max_tokens,
@@ -218,6 +182,7 @@ class Pipeline(IterableDataset):
             "seed": seed,
             "on_oversize": on_oversize,
         }
+        check_bucket_options(**options)
         return self._add(Stage("bucket", _build.bucket, options), TOKEN_BATCHES)
 
     def pad(
@@ -250,25 +215,16 @@ class Pipeline(IterableDataset):
             torch.Size([1, 8])
         """
         self._expect("pad", TOKEN_BATCHES)
-        one_of("side", side, ("right", "left"))
-        positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
-        positive("pad_to_length", pad_to_length, allow_none=True)
-        one_of("dtype", dtype, (torch.int64, torch.int32))
         if pad_id is None:
-            encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
-            pad_id = getattr(encoder, "pad_id", None)
+            pad_id = self._tokenizer_id("pad_id")
             if pad_id is None:
                 raise ValueError(
                     "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed "
                     "sub-pipelines): pass `pad_id=`."
                 )
-        else:
-            _check_int("pad_id", pad_id)
-        _check_int("label_pad_id", label_pad_id)
         budget = next((s.options["max_tokens"] for s in self.stages if s.name == "bucket"), None)
-        for name, value in (("pad_to_multiple_of", pad_to_multiple_of), ("pad_to_length", pad_to_length)):
-            if budget is not None and value is not None and value > budget:
-                raise ValueError(f"`{name}` ({value}) must not exceed the bucket budget `max_tokens` ({budget}).")
+        if budget is not None:  # the bucket stage's budget must hold one padded row
+            longest_row_allowed(budget, pad_to_multiple_of, pad_to_length)
         options = {
             "pad_id": pad_id,
             "side": side,
@@ -277,6 +233,7 @@ class Pipeline(IterableDataset):
             "label_pad_id": label_pad_id,
             "dtype": dtype,
         }
+        check_pad_options(**options)
         return self._add(Stage("pad", _build.pad, options), TENSORS)
 
     def pack(
@@ -294,13 +251,10 @@ class Pipeline(IterableDataset):
     ) -> Pipeline:
         """Pack documents into rows of exactly ``seq_len`` tokens (best-fit decreasing in a buffer).
 
-        Output per batch: ``input_ids``, ``position_ids`` (restarting at ``position_offset`` for every
-        document), ``document_ids`` and ``labels`` ``[B, seq_len]`` (labels are -100 at document
-        starts and padding, ready for the model's own shift), ``cu_seqlens`` (int32, flash-attention
-        varlen format over the flattened batch) and ``max_seqlen``; with ``block_mask=True`` also a
-        block-diagonal causal ``attention_mask`` ``[B, 1, seq_len, seq_len]`` for backends without
-        varlen kernels. Padding runs count as documents of their own (positions restart, labels
-        -100, ``document_ids`` -1); ``max_seqlen`` is an ``int``; an epoch's last batch may be short.
+        Output per batch (see :class:`padpipe.pipes.pack.Packer`): ``input_ids``, ``position_ids``
+        (restarting per document), ``document_ids`` and ``labels`` (-100 at document starts and
+        padding) ``[B, seq_len]``, flash-attention ``cu_seqlens`` and ``max_seqlen`` (an ``int``),
+        and with ``block_mask=True`` a 4-D block-diagonal causal ``attention_mask``.
 
         Args:
             seq_len: Tokens per packed row.
@@ -322,27 +276,11 @@ class Pipeline(IterableDataset):
             torch.Size([4, 512])
         """
         self._expect("pack", TOKENS)
-        positive("seq_len", seq_len)
-        if seq_len < 2:
-            raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
-        positive("batch_size", batch_size)
-        positive("buffer_size", buffer_size)
-        one_of("long_docs", long_docs, ("split", "truncate", "drop"))
-        for name, flag in (("keep_tail", keep_tail), ("block_mask", block_mask)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"`{name}` must be a bool, but is {flag!r} instead.")
-        if isinstance(label_pad_id, bool) or not isinstance(label_pad_id, int):
-            raise TypeError(f"`label_pad_id` must be an int, but is {label_pad_id!r} instead.")
-        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
-            raise ValueError(f"`position_offset` must be a non-negative int, but is {position_offset!r} instead.")
         if pad_id is None:
-            encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
-            pad_id = getattr(encoder, "pad_id", None)
-            pad_id = getattr(encoder, "eos_id", None) if pad_id is None else pad_id
+            pad_id = self._tokenizer_id("pad_id")
+            pad_id = self._tokenizer_id("eos_id") if pad_id is None else pad_id
             if pad_id is None:
                 raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
-        elif isinstance(pad_id, bool) or not isinstance(pad_id, int):
-            raise TypeError(f"`pad_id` must be an int, but is {pad_id!r} instead.")
         options = {
             "seq_len": seq_len,
             "batch_size": batch_size,
@@ -354,6 +292,7 @@ class Pipeline(IterableDataset):
             "pad_id": pad_id,
             "label_pad_id": label_pad_id,
         }
+        check_pack_options(**options)
         return self._add(Stage("pack", _build.pack, options), TENSORS)
 
     def prefetch(self, prefetch: int = 2) -> Pipeline:
@@ -399,21 +338,20 @@ class Pipeline(IterableDataset):
         """
         self._expect("to_cuda", TENSORS)
         positive("prefetch", prefetch)
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "to_cuda() needs a CUDA device, but torch.cuda.is_available() is False; "
-                "use .to('cpu') or .prefetch() on a machine without a GPU."
-            )
-        device = torch.device("cuda") if device is None else torch.device(device)  # resolved on first use
-        if device.type != "cuda":
-            raise ValueError(f"`device` must be a CUDA device, but is {str(device)!r} instead.")
+        device = cuda_device(device)
         return self._add(Stage("to_cuda", _build.prefetch, {"prefetch": prefetch, "device": device}), TENSORS)
 
     def add_stage(self, name: str, builder: Callable[..., BaseNode], *, output: str, **options: Any) -> Pipeline:
         """Append a custom stage: ``builder(upstream_node, context, **options)`` returns its node.
 
-        For extensions (packing, mixing) and advanced users; ``output`` names what it yields
-        (``"records"``, ``"tokens"``, ``"token batches"`` or ``"tensors"``).
+        ``output`` names what it yields: ``"records"``, ``"tokens"``, ``"token batches"`` or ``"tensors"``.
+
+        Example:
+            >>> from torchdata.nodes import Batcher
+            >>> pipe = pp.from_iterable([{"text": "a"}]).add_stage("pairs", lambda up, ctx: Batcher(up, 2, False),
+            ...                                                     output="records")
+            >>> pipe.stages[-1].name
+            'pairs'
         """
         one_of("output", output, (RECORDS, TOKENS, TOKEN_BATCHES, TENSORS))
         return self._add(Stage(name, builder, options), output)
@@ -432,7 +370,7 @@ class Pipeline(IterableDataset):
         node = self.source.builder(None, context, **self.source.options)
         for stage in self.stages:
             node = stage.builder(node, context, **stage.options)
-        return node
+        return track(node)
 
     def loader(
         self,
@@ -444,18 +382,15 @@ class Pipeline(IterableDataset):
 
         Supports ``state_dict()``/``load_state_dict()`` for mid-epoch resume and ``stats()``.
 
-        Under ``torch.distributed`` with several ranks, every rank takes the same number of steps
-        per epoch (token budgets make different batch counts, and DDP hangs when one rank stops
-        early): one tiny all-reduce per step (see :class:`padpipe.pipes.equal_steps.EqualSteps`).
-        Without ``torch.distributed`` it changes nothing.
+        Under ``torch.distributed``, every rank takes the same number of steps per epoch (token
+        budgets give ranks different batch counts, and DDP hangs when one stops early), at the cost
+        of one tiny all-reduce per step (:class:`padpipe.pipes.equal_steps.EqualSteps`).
 
         Args:
             consumer: This reader's slot (default: detected from ``torch.distributed``).
-            equal_steps: ``"stop_first"`` ends the epoch on every rank when the first runs out
-                (the others' remaining batches are dropped, counted in ``stats().skipped`` as
-                ``equal_steps.dropped_batches``); ``"repeat"`` lets ranks that ran out repeat
-                their epoch's batches until the last finishes (dict batches get an
-                ``"is_repeat"`` bool tensor); ``"off"`` leaves step counts unequal.
+            equal_steps: ``"stop_first"``: all ranks stop when the first runs out (the rest is
+                counted as ``equal_steps.dropped_batches``); ``"repeat"``: ranks that ran out
+                repeat their epoch's batches, marked ``"is_repeat"``; ``"off"``: unequal.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -474,8 +409,7 @@ class Pipeline(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch the next ``iter(pipe)`` reads (``IterableDataset`` use, as in HF datasets).
 
-        Each ``iter(pipe)`` then moves on to the next epoch by itself; loaders from :meth:`loader`
-        count their own epochs.
+        Each ``iter(pipe)`` then moves on by itself; loaders count their own epochs.
 
         Example:
             >>> pipe.set_epoch(3)  # doctest: +SKIP
@@ -485,10 +419,9 @@ class Pipeline(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         """Read one epoch as this process's share (rank x DataLoader worker).
 
-        The iterator is resumable: ``StatefulDataLoader(pipe, batch_size=None, num_workers=N)``
-        saves and restores it in every worker. Each ``iter(pipe)`` reads the next epoch; a worker
-        process starts from the epoch set in the main process, so call :meth:`set_epoch` each
-        epoch when workers are not persistent (as with ``DistributedSampler``).
+        ``StatefulDataLoader`` saves and restores the iterator in every worker. Each ``iter(pipe)``
+        reads the next epoch; non-persistent workers start from the main process's epoch, so call
+        :meth:`set_epoch` each epoch (as with ``DistributedSampler``).
         """
         from padpipe._iterable import PipelineIterator
 
@@ -500,22 +433,10 @@ class Pipeline(IterableDataset):
             wanted = " or ".join(kinds)
             raise ValueError(f".{method}() needs {wanted} as input, but this pipeline yields {self.output} here.")
 
+    def _tokenizer_id(self, name: str) -> int | None:
+        """``pad_id``/``eos_id`` of the recipe's tokenizer, or ``None``."""
+        encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
+        return getattr(encoder, name, None)
+
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
         return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], **changes)
-
-
-def _check_seed(seed: object) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
-    if seed < 0:
-        raise ValueError(f"`seed` must be a non-negative int, but is {seed} instead.")
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be a bool, but is {value!r} instead.")
-
-
-def _check_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, but is {value!r} instead.")

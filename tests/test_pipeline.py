@@ -34,3 +34,11 @@ def test_pipeline_accepts_well_typed_stage_arguments() -> None:
     pipe = _tokens().bucket(2, drop_last=False, shuffle=False).pad(pad_id=0, label_pad_id=-1)
     batch = next(iter(pipe.loader()))
     assert batch["input_ids"].tolist() == [[2, 81, 82, 3]]
+
+
+def test_pad_raises_error_when_padding_cannot_fit_the_bucket_budget():
+    pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).bucket(max_tokens=64)
+    with pytest.raises(ValueError, match=r"^`max_tokens` must be at least `pad_to_length`=128 \(every row"):
+        pipe.pad(pad_to_length=128)
+    with pytest.raises(ValueError, match=r"^`max_tokens` must be at least `pad_to_multiple_of`=128 \(the shortest"):
+        pipe.pad(pad_to_multiple_of=128)

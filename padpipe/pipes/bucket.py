@@ -9,13 +9,46 @@ from torchdata.nodes import BaseNode
 
 from padpipe._state import SOURCE_KEY, check_state, make_state
 from padpipe.chunks import TokenChunk
-from padpipe.errors import one_of, positive
+from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes._cut import cut_by_budget, handle_oversize, longest_row_allowed
 from padpipe.pipes.pad import padded_length
-from padpipe.pipes.shuffle import check_seed
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0xB0C7  # keeps this stage's random stream apart from other stages seeded alike
+
+
+
+def check_bucket_options(
+    *,
+    batch_size: int | None,
+    max_tokens: int | None,
+    buffer_size: int,
+    drop_last: bool,
+    shuffle: bool,
+    seed: int | None,
+    on_oversize: str,
+) -> None:
+    """Raise ``ValueError``/``TypeError`` for bucket settings that cannot work (``seed=None`` is ok).
+
+    Example:
+        >>> check_bucket_options(batch_size=None, max_tokens=None, buffer_size=8, drop_last=False,
+        ...                      shuffle=True, seed=0, on_oversize="raise")
+        Traceback (most recent call last):
+        ...
+        ValueError: Pass exactly one of `batch_size` or `max_tokens` to bucket().
+    """
+    if (batch_size is None) == (max_tokens is None):
+        raise ValueError("Pass exactly one of `batch_size` or `max_tokens` to bucket().")
+    positive("batch_size", batch_size, allow_none=True)
+    positive("max_tokens", max_tokens, allow_none=True)
+    positive("buffer_size", buffer_size)
+    check_bool("drop_last", drop_last)
+    check_bool("shuffle", shuffle)
+    if drop_last and max_tokens is not None:
+        raise ValueError("`drop_last` needs `batch_size`: with `max_tokens` no batch is short of a full size.")
+    if seed is not None:
+        check_seed(seed)
+    one_of("on_oversize", on_oversize, ("raise", "drop", "truncate"))
 
 
 class Bucketizer(BaseNode[TokenChunk]):
@@ -86,20 +119,17 @@ class Bucketizer(BaseNode[TokenChunk]):
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
-        if (batch_size is None) == (max_tokens is None):
-            raise ValueError("Pass exactly one of `batch_size` or `max_tokens` to bucket().")
-        positive("batch_size", batch_size, allow_none=True)
-        positive("max_tokens", max_tokens, allow_none=True)
-        positive("buffer_size", buffer_size)
+        check_bucket_options(
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            buffer_size=buffer_size,
+            drop_last=drop_last,
+            shuffle=shuffle,
+            seed=seed,
+            on_oversize=on_oversize,
+        )
         positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
         positive("pad_to_length", pad_to_length, allow_none=True)
-        for name, flag in (("drop_last", drop_last), ("shuffle", shuffle)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"`{name}` must be a bool, but is {flag!r} instead.")
-        if drop_last and max_tokens is not None:
-            raise ValueError("`drop_last` needs `batch_size`: with `max_tokens` no batch is short of a full size.")
-        check_seed(seed)
-        one_of("on_oversize", on_oversize, ("raise", "drop", "truncate"))
         self.source = source
         self.batch_size, self.max_tokens, self.buffer_size = batch_size, max_tokens, buffer_size
         self.drop_last, self.shuffle, self.seed, self.on_oversize = drop_last, shuffle, seed, on_oversize

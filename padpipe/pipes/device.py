@@ -72,6 +72,28 @@ def copy_to_cuda(batch: Any, *, device: torch.device, stream: Any, stats: Pipeli
     return moved, event
 
 
+
+def cuda_device(device: str | torch.device | int | None) -> torch.device:
+    """The CUDA device batches go to; ``RuntimeError`` at once when CUDA is not available.
+
+    ``None`` means the current device, resolved in the process that copies (no CUDA call here, so
+    forked ``DataLoader`` workers stay safe).
+
+    Example:
+        >>> cuda_device(None)  # doctest: +SKIP
+        device(type='cuda')
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "to_cuda() needs a CUDA device, but torch.cuda.is_available() is False; "
+            "use .to('cpu') or .prefetch() on a machine without a GPU."
+        )
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"`device` must be a CUDA device, but is {str(device)!r} instead.")
+    return device
+
+
 class DevicePrefetcher(BaseNode[Any]):
     """Prefetch batches in a background thread and, with ``device``, copy them to that GPU.
 

@@ -11,8 +11,7 @@ from torchdata.nodes import BaseNode
 from padpipe._iterable import start_at_epoch
 from padpipe._state import SOURCE_KEY, check_state, make_state
 from padpipe.chunks import TokenChunk, record_batch_from_bytes, record_batch_to_bytes
-from padpipe.errors import DataError, one_of, positive
-from padpipe.pipes.shuffle import check_seed
+from padpipe.errors import DataError, check_seed, one_of, positive
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0x313C  # keeps this stage's random stream apart from other stages seeded alike

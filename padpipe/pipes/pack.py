@@ -10,11 +10,47 @@ from torchdata.nodes import BaseNode
 
 from padpipe._state import SOURCE_KEY, check_state, make_state
 from padpipe.chunks import TokenChunk
-from padpipe.errors import one_of, positive
+from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.pipes._packing import assemble, cut_pieces, pieces_to_chunk
 from padpipe.stats import PipelineStats
 
 LONG_DOCS = ("split", "truncate", "drop")
+
+
+
+def check_pack_options(
+    *,
+    seq_len: int,
+    batch_size: int,
+    buffer_size: int,
+    long_docs: str,
+    keep_tail: bool,
+    position_offset: int,
+    block_mask: bool,
+    pad_id: int,
+    label_pad_id: int,
+) -> None:
+    """Raise ``ValueError``/``TypeError`` for packing settings that cannot work.
+
+    Example:
+        >>> check_pack_options(seq_len=1, batch_size=1, buffer_size=8, long_docs="split", keep_tail=True,
+        ...                    position_offset=0, block_mask=False, pad_id=0, label_pad_id=-100)
+        Traceback (most recent call last):
+        ...
+        ValueError: `seq_len` must be at least 2, but is 1 instead.
+    """
+    positive("seq_len", seq_len)
+    if seq_len < 2:
+        raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
+    positive("batch_size", batch_size)
+    positive("buffer_size", buffer_size)
+    one_of("long_docs", long_docs, LONG_DOCS)
+    check_bool("keep_tail", keep_tail)
+    check_bool("block_mask", block_mask)
+    if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
+        raise ValueError(f"`position_offset` must be a non-negative int, but is {position_offset!r} instead.")
+    check_int("pad_id", pad_id)
+    check_int("label_pad_id", label_pad_id)
 
 
 class Packer(BaseNode[dict]):
@@ -96,20 +132,17 @@ class Packer(BaseNode[dict]):
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
-        positive("seq_len", seq_len)
-        if seq_len < 2:
-            raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
-        positive("batch_size", batch_size)
-        positive("buffer_size", buffer_size)
-        one_of("long_docs", long_docs, LONG_DOCS)
-        for name, value in (("keep_tail", keep_tail), ("block_mask", block_mask)):
-            if not isinstance(value, bool):
-                raise TypeError(f"`{name}` must be a bool, but is {value!r} instead.")
-        if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
-            raise ValueError(f"`position_offset` must be a non-negative int, but is {position_offset!r} instead.")
-        for name, value in (("pad_id", pad_id), ("label_pad_id", label_pad_id)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` must be an int, but is {value!r} instead.")
+        check_pack_options(
+            seq_len=seq_len,
+            batch_size=batch_size,
+            buffer_size=buffer_size,
+            long_docs=long_docs,
+            keep_tail=keep_tail,
+            position_offset=position_offset,
+            block_mask=block_mask,
+            pad_id=pad_id,
+            label_pad_id=label_pad_id,
+        )
         self.source = source
         self.seq_len, self.batch_size, self.buffer_size = seq_len, batch_size, buffer_size
         self.long_docs, self.keep_tail = long_docs, keep_tail

@@ -11,7 +11,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe._state import SOURCE_KEY, check_state, make_state
 from padpipe.chunks import TokenChunk
-from padpipe.errors import DataError, one_of, positive
+from padpipe.errors import DataError, check_int, one_of, positive
 from padpipe.stats import PipelineStats
 
 _ID_DTYPES = {torch.int64: np.int64, torch.int32: np.int32}
@@ -34,6 +34,33 @@ def padded_length(lengths: np.ndarray, *, pad_to_multiple_of: int | None, pad_to
     if pad_to_multiple_of is None:
         return lengths
     return -(-lengths // pad_to_multiple_of) * pad_to_multiple_of
+
+
+
+def check_pad_options(
+    *,
+    pad_id: int,
+    side: str,
+    pad_to_multiple_of: int | None,
+    pad_to_length: int | None,
+    label_pad_id: int,
+    dtype: torch.dtype,
+) -> None:
+    """Raise ``ValueError``/``TypeError`` for padding settings that cannot work.
+
+    Example:
+        >>> check_pad_options(pad_id=0, side="up", pad_to_multiple_of=None, pad_to_length=None,
+        ...                   label_pad_id=-100, dtype=torch.int64)
+        Traceback (most recent call last):
+        ...
+        ValueError: `side` must be one of ('right', 'left'), but is 'up' instead.
+    """
+    check_int("pad_id", pad_id)
+    check_int("label_pad_id", label_pad_id)
+    one_of("side", side, ("right", "left"))
+    positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
+    positive("pad_to_length", pad_to_length, allow_none=True)
+    one_of("dtype", dtype, tuple(_ID_DTYPES))
 
 
 class Padder(BaseNode[dict[str, Any]]):
@@ -79,13 +106,14 @@ class Padder(BaseNode[dict[str, Any]]):
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("pad_id", pad_id), ("label_pad_id", label_pad_id)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` must be an int, but is {value!r} instead.")
-        one_of("side", side, ("right", "left"))
-        positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
-        positive("pad_to_length", pad_to_length, allow_none=True)
-        one_of("dtype", dtype, tuple(_ID_DTYPES))
+        check_pad_options(
+            pad_id=pad_id,
+            side=side,
+            pad_to_multiple_of=pad_to_multiple_of,
+            pad_to_length=pad_to_length,
+            label_pad_id=label_pad_id,
+            dtype=dtype,
+        )
         self.source = source
         self.pad_id = pad_id
         self.side = side

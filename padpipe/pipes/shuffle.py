@@ -10,25 +10,10 @@ from torchdata.nodes import BaseNode
 
 from padpipe._state import SOURCE_KEY, check_state, make_state
 from padpipe.chunks import record_batch_from_bytes, record_batch_to_bytes
-from padpipe.errors import DataError, positive
+from padpipe.errors import DataError, check_seed, positive
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0x5A1F  # keeps this stage's random stream apart from other stages seeded alike
-
-
-def check_seed(seed: object) -> None:
-    """Raise unless ``seed`` is a non-negative int (what ``numpy.random.default_rng`` accepts).
-
-    Example:
-        >>> check_seed(-1)
-        Traceback (most recent call last):
-        ...
-        ValueError: `seed` must be a non-negative int, but is -1 instead.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"`seed` must be an int, but is {seed!r} of type {type(seed).__name__} instead.")
-    if seed < 0:
-        raise ValueError(f"`seed` must be a non-negative int, but is {seed} instead.")
 
 
 class ShuffleBuffer(BaseNode[pa.RecordBatch]):
