@@ -3,12 +3,14 @@
 A reader lists its *work units* (a Parquet row group, an Arrow record batch, a JSONL byte range,
 an index range of a ``datasets.Dataset``) and reads one unit from a given row. This base class does
 the rest: lists once, orders units per epoch (shuffled by ``(seed, epoch)`` when asked), gives each
-consumer (rank x DataLoader worker) its share, and saves the position as ``(unit, row)`` so resume
-reads from there instead of skipping.
+consumer (rank x DataLoader worker) an equal share of that order (:mod:`padpipe._shares`: units
+are cut into row or byte ranges where shares would otherwise be uneven), and saves the position as
+``(unit, row)`` so resume reads from there instead of skipping.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -18,6 +20,7 @@ import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe._shard import Consumer
+from padpipe._shares import Measure, share
 from padpipe._state import check_state, make_state
 from padpipe.errors import DataError, positive
 from padpipe.stats import PipelineStats
@@ -35,6 +38,8 @@ class WorkUnit:
         num_rows: Rows in the unit when known from metadata, else ``None``.
         start: Unit-specific start (byte offset for JSONL ranges, first index for datasets).
         stop: Unit-specific end, exclusive.
+        first: First row of the unit this piece reads (a consumer's share may cut a unit).
+        last: Row of the unit this piece stops before; ``None``: the unit's end.
     """
 
     path: str
@@ -42,6 +47,8 @@ class WorkUnit:
     num_rows: int | None = None
     start: int = 0
     stop: int | None = None
+    first: int = 0
+    last: int | None = None
 
 
 class UnitSource(BaseNode[pa.RecordBatch]):
@@ -87,12 +94,26 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         raise NotImplementedError
 
     def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        """Record batches of ``unit`` from row ``start_row`` on; errors should name ``unit.path``."""
+        """Record batches of ``unit`` from its row ``start_row`` on; errors should name ``unit.path``.
+
+        ``start_row`` counts from the whole unit's first row; the base class stops reading at a
+        piece's ``last`` row itself.
+        """
         raise NotImplementedError
 
     def describe(self) -> str:
         """Short description of the input for messages and fingerprints (paths, columns)."""
         raise NotImplementedError
+
+    def measure(self, unit: WorkUnit) -> Measure:
+        """The unit's weight in the epoch and whether it can be cut: its rows when known, else whole."""
+        return Measure(unit.num_rows, cuttable=True) if unit.num_rows is not None else Measure(1, cuttable=False)
+
+    def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
+        """The part ``[lo, hi)`` (in :meth:`measure`'s weight) of ``unit``: by default rows ``lo`` to ``hi``."""
+        if unit.num_rows is None or (lo, hi) == (0, unit.num_rows):
+            return unit
+        return dataclasses.replace(unit, num_rows=hi - lo, first=unit.first + lo, last=unit.first + hi)
 
     # -- BaseNode ---------------------------------------------------------------------------------
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -150,17 +171,24 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         }
 
     def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
+        """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""
         assert self._units is not None and self.consumer is not None
         order = np.arange(len(self._units))
         if self.seed is not None:
             order = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(order)
-        mine = order[self.consumer.index :: self.consumer.count]
-        return [self._units[i] for i in mine]
+        units = [self._units[i] for i in order]
+        pieces = share([self.measure(u) for u in units], self.consumer.index, self.consumer.count)
+        return [self.piece(units[p.position], p.lo, p.hi) for p in pieces]
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        """Wrap ``read_unit``: cut batches to ``chunk_rows`` and name the file in any read error."""
+        """Wrap ``read_unit``: keep to the piece's rows, cut batches to ``chunk_rows``, name the file in errors."""
+        left = None if unit.last is None else unit.last - unit.first - start_row
         try:
-            for batch in self.read_unit(unit, start_row):
+            for batch in self.read_unit(unit, unit.first + start_row):
+                if left is not None:
+                    if left <= 0:
+                        return
+                    batch, left = batch.slice(0, left), left - min(left, batch.num_rows)
                 for offset in range(0, batch.num_rows, self.chunk_rows):
                     yield batch.slice(offset, self.chunk_rows)
         except DataError:
@@ -168,7 +196,7 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         except (OSError, pa.ArrowException, ValueError, EOFError) as exc:
             if self._recoverable(exc):
                 raise
-            raise DataError(f"{unit.path}: cannot read unit {unit.index} from row {start_row}: {exc}") from exc
+            raise DataError(f"{unit.path}: cannot read unit {unit.index} from row {unit.first + start_row}: {exc}") from exc
 
     def _recoverable(self, exc: BaseException) -> bool:
         """Whether a read error is left to the subclass (retried, or a lost file) instead of a DataError."""

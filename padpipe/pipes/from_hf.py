@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any, Iterator, Sequence
 
@@ -111,6 +112,10 @@ class HFDatasetReader(UnitSource):
             WorkUnit(DATASET_LABEL, i, num_rows=min(size, total - start), start=start, stop=min(start + size, total))
             for i, start in enumerate(range(0, total, size))
         ]
+
+    def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
+        """Rows ``lo`` to ``hi`` of the unit, as a narrower index range."""
+        return dataclasses.replace(unit, num_rows=hi - lo, start=unit.start + lo, stop=unit.start + hi)
 
     def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         assert unit.stop is not None

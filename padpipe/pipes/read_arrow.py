@@ -39,6 +39,8 @@ class ArrowReader(FileSource):
     A ``save_to_disk`` folder is read in the order of its ``state.json`` ``_data_files``; the
     folder of a saved ``DatasetDict`` is an error naming its splits. A resumed reader re-reads
     the record batch it was in (zero-copy when memory-mapped) and drops the rows already read.
+    Local record batches know their row counts, so consumers' shares are equal to within one row
+    (a batch may be cut between two consumers); remote files are shared by whole record batches.
 
     Args:
         paths: A file, folder (``.arrow``/``.arrows``/``.feather``/``.ipc`` files, recursively),
@@ -119,7 +121,10 @@ class ArrowReader(FileSource):
         if magic == FILE_MAGIC:
             _, reader = self._source(file, RANDOM)
             require_columns(file.name, reader.schema.names, self.columns)
-            return RANDOM, [WorkUnit(file.name, i) for i in range(reader.num_record_batches)]
+            count = reader.num_record_batches
+            if not file.is_local:  # row counts would cost a read of every batch: balance by batch count
+                return RANDOM, [WorkUnit(file.name, i) for i in range(count)]
+            return RANDOM, [WorkUnit(file.name, i, num_rows=reader.get_batch(i).num_rows) for i in range(count)]
         if not file.is_local:
             with file.open(block_size=HEAD_BYTES) as handle:
                 require_columns(file.name, ipc.open_stream(handle).schema.names, self.columns)
@@ -128,7 +133,7 @@ class ArrowReader(FileSource):
         messages = ipc.MessageReader.open_stream(source)
         schema = ipc.read_schema(messages.read_next_message())
         require_columns(file.name, schema.names, self.columns)
-        offsets = []
+        units = []
         while True:
             offset = source.tell()
             try:
@@ -137,8 +142,9 @@ class ArrowReader(FileSource):
                 break
             if message.type != "record batch":  # dictionary batches: read the stream front to back
                 return SEQUENTIAL, [WorkUnit(file.name, 0)]
-            offsets.append(offset)
-        return OFFSETS, [WorkUnit(file.name, i, start=offset) for i, offset in enumerate(offsets)]
+            rows = ipc.read_record_batch(message, schema).num_rows  # zero-copy from the memory map
+            units.append(WorkUnit(file.name, len(units), num_rows=rows, start=offset))
+        return OFFSETS, units
 
     def _source(self, file: FileRef, mode: str) -> tuple[Any, Any]:
         """The open file and its reader (random access) or schema (stream); cached per file."""

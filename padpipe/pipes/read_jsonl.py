@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Iterator, Literal, Sequence
 
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from padpipe._shard import Consumer
+from padpipe._shares import Measure
 from padpipe.errors import DataError, positive
 from padpipe.pipes import _jsonl_blocks as blocks
 from padpipe.pipes._file_source import FileSource
@@ -28,7 +30,9 @@ class JsonlReader(FileSource):
     Blocks of about ``block_bytes``, cut at a newline, are parsed in one ``pyarrow.json`` call.
     A plain file is split into units of ``unit_bytes`` byte ranges (a range owns every line that
     *starts* in it), so one big file is still shared between consumers; a compressed file is one
-    unit. The saved state also holds the byte offset of the current block, so a resumed reader
+    unit. JSONL row counts are unknown until read, so consumers' shares are balanced by bytes:
+    each gets an equal stretch of the epoch's bytes (byte ranges are cut where needed), and row
+    counts differ as much as line lengths do; a compressed file goes whole to one consumer. The saved state also holds the byte offset of the current block, so a resumed reader
     seeks there (a compressed file is decompressed up to it, without parsing) and re-parses
     only that block; a read retried after a storage error re-opens the file the same way.
 
@@ -116,6 +120,17 @@ class JsonlReader(FileSource):
                 units.append(WorkUnit(file.name, i, start=start, stop=min(start + self.unit_bytes, size)))
         self._take_schema(files)
         return units
+
+    def measure(self, unit: WorkUnit) -> Measure:
+        """Bytes: a plain file's byte range can be cut anywhere (a line belongs where it starts)."""
+        if unit.stop is None:  # a compressed file: one whole unit, weighed by its stored size
+            return Measure(self._files[unit.path].listed_size or 1, cuttable=False)
+        return Measure(unit.stop - unit.start)
+
+    def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
+        if unit.stop is None or (lo, hi) == (0, unit.stop - unit.start):
+            return unit
+        return dataclasses.replace(unit, start=unit.start + lo, stop=unit.start + hi)
 
     def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         file = self._files[unit.path]

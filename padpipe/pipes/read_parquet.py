@@ -28,7 +28,9 @@ class ParquetReader(FileSource):
     about one row group's selected columns, never a whole file. Remote files are read through
     the fsspec file object with pyarrow's ``pre_buffer`` (the column chunks of a row group are
     fetched in a few coalesced range requests; no read-ahead cache). A resumed reader decodes its
-    row group from the start and drops the rows already read.
+    row group from the start and drops the rows already read. Consumers' shares are equal to
+    within one row whatever the row-group layout: a row group may be cut between two consumers,
+    and the second then decodes the first part of it to skip.
 
     Args:
         paths: A file, folder (searched recursively for ``.parquet``/``.parq``/``.pq`` files),
