@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from torchdata.nodes import BaseNode
@@ -45,17 +46,29 @@ class PipelineIterator(Iterator[Any]):
     Args:
         pipeline: The recipe to build.
         epoch: The epoch to read unless a state is loaded.
+        consumer: The rank to read as (the worker slot is this process's); default: detected.
+        managed: Whether the caller keeps step counts equal across ranks (``pipe.loader()``,
+            :func:`padpipe.equal_steps`); if not, a multi-rank run warns once about the DDP hang.
     """
 
-    def __init__(self, pipeline: Pipeline, epoch: int) -> None:
+    def __init__(self, pipeline: Pipeline, epoch: int, *, consumer: Consumer | None = None,
+                 managed: bool = False) -> None:
         self._pipeline = pipeline
         self._epoch = epoch
+        self._consumer = consumer
+        self._managed = managed
         self._node: BaseNode | None = None
         self._pending: dict[str, Any] | None = None
         self._yielded = 0
 
     def _start(self) -> BaseNode:
-        node = self._pipeline.build(consumer=Consumer.detect())
+        if self._consumer is not None:
+            consumer = self._consumer.with_worker()
+        else:
+            consumer = Consumer.detect(ranks=self._pipeline.sharding == "auto")
+        if not self._managed:
+            warn_unequal_steps(consumer)
+        node = self._pipeline.build(consumer=consumer)
         if self._pending is not None:
             self._epoch = self._pending[EPOCH_KEY]
             node.reset(self._pending[NODE_KEY])
@@ -86,3 +99,17 @@ class PipelineIterator(Iterator[Any]):
             raise RuntimeError("load_state_dict() must be called before the iterator yields anything.")
         self._pending = dict(state)
         self._node = None
+
+
+UNEQUAL_STEPS = (
+    "padpipe: this pipeline is read through a plain DataLoader (or iter(pipe)) by {world} distributed ranks. "
+    "Ranks get different numbers of batches (token budgets, packing, uneven tails), and DDP hangs at the end "
+    "of an epoch when one rank stops while the others wait in a collective. Use `pipe.loader(num_workers=N)` "
+    "(equal steps built in), or iterate `pp.equal_steps(dataloader)`."
+)
+
+
+def warn_unequal_steps(consumer: Consumer) -> None:
+    """Warn once (rank 0, first worker) that a plain ``DataLoader`` over several ranks can hang DDP."""
+    if consumer.world_size > 1 and consumer.rank == 0 and consumer.worker == 0:
+        warnings.warn(UNEQUAL_STEPS.format(world=consumer.world_size), RuntimeWarning, stacklevel=3)

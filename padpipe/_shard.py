@@ -40,20 +40,42 @@ class Consumer:
         return self.world_size * self.num_workers
 
     @staticmethod
-    def detect() -> Consumer:
+    def detect(*, ranks: bool = True) -> Consumer:
         """The current process's consumer slot.
 
         Rank and world size come from ``torch.distributed`` when it is initialized, else from the
         ``RANK``/``WORLD_SIZE`` environment variables, else a single rank; the worker slot comes from
         ``torch.utils.data.get_worker_info()``.
+
+        Args:
+            ranks: Split between distributed ranks; ``False``: every rank reads everything (for
+                frameworks that shard or dispatch batches themselves), workers still split.
+
+        Example:
+            >>> Consumer.detect(ranks=False).world_size
+            1
         """
+        rank, world = Consumer.ranks() if ranks else (0, 1)
+        return Consumer(rank=rank, world_size=world).with_worker()
+
+    @staticmethod
+    def ranks() -> tuple[int, int]:
+        """``(rank, world_size)`` from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
         import torch.distributed as dist
-        from torch.utils.data import get_worker_info
 
         if dist.is_available() and dist.is_initialized():
-            rank, world = dist.get_rank(), dist.get_world_size()
-        else:
-            rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+            return dist.get_rank(), dist.get_world_size()
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+    def with_worker(self) -> Consumer:
+        """This consumer's rank with the worker slot of the current DataLoader worker (if any).
+
+        Example:
+            >>> Consumer(rank=1, world_size=2).with_worker().index  # in the main process
+            1
+        """
+        from torch.utils.data import get_worker_info
+
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return Consumer(rank=rank, world_size=world, worker=worker, num_workers=workers)
+        return Consumer(rank=self.rank, world_size=self.world_size, worker=worker, num_workers=workers)

@@ -1,42 +1,95 @@
-"""The loader users iterate: ``torchdata.nodes.Loader`` plus the pipeline's stats."""
+"""The loader users iterate: one pass per epoch over a built pipeline, resumable, with stats."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Generic, Iterator, TypeVar
 
-from torchdata.nodes import BaseNode, Loader
+from torchdata.nodes import BaseNode
 
+from padpipe._iterable import start_at_epoch
+from padpipe._state import check_state, make_state
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
 
 
-class PipelineLoader(Loader[T]):
-    """Iterable over a built pipeline, one pass per epoch, resumable mid-epoch.
+class PipelineLoader(Generic[T]):
+    """Iterable over a built pipeline: each ``iter(loader)`` is the next epoch, resumable mid-epoch.
 
     ``state_dict()`` at any step and ``load_state_dict()`` on a loader of the same pipeline (in
-    this process or a new one) continue with exactly the batches that would have come next. A state
-    saved after the last batch of an epoch resumes at the start of the next epoch.
+    this process or a new one) continue with exactly the batches that would have come next. At an
+    epoch's end the state says whether the epoch was finished (the ``for`` loop ended) or its
+    last batch was just taken (still inside the loop), so the ordinary loop resumes right:
+
+    * a state taken inside the loop after the epoch's last batch resumes with nothing left of
+      that epoch (the next ``iter`` yields no batch), then the following epoch;
+    * a state taken after the loop ended resumes with the next epoch.
+
+    This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree.
 
     Args:
-        root: The built node graph.
+        root: The built node graph (equal steps and worker processes included).
         stats: The counters its stages report into.
+        settings: What a loaded state must match (e.g. the number of worker processes).
 
     Example:
-        >>> loader = pipe.loader()  # doctest: +SKIP
-        >>> for batch in loader: ...  # doctest: +SKIP
-        >>> loader.stats().padding_efficiency  # doctest: +SKIP
-        0.97
+        >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+        >>> loader = pipe.loader()
+        >>> first = next(iter(loader)); state = loader.state_dict()
+        >>> again = pipe.loader(); again.load_state_dict(state)
+        >>> len(list(again)), len(list(again))  # the rest of epoch 0, then all of epoch 1
+        (1, 2)
     """
 
-    def __init__(self, root: BaseNode[T], stats: PipelineStats) -> None:
-        super().__init__(root, restart_on_stop_iteration=True)
+    VERSION = 1
+    ROOT_KEY = "root"
+    FINISHED_KEY = "finished"
+
+    def __init__(self, root: BaseNode[T], stats: PipelineStats, *, settings: dict[str, Any] | None = None) -> None:
+        self.root = root
         self._stats = stats
+        self._settings = dict(settings or {})
+        self._pending: dict[str, Any] | None = None
+        self._started = False
+        self._finished = False
+
+    def __iter__(self) -> Iterator[T]:
+        """Start the next epoch (or continue a loaded state) and return its iterator."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[self.ROOT_KEY] is not None:
+            self.root.reset(pending[self.ROOT_KEY])
+            if pending[self.FINISHED_KEY]:
+                self.root.reset(None)
+        else:
+            if pending is not None:  # a state saved before the first batch: start at epoch 0
+                start_at_epoch(self.root, 0)
+            self.root.reset(None)
+        self._started, self._finished = True, False
+        return self._epoch()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch this loader returned (see the class docs)."""
+        if self._pending is not None:
+            return self._pending
+        root = self.root.state_dict() if self._started else None
+        return make_state(version=self.VERSION, settings=self._settings,
+                          **{self.ROOT_KEY: root, self.FINISHED_KEY: self._finished})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next ``iter(loader)``."""
+        check_state("PipelineLoader", state, version=self.VERSION, settings=self._settings)
+        self._pending = dict(state)
 
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""
         return self._stats.snapshot()
 
-    def state_dict(self) -> dict[str, Any]:
-        """The position after the last batch this loader returned (see class docs)."""
-        return super().state_dict()
+    def _epoch(self) -> Iterator[T]:
+        root = self.root
+        while True:
+            try:
+                item = next(root)
+            except StopIteration:
+                self._finished = True
+                return
+            yield item

@@ -56,7 +56,9 @@ class Pipeline(IterableDataset):
     stages: tuple[Stage, ...] = ()
     output: str = RECORDS
     seed: int | None = None
+    sharding: str = "auto"
     _epoch: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+    _managed: list[bool] = field(default_factory=lambda: [False], repr=False, compare=False)
 
     # -- stages -----------------------------------------------------------------------------------
     def shuffle(self, buffer_size: int = 10_000, *, seed: int = 0) -> Pipeline:
@@ -359,6 +361,8 @@ class Pipeline(IterableDataset):
     # -- running ----------------------------------------------------------------------------------
     def build(self, *, consumer: Consumer | None = None, stats: PipelineStats | None = None) -> BaseNode:
         """Build a fresh node graph (advanced: most users call :meth:`loader`)."""
+        if consumer is None and self.sharding == "off":
+            consumer = Consumer.detect(ranks=False)
         pad = next((s.options for s in self.stages if s.name == "pad"), {})
         context = BuildContext(
             stats=stats or PipelineStats(),
@@ -374,23 +378,41 @@ class Pipeline(IterableDataset):
 
     def loader(
         self,
+        num_workers: int = 0,
         *,
         consumer: Consumer | None = None,
         equal_steps: Literal["stop_first", "repeat", "off"] = "stop_first",
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        multiprocessing_context: Any = None,
+        timeout: float = 0,
     ) -> PipelineLoader:
-        """A ``torchdata.nodes.Loader`` over a freshly built graph; one pass per epoch.
+        """The loader to iterate: one pass per epoch, in this process or in ``num_workers`` processes.
 
-        Supports ``state_dict()``/``load_state_dict()`` for mid-epoch resume and ``stats()``.
+        Supports ``state_dict()``/``load_state_dict()`` for exact mid-epoch resume (see
+        :class:`~padpipe.loader.PipelineLoader` for what a state taken at an epoch's end means)
+        and ``stats()``. Each ``iter(loader)`` is the next epoch; no ``set_epoch`` is needed.
+
+        With ``num_workers > 0`` the stages run in that many DataLoader worker processes (each
+        reads its share of this rank's share; tokenizing in parallel), started for each epoch
+        with the epoch set by this process, and their batches come back in a fixed round-robin
+        order, so runs are deterministic and resume is exact. A trailing ``to_cuda``/``prefetch``
+        stage runs here, in the main process.
 
         Under ``torch.distributed``, every rank takes the same number of steps per epoch (token
         budgets give ranks different batch counts, and DDP hangs when one stops early), at the cost
-        of one tiny all-reduce per step (:class:`padpipe.pipes.equal_steps.EqualSteps`).
+        of one tiny all-reduce per step in this process (:class:`padpipe.pipes.equal_steps.EqualSteps`).
 
         Args:
-            consumer: This reader's slot (default: detected from ``torch.distributed``).
+            num_workers: Worker processes; ``0`` runs the stages here (tokenizing in threads).
+            consumer: This reader's rank slot (default: detected from ``torch.distributed``).
             equal_steps: ``"stop_first"``: all ranks stop when the first runs out (the rest is
                 counted as ``equal_steps.dropped_batches``); ``"repeat"``: ranks that ran out
                 repeat their epoch's batches, marked ``"is_repeat"``; ``"off"``: unequal.
+            pin_memory: Pin worker batches in page-locked memory (``num_workers > 0``).
+            prefetch_factor: Batches each worker prepares ahead (``num_workers > 0``; default 2).
+            multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or a context.
+            timeout: Seconds to wait for a worker's batch before raising (0: no limit).
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -398,13 +420,37 @@ class Pipeline(IterableDataset):
             1
         """
         one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
+        if num_workers == 0 and (pin_memory or prefetch_factor is not None or timeout):
+            raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
         stats = PipelineStats()
-        root = self.build(consumer=consumer, stats=stats)
+        if num_workers == 0:
+            root = self.build(consumer=consumer, stats=stats)
+        else:
+            root = self._in_workers(num_workers, consumer, stats, {
+                "pin_memory": pin_memory, "prefetch_factor": prefetch_factor,
+                "multiprocessing_context": multiprocessing_context, "timeout": timeout,
+            })
         if equal_steps != "off":
             from padpipe.pipes.equal_steps import EqualSteps
 
             root = EqualSteps(root, policy=equal_steps, stats=stats)
-        return PipelineLoader(root, stats)
+        return PipelineLoader(track(root), stats, settings={"num_workers": num_workers})
+
+    def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
+        """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).
+
+        ``"off"`` is for frameworks that shard or dispatch batches themselves (e.g. Accelerate's
+        ``dispatch_batches``): every rank then reads the whole epoch, and DataLoader workers of one
+        rank still split it between them, so no row is read twice by one rank.
+
+        Example:
+            >>> pp.from_iterable([{"text": "a"}]).shard("off").sharding
+            'off'
+        """
+        one_of("mode", mode, ("auto", "off"))
+        return dataclasses.replace(self, sharding=mode, _epoch=[0], _managed=[False])
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch the next ``iter(pipe)`` reads (``IterableDataset`` use, as in HF datasets).
@@ -425,7 +471,7 @@ class Pipeline(IterableDataset):
         """
         from padpipe._iterable import PipelineIterator
 
-        return PipelineIterator(self, self._epoch[0])
+        return PipelineIterator(self, self._epoch[0], managed=self._managed[0])
 
     # -- internals --------------------------------------------------------------------------------
     def _expect(self, method: str, *kinds: str) -> None:
@@ -439,4 +485,21 @@ class Pipeline(IterableDataset):
         return getattr(encoder, name, None)
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
-        return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], **changes)
+        return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], _managed=[False],
+                                   **changes)
+
+    def _in_workers(self, num_workers: int, consumer: Consumer | None, stats: PipelineStats,
+                    options: dict[str, Any]) -> BaseNode:
+        """The stages in worker processes; a trailing ``prefetch``/``to_cuda`` stage here, on top."""
+        from padpipe._workers import WorkerProcesses
+
+        options = {k: v for k, v in options.items() if v is not None}
+        last = self.stages[-1] if self.stages and self.stages[-1].builder is _build.prefetch else None
+        in_workers = dataclasses.replace(self, stages=self.stages[:-1]) if last is not None else self
+        root: BaseNode = WorkerProcesses(in_workers, num_workers=num_workers, consumer=consumer,
+                                         ranks=self.sharding == "auto", options=options)
+        if last is not None:
+            context = BuildContext(stats=stats, consumer=consumer, seed=self.seed, pad_to_multiple_of=None,
+                                   pad_to_length=None)
+            root = last.builder(root, context, **last.options)
+        return root

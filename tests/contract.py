@@ -89,26 +89,34 @@ def check_node_resume(
 
 
 def check_loader_resume(make_loader: Callable[[], Any], *, epochs: int = 2, steps: Sequence[int] | None = None) -> None:
-    """Assert that ``loader.load_state_dict(state)`` on a fresh loader continues exactly.
+    """Assert that ``loader.load_state_dict(state)`` on a fresh loader continues exactly, as the ordinary loop.
 
-    States are taken after every batch (or ``steps``) and sent through ``pickle``.
+    States are taken after every batch inside the loop (or at ``steps``) and after each epoch's
+    loop ended, and sent through ``pickle``. A state from inside epoch ``e``'s loop resumes with
+    the rest of epoch ``e`` (nothing, after its last batch), then the later epochs; a state from
+    after the loop resumes with epoch ``e + 1``.
     """
     loader = make_loader()
-    reference: list[Any] = []
-    states: list[bytes] = []
-    for _ in range(epochs):
+    reference: list[list[Any]] = []
+    inside: list[tuple[int, int, bytes]] = []  # (epoch, batches taken in it, state)
+    after: list[bytes] = []
+    for epoch in range(epochs):
+        reference.append([])
         for batch in loader:
-            reference.append(normalize(batch))
-            states.append(pickle.dumps(loader.state_dict()))
-    assert len(reference) >= 2, "the loader yielded fewer than 2 batches"
-    positions = range(len(states)) if steps is None else [s for s in steps if s < len(states)]
+            reference[epoch].append(normalize(batch))
+            inside.append((epoch, len(reference[epoch]), pickle.dumps(loader.state_dict())))
+        after.append(pickle.dumps(loader.state_dict()))
+    assert sum(map(len, reference)) >= 2, "the loader yielded fewer than 2 batches"
+    positions = range(len(inside)) if steps is None else [s for s in steps if s < len(inside)]
     for k in positions:
+        epoch, taken, state = inside[k]
         fresh = make_loader()
-        fresh.load_state_dict(pickle.loads(states[k]))
-        rest: list[Any] = []
-        # the uninterrupted run had len(reference) - (k + 1) batches left over its epochs
-        while len(rest) < len(reference) - (k + 1):
-            got = [normalize(b) for b in fresh]
-            assert got, f"resume after batch {k}: loader ended early"
-            rest.extend(got)
-        assert rest == reference[k + 1 :], f"resume after batch {k} differs"
+        fresh.load_state_dict(pickle.loads(state))
+        assert [normalize(b) for b in fresh] == reference[epoch][taken:], f"resume after batch {k}: rest of epoch {epoch}"
+        for later in range(epoch + 1, epochs):
+            assert [normalize(b) for b in fresh] == reference[later], f"resume after batch {k}: epoch {later} differs"
+    for epoch, state in enumerate(after[:-1]):
+        fresh = make_loader()
+        fresh.load_state_dict(pickle.loads(state))
+        for later in range(epoch + 1, epochs):
+            assert [normalize(b) for b in fresh] == reference[later], f"resume after epoch {epoch}: epoch {later} differs"

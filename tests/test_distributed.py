@@ -1,7 +1,8 @@
-"""Two real ranks (torchrun, gloo on CPU): every row once per epoch, equal steps, no hang.
+"""Two real ranks (torchrun, gloo on CPU) through every loader path: equal steps, every row once, exact resume.
 
-Runs tests/dist_scripts/equal_steps_run.py with ``torch.distributed.run --nproc_per_node=2``; each rank
-writes what it read (through ``DataLoader(pipe, num_workers=2)`` and ``pipe.loader()``) to a JSON file.
+Runs tests/dist_scripts/loaders_run.py with ``torch.distributed.run --nproc_per_node=2`` twice: once
+for the matrix of loaders (each rank writes what it read to JSON), once in fresh processes that
+resume from the states the first run saved with ``torch.save``.
 """
 
 from __future__ import annotations
@@ -11,74 +12,101 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch.distributed as dist
 
-SCRIPT = Path(__file__).parent / "dist_scripts" / "equal_steps_run.py"
-ROWS, GROUP = 160, 10
-WORDS = "the cat sat on a mat and then ran far away".split()
+import padpipe as pp
+
+SCRIPT = Path(__file__).parent / "dist_scripts" / "loaders_run.py"
+UNEVEN_ROWS = 2100
+SAMPLE_ROWS = 20_000
+HELD_BACK = 0.01  # at most 1% of an epoch's rows may be held back by stop_first
 
 
-def write_dataset(path: Path) -> None:
-    """16 row groups of 10 rows; every 4th group has long texts, so rank 0 gets more batches."""
-    with pq.ParquetWriter(str(path), pa.schema([("text", pa.string()), ("rid", pa.int64())])) as writer:
-        for g in range(ROWS // GROUP):
-            words = 50 if g % 4 == 0 else 3
-            rids = list(range(g * GROUP, (g + 1) * GROUP))
-            texts = [" ".join(WORDS[(r + j) % len(WORDS)] for j in range(words)) for r in rids]
-            writer.write_table(pa.table({"text": texts, "rid": rids}))
+def torchrun(mode: str, data: Path, out: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(SCRIPT), mode, str(data), str(out)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=450,
+                              env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun {mode} did not finish in 450 s (a hang?):\n{exc.stdout!s:.3000}{exc.stderr!s:.3000}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
+def runs(tmp_path_factory) -> dict:
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     tmp = tmp_path_factory.mktemp("dist")
-    write_dataset(tmp / "data.parquet")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(SCRIPT), str(tmp / "data.parquet"), str(tmp)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"torchrun did not finish in 120 s (a hang?):\n{(exc.stdout or '')[-3000:]}{(exc.stderr or '')[-3000:]}")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    table = pq.read_table(pp.examples.SAMPLE_PARQUET).slice(0, UNEVEN_ROWS)
+    pq.write_table(table, tmp / "uneven.parquet", row_group_size=700)  # 3 row groups over 2 ranks x 2 workers
+    matrix = torchrun("matrix", tmp, tmp)
+    ranks = [json.loads((tmp / f"matrix-rank{r}.json").read_text()) for r in range(2)]
+    return {"ranks": ranks, "stderr": matrix.stderr, "dir": tmp}
 
 
-def per_epoch(ranks: list[dict], run: str, key: str) -> list[list]:
-    """``[epoch][rank] -> value`` of ``key`` in ``run``."""
-    return [[rank[run][e][key] for rank in ranks] for e in range(len(ranks[0][run]))]
+def epochs(runs: dict, *path: str) -> list[list[dict]]:
+    """``[epoch][rank]`` records of one run."""
+    per_rank = []
+    for rank in runs["ranks"]:
+        for key in path:
+            rank = rank[key]
+        per_rank.append(rank)
+    return [list(e) for e in zip(*per_rank)]
 
 
-@pytest.mark.parametrize("run", ["dataloader_off", "loader_off", "loader_repeat", "dataloader_repeat"])
-def test_distributed_reads_every_row_once_per_epoch(ranks, run):
-    for epoch in per_epoch(ranks, run, "rids"):
-        assert sorted(epoch[0] + epoch[1]) == list(range(ROWS))
+def check_epoch(epoch: list[dict], total: int, *, exact: bool) -> None:
+    assert epoch[0]["steps"] == epoch[1]["steps"], "equal steps on both ranks"
+    seen = epoch[0]["rids"] + epoch[1]["rids"]
+    assert len(seen) == len(set(seen)), "a row was read twice in one epoch"
+    assert set(seen) <= set(range(total))
+    held_back = total - len(set(seen))
+    assert held_back == 0 if exact else held_back <= HELD_BACK * total, f"{held_back} rows held back"
+    dropped = sum(rank.get("skipped", {}).get("equal_steps.dropped_rows", 0) for rank in epoch)
+    if "skipped" in epoch[0]:
+        assert dropped == held_back, "every row held back is counted in stats"
 
 
-@pytest.mark.parametrize("source", ["loader", "dataloader"])
-def test_distributed_equal_steps_stops_every_rank_at_the_first_end(ranks, source):
-    off, stop = per_epoch(ranks, f"{source}_off", "steps"), per_epoch(ranks, f"{source}_stop_first", "steps")
-    dropped = per_epoch(ranks, f"{source}_stop_first", "dropped")
-    off_rids, stop_rids = per_epoch(ranks, f"{source}_off", "rids"), per_epoch(ranks, f"{source}_stop_first", "rids")
-    for e in range(2):
-        assert off[e][0] != off[e][1]  # token budgets made unequal batch counts
-        assert stop[e] == [min(off[e])] * 2
-        assert dropped[e] == [n - min(off[e]) for n in off[e]]
-        assert all(stop_rids[e][r] == off_rids[e][r][: len(stop_rids[e][r])] for r in range(2))
+@pytest.mark.parametrize(("name", "total"), [("uneven", UNEVEN_ROWS), ("sample", SAMPLE_ROWS)])
+def test_loader_with_workers_under_ddp_takes_equal_steps_and_reads_every_row_at_most_once(runs, name, total):
+    records = epochs(runs, "loader_ddp", name)
+    cumulative = [records[0][r]["skipped"].get("equal_steps.dropped_rows", 0) for r in range(2)]
+    check_epoch(records[0], total, exact=False)
+    assert records[0][0]["rids"] != records[1][0]["rids"], "epochs differ"
+    # stats accumulate over the loader's life: the second epoch's drops are the difference
+    second = [dict(r, skipped={"equal_steps.dropped_rows": r["skipped"].get("equal_steps.dropped_rows", 0) - c})
+              for r, c in zip(records[1], cumulative)]
+    check_epoch(second, total, exact=False)
 
 
-@pytest.mark.parametrize("source", ["loader", "dataloader"])
-def test_distributed_equal_steps_repeats_until_the_last_rank_ends(ranks, source):
-    off, steps = per_epoch(ranks, f"{source}_off", "steps"), per_epoch(ranks, f"{source}_repeat", "steps")
-    repeats = per_epoch(ranks, f"{source}_repeat", "repeats")
-    for e in range(len(steps)):
-        assert steps[e] == [max(off[e])] * 2
-        assert repeats[e] == [max(off[e]) - n for n in off[e]]
+@pytest.mark.parametrize("workers", ["persistent", "fresh"])
+@pytest.mark.parametrize("policy", ["stop_first", "repeat", "off"])
+def test_dataloader_with_equal_steps_reads_every_row_once_per_epoch(runs, policy, workers):
+    records = epochs(runs, "dataloader", f"{policy}-{workers}")
+    assert len(records) == 3
+    for epoch in records:
+        if policy == "off":
+            seen = epoch[0]["rids"] + epoch[1]["rids"]
+            assert sorted(seen) == list(range(UNEVEN_ROWS))
+        else:
+            check_epoch(epoch, UNEVEN_ROWS, exact=policy == "repeat")
+    assert records[0][0]["rids"] != records[1][0]["rids"] != records[2][0]["rids"], "epochs differ"
 
 
-def test_distributed_equal_steps_resumes_exactly_on_every_rank(ranks):
-    for rank in ranks:
-        assert rank["resume"] == {"stop_first": [True] * 4, "repeat": [True] * 4}
+def test_plain_dataloader_under_ddp_warns_about_the_hang(runs):
+    assert runs["ranks"][0]["plain_rows"] > 0
+    assert "pipe.loader(num_workers=N)" in runs["stderr"] and "pp.equal_steps(dataloader)" in runs["stderr"]
+    assert runs["stderr"].count("DDP hangs at the end of an epoch") == 1  # rank 0's first worker only
+
+
+@pytest.mark.xfail(strict=True, reason="until loader states are plain data (torch.load weights_only=True)")
+def test_loader_with_workers_resumes_from_a_torch_saved_state_in_fresh_processes(runs):
+    torchrun("resume", runs["dir"], runs["dir"])
+    for rank in range(2):
+        resumed = json.loads((runs["dir"] / f"resume-rank{rank}.json").read_text())["resumed"]
+        saved = runs["ranks"][rank]["saved"]
+        assert saved[0], "batches were left after the save"
+        assert resumed == saved

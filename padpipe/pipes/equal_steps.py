@@ -1,15 +1,17 @@
-"""Equal steps on every rank: agree each step, across ranks, whether the epoch goes on.
+"""Equal steps on every rank: agree each step, across ranks, how the epoch goes on.
 
 Token-budget batches make a different number of batches on each rank, and DDP hangs at the end
 of an epoch when one rank stops while the others wait in a collective. :class:`EqualSteps` (and
 :func:`equal_steps` for a ``DataLoader``) all-reduce one tiny int tensor per step, so every rank
-takes the same number of steps.
+takes the same number of steps. With ``"stop_first"`` (the default) a rank about to run out while
+others still have batches splits its last batch in two, as often as needed, so ranks end together
+and (nearly) nothing is held back; ``"repeat"`` replays batches marked ``"is_repeat"`` instead.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torchdata.nodes import BaseNode
@@ -23,11 +25,14 @@ logger = logging.getLogger(__name__)
 POLICIES = ("stop_first", "repeat", "off")
 REPEAT_KEY = "is_repeat"
 DROPPED = "equal_steps.dropped_batches"
+DROPPED_ROWS = "equal_steps.dropped_rows"
 REPEATED = "equal_steps.repeated_batches"
+SPLIT = "equal_steps.split_batches"
+REPEAT_BUFFER = 8  # batches :func:`equal_steps` keeps per epoch to repeat on a rank that ran out
 
 
 class StepSync:
-    """One all-reduce per step: does any rank have a fresh batch, has any run out, is any stuck.
+    """One all-reduce per step: the most and fewest batches any rank holds, and whether one is stuck.
 
     The tensor lives on the backend's device: the current CUDA device for NCCL, else the CPU.
     """
@@ -39,14 +44,14 @@ class StepSync:
         backend = str(dist.get_backend(group))
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
-    def agree(self, fresh: bool, stuck: bool) -> tuple[bool, bool, bool]:
-        """``(any rank fresh, any rank out, any rank stuck)`` over the group."""
+    def agree(self, held: int, stuck: bool) -> tuple[int, int, bool]:
+        """``(most held, fewest held, any rank stuck)`` over the group."""
         import torch.distributed as dist
 
-        flags = torch.tensor([fresh, not fresh, stuck], dtype=torch.int32, device=self.device)
+        flags = torch.tensor([held, -held, stuck], dtype=torch.int32, device=self.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        any_fresh, any_out, any_stuck = flags.tolist()
-        return bool(any_fresh), bool(any_out), bool(any_stuck)
+        most, least, any_stuck = flags.tolist()
+        return most, -least, bool(any_stuck)
 
 
 def detect_sync(group: Any = None) -> StepSync | None:
@@ -59,46 +64,128 @@ def detect_sync(group: Any = None) -> StepSync | None:
     return StepSync(group) if dist.get_world_size(group) > 1 else None
 
 
-def should_stop(policy: str, any_fresh: bool, any_out: bool, any_stuck: bool) -> bool:
-    """``stop_first``: stop once any rank is out; ``repeat``: once all are, or one has nothing to repeat."""
-    if policy == "stop_first":
-        return any_out
-    return not any_fresh or any_stuck
+def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Cut a dict batch of ``B >= 2`` rows into two (rows ``[:B//2]`` and ``[B//2:]``), or ``None``.
+
+    Tensors and lists whose first dimension is ``B`` are cut; 0-d tensors and plain scalars are
+    kept in both halves. A batch with anything else (e.g. a packed batch's ``cu_seqlens``) is not
+    cut.
+
+    Example:
+        >>> halves = split_batch({"input_ids": torch.ones(3, 2), "text": ["a", "b", "c"], "k": 1})
+        >>> [h["text"] for h in halves], halves[1]["input_ids"].shape
+        ([['a'], ['b', 'c']], torch.Size([2, 2]))
+    """
+    if not isinstance(batch, dict):
+        return None
+    rows = rows_of(batch)
+    if rows is None or rows < 2:
+        return None
+    cut, first, second = rows // 2, {}, {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 or isinstance(value, (list, tuple)):
+            if len(value) != rows:
+                return None
+            first[key], second[key] = value[:cut], value[cut:]
+        elif isinstance(value, (torch.Tensor, int, float, str, bool)) or value is None:
+            first[key] = second[key] = value
+        else:
+            return None
+    return first, second
+
+
+def rows_of(batch: Any) -> int | None:
+    """Rows of a dict batch (the first dimension of its first tensor), else ``None``."""
+    if not isinstance(batch, dict):
+        return None
+    return next((len(v) for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0), None)
 
 
 def _mark(item: Any, repeat: bool) -> Any:
     return {**item, REPEAT_KEY: torch.tensor(repeat)} if isinstance(item, dict) else item
 
 
-class _DropLog:
-    def __init__(self, stats: PipelineStats) -> None:
-        self.stats, self.logged = stats, False
+class _Lockstep:
+    """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow.
 
-    def dropped(self, count: int, step: int) -> None:
-        self.stats.record_skip(DROPPED, count)
-        if count and not self.logged:
-            self.logged = True
+    Each step every rank holds up to two batches read ahead (one under ``"repeat"``) and the
+    group agrees on the most and fewest held. Nobody holds any: the epoch ends. Someone holds
+    none: ``"stop_first"`` ends the epoch (the rest is dropped and counted), ``"repeat"`` lets the
+    ranks that ran out replay. Otherwise every rank yields one; under ``"stop_first"`` a rank
+    down to its last batch while another holds two splits it and yields the first half.
+    """
+
+    def __init__(self, policy: str, sync: Any, stats: PipelineStats) -> None:
+        self.policy, self.sync, self.stats = policy, sync, stats
+        self.held: list[Any] = []
+        self.fresh = self.steps = 0
+        self.exhausted = self.stopped = False
+        self._logged = False
+
+    def step(self, pull: Callable[[], Any], replay: Callable[[], Any], drain: Callable[[], Iterator[Any]]) -> Any:
+        """The next item of this rank's epoch; ``StopIteration`` when the group ends it."""
+        if self.stopped:
+            raise StopIteration
+        depth = 2 if self.policy == "stop_first" else 1
+        while not self.exhausted and len(self.held) < depth:
+            item = pull()
+            if item is None:
+                self.exhausted = True
+            else:
+                self.held.append(item)
+        held = len(self.held)
+        most, least, stuck = self.sync.agree(held, held == 0 and self.fresh == 0)
+        if most == 0 or (least == 0 and (self.policy == "stop_first" or stuck)):
+            self.stopped = True
+            self._drop([*self.held, *drain()])
+            raise StopIteration
+        self.steps += 1
+        if held == 0:  # "repeat", and another rank still has batches
+            self.stats.add(REPEATED, 1)
+            return _mark(replay(), True)
+        self.fresh += 1
+        if self.policy == "stop_first" and held == 1 and most >= 2:
+            halves = split_batch(self.held[0])
+            if halves is not None:
+                self.stats.add(SPLIT, 1)
+                self.held[0] = halves[1]
+                return halves[0]
+        item = self.held.pop(0)
+        return _mark(item, False) if self.policy == "repeat" else item
+
+    def _drop(self, items: list[Any]) -> None:
+        if not items:
+            return
+        self.stats.record_skip(DROPPED, len(items))
+        self.stats.record_skip(DROPPED_ROWS, sum(rows_of(b) or 0 for b in items))
+        if not self._logged:
+            self._logged = True
             logger.warning(
                 "equal_steps: this rank dropped its last %d batch(es) so that every rank stops at step %d "
-                "(counted in stats as %r; logged once).", count, step, DROPPED,
+                "(counted in stats as %r; logged once).", len(items), self.steps, DROPPED,
             )
 
 
 class EqualSteps(BaseNode[Any]):
     """Make every distributed rank take the same number of steps per epoch.
 
-    Each ``next()`` all-reduces whether this rank still has a batch. ``"stop_first"`` ends the
-    epoch on every rank at the step where the first rank runs out; the batches the other ranks
-    had left are read, dropped and counted as ``equal_steps.dropped_batches`` (logged once).
-    ``"repeat"`` lets ranks that ran out re-yield their epoch's batches from the start (re-read
-    from the epoch's start state) until the last rank finishes; every dict batch then carries
-    ``"is_repeat"`` (a bool tensor; pop it before ``model(**batch)``, and zero the loss of
-    repeats to keep each sample's weight). A rank with no batch at all in the epoch cannot
-    repeat, so then every rank stops as with ``"stop_first"``. ``"off"`` and runs without
-    ``torch.distributed`` (or with one rank, or inside a DataLoader worker) pass batches through.
+    Each ``next()`` all-reduces how many batches this rank holds read ahead. ``"stop_first"``
+    ends the epoch on every rank at the same step: a rank down to its last batch while another
+    still holds two splits that batch in two (rows ``[:B//2]`` and the rest, see
+    :func:`split_batch`) and yields the first half, as often as needed, so ranks end together and
+    nothing is held back unless a rank runs out of rows to split (or its batches cannot be split,
+    e.g. packed ones); what is left then is read, dropped and counted as
+    ``equal_steps.dropped_batches`` / ``equal_steps.dropped_rows`` (logged once), splits as
+    ``equal_steps.split_batches``. ``"repeat"`` lets ranks that ran out re-yield their epoch's
+    batches from the start (re-read from the epoch's start state) until the last rank finishes;
+    every dict batch then carries ``"is_repeat"`` (a bool tensor; pop it before
+    ``model(**batch)``, and zero the loss of repeats to keep each sample's weight). A rank with
+    no batch at all in the epoch cannot repeat, so then every rank stops as with
+    ``"stop_first"``. ``"off"`` and runs without ``torch.distributed`` (or with one rank, or
+    inside a DataLoader worker) pass batches through.
 
-    The state holds the upstream state and the flags, so resume is exact on every rank when all
-    ranks save at the same step.
+    The state holds the upstream state, the batches read ahead and the counts, so resume is
+    exact on every rank when all ranks save at the same step.
 
     Args:
         source: The pipeline's last node.
@@ -112,7 +199,9 @@ class EqualSteps(BaseNode[Any]):
         [{'x': 1, 'is_repeat': tensor(False)}]
     """
 
-    VERSION = 1
+    VERSION = 2
+    HELD_KEY = "held"
+    EXHAUSTED_KEY = "exhausted"
     STOPPED_KEY = "stopped"
     FRESH_KEY = "fresh"
     STEPS_KEY = "steps"
@@ -125,7 +214,6 @@ class EqualSteps(BaseNode[Any]):
         one_of("policy", policy, POLICIES)
         self.source, self.policy, self.group = source, policy, group
         self.stats = stats or PipelineStats()
-        self._log = _DropLog(self.stats)
         self._sync: StepSync | None = None
         self._detected = False
 
@@ -134,55 +222,45 @@ class EqualSteps(BaseNode[Any]):
         if not self._detected:
             self._sync = detect_sync(self.group) if self.policy != "off" else None
             self._detected = True
+        self._step = _Lockstep(self.policy, self._sync, self.stats)
         if initial_state is None:
             self.source.reset(None)
-            self._stopped, self._fresh, self._steps, self._replaying = False, 0, 0, False
+            self._replaying = False
             self._start = self.source.state_dict() if self.policy == "repeat" and self._sync else None
             return
         check_state("EqualSteps", initial_state, version=self.VERSION, settings={"policy": self.policy})
         self.source.reset(initial_state[SOURCE_KEY])
-        self._stopped, self._fresh = initial_state[self.STOPPED_KEY], initial_state[self.FRESH_KEY]
-        self._steps, self._replaying = initial_state[self.STEPS_KEY], initial_state[self.REPLAYING_KEY]
-        self._start = initial_state[self.START_KEY]
+        step = self._step
+        step.held = list(initial_state[self.HELD_KEY])
+        step.exhausted, step.stopped = initial_state[self.EXHAUSTED_KEY], initial_state[self.STOPPED_KEY]
+        step.fresh, step.steps = initial_state[self.FRESH_KEY], initial_state[self.STEPS_KEY]
+        self._replaying, self._start = initial_state[self.REPLAYING_KEY], initial_state[self.START_KEY]
 
     def next(self) -> Any:
-        if self._stopped:
-            raise StopIteration
         if self._sync is None:
             item = next(self.source)
             return _mark(item, False) if self.policy == "repeat" else item
-        item = None
-        if not self._replaying:
-            try:
-                item = next(self.source)
-            except StopIteration:
-                pass
-        fresh = item is not None
-        any_fresh, any_out, any_stuck = self._sync.agree(fresh, not fresh and self._fresh == 0)
-        if should_stop(self.policy, any_fresh, any_out, any_stuck):
-            self._stopped = True
-            if fresh:
-                self._log.dropped(1 + sum(1 for _ in self.source), self._steps)
-            raise StopIteration
-        self._steps += 1
-        if fresh:
-            self._fresh += 1
-            return _mark(item, False) if self.policy == "repeat" else item
-        return _mark(self._replay(), True)
+        return self._step.step(self._pull, self._replay, lambda: iter(self.source))
 
     def get_state(self) -> dict[str, Any]:
+        step = self._step
         return make_state(
             version=self.VERSION,
             settings={"policy": self.policy},
             **{
                 SOURCE_KEY: self.source.state_dict(),
-                self.STOPPED_KEY: self._stopped,
-                self.FRESH_KEY: self._fresh,
-                self.STEPS_KEY: self._steps,
+                self.HELD_KEY: list(step.held),
+                self.EXHAUSTED_KEY: step.exhausted,
+                self.STOPPED_KEY: step.stopped,
+                self.FRESH_KEY: step.fresh,
+                self.STEPS_KEY: step.steps,
                 self.REPLAYING_KEY: self._replaying,
                 self.START_KEY: self._start,
             },
         )
+
+    def _pull(self) -> Any:
+        return next(self.source, None)
 
     def _replay(self) -> Any:
         """The next batch of this epoch again, from its start state (wrapping around)."""
@@ -190,12 +268,10 @@ class EqualSteps(BaseNode[Any]):
             self.source.reset(self._start)
             self._replaying = True
         try:
-            item = next(self.source)
+            return next(self.source)
         except StopIteration:
             self.source.reset(self._start)
-            item = next(self.source)
-        self.stats.add(REPEATED, 1)
-        return item
+            return next(self.source)
 
 
 def equal_steps(iterable: Iterable[Any], policy: str = "stop_first", *, stats: PipelineStats | None = None,
@@ -203,16 +279,18 @@ def equal_steps(iterable: Iterable[Any], policy: str = "stop_first", *, stats: P
     """One epoch of ``iterable`` with the same number of steps on every rank (all-reduce in this process).
 
     For ``DataLoader(pipe, batch_size=None, num_workers=N)``, whose workers cannot join the
-    trainer's collectives. Policies as in :class:`EqualSteps`; with ``"repeat"`` a rank that ran
-    out iterates ``iterable`` again (a ``DataLoader`` over a pipeline without persistent workers
-    reads the same epoch again, as set with ``pipe.set_epoch``). Dropped batches are drained from
-    the iterator, counted in ``stats`` and logged once. Without ``torch.distributed`` it yields
-    ``iterable`` unchanged (dict batches marked ``"is_repeat"`` under ``"repeat"``).
+    trainer's collectives (``pipe.loader(num_workers=N)`` has this built in). Policies as in
+    :class:`EqualSteps`, except that under ``"repeat"`` a rank that ran out repeats, in turn,
+    the first ``REPEAT_BUFFER`` (8) batches of its epoch, kept in memory: the DataLoader is not
+    iterated again, so persistent and non-persistent workers alike read every row once per epoch.
+    Dropped batches are drained from the iterator, counted in ``stats`` and logged once. Without
+    ``torch.distributed`` it yields ``iterable`` unchanged (dict batches marked ``"is_repeat"``
+    under ``"repeat"``).
 
     Args:
         iterable: One epoch of batches, e.g. a ``DataLoader``.
         policy: ``"stop_first"``, ``"repeat"`` or ``"off"``.
-        stats: Where to count dropped and repeated batches (default: a private counter).
+        stats: Where to count dropped, split and repeated batches (default: a private counter).
         group: The process group to agree in (default: the whole world).
 
     Example:
@@ -224,29 +302,33 @@ def equal_steps(iterable: Iterable[Any], policy: str = "stop_first", *, stats: P
 
 
 def _equal_steps(iterable: Iterable[Any], policy: str, stats: PipelineStats, group: Any) -> Iterator[Any]:
+    _mark_managed(iterable)
     sync = detect_sync(group) if policy != "off" else None
     if sync is None:
         yield from (_mark(b, False) for b in iterable) if policy == "repeat" else iterable
         return
-    log, it, fresh_count, steps, replay = _DropLog(stats), iter(iterable), 0, 0, None
+    it, lockstep, first = iter(iterable), _Lockstep(policy, sync, stats), []
+
+    def pull() -> Any:
+        item = next(it, None)
+        if item is not None and policy == "repeat" and len(first) < REPEAT_BUFFER:
+            first.append(item)
+        return item
+
+    def replay() -> Any:
+        return first[(lockstep.steps - lockstep.fresh - 1) % len(first)]
+
     while True:
-        item = next(it, None) if replay is None else None
-        fresh = item is not None
-        any_fresh, any_out, any_stuck = sync.agree(fresh, not fresh and fresh_count == 0)
-        if should_stop(policy, any_fresh, any_out, any_stuck):
-            if fresh:
-                log.dropped(1 + sum(1 for _ in it), steps)
+        try:
+            yield lockstep.step(pull, replay, lambda: it)
+        except StopIteration:
             return
-        steps += 1
-        if fresh:
-            fresh_count += 1
-            yield _mark(item, False) if policy == "repeat" else item
-            continue
-        item = next(replay, None) if replay is not None else None
-        if item is None:  # start (or wrap) the repeat pass
-            replay = iter(iterable)
-            item = next(replay, None)
-            if item is None:
-                raise RuntimeError("equal_steps(policy='repeat'): iterating `iterable` again yielded nothing to repeat.")
-        stats.add(REPEATED, 1)
-        yield _mark(item, True)
+
+
+def _mark_managed(iterable: Iterable[Any]) -> None:
+    """Tell a DataLoader's pipeline that steps are kept equal here (no hang warning in its workers)."""
+    from padpipe.pipeline import Pipeline
+
+    dataset = getattr(iterable, "dataset", None)
+    if isinstance(dataset, Pipeline):
+        dataset._managed[0] = True

@@ -1,92 +1,146 @@
-"""EqualSteps and equal_steps(): the per-step agreement, with a simulated second rank.
+"""EqualSteps and equal_steps(): the per-step agreement, with ranks simulated by threads.
 
-The real all-reduce runs in tests/test_distributed.py; here ``detect_sync`` is replaced by a fake
-that answers as if one other rank had ``other`` batches this epoch.
+The real all-reduce runs under torchrun in tests/test_distributed.py; here each rank is a thread
+and ``detect_sync`` is replaced by a fake group whose ``agree`` meets the other threads at a
+barrier, so the ranks really run in lockstep as they do under ``torch.distributed``.
 """
 
 from __future__ import annotations
 
+import pickle
+import threading
+from typing import Any, Callable
+
 import pytest
 import torch
-from torchdata.nodes import IterableWrapper
 
 import padpipe as pp
 from padpipe.pipes import equal_steps as es
-from padpipe.pipes.equal_steps import EqualSteps
+from padpipe.pipes.equal_steps import EqualSteps, split_batch
 from padpipe.stats import PipelineStats
-from tests.contract import check_node_resume
+from tests.contract import normalize
 from tests.pipes.nodes import ListNode
 
 
-class FakeSync:
-    """Another rank with ``other`` batches; the step is read from ``step()`` (the node's own count)."""
+class ThreadGroup:
+    """A fake process group of ``size`` threads: ``agree`` all-reduces (max, min, any) at a barrier."""
 
-    def __init__(self, other: int, step=None) -> None:
-        self.other, self.calls, self.step = other, 0, step
+    def __init__(self, size: int) -> None:
+        self.size, self.values = size, [None] * size
+        self.barrier = threading.Barrier(size, timeout=10)
+        self.rank = threading.local()
 
-    def agree(self, fresh: bool, stuck: bool) -> tuple[bool, bool, bool]:
-        step = self.step() if self.step is not None else self.calls
-        self.calls += 1
-        other_fresh = step < self.other
-        return fresh or other_fresh, not fresh or not other_fresh, stuck or (not other_fresh and self.other == 0)
-
-
-def items(n: int) -> list[dict]:
-    return [{"x": torch.tensor(i)} for i in range(n)]
-
-
-def make_node(monkeypatch, mine: int, other: int, policy: str, stats: PipelineStats | None = None) -> EqualSteps:
-    holder: dict = {}
-    monkeypatch.setattr(es, "detect_sync", lambda group=None: FakeSync(other, lambda: holder["node"]._steps))
-    holder["node"] = EqualSteps(ListNode(items(mine)), policy=policy, stats=stats)
-    return holder["node"]
+    def agree(self, held: int, stuck: bool) -> tuple[int, int, bool]:
+        self.values[self.rank.value] = (held, stuck)
+        self.barrier.wait()
+        values = list(self.values)
+        self.barrier.wait()
+        return max(v[0] for v in values), min(v[0] for v in values), any(v[1] for v in values)
 
 
-def xs(batches: list[dict]) -> list[tuple[int, bool | None]]:
-    return [(int(b["x"]), None if "is_repeat" not in b else bool(b["is_repeat"])) for b in batches]
+def run_ranks(monkeypatch, work: list[Callable[[], Any]]) -> list[Any]:
+    """Run ``work[r]()`` as rank ``r`` of a thread group; their results, by rank."""
+    group = ThreadGroup(len(work))
+    monkeypatch.setattr(es, "detect_sync", lambda g=None: group)
+    results: list[Any] = [None] * len(work)
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        group.rank.value = rank
+        try:
+            results[rank] = work[rank]()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(work))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def batches(rank: int, sizes: list[int]) -> list[dict]:
+    """Dict batches of the given row counts; row ids ``rank * 1000 + i`` are unique over ranks."""
+    out, start = [], rank * 1000
+    for n in sizes:
+        out.append({"rid": torch.arange(start, start + n), "text": [f"r{i}" for i in range(start, start + n)]})
+        start += n
+    return out
+
+
+def rids(items: list[dict]) -> list[int]:
+    return [r for b in items if not bool(b.get("is_repeat", False)) for r in b["rid"].tolist()]
+
+
+def epochs_of(node: EqualSteps, epochs: int) -> list[list[dict]]:
+    out = []
+    for _ in range(epochs):
+        node.reset(None)
+        out.append(list(node))
+    return out
 
 
 def test_equal_steps_works(monkeypatch):
-    stats = PipelineStats()
-    node = make_node(monkeypatch, 5, 3, "stop_first", stats)
-    for _ in range(2):
-        node.reset(None)
-        assert xs(list(node)) == [(0, None), (1, None), (2, None)]
-    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 4}
+    """Rank 1 has 2 batches fewer: it splits its last batch until both end together; nothing is dropped."""
+    stats = [PipelineStats(), PipelineStats()]
+    sizes = [[8, 8, 8, 8], [8, 8]]
+    nodes = [EqualSteps(ListNode(batches(r, sizes[r])), stats=stats[r]) for r in range(2)]
+    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 2) for r in range(2)])
+    for epoch in range(2):
+        steps = [len(result[r][epoch]) for r in range(2)]
+        assert steps == [4, 4]
+        assert [len(b["rid"]) for b in result[1][epoch]] == [8, 4, 2, 2]
+        for r in range(2):
+            assert rids(result[r][epoch]) == [x for b in batches(r, sizes[r]) for x in b["rid"].tolist()]
+    assert stats[1].snapshot().counters == {"equal_steps.split_batches": 4}
+    assert stats[0].snapshot().skipped == stats[1].snapshot().skipped == {}
 
 
-def test_equal_steps_works_when_this_rank_runs_out_first(monkeypatch):
+def test_equal_steps_drops_what_cannot_be_split_and_counts_it(monkeypatch):
     stats = PipelineStats()
-    node = make_node(monkeypatch, 3, 5, "stop_first", stats)
-    assert xs(list(node)) == [(0, None), (1, None), (2, None)]
-    assert stats.snapshot().skipped == {}
+    sizes = [[2, 2, 2, 2, 2], [1]]
+    nodes = [EqualSteps(ListNode(batches(r, sizes[r])), stats=s) for r, s in enumerate([stats, PipelineStats()])]
+    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 1)[0] for r in range(2)])
+    assert [len(result[r]) for r in range(2)] == [1, 1]
+    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 4, "equal_steps.dropped_rows": 8}
 
 
 def test_equal_steps_repeats_the_epoch_until_the_last_rank_finishes(monkeypatch):
     stats = PipelineStats()
-    node = make_node(monkeypatch, 3, 7, "repeat", stats)
-    expected = [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True), (0, True)]
-    for _ in range(2):
-        node.reset(None)
-        assert xs(list(node)) == expected
+    sizes = [[3, 3, 3], [3] * 7]
+    nodes = [EqualSteps(ListNode(batches(r, sizes[r])), policy="repeat", stats=s)
+             for r, s in enumerate([stats, PipelineStats()])]
+    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 2) for r in range(2)])
+    for epoch in range(2):
+        assert [len(result[r][epoch]) for r in range(2)] == [7, 7]
+        flags = [bool(b["is_repeat"]) for b in result[0][epoch]]
+        assert flags == [False] * 3 + [True] * 4
+        assert [b["rid"][0].item() for b in result[0][epoch][3:]] == [0, 3, 6, 0]  # the epoch from its start
+        assert rids(result[1][epoch]) == list(range(1000, 1021))
     assert stats.snapshot().counters == {"equal_steps.repeated_batches": 8}
-    node = make_node(monkeypatch, 4, 2, "repeat")
-    assert xs(list(node)) == [(0, False), (1, False), (2, False), (3, False)]
 
 
 def test_equal_steps_stops_every_rank_when_one_has_nothing_to_repeat(monkeypatch):
     stats = PipelineStats()
-    assert list(make_node(monkeypatch, 3, 0, "repeat", stats)) == []
-    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 3}
-    assert list(make_node(monkeypatch, 0, 3, "repeat")) == []
+    nodes = [EqualSteps(ListNode(batches(0, [3, 3, 3])), policy="repeat", stats=stats),
+             EqualSteps(ListNode([]), policy="repeat")]
+    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 1)[0] for r in range(2)])
+    assert result == [[], []]
+    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 3, "equal_steps.dropped_rows": 9}
 
 
 def test_equal_steps_passes_items_through_without_distributed():
     assert torch.distributed.is_initialized() is False
-    node = EqualSteps(IterableWrapper(["a", "b"]), policy="stop_first")
+    node = EqualSteps(ListNode(["a", "b"]), policy="stop_first")
+    node.reset()
     assert list(node) == ["a", "b"]
-    assert xs(list(EqualSteps(ListNode(items(2)), policy="repeat"))) == [(0, False), (1, False)]
-    assert xs(list(EqualSteps(ListNode(items(2)), policy="off"))) == [(0, None), (1, None)]
+    node = EqualSteps(ListNode(batches(0, [1, 1])), policy="repeat")
+    node.reset()
+    assert [bool(b["is_repeat"]) for b in node] == [False, False]
 
 
 def test_equal_steps_raises_error_when_policy_is_unknown():
@@ -98,33 +152,94 @@ def test_equal_steps_raises_error_when_policy_is_unknown():
         pp.from_iterable([{"text": "a"}]).loader(equal_steps="x")
 
 
-def test_equal_steps_raises_error_when_state_has_another_policy(monkeypatch):
-    state = make_node(monkeypatch, 3, 2, "stop_first").state_dict()
+def test_equal_steps_raises_error_when_state_has_another_policy():
+    node = EqualSteps(ListNode([1]), policy="stop_first")
+    node.reset()
     with pytest.raises(pp.StateMismatchError, match=r"^EqualSteps state .*setting 'policy' found 'stop_first' instead of 'repeat'\.$"):
-        make_node(monkeypatch, 3, 2, "repeat").reset(state)
+        EqualSteps(ListNode([1]), policy="repeat").reset(node.state_dict())
 
 
-@pytest.mark.parametrize(("policy", "mine", "other"), [("stop_first", 5, 3), ("repeat", 3, 8), ("repeat", 4, 2)])
-def test_equal_steps_saves_and_restores_its_state(monkeypatch, policy, mine, other):
-    check_node_resume(lambda: make_node(monkeypatch, mine, other, policy), epochs=2)
+@pytest.mark.parametrize(("policy", "sizes"), [("stop_first", [[4, 4, 4, 4], [4, 4]]),
+                                               ("stop_first", [[4, 4], [4, 4, 4, 4]]),
+                                               ("repeat", [[2, 2], [2, 2, 2, 2, 2]])])
+def test_equal_steps_saves_and_restores_its_state(monkeypatch, policy, sizes):
+    """Both ranks save at every step; both resumed from step k continue exactly, over two epochs."""
+    def make(rank: int) -> EqualSteps:
+        return EqualSteps(ListNode(batches(rank, sizes[rank])), policy=policy)
+
+    def reference(rank: int) -> list[tuple[list, list]]:
+        """Per epoch: the items, and the state before each item and after the last."""
+        node, out = make(rank), []
+        for _ in range(2):
+            node.reset(None)
+            items, states = [], [pickle.dumps(node.state_dict())]
+            for item in node:
+                items.append(normalize(item))
+                states.append(pickle.dumps(node.state_dict()))
+            out.append((items, states))
+        return out
+
+    ref = run_ranks(monkeypatch, [lambda r=r: reference(r) for r in range(2)])
+    for epoch in range(2):
+        assert len(ref[0][epoch][1]) == len(ref[1][epoch][1])  # equal steps
+        for k in range(len(ref[0][epoch][1])):
+            def resume(rank: int, epoch: int = epoch, k: int = k) -> list:
+                node = make(rank)
+                node.reset(pickle.loads(ref[rank][epoch][1][k]))
+                out = [[normalize(i) for i in node]]
+                for _ in range(epoch + 1, 2):
+                    node.reset(None)
+                    out.append([normalize(i) for i in node])
+                return out
+
+            got = run_ranks(monkeypatch, [lambda r=r: resume(r) for r in range(2)])
+            for rank in range(2):
+                expected = [ref[rank][epoch][0][k:]] + [ref[rank][e][0] for e in range(epoch + 1, 2)]
+                assert got[rank] == expected, f"rank {rank} resumed at epoch {epoch} step {k}"
 
 
 def test_equal_steps_helper_works(monkeypatch):
-    monkeypatch.setattr(es, "detect_sync", lambda group=None: FakeSync(3))
     stats = PipelineStats()
-    assert xs(pp.equal_steps(items(5), stats=stats)) == [(0, None), (1, None), (2, None)]
-    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 2}
-    expected = [(0, False), (1, False), (0, True)]
-    assert xs(pp.equal_steps(items(2), "repeat", stats=stats)) == expected
-    assert stats.snapshot().counters == {"equal_steps.repeated_batches": 1}
-    assert xs(pp.equal_steps(items(5), "off")) == [(i, None) for i in range(5)]
-    monkeypatch.setattr(es, "detect_sync", lambda group=None: None)
-    assert xs(pp.equal_steps(items(2), "repeat")) == [(0, False), (1, False)]
+    result = run_ranks(monkeypatch, [lambda: list(pp.equal_steps(batches(0, [6, 6, 6]), stats=stats)),
+                                     lambda: list(pp.equal_steps(batches(1, [6])))])
+    assert [len(b["rid"]) for b in result[1]] == [3, 1, 2]
+    assert [len(r) for r in result] == [3, 3] and stats.snapshot().skipped == {}
+    result = run_ranks(monkeypatch, [lambda: list(pp.equal_steps(batches(0, [2] * 12), "repeat", stats=stats)),
+                                     lambda: list(pp.equal_steps(batches(1, [2] * 2), "repeat"))])
+    assert [len(r) for r in result] == [12, 12]
+    assert [bool(b["is_repeat"]) for b in result[1]] == [False] * 2 + [True] * 10
+    assert rids(result[1]) == list(range(1000, 1004))
+
+
+def test_equal_steps_helper_repeats_from_memory_not_by_iterating_again(monkeypatch):
+    """A DataLoader with persistent workers starts its next epoch on a second iter(): never re-iterate."""
+    class OneShot:
+        def __init__(self, items):
+            self.items, self.passes = items, 0
+
+        def __iter__(self):
+            self.passes += 1
+            return iter(self.items)
+
+    short = OneShot(batches(1, [2] * 3))
+    result = run_ranks(monkeypatch, [lambda: list(pp.equal_steps(batches(0, [2] * 20), "repeat")),
+                                     lambda: list(pp.equal_steps(short, "repeat"))])
+    assert short.passes == 1
+    assert [b["rid"][0].item() for b in result[1][3:6]] == [1000, 1002, 1004]
+
+
+def test_split_batch_keeps_scalars_and_refuses_what_it_cannot_cut():
+    halves = split_batch({"input_ids": torch.zeros(5, 3), "is_repeat": torch.tensor(False), "n": 2})
+    assert [h["input_ids"].shape[0] for h in halves] == [2, 3]
+    assert all(h["n"] == 2 and h["is_repeat"].dim() == 0 for h in halves)
+    assert split_batch({"input_ids": torch.zeros(1, 3)}) is None
+    assert split_batch({"input_ids": torch.zeros(4, 3), "cu_seqlens": torch.tensor([0, 3, 9])}) is None
+    assert split_batch(["not", "a", "dict"]) is None
 
 
 def test_loader_wraps_the_pipeline_in_equal_steps():
     pipe = pp.from_iterable([{"text": "a b"}, {"text": "c"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
     assert isinstance(pipe.loader().root, EqualSteps)
     assert not isinstance(pipe.loader(equal_steps="off").root, EqualSteps)
-    batches = list(pipe.loader(equal_steps="repeat"))
-    assert [bool(b["is_repeat"]) for b in batches] == [False, False]
+    batches_ = list(pipe.loader(equal_steps="repeat"))
+    assert [bool(b["is_repeat"]) for b in batches_] == [False, False]

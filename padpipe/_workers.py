@@ -1,0 +1,137 @@
+"""Run a pipeline in DataLoader worker processes, as one resumable node of the main process.
+
+:class:`WorkerProcesses` drives a ``torchdata`` ``StatefulDataLoader`` over the pipeline (each
+worker reads its own share: rank x worker) and yields the workers' batches in the loader's fixed
+round-robin order. The main process owns the epoch: workers are started for each epoch with the
+epoch set in the dataset they receive (no ``set_epoch`` needed, and no worker can drift into
+another epoch), and the state is the epoch plus the ``StatefulDataLoader``'s own state (each
+worker's exact position), so resume is exact.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator
+
+from torch.utils.data import IterableDataset
+from torchdata.nodes import BaseNode
+
+from padpipe._iterable import PipelineIterator
+from padpipe._shard import Consumer
+from padpipe._state import check_state, make_state
+
+if TYPE_CHECKING:
+    from padpipe.pipeline import Pipeline
+
+
+class EpochShares(IterableDataset):
+    """The dataset each worker receives: the pipeline, this rank, and the epoch the main process set.
+
+    Args:
+        pipeline: The recipe (without the main-process stages such as ``to_cuda``).
+        consumer: The rank to read as; the worker slot is filled in each worker.
+    """
+
+    def __init__(self, pipeline: Pipeline, consumer: Consumer) -> None:
+        self.pipeline = pipeline
+        self.consumer = consumer
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return PipelineIterator(self.pipeline, self.epoch, consumer=self.consumer, managed=True)
+
+
+class WorkerProcesses(BaseNode[Any]):
+    """Yield a pipeline's batches read by ``num_workers`` worker processes of this rank.
+
+    Args:
+        pipeline: The recipe each worker builds (its share of this rank's share).
+        num_workers: Worker processes (at least 1).
+        consumer: The rank to read as; default: detected in this process on the first ``reset``.
+        ranks: Split between ranks when detecting (``Pipeline.shard("off")`` passes ``False``).
+        options: Further ``StatefulDataLoader`` keywords (``pin_memory``, ``prefetch_factor``,
+            ``multiprocessing_context``, ``timeout``).
+
+    Example:
+        >>> pipe = pp.from_iterable([{"text": "a"}] * 4).tokenize(pp.examples.tokenizer()).batch(1).pad()
+        >>> node = WorkerProcesses(pipe, num_workers=2); node.reset()
+        >>> sum(1 for _ in node)
+        4
+    """
+
+    VERSION = 1
+    EPOCH_KEY = "epoch"
+    DONE_KEY = "done"
+    LOADER_KEY = "dataloader"
+
+    def __init__(self, pipeline: Pipeline, *, num_workers: int, consumer: Consumer | None = None,
+                 ranks: bool = True, options: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.pipeline, self.num_workers, self.consumer, self.ranks = pipeline, num_workers, consumer, ranks
+        self.options = dict(options or {})
+        self._loader: Any = None
+        self._it: Iterator[Any] | None = None
+        self._epoch = -1
+        self._done = False
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        if self._loader is None:
+            self._loader = self._make_loader()
+        if initial_state is None:
+            self._epoch, self._done = self._epoch + 1, False
+            self._start(None)
+            return
+        check_state("WorkerProcesses", initial_state, version=self.VERSION, settings=self._settings())
+        self._epoch, self._done = initial_state[self.EPOCH_KEY], initial_state[self.DONE_KEY]
+        if not self._done:
+            self._start(initial_state[self.LOADER_KEY])
+
+    def next(self) -> Any:
+        if self._it is None:
+            raise StopIteration
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._done = True
+            self.close()
+            raise
+
+    def get_state(self) -> dict[str, Any]:
+        loader_state = None if self._it is None else self._loader.state_dict()
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings(),
+            **{self.EPOCH_KEY: self._epoch, self.DONE_KEY: self._done, self.LOADER_KEY: loader_state},
+        )
+
+    def close(self) -> None:
+        """Stop this epoch's worker processes (they restart on the next ``reset``)."""
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        return {"num_workers": self.num_workers}
+
+    def _make_loader(self) -> Any:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        consumer = self.consumer
+        if consumer is None:  # ranks are known here, where the trainer set up torch.distributed
+            rank, world = Consumer.ranks() if self.ranks else (0, 1)
+            consumer = Consumer(rank=rank, world_size=world)
+        self._dataset = EpochShares(self.pipeline, consumer)
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+            return StatefulDataLoader(self._dataset, batch_size=None, num_workers=self.num_workers,
+                                      persistent_workers=False, **self.options)
+
+    def _start(self, loader_state: dict[str, Any] | None) -> None:
+        """Start workers for ``self._epoch`` (forked or spawned with the epoch in their dataset)."""
+        self._dataset.epoch = self._epoch
+        self._loader.load_state_dict(loader_state or {})
+        self._it = iter(self._loader)
