@@ -1,0 +1,121 @@
+"""pipe.loader(): one pass per epoch in this process or in worker processes, exact resume, epoch ends right."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import padpipe as pp
+from padpipe._workers import WorkerProcesses
+from padpipe.pipes.device import DevicePrefetcher
+from tests.contract import check_loader_resume, normalize
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("loader") / "d.parquet"
+    rows = pq.read_table(pp.examples.SAMPLE_PARQUET).slice(0, 600)
+    pq.write_table(rows, path, row_group_size=250)  # 3 uneven row groups
+    return str(path)
+
+
+def pipeline(path: str) -> pp.Pipeline:
+    return (pp.read_parquet(path, chunk_rows=100)
+            .shuffle(buffer_size=200, seed=3)
+            .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=64, num_threads=1)
+            .bucket(max_tokens=2048, buffer_size=200)
+            .pad())
+
+
+def ids(batches) -> list[int]:
+    return sorted(i for b in batches for i in b["idx"].tolist())
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_reads_every_row_once_per_epoch_and_epochs_differ(data, num_workers):
+    loader = pipeline(data).loader(num_workers=num_workers)
+    first, second = list(loader), list(loader)
+    expected = list(range(600))
+    assert ids(first) == ids(second) == expected
+    assert [b["idx"].tolist() for b in first] != [b["idx"].tolist() for b in second]
+
+
+def test_loader_with_workers_yields_what_its_workers_read_in_a_fixed_order(data):
+    runs = [[normalize(b) for b in pipeline(data).loader(num_workers=2)] for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_loader_with_workers_resumes_exactly(data):
+    check_loader_resume(lambda: pipeline(data).loader(num_workers=2), steps=[0, 3, 7, 9, 10, 11, 15])
+
+
+def test_loader_resumes_exactly_at_epoch_ends_as_the_ordinary_loop(data):
+    """The loop `for epoch in range(saved, E): for b in loader` trains no extra epoch after a resume."""
+    loader = pipeline(data).loader()
+    epochs = 3
+    reference, saved = [], None
+    for epoch in range(epochs):
+        batches = []
+        for batch in loader:
+            batches.append(normalize(batch))
+            if epoch == 0:
+                saved = (epoch, pickle.dumps(loader.state_dict()))  # the last one is after the last batch
+        reference.append(batches)
+    start, state = saved
+    fresh = pipeline(data).loader()
+    fresh.load_state_dict(pickle.loads(state))
+    resumed = [[normalize(b) for b in fresh] for _ in range(start, epochs)]
+    assert resumed == [[], *reference[1:]]
+
+
+def test_loader_state_before_the_first_batch_starts_at_epoch_zero(data):
+    reference = [normalize(b) for b in pipeline(data).loader()]
+    state = pipeline(data).loader().state_dict()
+    used = pipeline(data).loader()
+    list(used)
+    used.load_state_dict(state)
+    assert [normalize(b) for b in used] == reference
+
+
+def test_loader_with_workers_runs_a_trailing_prefetch_stage_in_this_process(data):
+    loader = pipeline(data).prefetch(2).loader(num_workers=2, equal_steps="off")
+    assert isinstance(loader.root, DevicePrefetcher) and isinstance(loader.root.source, WorkerProcesses)
+    assert ids(loader) == list(range(600))
+
+
+def test_loader_with_workers_takes_dataloader_options(data):
+    loader = pipeline(data).loader(num_workers=1, prefetch_factor=4, timeout=60, multiprocessing_context="spawn")
+    assert ids(loader) == list(range(600))
+
+
+def test_loader_state_from_another_worker_count_is_refused(data):
+    loader = pipeline(data).loader(num_workers=2)
+    next(iter(loader))
+    with pytest.raises(pp.StateMismatchError, match=r"^PipelineLoader state doesn't match this pipeline: setting 'num_workers' found 2 instead of 0\.$"):
+        pipeline(data).loader().load_state_dict(loader.state_dict())
+
+
+def test_loader_raises_error_when_options_need_workers(data):
+    with pytest.raises(ValueError, match=r"^`num_workers` must be an int >= 0, but is -1 instead\.$"):
+        pipeline(data).loader(num_workers=-1)
+    with pytest.raises(ValueError, match=r"^`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0\.$"):
+        pipeline(data).loader(pin_memory=True)
+
+
+def test_shard_off_makes_every_rank_read_everything(data, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert len(ids(pipeline(data).loader())) == 300
+    assert ids(pipeline(data).shard("off").loader()) == list(range(600))
+    assert ids(pipeline(data).shard("off").loader(num_workers=2)) == list(range(600))
+    with pytest.raises(ValueError, match=r"^`mode` must be one of \('auto', 'off'\), but is 'ranks' instead\.$"):
+        pipeline(data).shard("ranks")
+
+
+def test_record_pipelines_load_in_workers_too(tmp_path):
+    pq.write_table(pa.table({"n": list(range(10))}), tmp_path / "n.parquet", row_group_size=3)
+    batches = list(pp.read_parquet(str(tmp_path / "n.parquet"), chunk_rows=2).loader(num_workers=2))
+    assert sorted(n for b in batches for n in b.column("n").to_pylist()) == list(range(10))
