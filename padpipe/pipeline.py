@@ -246,15 +246,20 @@ class Pipeline(IterableDataset):
         keep_tail: bool = True,
         position_offset: int = 0,
         block_mask: bool = False,
+        mask_dtype: torch.dtype | None = None,
         pad_id: int | None = None,
         label_pad_id: int = -100,
     ) -> Pipeline:
         """Pack documents into rows of exactly ``seq_len`` tokens (best-fit decreasing in a buffer).
 
-        Output per batch (see :class:`padpipe.pipes.pack.Packer`): ``input_ids``, ``position_ids``
-        (restarting per document), ``document_ids`` and ``labels`` (-100 at document starts and
-        padding) ``[B, seq_len]``, flash-attention ``cu_seqlens`` and ``max_seqlen`` (an ``int``),
-        and with ``block_mask=True`` a 4-D block-diagonal causal ``attention_mask``.
+        Output per batch, under the names HF models read (see :class:`padpipe.pipes.pack.Packer`
+        and docs/packing.md): ``input_ids``, ``position_ids`` (restarting per document),
+        ``labels`` (-100 at document starts and padding) ``[B, seq_len]`` int64, ``seq_idx``
+        ``[B, seq_len]`` int32, flash-attention ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and
+        ``max_length_q``/``max_length_k`` (``int``), and with ``block_mask=True`` a 4-D
+        block-diagonal causal ``attention_mask``. In HF ``eager``/``sdpa`` attention the default
+        batch is exact only with ``use_cache=False`` (HF ``Trainer`` sets it); ``block_mask=True``
+        is exact with any ``use_cache``; flash-attention is exact with the default batch.
 
         Args:
             seq_len: Tokens per packed row.
@@ -265,8 +270,11 @@ class Pipeline(IterableDataset):
             keep_tail: When splitting, keep the last piece shorter than ``seq_len`` (else dropped,
                 counted).
             position_offset: First position id of every document (some models count from 2).
-            block_mask: Also emit the 4-D block-diagonal causal mask (``B x seq_len**2`` bools; for
-                long rows prefer ``cu_seqlens`` with a varlen kernel).
+            block_mask: Also emit the 4-D block-diagonal causal mask (``B x seq_len**2`` entries;
+                for long rows prefer flash-attention, which reads ``cu_seq_lens_*``).
+            mask_dtype: The mask's dtype: additive ``torch.float32`` (default; right for HF
+                ``eager`` and ``sdpa`` in any model dtype), the model's own float dtype (less
+                memory), or ``torch.bool`` (``sdpa`` only).
             pad_id: Padding id for unfilled slots; default: the tokenizer's pad, else its EOS.
             label_pad_id: Label at padding and document starts.
 
@@ -289,6 +297,7 @@ class Pipeline(IterableDataset):
             "keep_tail": keep_tail,
             "position_offset": position_offset,
             "block_mask": block_mask,
+            "mask_dtype": mask_dtype,
             "pad_id": pad_id,
             "label_pad_id": label_pad_id,
         }
