@@ -26,6 +26,7 @@ from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
 from padpipe.pipes.pad import check_pad_options
 from padpipe.pipes.tokenize import tokenize_options
+from padpipe.pipes.tokens import tokens_options
 from padpipe.stats import PipelineStats
 
 # What a pipeline yields so far, in stage order.
@@ -128,6 +129,39 @@ class Pipeline(IterableDataset):
         )
         return self._add(Stage("tokenize", _build.tokenize, options), TOKENS)
 
+    def tokens(
+        self,
+        column: str = "input_ids",
+        *,
+        type_ids: str | None = None,
+        max_length: int | None = None,
+        pad_id: int | None = None,
+    ) -> Pipeline:
+        """Take rows that already hold token ids (a list column, as ``datasets.map(tokenizer)`` leaves it).
+
+        The ids enter as tokens without re-tokenizing, so ``bucket``/``batch``/``pad``/``pack``
+        follow as after :meth:`tokenize`. A ``token_type_ids`` column gives the type ids, an
+        ``attention_mask`` column drops the padding of an earlier tokenization (tokens where it is
+        0), a ``labels`` list column is kept as token-level labels; other columns pass through,
+        ``label`` as ``labels``. Bad data raises ``DataError`` naming the column and row (see
+        :class:`padpipe.pipes.tokens.TokenColumns`).
+
+        Args:
+            column: The list column of token ids.
+            type_ids: The list column of token type ids; default: ``token_type_ids`` when present.
+            max_length: Keep the first ``max_length`` tokens of longer rows.
+            pad_id: The pad id ``pad()`` and ``pack()`` use when given none (there is no tokenizer
+                to take one from).
+
+        Example:
+            >>> pipe = pp.from_iterable([{"input_ids": [2, 7, 3]}, {"input_ids": [2, 3]}])
+            >>> next(iter(pipe.tokens(pad_id=0).batch(2).pad().loader()))["input_ids"].tolist()
+            [[2, 7, 3], [2, 3, 0]]
+        """
+        self._expect("tokens", RECORDS)
+        options = tokens_options(column=column, type_ids=type_ids, max_length=max_length, pad_id=pad_id)
+        return self._add(Stage("tokens", _build.tokens, options), TOKENS)
+
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
         """Group rows into batches of ``batch_size`` in arrival order (no length grouping).
 
@@ -217,6 +251,8 @@ class Pipeline(IterableDataset):
         self._expect("pad", TOKEN_BATCHES)
         if pad_id is None:
             pad_id = self._tokenizer_id("pad_id")
+            if pad_id is None and self._has_stage("tokens"):
+                raise ValueError(self._no_tokenizer_pad_id("pad"))
             if pad_id is None:
                 raise ValueError(
                     "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed "
@@ -287,6 +323,8 @@ class Pipeline(IterableDataset):
         if pad_id is None:
             pad_id = self._tokenizer_id("pad_id")
             pad_id = self._tokenizer_id("eos_id") if pad_id is None else pad_id
+            if pad_id is None and self._has_stage("tokens"):
+                raise ValueError(self._no_tokenizer_pad_id("pack"))
             if pad_id is None:
                 raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
         options = {
@@ -443,9 +481,19 @@ class Pipeline(IterableDataset):
             raise ValueError(f".{method}() needs {wanted} as input, but this pipeline yields {self.output} here.")
 
     def _tokenizer_id(self, name: str) -> int | None:
-        """``pad_id``/``eos_id`` of the recipe's tokenizer, or ``None``."""
+        """``pad_id``/``eos_id`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``), or ``None``."""
         encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
+        if encoder is None:
+            return next((s.options.get(name) for s in self.stages if s.name == "tokens"), None)
         return getattr(encoder, name, None)
+
+    def _has_stage(self, name: str) -> bool:
+        return any(s.name == name for s in self.stages)
+
+    @staticmethod
+    def _no_tokenizer_pad_id(method: str) -> str:
+        return (f"{method}() has no pad id: the rows entered as token ids through tokens(), with no tokenizer "
+                f"to take one from; pass `pad_id=` to {method}() or to tokens().")
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
         return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], **changes)
