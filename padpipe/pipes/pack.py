@@ -86,12 +86,10 @@ class Packer(BaseNode[dict]):
       ``int``): the longest segment. HF's flash-attention path reads these four and runs its
       varlen kernel at any batch size.
     - ``attention_mask`` (only with ``block_mask=True``) ``[B, 1, seq_len, seq_len]`` of
-      ``mask_dtype``: each query sees its own segment up to itself. HF hands a 4-D mask to the
-      attention as it is. A float mask (default ``float32``) is additive, 0 or the dtype's lowest
-      value, as HF's own eager masks: right for ``eager`` and ``sdpa``, with a ``float32`` mask in
-      any model dtype, or one of the model's own dtype (sdpa rejects other pairs loudly). A
-      ``torch.bool`` mask (True = attend) is right for ``sdpa`` only: HF's eager attention adds
-      the mask to the scores, so True/False mask nothing there.
+      ``mask_dtype``: each query sees its own segment up to itself; HF hands a 4-D mask to the
+      attention as it is. A float mask is additive (0, or the dtype's lowest value), as HF's own
+      eager masks: right for ``eager`` and ``sdpa``. A bool mask (True = attend) is right for
+      ``sdpa`` only: HF's eager attention adds the mask to the scores.
 
     Which batches give every document exactly the logits it has alone in HF models (tested on
     Llama for ``eager`` and ``sdpa``, and on HF's flash-attention code path with a reference
@@ -127,8 +125,9 @@ class Packer(BaseNode[dict]):
         block_mask: Also emit the 4-D ``attention_mask``.
         mask_dtype: The mask's dtype with ``block_mask=True``: ``torch.float32`` (the default:
             right for eager and sdpa in any model dtype), the model's own float dtype
-            (``torch.bfloat16``, ``float16`` or ``float64``: less memory), or ``torch.bool``
-            (sdpa only). ``None`` without ``block_mask``.
+            (``torch.bfloat16``/``float16`` save memory; sdpa rejects a float mask of another
+            dtype than float32 or the model's), or ``torch.bool`` (sdpa only). ``None`` without
+            ``block_mask``.
         pad_id: Id at unfilled slots.
         label_pad_id: Label at document starts and padding.
         stats: Counters to report into (``record_batch`` per batch, time under ``"pack"``).
