@@ -109,3 +109,12 @@ def pack(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
     from padpipe.pipes.pack import Packer
 
     return Packer(upstream, stats=ctx.stats, **options)
+
+
+def tokens(upstream: BaseNode, ctx: BuildContext, *, column: str, type_ids: str | None, max_length: int | None,
+           pad_id: int | None) -> BaseNode:
+    """Build the tokens stage (rows that already hold token ids), run inline; ``pad_id`` is for pad/pack."""
+    from padpipe.pipes.tokens import TokenColumns
+
+    fn = TokenColumns(column=column, type_ids=type_ids, max_length=max_length, stats=ctx.stats)
+    return ParallelMapper(upstream, fn, num_workers=0)

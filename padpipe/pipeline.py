@@ -26,6 +26,7 @@ from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
 from padpipe.pipes.pad import check_pad_options
 from padpipe.pipes.tokenize import tokenize_options
+from padpipe.pipes.tokens import tokens_options
 from padpipe.stats import PipelineStats
 
 # What a pipeline yields so far, in stage order.
@@ -130,6 +131,39 @@ class Pipeline(IterableDataset):
         )
         return self._add(Stage("tokenize", _build.tokenize, options), TOKENS)
 
+    def tokens(
+        self,
+        column: str = "input_ids",
+        *,
+        type_ids: str | None = None,
+        max_length: int | None = None,
+        pad_id: int | None = None,
+    ) -> Pipeline:
+        """Take rows that already hold token ids (a list column, as ``datasets.map(tokenizer)`` leaves it).
+
+        The ids enter as tokens without re-tokenizing, so ``bucket``/``batch``/``pad``/``pack``
+        follow as after :meth:`tokenize`. A ``token_type_ids`` column gives the type ids, an
+        ``attention_mask`` column drops the padding of an earlier tokenization (tokens where it is
+        0), a ``labels`` list column is kept as token-level labels; other columns pass through,
+        ``label`` as ``labels``. Bad data raises ``DataError`` naming the column and row (see
+        :class:`padpipe.pipes.tokens.TokenColumns`).
+
+        Args:
+            column: The list column of token ids.
+            type_ids: The list column of token type ids; default: ``token_type_ids`` when present.
+            max_length: Keep the first ``max_length`` tokens of longer rows.
+            pad_id: The pad id ``pad()`` and ``pack()`` use when given none (there is no tokenizer
+                to take one from).
+
+        Example:
+            >>> pipe = pp.from_iterable([{"input_ids": [2, 7, 3]}, {"input_ids": [2, 3]}])
+            >>> next(iter(pipe.tokens(pad_id=0).batch(2).pad().loader()))["input_ids"].tolist()
+            [[2, 7, 3], [2, 3, 0]]
+        """
+        self._expect("tokens", RECORDS)
+        options = tokens_options(column=column, type_ids=type_ids, max_length=max_length, pad_id=pad_id)
+        return self._add(Stage("tokens", _build.tokens, options), TOKENS)
+
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
         """Group rows into batches of ``batch_size`` in arrival order (no length grouping).
 
@@ -219,6 +253,8 @@ class Pipeline(IterableDataset):
         self._expect("pad", TOKEN_BATCHES)
         if pad_id is None:
             pad_id = self._tokenizer_id("pad_id")
+            if pad_id is None and self._has_stage("tokens"):
+                raise ValueError(self._no_tokenizer_pad_id("pad"))
             if pad_id is None:
                 raise ValueError(
                     "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed "
@@ -248,15 +284,20 @@ class Pipeline(IterableDataset):
         keep_tail: bool = True,
         position_offset: int = 0,
         block_mask: bool = False,
+        mask_dtype: torch.dtype | None = None,
         pad_id: int | None = None,
         label_pad_id: int = -100,
     ) -> Pipeline:
         """Pack documents into rows of exactly ``seq_len`` tokens (best-fit decreasing in a buffer).
 
-        Output per batch (see :class:`padpipe.pipes.pack.Packer`): ``input_ids``, ``position_ids``
-        (restarting per document), ``document_ids`` and ``labels`` (-100 at document starts and
-        padding) ``[B, seq_len]``, flash-attention ``cu_seqlens`` and ``max_seqlen`` (an ``int``),
-        and with ``block_mask=True`` a 4-D block-diagonal causal ``attention_mask``.
+        Output per batch, under the names HF models read (see :class:`padpipe.pipes.pack.Packer`
+        and docs/packing.md): ``input_ids``, ``position_ids`` (restarting per document),
+        ``labels`` (-100 at document starts and padding) ``[B, seq_len]`` int64, ``seq_idx``
+        ``[B, seq_len]`` int32, flash-attention ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and
+        ``max_length_q``/``max_length_k`` (``int``), and with ``block_mask=True`` a 4-D
+        block-diagonal causal ``attention_mask``. In HF ``eager``/``sdpa`` attention the default
+        batch is exact only with ``use_cache=False`` (HF ``Trainer`` sets it); ``block_mask=True``
+        is exact with any ``use_cache``; flash-attention is exact with the default batch.
 
         Args:
             seq_len: Tokens per packed row.
@@ -267,8 +308,11 @@ class Pipeline(IterableDataset):
             keep_tail: When splitting, keep the last piece shorter than ``seq_len`` (else dropped,
                 counted).
             position_offset: First position id of every document (some models count from 2).
-            block_mask: Also emit the 4-D block-diagonal causal mask (``B x seq_len**2`` bools; for
-                long rows prefer ``cu_seqlens`` with a varlen kernel).
+            block_mask: Also emit the 4-D block-diagonal causal mask (``B x seq_len**2`` entries;
+                for long rows prefer flash-attention, which reads ``cu_seq_lens_*``).
+            mask_dtype: The mask's dtype: additive ``torch.float32`` (default; right for HF
+                ``eager`` and ``sdpa`` in any model dtype), the model's own float dtype (less
+                memory), or ``torch.bool`` (``sdpa`` only).
             pad_id: Padding id for unfilled slots; default: the tokenizer's pad, else its EOS.
             label_pad_id: Label at padding and document starts.
 
@@ -281,6 +325,8 @@ class Pipeline(IterableDataset):
         if pad_id is None:
             pad_id = self._tokenizer_id("pad_id")
             pad_id = self._tokenizer_id("eos_id") if pad_id is None else pad_id
+            if pad_id is None and self._has_stage("tokens"):
+                raise ValueError(self._no_tokenizer_pad_id("pack"))
             if pad_id is None:
                 raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
         options = {
@@ -291,6 +337,7 @@ class Pipeline(IterableDataset):
             "keep_tail": keep_tail,
             "position_offset": position_offset,
             "block_mask": block_mask,
+            "mask_dtype": mask_dtype,
             "pad_id": pad_id,
             "label_pad_id": label_pad_id,
         }
@@ -480,9 +527,19 @@ class Pipeline(IterableDataset):
             raise ValueError(f".{method}() needs {wanted} as input, but this pipeline yields {self.output} here.")
 
     def _tokenizer_id(self, name: str) -> int | None:
-        """``pad_id``/``eos_id`` of the recipe's tokenizer, or ``None``."""
+        """``pad_id``/``eos_id`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``), or ``None``."""
         encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
+        if encoder is None:
+            return next((s.options.get(name) for s in self.stages if s.name == "tokens"), None)
         return getattr(encoder, name, None)
+
+    def _has_stage(self, name: str) -> bool:
+        return any(s.name == name for s in self.stages)
+
+    @staticmethod
+    def _no_tokenizer_pad_id(method: str) -> str:
+        return (f"{method}() has no pad id: the rows entered as token ids through tokens(), with no tokenizer "
+                f"to take one from; pass `pad_id=` to {method}() or to tokens().")
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
         return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], _managed=[False],

@@ -122,7 +122,9 @@ def read_jsonl(
                   storage_options=storage_options, **_file_options(retries, on_missing))
 
 
-def from_hf(dataset: Any, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024) -> Pipeline:
+def from_hf(
+    dataset: Any, *, columns: Sequence[str] | None = None, chunk_rows: int = 1024, tokens: str | None = None
+) -> Pipeline:
     """Read a ``datasets.Dataset`` (its Arrow table, zero-copy) or a streaming ``IterableDataset``.
 
     Args:
@@ -130,17 +132,26 @@ def from_hf(dataset: Any, *, columns: Sequence[str] | None = None, chunk_rows: i
             error asking for a split.
         columns: Columns to read (default: all).
         chunk_rows: Most rows per chunk passed downstream.
+        tokens: The column of an already tokenized dataset holding token ids (e.g.
+            ``"input_ids"``): shorthand for ``from_hf(ds).tokens(tokens)`` (see
+            :meth:`padpipe.Pipeline.tokens`; ``pad()``/``pack()`` then need ``pad_id=``).
 
     Example:
         >>> import datasets
         >>> ds = datasets.Dataset.from_dict({"text": ["a", "b"]})
         >>> next(iter(pp.from_hf(ds).loader())).num_rows
         2
+        >>> ds = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3], [2, 3]]})
+        >>> next(iter(pp.from_hf(ds, tokens="input_ids").loader())).lengths.tolist()
+        [3, 2]
     """
     from padpipe.pipes.from_hf import hf_reader
 
+    if tokens is not None and not isinstance(tokens, str):
+        raise TypeError(f"`tokens` must be a column name, but is {tokens!r} instead.")
     reader, options = hf_reader(dataset, columns=columns)
-    return _start("from_hf", reader, chunk_rows=chunk_rows, **options)
+    pipe = _start("from_hf", reader, chunk_rows=chunk_rows, **options)
+    return pipe if tokens is None else pipe.tokens(tokens)
 
 
 def from_iterable(iterable: Iterable[dict[str, Any]], *, chunk_rows: int = 1024) -> Pipeline:

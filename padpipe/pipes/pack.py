@@ -6,16 +6,16 @@ import bisect
 from typing import Any
 
 import numpy as np
+import torch
 from torchdata.nodes import BaseNode
 
 from padpipe._state import SOURCE_KEY, check_state, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
-from padpipe.pipes._packing import assemble, cut_pieces, pieces_to_chunk
+from padpipe.pipes._packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
 from padpipe.stats import PipelineStats
 
 LONG_DOCS = ("split", "truncate", "drop")
-
 
 
 def check_pack_options(
@@ -27,6 +27,7 @@ def check_pack_options(
     keep_tail: bool,
     position_offset: int,
     block_mask: bool,
+    mask_dtype: torch.dtype | None,
     pad_id: int,
     label_pad_id: int,
 ) -> None:
@@ -34,7 +35,7 @@ def check_pack_options(
 
     Example:
         >>> check_pack_options(seq_len=1, batch_size=1, buffer_size=8, long_docs="split", keep_tail=True,
-        ...                    position_offset=0, block_mask=False, pad_id=0, label_pad_id=-100)
+        ...                    position_offset=0, block_mask=False, mask_dtype=None, pad_id=0, label_pad_id=-100)
         Traceback (most recent call last):
         ...
         ValueError: `seq_len` must be at least 2, but is 1 instead.
@@ -47,6 +48,10 @@ def check_pack_options(
     one_of("long_docs", long_docs, LONG_DOCS)
     check_bool("keep_tail", keep_tail)
     check_bool("block_mask", block_mask)
+    if mask_dtype is not None:
+        if not block_mask:
+            raise ValueError(f"`mask_dtype` must be None without `block_mask=True`, but is {mask_dtype} instead.")
+        one_of("mask_dtype", mask_dtype, MASK_DTYPES)
     if isinstance(position_offset, bool) or not isinstance(position_offset, int) or position_offset < 0:
         raise ValueError(f"`position_offset` must be a non-negative int, but is {position_offset!r} instead.")
     check_int("pad_id", pad_id)
@@ -63,22 +68,48 @@ class Packer(BaseNode[dict]):
     choice; at the end of the epoch the pool is drained the same way. On a long-tail corpus (lognormal
     lengths, median 300, tail to 10k) at ``seq_len=2048`` this fills about 99.6% of the slots.
 
-    Each batch is a dict of ``batch_size`` rows (the epoch's last batch may have fewer):
+    Each batch is a dict of ``batch_size`` rows (the epoch's last batch may have fewer). A row's
+    *segments* are its document pieces and then its padding run, if any; padding only ends a row.
+    The keys are those ``transformers`` models read, as ``DataCollatorWithFlattening(
+    return_flash_attn_kwargs=True, return_seq_idx=True)`` names them, so ``model(**batch)`` takes
+    the batch as it comes:
 
-    - ``input_ids`` ``[B, seq_len]`` int64; unfilled slots hold ``pad_id`` (padding only ever ends a row).
-    - ``position_ids`` ``[B, seq_len]`` int64, restarting at ``position_offset`` for every document
-      piece *and* for the padding run, so position-based packed-sequence detection (HF
-      ``position_ids`` resets, flash-attention) sees the same segments as ``cu_seqlens``.
-    - ``document_ids`` ``[B, seq_len]`` int64: the piece's index within its row (0, 1, ...), -1 at padding.
-    - ``labels`` ``[B, seq_len]`` int64: ``input_ids`` with ``label_pad_id`` at the first token of every
-      piece and at padding, so after the model's own shift nothing is predicted across a boundary.
-    - ``cu_seqlens`` int32 ``[S + 1]``: flash-attention varlen boundaries over the flattened
-      ``B * seq_len`` tokens, one segment per piece and per padding run; ends at ``B * seq_len``.
-    - ``max_seqlen`` a Python ``int``: the longest segment in ``cu_seqlens`` (padding runs included).
-    - ``attention_mask`` (only with ``block_mask=True``) bool ``[B, 1, seq_len, seq_len]``, True where
-      a query may attend to a key: same document and causal; a padding slot attends to itself only.
+    - ``input_ids`` ``[B, seq_len]`` int64; padding slots hold ``pad_id``.
+    - ``position_ids`` ``[B, seq_len]`` int64, restarting at ``position_offset`` at every segment.
+    - ``labels`` ``[B, seq_len]`` int64: ``input_ids`` with ``label_pad_id`` at the first token of
+      every piece and at padding, so after the model's own shift nothing is predicted across a
+      boundary.
+    - ``seq_idx`` ``[B, seq_len]`` int32: the segment's index in the flattened ``B * seq_len``
+      tokens (0, 1, ... over the whole batch); read by Mamba-style layers.
+    - ``cu_seq_lens_q``, ``cu_seq_lens_k`` (one int32 tensor ``[S + 1]``): segment boundaries over
+      the flattened tokens, ending at ``B * seq_len``; ``max_length_q``, ``max_length_k`` (Python
+      ``int``): the longest segment. HF's flash-attention path reads these four and runs its
+      varlen kernel at any batch size.
+    - ``attention_mask`` (only with ``block_mask=True``) ``[B, 1, seq_len, seq_len]`` of
+      ``mask_dtype``: each query sees its own segment up to itself; HF hands a 4-D mask to the
+      attention as it is. A float mask is additive (0, or the dtype's lowest value), as HF's own
+      eager masks: right for ``eager`` and ``sdpa``. A bool mask (True = attend) is right for
+      ``sdpa`` only: HF's eager attention adds the mask to the scores.
 
-    Pass-through columns and token type ids of the input are not carried into packed rows.
+    Which batches give every document exactly the logits it has alone in HF models (tested on
+    Llama for ``eager`` and ``sdpa``, and on HF's flash-attention code path with a reference
+    kernel; details in docs/packing.md):
+
+    - ``flash_attention_2``/``_3``: the default batch, with any ``use_cache``. Not with
+      ``block_mask`` (HF's flash path takes only a 2-D mask and fails on a 4-D one).
+    - ``eager``/``sdpa``, the default batch: only with ``use_cache=False`` (``model(**batch,
+      use_cache=False)`` or ``config.use_cache = False``; HF ``Trainer`` sets it from
+      ``TrainingArguments.use_cache``, False by default). Under a model's default
+      ``use_cache=True`` HF does not look for packed rows in ``position_ids`` and attention
+      crosses documents, silently.
+    - ``eager``/``sdpa``, ``block_mask=True``: with any ``use_cache``; costs ``B * seq_len**2``
+      mask entries per batch (4 bytes each in float32, 2 in bfloat16, 1 as bool).
+
+    HF ``Trainer`` with ``remove_unused_columns=True`` (its default) drops ``seq_idx``,
+    ``cu_seq_lens_*`` and ``max_length_*`` (they are not in ``forward``'s signature): pass
+    ``remove_unused_columns=False``, or flash-attention sees only ``position_ids`` and, at
+    ``B > 1``, attends across documents. Pass-through columns and token type ids of the input are
+    not carried into packed rows.
 
     Args:
         source: Upstream node yielding :class:`TokenChunk`.
@@ -90,8 +121,13 @@ class Packer(BaseNode[dict]):
             or ``"drop"`` it (skip ``pack.long_doc``). Empty documents are skipped (``pack.empty_doc``).
         keep_tail: With ``"split"``, keep the last piece shorter than ``seq_len`` (else skipped as
             ``pack.long_doc_tail``).
-        position_offset: First position id of every document.
+        position_offset: First position id of every segment.
         block_mask: Also emit the 4-D ``attention_mask``.
+        mask_dtype: The mask's dtype with ``block_mask=True``: ``torch.float32`` (the default:
+            right for eager and sdpa in any model dtype), the model's own float dtype
+            (``torch.bfloat16``/``float16`` save memory; sdpa rejects a float mask of another
+            dtype than float32 or the model's), or ``torch.bool`` (sdpa only). ``None`` without
+            ``block_mask``.
         pad_id: Id at unfilled slots.
         label_pad_id: Label at document starts and padding.
         stats: Counters to report into (``record_batch`` per batch, time under ``"pack"``).
@@ -103,8 +139,8 @@ class Packer(BaseNode[dict]):
         >>> batch = next(Packer(src, seq_len=6, pad_id=0))
         >>> batch["input_ids"].tolist(), batch["position_ids"].tolist(), batch["labels"].tolist()
         ([[5, 6, 7, 8, 9, 0]], [[0, 1, 2, 0, 1, 0]], [[-100, 6, 7, -100, 9, -100]])
-        >>> batch["document_ids"].tolist(), batch["cu_seqlens"].tolist(), batch["max_seqlen"]
-        ([[0, 0, 0, 1, 1, -1]], [0, 3, 5, 6], 3)
+        >>> batch["seq_idx"].tolist(), batch["cu_seq_lens_q"].tolist(), batch["max_length_q"]
+        ([[0, 0, 0, 1, 1, 2]], [0, 3, 5, 6], 3)
     """
 
     VERSION = 1
@@ -127,6 +163,7 @@ class Packer(BaseNode[dict]):
         keep_tail: bool = True,
         position_offset: int = 0,
         block_mask: bool = False,
+        mask_dtype: torch.dtype | None = None,
         pad_id: int,
         label_pad_id: int = -100,
         stats: PipelineStats | None = None,
@@ -140,6 +177,7 @@ class Packer(BaseNode[dict]):
             keep_tail=keep_tail,
             position_offset=position_offset,
             block_mask=block_mask,
+            mask_dtype=mask_dtype,
             pad_id=pad_id,
             label_pad_id=label_pad_id,
         )
@@ -147,6 +185,7 @@ class Packer(BaseNode[dict]):
         self.seq_len, self.batch_size, self.buffer_size = seq_len, batch_size, buffer_size
         self.long_docs, self.keep_tail = long_docs, keep_tail
         self.position_offset, self.block_mask = position_offset, block_mask
+        self.mask_dtype = (mask_dtype or torch.float32) if block_mask else None
         self.pad_id, self.label_pad_id = pad_id, label_pad_id
         self.stats = stats or PipelineStats()
         self._epoch = -1
@@ -271,7 +310,7 @@ class Packer(BaseNode[dict]):
 
     def _emit(self) -> dict:
         out = assemble(self._placed, self._placed_rows, self._closed, seq_len=self.seq_len, pad_id=self.pad_id,
-                       position_offset=self.position_offset, label_pad_id=self.label_pad_id, block_mask=self.block_mask)
+                       position_offset=self.position_offset, label_pad_id=self.label_pad_id, mask_dtype=self.mask_dtype)
         real = sum(len(p) for p in self._placed)
         self.stats.record_batch(rows=len(self._placed), real_tokens=real, padded_tokens=self._closed * self.seq_len)
         self._placed, self._placed_rows, self._closed, self._used = [], [], 0, 0

@@ -48,7 +48,7 @@ def pretrain(
     tokenizer's EOS token, so packed rows read ``doc EOS doc EOS ...``. With ``mode="pack"``
     documents are packed into ``batch_size`` rows of exactly ``seq_len`` tokens (long documents
     split across rows; see :meth:`padpipe.Pipeline.pack` for ``position_ids``, ``labels``,
-    ``cu_seqlens``). With ``mode="bucket"`` each document is truncated to ``seq_len`` tokens and
+    ``cu_seq_lens_q``). With ``mode="bucket"`` each document is truncated to ``seq_len`` tokens and
     documents of similar length are batched under a budget of ``max_tokens`` padded tokens, then
     padded (``input_ids``, ``attention_mask``). Rows are shuffled by ``seed`` through a
     ``shuffle_buffer`` buffer (and the file order per epoch).

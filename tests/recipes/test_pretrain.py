@@ -39,12 +39,14 @@ def ids(doc: str) -> list[int]:
 
 
 def segments(batches: list[dict]) -> Counter:
-    """The documents of packed batches (each a tuple of ids), counted."""
+    """The documents of packed batches (each a tuple of ids), counted; padding runs (all [PAD], id 0) left out."""
     out: Counter = Counter()
     for batch in batches:
-        for row, docs in zip(batch["input_ids"].tolist(), batch["document_ids"].tolist()):
-            for d in sorted(set(docs) - {-1}):
-                out[tuple(t for t, k in zip(row, docs) if k == d)] += 1
+        for row, seg in zip(batch["input_ids"].tolist(), batch["seq_idx"].tolist()):
+            for s in sorted(set(seg)):
+                tokens = tuple(t for t, k in zip(row, seg) if k == s)
+                if tokens[0] != 0:
+                    out[tokens] += 1
     return out
 
 
@@ -85,7 +87,8 @@ def test_pretrain_works_in_pack_mode(tmp_path: Path) -> None:
     batches = list(pretrain(str(path), EOS_TOKENIZER, seq_len=128, batch_size=2).loader())
     assert all(b["input_ids"].shape == (2, 128) for b in batches[:-1])
     assert segments(batches) == expected_segments()  # every document once, followed by EOS
-    assert sorted(batches[0]) == ["cu_seqlens", "document_ids", "input_ids", "labels", "max_seqlen", "position_ids"]
+    assert sorted(batches[0]) == ["cu_seq_lens_k", "cu_seq_lens_q", "input_ids", "labels", "max_length_k",
+                                  "max_length_q", "position_ids", "seq_idx"]
 
 
 @pytest.mark.parametrize(
@@ -241,5 +244,5 @@ def test_pretrain_cli_runs_as_a_module(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "pretrain pack seq_len=64:"
-    assert re.match(r"^batch 0: input_ids \[2, 64\] int64, ", lines[1]) and "cu_seqlens" in lines[1]
+    assert re.match(r"^batch 0: input_ids \[2, 64\] int64, ", lines[1]) and "cu_seq_lens_q" in lines[1]
     assert re.match(r"^3 batches, \d+ documents, \d+ tokens in 384 slots: packing efficiency \d+\.\d%$", lines[-1])
