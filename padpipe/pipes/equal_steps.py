@@ -68,7 +68,7 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Cut a dict batch of ``B >= 2`` rows into two (rows ``[:B//2]`` and ``[B//2:]``), or ``None``.
 
     Tensors and lists whose first dimension is ``B`` are cut; 0-d tensors and plain scalars are
-    kept in both halves. A batch with anything else (e.g. a packed batch's ``cu_seqlens``) is not
+    kept in both halves. A batch with anything else (e.g. a packed batch's ``cu_seq_lens_q``) is not
     cut.
 
     Example:

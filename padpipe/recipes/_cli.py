@@ -14,8 +14,8 @@ def describe(batch: dict[str, Any]) -> str:
     """One line naming each key of a batch and its shape (tensors) or length (lists) or value.
 
     Example:
-        >>> describe({"input_ids": np.zeros((2, 8), dtype=np.int64), "max_seqlen": 5})
-        'input_ids [2, 8] int64, max_seqlen 5'
+        >>> describe({"input_ids": np.zeros((2, 8), dtype=np.int64), "max_length_q": 5})
+        'input_ids [2, 8] int64, max_length_q 5'
     """
     parts = []
     for name, value in batch.items():

@@ -233,7 +233,7 @@ def test_split_batch_keeps_scalars_and_refuses_what_it_cannot_cut():
     assert [h["input_ids"].shape[0] for h in halves] == [2, 3]
     assert all(h["n"] == 2 and h["is_repeat"].dim() == 0 for h in halves)
     assert split_batch({"input_ids": torch.zeros(1, 3)}) is None
-    assert split_batch({"input_ids": torch.zeros(4, 3), "cu_seqlens": torch.tensor([0, 3, 9])}) is None
+    assert split_batch({"input_ids": torch.zeros(4, 3), "cu_seq_lens_q": torch.tensor([0, 3, 9])}) is None
     assert split_batch(["not", "a", "dict"]) is None
 
 
