@@ -68,8 +68,9 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Cut a dict batch of ``B >= 2`` rows into two (rows ``[:B//2]`` and ``[B//2:]``), or ``None``.
 
     Tensors and lists whose first dimension is ``B`` are cut; 0-d tensors and plain scalars are
-    kept in both halves. A batch with anything else (e.g. a packed batch's ``cu_seq_lens_q``) is not
-    cut.
+    kept in both halves. A packed batch's flash-attention kwargs (``cu_seq_lens_q/k``,
+    ``max_length_q/k``, ``seq_idx``) are recomputed for each half (segments never cross rows). A
+    batch with anything else is not cut.
 
     Example:
         >>> halves = split_batch({"input_ids": torch.ones(3, 2), "text": ["a", "b", "c"], "k": 1})
@@ -83,6 +84,8 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         return None
     cut, first, second = rows // 2, {}, {}
     for key, value in batch.items():
+        if key in PACKED_KEYS:
+            continue
         if isinstance(value, torch.Tensor) and value.dim() > 0 or isinstance(value, (list, tuple)):
             if len(value) != rows:
                 return None
@@ -91,7 +94,30 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
             first[key] = second[key] = value
         else:
             return None
+    if "cu_seq_lens_q" in batch and not _split_packed(batch, cut, first, second):
+        return None
     return first, second
+
+
+PACKED_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def _split_packed(batch: dict[str, Any], cut: int, first: dict[str, Any], second: dict[str, Any]) -> bool:
+    """Give each half its own segment boundaries and longest segment; ``False`` if the batch is not packed."""
+    bounds, ids = batch["cu_seq_lens_q"], batch.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not isinstance(bounds, torch.Tensor):
+        return False
+    edge = cut * ids.shape[1]
+    at = int(torch.searchsorted(bounds, torch.tensor(edge, dtype=bounds.dtype)))
+    if at >= len(bounds) or int(bounds[at]) != edge:
+        return False
+    for half, part in ((first, bounds[: at + 1]), (second, bounds[at:] - edge)):
+        part = part.to(bounds.dtype)
+        half["cu_seq_lens_q"] = half["cu_seq_lens_k"] = part
+        half["max_length_q"] = half["max_length_k"] = int((part[1:] - part[:-1]).max())
+    if isinstance(second.get("seq_idx"), torch.Tensor):
+        second["seq_idx"] = second["seq_idx"] - at
+    return True
 
 
 def rows_of(batch: Any) -> int | None:
@@ -173,8 +199,7 @@ class EqualSteps(BaseNode[Any]):
     ends the epoch on every rank at the same step: a rank down to its last batch while another
     still holds two splits that batch in two (rows ``[:B//2]`` and the rest, see
     :func:`split_batch`) and yields the first half, as often as needed, so ranks end together and
-    nothing is held back unless a rank runs out of rows to split (or its batches cannot be split,
-    e.g. packed ones); what is left then is read, dropped and counted as
+    nothing is held back unless a rank runs out of rows to split; what is left then is read, dropped and counted as
     ``equal_steps.dropped_batches`` / ``equal_steps.dropped_rows`` (logged once), splits as
     ``equal_steps.split_batches``. ``"repeat"`` lets ranks that ran out re-yield their epoch's
     batches from the start (re-read from the epoch's start state) until the last rank finishes;

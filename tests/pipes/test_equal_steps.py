@@ -237,6 +237,20 @@ def test_split_batch_keeps_scalars_and_refuses_what_it_cannot_cut():
     assert split_batch(["not", "a", "dict"]) is None
 
 
+def test_split_batch_cuts_a_packed_batch_with_its_flash_attention_kwargs():
+    pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer()).pack(128, batch_size=5)
+    batch = next(iter(pipe.loader()))
+    halves = split_batch(batch)
+    assert [h["input_ids"].shape[0] for h in halves] == [2, 3]
+    for half in halves:
+        flat = half["seq_idx"].flatten()
+        starts = [0] + (torch.nonzero(flat[1:] != flat[:-1]).flatten() + 1).tolist() + [len(flat)]
+        assert flat[0] == 0 and half["cu_seq_lens_q"].tolist() == starts
+        assert half["cu_seq_lens_k"] is half["cu_seq_lens_q"] and half["cu_seq_lens_q"].dtype == torch.int32
+        assert half["max_length_q"] == half["max_length_k"] == max(b - a for a, b in zip(starts, starts[1:]))
+    assert torch.equal(torch.cat([h["input_ids"] for h in halves]), batch["input_ids"])
+
+
 def test_loader_wraps_the_pipeline_in_equal_steps():
     pipe = pp.from_iterable([{"text": "a b"}, {"text": "c"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
     assert isinstance(pipe.loader().root, EqualSteps)
