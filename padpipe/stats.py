@@ -1,4 +1,28 @@
-"""Counters every stage reports into: rows, tokens, padding, skips and time per stage."""
+"""Counters every stage reports into: rows, tokens, padding, skips and time per stage.
+
+``print(loader.stats())`` gives a short report people can read; ``loader.stats().as_dict()`` gives
+the same figures under flat, stable keys for loggers (TensorBoard, Weights & Biases, MLflow):
+
+====================  ====================================================================
+key                   value
+====================  ====================================================================
+``rows``              rows that reached the output (for ``pack``: document pieces)
+``batches``           batches produced
+``real_tokens``       non-padding tokens in the output
+``padded_tokens``     token slots in the output, padding included
+``padding_efficiency``  ``real_tokens / padded_tokens`` (0.0 before any batch)
+``skipped``           rows dropped under an explicit policy, all reasons together
+``wall_seconds``      seconds since the pipeline's first work (read, tokenize, ...)
+``skipped/<reason>``  rows dropped for one reason, e.g. ``skipped/tokenize.bad_text``
+``seconds/<stage>``   seconds spent inside one stage's own work, e.g. ``seconds/tokenize``
+``share/<stage>``     ``seconds/<stage>`` over ``wall_seconds``
+``counters/<name>``   other counters, e.g. ``counters/read.rows``
+====================  ====================================================================
+
+A stage's time is what its own code took, summed over its threads: tokenize runs in several
+threads, so its share of the wall time can pass 1.0, and the shares need not add up to 1.0
+(the rest is the consumer's time between batches).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +31,16 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 
 @dataclass(frozen=True)
 class StatsSnapshot:
     """A consistent copy of a pipeline's counters.
+
+    Snapshots of the processes or workers that read one pipeline add up: ``a + b`` (or
+    :meth:`merge`) sums every counter and stage time and keeps the longest wall time, since they
+    ran side by side.
 
     Attributes:
         rows: Rows that reached the output (batched or packed).
@@ -22,6 +50,22 @@ class StatsSnapshot:
         skipped: Rows dropped under an explicit policy, by reason.
         seconds: Wall time spent inside each stage's own work, by stage.
         counters: Other per-stage counters, ``"stage.name" -> value``.
+        wall_seconds: Seconds from the pipeline's first work to this snapshot (0.0 before it).
+
+    Example:
+        >>> snap = StatsSnapshot(rows=64, batches=2, real_tokens=900, padded_tokens=1024,
+        ...                      skipped={"tokenize.bad_text": 1}, seconds={"tokenize": 0.5, "pad": 0.01},
+        ...                      counters={}, wall_seconds=2.0)
+        >>> print(snap)
+        padpipe stats after 2.00 s
+          rows     64 in 2 batches (32.0 rows per batch)
+          tokens   900 real in 1,024 slots: padding efficiency 87.9%
+          skipped  1 (tokenize.bad_text 1)
+          time per stage (share of the 2.00 s wall time):
+            tokenize  0.500 s  25.0%
+            pad       0.010 s   0.5%
+        >>> snap.as_dict()["share/tokenize"], (snap + snap).rows
+        (0.25, 128)
     """
 
     rows: int
@@ -31,22 +75,103 @@ class StatsSnapshot:
     skipped: dict[str, int]
     seconds: dict[str, float]
     counters: dict[str, int]
+    wall_seconds: float = 0.0
 
     @property
     def padding_efficiency(self) -> float:
         """Real tokens divided by padded slots (1.0 means no padding); 0.0 before any batch."""
         return self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
-    def __str__(self) -> str:
-        skipped = sum(self.skipped.values())
-        return (
-            f"rows={self.rows} batches={self.batches} real_tokens={self.real_tokens} "
-            f"padded_tokens={self.padded_tokens} efficiency={self.padding_efficiency:.3f} skipped={skipped}"
+    @property
+    def time_share(self) -> dict[str, float]:
+        """Each stage's own time over the wall time (threads overlap: a share may pass 1.0)."""
+        wall = self.wall_seconds
+        return {stage: (s / wall if wall > 0 else 0.0) for stage, s in self.seconds.items()}
+
+    def as_dict(self) -> dict[str, int | float]:
+        """The snapshot as one flat dict with stable keys, for loggers (see the module docs).
+
+        Example:
+            >>> snap = StatsSnapshot(rows=2, batches=1, real_tokens=5, padded_tokens=8, skipped={},
+            ...                      seconds={"pad": 0.5}, counters={"read.rows": 2}, wall_seconds=1.0)
+            >>> snap.as_dict()  # doctest: +NORMALIZE_WHITESPACE
+            {'rows': 2, 'batches': 1, 'real_tokens': 5, 'padded_tokens': 8, 'padding_efficiency': 0.625,
+             'skipped': 0, 'wall_seconds': 1.0, 'seconds/pad': 0.5, 'share/pad': 0.5, 'counters/read.rows': 2}
+        """
+        out: dict[str, int | float] = {
+            "rows": self.rows,
+            "batches": self.batches,
+            "real_tokens": self.real_tokens,
+            "padded_tokens": self.padded_tokens,
+            "padding_efficiency": self.padding_efficiency,
+            "skipped": sum(self.skipped.values()),
+            "wall_seconds": self.wall_seconds,
+        }
+        out.update({f"skipped/{reason}": n for reason, n in sorted(self.skipped.items())})
+        out.update({f"seconds/{stage}": s for stage, s in sorted(self.seconds.items())})
+        out.update({f"share/{stage}": s for stage, s in sorted(self.time_share.items())})
+        out.update({f"counters/{name}": n for name, n in sorted(self.counters.items())})
+        return out
+
+    def merge(self, *others: StatsSnapshot) -> StatsSnapshot:
+        """This snapshot plus ``others`` (say one per DataLoader worker): counts and times summed.
+
+        Example:
+            >>> a = StatsSnapshot(1, 1, 4, 4, {"x": 1}, {"pad": 1.0}, {}, wall_seconds=3.0)
+            >>> b = StatsSnapshot(2, 1, 4, 8, {"x": 2}, {"pad": 0.5}, {"n": 1}, wall_seconds=2.0)
+            >>> m = a.merge(b); m.rows, m.skipped, m.seconds, m.wall_seconds, m.padding_efficiency
+            (3, {'x': 3}, {'pad': 1.5}, 3.0, 0.6666666666666666)
+        """
+        parts = (self,) + others
+        return StatsSnapshot(
+            rows=sum(p.rows for p in parts),
+            batches=sum(p.batches for p in parts),
+            real_tokens=sum(p.real_tokens for p in parts),
+            padded_tokens=sum(p.padded_tokens for p in parts),
+            skipped=_sum_dicts(p.skipped for p in parts),
+            seconds=_sum_dicts(p.seconds for p in parts),
+            counters=_sum_dicts(p.counters for p in parts),
+            wall_seconds=max(p.wall_seconds for p in parts),
         )
+
+    def __add__(self, other: StatsSnapshot) -> StatsSnapshot:
+        if not isinstance(other, StatsSnapshot):
+            return NotImplemented
+        return self.merge(other)
+
+    def __str__(self) -> str:
+        per_batch = f" ({self.rows / self.batches:.1f} rows per batch)" if self.batches else ""
+        lines = [
+            f"padpipe stats after {self.wall_seconds:.2f} s",
+            f"  rows     {self.rows:,} in {self.batches:,} batches{per_batch}",
+            f"  tokens   {self.real_tokens:,} real in {self.padded_tokens:,} slots: "
+            f"padding efficiency {self.padding_efficiency:.1%}",
+        ]
+        skipped = sum(self.skipped.values())
+        reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.skipped.items()))
+        lines.append(f"  skipped  {skipped:,}" + (f" ({reasons})" if reasons else ""))
+        if self.seconds:
+            lines.append(f"  time per stage (share of the {self.wall_seconds:.2f} s wall time):")
+            share = self.time_share
+            width = max(len(stage) for stage in self.seconds)
+            for stage, seconds in sorted(self.seconds.items(), key=lambda item: (-item[1], item[0])):
+                lines.append(f"    {stage:<{width}}  {seconds:.3f} s  {share[stage]:>5.1%}")
+        return "\n".join(lines)
+
+
+def _sum_dicts(dicts: Iterable[dict]) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for key, value in d.items():
+            out[key] = out.get(key, 0) + value
+    return out
 
 
 class PipelineStats:
     """Thread-safe counters shared by the stages of one built pipeline.
+
+    The wall clock starts at the first thing a stage reports (time, a batch, a count), so a
+    loader built long before its first batch does not count the wait.
 
     Example:
         >>> s = PipelineStats()
@@ -57,6 +182,7 @@ class PipelineStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._started: float | None = None
         self._rows = 0
         self._batches = 0
         self._real = 0
@@ -65,9 +191,15 @@ class PipelineStats:
         self._seconds: dict[str, float] = defaultdict(float)
         self._counters: dict[str, int] = defaultdict(int)
 
+    def _start(self, now: float) -> None:
+        """Start the wall clock at ``now`` unless it runs already (call with the lock held)."""
+        if self._started is None:
+            self._started = now
+
     def record_batch(self, *, rows: int, real_tokens: int, padded_tokens: int) -> None:
         """Count one output batch."""
         with self._lock:
+            self._start(time.perf_counter())
             self._rows += rows
             self._batches += 1
             self._real += real_tokens
@@ -77,17 +209,22 @@ class PipelineStats:
         """Count rows dropped under an explicit policy, e.g. ``"tokenize.bad_text"``."""
         if count:
             with self._lock:
+                self._start(time.perf_counter())
                 self._skipped[reason] += count
 
     def add(self, name: str, value: int) -> None:
         """Add ``value`` to the free-form counter ``name`` (``"stage.what"``)."""
         with self._lock:
+            self._start(time.perf_counter())
             self._counters[name] += value
 
     @contextmanager
     def timer(self, stage: str) -> Iterator[None]:
         """Add the wall time of the ``with`` block to ``stage``'s own time."""
         start = time.perf_counter()
+        if self._started is None:
+            with self._lock:
+                self._start(start)
         try:
             yield
         finally:
@@ -98,6 +235,7 @@ class PipelineStats:
     def snapshot(self) -> StatsSnapshot:
         """A consistent copy of all counters."""
         with self._lock:
+            wall = 0.0 if self._started is None else time.perf_counter() - self._started
             return StatsSnapshot(
                 rows=self._rows,
                 batches=self._batches,
@@ -106,4 +244,5 @@ class PipelineStats:
                 skipped=dict(self._skipped),
                 seconds=dict(self._seconds),
                 counters=dict(self._counters),
+                wall_seconds=wall,
             )
