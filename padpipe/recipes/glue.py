@@ -23,7 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 
 import padpipe as pp
-from padpipe.errors import DataError, positive
+from padpipe._progress import progress_stage
+from padpipe.errors import DataError, check_bool, positive
 from padpipe.recipes import _cli
 from padpipe.recipes._glue_data import as_dataset, columns_of, find_split
 
@@ -81,6 +82,7 @@ def glue(
     seed: int = 0,
     pad_to_multiple_of: int | None = 8,
     buffer_size: int = 10_000,
+    progress: bool | None = None,
 ) -> pp.Pipeline:
     """Padded, length-bucketed batches of one GLUE task's split.
 
@@ -110,6 +112,9 @@ def glue(
         seed: Seed of the train split's shuffle and batch order.
         pad_to_multiple_of: Round each batch's length up to a multiple (``None``: no rounding).
         buffer_size: Rows shuffled and sorted together on the train split.
+        progress: Show progress while an evaluation or test split is tokenized and sorted before
+            its first batch (a bar on a terminal, else ``logging``); ``None`` reads
+            ``PADPIPE_PROGRESS`` (``0`` turns it off).
 
     Raises:
         ValueError: An unknown task or split (the message lists the valid ones), or bad sizes.
@@ -136,6 +141,8 @@ def glue(
     positive("buffer_size", buffer_size)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
+    if progress is not None:
+        check_bool("progress", progress)
     longest = -(-max_length // (pad_to_multiple_of or 1)) * (pad_to_multiple_of or 1)
     if max_tokens is not None and max_tokens < longest:
         raise ValueError(
@@ -158,6 +165,9 @@ def glue(
         pipe = pp.from_hf(dataset)
         shuffle, buffer = False, max(len(dataset), 1)  # the whole split is sorted by length at once
     pipe = pipe.tokenize(tokenizer, fields=spec.fields, max_length=max_length)
+    if split != "train" and progress is not False:  # the first batch waits for the whole split
+        pipe = pipe.add_stage("progress", progress_stage, output="tokens", desc=f"glue {task} {split}: sorting",
+                              total=len(dataset), enabled=progress)
     pipe = pipe.bucket(batch_size, max_tokens=max_tokens, buffer_size=buffer, shuffle=shuffle, seed=seed)
     return pipe.pad(pad_to_multiple_of=pad_to_multiple_of)
 
