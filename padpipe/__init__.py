@@ -17,6 +17,7 @@ from padpipe._shard import Consumer
 from padpipe._state import StateMismatchError
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError
+from padpipe.inspection import InspectResult, inspect
 from padpipe.loader import PipelineLoader
 from padpipe.mix import mix
 from padpipe.pipeline import Pipeline
@@ -28,6 +29,7 @@ from padpipe.stats import PipelineStats, StatsSnapshot
 __all__ = [
     "Consumer",
     "DataError",
+    "InspectResult",
     "Pipeline",
     "PipelineLoader",
     "PipelineStats",
@@ -39,6 +41,7 @@ __all__ = [
     "examples",
     "from_hf",
     "from_iterable",
+    "inspect",
     "mix",
     "read_arrow",
     "read_jsonl",

@@ -1,0 +1,245 @@
+"""``padpipe inspect``: the token-length distribution of a corpus and what every batching strategy costs on it.
+
+The package is named ``inspection`` (not ``inspect``) so that a script run from inside ``padpipe/``
+never shadows the standard library's ``inspect``; the function is :func:`padpipe.inspect`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from torchdata.nodes import IterableWrapper
+
+from padpipe import _build
+from padpipe._progress import Progress
+from padpipe._shard import Consumer
+from padpipe.errors import check_seed, positive
+from padpipe.inspection import _strategies as strategies
+from padpipe.inspection._report import InspectResult, Settings
+from padpipe.inspection._sample import (
+    READERS,
+    Corpus,
+    choose_fields,
+    draw_sample,
+    files_of,
+    first_schema,
+    make_reader,
+    source_pipeline,
+)
+from padpipe.inspection._strategies import StrategyResult
+from padpipe.pipeline import Pipeline
+from padpipe.pipes.pad import padded_length
+from padpipe.pipes.tokenize import tokenize_options
+from padpipe.stats import PipelineStats
+from padpipe.tokenizer import TextEncoder
+
+__all__ = ["InspectResult", "Settings", "StrategyResult", "inspect"]
+
+BUCKET_BUFFERS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+PACK_BUFFERS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+DEFAULT_SEQ_LEN = 2048
+
+
+def inspect(
+    data: Any,
+    tokenizer: Any,
+    *,
+    fields: str | Sequence[str] | None = None,
+    max_length: int | None = None,
+    sample: int | None = 20_000,
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+    seq_len: int | None = None,
+    buffer_size: int = 10_000,
+    pack_buffer_size: int = 256,
+    pad_to_multiple_of: int | None = 8,
+    shuffle_buffer: int = 10_000,
+    seed: int = 0,
+    num_threads: int = 2,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool | None = None,
+) -> InspectResult:
+    """Tokenize a sample (or all) of ``data`` and run every batching strategy on its lengths.
+
+    Strategies, all with the same rows in the same order: static padding to ``max_length``,
+    dynamic padding of random batches, ``bucket(batch_size)``, ``bucket(max_tokens)`` and
+    ``pack(seq_len)``. They run through padpipe's own batching, bucketing and packing stages on
+    the token lengths, so with ``sample=None`` the batches, padding and step counts are exactly
+    those of a pipeline ``read(data).shuffle(shuffle_buffer, seed=seed).tokenize(...)`` followed by
+    the strategy's stages (see each strategy's ``code``). A sample is spread over the input's
+    units (row groups, record batches, byte ranges) and shuffled; steps per epoch are scaled to
+    the corpus size, counted from metadata (Parquet footers, ``datasets``) or estimated (bytes).
+
+    Args:
+        data: A path, glob, folder (``save_to_disk`` too), fsspec URL or list of them (Parquet,
+            Arrow IPC, JSONL ``.gz``/``.zst``), or a reader pipeline (``pp.read_jsonl(...)``,
+            ``pp.from_hf(ds)``) without stages.
+        tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes.
+        fields: The text field, or two for pairs; default ``text``, else the only one or two
+            string columns.
+        max_length: Truncation length; ``None``: the tokenizer's ``model_max_length`` when it has
+            one, else no truncation (static padding then pads to the longest row).
+        sample: Rows to sample; ``None`` reads every row (exact figures).
+        batch_size: Rows per batch of the static, dynamic and ``bucket(batch_size)`` strategies.
+        max_tokens: Budget of ``bucket(max_tokens)``; default ``batch_size`` times the static length
+            (the same padded tokens per step as static padding).
+        seq_len: Packed row length; default ``max_length``, else 2048.
+        buffer_size: Bucket buffer (rows sorted together).
+        pack_buffer_size: Packing buffer (documents to choose fits from).
+        pad_to_multiple_of: Padding multiple of the dynamic and bucket strategies (``None``: none).
+        shuffle_buffer: With ``sample=None``, the ``shuffle(buffer_size)`` modelled before
+            tokenizing (0: file order).
+        seed: Seed of the sample, the shuffle and the bucket batch order.
+        num_threads: Tokenizer threads.
+        storage_options: fsspec options for a path or URL ``data``.
+        progress: Show progress; ``None`` reads ``PADPIPE_PROGRESS`` (``0`` turns it off).
+
+    Returns:
+        An :class:`InspectResult`: ``print`` it, or use ``as_dict()`` and ``chart(path)``.
+
+    Example:
+        >>> result = pp.inspect(pp.examples.SAMPLE_PARQUET, pp.examples.tokenizer(), max_length=128,
+        ...                     sample=2000, progress=False)
+        >>> result.rows, result.fields, [s.name for s in result.strategies][2:]
+        (2000, ('sentence1', 'sentence2'), ['bucket(batch_size=32)', 'bucket(max_tokens=4096)', 'pack(seq_len=128)'])
+    """
+    started = time.perf_counter()
+    positive("sample", sample, allow_none=True)
+    for name, value in (("batch_size", batch_size), ("buffer_size", buffer_size),
+                        ("pack_buffer_size", pack_buffer_size), ("num_threads", num_threads)):
+        positive(name, value)
+    for name, value in (("max_length", max_length), ("max_tokens", max_tokens), ("seq_len", seq_len),
+                        ("pad_to_multiple_of", pad_to_multiple_of)):
+        positive(name, value, allow_none=True)
+    if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+        raise ValueError(f"`shuffle_buffer` must be a non-negative int, but is {shuffle_buffer!r} instead.")
+    check_seed(seed)
+    if seq_len is not None and seq_len < 2:
+        raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
+
+    pipe = source_pipeline(data, storage_options=storage_options)
+    options = tokenize_options(tokenizer, fields="text", max_length=None, truncation=False, add_special_tokens=True,
+                               num_threads=num_threads, on_error="skip", append_eos=False)
+    limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
+    stats = PipelineStats()
+    reader = make_reader(pipe, stats)
+    units = reader.list_units()
+    fields = choose_fields(first_schema(reader, units), fields, units[0].path if units else reader.describe())
+    options["fields"] = fields
+    _check_limit(options["encoder"], fields, limit)
+
+    if sample is None:
+        records = _all_records(pipe, fields, shuffle_buffer=shuffle_buffer, seed=seed, stats=stats)
+        known = all(u.num_rows is not None for u in units)
+        corpus_rows: int | None = sum(u.num_rows or 0 for u in units) if known else None
+        corpus = None
+    else:
+        table, corpus = draw_sample(reader, units, fields, rows=sample, seed=seed, progress=progress)
+        chunk_rows = pipe.source.options.get("chunk_rows", 1024)
+        records = IterableWrapper(table.to_batches(max_chunksize=chunk_rows))
+        corpus_rows = table.num_rows
+    raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)
+    lengths = np.concatenate(raw) if raw else np.zeros(0, np.int64)
+    if corpus is None:
+        files = files_of(reader)
+        corpus = Corpus(len(lengths) + stats.snapshot().skipped.get("tokenize.bad_text", 0), True,
+                        "every row read", len(units), len(units), len(files), sum(files.values()))
+    stream = raw if limit is None else [np.minimum(part, limit) for part in raw]
+
+    static_length = limit if limit is not None else int(lengths.max(initial=1))
+    longest = int(padded_length(np.array([static_length]), pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)[0])
+    max_tokens = max_tokens if max_tokens is not None else batch_size * longest
+    seq_len = seq_len if seq_len is not None else max(2, limit or DEFAULT_SEQ_LEN)
+    settings = Settings(batch_size=batch_size, max_tokens=max_tokens, seq_len=seq_len,
+                        pack_batch_size=max(1, max_tokens // seq_len), buffer_size=buffer_size,
+                        pack_buffer_size=pack_buffer_size, pad_to_multiple_of=pad_to_multiple_of,
+                        static_length=static_length, shuffle_buffer=shuffle_buffer if sample is None else 0, seed=seed)
+    results, bucket_sweep, pack_sweep, budget_truncated = _compare(stream, settings)
+    return InspectResult(
+        source=_describe(data), format=READERS[pipe.source.name], corpus=corpus, fields=fields,
+        tokenizer=_describe(tokenizer), max_length=limit, lengths=lengths, sampled=sample is not None,
+        skipped_rows=stats.snapshot().skipped.get("tokenize.bad_text", 0), settings=settings,
+        strategies=results, bucket_sweep=bucket_sweep, pack_sweep=pack_sweep, budget_truncated=budget_truncated,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _compare(stream: list[np.ndarray], s: Settings) -> tuple[tuple[StrategyResult, ...], tuple, tuple, int]:
+    """Every strategy on ``stream``, and the buffer sweeps of ``bucket(max_tokens)`` and ``pack``."""
+    if not stream:
+        return (), (), (), 0
+    rows = sum(len(part) for part in stream)
+    multiple = s.pad_to_multiple_of
+    by_rows, _ = strategies.bucket(stream, batch_size=s.batch_size, buffer_size=s.buffer_size, seed=s.seed,
+                                   pad_to_multiple_of=multiple)
+    by_budget, truncated = strategies.bucket(stream, max_tokens=s.max_tokens, buffer_size=s.buffer_size,
+                                             seed=s.seed, pad_to_multiple_of=multiple)
+    packed = strategies.pack(stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=s.pack_buffer_size)
+    results = (
+        strategies.static(stream, batch_size=s.batch_size, length=s.static_length),
+        strategies.dynamic(stream, batch_size=s.batch_size, pad_to_multiple_of=multiple),
+        by_rows,
+        by_budget,
+        packed,
+    )
+    bucket_sweep = []
+    for size in sorted({b for b in BUCKET_BUFFERS if b <= rows} | {min(s.buffer_size, rows)}):
+        result = by_budget if size == s.buffer_size else strategies.bucket(
+            stream, max_tokens=s.max_tokens, buffer_size=size, seed=s.seed, pad_to_multiple_of=multiple)[0]
+        bucket_sweep.append((size, result.efficiency))
+    pack_sweep = []
+    for size in sorted({b for b in PACK_BUFFERS if b <= rows} | {min(s.pack_buffer_size, rows)}):
+        result = packed if size == s.pack_buffer_size else strategies.pack(
+            stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=size)
+        pack_sweep.append((size, result.efficiency))
+    return results, tuple(bucket_sweep), tuple(pack_sweep), truncated
+
+
+def _all_records(pipe: Pipeline, fields: tuple[str, ...], *, shuffle_buffer: int, seed: int,
+                 stats: PipelineStats) -> Any:
+    """The record node of ``read(data)[.shuffle(shuffle_buffer, seed)]`` reading only ``fields``, every row."""
+    source = dataclasses.replace(pipe.source, options={**pipe.source.options, "columns": list(fields)})
+    records = Pipeline(source)
+    if shuffle_buffer:
+        records = records.shuffle(shuffle_buffer, seed=seed)
+    return records.build(consumer=Consumer(), stats=stats)
+
+
+def _tokenized_lengths(records: Any, options: dict[str, Any], stats: PipelineStats, *, total: int | None,
+                       progress: bool | None) -> list[np.ndarray]:
+    """Token lengths of every chunk padpipe's tokenize stage makes of ``records``, in order."""
+    context = _build.BuildContext(stats=stats, consumer=Consumer(), seed=None, pad_to_multiple_of=None,
+                                  pad_to_length=None)
+    node = _build.tokenize(records, context, **options)
+    raw = []
+    with Progress("inspect: tokenizing", total=total, enabled=progress) as bar:
+        for chunk in node:
+            raw.append(chunk.lengths)
+            bar.update(chunk.num_rows)
+    return raw
+
+
+def _check_limit(encoder: TextEncoder, fields: tuple[str, ...], limit: int | None) -> None:
+    """``max_length`` must hold the tokenizer's special tokens (else the tokenizer does not truncate)."""
+    if limit is None:
+        return
+    pair = [""] if len(fields) == 2 else None
+    added = int(encoder.encode([""], pair).num_tokens)
+    if limit < added:
+        raise ValueError(f"`max_length` must be at least {added} (the tokenizer's special tokens), but is {limit} instead.")
+
+
+def _describe(thing: Any) -> str:
+    if isinstance(thing, (str, os.PathLike)):
+        return os.fspath(thing)
+    if isinstance(thing, (list, tuple)) and all(isinstance(t, (str, os.PathLike)) for t in thing):
+        return ", ".join(os.fspath(t) for t in thing)
+    if isinstance(thing, Pipeline):
+        options = thing.source.options
+        return str(options.get("paths", thing.source.name))
+    return type(thing).__name__
+
