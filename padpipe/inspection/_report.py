@@ -169,10 +169,10 @@ class InspectResult:
             inspected = f"sampled {self.rows:,} rows from {c.units_read:,} of them"
         else:
             inspected = f"read every row{f' (shuffle buffer {s.shuffle_buffer:,})' if s.shuffle_buffer else ''}"
-        files = f"{c.files:,} file{'s' if c.files != 1 else ''}, " if c.files else ""
+        files = f"{_count(c.files, 'file')}, " if c.files else ""
         lines = [
             f"padpipe inspect: {self.source}",
-            f"  {self.format}, {files}{c.units:,} units; {c.rows:,} rows ({exact}: {c.how}); {inspected}",
+            f"  {self.format}, {files}{_count(c.units, 'unit')}; {c.rows:,} rows ({exact}: {c.how}); {inspected}",
             f"  tokenizer {self.tokenizer}; fields {' + '.join(self.fields)}; max_length {self.max_length}"
             + (f"; {self.skipped_rows:,} rows without text left out" if self.skipped_rows else ""),
             "",
@@ -196,6 +196,9 @@ class InspectResult:
         ]
         if self.sampled:
             lines.append(f"  steps/epoch: scaled from the sample to {c.rows:,} rows")
+        if self.sampled and self.rows < s.buffer_size:
+            lines.append(f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, so the "
+                         "bucket figures are for a buffer of the whole sample (a lower bound): sample more rows")
         lines += ["", "efficiency by buffer size"]
         for name, sweep in ((f"bucket(max_tokens={s.max_tokens})", self.bucket_sweep),
                             (f"pack(seq_len={s.seq_len})", self.pack_sweep)):
@@ -258,6 +261,10 @@ def _plateau(name: str, sweep: tuple[tuple[int, float], ...], cost: str) -> str:
                 f"{before_size:,}: {before:.1%}); try larger ones.")
     return (f"{name}: efficiency stops improving at buffer_size={enough_size:,} ({enough:.1%}; the best measured is "
             f"{best:.1%} at {best_size:,}); {cost}.")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _round_up(value: float, multiple: int) -> int:

@@ -1,0 +1,190 @@
+"""The ``padpipe`` command line (also ``python -m padpipe``): one subcommand per tool.
+
+``padpipe inspect DATA --tokenizer TOK`` prints the token-length distribution of a corpus and what
+every batching strategy costs on it (see :func:`padpipe.inspect`). A user error (a missing file,
+an unknown field, no tokenizer, a bad option) prints one line and exits with status 2.
+
+Example:
+    $ padpipe inspect padpipe/data/sample.parquet --tokenizer padpipe/data/tokenizer.json --max-length 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+from padpipe.errors import DataError
+
+USER_ERRORS = (DataError, ValueError, OSError, ImportError)
+"""What a command reports in one line (exit 2); anything else is a bug and keeps its traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (not the usage block), exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help that adds each option's default (unless its text says it) and keeps the description's line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default is not None and action.default is not False and action.default is not argparse.SUPPRESS
+        if action.option_strings and shown and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _at_least(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a number of at least {minimum}, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _at_least(text, 1)
+
+
+def _non_negative(text: str) -> int:
+    return _at_least(text, 0)
+
+
+def _fields(text: str) -> tuple[str, ...]:
+    fields = tuple(f.strip() for f in text.split(","))
+    if len(fields) not in (1, 2) or not all(fields):
+        raise argparse.ArgumentTypeError(f"expected one field or two separated by a comma, got {text!r}")
+    return fields
+
+
+def _storage_options(text: str) -> dict:
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc.msg})") from None
+    if not isinstance(options, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``padpipe`` parser with its subcommands.
+
+    Example:
+        >>> build_parser().parse_args(["inspect", "data.parquet", "--tokenizer", "tok.json", "--all"]).sample is None
+        True
+    """
+    parser = _Parser(prog="padpipe", description="padpipe tools. Run 'padpipe COMMAND --help' for a command's options.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_inspect(commands)
+    return parser
+
+
+def _add_inspect(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "inspect",
+        help="token lengths of a corpus and the waste of every batching strategy",
+        formatter_class=_Help,
+        description=(
+            "Tokenize a sample of DATA (or all of it) and compare static padding, dynamic padding of random\n"
+            "batches, bucket(batch_size), bucket(max_tokens) and pack(seq_len) on it: padding efficiency,\n"
+            "steps per epoch, real and padded tokens per step and attention work, computed by padpipe's\n"
+            "own stages on the token lengths. Prints the table and recommendations."
+        ),
+    )
+    p.set_defaults(run=_inspect)
+    p.add_argument("data", nargs="+", metavar="DATA",
+                   help="Parquet, Arrow IPC or JSONL (.gz/.zst) file(s), folder(s) (save_to_disk too), globs or "
+                        "fsspec URLs; quote globs")
+    p.add_argument("--tokenizer", required=True, metavar="TOK",
+                   help="a tokenizer.json file, or a folder or name for transformers.AutoTokenizer (required)")
+    p.add_argument("--fields", type=_fields, metavar="A[,B]",
+                   help="the text field, or two for pairs (default: 'text', else the one or two string columns)")
+    p.add_argument("--max-length", type=_positive, metavar="N",
+                   help="truncation length (default: the tokenizer's model_max_length if any, else none)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--sample", type=_positive, default=20_000, metavar="N",
+                      help="rows to sample, spread over the input's files and row groups")
+    size.add_argument("--all", dest="sample", action="store_const", const=None,
+                      help="read every row: exact figures (default: --sample)")
+    p.add_argument("--batch-size", type=_positive, default=32, metavar="N",
+                   help="rows per batch of static, dynamic and bucket(batch_size)")
+    p.add_argument("--max-tokens", type=_positive, metavar="N",
+                   help="padded-token budget of bucket(max_tokens); the target for recommendations "
+                        "(default: batch size x max length)")
+    p.add_argument("--seq-len", type=_positive, metavar="N",
+                   help="packed row length of pack(seq_len); the target for recommendations "
+                        "(default: max length, else 2048)")
+    p.add_argument("--buffer-size", type=_positive, default=10_000, metavar="N", help="bucket buffer (rows)")
+    p.add_argument("--pack-buffer-size", type=_positive, default=256, metavar="N", help="packing buffer (documents)")
+    p.add_argument("--pad-to-multiple-of", type=_non_negative, default=8, metavar="N",
+                   help="padding multiple of the dynamic and bucket strategies (0: none)")
+    p.add_argument("--shuffle-buffer", type=_non_negative, default=10_000, metavar="N",
+                   help="with --all, the shuffle(buffer_size) modelled before tokenizing (0: file order)")
+    p.add_argument("--seed", type=_non_negative, default=0, metavar="N", help="seed of the sample, shuffle and batches")
+    p.add_argument("--threads", type=_positive, default=2, metavar="N", help="tokenizer threads")
+    p.add_argument("--storage-options", type=_storage_options, metavar="JSON",
+                   help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)")
+    p.add_argument("--chart", metavar="PNG", help="also write the chart to this PNG file; needs matplotlib (default: no chart)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to this file (default: no JSON)")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
+                   help="no progress bar (default: a bar on a terminal, log lines elsewhere; PADPIPE_PROGRESS=0 also turns it off)")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from padpipe.inspection import inspect
+
+    result = inspect(
+        args.data if len(args.data) > 1 else args.data[0],
+        args.tokenizer,
+        fields=args.fields,
+        max_length=args.max_length,
+        sample=args.sample,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        seq_len=args.seq_len,
+        buffer_size=args.buffer_size,
+        pack_buffer_size=args.pack_buffer_size,
+        pad_to_multiple_of=args.pad_to_multiple_of or None,
+        shuffle_buffer=args.shuffle_buffer,
+        seed=args.seed,
+        num_threads=args.threads,
+        storage_options=args.storage_options,
+        progress=args.progress,
+    )
+    print(result)
+    if args.chart:
+        print(f"\nchart: {result.chart(args.chart)}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(result.as_dict(), handle, indent=2)
+        print(f"json: {args.json}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status (0, or 2 on a user error).
+
+    Example:
+        >>> main(["inspect", "missing.parquet", "--tokenizer", pp.examples.TOKENIZER_JSON])
+        2
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except USER_ERRORS as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"padpipe {args.command}: error: {message}", file=sys.stderr)
+        return 2
