@@ -74,7 +74,7 @@ class Progress:
         if self._on and _is_terminal(stream):
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit=f" {unit}", unit_scale=True, file=stream, leave=False,
+            self._bar = tqdm(total=total, desc=desc, unit=f" {unit}", file=stream, leave=False,
                              dynamic_ncols=True)
 
     def update(self, n: int) -> None:
