@@ -10,6 +10,8 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -104,6 +106,13 @@ def main(argv: Sequence[str] | None = None) -> list[StrategyResult]:
     plans = strategies(base, max_length=args.max_length, batch_size=args.batch_size, max_tokens=args.max_tokens)
     results = [measure(name, pipe) for name, pipe in plans.items()]
     print(format_table(results))
+    report = pp.inspect(args.data, args.tokenizer, fields=tuple(args.fields), max_length=args.max_length, sample=None,
+                        batch_size=args.batch_size, max_tokens=args.max_tokens, seed=args.seed)
+    print(f"\nThe same data through `padpipe inspect` (every strategy, no model):\n{report}")
+    try:
+        print(f"\nchart: {report.chart(os.path.join(tempfile.gettempdir(), 'padpipe-demo-inspect.png'))}")
+    except ImportError as exc:
+        print(f"\nno chart: {exc}")
     return results
 
 

@@ -272,4 +272,5 @@ def _round_up(value: float, multiple: int) -> int:
 
 
 def _num(value: float) -> str:
-    return f"{value:.0f}" if abs(value - round(value)) < 1e-6 else f"{value:.1f}"
+    """A percentile for people: ``61``, ``410.1`` (one decimal at most, none when it is 0)."""
+    return f"{value:.1f}".removesuffix(".0")
