@@ -106,7 +106,8 @@ class Progress:
     def _line(self) -> str:
         seconds = time.monotonic() - self._start
         if self.total:
-            return f"{self.desc}: {self.count:,} of {self.total:,} {self.unit} ({self.count / self.total:.0%}), {seconds:.1f} s"
+            share = self.count / self.total
+            return f"{self.desc}: {self.count:,} of {self.total:,} {self.unit} ({share:.0%}), {seconds:.1f} s"
         return f"{self.desc}: {self.count:,} {self.unit}, {seconds:.1f} s"
 
     def __enter__(self) -> Progress:

@@ -132,10 +132,12 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=_positive, default=2, metavar="N", help="tokenizer threads")
     p.add_argument("--storage-options", type=_storage_options, metavar="JSON",
                    help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)")
-    p.add_argument("--chart", metavar="PNG", help="also write the chart to this PNG file; needs matplotlib (default: no chart)")
+    p.add_argument("--chart", metavar="PNG",
+                   help="also write the chart to this PNG file; needs matplotlib (default: no chart)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to this file (default: no JSON)")
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
-                   help="no progress bar (default: a bar on a terminal, log lines elsewhere; PADPIPE_PROGRESS=0 also turns it off)")
+                   help="no progress bar (default: a bar on a terminal, log lines elsewhere; "
+                        "PADPIPE_PROGRESS=0 also turns it off)")
 
 
 def _inspect(args: argparse.Namespace) -> int:

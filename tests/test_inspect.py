@@ -78,6 +78,19 @@ def test_inspect_all_equals_real_passes_without_truncation_or_shuffle(docs: str)
     check_equals_real_passes(result, pp.read_jsonl(docs).tokenize(TOK, fields="text"))
 
 
+def test_inspect_cuts_rows_to_a_small_budget_as_on_oversize_truncate_does(pairs: str) -> None:
+    result = pp.inspect(pairs, TOK, max_length=128, sample=None, max_tokens=96, buffer_size=1000, progress=False)
+    budget = result.strategies[3]
+    assert budget.code == ".bucket(max_tokens=96, buffer_size=1000, on_oversize='truncate').pad(pad_to_multiple_of=8)"
+    assert result.budget_truncated == int((np.minimum(result.lengths, 128) > 96).sum()) > 0
+    assert "rows are longer than max_tokens=96 allows" in str(result)
+    stats = real_pass(eval("base" + budget.code, {"base": pp.read_parquet(pairs).shuffle(10_000, seed=0).tokenize(
+        TOK, fields=PAIR, max_length=128)}))
+    assert (budget.batches, budget.real_tokens, budget.padded_tokens) == (stats.batches, stats.real_tokens,
+                                                                          stats.padded_tokens)
+    assert stats.counters["bucket.truncated"] == result.budget_truncated
+
+
 def test_inspect_lengths_are_the_tokenizers_and_percentiles_are_numpys(pairs: str) -> None:
     result = pp.inspect(pairs, TOK, max_length=128, sample=None, progress=False)
     tok = Tokenizer.from_file(TOK)
@@ -142,7 +155,8 @@ def test_inspect_reads_arrow_folders_and_reader_pipelines(tmp_path, docs: str) -
 def test_inspect_report_and_dict_name_every_figure(pairs: str) -> None:
     result = pp.inspect(pairs, TOK, max_length=128, sample=None, progress=False)
     text = str(result)
-    assert text.startswith(f"padpipe inspect: {pairs}\n  parquet, 1 file, 5 units; 3,000 rows (exact: every row read); read every row (shuffle buffer 10,000)\n")
+    assert text.startswith(f"padpipe inspect: {pairs}\n  parquet, 1 file, 5 units; 3,000 rows (exact: every row "
+                           "read); read every row (shuffle buffer 10,000)\n")
     for strategy in result.strategies:
         assert strategy.name in text
     assert "recommendations" in text and "efficiency stops improving at buffer_size=" in text

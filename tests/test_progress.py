@@ -77,5 +77,6 @@ def test_glue_eval_split_shows_progress_while_it_sorts(caplog) -> None:
     assert [s.name for s in shown.stages] == ["tokenize", "progress", "bucket", "pad"]
     assert [s.name for s in quiet.stages] == ["tokenize", "bucket", "pad"]
     batches = list(shown.loader())
-    assert [r.getMessage().split(", ")[0] for r in caplog.records] == ["glue sst2 validation: sorting: 3 of 3 rows (100%)"]
+    lines = [r.getMessage().split(", ")[0] for r in caplog.records]
+    assert lines == ["glue sst2 validation: sorting: 3 of 3 rows (100%)"]
     assert [b["row_index"].tolist() for b in batches] == [b["row_index"].tolist() for b in quiet.loader()]

@@ -151,7 +151,8 @@ def inspect(
     stream = raw if limit is None else [np.minimum(part, limit) for part in raw]
 
     static_length = limit if limit is not None else int(lengths.max(initial=1))
-    longest = int(padded_length(np.array([static_length]), pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)[0])
+    longest = int(padded_length(np.array([static_length]), pad_to_multiple_of=pad_to_multiple_of,
+                                pad_to_length=None)[0])
     max_tokens = max_tokens if max_tokens is not None else batch_size * longest
     seq_len = seq_len if seq_len is not None else max(2, limit or DEFAULT_SEQ_LEN)
     settings = Settings(batch_size=batch_size, max_tokens=max_tokens, seq_len=seq_len,
@@ -230,7 +231,9 @@ def _check_limit(encoder: TextEncoder, fields: tuple[str, ...], limit: int | Non
     pair = [""] if len(fields) == 2 else None
     added = int(encoder.encode([""], pair).num_tokens)
     if limit < added:
-        raise ValueError(f"`max_length` must be at least {added} (the tokenizer's special tokens), but is {limit} instead.")
+        raise ValueError(
+            f"`max_length` must be at least {added} (the tokenizer's special tokens), but is {limit} instead."
+        )
 
 
 def _describe(thing: Any) -> str:

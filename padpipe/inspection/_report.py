@@ -197,7 +197,8 @@ class InspectResult:
         if self.sampled:
             lines.append(f"  steps/epoch: scaled from the sample to {c.rows:,} rows")
         if self.sampled and self.rows < s.buffer_size:
-            lines.append(f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, so the "
+            lines.append(f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, "
+                         "so the "
                          "bucket figures are for a buffer of the whole sample (a lower bound): sample more rows")
         lines += ["", "efficiency by buffer size"]
         for name, sweep in ((f"bucket(max_tokens={s.max_tokens})", self.bucket_sweep),

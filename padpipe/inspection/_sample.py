@@ -72,8 +72,8 @@ def source_pipeline(data: Any, *, storage_options: dict[str, Any] | None = None)
         if data.stages or data.source.name not in READERS:
             raise ValueError(
                 "`data` must be a path or a reader's pipeline without stages (pp.read_parquet(...), "
-                f"pp.read_jsonl(...), pp.from_hf(...)), but is a pipeline with stages {[s.name for s in data.stages]!r} "
-                "instead."
+                f"pp.read_jsonl(...), pp.from_hf(...)), but is a pipeline with stages "
+                f"{[s.name for s in data.stages]!r} instead."
             )
         return data
     import padpipe as pp
@@ -146,10 +146,10 @@ def choose_fields(schema: pa.Schema, fields: str | Sequence[str] | None, where: 
         >>> schema = pa.schema([("sentence1", pa.string()), ("sentence2", pa.string()), ("label", pa.int64())])
         >>> choose_fields(schema, None, "a.parquet")
         ('sentence1', 'sentence2')
-        >>> choose_fields(schema, "sentence", "a.parquet")
+        >>> choose_fields(schema, "sentence", "a.parquet")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        padpipe.errors.DataError: a.parquet: no column 'sentence'; available columns: ['sentence1', 'sentence2', 'label'].
+        padpipe.errors.DataError: a.parquet: no column 'sentence'; available columns: ['sentence1', ...].
     """
     if fields is not None:
         chosen = (fields,) if isinstance(fields, str) else tuple(fields)
@@ -162,7 +162,9 @@ def choose_fields(schema: pa.Schema, fields: str | Sequence[str] | None, where: 
     strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
     if len(strings) in (1, 2):
         return tuple(strings)
-    raise DataError(f"{where}: no 'text' column; pass the text field(s) to tokenize, from the columns {schema.names!r}.")
+    raise DataError(
+        f"{where}: no 'text' column; pass the text field(s) to tokenize, from the columns {schema.names!r}."
+    )
 
 
 def draw_sample(

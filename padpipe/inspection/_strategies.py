@@ -19,6 +19,7 @@ from torchdata.nodes import BaseNode, IterableWrapper
 
 from padpipe.chunks import ID_DTYPE, TokenChunk
 from padpipe.pipes.batch import FixedBatcher
+from padpipe.pipes._cut import longest_row_allowed
 from padpipe.pipes.bucket import Bucketizer
 from padpipe.pipes.pack import Packer
 from padpipe.pipes.pad import padded_length
@@ -100,23 +101,29 @@ def static(stream: Sequence[np.ndarray], *, batch_size: int, length: int) -> Str
 def dynamic(stream: Sequence[np.ndarray], *, batch_size: int, pad_to_multiple_of: int | None) -> StrategyResult:
     """Batches of ``batch_size`` in arrival order, each padded to its longest row."""
     node = FixedBatcher(IterableWrapper(LengthChunks(stream)), batch_size=batch_size)
-    return padded(f"dynamic: random batches of {batch_size}", f".batch({batch_size}).pad({_pad_args(pad_to_multiple_of)})",
-                  node, pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)
+    code = f".batch({batch_size}).pad({_pad_args(pad_to_multiple_of)})"
+    return padded(f"dynamic: random batches of {batch_size}", code, node, pad_to_multiple_of=pad_to_multiple_of,
+                  pad_to_length=None)
 
 
 def bucket(stream: Sequence[np.ndarray], *, batch_size: int | None = None, max_tokens: int | None = None,
            buffer_size: int, seed: int, pad_to_multiple_of: int | None) -> tuple[StrategyResult, int]:
     """``bucket(batch_size | max_tokens)`` then ``pad``; also the rows cut to fit ``max_tokens``.
 
-    Rows longer than the budget allows are truncated (``on_oversize="truncate"``); a pipeline with the
-    default ``on_oversize="raise"`` would stop at the first one.
+    Rows longer than the budget allows are truncated (``on_oversize="truncate"``, then part of the
+    strategy's ``code``); a pipeline with the default ``on_oversize="raise"`` would stop at the first one.
     """
+    oversize = ""
+    if max_tokens is not None:
+        limit = longest_row_allowed(max_tokens, pad_to_multiple_of, None)
+        if any(int(part.max(initial=0)) > limit for part in stream):
+            oversize = ", on_oversize='truncate'"
     stats = PipelineStats()
     node = Bucketizer(IterableWrapper(LengthChunks(stream)), batch_size=batch_size, max_tokens=max_tokens,
                       buffer_size=buffer_size, seed=seed, on_oversize="truncate",
                       pad_to_multiple_of=pad_to_multiple_of, stats=stats)
     size = f"batch_size={batch_size}" if max_tokens is None else f"max_tokens={max_tokens}"
-    code = f".bucket({size}, buffer_size={buffer_size}).pad({_pad_args(pad_to_multiple_of)})"
+    code = f".bucket({size}, buffer_size={buffer_size}{oversize}).pad({_pad_args(pad_to_multiple_of)})"
     result = padded(f"bucket({size})", code, node, pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)
     return result, stats.snapshot().counters.get("bucket.truncated", 0)
 
