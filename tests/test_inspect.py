@@ -74,6 +74,7 @@ def test_inspect_all_equals_real_passes_without_truncation_or_shuffle(docs: str)
     result = pp.inspect(docs, TOK, sample=None, batch_size=16, seq_len=512, buffer_size=300, pad_to_multiple_of=None,
                         shuffle_buffer=0, progress=False)
     assert result.max_length is None and result.fields == ("text",)
+    assert result.strategies[1].name == "dynamic: batches of 16 in order"  # no shuffle: file order
     assert result.settings.static_length == int(result.lengths.max()) > 512  # pack splits the longest documents
     check_equals_real_passes(result, pp.read_jsonl(docs).tokenize(TOK, fields="text"))
 

@@ -42,6 +42,7 @@ __all__ = ["InspectResult", "Settings", "StrategyResult", "inspect"]
 BUCKET_BUFFERS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 PACK_BUFFERS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_SEQ_LEN = 2048
+Sweep = tuple[tuple[int, float], ...]  # (buffer_size, efficiency) per buffer size tried
 
 
 def inspect(
@@ -159,7 +160,8 @@ def inspect(
                         pack_batch_size=max(1, max_tokens // seq_len), buffer_size=buffer_size,
                         pack_buffer_size=pack_buffer_size, pad_to_multiple_of=pad_to_multiple_of,
                         static_length=static_length, shuffle_buffer=shuffle_buffer if sample is None else 0, seed=seed)
-    results, bucket_sweep, pack_sweep, budget_truncated = _compare(stream, settings)
+    shuffled = sample is not None or shuffle_buffer > 0
+    results, bucket_sweep, pack_sweep, budget_truncated = _compare(stream, settings, shuffled=shuffled)
     return InspectResult(
         source=_describe(data), format=READERS[pipe.source.name], corpus=corpus, fields=fields,
         tokenizer=_describe(tokenizer), max_length=limit, lengths=lengths, sampled=sample is not None,
@@ -169,8 +171,9 @@ def inspect(
     )
 
 
-def _compare(stream: list[np.ndarray], s: Settings) -> tuple[tuple[StrategyResult, ...], tuple, tuple, int]:
-    """Every strategy on ``stream``, and the buffer sweeps of ``bucket(max_tokens)`` and ``pack``."""
+def _compare(stream: list[np.ndarray], s: Settings, *, shuffled: bool) -> tuple[tuple[StrategyResult, ...], Sweep,
+                                                                              Sweep, int]:
+    """Every strategy on ``stream`` (in a random order when ``shuffled``), and the buffer sweeps."""
     if not stream:
         return (), (), (), 0
     rows = sum(len(part) for part in stream)
@@ -182,7 +185,7 @@ def _compare(stream: list[np.ndarray], s: Settings) -> tuple[tuple[StrategyResul
     packed = strategies.pack(stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=s.pack_buffer_size)
     results = (
         strategies.static(stream, batch_size=s.batch_size, length=s.static_length),
-        strategies.dynamic(stream, batch_size=s.batch_size, pad_to_multiple_of=multiple),
+        strategies.dynamic(stream, batch_size=s.batch_size, pad_to_multiple_of=multiple, shuffled=shuffled),
         by_rows,
         by_budget,
         packed,

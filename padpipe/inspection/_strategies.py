@@ -98,12 +98,13 @@ def static(stream: Sequence[np.ndarray], *, batch_size: int, length: int) -> Str
                   pad_to_multiple_of=None, pad_to_length=length)
 
 
-def dynamic(stream: Sequence[np.ndarray], *, batch_size: int, pad_to_multiple_of: int | None) -> StrategyResult:
-    """Batches of ``batch_size`` in arrival order, each padded to its longest row."""
+def dynamic(stream: Sequence[np.ndarray], *, batch_size: int, pad_to_multiple_of: int | None,
+            shuffled: bool = True) -> StrategyResult:
+    """Batches of ``batch_size`` in arrival order (random when ``shuffled``), each padded to its longest row."""
     node = FixedBatcher(IterableWrapper(LengthChunks(stream)), batch_size=batch_size)
     code = f".batch({batch_size}).pad({_pad_args(pad_to_multiple_of)})"
-    return padded(f"dynamic: random batches of {batch_size}", code, node, pad_to_multiple_of=pad_to_multiple_of,
-                  pad_to_length=None)
+    name = f"dynamic: random batches of {batch_size}" if shuffled else f"dynamic: batches of {batch_size} in order"
+    return padded(name, code, node, pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)
 
 
 def bucket(stream: Sequence[np.ndarray], *, batch_size: int | None = None, max_tokens: int | None = None,
