@@ -15,7 +15,6 @@ from typing import Any, Sequence
 import fsspec.core
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from padpipe._progress import Progress
 from padpipe._shard import Consumer
@@ -254,9 +253,6 @@ def _corpus(reader: UnitSource, units: Sequence[WorkUnit], visited: int, read_ro
     common = {"units": len(units), "units_read": visited, "files": len(files), "bytes": total_bytes}
     if units and all(u.num_rows is not None for u in units):
         return Corpus(sum(u.num_rows or 0 for u in units), True, "counted from metadata", **common)
-    arrow_rows = _arrow_rows(reader)
-    if arrow_rows is not None:
-        return Corpus(arrow_rows, True, "counted from the Arrow record batch headers", **common)
     if visited == len(units) and all_complete:
         return Corpus(read_rows, True, "every unit read", **common)
     if full_bytes > 0:
@@ -265,24 +261,6 @@ def _corpus(reader: UnitSource, units: Sequence[WorkUnit], visited: int, read_ro
                       f"of {_size(total_bytes)}", **common)
     estimate = math.ceil(read_rows / max(visited, 1) * len(units))
     return Corpus(estimate, False, "at least: rows per unit read times units (units read in part)", **common)
-
-
-def _arrow_rows(reader: UnitSource) -> int | None:
-    """Rows of local Arrow IPC files from their record batch headers (memory-mapped: no data is read)."""
-    if not isinstance(reader, read_arrow.ArrowReader):
-        return None
-    listed = list(getattr(reader, "_files", {}).values())
-    if not listed or not all(ref.is_local for ref, _ in listed):
-        return None
-    total = 0
-    for ref, mode in listed:
-        with ref.open_native(mmap=True) as source:
-            if mode == read_arrow.RANDOM:
-                file = ipc.open_file(source)
-                total += sum(file.get_batch(i).num_rows for i in range(file.num_record_batches))
-            else:
-                total += sum(batch.num_rows for batch in ipc.open_stream(source))
-    return total
 
 
 def _size(n: float) -> str:
