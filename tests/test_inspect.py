@@ -189,6 +189,8 @@ def test_inspect_chart_is_a_png_of_sensible_size(pairs: str, tmp_path) -> None:
         ({"sample": 0}, ValueError, r"^`sample` must be greater than zero, but is 0 instead\.$"),
         ({"max_length": 2, "fields": PAIR}, ValueError, r"^`max_length` must be at least 3 \(the tokenizer's special"),
         ({"shuffle_buffer": -1}, ValueError, r"^`shuffle_buffer` must be a non-negative int, but is -1 instead\.$"),
+        ({"fields": "label"}, pp.DataError,
+         r"pairs\.parquet: nothing to inspect in field\(s\) \['label'\]: all 3,000 rows read have no text there"),
     ],
 )
 def test_inspect_raises_error_when_an_argument_is_bad(pairs: str, kwargs: dict, error: type, message: str) -> None:

@@ -17,7 +17,7 @@ from torchdata.nodes import IterableWrapper
 from padpipe import _build
 from padpipe._progress import Progress
 from padpipe._shard import Consumer
-from padpipe.errors import check_seed, positive
+from padpipe.errors import DataError, check_seed, positive
 from padpipe.inspection import _strategies as strategies
 from padpipe.inspection._report import InspectResult, Settings
 from padpipe.inspection._sample import (
@@ -145,10 +145,14 @@ def inspect(
         corpus_rows = table.num_rows
     raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)
     lengths = np.concatenate(raw) if raw else np.zeros(0, np.int64)
+    skipped = stats.snapshot().skipped.get("tokenize.bad_text", 0)
+    if not len(lengths):
+        found = f"all {skipped:,} rows read have no text there (None or not a string)" if skipped else "it has no rows"
+        raise DataError(f"{_describe(data)}: nothing to inspect in field(s) {list(fields)!r}: {found}.")
     if corpus is None:
         files = files_of(reader)
-        corpus = Corpus(len(lengths) + stats.snapshot().skipped.get("tokenize.bad_text", 0), True,
-                        "every row read", len(units), len(units), len(files), sum(files.values()))
+        corpus = Corpus(len(lengths) + skipped, True, "every row read", len(units), len(units), len(files),
+                        sum(files.values()))
     stream = raw if limit is None else [np.minimum(part, limit) for part in raw]
 
     static_length = limit if limit is not None else int(lengths.max(initial=1))
@@ -165,7 +169,7 @@ def inspect(
     return InspectResult(
         source=_describe(data), format=READERS[pipe.source.name], corpus=corpus, fields=fields,
         tokenizer=_describe(tokenizer), max_length=limit, lengths=lengths, sampled=sample is not None,
-        skipped_rows=stats.snapshot().skipped.get("tokenize.bad_text", 0), settings=settings,
+        skipped_rows=skipped, settings=settings,
         strategies=results, bucket_sweep=bucket_sweep, pack_sweep=pack_sweep, budget_truncated=budget_truncated,
         seconds=time.perf_counter() - started,
     )

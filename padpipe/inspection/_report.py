@@ -45,7 +45,7 @@ class Settings:
     seed: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds an array: compare the figures, not the objects
 class InspectResult:
     """What :func:`padpipe.inspect` found: ``print(result)`` for the report, :meth:`as_dict` for JSON.
 
