@@ -213,7 +213,7 @@ class InspectResult:
         packed = [st for st in self.strategies if st.varlen_attention is not None]
         if not packed:
             return ""
-        return f" ({packed[0].varlen_attention / least:.2f}x with a varlen kernel over cu_seqlens)"
+        return f" ({packed[0].varlen_attention / least:.2f}x with a varlen kernel over cu_seq_lens_q)"
 
     def as_dict(self) -> dict[str, Any]:
         """Everything in the report as plain JSON-ready values.

@@ -39,7 +39,7 @@ class StrategyResult:
         padded_tokens: Token slots, padding included.
         attention: Attention work: sum over batches of rows x padded length squared (``pack``: full
             attention over each packed row).
-        varlen_attention: For ``pack``, the work of a varlen kernel over ``cu_seqlens`` (sum of squared
+        varlen_attention: For ``pack``, the work of a varlen kernel over ``cu_seq_lens_q`` (sum of squared
             segment lengths); ``None`` for padded strategies.
     """
 
@@ -137,7 +137,7 @@ def pack(stream: Sequence[np.ndarray], *, seq_len: int, batch_size: int, buffer_
     attention = varlen = 0.0
     for batch in node:
         attention += batch["input_ids"].shape[0] * float(seq_len) ** 2
-        segments = np.diff(batch["cu_seqlens"].numpy()).astype(np.float64)
+        segments = np.diff(batch["cu_seq_lens_q"].numpy()).astype(np.float64)
         varlen += float((segments**2).sum())
     snap = stats.snapshot()
     return StrategyResult(
