@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from torchdata.nodes import BaseNode
 
 from padpipe._shard import Consumer
+from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
 
 EPOCH_KEY = "epoch"
 NODE_KEY = "node"
+STATS_KEY = "stats"
 
 
 def start_at_epoch(root: BaseNode, epoch: int) -> None:
@@ -46,14 +49,18 @@ class PipelineIterator(Iterator[Any]):
     Args:
         pipeline: The recipe to build.
         epoch: The epoch to read unless a state is loaded.
+        report_stats: Put this consumer's counters into every ``state_dict()`` (under ``"stats"``;
+            ignored on load), so a main process driving workers can sum them.
         consumer: The rank to read as (the worker slot is this process's); default: detected.
         managed: Whether the caller keeps step counts equal across ranks (``pipe.loader()``,
             :func:`padpipe.equal_steps`); if not, a multi-rank run warns once about the DDP hang.
     """
 
     def __init__(self, pipeline: Pipeline, epoch: int, *, consumer: Consumer | None = None,
-                 managed: bool = False) -> None:
+                 managed: bool = False, report_stats: bool = False) -> None:
         self._pipeline = pipeline
+        self._stats = PipelineStats()
+        self._report_stats = report_stats
         self._epoch = epoch
         self._consumer = consumer
         self._managed = managed
@@ -68,7 +75,7 @@ class PipelineIterator(Iterator[Any]):
             consumer = Consumer.detect(ranks=self._pipeline.sharding == "auto")
         if not self._managed:
             warn_unequal_steps(consumer)
-        node = self._pipeline.build(consumer=consumer)
+        node = self._pipeline.build(consumer=consumer, stats=self._stats)
         if self._pending is not None:
             self._epoch = self._pending[EPOCH_KEY]
             node.reset(self._pending[NODE_KEY])
@@ -89,9 +96,12 @@ class PipelineIterator(Iterator[Any]):
         return item
 
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last item returned (epoch and node state)."""
+        """The position after the last item returned (epoch and node state; with ``report_stats``, the counters)."""
         node = self._node if self._node is not None else self._start()
-        return {EPOCH_KEY: self._epoch, NODE_KEY: node.state_dict()}
+        state = {EPOCH_KEY: self._epoch, NODE_KEY: node.state_dict()}
+        if self._report_stats:  # how worker processes report their counters to the main process
+            state[STATS_KEY] = dataclasses.asdict(self._stats.snapshot())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` at the first ``next()``; must come before any item is read."""

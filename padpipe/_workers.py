@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
-from padpipe._iterable import PipelineIterator
+from padpipe._iterable import STATS_KEY, PipelineIterator
 from padpipe._shard import Consumer
 from padpipe._state import check_state, make_state
+from padpipe.stats import PipelineStats, StatsSnapshot
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
@@ -38,7 +39,7 @@ class EpochShares(IterableDataset):
         self.epoch = 0
 
     def __iter__(self) -> Iterator[Any]:
-        return PipelineIterator(self.pipeline, self.epoch, consumer=self.consumer, managed=True)
+        return PipelineIterator(self.pipeline, self.epoch, consumer=self.consumer, managed=True, report_stats=True)
 
 
 class WorkerProcesses(BaseNode[Any]):
@@ -51,6 +52,8 @@ class WorkerProcesses(BaseNode[Any]):
         ranks: Split between ranks when detecting (``Pipeline.shard("off")`` passes ``False``).
         options: Further ``StatefulDataLoader`` keywords (``pin_memory``, ``prefetch_factor``,
             ``multiprocessing_context``, ``timeout``).
+        stats: The main process's counters: the workers' counters (sent with their states) are
+            summed into its snapshots.
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}] * 4).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -65,10 +68,14 @@ class WorkerProcesses(BaseNode[Any]):
     LOADER_KEY = "dataloader"
 
     def __init__(self, pipeline: Pipeline, *, num_workers: int, consumer: Consumer | None = None,
-                 ranks: bool = True, options: dict[str, Any] | None = None) -> None:
+                 ranks: bool = True, options: dict[str, Any] | None = None,
+                 stats: PipelineStats | None = None) -> None:
         super().__init__()
         self.pipeline, self.num_workers, self.consumer, self.ranks = pipeline, num_workers, consumer, ranks
         self.options = dict(options or {})
+        self.stats = stats or PipelineStats()
+        self._ended = PipelineStats().snapshot()  # the workers' counters of earlier epochs
+        self.stats.include(lambda: self._ended.merge(*self._live()))
         self._loader: Any = None
         self._it: Iterator[Any] | None = None
         self._epoch = -1
@@ -107,7 +114,9 @@ class WorkerProcesses(BaseNode[Any]):
         )
 
     def close(self) -> None:
-        """Stop this epoch's worker processes (they restart on the next ``reset``)."""
+        """Stop this epoch's worker processes (they restart on the next ``reset``), keeping their counters."""
+        if self._it is not None:
+            self._ended = self._ended.merge(*self._live())
         it, self._it = self._it, None
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
@@ -130,8 +139,17 @@ class WorkerProcesses(BaseNode[Any]):
             return StatefulDataLoader(self._dataset, batch_size=None, num_workers=self.num_workers,
                                       persistent_workers=False, **self.options)
 
+    def _live(self) -> list[StatsSnapshot]:
+        """The counters the running workers last sent (with their states)."""
+        if self._it is None:
+            return []
+        workers = self._loader.state_dict().get("_snapshot", {}).get("_worker_snapshots", {})
+        states = [(w.get("fetcher_state") or {}).get("dataset_iter_state") or {} for w in workers.values()]
+        return [StatsSnapshot(**state[STATS_KEY]) for state in states if STATS_KEY in state]
+
     def _start(self, loader_state: dict[str, Any] | None) -> None:
         """Start workers for ``self._epoch`` (forked or spawned with the epoch in their dataset)."""
+        self.stats.add("workers.epochs_started", 1)
         self._dataset.epoch = self._epoch
         self._loader.load_state_dict(loader_state or {})
         self._it = iter(self._loader)

@@ -554,7 +554,7 @@ class Pipeline(IterableDataset):
         last = self.stages[-1] if self.stages and self.stages[-1].builder is _build.prefetch else None
         in_workers = dataclasses.replace(self, stages=self.stages[:-1]) if last is not None else self
         root: BaseNode = WorkerProcesses(in_workers, num_workers=num_workers, consumer=consumer,
-                                         ranks=self.sharding == "auto", options=options)
+                                         ranks=self.sharding == "auto", options=options, stats=stats)
         if last is not None:
             context = BuildContext(stats=stats, consumer=consumer, seed=self.seed, pad_to_multiple_of=None,
                                    pad_to_length=None)

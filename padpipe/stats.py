@@ -31,7 +31,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,19 @@ class PipelineStats:
         self._skipped: dict[str, int] = defaultdict(int)
         self._seconds: dict[str, float] = defaultdict(float)
         self._counters: dict[str, int] = defaultdict(int)
+        self._included: list[Callable[[], StatsSnapshot]] = []
+
+    def include(self, source: Callable[[], StatsSnapshot]) -> None:
+        """Add ``source()`` (say, the counters of worker processes) to every later :meth:`snapshot`.
+
+        Example:
+            >>> s, other = PipelineStats(), PipelineStats()
+            >>> other.record_batch(rows=3, real_tokens=3, padded_tokens=4)
+            >>> s.include(other.snapshot); s.snapshot().rows
+            3
+        """
+        with self._lock:
+            self._included.append(source)
 
     def _start(self, now: float) -> None:
         """Start the wall clock at ``now`` unless it runs already (call with the lock held)."""
@@ -233,7 +246,11 @@ class PipelineStats:
                 self._seconds[stage] += elapsed
 
     def snapshot(self) -> StatsSnapshot:
-        """A consistent copy of all counters."""
+        """A consistent copy of all counters (with those of any :meth:`include`-d source)."""
+        own = self._own_snapshot()
+        return own.merge(*(source() for source in list(self._included))) if self._included else own
+
+    def _own_snapshot(self) -> StatsSnapshot:
         with self._lock:
             wall = 0.0 if self._started is None else time.perf_counter() - self._started
             return StatsSnapshot(

@@ -119,3 +119,17 @@ def test_record_pipelines_load_in_workers_too(tmp_path):
     pq.write_table(pa.table({"n": list(range(10))}), tmp_path / "n.parquet", row_group_size=3)
     batches = list(pp.read_parquet(str(tmp_path / "n.parquet"), chunk_rows=2).loader(num_workers=2))
     assert sorted(n for b in batches for n in b.column("n").to_pylist()) == list(range(10))
+
+
+def test_loader_with_workers_sums_its_workers_stats(data):
+    alone = pipeline(data).loader()
+    list(alone)
+    loader = pipeline(data).loader(num_workers=2)
+    first = len(list(loader))
+    one = loader.stats()
+    assert (one.rows, one.batches, one.real_tokens) == (600, first, alone.stats().real_tokens)
+    assert one.counters["read.rows"] == 600 and one.seconds["tokenize"] > 0
+    second = len(list(loader))
+    two = loader.stats()
+    assert (two.rows, two.batches) == (1200, first + second)
+    assert two.counters["workers.epochs_started"] == 2
