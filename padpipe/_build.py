@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from torchdata.nodes import BaseNode, ParallelMapper
+from torchdata.nodes import BaseNode
 
 from padpipe._shard import Consumer
 from padpipe.stats import PipelineStats
@@ -48,19 +48,27 @@ def tokenize(
     on_error: str,
     append_eos: bool,
 ) -> BaseNode:
-    """Build the tokenizer stage: a ``ParallelMapper`` of threads running the batch encoder.
+    """Build the tokenizer stage: the batch encoder run by ``num_threads`` threads, chunks in order.
 
-    Errors raised in a worker thread travel as values and are re-raised by
-    :class:`~padpipe.pipes._errors.Reraise` in the consumer, unchanged and with their traceback.
+    Its state is the upstream position after the last chunk it returned, whatever ``num_threads``
+    (so resume is exact across thread counts), with the settings that change the tokens checked on
+    resume: ``fields``, ``max_length`` (as resolved), ``add_special_tokens``, ``append_eos``, the
+    truncation side and the tokenizer itself. ``on_error`` is not checked, so a run stopped by a bad
+    row can resume with ``on_error="skip"``. Errors from the threads reach the consumer unchanged.
     """
-    from padpipe.pipes._errors import Reraise, capture_errors
+    from padpipe.pipes._threading import OrderedMapper
     from padpipe.pipes.tokenize import ChunkTokenizer
 
     fn = ChunkTokenizer(encoder, fields=fields, on_error=on_error, append_eos=append_eos, stats=ctx.stats)
-    if num_threads == 1:
-        return ParallelMapper(upstream, fn, num_workers=0)
-    mapper = ParallelMapper(upstream, capture_errors(fn), num_workers=num_threads, method="thread", in_order=True)
-    return Reraise(mapper)
+    settings = {
+        "fields": list(fields),
+        "max_length": encoder.max_length,
+        "truncation_side": encoder.truncation_side,
+        "add_special_tokens": encoder.add_special_tokens,
+        "append_eos": append_eos,
+        "tokenizer": encoder.fingerprint(),
+    }
+    return OrderedMapper(upstream, fn, num_threads=num_threads, stage="tokenize", settings=settings)
 
 
 def batch(upstream: BaseNode, ctx: BuildContext, *, batch_size: int, drop_last: bool) -> BaseNode:

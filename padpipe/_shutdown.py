@@ -1,9 +1,14 @@
-"""Stop every background thread of still-alive pipelines before the interpreter exits.
+"""Stop every background thread of padpipe before the interpreter exits.
 
-Daemon threads (padpipe's prefetch thread, torchdata's ``ParallelMapper`` workers) may be inside
-native code (a Parquet read, a Rust tokenizer call) when Python shuts down; Arrow's C++ thread pool
-then aborts the process ("terminate called without an active exception") even though every test
-or training step passed. Built graphs are tracked weakly; at exit each is stopped and joined.
+A daemon thread that is inside native code (a Parquet read, a Rust tokenizer call) when Python
+finalizes is ended with ``pthread_exit`` as soon as it returns to Python; unwinding through C++
+frames then aborts the process (``FATAL: exception not rethrown``, ``terminate called without an
+active exception``) even though every step of the program passed. So every
+:class:`~padpipe.pipes._threading.BackgroundProducer` registers itself here when it starts a
+thread, and at exit each one still alive is stopped and joined (it finishes its current
+``next(source)`` first): also the threads of loaders that were abandoned after an error, which no
+live pipeline references any more. The thread pools of ``tokenize`` are not daemons: Python joins
+them at exit by itself.
 """
 
 from __future__ import annotations
@@ -12,16 +17,13 @@ import atexit
 import weakref
 from typing import Any
 
-from torchdata.nodes import BaseNode
-
-_GRAPHS: weakref.WeakSet[BaseNode] = weakref.WeakSet()
+_PRODUCERS: weakref.WeakSet[Any] = weakref.WeakSet()
 _CHILDREN = ("source", "root", "_it", "_producer")
 
 
-def track(root: BaseNode) -> BaseNode:
-    """Remember ``root`` so its threads are stopped at exit; returns it unchanged."""
-    _GRAPHS.add(root)
-    return root
+def register_producer(producer: Any) -> None:
+    """Remember a producer that starts a thread, so the thread is stopped at exit (held weakly)."""
+    _PRODUCERS.add(producer)
 
 
 def stop_threads(root: Any) -> None:
@@ -37,15 +39,13 @@ def stop_threads(root: Any) -> None:
         if obj is None or id(obj) in seen:
             continue
         seen.add(id(obj))
-        if hasattr(obj, "close") and type(obj).__name__ == "BackgroundProducer":
+        if type(obj).__name__ in ("BackgroundProducer", "OrderedMapper"):
             obj.close()
-        elif hasattr(obj, "_shutdown") and callable(obj._shutdown):  # torchdata's mapper iterators
-            obj._shutdown()
         stack.extend(getattr(obj, "source_nodes", {}).values())
         stack.extend(getattr(obj, name, None) for name in _CHILDREN)
 
 
 @atexit.register
 def _stop_all() -> None:
-    for root in list(_GRAPHS):
-        stop_threads(root)
+    for producer in list(_PRODUCERS):
+        producer.close()

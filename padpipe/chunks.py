@@ -3,7 +3,7 @@
 Raw stages (readers, shuffle) pass ``pyarrow.RecordBatch`` objects. From ``tokenize`` on, stages
 pass :class:`TokenChunk`: one flat ``int32`` id array plus row offsets, optional flat token type
 ids, and the pass-through columns (labels, ids, ...) as Arrow arrays. Gathering, concatenating and
-serialising chunks are vectorized; no stage loops over rows in Python.
+saving chunks are vectorized; no stage loops over rows in Python.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
+import torch
+
+from padpipe._state import StateMismatchError, seal, unseal
 
 ID_DTYPE = np.int32
 TYPE_ID_DTYPE = np.int8
@@ -144,41 +147,98 @@ class TokenChunk:
         return TokenChunk(ids, offsets, None, cols)
 
     def to_state(self) -> dict[str, Any]:
-        """A picklable, ``torch.save``-able snapshot (numpy arrays and Arrow IPC bytes)."""
-        return {
-            "ids": self.ids.copy(),
-            "offsets": self.offsets.copy(),
-            "type_ids": None if self.type_ids is None else self.type_ids.copy(),
-            "columns": _columns_to_ipc(self.columns, self.num_rows),
-        }
+        """A sealed, plain-data snapshot: ``torch`` tensors (ids, offsets, type ids, Arrow IPC bytes of the columns).
+
+        ``torch.load(..., weights_only=True)`` loads it; :meth:`from_state` checks it fully.
+
+        Example:
+            >>> state = TokenChunk.from_lists([[1, 2], [3]]).to_state()
+            >>> state["ids"], state["offsets"]
+            (tensor([1, 2, 3], dtype=torch.int32), tensor([0, 2, 3]))
+        """
+        return seal({
+            "ids": torch.from_numpy(np.array(self.ids, dtype=ID_DTYPE, copy=True)),
+            "offsets": torch.from_numpy(np.array(self.offsets, dtype=np.int64, copy=True)),
+            "type_ids": None if self.type_ids is None else torch.from_numpy(np.array(self.type_ids, TYPE_ID_DTYPE, copy=True)),
+            "columns": None if not self.columns else bytes_to_tensor(_columns_to_ipc(self.columns)),
+        })
 
     @staticmethod
-    def from_state(state: dict[str, Any]) -> TokenChunk:
-        """Inverse of :meth:`to_state`."""
-        return TokenChunk(
-            np.asarray(state["ids"], dtype=ID_DTYPE),
-            np.asarray(state["offsets"], dtype=np.int64),
-            None if state["type_ids"] is None else np.asarray(state["type_ids"], dtype=TYPE_ID_DTYPE),
-            _columns_from_ipc(state["columns"]),
-        )
+    def from_state(state: Any) -> TokenChunk:
+        """Inverse of :meth:`to_state`; ``StateMismatchError`` saying what is wrong when ``state`` is not one.
+
+        Example:
+            >>> TokenChunk.from_state({"ids": [1]})
+            Traceback (most recent call last):
+            ...
+            padpipe._state.StateMismatchError: expected a token chunk with keys ['columns', 'ids', 'offsets', 'type_ids'] and a checksum, found {'ids': [1]}
+        """
+        state = unseal("a token chunk", state, CHUNK_KEYS)
+        ids = _tensor(state["ids"], torch.int32, "ids")
+        offsets = _tensor(state["offsets"], torch.int64, "offsets")
+        if not len(offsets) or offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 0).any():
+            raise StateMismatchError(
+                f"a token chunk's offsets must rise from 0 to its {len(ids)} ids, but are {offsets[:4].tolist()}... instead"
+            )
+        type_ids = None if state["type_ids"] is None else _tensor(state["type_ids"], torch.int8, "type_ids")
+        if type_ids is not None and len(type_ids) != len(ids):
+            raise StateMismatchError(f"a token chunk has {len(type_ids)} type ids for {len(ids)} ids")
+        columns: dict[str, pa.Array] = {}
+        if state["columns"] is not None:
+            batch = record_batch_from_bytes(_tensor(state["columns"], torch.uint8, "columns"))
+            if batch.num_rows != len(offsets) - 1:
+                raise StateMismatchError(f"a token chunk has {batch.num_rows} column rows for {len(offsets) - 1} rows")
+            columns = {name: batch.column(i) for i, name in enumerate(batch.schema.names)}
+        return TokenChunk(ids, offsets, type_ids, columns)
+
+
+CHUNK_KEYS = ("ids", "offsets", "type_ids", "columns")
+RECORDS_KEYS = ("ipc",)
+
+
+def _tensor(value: Any, dtype: torch.dtype, name: str) -> np.ndarray:
+    if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != 1:
+        found = f"a {value.dtype} tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)[:60]
+        raise StateMismatchError(f"a token chunk's {name!r} must be a 1-D {dtype} tensor, but is {found}")
+    return value.detach().cpu().numpy()
+
+
+def bytes_to_tensor(data: bytes) -> torch.Tensor:
+    """Bytes as a 1-D ``uint8`` tensor (how Arrow IPC buffers travel in plain-data states).
+
+    Example:
+        >>> bytes_to_tensor(b"ab")
+        tensor([97, 98], dtype=torch.uint8)
+    """
+    return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+
+
+def records_to_state(batch: pa.RecordBatch) -> dict[str, Any]:
+    """A sealed, plain-data snapshot of a record batch (its Arrow IPC stream as a ``uint8`` tensor).
+
+    Example:
+        >>> records_from_state(records_to_state(pa.record_batch({"a": [1, 2]}))).to_pylist()
+        [{'a': 1}, {'a': 2}]
+    """
+    return seal({"ipc": bytes_to_tensor(record_batch_to_bytes(batch))})
+
+
+def records_from_state(state: Any) -> pa.RecordBatch:
+    """Inverse of :func:`records_to_state`; ``StateMismatchError`` when ``state`` is not one."""
+    state = unseal("a record batch", state, RECORDS_KEYS)
+    value = state["ipc"]
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
+        raise StateMismatchError("a record batch's 'ipc' must be a 1-D uint8 tensor")
+    return record_batch_from_bytes(value.detach().cpu().numpy())
 
 
 def _as_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
-def _columns_to_ipc(columns: dict[str, pa.Array], num_rows: int) -> bytes | None:
-    if not columns:
-        return None
+def _columns_to_ipc(columns: dict[str, pa.Array]) -> bytes:
     batch = pa.RecordBatch.from_arrays([_as_array(c) for c in columns.values()], names=list(columns))
     return record_batch_to_bytes(batch)
-
-
-def _columns_from_ipc(data: bytes | None) -> dict[str, pa.Array]:
-    if data is None:
-        return {}
-    batch = record_batch_from_bytes(data)
-    return {name: batch.column(i) for i, name in enumerate(batch.schema.names)}
 
 
 def record_batch_to_bytes(batch: pa.RecordBatch | pa.Table) -> bytes:
@@ -189,7 +249,10 @@ def record_batch_to_bytes(batch: pa.RecordBatch | pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def record_batch_from_bytes(data: bytes) -> pa.RecordBatch:
-    """Inverse of :func:`record_batch_to_bytes`; always one record batch."""
-    table = pa.ipc.open_stream(data).read_all()
+def record_batch_from_bytes(data: bytes | np.ndarray) -> pa.RecordBatch:
+    """Inverse of :func:`record_batch_to_bytes`; always one record batch (``StateMismatchError`` if unreadable)."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise StateMismatchError(f"a saved record batch is not readable Arrow IPC ({exc})") from None
     return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)

@@ -17,10 +17,10 @@ from torchdata.nodes import BaseNode
 from padpipe import _build
 from padpipe._build import BuildContext, Stage
 from padpipe._shard import Consumer
-from padpipe._shutdown import track
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.loader import PipelineLoader
 from padpipe.pipes._cut import longest_row_allowed
+from padpipe.pipes._errors import FailureLatch
 from padpipe.pipes.bucket import check_bucket_options
 from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
@@ -421,7 +421,7 @@ class Pipeline(IterableDataset):
         node = self.source.builder(None, context, **self.source.options)
         for stage in self.stages:
             node = stage.builder(node, context, **stage.options)
-        return track(node)
+        return FailureLatch(node)  # after an error, the same error again until reset (never a silent skip)
 
     def loader(
         self,

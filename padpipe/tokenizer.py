@@ -8,6 +8,7 @@ into one flat :class:`~padpipe.chunks.TokenChunk`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from itertools import chain
 from operator import attrgetter
@@ -224,6 +225,25 @@ class TextEncoder:
         np.cumsum(lengths, out=offsets[1:])
         type_ids = None if chunk.type_ids is None else chunk.type_ids[mask]
         return TokenChunk(chunk.ids[mask], offsets, type_ids)
+
+    def fingerprint(self) -> str:
+        """The tokenizer's identity, checked when a pipeline resumes: vocabulary size and a digest of its JSON.
+
+        Truncation and padding are left out of the digest (``max_length`` is checked on its own).
+
+        Example:
+            >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=8, truncation=True, add_special_tokens=True)
+            >>> enc.fingerprint()
+            'vocab=... sha1=...'
+        """
+        cached = self.__dict__.get("_fingerprint")
+        if cached is None:
+            twin = Tokenizer.from_str(self._tokenizer.to_str())
+            twin.no_truncation()
+            twin.no_padding()
+            digest = hashlib.sha1(twin.to_str().encode()).hexdigest()[:16]
+            cached = self._fingerprint = f"vocab={twin.get_vocab_size()} sha1={digest}"
+        return cached
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -1,76 +1,81 @@
-"""Carry an exception from a worker thread to the consumer unchanged, traceback included.
+"""What happens after an error: a pipeline that raised stays failed until it is reset.
 
-torchdata's ``ParallelMapper`` re-raises worker errors with a rewritten message ("Caught X in
-_apply_udf ..."); wrapping the function with :func:`capture_errors` and the mapper with
-:class:`Reraise` keeps the original exception object, so messages stay exact.
+A stage that raises in the middle of ``next()`` may have consumed input it has not emitted (rows
+read into a bucket buffer, a chunk whose tokenization failed), so calling ``next()`` again would
+go on without them: rows silently lost. :class:`FailureLatch` sits at the root of every built
+pipeline and makes the one behaviour explicit:
+
+* every later ``next()`` raises the same exception again (same object, original traceback);
+* ``state_dict()`` raises ``RuntimeError``: a state saved after the error would not resume exactly;
+* ``reset()`` (a new epoch, or ``load_state_dict`` with a state saved before the error) clears it.
+
+Nothing is skipped unless a stage's own policy says so (``on_error="skip"``,
+``on_missing="skip"``, ``on_oversize="drop"``), and such skips are counted in stats.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from types import TracebackType
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
 
-
-@dataclass(frozen=True)
-class CapturedError:
-    """An exception raised by a mapped function, travelling as an item."""
-
-    error: BaseException
-
-
-class _Capturing:
-    """Picklable wrapper returning :class:`CapturedError` instead of raising."""
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, item: Any) -> Any:
-        try:
-            return self.fn(item)
-        except Exception as exc:  # noqa: BLE001 - re-raised as is by Reraise
-            return CapturedError(exc)
-
-
-def capture_errors(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Wrap ``fn`` so an exception comes back as a :class:`CapturedError` item.
-
-    Example:
-        >>> capture_errors(int)("x").error.__class__.__name__
-        'ValueError'
-    """
-    return _Capturing(fn)
-
-
-class Reraise(BaseNode):
-    """Pass items through; raise any :class:`CapturedError` as its original exception.
+class FailureLatch(BaseNode):
+    """Pass items, states and resets through unchanged; after an error, re-raise it until the next reset.
 
     Args:
-        source: A node whose items may be :class:`CapturedError`.
-    """
+        source: The pipeline's root node.
 
-    VERSION = 1
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> class Bad(IterableWrapper):
+        ...     def next(self):
+        ...         raise ValueError("row 3 is bad")
+        >>> node = FailureLatch(Bad([1]))
+        >>> for _ in range(2):
+        ...     try:
+        ...         next(node)
+        ...     except ValueError as e:
+        ...         print(e)
+        row 3 is bad
+        row 3 is bad
+    """
 
     def __init__(self, source: BaseNode) -> None:
         super().__init__()
         self.source = source
+        self._error: BaseException | None = None
+        self._traceback: TracebackType | None = None
 
-    def reset(self, initial_state: dict | None = None) -> None:
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        if initial_state is None:
-            self.source.reset(None)
-        else:
-            check_state("tokenize", initial_state, version=self.VERSION, settings={})
-            self.source.reset(initial_state[SOURCE_KEY])
+        self._error = self._traceback = None
+        try:
+            self.source.reset(initial_state)
+        except BaseException as error:  # a half-applied state is no better than a failed next()
+            self._fail(error)
+            raise
 
     def next(self) -> Any:
-        item = next(self.source)
-        if isinstance(item, CapturedError):
-            raise item.error
-        return item
+        if self._error is not None:
+            raise self._error.with_traceback(self._traceback)
+        try:
+            return next(self.source)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            self._fail(error)
+            raise
 
-    def get_state(self) -> dict:
-        return make_state(version=self.VERSION, settings={}, **{SOURCE_KEY: self.source.state_dict()})
+    def get_state(self) -> dict[str, Any]:
+        if self._error is not None:
+            raise RuntimeError(
+                f"the pipeline failed with {type(self._error).__name__}: {self._error}; a state saved after that "
+                "would not resume exactly. Load a state saved before the error, or start a new epoch."
+            ) from self._error
+        return self.source.state_dict()
+
+    def _fail(self, error: BaseException) -> None:
+        if not isinstance(error, GeneratorExit):
+            self._error, self._traceback = error, error.__traceback__

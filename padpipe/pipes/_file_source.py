@@ -9,23 +9,32 @@ object storage needs:
   (:mod:`padpipe.pipes._retry`); a read that failed mid-unit re-opens the file and goes on from
   the current ``(unit, row)``, so no row is lost or repeated; when retries run out, a
   ``DataError`` names the file, the attempts and the last error;
-* a file that vanished or changed size since it was listed is a ``DataError`` naming it, or with
-  ``on_missing="skip"`` is skipped (rest of it) and counted as ``read.missing_file``; resume stays
-  exact because the position moves past it like past any unit.
+* a file that vanished, or changed size or version (modification time, ETag) since it was listed
+  is a ``DataError`` naming it, or with ``on_missing="skip"`` is skipped (rest of it) and counted as
+  ``read.missing_file``; resume stays exact because the position moves past it like past any unit;
+* a state records the identity of the listing (each file's name, size and version); resuming it
+  where the listing differs is a ``StateMismatchError`` naming the files added, removed or changed
+  (listing the same files as a folder, a glob or a list is the same input);
+* every record batch carries the file it came from in its schema metadata, so later stages can
+  name it in their errors.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
+import fsspec.core
 import pyarrow as pa
+import pyarrow.json as pj
 
 from padpipe._shard import Consumer
+from padpipe._state import StateMismatchError
 from padpipe.errors import DataError, one_of
 from padpipe.pipes._listing import SharedListing
 from padpipe.pipes._paths import ChangedFileError, FileRef, FolderFiles, check_paths, expand_paths
 from padpipe.pipes._retry import Attempts, Retry, call, is_transient
-from padpipe.pipes._schema import check_columns
+from padpipe.pipes._schema import check_columns, tag_source
 from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
 from padpipe.stats import PipelineStats
 
@@ -88,6 +97,7 @@ class FileSource(UnitSource):
         self.on_missing = on_missing
         self.listing = listing if listing is not None else SharedListing()
         self._files: dict[str, Any] = {}
+        self._identity = ""
         self._attempts = Attempts(self.retry)
         self._lost: set[str] = set()
 
@@ -107,7 +117,9 @@ class FileSource(UnitSource):
     def expand(self, folder_files: FolderFiles | None = None) -> list[FileRef]:
         """The files ``paths`` name (see :func:`~padpipe.pipes._paths.expand_paths`), listing retried."""
         options = {"suffixes": self.SUFFIXES, "storage_options": self.storage_options, "folder_files": folder_files}
-        return self.retried(f"listing {list(self.paths)!r}", lambda: expand_paths(self.paths, **options))
+        files = self.retried(f"listing {list(self.paths)!r}", lambda: expand_paths(self.paths, **options))
+        self._identity = "\n".join(f.identity for f in files)
+        return files
 
     def retried(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` with transient errors retried (counted as ``read.retries``); ``what`` names the file."""
@@ -115,15 +127,38 @@ class FileSource(UnitSource):
 
     # -- UnitSource ---------------------------------------------------------------------------------
     def list_units(self) -> list[WorkUnit]:
+        names = (*self.LISTING_ATTRS, "_identity")
+
         def make() -> tuple[list[WorkUnit], dict[str, Any]]:
             units = self.list_files()
-            return units, {name: getattr(self, name) for name in self.LISTING_ATTRS}
+            return units, {name: getattr(self, name) for name in names}
+
+        def decode(data: Any) -> tuple[list[WorkUnit], dict[str, Any]]:
+            units, attrs = listing_from_plain(data, self.storage_options)
+            if set(attrs) != set(names):
+                raise KeyError(f"the shared listing has {sorted(attrs)}, expected {sorted(names)}")
+            return units, attrs
 
         key = f"{type(self).__name__} {self.describe()} storage_options={self.storage_options!r}"
-        units, attrs = self.listing.get(key, make)
+        units, attrs = self.listing.get(key, make, encode=listing_to_plain, decode=decode)
         for name, value in attrs.items():
             setattr(self, name, value)
         return units
+
+    def fingerprint(self) -> str:
+        return f"{type(self).__name__} columns={list(self.columns) if self.columns else None!r}"
+
+    def identity(self) -> str | None:
+        return self._identity
+
+    def check_identity(self, saved: str) -> None:
+        if saved == self._identity:
+            return
+        raise StateMismatchError(
+            f"{type(self).__name__} state doesn't match this pipeline: its files changed since the state was saved "
+            f"({listing_change(saved, self._identity)}); resuming would read other rows. Resume with the files as "
+            "they were, or start a new run."
+        )
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -149,7 +184,7 @@ class FileSource(UnitSource):
                 self.stats.add(RETRIES, 1)
                 continue
             self._attempts.succeeded()
-            return batch
+            return tag_source(batch, self._order[self._unit].path)
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         return iter(()) if unit.path in self._lost else super()._read(unit, start_row)
@@ -169,3 +204,106 @@ class FileSource(UnitSource):
             self._lost.add(unit.path)
             self.stats.record_skip("read.missing_file", 1)
         self._unit, self._row = self._unit + 1, 0
+
+
+# -- the listing as plain data (shared by worker processes through a private JSON file) ------------
+def listing_to_plain(listing: tuple[list[WorkUnit], dict[str, Any]]) -> dict[str, Any]:
+    """A reader's listing (units and listing attributes) as JSON-able data; see :func:`listing_from_plain`.
+
+    Example:
+        >>> units = [WorkUnit("a.jsonl", 0, None, 0, 10)]
+        >>> listing_to_plain((units, {"_identity": "a.jsonl\\t10\\t1.0"}))["units"]
+        [['a.jsonl', 0, None, 0, 10]]
+    """
+    units, attrs = listing
+    filesystems: list[tuple[Any, str]] = []
+    plain_units = [[u.path, u.index, u.num_rows, u.start, u.stop] for u in units]
+    return {"units": plain_units, "attrs": {k: _to_plain(v, filesystems) for k, v in attrs.items()},
+            "filesystems": [url for _, url in filesystems]}
+
+
+def listing_from_plain(data: Any, storage_options: dict[str, Any]) -> tuple[list[WorkUnit], dict[str, Any]]:
+    """Inverse of :func:`listing_to_plain`; filesystems are made from their URLs and ``storage_options``."""
+    filesystems = [fsspec.core.url_to_fs(url, **storage_options)[0] for url in data["filesystems"]]
+    units = [WorkUnit(str(p), int(i), None if n is None else int(n), int(a), None if b is None else int(b))
+             for p, i, n, a, b in data["units"]]
+    return units, {str(k): _from_plain(v, filesystems) for k, v in data["attrs"].items()}
+
+
+def _to_plain(value: Any, filesystems: list[tuple[Any, str]]) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, FileRef):
+        index = next((i for i, (fs, _) in enumerate(filesystems) if fs is value.fs), len(filesystems))
+        if index == len(filesystems):
+            filesystems.append((value.fs, value.fs.unstrip_protocol(value.path)))
+        return {"t": "file", "v": [index, value.path, value.listed_size, value.listed_version]}
+    if isinstance(value, (list, tuple)):
+        return {"t": type(value).__name__, "v": [_to_plain(v, filesystems) for v in value]}
+    if isinstance(value, dict):
+        return {"t": "dict", "v": [[str(k), _to_plain(v, filesystems)] for k, v in value.items()]}
+    if isinstance(value, pa.Schema):
+        return {"t": "schema", "v": base64.b64encode(value.serialize().to_pybytes()).decode()}
+    if isinstance(value, pj.ParseOptions):
+        options = {"explicit_schema": _to_plain(value.explicit_schema, filesystems),
+                   "unexpected_field_behavior": value.unexpected_field_behavior,
+                   "newlines_in_values": value.newlines_in_values}
+        return {"t": "parse_options", "v": options}
+    raise TypeError(f"cannot share a listing that holds a {type(value).__name__}")
+
+
+def _from_plain(data: Any, filesystems: list[Any]) -> Any:
+    if not isinstance(data, dict):
+        return data
+    kind, value = data["t"], data["v"]
+    if kind == "file":
+        index, path, size, version = value
+        return FileRef(filesystems[index], str(path), size, version)
+    if kind in ("list", "tuple"):
+        items = [_from_plain(v, filesystems) for v in value]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {str(k): _from_plain(v, filesystems) for k, v in value}
+    if kind == "schema":
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value)))
+    if kind == "parse_options":
+        return pj.ParseOptions(explicit_schema=_from_plain(value["explicit_schema"], filesystems),
+                               unexpected_field_behavior=value["unexpected_field_behavior"],
+                               newlines_in_values=value["newlines_in_values"])
+    raise ValueError(f"unknown listing value kind {kind!r}")
+
+
+def listing_change(saved: str, now: str, *, most: int = 3) -> str:
+    """How the listing ``now`` differs from ``saved`` (identities of :class:`FileRef`), in words.
+
+    Example:
+        >>> listing_change("a\\t1\\tv1\\nb\\t2\\tv1", "a\\t1\\tv2\\nc\\t3\\tv1")
+        '1 added: c; 1 removed: b; 1 changed: a (version v1 -> v2)'
+    """
+    before, after = _entries(saved), _entries(now)
+    added = [n for n in after if n not in before]
+    removed = [n for n in before if n not in after]
+    changed = []
+    for name in (n for n in after if n in before and after[n] != before[n]):
+        (size0, version0), (size1, version1) = before[name], after[name]
+        what = f"{size0} -> {size1} bytes" if size0 != size1 else f"version {version0} -> {version1}"
+        changed.append(f"{name} ({what})")
+    parts = [f"{len(items)} {label}: {_some(items, most)}"
+             for label, items in (("added", added), ("removed", removed), ("changed", changed)) if items]
+    if not parts:
+        return f"the same {len(after)} files in another order"
+    return "; ".join(parts)
+
+
+def _entries(identity: str) -> dict[str, tuple[str, str]]:
+    out = {}
+    for line in identity.split("\n") if identity else ():
+        name, _, rest = line.partition("\t")
+        size, _, version = rest.partition("\t")
+        out[name] = (size, version)
+    return out
+
+
+def _some(items: list[str], most: int) -> str:
+    shown = ", ".join(items[:most])
+    return shown if len(items) <= most else f"{shown} and {len(items) - most} more"

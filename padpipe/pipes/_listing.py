@@ -9,28 +9,33 @@ the readers built from one pipeline share a :class:`SharedListing`, made without
   ``iter(pipe)``, a second ``loader()``) reuse it;
 * travels with the pipeline: filled before ``DataLoader`` starts its workers (say by a first
   ``loader()`` in the main process), workers get it with the pipeline (copied by ``fork``,
-  pickled by ``spawn``) and list nothing;
-* otherwise lets the worker processes agree through a file in a private temp folder
-  (``$TMPDIR/padpipe-<uid>/``, mode 0700): the first worker lists under a file lock and writes
-  the result; the others wait for the lock and read it, and so does the main process when it
-  needs the listing later. N workers list once, not N times.
+  pickled by ``spawn`` as part of the dataset) and list nothing;
+* otherwise lets the worker processes agree through a plain JSON file in a folder private to
+  this pipeline: ``$TMPDIR/padpipe-<uid>-<owner pid>-<random token>``, made with mode 0700 by the
+  first worker and used only when it is a real folder owned by this user with no access for
+  others. The first worker lists under a file lock and writes the result; the others wait for the
+  lock and read it, and so does the main process when it needs the listing later. N workers list
+  once, not N times. Nothing is ever unpickled from it.
 
 The scope is the pipeline object, not the process: a new ``pp.read_parquet(...)`` call lists
 again, so files added to a bucket are seen by the next pipeline built. Ranks build their own
-pipelines, so each rank lists once (its workers sharing that listing). The files are removed
-when the pipeline's owner process drops it or exits; without ``fcntl`` (Windows) each worker
-lists for itself.
+pipelines, so each rank lists once (its workers sharing that listing). The folder is removed when
+the pipeline's owner process drops it or exits, and folders left by processes that died (killed
+with SIGKILL) are removed by the next padpipe process that shares a listing. Without ``fcntl``
+(Windows), or when the folder is not private, each worker lists for itself.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
+import json
 import os
-import pickle
+import shutil
+import stat
 import tempfile
 import threading
 import uuid
+import warnings
 import weakref
 from typing import Any, Callable, TypeVar
 
@@ -40,10 +45,15 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 T = TypeVar("T")
+PREFIX = "padpipe-"
+_swept = False  # whether this process removed the folders of dead owners yet
 
 
 class SharedListing:
     """A fill-once store of listings, keyed by what was listed (reader, paths, storage options).
+
+    ``get`` takes the functions that turn a listing into JSON-able data and back, used only when
+    worker processes share it through the private folder (see module docs).
 
     Example:
         >>> shared = SharedListing()
@@ -58,18 +68,33 @@ class SharedListing:
         self._owner = os.getpid()
         self._values: dict[str, Any] = {}
         self._lock = threading.Lock()
-        weakref.finalize(self, _remove_files, self._token, self._owner)
+        weakref.finalize(self, _remove_folder, self.folder, self._owner)
 
-    def get(self, key: str, make: Callable[[], T]) -> T:
-        """The listing stored under ``key``; made by ``make()`` once per pipeline (see module docs)."""
+    @property
+    def folder(self) -> str:
+        """The private folder worker processes share listings through (made when first needed)."""
+        uid = os.getuid() if hasattr(os, "getuid") else "user"
+        return os.path.join(tempfile.gettempdir(), f"{PREFIX}{uid}-{self._owner}-{self._token}")
+
+    def get(
+        self,
+        key: str,
+        make: Callable[[], T],
+        *,
+        encode: Callable[[T], Any] = lambda value: value,
+        decode: Callable[[Any], T] = lambda data: data,
+    ) -> T:
+        """The listing stored under ``key``; made by ``make()`` once per pipeline (see module docs).
+
+        Args:
+            key: What was listed.
+            make: Lists (the I/O).
+            encode: The listing as JSON-able data, for the other processes of this pipeline.
+            decode: The inverse of ``encode``; raises ``ValueError``/``KeyError``/``TypeError`` on bad data.
+        """
         with self._lock:
             if key not in self._values:
-                if os.getpid() == self._owner:  # read what workers listed, else list; write nothing
-                    self._values[key] = _load(self._path(key), default=make)
-                elif fcntl is not None:
-                    self._values[key] = self._from_siblings(key, make)
-                else:  # pragma: no cover - Windows
-                    self._values[key] = make()
+                self._values[key] = self._fetch(key, make, encode, decode)
             return self._values[key]
 
     def __repr__(self) -> str:
@@ -82,45 +107,110 @@ class SharedListing:
         self._token, self._owner, self._values = state["token"], state["owner"], dict(state["values"])
         self._lock = threading.Lock()
 
-    def _path(self, key: str) -> str:
-        return os.path.join(_folder(), f"listing-{self._token}-{hashlib.sha256(key.encode()).hexdigest()[:24]}")
-
-    def _from_siblings(self, key: str, make: Callable[[], T]) -> T:
-        """The listing another process of this pipeline wrote, else made here (under a file lock) and written."""
-        path = self._path(key)
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    # -- sharing between the processes of one pipeline ------------------------------------------
+    def _fetch(self, key: str, make: Callable[[], T], encode: Callable[[T], Any], decode: Callable[[Any], T]) -> T:
+        if fcntl is None:  # pragma: no cover - Windows
+            return make()
+        owner = os.getpid() == self._owner
+        folder = _private_folder(self.folder, create=not owner)
+        if folder is None:
+            return make()
+        path = os.path.join(folder, f"listing-{_name(key)}.json")
+        if owner:  # read what the workers listed, else list; write nothing
+            found = _read(path, decode)
+            return make() if found is None else found
         with open(path + ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the lock file is closed
-            value = _load(path, default=None)
-            if value is None:
-                value = make()
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".listing-")
-                with os.fdopen(fd, "wb") as f:
-                    pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
-                os.replace(tmp, path + ".pkl")  # whole or absent, never half-written
+            found = _read(path, decode)
+            if found is not None:
+                return found
+            value = make()
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".listing-", suffix=".json")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"key": key, "listing": encode(value)}, f)
+            os.replace(tmp, path)  # whole or absent, never half-written
             return value
 
 
-def _load(path: str, *, default: Callable[[], T] | None) -> T:
-    """The listing pickled at ``path``, else ``default()`` (``None`` when no default)."""
+def _name(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _read(path: str, decode: Callable[[Any], T]) -> T | None:
+    """The listing in the JSON file ``path``, or ``None`` when there is none (or it is unreadable)."""
     try:
-        with open(path + ".pkl", "rb") as f:
-            return pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError):
-        return default() if default is not None else None  # type: ignore[return-value]
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    try:
+        return decode(data["listing"])
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
 
 
-def _folder() -> str:
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    return os.path.join(tempfile.gettempdir(), f"padpipe-{uid}")
-
-
-def _remove_files(token: str, owner: int) -> None:
-    """Delete the workers' listing files of one pipeline (only in the process that made it)."""
-    if os.getpid() != owner:
-        return
-    for path in glob.glob(os.path.join(_folder(), f"listing-{token}-*")):
+def _private_folder(folder: str, *, create: bool) -> str | None:
+    """``folder`` when it is (made now, if ``create``) a real folder of this user that no one else may use."""
+    if create:
+        _sweep(os.path.dirname(folder))
         try:
-            os.remove(path)
-        except OSError:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
             pass
+        except OSError:
+            return None
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return None
+    problem = None
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "it is not a folder"
+    elif hasattr(os, "getuid") and info.st_uid != os.getuid():
+        problem = f"it belongs to uid {info.st_uid}"
+    elif info.st_mode & 0o077:
+        problem = f"others have access (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem:
+        warnings.warn(f"padpipe: not sharing file listings through {folder}: {problem}; each worker lists "
+                      "its files itself.", RuntimeWarning, stacklevel=4)
+        return None
+    return folder
+
+
+def _sweep(parent: str) -> None:
+    """Remove the listing folders of this user's padpipe processes that are gone (once per process)."""
+    global _swept
+    if _swept or not hasattr(os, "getuid"):
+        return
+    _swept = True
+    mine = f"{PREFIX}{os.getuid()}-"
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(mine)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(mine) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove_folder(os.path.join(parent, name), None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
+
+def _remove_folder(folder: str, owner: int | None) -> None:
+    """Delete a listing folder (only in the process that owns it, unless ``owner`` is ``None``) if it is ours."""
+    if owner is not None and os.getpid() != owner:
+        return
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return
+    if stat.S_ISDIR(info.st_mode) and (not hasattr(os, "getuid") or info.st_uid == os.getuid()):
+        shutil.rmtree(folder, ignore_errors=True)

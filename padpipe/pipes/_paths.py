@@ -4,14 +4,13 @@ A path may be a file, a folder (searched recursively for files with the reader's
 (``data/*.parquet``, ``s3://bucket/**/*.jsonl.gz``) or a list of those. Listing does I/O, so
 readers call :func:`expand_paths` when they list (on the first ``reset``), never in
 ``__init__``; :func:`check_paths` validates the argument without touching storage. Each
-:class:`FileRef` keeps the size the listing reported, and opening it checks the file is still
-there with that size.
+:class:`FileRef` keeps the size and version (modification time, ETag or generation) the listing
+reported, and opening it checks the file is still there with that size and version.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Sequence
 
@@ -25,8 +24,12 @@ GLOB_CHARS = frozenset("*?[")
 FolderFiles = Callable[[AbstractFileSystem, str], "list[str] | None"]
 
 
+VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated", "created")
+"""fsspec ``info`` keys that tell one version of a file from another, first found wins."""
+
+
 class ChangedFileError(OSError):
-    """A listed file whose size is not the size it had when it was listed."""
+    """A listed file whose size or version (modification time, ETag) is not what it was when it was listed."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,13 @@ class FileRef:
         fs: The fsspec filesystem.
         path: The path in ``fs``'s own form (no protocol).
         listed_size: Size in bytes when the file was listed (``None``: not known).
+        listed_version: Its modification time, ETag or generation then, as a string (``None``: not known).
     """
 
     fs: AbstractFileSystem
     path: str
     listed_size: int | None = None
+    listed_version: str | None = None
     _pid: int = field(default_factory=os.getpid, repr=False, compare=False)
 
     @property
@@ -61,9 +66,9 @@ class FileRef:
     def open(self, *, block_size: int | None = None, cache_type: str | None = None) -> BinaryIO:
         """Open the file for binary reading (seekable), streamed in ``block_size`` requests.
 
-        The file's size is looked up afresh (not from a listing cache) and checked against
-        ``listed_size``. Raises ``FileNotFoundError`` when the file is gone and
-        :class:`ChangedFileError` when its size changed since it was listed.
+        The file's size and version are looked up afresh (not from a listing cache) and checked
+        against ``listed_size`` and ``listed_version``. Raises ``FileNotFoundError`` when the file
+        is gone and :class:`ChangedFileError` when it changed since it was listed.
         """
         fs = self._fs()
         options: dict[str, Any] = {}
@@ -76,7 +81,9 @@ class FileRef:
         handle = fs.open(self.path, "rb", **options)
         try:
             size = getattr(handle, "size", None)
-            self._check_size(size if isinstance(size, int) else None)
+            details = getattr(handle, "details", None)
+            version = file_version(details) if isinstance(details, dict) else None
+            self._check(size if isinstance(size, int) else None, version)
         except BaseException:
             handle.close()
             raise
@@ -85,7 +92,8 @@ class FileRef:
     def open_native(self, *, mmap: bool = False, **options: Any) -> pa.NativeFile:
         """The file as a pyarrow input: memory-mapped or an ``OSFile`` when local, else :meth:`open`'s stream."""
         if self.is_local:
-            self._check_size(os.path.getsize(self.path))
+            stat = os.stat(self.path)
+            self._check(stat.st_size, repr(stat.st_mtime))
             return pa.memory_map(self.path) if mmap else pa.OSFile(self.path)
         return pa.PythonFile(self.open(**options), mode="r")
 
@@ -93,19 +101,44 @@ class FileRef:
         """Size of the file in bytes (the listed size when known)."""
         return self.listed_size if self.listed_size is not None else int(self._fs().size(self.path))
 
+    @property
+    def identity(self) -> str:
+        """``name``, size and version, tab-separated: what a reader's state records of this file."""
+        return f"{self.name}\t{self.listed_size}\t{self.listed_version}"
+
     def _fs(self) -> AbstractFileSystem:
-        """``fs``, re-made (from its pickle: same class and options) when used in another process."""
+        """``fs``, re-made (same class and options) when used in another process."""
         if self._pid != os.getpid():
-            object.__setattr__(self, "fs", pickle.loads(pickle.dumps(self.fs)))
+            fs = type(self.fs)(*self.fs.storage_args, **self.fs.storage_options)  # fsspec drops its cache on fork
+            object.__setattr__(self, "fs", fs)
             object.__setattr__(self, "_pid", os.getpid())
         return self.fs
 
-    def _check_size(self, size: int | None) -> None:
+    def _check(self, size: int | None, version: str | None) -> None:
         if size is not None and self.listed_size is not None and size != self.listed_size:
             raise ChangedFileError(
                 f"{self.name}: is {size} bytes, but was {self.listed_size} bytes when it was listed; "
                 "it changed since"
             )
+        if version is not None and self.listed_version is not None and version != self.listed_version:
+            raise ChangedFileError(
+                f"{self.name}: has version {version} (modification time or ETag), but had {self.listed_version} "
+                "when it was listed; it was replaced since"
+            )
+
+
+def file_version(info: dict[str, Any]) -> str | None:
+    """The version an fsspec ``info`` dict gives a file (mtime, ETag, generation), as a string, or ``None``.
+
+    Example:
+        >>> file_version({"size": 3, "mtime": 1700000000.5}), file_version({"ETag": '"abc"'})
+        ('1700000000.5', '"abc"')
+    """
+    for key in VERSION_KEYS:
+        value = info.get(key)
+        if value is not None:
+            return repr(value) if isinstance(value, float) else str(value)
+    return None
 
 
 def check_paths(paths: Any) -> tuple[str, ...]:
@@ -182,7 +215,8 @@ def expand_paths(
 
 def _ref(fs: AbstractFileSystem, path: str, info: dict[str, Any] | None) -> FileRef:
     size = None if info is None else info.get("size")
-    return FileRef(fs, path, size if isinstance(size, int) else None)
+    version = None if info is None else file_version(info)
+    return FileRef(fs, path, size if isinstance(size, int) else None, version)
 
 
 def _folder(fs: AbstractFileSystem, folder: str, suffixes: tuple[str, ...], hook: FolderFiles | None) -> list[FileRef]:

@@ -1,4 +1,4 @@
-"""Column checks shared by the readers: validate ``columns``, name missing ones, unify drifting schemas."""
+"""Column checks shared by the readers: validate ``columns``, name missing ones, unify drifting schemas, tag sources."""
 
 from __future__ import annotations
 
@@ -77,11 +77,93 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, *, where: str, reference: 
         elif pa.types.is_null(column.type):
             arrays.append(pa.nulls(batch.num_rows, field.type))
         else:
-            try:
-                arrays.append(column.cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            problem = "" if castable(column.type, field.type) else "a value of another kind"
+            if not problem:
+                try:
+                    arrays.append(column.cast(field.type))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    problem = str(exc)
+            if problem:
                 raise DataError(
                     f"{where}: column {field.name!r} is {column.type} here but {field.type} in {reference}; "
-                    f"expected one type per column ({exc})."
-                ) from exc
+                    f"expected one type per column ({problem})."
+                )
     return pa.RecordBatch.from_arrays(arrays, names=schema.names)
+
+
+def castable(found: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether values of type ``found`` may be cast to ``expected`` without changing what they mean.
+
+    Within one kind only: integers to integers or floats (a safe cast still fails on overflow),
+    floats to floats, text to text (``string``/``large_string``/``string_view``, dictionary-encoded
+    text), binary to binary, lists and structs whose items are castable. ``null`` casts to
+    anything. A number is never turned into text (``1010`` into ``'1010'``) nor text into numbers.
+
+    Example:
+        >>> castable(pa.int32(), pa.int64()), castable(pa.int64(), pa.string()), castable(pa.large_string(), pa.string())
+        (True, False, True)
+    """
+    t = pa.types
+    if found == expected or t.is_null(found):
+        return True
+    if t.is_dictionary(found):
+        return castable(found.value_type, expected)
+    kinds = (
+        (t.is_integer, lambda x: t.is_integer(x) or t.is_floating(x)),
+        (t.is_floating, t.is_floating),
+        (_is_text, _is_text),
+        (_is_binary, _is_binary),
+        (t.is_boolean, t.is_boolean),
+    )
+    for is_kind, accepts in kinds:
+        if is_kind(found):
+            return accepts(expected)
+    if _is_list(found) and _is_list(expected):
+        return castable(found.value_type, expected.value_type)
+    if t.is_struct(found) and t.is_struct(expected):
+        names = [f.name for f in found]
+        return names == [f.name for f in expected] and all(castable(a.type, b.type) for a, b in zip(found, expected))
+    return t.is_timestamp(found) and t.is_timestamp(expected) or t.is_date(found) and t.is_date(expected)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+
+
+def _is_binary(kind: pa.DataType) -> bool:
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+SOURCE_METADATA = b"padpipe.source"
+"""Schema metadata key a file reader sets on each record batch: the file the rows came from."""
+
+
+def tag_source(batch: pa.RecordBatch, source: str) -> pa.RecordBatch:
+    """``batch`` with ``source`` (the file it was read from) in its schema metadata (zero-copy).
+
+    Example:
+        >>> source_of(tag_source(pa.record_batch({"a": [1]}), "a.parquet"))
+        'a.parquet'
+    """
+    metadata = dict(batch.schema.metadata or {})
+    metadata[SOURCE_METADATA] = source.encode()
+    return batch.replace_schema_metadata(metadata)
+
+
+def source_of(batch: pa.RecordBatch) -> str | None:
+    """The file a record batch was read from (see :func:`tag_source`), or ``None``."""
+    value = (batch.schema.metadata or {}).get(SOURCE_METADATA)
+    return None if value is None else value.decode(errors="replace")
+
+
+def untag_source(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` without the source tag (for rows gathered from several files)."""
+    metadata = batch.schema.metadata
+    if not metadata or SOURCE_METADATA not in metadata:
+        return batch
+    rest = {k: v for k, v in metadata.items() if k != SOURCE_METADATA}
+    return batch.replace_schema_metadata(rest or None)

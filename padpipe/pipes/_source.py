@@ -11,7 +11,6 @@ are cut into row or byte ranges where shares would otherwise be uneven), and sav
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -21,7 +20,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe._shard import Consumer
 from padpipe._shares import Measure, share
-from padpipe._state import check_state, make_state
+from padpipe._state import Int, Spec, Str, StateMismatchError, check_state, load_value, make_state
 from padpipe.errors import DataError, positive
 from padpipe.stats import PipelineStats
 
@@ -62,10 +61,11 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         stats: Counters to report into.
     """
 
-    VERSION = 1
+    VERSION = 2
     EPOCH_KEY = "epoch"
     UNIT_KEY = "unit"
     ROW_KEY = "row"
+    IDENTITY_KEY = "files"
 
     def __init__(
         self,
@@ -115,6 +115,27 @@ class UnitSource(BaseNode[pa.RecordBatch]):
             return unit
         return dataclasses.replace(unit, num_rows=hi - lo, first=unit.first + lo, last=unit.first + hi)
 
+    def fingerprint(self) -> str:
+        """What a state must have been saved from besides the listing (the ``input`` setting); default: :meth:`describe`."""
+        return self.describe()
+
+    def identity(self) -> str | None:
+        """The identity of what was listed (files with sizes and versions), saved and checked on resume; ``None``: none."""
+        return None
+
+    def check_identity(self, saved: str) -> None:
+        """Raise ``StateMismatchError`` unless ``saved`` (a state's identity) is this listing's :meth:`identity`."""
+        if saved != self.identity():
+            raise StateMismatchError(f"{type(self).__name__} state doesn't match this pipeline: the input changed.")
+
+    def state_fields(self) -> dict[str, Spec]:
+        """A subclass's own state keys (their values from :meth:`state_values`) and what each must be."""
+        return {}
+
+    def state_values(self) -> dict[str, Any]:
+        """A subclass's own state values, saved with the position (see :meth:`state_fields`)."""
+        return {}
+
     # -- BaseNode ---------------------------------------------------------------------------------
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -126,11 +147,20 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         if initial_state is None:
             self._epoch += 1
             self._unit, self._row = 0, 0
-        else:
-            check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings())
-            self._epoch = initial_state[self.EPOCH_KEY]
-            self._unit, self._row = initial_state[self.UNIT_KEY], initial_state[self.ROW_KEY]
+            self._order = self._units_for_epoch(self._epoch)
+            return
+        stage = type(self).__name__
+        fields = {self.EPOCH_KEY: Int(0), self.UNIT_KEY: Int(0), self.ROW_KEY: Int(0), **self.state_fields()}
+        if self.identity() is not None:
+            fields[self.IDENTITY_KEY] = Str()
+        loaded = check_state(stage, initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+        if self.identity() is not None:
+            self.check_identity(loaded[self.IDENTITY_KEY])
+        self._epoch = loaded[self.EPOCH_KEY]
         self._order = self._units_for_epoch(self._epoch)
+        self._unit = load_value(stage, self.UNIT_KEY, loaded[self.UNIT_KEY], Int(0, len(self._order)))
+        rows = self._order[self._unit].num_rows if self._unit < len(self._order) else 0
+        self._row = load_value(stage, self.ROW_KEY, loaded[self.ROW_KEY], Int(0, rows))
 
     def next(self) -> pa.RecordBatch:
         while True:
@@ -150,11 +180,12 @@ class UnitSource(BaseNode[pa.RecordBatch]):
             return batch
 
     def get_state(self) -> dict[str, Any]:
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{self.EPOCH_KEY: self._epoch, self.UNIT_KEY: self._unit, self.ROW_KEY: self._row},
-        )
+        fields: dict[str, Any] = {self.EPOCH_KEY: self._epoch, self.UNIT_KEY: self._unit, self.ROW_KEY: self._row}
+        fields.update(self.state_values())
+        identity = self.identity()
+        if identity is not None:
+            fields[self.IDENTITY_KEY] = identity
+        return make_state(version=self.VERSION, settings=self._settings(), **fields)
 
     # -- helpers ------------------------------------------------------------------------------------
     @property
@@ -165,7 +196,8 @@ class UnitSource(BaseNode[pa.RecordBatch]):
     def _settings(self) -> dict[str, Any]:
         assert self.consumer is not None  # set in reset, before any state is made or checked
         return {
-            "input": hashlib.sha1(self.describe().encode()).hexdigest()[:16],
+            "input": self.fingerprint(),
+            "chunk_rows": self.chunk_rows,
             "seed": self.seed,
             "consumer": f"{self.consumer.index}/{self.consumer.count}",
         }

@@ -1,24 +1,34 @@
-"""A background thread that reads an upstream node ahead, with exact consumer-side state.
+"""Background threads with exact consumer-side state: a read-ahead producer and an in-order mapper.
 
-The thread calls ``next(source)``, applies a transfer function (identity, or a host-to-device copy)
-and puts ``(item, upstream state after item)`` into a bounded queue. The consumer takes items in
-order and keeps the upstream state that belongs to the last item it returned, so the saved state is
-the consumer's position, never how far the thread has read ahead.
+:class:`BackgroundProducer`'s thread calls ``next(source)``, applies a transfer function (identity,
+a host-to-device copy, or a hand-off to a thread pool) and puts ``(item, upstream state after
+item)`` into a bounded queue. The consumer takes items in order and keeps the upstream state that
+belongs to the last item it returned, so the saved state is the consumer's position, never how far
+the thread has read ahead. :class:`OrderedMapper` runs a function over the items in a pool of
+threads on top of it; its state is the upstream state after the last item it returned, the same for
+any number of threads.
 
-``torchdata.nodes.Prefetcher``/``PinMemory`` are not reused: their snapshot store, the CUDA call in
-``PinMemory.__init__`` and ``ExceptionWrapper`` (which rebuilds the exception from its message, so a
-``DataError`` with a custom constructor or its traceback can be lost) do not give these semantics.
+``torchdata.nodes.Prefetcher``/``PinMemory``/``ParallelMapper`` are not reused: their snapshot
+store (a state that depends on the thread count), the CUDA call in ``PinMemory.__init__`` and
+``ExceptionWrapper`` (which rebuilds the exception from its message: "Caught DataError in
+_populate_queue. Original Traceback ..." instead of the original exception) do not give these
+semantics, and their daemon threads are not stopped when a loader is abandoned after an error.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from torchdata.nodes import BaseNode
+
+from padpipe._shutdown import register_producer
+from padpipe._state import SOURCE_KEY, Child, check_state, make_state
 
 T = TypeVar("T")
 
@@ -104,7 +114,7 @@ class BackgroundProducer(Generic[T]):
         (10, 20)
         >>> producer.state()  # the upstream state after item 2, however far the thread has read
         {'_num_yielded': 2}
-        >>> producer.close()
+        >>> _ = producer.close()  # stops the thread; returns the items read ahead
     """
 
     def __init__(
@@ -138,6 +148,7 @@ class BackgroundProducer(Generic[T]):
             target=_produce, args=(self.source, self.transfer, self._queue, self._stop), name=self.name, daemon=True
         )
         self._finalizer = weakref.finalize(self, self._stop.set)
+        register_producer(self)
         self._thread.start()
 
     def next(self) -> T:
@@ -162,13 +173,25 @@ class BackgroundProducer(Generic[T]):
             raise RuntimeError("BackgroundProducer.state() was called before reset().")
         return self._state
 
-    def close(self) -> None:
-        """Stop the thread and wait for it (it finishes its current ``next(source)`` first)."""
+    def close(self) -> list[Any]:
+        """Stop the thread and wait for it (it finishes its current ``next(source)`` first).
+
+        Returns the items it had read ahead and the consumer never took (to release them).
+        """
         if self._finalizer is not None:
             self._finalizer()  # sets the stop event; runs at most once
         if self._thread is not None:
             self._thread.join()
+        left = []
+        while self._queue is not None:
+            try:
+                message = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(message, tuple):
+                left.append(message[0])
         self._thread, self._queue, self._finalizer = None, None, None
+        return left
 
     def _get(self) -> Any:
         assert self._queue is not None and self._thread is not None
@@ -182,3 +205,92 @@ class BackgroundProducer(Generic[T]):
                 return self._queue.get_nowait()
             except queue.Empty:
                 raise RuntimeError(f"the prefetch thread {self.name!r} ended without a result or an error.") from None
+
+
+def _submit(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], item: Any) -> Future:
+    return pool.submit(fn, item)
+
+
+class OrderedMapper(BaseNode[Any]):
+    """``fn`` applied to every upstream item in ``num_threads`` threads, items out in upstream order.
+
+    With ``num_threads=1`` ``fn`` runs in the consumer's thread. Otherwise a reader thread (a
+    :class:`BackgroundProducer`) reads the upstream and hands each item to a pool of
+    ``num_threads`` threads, keeping up to ``2 * num_threads`` items in flight. The state is the
+    upstream's state after the last item this node returned, so it is the same whatever the
+    thread count and resume is exact across thread counts. An exception raised by ``fn`` or by
+    the upstream is raised by :meth:`next` unchanged (same object, its traceback chained through
+    the pool), and again on every later ``next()`` until the next reset.
+
+    Args:
+        source: The upstream node.
+        fn: The function (thread-safe when ``num_threads > 1``).
+        num_threads: Threads running ``fn``.
+        stage: The stage's name, for state messages and thread names.
+        settings: What a state of this stage must have been saved with (checked on resume).
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> node = OrderedMapper(IterableWrapper(range(5)), lambda x: x * x, num_threads=3, stage="square",
+        ...                      settings={})
+        >>> list(node)
+        [0, 1, 4, 9, 16]
+    """
+
+    VERSION = 2
+
+    def __init__(
+        self, source: BaseNode, fn: Callable[[Any], Any], *, num_threads: int, stage: str, settings: Mapping[str, Any]
+    ) -> None:
+        super().__init__()
+        self.source, self.fn, self.num_threads, self.stage = source, fn, num_threads, stage
+        self.settings = dict(settings)
+        self._producer: BackgroundProducer | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._error: BaseException | None = None
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        source_state = None
+        if initial_state is not None:
+            check_state(self.stage, initial_state, version=self.VERSION, settings=self.settings,
+                        fields={SOURCE_KEY: Child()})
+            source_state = initial_state[SOURCE_KEY]
+        self._error = None
+        if self.num_threads == 1:
+            self.source.reset(source_state)
+            return
+        if self._producer is None:
+            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=f"padpipe-{self.stage}")
+            transfer = functools.partial(_submit, self._pool, self.fn)  # holds no reference to this node
+            self._producer = BackgroundProducer(self.source, prefetch=2 * self.num_threads, transfer=transfer,
+                                                name=f"padpipe-{self.stage}-read")
+        for future in self._producer.close():
+            future.cancel()  # read ahead for the old position: not needed
+        self._producer.reset(source_state)
+
+    def next(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        try:
+            if self._producer is None:
+                return self.fn(next(self.source))
+            return self._producer.next().result()
+        except StopIteration:
+            raise
+        except BaseException as error:  # an interrupt while waiting loses that item's result too
+            self._error = error
+            raise
+
+    def get_state(self) -> dict[str, Any]:
+        source = self.source.state_dict() if self._producer is None else self._producer.state()
+        return make_state(version=self.VERSION, settings=self.settings, **{SOURCE_KEY: source})
+
+    def close(self) -> None:
+        """Stop the reader thread and the pool (safe to call twice)."""
+        if self._producer is not None:
+            for future in self._producer.close():
+                future.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._producer = self._pool = None

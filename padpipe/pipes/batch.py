@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe._state import SOURCE_KEY, Bool, Child, Chunk, Int, Optional, check_state, load_value, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import positive
 from padpipe.stats import PipelineStats
@@ -33,7 +33,7 @@ class FixedBatcher(BaseNode[TokenChunk]):
         [[1, 2], [3, 4], [5]]
     """
 
-    VERSION = 1
+    VERSION = 2
     PENDING_KEY = "pending"
     POS_KEY = "pos"
     EXHAUSTED_KEY = "exhausted"
@@ -64,12 +64,15 @@ class FixedBatcher(BaseNode[TokenChunk]):
             self.source.reset(None)
             self._exhausted = False
             return
-        check_state("FixedBatcher", initial_state, version=self.VERSION, settings=self._settings())
+        fields = {SOURCE_KEY: Child(), self.PENDING_KEY: Optional(Chunk()), self.POS_KEY: Int(0), self.EXHAUSTED_KEY: Bool()}
+        loaded = check_state("FixedBatcher", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+        pending = loaded[self.PENDING_KEY]
+        last = 0 if pending is None else pending.num_rows - 1  # rows before `pos` were emitted
+        load_value("FixedBatcher", self.POS_KEY, loaded[self.POS_KEY], Int(0, last))
         self.source.reset(initial_state[SOURCE_KEY])
-        self._exhausted = initial_state[self.EXHAUSTED_KEY]
-        if initial_state[self.PENDING_KEY] is not None:
-            self._pending = TokenChunk.from_state(initial_state[self.PENDING_KEY])
-            self._pos = initial_state[self.POS_KEY]
+        self._exhausted = loaded[self.EXHAUSTED_KEY]
+        self._pending, self._pos = pending, loaded[self.POS_KEY]
+        self._pending_state = initial_state[self.PENDING_KEY]
 
     def next(self) -> TokenChunk:
         while True:

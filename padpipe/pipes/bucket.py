@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe._state import SOURCE_KEY, invalid, Array, Bool, Child, Chunk, Int, Optional, Rng, check_state, load_value, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes._cut import cut_by_budget, handle_oversize, longest_row_allowed
@@ -93,7 +94,7 @@ class Bucketizer(BaseNode[TokenChunk]):
         [[1, 1, 2], [3], [4], [5]]
     """
 
-    VERSION = 1
+    VERSION = 2
     EPOCH_KEY = "epoch"
     RNG_KEY = "rng"
     EXHAUSTED_KEY = "exhausted"
@@ -151,16 +152,32 @@ class Bucketizer(BaseNode[TokenChunk]):
             self._exhausted, self._carry = False, None
             self._set_ready(None, np.zeros(0, np.int64))
             return
-        check_state("Bucketizer", initial_state, version=self.VERSION, settings=self._settings())
+        fields = {
+            SOURCE_KEY: Child(),
+            self.EPOCH_KEY: Int(0),
+            self.RNG_KEY: Rng(),
+            self.EXHAUSTED_KEY: Bool(),
+            self.CARRY_KEY: Optional(Chunk()),
+            self.READY_KEY: Optional(Chunk()),
+            self.SIZES_KEY: Array(torch.int64, lo=1),
+            self.BATCH_KEY: Int(0),
+            self.POS_KEY: Int(0),
+        }
+        loaded = check_state("Bucketizer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+        ready, sizes = loaded[self.READY_KEY], loaded[self.SIZES_KEY]
+        batch, pos = loaded[self.BATCH_KEY], loaded[self.POS_KEY]
+        # the ready rows are cut into `sizes`; `batch` of them (`pos` rows) were emitted
+        rows = 0 if ready is None else ready.num_rows
+        if rows != int(sizes.sum()) or (ready is None) != (len(sizes) == 0):
+            raise invalid("Bucketizer", self.SIZES_KEY, f"batch sizes adding up to the {rows} ready rows", sizes.tolist())
+        load_value("Bucketizer", self.BATCH_KEY, batch, Int(0, max(len(sizes) - 1, 0)))
+        load_value("Bucketizer", self.POS_KEY, pos, Int(int(sizes[:batch].sum()), int(sizes[:batch].sum())))
         self.source.reset(initial_state[SOURCE_KEY])
-        self._epoch = initial_state[self.EPOCH_KEY]
-        self._rng = np.random.default_rng()
-        self._rng.bit_generator.state = initial_state[self.RNG_KEY]
-        self._exhausted = initial_state[self.EXHAUSTED_KEY]
-        carry, ready = initial_state[self.CARRY_KEY], initial_state[self.READY_KEY]
-        self._carry = None if carry is None else TokenChunk.from_state(carry)
-        self._set_ready(None if ready is None else TokenChunk.from_state(ready), initial_state[self.SIZES_KEY])
-        self._batch, self._pos = initial_state[self.BATCH_KEY], initial_state[self.POS_KEY]
+        self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
+        self._exhausted, self._carry = loaded[self.EXHAUSTED_KEY], loaded[self.CARRY_KEY]
+        self._set_ready(ready, sizes)
+        self._batch, self._pos = batch, pos
+        self._carry_state, self._ready_state = initial_state[self.CARRY_KEY], initial_state[self.READY_KEY]
 
     def next(self) -> TokenChunk:
         while self._ready is None:
@@ -191,7 +208,7 @@ class Bucketizer(BaseNode[TokenChunk]):
                 self.EXHAUSTED_KEY: self._exhausted,
                 self.CARRY_KEY: self._carry_state,
                 self.READY_KEY: self._ready_state,
-                self.SIZES_KEY: self._sizes.copy(),
+                self.SIZES_KEY: self._sizes,
                 self.BATCH_KEY: self._batch,
                 self.POS_KEY: self._pos,
             },

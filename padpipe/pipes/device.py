@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe._state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.errors import positive
 from padpipe.pipes._threading import BackgroundProducer
 from padpipe.stats import PipelineStats
@@ -120,7 +120,7 @@ class DevicePrefetcher(BaseNode[Any]):
         device(type='cuda', index=0)
     """
 
-    VERSION = 1
+    VERSION = 2
 
     def __init__(
         self,
@@ -142,7 +142,7 @@ class DevicePrefetcher(BaseNode[Any]):
         super().reset(initial_state)
         source_state = None
         if initial_state is not None:
-            check_state(type(self).__name__, initial_state, version=self.VERSION, settings={})
+            check_state(type(self).__name__, initial_state, version=self.VERSION, settings={}, fields={SOURCE_KEY: Child()})
             source_state = initial_state[SOURCE_KEY]
         if self._producer is None:
             self._producer = BackgroundProducer(self.source, prefetch=self.prefetch, transfer=self._transfer())

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe._shard import Consumer
-from padpipe._state import check_state, make_state
+from padpipe._state import Int, Plain, check_state, make_state
 from padpipe.errors import positive
 from padpipe.pipes._schema import check_columns, require_columns
 from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
@@ -157,7 +156,7 @@ class HFIterableReader(BaseNode[pa.RecordBatch]):
         [[{'n': 0}, {'n': 1}], [{'n': 2}]]
     """
 
-    VERSION = 1
+    VERSION = 2
     EPOCH_KEY = "epoch"
     DATASET_KEY = "dataset"
     BATCH_KEY = "batch"
@@ -196,9 +195,10 @@ class HFIterableReader(BaseNode[pa.RecordBatch]):
         if initial_state is None:
             self._epoch, self._batch = self._epoch + 1, 0
         else:
-            check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings())
-            self._epoch, self._batch = initial_state[self.EPOCH_KEY], initial_state[self.BATCH_KEY]
-            saved = initial_state[self.DATASET_KEY]
+            fields = {self.EPOCH_KEY: Int(0), self.BATCH_KEY: Int(0), self.DATASET_KEY: Plain()}
+            loaded = check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(),
+                                 fields=fields)
+            self._epoch, self._batch, saved = loaded[self.EPOCH_KEY], loaded[self.BATCH_KEY], loaded[self.DATASET_KEY]
         stream, count = self.dataset, self.consumer.count
         self._step = count if stream.num_shards < count else 1
         if count > 1 and self._step == 1:
@@ -237,7 +237,7 @@ class HFIterableReader(BaseNode[pa.RecordBatch]):
         dataset = self.dataset
         described = f"IterableDataset columns={dataset.column_names} shards={dataset.num_shards} {self.columns}"
         return {
-            "input": hashlib.sha1(described.encode()).hexdigest()[:16],
+            "input": described,
             "chunk_rows": self.chunk_rows,
             "consumer": f"{self.consumer.index}/{self.consumer.count}",
         }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from itertools import islice
 from typing import Any, Iterator
@@ -11,7 +10,7 @@ import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe._shard import Consumer
-from padpipe._state import check_state, make_state
+from padpipe._state import Int, check_state, make_state
 from padpipe.errors import DataError, positive
 from padpipe.pipes._schema import conform
 from padpipe.pipes._source import DEFAULT_CHUNK_ROWS
@@ -50,7 +49,7 @@ class IterableReader(BaseNode[pa.RecordBatch]):
         [{'text': 'a', 'id': None}, {'text': 'b', 'id': 1}]
     """
 
-    VERSION = 1
+    VERSION = 2
     EPOCH_KEY = "epoch"
     POSITION_KEY = "position"
 
@@ -85,8 +84,10 @@ class IterableReader(BaseNode[pa.RecordBatch]):
         if initial_state is None:
             self._epoch, self._position = self._epoch + 1, 0
         else:
-            check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings())
-            self._epoch, self._position = initial_state[self.EPOCH_KEY], initial_state[self.POSITION_KEY]
+            fields = {self.EPOCH_KEY: Int(0), self.POSITION_KEY: Int(0)}
+            loaded = check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(),
+                                 fields=fields)
+            self._epoch, self._position = loaded[self.EPOCH_KEY], loaded[self.POSITION_KEY]
         if self._started and iter(self.iterable) is self.iterable:
             raise ValueError(
                 "from_iterable got a one-shot iterator (such as a generator), which cannot be read again for "
@@ -147,8 +148,8 @@ class IterableReader(BaseNode[pa.RecordBatch]):
 
     def _settings(self) -> dict[str, Any]:
         assert self.consumer is not None
-        described = f"{type(self.iterable).__name__} chunk_rows={self.chunk_rows}"
         return {
-            "input": hashlib.sha1(described.encode()).hexdigest()[:16],
+            "input": f"from_iterable {type(self.iterable).__name__}",
+            "chunk_rows": self.chunk_rows,
             "consumer": f"{self.consumer.index}/{self.consumer.count}",
         }

@@ -9,9 +9,11 @@ import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe._iterable import start_at_epoch
-from padpipe._state import SOURCE_KEY, check_state, make_state
-from padpipe.chunks import TokenChunk, record_batch_from_bytes, record_batch_to_bytes
+from padpipe._state import (SOURCE_KEY, Bool, Chunk, Int, Invalid, ListOf, Optional, Plain, Records, Rng, Spec,
+                            check_state, invalid, make_state)
+from padpipe.chunks import TokenChunk, records_to_state
 from padpipe.errors import DataError, check_seed, one_of, positive
+from padpipe.pipes._schema import untag_source
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0x313C  # keeps this stage's random stream apart from other stages seeded alike
@@ -76,7 +78,7 @@ class WeightedMixer(BaseNode[Item]):
         [0, 1, 2, 10, 11]
     """
 
-    VERSION = 1
+    VERSION = 2
     EPOCH_KEY, RNG_KEY, BUFFERS_KEY, STOPPED_KEY = "epoch", "rng", "buffers", "stopped"
     ACTIVE_KEY, SEEN_KEY, CYCLES_KEY, PASS_KEY = "active", "seen", "cycles", "pass_rows"
 
@@ -111,16 +113,24 @@ class WeightedMixer(BaseNode[Item]):
             self._active, self._seen = [True] * n, [False] * n
             self._cycles, self._pass_rows, self._stopped = [0] * n, [0] * n, False
             return
-        check_state("WeightedMixer", initial_state, version=self.VERSION, settings=self._settings())
+        flags, counts = ListOf(Bool(), length=n), ListOf(Int(0), length=n)
+        fields = {
+            SOURCE_KEY: Plain(), self.EPOCH_KEY: Int(0), self.RNG_KEY: Rng(),
+            self.BUFFERS_KEY: ListOf(Optional(Buffered()), length=n), self.STOPPED_KEY: Bool(),
+            self.ACTIVE_KEY: flags, self.SEEN_KEY: flags, self.CYCLES_KEY: counts, self.PASS_KEY: counts,
+        }
+        loaded = check_state("WeightedMixer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+        sources = initial_state[SOURCE_KEY]
+        if not isinstance(sources, Mapping) or sorted(sources) != sorted(self.names):
+            found = sorted(sources) if isinstance(sources, Mapping) else type(sources).__name__
+            raise invalid("WeightedMixer", SOURCE_KEY, f"a dict of the states of {self.names!r}", found)
         for name, node in self.source_nodes.items():
-            node.reset(initial_state[SOURCE_KEY][name])
-        self._epoch = initial_state[self.EPOCH_KEY]
-        self._rng = np.random.default_rng()
-        self._rng.bit_generator.state = initial_state[self.RNG_KEY]
-        self._buffers = [[] if s is None else [_from_state(s)] for s in initial_state[self.BUFFERS_KEY]]
-        self._active, self._seen = list(initial_state[self.ACTIVE_KEY]), list(initial_state[self.SEEN_KEY])
-        self._cycles, self._pass_rows = list(initial_state[self.CYCLES_KEY]), list(initial_state[self.PASS_KEY])
-        self._stopped = initial_state[self.STOPPED_KEY]
+            node.reset(sources[name])
+        self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
+        self._buffers = [[] if b is None else [b] for b in loaded[self.BUFFERS_KEY]]
+        self._active, self._seen = loaded[self.ACTIVE_KEY], loaded[self.SEEN_KEY]
+        self._cycles, self._pass_rows = loaded[self.CYCLES_KEY], loaded[self.PASS_KEY]
+        self._stopped = loaded[self.STOPPED_KEY]
 
     def next(self) -> Item:
         if self._stopped:
@@ -134,7 +144,8 @@ class WeightedMixer(BaseNode[Item]):
             parts = [self._take(k, int(c)) for k, c in enumerate(counts) if c]
             inverse = np.empty(len(keys), np.int64)
             inverse[order] = np.arange(len(keys))
-            return _take_rows(_concat(parts), inverse)
+            out = _take_rows(_concat(parts), inverse)
+            return untag_source(out) if isinstance(out, pa.RecordBatch) else out  # rows of several sources
 
     def get_state(self) -> dict[str, Any]:
         return make_state(
@@ -254,10 +265,17 @@ def _take_rows(item: Item, rows: np.ndarray) -> Item:
     return item.take(pa.array(rows, type=pa.int64()))
 
 
-def _to_state(item: Item) -> tuple[str, Any]:
-    return ("tokens", item.to_state()) if isinstance(item, TokenChunk) else ("records", record_batch_to_bytes(item))
+def _to_state(item: Item) -> dict[str, Any]:
+    if isinstance(item, TokenChunk):
+        return {"tokens": item.to_state()}
+    return {"records": records_to_state(item)}
 
 
-def _from_state(state: tuple[str, Any]) -> Item:
-    kind, data = state
-    return TokenChunk.from_state(data) if kind == "tokens" else record_batch_from_bytes(data)
+class Buffered(Spec):
+    """A source's buffered rows in a mixer state: ``{"tokens": chunk}`` or ``{"records": batch}``."""
+
+    def load(self, value: Any) -> Item:
+        if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in ("tokens", "records"):
+            raise Invalid("a dict {'tokens': chunk} or {'records': record batch}")
+        kind, data = next(iter(value.items()))
+        return Chunk().load(data) if kind == "tokens" else Records().load(data)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe._state import SOURCE_KEY, Bool, Child, Chunk, Int, ListOf, check_state, invalid, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.pipes._packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
@@ -143,7 +143,7 @@ class Packer(BaseNode[dict]):
         ([[0, 0, 0, 1, 1, 2]], [0, 3, 5, 6], 3)
     """
 
-    VERSION = 1
+    VERSION = 2
     EPOCH_KEY = "epoch"
     INCOMING_KEY = "incoming"
     POOL_KEY = "pool"
@@ -199,19 +199,42 @@ class Packer(BaseNode[dict]):
             self._epoch += 1
             self.source.reset(None)
             return
-        check_state("pack", initial_state, version=self.VERSION, settings=self._settings())
+        last_row = self.batch_size - 1
+        fields = {
+            SOURCE_KEY: Child(),
+            self.EPOCH_KEY: Int(0),
+            self.INCOMING_KEY: Chunk(),
+            self.POOL_KEY: Chunk(),
+            self.PLACED_KEY: Chunk(),
+            self.PLACED_ROWS_KEY: ListOf(Int(0, last_row)),
+            self.CLOSED_KEY: Int(0, last_row),
+            self.EXHAUSTED_KEY: Bool(),
+        }
+        loaded = check_state("pack", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+        pool, placed, rows = loaded[self.POOL_KEY], loaded[self.PLACED_KEY], loaded[self.PLACED_ROWS_KEY]
+        closed = loaded[self.CLOSED_KEY]
+        for key, chunk in ((self.INCOMING_KEY, loaded[self.INCOMING_KEY]), (self.POOL_KEY, pool), (self.PLACED_KEY, placed)):
+            if chunk.num_rows and int(chunk.lengths.max()) > self.seq_len:
+                raise invalid("pack", key, f"pieces of at most seq_len={self.seq_len} tokens", "a longer piece")
+        if pool.num_rows > self.buffer_size:
+            raise invalid("pack", self.POOL_KEY, f"at most buffer_size={self.buffer_size} pieces", pool.num_rows)
+        if len(rows) != placed.num_rows or rows != sorted(rows) or (rows and rows[-1] > closed):
+            raise invalid("pack", self.PLACED_ROWS_KEY, f"the row (<= {closed}, rising) of each of the "
+                          f"{placed.num_rows} placed pieces", rows[:8])
+        used = np.bincount(rows, weights=placed.lengths, minlength=self.batch_size) if rows else np.zeros(self.batch_size)
+        if used.max() > self.seq_len or (used[:closed] == 0).any():
+            raise invalid("pack", self.PLACED_KEY, f"closed rows of 1 to seq_len={self.seq_len} tokens",
+                          f"rows of {used[: closed + 1].astype(int).tolist()} tokens")
         self.source.reset(initial_state[SOURCE_KEY])
-        self._epoch = initial_state[self.EPOCH_KEY]
-        self._incoming = TokenChunk.from_state(initial_state[self.INCOMING_KEY])
-        pool = TokenChunk.from_state(initial_state[self.POOL_KEY])  # in arrival order: ties resolve as before
-        for i in range(pool.num_rows):
+        self._epoch = loaded[self.EPOCH_KEY]
+        self._incoming = loaded[self.INCOMING_KEY]
+        for i in range(pool.num_rows):  # in arrival order: ties resolve as before
             self._add_to_pool(pool.row(i))
-        placed = TokenChunk.from_state(initial_state[self.PLACED_KEY])
         self._placed = [placed.row(i) for i in range(placed.num_rows)]
-        self._placed_rows = list(initial_state[self.PLACED_ROWS_KEY])
-        self._closed = initial_state[self.CLOSED_KEY]
+        self._placed_rows = rows
+        self._closed = closed
         self._used = sum(len(p) for p, r in zip(self._placed, self._placed_rows) if r == self._closed)
-        self._exhausted = initial_state[self.EXHAUSTED_KEY]
+        self._exhausted = loaded[self.EXHAUSTED_KEY]
 
     def next(self) -> dict:
         while self._closed < self.batch_size:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe._state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, check_int, one_of, positive
 from padpipe.stats import PipelineStats
@@ -91,7 +91,7 @@ class Padder(BaseNode[dict[str, Any]]):
         ([[5, 6, 7], [0, 0, 8]], [[1, 1, 1], [0, 0, 1]], [1, 0])
     """
 
-    VERSION = 1
+    VERSION = 2
 
     def __init__(
         self,
@@ -128,7 +128,7 @@ class Padder(BaseNode[dict[str, Any]]):
         if initial_state is None:
             self.source.reset(None)
             return
-        check_state("Padder", initial_state, version=self.VERSION, settings={})
+        check_state("Padder", initial_state, version=self.VERSION, settings={}, fields={SOURCE_KEY: Child()})
         self.source.reset(initial_state[SOURCE_KEY])
 
     def next(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import pyarrow.json as pj
 
 from padpipe._shard import Consumer
 from padpipe._shares import Measure
+from padpipe._state import Int, ListOf, Optional, Spec, load_value
 from padpipe.errors import DataError, positive
 from padpipe.pipes import _jsonl_blocks as blocks
 from padpipe.pipes._file_source import FileSource
@@ -106,6 +107,9 @@ class JsonlReader(FileSource):
     def describe(self) -> str:
         return f"read_jsonl paths={list(self.paths)!r} columns={self.columns!r} unit_bytes={self.unit_bytes}"
 
+    def fingerprint(self) -> str:
+        return f"{super().fingerprint()} unit_bytes={self.unit_bytes} block_bytes={self.block_bytes}"
+
     def list_files(self) -> list[WorkUnit]:
         files = self.expand()
         units = []
@@ -153,18 +157,23 @@ class JsonlReader(FileSource):
         self._resume_at = self._block
 
     # -- state: (unit, row) plus the current block's byte offset ------------------------------------
+    def state_fields(self) -> dict[str, Spec]:
+        return {self.BLOCK_KEY: Optional(ListOf(Int(0), length=2))}
+
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._block = None
-        block = None if initial_state is None else initial_state.get(self.BLOCK_KEY)
+        block = None if initial_state is None else initial_state[self.BLOCK_KEY]
+        if block is not None:  # where the block holding `row` starts: within the unit, at or before `row`
+            unit = self._order[self._unit] if self._unit < len(self._order) else None
+            stop = -1 if unit is None else (unit.stop if unit.stop is not None else None)
+            load_value("JsonlReader", self.BLOCK_KEY, block[0], Int(0 if unit is None else unit.start, stop))
+            load_value("JsonlReader", self.BLOCK_KEY, block[1], Int(0, self._row))
         self._resume_at = None if block is None else (int(block[0]), int(block[1]))
 
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
+    def state_values(self) -> dict[str, Any]:
         block = self._block if self._reader is not None else self._resume_at
-        if block is not None:
-            state[self.BLOCK_KEY] = list(block)
-        return state
+        return {self.BLOCK_KEY: None if block is None else list(block)}
 
     # -- helpers ------------------------------------------------------------------------------------
     def _take_schema(self, files: list[FileRef]) -> None:

@@ -6,11 +6,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
-from padpipe.chunks import record_batch_from_bytes, record_batch_to_bytes
+from padpipe._state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Records, Rng, check_state, load_value, make_state
+from padpipe.chunks import records_to_state
 from padpipe.errors import DataError, check_seed, positive
+from padpipe.pipes._schema import castable, source_of, untag_source
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0x5A1F  # keeps this stage's random stream apart from other stages seeded alike
@@ -42,7 +44,7 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
         [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     """
 
-    VERSION = 1
+    VERSION = 2
     EPOCH_KEY = "epoch"
     RNG_KEY = "rng"
     SEGMENTS_KEY = "segments"
@@ -78,14 +80,25 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
             self._set_buffer([], [], np.zeros(0, np.int64))
             self._exhausted, self._chunk_rows = False, 0
             return
-        check_state("ShuffleBuffer", initial_state, version=self.VERSION, settings=self._settings())
+        fields = {
+            SOURCE_KEY: Child(),
+            self.EPOCH_KEY: Int(0),
+            self.RNG_KEY: Rng(),
+            self.SEGMENTS_KEY: ListOf(Records()),
+            self.LIVE_KEY: Array(torch.int64, lo=0, max_length=self.buffer_size, unique=True),
+            self.EXHAUSTED_KEY: Bool(),
+            self.CHUNK_KEY: Int(0),
+        }
+        loaded = check_state("ShuffleBuffer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+        segments = loaded[self.SEGMENTS_KEY]
+        rows = sum(s.num_rows for s in segments)
+        live = load_value("ShuffleBuffer", self.LIVE_KEY, initial_state[self.LIVE_KEY],
+                          Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True))
         self.source.reset(initial_state[SOURCE_KEY])
-        self._epoch = initial_state[self.EPOCH_KEY]
-        self._rng.bit_generator.state = initial_state[self.RNG_KEY]
-        data = list(initial_state[self.SEGMENTS_KEY])
-        self._set_buffer([record_batch_from_bytes(b) for b in data], data, initial_state[self.LIVE_KEY])
-        self._exhausted = initial_state[self.EXHAUSTED_KEY]
-        self._chunk_rows = initial_state[self.CHUNK_KEY]
+        self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
+        self._set_buffer(segments, list(initial_state[self.SEGMENTS_KEY]), live)
+        self._exhausted = loaded[self.EXHAUSTED_KEY]
+        self._chunk_rows = loaded[self.CHUNK_KEY]
 
     def next(self) -> pa.RecordBatch:
         while not self._exhausted:
@@ -108,9 +121,9 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
             return self._gather(self._live[self._count : self._count + take])
 
     def get_state(self) -> dict[str, Any]:
-        for i, data in enumerate(self._segment_bytes):
-            if data is None:  # serialised once per segment, then shared by every later state
-                self._segment_bytes[i] = record_batch_to_bytes(self._segments[i])
+        for i, data in enumerate(self._segment_states):
+            if data is None:  # saved once per segment, then shared by every later state
+                self._segment_states[i] = records_to_state(self._segments[i])
         return make_state(
             version=self.VERSION,
             settings=self._settings(),
@@ -118,7 +131,7 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
                 SOURCE_KEY: self.source.state_dict(),
                 self.EPOCH_KEY: self._epoch,
                 self.RNG_KEY: self._rng.bit_generator.state,
-                self.SEGMENTS_KEY: list(self._segment_bytes),
+                self.SEGMENTS_KEY: list(self._segment_states),
                 self.LIVE_KEY: self._live[: self._count].copy(),
                 self.EXHAUSTED_KEY: self._exhausted,
                 self.CHUNK_KEY: self._chunk_rows,
@@ -129,9 +142,9 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
     def _settings(self) -> dict[str, Any]:
         return {"buffer_size": self.buffer_size, "seed": self.seed}
 
-    def _set_buffer(self, segments: list[pa.RecordBatch], data: list[bytes | None], live: np.ndarray) -> None:
+    def _set_buffer(self, segments: list[pa.RecordBatch], saved: list[Any], live: np.ndarray) -> None:
         """Hold ``segments`` (rows numbered across them) of which rows ``live`` are buffered."""
-        self._segments, self._segment_bytes = segments, data
+        self._segments, self._segment_states = segments, saved
         self._table = pa.Table.from_batches(segments) if segments else None
         self._rows = sum(s.num_rows for s in segments)
         self._count = len(live)
@@ -149,7 +162,7 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
         self._chunk_rows = max(self._chunk_rows, k)
         new = np.arange(self._rows, self._rows + k, dtype=np.int64)
         self._segments.append(batch)
-        self._segment_bytes.append(None)
+        self._segment_states.append(None)
         self._table = pa.Table.from_batches(self._segments)
         self._rows += k
         fill = min(self.buffer_size - self._count, k)
@@ -174,16 +187,34 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
     def _gather(self, rows: np.ndarray) -> pa.RecordBatch:
         assert self._table is not None
         table = self._table.take(pa.array(rows, type=pa.int64())).combine_chunks()
-        return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+        batch = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+        return untag_source(batch)  # rows of several files: none is named
 
     def _match_schema(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with the buffered rows' columns and types; ``DataError`` when they differ in kind.
+
+        Columns may come in another order, and a type may differ within its kind (``int32`` for
+        ``int64``, ``large_string`` for ``string``); anything else (a number column where the
+        buffered rows have text) is an error naming the column and the file, whatever the seed.
+        """
         if not self._segments or batch.schema.equals(self._segments[0].schema):
             return batch
         expected = self._segments[0].schema
+        source = source_of(batch)
+        where = f"the rows from {source}" if source else "the rows of an input record batch"
+        if sorted(batch.schema.names) != sorted(expected.names):
+            raise DataError(
+                f"shuffle: {where} have columns {batch.schema.names!r}, but the rows buffered before have "
+                f"{expected.names!r}; expected the same columns in every input (pass `columns=` to the reader)."
+            )
+        for field in expected:
+            found = batch.schema.field(field.name).type
+            if not castable(found, field.type):
+                raise DataError(
+                    f"shuffle: column {field.name!r} is {found} in {where}, but {field.type} in the rows buffered "
+                    "before; expected one type per column in every input."
+                )
         try:
             return batch.select(expected.names).cast(expected)
-        except (KeyError, ValueError, pa.ArrowException) as exc:
-            raise DataError(
-                f"shuffle: an input record batch has columns {batch.schema.to_string(show_schema_metadata=False)!r}; "
-                f"expected the buffered rows' columns {expected.to_string(show_schema_metadata=False)!r}."
-            ) from exc
+        except (ValueError, pa.ArrowException) as exc:
+            raise DataError(f"shuffle: {where} cannot take the buffered rows' types ({exc}).") from exc

@@ -130,7 +130,7 @@ def test_prefetch_state_is_the_consumers_position_not_the_threads() -> None:
     assert node.state_dict()["source"]["pos"] == 0
     next(node)
     time.sleep(0.3)  # the thread has read 4-5 items ahead by now
-    assert node.state_dict()["source"] == {"version": 1, "settings": {"num_items": 10}, "epoch": 0, "pos": 1}
+    assert node.state_dict()["source"] == make_state(version=1, settings={"num_items": 10}, epoch=0, pos=1)
     for _ in range(9):
         next(node)
     with pytest.raises(StopIteration):
