@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -308,6 +308,20 @@ class Records(Spec):
         return records_from_state(value)
 
 
+def _same(found: Any, expected: Any) -> bool:
+    """``found == expected`` for plain data, where a tensor equals nothing (and ``==`` on it never runs)."""
+    if isinstance(found, torch.Tensor) or isinstance(expected, torch.Tensor):
+        return False
+    if isinstance(found, Mapping) and isinstance(expected, Mapping):
+        return set(found) == set(expected) and all(_same(found[k], expected[k]) for k in expected)
+    if isinstance(found, (list, tuple)) and isinstance(expected, (list, tuple)):
+        return len(found) == len(expected) and all(_same(a, b) for a, b in zip(found, expected))
+    return type(found) is type(expected) and found == expected or (
+        isinstance(found, (int, float)) and isinstance(expected, (int, float))
+        and not isinstance(found, bool) and not isinstance(expected, bool) and found == expected
+    )
+
+
 def _is_int(value: Any, lo: int, hi: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
@@ -324,11 +338,12 @@ def _range(lo: int | None, hi: int | None) -> str:
     return "" if hi is None else f" <= {hi}"
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, limit: int = 60) -> str:
+    """A short repr for messages (tensors by dtype and shape)."""
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
     text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 # -- checking ---------------------------------------------------------------------------------------
@@ -368,12 +383,13 @@ def check_state(
     version: int,
     settings: Mapping[str, Any],
     fields: Mapping[str, Spec] | None = None,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Check a state dict given to ``reset`` fully; return its fields as loaded by their specs.
 
     Checks, in order: a dict with a ``version`` equal to ``version``; each of ``settings`` equal
     to the saved one; with ``fields``, exactly these keys besides version, settings and checksum,
-    each taken by its :class:`Spec`; the checksum. Everything else raises
+    each taken by its :class:`Spec`; ``check``; the checksum. Everything else raises
     :class:`StateMismatchError` naming ``stage`` and the key.
 
     Args:
@@ -382,6 +398,8 @@ def check_state(
         version: The stage's current state format version.
         settings: The settings that must match, as saved by :func:`make_state`.
         fields: The stage's own keys and what each must be; ``None`` checks no fields.
+        check: Checks between loaded fields (a row index against its unit's rows), given the
+            loaded fields; raises with :func:`load_value` or :func:`invalid`.
 
     Example:
         >>> check_state("bucket", make_state(version=1, settings={"seed": 0}), version=1, settings={"seed": 1})
@@ -398,18 +416,18 @@ def check_state(
         raise StateMismatchError(f"{stage} state must be a dict saved by padpipe, but is a {type(state).__name__} instead.")
     if VERSION_KEY not in state:
         raise StateMismatchError(f"{stage} state is not a padpipe state dict: found keys {sorted(state, key=str)!r}.")
-    if state[VERSION_KEY] != version:
+    if not _same(state[VERSION_KEY], version):
         raise StateMismatchError(
-            f"{stage} state doesn't match this pipeline: version found {state[VERSION_KEY]!r} instead of {version!r}."
+            f"{stage} state doesn't match this pipeline: version found {_show(state[VERSION_KEY])} instead of {version!r}."
         )
     saved = state.get(SETTINGS_KEY, {})
     if not isinstance(saved, Mapping):
         raise invalid(stage, SETTINGS_KEY, "a dict", _show(saved))
     for key, expected in plain(settings).items():
         found = saved.get(key, MISSING)
-        if found != expected:
+        if not _same(found, expected):
             raise StateMismatchError(
-                f"{stage} state doesn't match this pipeline: setting {key!r} found {found!r} instead of {expected!r}."
+                f"{stage} state doesn't match this pipeline: setting {key!r} found {_show(found, 300)} instead of {expected!r}."
             )
     loaded: dict[str, Any] = {}
     if fields is not None:
@@ -426,6 +444,8 @@ def check_state(
     if fields is not None:
         for key, spec in fields.items():
             loaded[key] = load_value(stage, key, state[key], spec)
+    if check is not None:
+        check(loaded)
     expected_sum = checksum(state)
     if found_sum != expected_sum:
         raise StateMismatchError(

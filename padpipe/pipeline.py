@@ -527,11 +527,15 @@ class Pipeline(IterableDataset):
             raise ValueError(f".{method}() needs {wanted} as input, but this pipeline yields {self.output} here.")
 
     def _tokenizer_id(self, name: str) -> int | None:
-        """``pad_id``/``eos_id`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``), or ``None``."""
+        """``pad_id``/``eos_id`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``; of mixed
+        sub-pipelines, when all agree), or ``None``."""
         encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
-        if encoder is None:
-            return next((s.options.get(name) for s in self.stages if s.name == "tokens"), None)
-        return getattr(encoder, name, None)
+        if encoder is not None:
+            return getattr(encoder, name, None)
+        if self.source.name == "mix":
+            found = {pipe._tokenizer_id(name) for pipe in self.source.options["pipelines"].values()}
+            return found.pop() if len(found) == 1 else None
+        return next((s.options.get(name) for s in self.stages if s.name == "tokens"), None)
 
     def _has_stage(self, name: str) -> bool:
         return any(s.name == name for s in self.stages)

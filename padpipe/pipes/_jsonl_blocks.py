@@ -7,6 +7,7 @@ import re
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
@@ -96,14 +97,18 @@ def parse_block(block: bytes, options: pj.ParseOptions) -> pa.Table:
     return pj.read_json(pa.BufferReader(block), read_options=read, parse_options=options)
 
 
-def locate_error(block: bytes, options: pj.ParseOptions, exc: Exception) -> tuple[int, str]:
+def locate_error(block: bytes, options: pj.ParseOptions, exc: Exception, *, first_line: int = 1) -> tuple[int, str]:
     """``(line index in block, problem)`` for a block that failed to parse.
 
     Lines are checked one by one with ``json.loads`` (syntax, one object per line), then with
     pyarrow (type conversions); a type change between rows is placed by pyarrow's row number.
+    Without an explicit schema (the first block, where types are taken from), a key whose type
+    changes is blamed on the lines of the rarer type, so a wrong type on line 1 is blamed on line
+    1. ``first_line`` is the file's line number of the block's first line (for the message).
     """
     lines = block.split(b"\n")
     rows = [i for i, line in enumerate(lines) if line.strip()]
+    values = []
     for i in rows:
         try:
             value = json.loads(lines[i])
@@ -112,6 +117,7 @@ def locate_error(block: bytes, options: pj.ParseOptions, exc: Exception) -> tupl
             return i, f"invalid JSON: {getattr(err, 'msg', err)}{where}"
         if not isinstance(value, dict):
             return i, f"invalid JSON: expected an object, found {JSON_TYPES.get(type(value), 'null')}"
+        values.append(value)
     for i in rows:
         try:
             parse_block(lines[i] + b"\n", options)
@@ -119,7 +125,57 @@ def locate_error(block: bytes, options: pj.ParseOptions, exc: Exception) -> tupl
             return i, _clean(str(err))
     found = re.search(r" in row (\d+)", str(exc))
     row = int(found.group(1)) if found else 0
+    changed = re.search(r"Column\(/([^/)]*)\) changed from (\w+) to (\w+)", str(exc))
+    if options.explicit_schema is None and changed and rows:
+        return _rarer_type(rows, values, *changed.groups(), first_line=first_line)
     return rows[min(row, len(rows) - 1)] if rows else 0, _clean(str(exc))
+
+
+def _rarer_type(rows: list[int], values: list[dict], key: str, before: str, after: str, *, first_line: int) -> tuple[int, str]:
+    """The first line of ``key``'s rarer type (ties: ``after``, the later one) and what is wrong with it."""
+    kinds = [_json_kind(v.get(key)) for v in values]
+    counts = {kind: kinds.count(kind) for kind in (before, after)}
+    rare, common = (before, after) if counts[before] < counts[after] else (after, before)
+    blamed = rows[kinds.index(rare)]
+    other = first_line + rows[kinds.index(common)]
+    return blamed, (f"key {key!r} is {_article(rare)}, but {_article(common)} on {counts[common]} other line(s) "
+                    f"(first: line {other}); expected one type per key")
+
+
+def _json_kind(value: object) -> str:
+    """pyarrow's name of a JSON value's kind: number, string, boolean, object, array or null."""
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "number", float: "number", str: "string", dict: "object", list: "array"}.get(type(value), "null")
+
+
+def _article(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def invalid_utf8(block: bytes) -> tuple[int, int] | None:
+    """``(line index in block, byte offset in that line)`` of the first byte that is not UTF-8, or ``None``.
+
+    Arrow checks the whole block at once (zero-copy); only a bad block is decoded by Python to
+    place the byte.
+
+    Example:
+        >>> invalid_utf8(b'{"a": "x"}\\n{"a": "\\xff"}\\n')
+        (1, 7)
+    """
+    offsets = pa.py_buffer(np.array([0, len(block)], dtype=np.int64).tobytes())
+    array = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(block)])
+    try:
+        array.cast(pa.large_string())
+        return None
+    except pa.ArrowInvalid:
+        pass
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line_start = block.rfind(b"\n", 0, err.start) + 1
+        return block.count(b"\n", 0, err.start), err.start - line_start
+    return None
 
 
 def lines_before(file: FileRef, offset: int) -> int:

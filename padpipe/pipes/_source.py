@@ -132,6 +132,9 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         """A subclass's own state keys (their values from :meth:`state_values`) and what each must be."""
         return {}
 
+    def check_state_fields(self, loaded: dict[str, Any], unit: WorkUnit | None) -> None:
+        """Check a subclass's loaded fields against the position (``unit``: the unit being read, if any)."""
+
     def state_values(self) -> dict[str, Any]:
         """A subclass's own state values, saved with the position (see :meth:`state_fields`)."""
         return {}
@@ -153,14 +156,19 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         fields = {self.EPOCH_KEY: Int(0), self.UNIT_KEY: Int(0), self.ROW_KEY: Int(0), **self.state_fields()}
         if self.identity() is not None:
             fields[self.IDENTITY_KEY] = Str()
-        loaded = check_state(stage, initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
-        if self.identity() is not None:
-            self.check_identity(loaded[self.IDENTITY_KEY])
-        self._epoch = loaded[self.EPOCH_KEY]
+
+        def check(loaded: dict[str, Any]) -> None:
+            if self.identity() is not None:
+                self.check_identity(loaded[self.IDENTITY_KEY])
+            order = self._units_for_epoch(loaded[self.EPOCH_KEY])
+            unit = load_value(stage, self.UNIT_KEY, loaded[self.UNIT_KEY], Int(0, len(order)))
+            load_value(stage, self.ROW_KEY, loaded[self.ROW_KEY], Int(0, order[unit].num_rows if unit < len(order) else 0))
+            self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
+
+        loaded = check_state(stage, initial_state, version=self.VERSION, settings=self._settings(), fields=fields,
+                             check=check)
+        self._epoch, self._unit, self._row = loaded[self.EPOCH_KEY], loaded[self.UNIT_KEY], loaded[self.ROW_KEY]
         self._order = self._units_for_epoch(self._epoch)
-        self._unit = load_value(stage, self.UNIT_KEY, loaded[self.UNIT_KEY], Int(0, len(self._order)))
-        rows = self._order[self._unit].num_rows if self._unit < len(self._order) else 0
-        self._row = load_value(stage, self.ROW_KEY, loaded[self.ROW_KEY], Int(0, rows))
 
     def next(self) -> pa.RecordBatch:
         while True:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from torchdata.nodes import BaseNode
 
-from padpipe._shutdown import register_producer
+from padpipe._shutdown import register_thread
 from padpipe._state import SOURCE_KEY, Child, check_state, make_state
 
 T = TypeVar("T")
@@ -148,7 +148,7 @@ class BackgroundProducer(Generic[T]):
             target=_produce, args=(self.source, self.transfer, self._queue, self._stop), name=self.name, daemon=True
         )
         self._finalizer = weakref.finalize(self, self._stop.set)
-        register_producer(self)
+        register_thread(self._thread, self._stop)
         self._thread.start()
 
     def next(self) -> T:

@@ -65,10 +65,14 @@ class FixedBatcher(BaseNode[TokenChunk]):
             self._exhausted = False
             return
         fields = {SOURCE_KEY: Child(), self.PENDING_KEY: Optional(Chunk()), self.POS_KEY: Int(0), self.EXHAUSTED_KEY: Bool()}
-        loaded = check_state("FixedBatcher", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+
+        def check(loaded: dict[str, Any]) -> None:  # rows of the pending chunk before `pos` were emitted
+            pending = loaded[self.PENDING_KEY]
+            load_value("FixedBatcher", self.POS_KEY, loaded[self.POS_KEY], Int(0, 0 if pending is None else pending.num_rows - 1))
+
+        loaded = check_state("FixedBatcher", initial_state, version=self.VERSION, settings=self._settings(),
+                             fields=fields, check=check)
         pending = loaded[self.PENDING_KEY]
-        last = 0 if pending is None else pending.num_rows - 1  # rows before `pos` were emitted
-        load_value("FixedBatcher", self.POS_KEY, loaded[self.POS_KEY], Int(0, last))
         self.source.reset(initial_state[SOURCE_KEY])
         self._exhausted = loaded[self.EXHAUSTED_KEY]
         self._pending, self._pos = pending, loaded[self.POS_KEY]

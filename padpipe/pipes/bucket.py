@@ -163,20 +163,23 @@ class Bucketizer(BaseNode[TokenChunk]):
             self.BATCH_KEY: Int(0),
             self.POS_KEY: Int(0),
         }
-        loaded = check_state("Bucketizer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
-        ready, sizes = loaded[self.READY_KEY], loaded[self.SIZES_KEY]
-        batch, pos = loaded[self.BATCH_KEY], loaded[self.POS_KEY]
-        # the ready rows are cut into `sizes`; `batch` of them (`pos` rows) were emitted
-        rows = 0 if ready is None else ready.num_rows
-        if rows != int(sizes.sum()) or (ready is None) != (len(sizes) == 0):
-            raise invalid("Bucketizer", self.SIZES_KEY, f"batch sizes adding up to the {rows} ready rows", sizes.tolist())
-        load_value("Bucketizer", self.BATCH_KEY, batch, Int(0, max(len(sizes) - 1, 0)))
-        load_value("Bucketizer", self.POS_KEY, pos, Int(int(sizes[:batch].sum()), int(sizes[:batch].sum())))
+
+        def check(loaded: dict[str, Any]) -> None:  # the ready rows are cut into `sizes`; `batch` of them were emitted
+            ready, sizes, batch = loaded[self.READY_KEY], loaded[self.SIZES_KEY], loaded[self.BATCH_KEY]
+            rows = 0 if ready is None else ready.num_rows
+            if rows != int(sizes.sum()) or (ready is None) != (len(sizes) == 0):
+                raise invalid("Bucketizer", self.SIZES_KEY, f"batch sizes adding up to the {rows} ready rows", sizes.tolist())
+            load_value("Bucketizer", self.BATCH_KEY, batch, Int(0, max(len(sizes) - 1, 0)))
+            emitted = int(sizes[:batch].sum())
+            load_value("Bucketizer", self.POS_KEY, loaded[self.POS_KEY], Int(emitted, emitted))
+
+        loaded = check_state("Bucketizer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields,
+                             check=check)
         self.source.reset(initial_state[SOURCE_KEY])
         self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
         self._exhausted, self._carry = loaded[self.EXHAUSTED_KEY], loaded[self.CARRY_KEY]
-        self._set_ready(ready, sizes)
-        self._batch, self._pos = batch, pos
+        self._set_ready(loaded[self.READY_KEY], loaded[self.SIZES_KEY])
+        self._batch, self._pos = loaded[self.BATCH_KEY], loaded[self.POS_KEY]
         self._carry_state, self._ready_state = initial_state[self.CARRY_KEY], initial_state[self.READY_KEY]
 
     def next(self) -> TokenChunk:

@@ -210,29 +210,17 @@ class Packer(BaseNode[dict]):
             self.CLOSED_KEY: Int(0, last_row),
             self.EXHAUSTED_KEY: Bool(),
         }
-        loaded = check_state("pack", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
-        pool, placed, rows = loaded[self.POOL_KEY], loaded[self.PLACED_KEY], loaded[self.PLACED_ROWS_KEY]
-        closed = loaded[self.CLOSED_KEY]
-        for key, chunk in ((self.INCOMING_KEY, loaded[self.INCOMING_KEY]), (self.POOL_KEY, pool), (self.PLACED_KEY, placed)):
-            if chunk.num_rows and int(chunk.lengths.max()) > self.seq_len:
-                raise invalid("pack", key, f"pieces of at most seq_len={self.seq_len} tokens", "a longer piece")
-        if pool.num_rows > self.buffer_size:
-            raise invalid("pack", self.POOL_KEY, f"at most buffer_size={self.buffer_size} pieces", pool.num_rows)
-        if len(rows) != placed.num_rows or rows != sorted(rows) or (rows and rows[-1] > closed):
-            raise invalid("pack", self.PLACED_ROWS_KEY, f"the row (<= {closed}, rising) of each of the "
-                          f"{placed.num_rows} placed pieces", rows[:8])
-        used = np.bincount(rows, weights=placed.lengths, minlength=self.batch_size) if rows else np.zeros(self.batch_size)
-        if used.max() > self.seq_len or (used[:closed] == 0).any():
-            raise invalid("pack", self.PLACED_KEY, f"closed rows of 1 to seq_len={self.seq_len} tokens",
-                          f"rows of {used[: closed + 1].astype(int).tolist()} tokens")
+        loaded = check_state("pack", initial_state, version=self.VERSION, settings=self._settings(), fields=fields,
+                             check=self._check_loaded)
+        pool, placed = loaded[self.POOL_KEY], loaded[self.PLACED_KEY]
         self.source.reset(initial_state[SOURCE_KEY])
         self._epoch = loaded[self.EPOCH_KEY]
         self._incoming = loaded[self.INCOMING_KEY]
         for i in range(pool.num_rows):  # in arrival order: ties resolve as before
             self._add_to_pool(pool.row(i))
         self._placed = [placed.row(i) for i in range(placed.num_rows)]
-        self._placed_rows = rows
-        self._closed = closed
+        self._placed_rows = loaded[self.PLACED_ROWS_KEY]
+        self._closed = loaded[self.CLOSED_KEY]
         self._used = sum(len(p) for p, r in zip(self._placed, self._placed_rows) if r == self._closed)
         self._exhausted = loaded[self.EXHAUSTED_KEY]
 
@@ -268,6 +256,24 @@ class Packer(BaseNode[dict]):
         )
 
     # -- internals --------------------------------------------------------------------------------
+    def _check_loaded(self, loaded: dict[str, Any]) -> None:
+        """Pieces fit ``seq_len``, the pool ``buffer_size``; placed pieces fill closed rows of the batch."""
+        pool, placed, rows = loaded[self.POOL_KEY], loaded[self.PLACED_KEY], loaded[self.PLACED_ROWS_KEY]
+        closed = loaded[self.CLOSED_KEY]
+        for key in (self.INCOMING_KEY, self.POOL_KEY, self.PLACED_KEY):
+            chunk = loaded[key]
+            if chunk.num_rows and int(chunk.lengths.max()) > self.seq_len:
+                raise invalid("pack", key, f"pieces of at most seq_len={self.seq_len} tokens", "a longer piece")
+        if pool.num_rows > self.buffer_size:
+            raise invalid("pack", self.POOL_KEY, f"at most buffer_size={self.buffer_size} pieces", pool.num_rows)
+        if len(rows) != placed.num_rows or rows != sorted(rows) or (rows and rows[-1] > closed):
+            raise invalid("pack", self.PLACED_ROWS_KEY, f"the row (<= {closed}, rising) of each of the "
+                          f"{placed.num_rows} placed pieces", rows[:8])
+        used = np.bincount(rows, weights=placed.lengths, minlength=self.batch_size) if rows else np.zeros(self.batch_size)
+        if used.max() > self.seq_len or (used[:closed] == 0).any():
+            raise invalid("pack", self.PLACED_KEY, f"closed rows of 1 to seq_len={self.seq_len} tokens",
+                          f"rows of {used[: closed + 1].astype(int).tolist()} tokens")
+
     def _settings(self) -> dict[str, Any]:
         names = ("seq_len", "batch_size", "buffer_size", "long_docs", "keep_tail")
         return {name: getattr(self, name) for name in names}

@@ -17,7 +17,7 @@ from padpipe.pipes import _jsonl_blocks as blocks
 from padpipe.pipes._file_source import FileSource
 from padpipe.pipes._listing import SharedListing
 from padpipe.pipes._paths import FileRef
-from padpipe.pipes._retry import Retry
+from padpipe.pipes._retry import Retry, is_transient
 from padpipe.pipes._schema import conform
 from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, WorkUnit
 from padpipe.stats import PipelineStats
@@ -116,6 +116,8 @@ class JsonlReader(FileSource):
         self._files = {}
         for file in files:
             self._files[file.name] = file
+            if file.size() == 0:
+                raise DataError(f"{file.name}: empty file (0 bytes); expected JSON Lines.")
             if blocks.compression_of(file.name):
                 units.append(WorkUnit(file.name, 0))
                 continue
@@ -160,15 +162,17 @@ class JsonlReader(FileSource):
     def state_fields(self) -> dict[str, Spec]:
         return {self.BLOCK_KEY: Optional(ListOf(Int(0), length=2))}
 
+    def check_state_fields(self, loaded: dict[str, Any], unit: WorkUnit | None) -> None:
+        block = loaded[self.BLOCK_KEY]
+        if block is not None:  # where the block holding `row` starts: within the unit, at or before `row`
+            start, stop = (0, -1) if unit is None else (unit.start, unit.stop)
+            load_value("JsonlReader", self.BLOCK_KEY, block[0], Int(start, stop))
+            load_value("JsonlReader", self.BLOCK_KEY, block[1], Int(0, loaded[self.ROW_KEY]))
+
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._block = None
         block = None if initial_state is None else initial_state[self.BLOCK_KEY]
-        if block is not None:  # where the block holding `row` starts: within the unit, at or before `row`
-            unit = self._order[self._unit] if self._unit < len(self._order) else None
-            stop = -1 if unit is None else (unit.stop if unit.stop is not None else None)
-            load_value("JsonlReader", self.BLOCK_KEY, block[0], Int(0 if unit is None else unit.start, stop))
-            load_value("JsonlReader", self.BLOCK_KEY, block[1], Int(0, self._row))
         self._resume_at = None if block is None else (int(block[0]), int(block[1]))
 
     def state_values(self) -> dict[str, Any]:
@@ -194,17 +198,32 @@ class JsonlReader(FileSource):
             return
 
     def _first_block(self, file: FileRef) -> tuple[int, bytes] | None:
-        with blocks.open_stream(file) as stream:
-            return next(blocks.line_blocks(stream, 0, math.inf, self.block_bytes), None)
+        try:
+            with blocks.open_stream(file) as stream:
+                return next(blocks.line_blocks(stream, 0, math.inf, self.block_bytes), None)
+        except (OSError, pa.ArrowException) as exc:
+            if is_transient(exc) or isinstance(exc, FileNotFoundError):
+                raise
+            raise DataError(f"{file.name}: cannot read the file ({exc}).") from exc
 
     def _parse(self, file: FileRef, offset: int, block: bytes) -> pa.RecordBatch | None:
         if not block or block.isspace():
             return None
+        bad_byte = blocks.invalid_utf8(block)
+        if bad_byte is not None:
+            line, column = bad_byte
+            number = blocks.lines_before(file, offset) + line + 1
+            byte = block.split(b"\n", line + 1)[line][column]
+            raise DataError(
+                f"{file.name} line {number}: invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); "
+                "JSON Lines files must be UTF-8 (re-encode the file, e.g. with iconv)."
+            )
         try:
             table = blocks.parse_block(block, self._options)
         except pa.ArrowInvalid as exc:
-            line, problem = blocks.locate_error(block, self._options, exc)
-            number = blocks.lines_before(file, offset) + line + 1
+            before = blocks.lines_before(file, offset)
+            line, problem = blocks.locate_error(block, self._options, exc, first_line=before + 1)
+            number = before + line + 1
             typed = self._schema is not None and not problem.startswith("invalid JSON")
             hint = f"; keys keep the types of {self._reference}" if typed else ""
             raise DataError(f"{file.name} line {number}: {problem}{hint}.") from exc

@@ -89,14 +89,17 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
             self.EXHAUSTED_KEY: Bool(),
             self.CHUNK_KEY: Int(0),
         }
-        loaded = check_state("ShuffleBuffer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
-        segments = loaded[self.SEGMENTS_KEY]
-        rows = sum(s.num_rows for s in segments)
-        live = load_value("ShuffleBuffer", self.LIVE_KEY, initial_state[self.LIVE_KEY],
-                          Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True))
+
+        def check(loaded: dict[str, Any]) -> None:  # the live rows are rows of the segments
+            rows = sum(s.num_rows for s in loaded[self.SEGMENTS_KEY])
+            load_value("ShuffleBuffer", self.LIVE_KEY, initial_state[self.LIVE_KEY],
+                       Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True))
+
+        loaded = check_state("ShuffleBuffer", initial_state, version=self.VERSION, settings=self._settings(),
+                             fields=fields, check=check)
         self.source.reset(initial_state[SOURCE_KEY])
         self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
-        self._set_buffer(segments, list(initial_state[self.SEGMENTS_KEY]), live)
+        self._set_buffer(loaded[self.SEGMENTS_KEY], list(initial_state[self.SEGMENTS_KEY]), loaded[self.LIVE_KEY])
         self._exhausted = loaded[self.EXHAUSTED_KEY]
         self._chunk_rows = loaded[self.CHUNK_KEY]
 

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, check_bool, one_of, positive
+from padpipe.pipes._schema import source_of
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
 
@@ -121,7 +122,7 @@ class ChunkTokenizer:
             missing = [f for f in self.fields if f not in batch.schema.names]
             if missing:
                 raise DataError(
-                    f"tokenize: text field {missing[0]!r} is not in the data; "
+                    f"tokenize: text field {missing[0]!r} is not in the data{_from(batch)}; "
                     f"expected one of the columns {batch.schema.names!r}."
                 )
             texts = [_as_text_column(batch.column(f)) for f in self.fields]
@@ -180,11 +181,18 @@ def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: lis
     found = "None" if not column[row].is_valid else f"of type {column.type}"
     name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
     where = f" ({name}={batch.column(name)[row].as_py()!r})" if name else ""
+    where += _from(batch)
     count = int(bad.sum())
     return (
         f"tokenize: field {field!r} at row {row} of the chunk{where} is {found}; expected a string. "
         f"{count} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
     )
+
+
+def _from(batch: pa.RecordBatch) -> str:
+    """`` from <file>`` when the reader tagged the batch with its file (not after shuffle or mix)."""
+    source = source_of(batch)
+    return f" from {source}" if source else ""
 
 
 def _pass_through(batch: pa.RecordBatch, fields: tuple[str, ...]) -> dict[str, pa.Array]:
