@@ -78,3 +78,13 @@ def test_mix_saves_and_restores_its_state(stop):
     mixed = pp.mix({"a": a, "b": b}, weights={"a": 0.6, "b": 0.4}, seed=2, stop=stop, chunk_rows=5)
     pipe = mixed.tokenize(pp.examples.tokenizer()).bucket(max_tokens=40, buffer_size=8).pad()
     check_loader_resume(pipe.loader, epochs=2)
+
+
+def test_mix_of_tokenized_pipelines_pads_and_packs_with_the_tokenizers_pad_token(tmp_path):
+    tok = pp.examples.tokenizer()
+    a = pp.from_iterable(texts(0, 2)).tokenize(tok)  # 2 + 2 short documents: one packed row, padded
+    b = pp.from_iterable(texts(100, 2)).tokenize(tok)
+    packed = next(iter(pp.mix({"a": a, "b": b}, seed=0).pack(64).loader()))
+    assert packed["input_ids"].shape == (1, 64) and packed["input_ids"][0, -1].item() == tok.token_to_id("[PAD]") == 0
+    padded = next(iter(pp.mix({"a": a, "b": b}, seed=0).batch(4).pad(side="left").loader()))
+    assert padded["input_ids"][padded["attention_mask"] == 0].unique().tolist() == [0]

@@ -153,3 +153,57 @@ def test_read_jsonl_loader_yields_record_batches(folder):
 
 def test_read_jsonl_loader_saves_and_restores_its_state(folder):
     check_loader_resume(lambda: pp.read_jsonl(str(folder), chunk_rows=16).loader())
+
+
+def first_error(path, **tokenize):
+    pipe = pp.read_jsonl(str(path)).tokenize(pp.examples.TOKENIZER_JSON, **tokenize).batch(8).pad()
+    with pytest.raises(DataError) as info:
+        for _ in pipe.loader():
+            pass
+    return str(info.value)
+
+
+@pytest.mark.parametrize("block_bytes", [64, 2 << 20])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_read_jsonl_raises_error_naming_the_line_of_bytes_that_are_not_utf8(tmp_path, block_bytes, on_error):
+    lines = [json.dumps(r).encode() for r in records(0, 80)]
+    lines[50] = b'{"id": 50, "text": "ab\xffcd", "label": 0}'
+    (tmp_path / "bad.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    reader = JsonlReader(paths=str(tmp_path / "bad.jsonl"), block_bytes=block_bytes, consumer=Consumer())
+    pattern = (rf"^{re.escape(str(tmp_path / 'bad.jsonl'))} line 51: invalid UTF-8 \(byte 23 of the line is 0xff\); "
+               r"JSON Lines files must be UTF-8 \(re-encode the file, e.g. with iconv\)\.$")
+    with pytest.raises(DataError, match=pattern):
+        reader.reset()  # the first block is read when listing
+        list(reader)
+    assert re.match(pattern, first_error(tmp_path / "bad.jsonl", on_error=on_error))
+
+
+def test_read_jsonl_raises_error_naming_a_truncated_gzip_file(tmp_path):
+    data = gzip.compress(jsonl(records(0, 300)))
+    (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])
+    message = first_error(tmp_path / "cut.jsonl.gz")
+    assert message == f"{tmp_path / 'cut.jsonl.gz'}: cannot read the file (Truncated compressed stream)."
+
+
+def test_read_jsonl_blames_line_1_for_a_wrong_type_on_line_1(tmp_path):
+    recs = records(0, 30)
+    recs[0]["text"] = 5
+    (tmp_path / "first.jsonl").write_bytes(jsonl(recs))
+    assert first_error(tmp_path / "first.jsonl") == (
+        f"{tmp_path / 'first.jsonl'} line 1: key 'text' is a number, but a string on 29 other line(s) (first: line 2); "
+        "expected one type per key."
+    )
+    recs = records(0, 30)
+    recs[4]["text"] = 5  # the rarer type is blamed wherever it is
+    (tmp_path / "fifth.jsonl").write_bytes(jsonl(recs))
+    assert first_error(tmp_path / "fifth.jsonl").startswith(f"{tmp_path / 'fifth.jsonl'} line 5: key 'text' is a number")
+
+
+def test_read_jsonl_raises_error_on_an_empty_file_as_parquet_does(tmp_path):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    assert first_error(tmp_path / "empty.jsonl") == f"{tmp_path / 'empty.jsonl'}: empty file (0 bytes); expected JSON Lines."
+    with pytest.raises(DataError, match=r"empty\.parquet: not a readable Parquet file \(Parquet file size is 0 bytes\)\.$"):
+        next(iter(pp.read_parquet(str(tmp_path / "empty.parquet")).loader()))
+    (tmp_path / "blank.jsonl").write_bytes(b"\n  \n")  # lines, but no rows: nothing to read, as a 0-row Parquet file
+    assert list(pp.read_jsonl(str(tmp_path / "blank.jsonl")).loader()) == []

@@ -121,3 +121,32 @@ def test_shuffle_saves_and_restores_its_state(total: int, chunk: int, buffer_siz
     items = check_node_resume(lambda: ShuffleBuffer(ListNode(record_batches(total, chunk)), buffer_size=buffer_size, seed=5))
     for epoch in items:
         assert sorted(r["rid"] for _, rows in epoch for r in rows) == list(range(total))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shuffle_raises_error_naming_file_and_column_when_a_file_has_another_type(tmp_path, seed: int) -> None:
+    import pyarrow.parquet as pq
+
+    import padpipe as pp
+
+    for i in range(3):
+        pq.write_table(pa.table({"text": [f"t{i}-{j}" for j in range(100)], "rid": range(100)}), tmp_path / f"g{i}.parquet")
+    pq.write_table(pa.table({"text": pa.array(range(1000, 1100)), "rid": range(100)}), tmp_path / "g3.parquet")
+    pipe = pp.read_parquet(str(tmp_path), chunk_rows=25).shuffle(buffer_size=150, seed=seed)
+    pipe = pipe.tokenize(pp.examples.TOKENIZER_JSON).batch(8).pad()
+    pattern = (r"^shuffle: column 'text' is (int64|string) in the rows from \S+/g\d\.parquet, but (string|int64) in "
+               r"the rows buffered before; expected one type per column in every input\.$")
+    with pytest.raises(DataError, match=pattern) as info:
+        for _ in pipe.loader():
+            pass
+    assert ("int64 in the rows from" in str(info.value)) == ("g3.parquet" in str(info.value))
+
+
+def test_shuffle_casts_within_a_kind_of_type_only() -> None:
+    first = pa.record_batch({"text": pa.array(["a", "b"], pa.large_string()), "n": pa.array([1, 2], pa.int32())})
+    second = pa.record_batch({"n": pa.array([3, 4], pa.int64()), "text": ["c", "d"]})
+    out = run_epoch(ShuffleBuffer(ListNode([first, second]), buffer_size=1, seed=0))
+    assert sorted(r for b in out for r in b.column("n").to_pylist()) == [1, 2, 3, 4]
+    floats = pa.record_batch({"text": ["e"], "n": pa.array([0.5])})
+    with pytest.raises(DataError, match=r"^shuffle: column 'n' is double in the rows of an input record batch, but int32 in the rows buffered before; expected one type per column in every input\.$"):
+        run_epoch(ShuffleBuffer(ListNode([first, floats]), buffer_size=4, seed=0))
