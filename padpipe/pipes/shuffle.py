@@ -135,7 +135,7 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
                 self.EPOCH_KEY: self._epoch,
                 self.RNG_KEY: self._rng.bit_generator.state,
                 self.SEGMENTS_KEY: list(self._segment_states),
-                self.LIVE_KEY: self._live[: self._count].copy(),
+                self.LIVE_KEY: self._live[: self._count],  # copied into the state
                 self.EXHAUSTED_KEY: self._exhausted,
                 self.CHUNK_KEY: self._chunk_rows,
             },

@@ -131,3 +131,34 @@ def test_listings_and_paths_never_unpickle() -> None:
     for module in (_listing, _paths):
         source = pathlib.Path(module.__file__).read_text()
         assert "import pickle" not in source and "pickle.load" not in source
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "jsonl"])
+def test_every_reader_reads_the_same_rows_from_a_listing_shared_as_json(shared, tmp_path, monkeypatch, fmt) -> None:
+    from padpipe import Consumer
+    from padpipe.pipes.read_arrow import ArrowReader
+    from padpipe.pipes.read_jsonl import JsonlReader
+    from padpipe.pipes.read_parquet import ParquetReader
+
+    table = pa.table({"text": [f"t {i}" for i in range(30)], "id": list(range(30))})
+    for i in range(2):
+        part = table.slice(15 * i, 15)
+        if fmt == "parquet":
+            pq.write_table(part, tmp_path / f"p{i}.parquet", row_group_size=4)
+        elif fmt == "arrow":
+            with pa.ipc.new_stream(str(tmp_path / f"p{i}.arrow"), part.schema) as writer:
+                for batch in part.to_batches(max_chunksize=4):
+                    writer.write_batch(batch)
+        else:
+            (tmp_path / f"p{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part.to_pylist()))
+    reader = {"parquet": ParquetReader, "arrow": ArrowReader, "jsonl": JsonlReader}[fmt]
+
+    def read(listing: SharedListing) -> list:
+        node = reader(paths=str(tmp_path / f"p*.{fmt}"), chunk_rows=5, consumer=Consumer(), listing=listing)
+        node.reset()
+        return [r for b in node for r in b.to_pylist()] + [node.state_dict()["files"]]
+
+    first = read(worker_copy(shared))  # lists and writes the JSON file
+    monkeypatch.setattr("padpipe.pipes._file_source.expand_paths", lambda *a, **k: 1 / 0)
+    again = read(worker_copy(shared))  # reads it: lists nothing
+    assert again == first and [r["id"] for r in first[:-1]] == list(range(30))
