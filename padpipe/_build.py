@@ -124,5 +124,8 @@ def tokens(upstream: BaseNode, ctx: BuildContext, *, column: str, type_ids: str 
     """Build the tokens stage (rows that already hold token ids), run inline; ``pad_id`` is for pad/pack."""
     from padpipe.pipes.tokens import TokenColumns
 
+    from padpipe.pipes._threading import OrderedMapper
+
     fn = TokenColumns(column=column, type_ids=type_ids, max_length=max_length, stats=ctx.stats)
-    return ParallelMapper(upstream, fn, num_workers=0)
+    settings = {"column": column, "type_ids": type_ids, "max_length": max_length}
+    return OrderedMapper(upstream, fn, num_threads=1, stage="tokens", settings=settings)

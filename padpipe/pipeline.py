@@ -483,7 +483,7 @@ class Pipeline(IterableDataset):
             from padpipe.pipes.equal_steps import EqualSteps
 
             root = EqualSteps(root, policy=equal_steps, stats=stats)
-        return PipelineLoader(track(root), stats, settings={"num_workers": num_workers})
+        return PipelineLoader(root, stats, settings={"num_workers": num_workers})
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
         """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).

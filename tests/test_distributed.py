@@ -102,7 +102,6 @@ def test_plain_dataloader_under_ddp_warns_about_the_hang(runs):
     assert runs["stderr"].count("DDP hangs at the end of an epoch") == 1  # rank 0's first worker only
 
 
-@pytest.mark.xfail(strict=True, reason="until loader states are plain data (torch.load weights_only=True)")
 def test_loader_with_workers_resumes_from_a_torch_saved_state_in_fresh_processes(runs):
     torchrun("resume", runs["dir"], runs["dir"])
     for rank in range(2):
