@@ -311,3 +311,15 @@ def test_resume_accepts_another_on_error(data) -> None:
     it = run(loader, 2)
     state = loader.state_dict()
     assert resume(tokenized(data, on_error="skip"), state) == rest_of_epoch(it)
+
+
+def test_a_worker_process_loader_state_is_plain_data(data, tmp_path) -> None:
+    pipe = pipelines(data)["bucket"]
+    loader = pipe.loader(num_workers=2)
+    it = run(loader, 3)
+    state = loader.state_dict()
+    assert {type(v) for _, v in leaves(state)} <= {str, int, float, bool, type(None), torch.Tensor}
+    torch.save(state, tmp_path / "workers.pt")
+    fresh = pipe.loader(num_workers=2)
+    fresh.load_state_dict(torch.load(tmp_path / "workers.pt", weights_only=True))
+    assert rest_of_epoch(fresh) == rest_of_epoch(it)
