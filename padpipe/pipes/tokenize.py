@@ -1,8 +1,8 @@
 """The tokenize stage's work: one Arrow record batch of text in, one flat :class:`TokenChunk` out.
 
-:class:`ChunkTokenizer` is a plain callable; ``padpipe._build.tokenize`` runs it in a
-``torchdata.nodes.ParallelMapper`` of threads (the Rust batch call releases the GIL), so it keeps
-no state between calls and resume is the upstream reader's position.
+:class:`ChunkTokenizer` is a plain callable; ``padpipe._build.tokenize`` runs it in an
+:class:`~padpipe.pipes._threading.OrderedMapper` of threads (the Rust batch call releases the GIL),
+so it keeps no state between calls and resume is the upstream reader's position.
 """
 
 from __future__ import annotations
