@@ -17,14 +17,12 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from typing import Any
 
 EXIT_WAIT_SECONDS = 60.0
 """How long exit waits, in all, for the threads to finish what they are doing."""
 
 _THREADS: dict[threading.Thread, threading.Event] = {}
 _LOCK = threading.Lock()
-_CHILDREN = ("source", "root", "_it", "_producer")
 
 
 def register_thread(thread: threading.Thread, stop: threading.Event) -> None:
@@ -33,31 +31,6 @@ def register_thread(thread: threading.Thread, stop: threading.Event) -> None:
         for done in [t for t in _THREADS if not t.is_alive() and t.ident is not None]:
             del _THREADS[done]
         _THREADS[thread] = stop
-
-
-def live_threads() -> list[threading.Thread]:
-    """The registered threads that are still running."""
-    with _LOCK:
-        return [t for t in _THREADS if t.is_alive()]
-
-
-def stop_threads(root: Any) -> None:
-    """Stop and join the background threads found in ``root``'s graph (safe to call twice).
-
-    Example:
-        >>> stop_threads(pp.from_iterable([{"text": "a"}]).build())
-    """
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        obj = stack.pop()
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if type(obj).__name__ in ("BackgroundProducer", "OrderedMapper"):
-            obj.close()
-        stack.extend(getattr(obj, "source_nodes", {}).values())
-        stack.extend(getattr(obj, name, None) for name in _CHILDREN)
 
 
 @atexit.register

@@ -285,12 +285,3 @@ class OrderedMapper(BaseNode[Any]):
     def get_state(self) -> dict[str, Any]:
         source = self.source.state_dict() if self._producer is None else self._producer.state()
         return make_state(version=self.VERSION, settings=self.settings, **{SOURCE_KEY: source})
-
-    def close(self) -> None:
-        """Stop the reader thread and the pool (safe to call twice)."""
-        if self._producer is not None:
-            for future in self._producer.close():
-                future.cancel()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        self._producer = self._pool = None
