@@ -242,11 +242,10 @@ def saved(data) -> Saved:
     return Saved(pipe, state, rest_of_epoch(it))
 
 
-@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_a_corrupted_state_leaf_resumes_exactly_or_raises_state_mismatch(saved, data) -> None:
-    # the leaves of padpipe's own state, under "root" (torchdata's Loader keeps a count beside it)
-    paths = [(("root",) + path, value) for path, value in leaves(saved.state["root"])]
+    paths = leaves(saved.state)
     path, value = paths[data.draw(st.integers(0, len(paths) - 1), label="leaf")]
     corrupted = copy.deepcopy(saved.state)
     target = corrupted
