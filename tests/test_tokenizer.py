@@ -206,7 +206,7 @@ def test_encoder_raises_error_when_tokenizer_is_slow():
 def test_encoder_raises_error_when_tokenizer_is_unknown(tmp_path):
     with pytest.raises(TypeError, match=r"^`tokenizer` must be a transformers fast tokenizer, .* but is int instead\.$"):
         _load(3)
-    with pytest.raises(FileNotFoundError, match=r"^Tokenizer file '.*missing\.json' does not exist\.$"):
+    with pytest.raises(FileNotFoundError, match=r"^Tokenizer '.*missing\.json': no such file or folder\.$"):
         _load(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match=r"^`max_length` must be greater than zero, but is 0 instead\.$"):
         _load(examples.tokenizer(), max_length=0)

@@ -1,0 +1,81 @@
+"""Optional dependencies: import one when it is needed, or fail with the ``pip install`` line that adds it.
+
+The core (``pip install padpipe``) reads local or ``http(s)`` Parquet, Arrow and JSON Lines files
+(``.gz``/``.zst`` too) with a ``tokenizers`` tokenizer. The extras add:
+
+* ``[hf]``: ``transformers`` (tokenizer folders and hub names, ``AutoTokenizer`` objects) and
+  ``datasets`` (``pp.from_hf``, GLUE from the Hub or a ``save_to_disk`` folder);
+* ``[s3]``: ``s3fs``, for ``s3://`` paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+EXTRAS: dict[str, str] = {
+    "datasets": "hf",
+    "transformers": "hf",
+    "huggingface_hub": "hf",
+    "s3fs": "s3",
+}
+"""The padpipe extra that installs each optional package (others are installed by name)."""
+
+
+class MissingDependencyError(ModuleNotFoundError):
+    """An optional package is not installed; the message says what needs it and how to install it.
+
+    A ``ModuleNotFoundError`` (so an ``ImportError``) with ``name`` set to the missing package.
+    """
+
+
+def install_line(package: str) -> str:
+    """The ``pip install`` command that brings ``package``: its padpipe extra, else the package itself.
+
+    Example:
+        >>> install_line("datasets")
+        "pip install 'padpipe[hf]'"
+        >>> install_line("gcsfs")
+        'pip install gcsfs'
+    """
+    extra = EXTRAS.get(package)
+    return f"pip install 'padpipe[{extra}]'" if extra else f"pip install {package}"
+
+
+def missing(package: str, purpose: str) -> MissingDependencyError:
+    """The error for ``purpose`` needing ``package``, which is not installed.
+
+    Example:
+        >>> str(missing("s3fs", "reading 's3://bucket/train.parquet'"))
+        "reading 's3://bucket/train.parquet' needs the s3fs package, which is not installed: pip install 'padpipe[s3]'"
+    """
+    return MissingDependencyError(
+        f"{purpose} needs the {package} package, which is not installed: {install_line(package)}", name=package
+    )
+
+
+def require(module: str, purpose: str) -> ModuleType:
+    """Import ``module``, or raise :class:`MissingDependencyError` naming ``purpose`` and the install line.
+
+    Only a missing ``module`` itself is turned into that error: an installed package that fails
+    to import (one of *its* dependencies missing, a broken install) raises its own error.
+
+    Args:
+        module: The module to import (``"datasets"``, ``"transformers"``).
+        purpose: What needs it, for the message (``"pp.from_hf()"``).
+
+    Example:
+        >>> require("json", "reading JSON").__name__
+        'json'
+        >>> require("no_such_package", "pp.frobnicate()")
+        Traceback (most recent call last):
+        ...
+        padpipe._optional.MissingDependencyError: pp.frobnicate() needs the no_such_package package, which is not installed: pip install no_such_package
+    """
+    package = module.partition(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != package:
+            raise  # the package is there, but something it imports is not
+        raise missing(package, purpose) from None
