@@ -1,11 +1,12 @@
 """Optional dependencies: import one when it is needed, or fail with the ``pip install`` line that adds it.
 
-The core (``pip install padpipe``) reads local or ``http(s)`` Parquet, Arrow and JSON Lines files
-(``.gz``/``.zst`` too) with a ``tokenizers`` tokenizer. The extras add:
+The core (``pip install padpipe``) reads local Parquet, Arrow and JSON Lines files (``.gz`` and
+``.zst`` too) and tokenizes with a ``tokenizers`` tokenizer or ``tokenizer.json`` file. The
+extras add:
 
-* ``[hf]``: ``transformers`` (tokenizer folders and hub names, ``AutoTokenizer`` objects) and
+* ``[hf]``: ``transformers`` (``AutoTokenizer`` objects, tokenizer folders and hub names) and
   ``datasets`` (``pp.from_hf``, GLUE from the Hub or a ``save_to_disk`` folder);
-* ``[s3]``: ``s3fs``, for ``s3://`` paths.
+* ``[s3]``: ``s3fs``, for ``s3://`` paths (other URLs need their fsspec backend: ``gcsfs``, ...).
 """
 
 from __future__ import annotations
@@ -30,16 +31,16 @@ class MissingDependencyError(ModuleNotFoundError):
 
 
 def install_line(package: str) -> str:
-    """The ``pip install`` command that brings ``package``: its padpipe extra, else the package itself.
+    """The ``pip install`` command that brings ``package``: its padpipe extra (or the package alone).
 
     Example:
         >>> install_line("datasets")
-        "pip install 'padpipe[hf]'"
+        "pip install 'padpipe[hf]' (or: pip install datasets)"
         >>> install_line("gcsfs")
         'pip install gcsfs'
     """
     extra = EXTRAS.get(package)
-    return f"pip install 'padpipe[{extra}]'" if extra else f"pip install {package}"
+    return f"pip install 'padpipe[{extra}]' (or: pip install {package})" if extra else f"pip install {package}"
 
 
 def missing(package: str, purpose: str) -> MissingDependencyError:
@@ -47,7 +48,7 @@ def missing(package: str, purpose: str) -> MissingDependencyError:
 
     Example:
         >>> str(missing("s3fs", "reading 's3://bucket/train.parquet'"))
-        "reading 's3://bucket/train.parquet' needs the s3fs package, which is not installed: pip install 'padpipe[s3]'"
+        "reading 's3://bucket/train.parquet' needs the s3fs package, which is not installed: pip install 'padpipe[s3]' (or: pip install s3fs)"
     """
     return MissingDependencyError(
         f"{purpose} needs the {package} package, which is not installed: {install_line(package)}", name=package
