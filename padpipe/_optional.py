@@ -73,10 +73,9 @@ def require(module: str, purpose: str) -> ModuleType:
         ...
         padpipe._optional.MissingDependencyError: pp.frobnicate() needs the no_such_package package, which is not installed: pip install no_such_package
     """
-    package = module.partition(".")[0]
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.partition(".")[0] != package:
+        if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
             raise  # the package is there, but something it imports is not
-        raise missing(package, purpose) from None
+        raise missing(module.partition(".")[0], purpose) from None
