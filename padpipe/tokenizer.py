@@ -269,8 +269,9 @@ def _flatten(encodings: Sequence, with_type_ids: bool) -> TokenChunk:
 def _from_path(path: str | os.PathLike) -> Any:
     """A ``tokenizer.json`` file as a ``tokenizers.Tokenizer``; a folder or hub name via ``AutoTokenizer``.
 
-    A name that can only be a local path (a ``os.PathLike``, ``./x``, ``a/b/c``, ``x.json``) and
-    names nothing fails at once, before ``transformers`` would try it on the Hugging Face Hub.
+    A name that can only be a local path (a ``os.PathLike``, ``./x``, ``a/b/c``, ``x.json``), or an
+    ``org/name`` whose ``org`` is a local folder, and names nothing fails at once, before
+    ``transformers`` would try it on the Hugging Face Hub.
     """
     name = os.fspath(path)
     p = Path(name).expanduser()
@@ -278,6 +279,11 @@ def _from_path(path: str | os.PathLike) -> Any:
         return Tokenizer.from_file(str(p))
     if not p.is_dir() and (not isinstance(path, str) or not _is_hub_name(name)):
         raise FileNotFoundError(f"Tokenizer {name!r}: no such file or folder.")
+    if not p.is_dir() and "/" in name and Path(name.split("/")[0]).is_dir():
+        raise FileNotFoundError(
+            f"Tokenizer {name!r}: no such file or folder ({name.split('/')[0]!r} is a local folder; for the hub "
+            f"name, pass AutoTokenizer.from_pretrained({name!r}))."
+        )
     what = f"loading the tokenizer folder {name!r}" if p.is_dir() else f"loading the tokenizer {name!r} from the Hub"
     transformers = require("transformers", what)
     return transformers.AutoTokenizer.from_pretrained(str(p) if p.is_dir() else name)

@@ -271,6 +271,15 @@ def test_encoder_raises_error_at_once_when_a_path_names_nothing(name, monkeypatc
         _load(Path("missing"))  # a Path is a path, whatever its name
 
 
+def test_encoder_takes_org_name_as_a_path_when_org_is_a_local_folder(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    message = (r"^Tokenizer 'data/tokenzier': no such file or folder \('data' is a local folder; for the hub name, "
+               r"pass AutoTokenizer\.from_pretrained\('data/tokenzier'\)\)\.$")
+    with pytest.raises(FileNotFoundError, match=message):
+        _load("data/tokenzier")
+
+
 @pytest.mark.parametrize("name", ["bert-base-uncased", "google-bert/bert-base-uncased", "org/model.v2"])
 def test_encoder_loads_hub_names_with_from_pretrained(name, monkeypatch):
     import transformers
