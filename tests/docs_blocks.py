@@ -75,15 +75,19 @@ class Result:
 
 
 def blocks(path: Path) -> list[Block]:
-    """The fenced blocks of a Markdown page, each text block after a python block taken as its output.
+    """The fenced blocks of a Markdown page (see :func:`parse`)."""
+    return parse(path.read_text(encoding="utf-8"), _name(path))
+
+
+def parse(markdown: str, page: str) -> list[Block]:
+    """The fenced blocks of Markdown text, each text block right after a python block taken as its output.
 
     Example:
-        >>> import tempfile; page = Path(tempfile.mkdtemp()) / "p.md"
-        >>> _ = page.write_text("<!-- no-run: needs a GPU -->\\n```python\\nx.to_cuda()\\n```\\n")
-        >>> [(b.kind, b.code, b.no_run) for b in blocks(page)]
-        [('python', 'x.to_cuda()\\n', 'needs a GPU')]
+        >>> found = parse("<!-- no-run: needs a GPU -->\\n```python\\nx.to_cuda()\\n```\\n", "page.md")
+        >>> [(b.name, b.kind, b.code, b.no_run) for b in found]
+        [('page.md:2', 'python', 'x.to_cuda()\\n', 'needs a GPU')]
     """
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = markdown.splitlines()
     found: list[Block] = []
     i, previous = 0, ""
     while i < len(lines):
@@ -105,7 +109,7 @@ def blocks(path: Path) -> list[Block]:
             found[-1].output = text
         else:
             skip = NO_RUN.match(previous)
-            found.append(Block(_name(path), start + 1, kind, text, no_run=skip.group(1) if skip else None))
+            found.append(Block(page, start + 1, kind, text, no_run=skip.group(1) if skip else None))
         previous = ""
     return found
 

@@ -49,6 +49,14 @@ def test_run_keeps_the_traceback_of_bugs_and_on_request(monkeypatch: pytest.Monk
         _command.run(mistake, [], prog="x")
 
 
+def test_run_returns_130_quietly_on_ctrl_c(capsys: pytest.CaptureFixture) -> None:
+    def interrupted(argv: object) -> int:
+        raise KeyboardInterrupt
+
+    assert _command.run(interrupted, [], prog="x") == 130
+    assert capsys.readouterr().err == ""
+
+
 def test_parser_shows_defaults_that_are_set() -> None:
     parser = _command.parser("python -m x", "Does x.")
     parser.add_argument("--seed", type=int, default=0, help="the seed")
