@@ -1,10 +1,12 @@
 """What padpipe's command lines share: ``--help`` that shows every default, and user errors as one line.
 
-A command defines ``main(argv) -> int`` that raises on bad input as the library does, and ends
-with ``sys.exit(_command.run(main, prog=PROG))``. A user mistake (a bad value, a missing file, a
-missing optional package, bad data) then prints ``PROG: error: <message>`` on standard error and
-exits with 2, as ``argparse`` does for a bad option; anything else is a bug and keeps its
-traceback. ``PADPIPE_TRACEBACK=1`` shows the traceback of user errors too.
+A command builds its options with :func:`parser` (or :class:`Parser` and :class:`HelpFormatter`),
+defines ``main(argv) -> int`` that raises on bad input as the library does, and ends with
+``sys.exit(_command.run(main, prog=PROG))``. A user mistake (a bad option, a bad value, a missing
+file, a missing optional package, bad data) then prints ``PROG: error: <message>`` as one line on
+standard error and exits with 2; anything else is a bug and keeps its traceback.
+``PADPIPE_TRACEBACK=1`` shows the traceback of user errors too. Used by ``python -m padpipe.demo``,
+the recipes' command lines and ``padpipe`` (:mod:`padpipe.cli`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {shown.replace('%', '%%')})"
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (not the usage block), exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     """An argument parser named ``prog`` (as the user types it) with :class:`HelpFormatter`.
 
@@ -46,11 +55,11 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
         >>> "--seed SEED  shuffle seed (default: 0)" in p.format_help()
         True
     """
-    return argparse.ArgumentParser(prog=prog, description=description, epilog=EPILOG, formatter_class=HelpFormatter)
+    return Parser(prog=prog, description=description, epilog=EPILOG, formatter_class=HelpFormatter)
 
 
 def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None, *, prog: str) -> int:
-    """Call ``main(argv)``; a user error prints ``prog: error: message`` on stderr and returns 2.
+    """Call ``main(argv)``; a user error prints ``prog: error: message`` (one line) on stderr and returns 2.
 
     Args:
         main: The command: parses ``argv`` (``None``: ``sys.argv[1:]``) and returns an exit code.
@@ -71,7 +80,8 @@ def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None 
     except USER_ERRORS as exc:
         if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
             raise
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
         return USAGE_EXIT
     except KeyboardInterrupt:
         return INTERRUPTED_EXIT

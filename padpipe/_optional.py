@@ -6,7 +6,8 @@ extras add:
 
 * ``[hf]``: ``transformers`` (``AutoTokenizer`` objects, tokenizer folders and hub names) and
   ``datasets`` (``pp.from_hf``, GLUE from the Hub or a ``save_to_disk`` folder);
-* ``[s3]``: ``s3fs``, for ``s3://`` paths (other URLs need their fsspec backend: ``gcsfs``, ...).
+* ``[s3]``: ``s3fs``, for ``s3://`` paths (other URLs need their fsspec backend: ``gcsfs``, ...);
+* ``[chart]``: ``matplotlib``, for ``padpipe inspect``'s chart.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ EXTRAS: dict[str, str] = {
     "transformers": "hf",
     "huggingface_hub": "hf",
     "s3fs": "s3",
+    "matplotlib": "chart",
 }
 """The padpipe extra that installs each optional package (others are installed by name)."""
 

@@ -93,7 +93,8 @@ DESCRIPTION = """\
 Compare four batching strategies on one shuffled, tokenized stream: static padding to
 --max-length, dynamic padding per batch, length-bucketed batches of --batch-size rows, and
 batches under a --max-tokens budget of padded tokens. Prints padding efficiency, rows/s,
-tokens/s and time to first batch for each (one epoch each)."""
+tokens/s and time to first batch for each (one epoch each), then padpipe inspect's report for the
+same data (every strategy, packing too) and its chart in the temp folder (needs padpipe[chart])."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=pp.examples.TOKENIZER_JSON,
         metavar="PATH",
         help="a tokenizer.json file, a pretrained folder or a hub name (folders and names need padpipe[hf]) "
-        "(default: the shipped tokenizer, padpipe/data/tokenizer.json)",
+        "(default: the shipped tokenizer, padpipe/data/tokenizer/tokenizer.json)",
     )
     parser.add_argument(
         "--fields", nargs="+", default=["sentence1", "sentence2"], metavar="FIELD", help="one text column, or two for pairs"

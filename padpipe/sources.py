@@ -146,8 +146,8 @@ def from_hf(
         >>> next(iter(pp.from_hf(ds).loader())).num_rows
         2
         >>> ds = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3], [2, 3]]})
-        >>> next(iter(pp.from_hf(ds, tokens="input_ids").loader())).lengths.tolist()
-        [3, 2]
+        >>> next(iter(pp.from_hf(ds, tokens="input_ids").batch(2).pad(pad_id=0).loader()))["input_ids"].tolist()
+        [[2, 7, 3], [2, 3, 0]]
     """
     from padpipe.pipes.from_hf import hf_reader
 

@@ -16,6 +16,8 @@ What runs, and how a page's author controls it:
   checked, so an error example may show the error).
 * A block preceded by ``<!-- no-run: why -->`` (the reason is required) is not run: only for what
   truly cannot run on a CPU machine in the test (needs a GPU, installs packages, the network).
+* A python block preceded by ``<!-- continues -->`` goes on from the python block before it on
+  the page (its names and folder), for a page that builds one example step by step.
 
 Commands use the interpreter running the tests as ``python`` and import padpipe from the
 repository; a plain ``python -m module args`` runs in the page's own interpreter (as
@@ -46,6 +48,7 @@ BLOCK_TIMEOUT = 180
 RUN_KINDS = ("python", "bash", "console")
 FENCE = re.compile(r"^```([\w+-]*)\s*$")
 NO_RUN = re.compile(r"^<!--\s*no-run:\s*(\S.*?)\s*-->$")
+CONTINUES = "<!-- continues -->"
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Block:
     code: str
     output: str | None = None
     no_run: str | None = None
+    continues: bool = False
 
     @property
     def name(self) -> str:
@@ -109,7 +113,8 @@ def parse(markdown: str, page: str) -> list[Block]:
             found[-1].output = text
         else:
             skip = NO_RUN.match(previous)
-            found.append(Block(page, start + 1, kind, text, no_run=skip.group(1) if skip else None))
+            found.append(Block(page, start + 1, kind, text, no_run=skip.group(1) if skip else None,
+                               continues=previous == CONTINUES))
         previous = ""
     return found
 
@@ -120,25 +125,33 @@ def runnable(path: Path) -> list[Block]:
 
 
 def run_page(path: Path) -> list[Result]:
-    """Run every runnable block of a page, in order, each on its own."""
+    """Run every runnable block of a page, in order, each on its own (or on from the one above)."""
     results = []
-    for block in runnable(path):
-        gc.collect()  # what earlier blocks left is collected now, not while this one prints
-        start = time.perf_counter()
-        try:
-            message = RUNNERS[block.kind](block)
-        except Exception:  # the block failed: report its traceback, run the next one
-            message = traceback.format_exc()
-        results.append(Result(block.name, not message, round(time.perf_counter() - start, 2), message))
+    with contextlib.ExitStack() as python_context:
+        context: tuple[dict, str] | None = None  # the names and folder of the last python block
+        for block in runnable(path):
+            gc.collect()  # what earlier blocks left is collected now, not while this one prints
+            start = time.perf_counter()
+            if block.kind == "python" and not (block.continues and context is not None):
+                python_context.close()
+                folder = python_context.enter_context(tempfile.TemporaryDirectory(prefix="padpipe-docs-"))
+                context = ({"__name__": "__main__"}, folder)
+            try:
+                message = run_python(block, *context) if block.kind == "python" else RUNNERS[block.kind](block)
+            except Exception:  # the block failed: report its traceback, run the next one
+                message = traceback.format_exc()
+            results.append(Result(block.name, not message, round(time.perf_counter() - start, 2), message))
     return results
 
 
-def run_python(block: Block) -> str:
-    """Run a python block in a fresh namespace and empty folder; ``""`` when it printed its output."""
+def run_python(block: Block, names: dict | None = None, folder: str | None = None) -> str:
+    """Run a python block (default: fresh names, an empty folder); ``""`` when it printed its output."""
     out = io.StringIO()
-    with tempfile.TemporaryDirectory(prefix="padpipe-docs-") as folder, _cwd(folder), _alarm(BLOCK_TIMEOUT):
-        with contextlib.redirect_stdout(out):
-            exec(compile(block.code, block.name, "exec"), {"__name__": "__main__"})  # noqa: S102 - the docs' own code
+    with contextlib.ExitStack() as stack:
+        folder = folder or stack.enter_context(tempfile.TemporaryDirectory(prefix="padpipe-docs-"))
+        with _cwd(folder), _alarm(BLOCK_TIMEOUT), contextlib.redirect_stdout(out):
+            code = compile(block.code, block.name, "exec")
+            exec(code, names if names is not None else {"__name__": "__main__"})  # noqa: S102 - the docs' own code
     return "" if block.output is None else _compare(block.output, out.getvalue())
 
 

@@ -31,6 +31,12 @@ def test_run_prints_a_user_error_as_one_line_and_returns_2(capsys: pytest.Captur
 
         assert _command.run(main, [], prog="python -m padpipe.demo") == 2
         assert capsys.readouterr().err == f"python -m padpipe.demo: error: {error}\n"
+
+    def multi_line(argv: object) -> int:
+        raise ValueError("first line\n  second line")
+
+    assert _command.run(multi_line, [], prog="x") == 2
+    assert capsys.readouterr().err == "x: error: first line second line\n"
     assert _command.run(lambda argv: 0, [], prog="x") == 0
 
 
@@ -129,11 +135,12 @@ def test_a_user_mistake_prints_one_line_and_exits_with_2(args: list[str], messag
     assert done.stdout == ""
 
 
-def test_a_bad_option_exits_with_2_as_argparse_does(capsys: pytest.CaptureFixture) -> None:
+def test_a_bad_option_prints_one_line_and_exits_with_2(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as done:
         glue.main(["--task", "mrcp", "--tokenizer", "x"])
     assert done.value.code == 2
-    assert "argument --task: invalid choice: 'mrcp'" in capsys.readouterr().err
+    assert re.fullmatch(r"python -m padpipe\.recipes\.glue: error: argument --task: invalid choice: 'mrcp' "
+                        r"\(choose from .*\) \(see python -m padpipe\.recipes\.glue --help\)\n", capsys.readouterr().err)
 
 
 # -- the demo reads any format ----------------------------------------------------------------------
@@ -164,7 +171,8 @@ def test_demo_reads_any_format_a_reader_reads(kind: str, tmp_path: Path, capsys:
                       "--max-tokens", "256"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"data: {data}"
-    rows = {line[:34].strip(): line.split()[-5] for line in lines[-4:]}  # strategy -> rows
+    table = lines[lines.index(next(line for line in lines if line.startswith("strategy "))) + 2:][:4]
+    rows = {line[:34].strip(): line.split()[-5] for line in table}  # strategy -> rows
     assert rows == {"static (pad to 32)": "120", "dynamic (pad to batch max)": "120",
                     "bucketed (batch_size=16)": "120", "token budget (max_tokens=256)": "120"}
 

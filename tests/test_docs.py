@@ -83,6 +83,19 @@ def test_blocks_reads_outputs_markers_and_commands(tmp_path: Path) -> None:
     assert docs_blocks.run_console(found[3]) == ""
 
 
+def test_a_block_marked_continues_goes_on_from_the_python_block_above(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nx = 1\nopen('made', 'w').close()\n```\n\n```console\n$ true\n```\n\n"
+        "<!-- continues -->\n```python\nimport os\nprint(x + 1, os.path.exists('made'))\n```\n\n```text\n2 True\n```\n\n"
+        "```python\nprint(x)\n```\n"
+    )
+    assert [b.continues for b in docs_blocks.blocks(page)] == [False, False, True, False]
+    results = docs_blocks.run_page(page)
+    assert [r.ok for r in results] == [True, True, True, False]
+    assert "NameError: name 'x' is not defined" in results[3].message  # a block not marked starts afresh
+
+
 def test_a_block_fails_when_it_prints_something_else_or_names_what_it_never_defined(tmp_path: Path) -> None:
     wrong = Block("page.md", 1, "python", "print('hello')\n", output="goodbye\n")
     assert docs_blocks.run_python(wrong).startswith("output differs:\n--- the page shows\n+++ the block printed\n")

@@ -150,3 +150,11 @@ def test_the_core_install_needs_no_optional_package() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "torch.Size([2, 128])\n"
+
+
+def test_inspect_chart_says_to_install_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    report = pp.inspect(pp.examples.SAMPLE_JSONL, pp.examples.tokenizer(), sample=50, progress=False)
+    hide(monkeypatch, "matplotlib")
+    with pytest.raises(ImportError, match=r"^inspect's chart needs the matplotlib package, which is not installed: "
+                                          r"pip install 'padpipe\[chart\]' \(or: pip install matplotlib\)$"):
+        report.chart(str(tmp_path / "chart.png"))

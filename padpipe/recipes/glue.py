@@ -218,7 +218,7 @@ row_index. --data is where the split's rows are:
   a save_to_disk folder of a DatasetDict or of one Dataset (needs padpipe[hf]).
 Without --data the split is downloaded from nyu-mll/glue (needs padpipe[hf] and a network).
 Try it on the shipped sample, which has MRPC's columns:
-  python -m padpipe.recipes.glue --task mrpc --tokenizer padpipe/data/tokenizer.json \\
+  python -m padpipe.recipes.glue --task mrpc --tokenizer padpipe/data/tokenizer/tokenizer.json \\
       --data padpipe/data/sample.parquet --split validation"""
 
 
