@@ -30,6 +30,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 import padpipe as pp
+from padpipe._optional import require
 from padpipe.tokenizer import TextEncoder
 
 FIELDS = ("sentence1", "sentence2")
@@ -93,9 +94,10 @@ def padpipe_run(pipe: pp.Pipeline) -> Callable[[], int]:
 
 def hf_stack_run(path: str, max_length: int, batch_size: int, workers: int) -> Callable[[], int]:
     """``datasets.map`` + ``DataCollatorWithPadding`` + ``DataLoader``, from raw text, uncached."""
-    import datasets
     from torch.utils.data import DataLoader
-    from transformers import DataCollatorWithPadding
+
+    datasets = require("datasets", "the HF-stack comparison")
+    DataCollatorWithPadding = require("transformers", "the HF-stack comparison").DataCollatorWithPadding
 
     tok = pp.examples.hf_tokenizer()
     datasets.disable_progress_bars()
@@ -119,7 +121,7 @@ def hf_stack_run(path: str, max_length: int, batch_size: int, workers: int) -> C
 
 def collator_vs_pad(path: str, max_length: int, batch_size: int) -> tuple[float, float]:
     """Seconds to pad the same 200 batches with ``DataCollatorWithPadding`` and with padpipe."""
-    from transformers import DataCollatorWithPadding
+    DataCollatorWithPadding = require("transformers", "the collator comparison").DataCollatorWithPadding
 
     from padpipe.pipes.pad import Padder
 
@@ -224,8 +226,7 @@ def main() -> None:
 
 def write_chart(speeds: dict[str, float], path: str) -> None:
     """Bar chart of each path's speed on the same pairs relative to raw ``encode_batch``."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "--chart")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

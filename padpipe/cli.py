@@ -5,7 +5,7 @@ every batching strategy costs on it (see :func:`padpipe.inspect`). A user error 
 an unknown field, no tokenizer, a bad option) prints one line and exits with status 2.
 
 Example:
-    $ padpipe inspect padpipe/data/sample.parquet --tokenizer padpipe/data/tokenizer.json --max-length 128
+    $ padpipe inspect padpipe/data/sample.parquet --tokenizer padpipe/data/tokenizer/tokenizer.json --max-length 128
 """
 
 from __future__ import annotations
@@ -15,29 +15,7 @@ import json
 import sys
 from typing import Callable, Sequence
 
-from padpipe.errors import DataError
-
-USER_ERRORS = (DataError, ValueError, OSError, ImportError)
-"""What a command reports in one line (exit 2); anything else is a bug and keeps its traceback."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (not the usage block), exit status 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-class _Help(argparse.RawDescriptionHelpFormatter):
-    """Help that adds each option's default (unless its text says it) and keeps the description's line breaks."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        shown = action.default is not None and action.default is not False and action.default is not argparse.SUPPRESS
-        if action.option_strings and shown and "default" not in text:
-            text += " (default: %(default)s)"
-        return text
-
+from padpipe import _command
 
 def _at_least(text: str, minimum: int) -> int:
     try:
@@ -81,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["inspect", "data.parquet", "--tokenizer", "tok.json", "--all"]).sample is None
         True
     """
-    parser = _Parser(prog="padpipe", description="padpipe tools. Run 'padpipe COMMAND --help' for a command's options.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser = _command.Parser(prog="padpipe", description="padpipe tools. Run 'padpipe COMMAND --help' for a command's options.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_command.Parser)
     _add_inspect(commands)
     return parser
 
@@ -91,7 +69,7 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "inspect",
         help="token lengths of a corpus and the waste of every batching strategy",
-        formatter_class=_Help,
+        formatter_class=_command.HelpFormatter,
         description=(
             "Tokenize a sample of DATA (or all of it) and compare static padding, dynamic padding of random\n"
             "batches, bucket(batch_size), bucket(max_tokens) and pack(seq_len) on it: padding efficiency,\n"
@@ -184,9 +162,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     run: Callable[[argparse.Namespace], int] = args.run
-    try:
-        return run(args)
-    except USER_ERRORS as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"padpipe {args.command}: error: {message}", file=sys.stderr)
-        return 2
+    return _command.run(lambda _: run(args), prog=f"padpipe {args.command}")

@@ -5,18 +5,21 @@ padding efficiency, throughput and time to first batch for each.
 
 Example:
     $ python -m padpipe.demo --max-length 128 --batch-size 32
+    $ python -m padpipe.demo --data padpipe/data/corpus.jsonl.gz --fields text
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import padpipe as pp
+from padpipe import _command
+from padpipe.recipes._formats import read_corpus
 
 
 @dataclass(frozen=True)
@@ -85,24 +88,49 @@ def format_table(results: Sequence[StrategyResult]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> list[StrategyResult]:
-    """Parse arguments, run every strategy on the data and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=pp.examples.SAMPLE_PARQUET, help="Parquet file(s), glob or folder")
-    parser.add_argument("--tokenizer", default=pp.examples.TOKENIZER_JSON, help="tokenizer.json, folder or name")
-    parser.add_argument("--fields", nargs="+", default=["sentence1", "sentence2"], help="one text column or two")
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--seed", type=int, default=0)
+PROG = "python -m padpipe.demo"
+DESCRIPTION = """\
+Compare four batching strategies on one shuffled, tokenized stream: static padding to
+--max-length, dynamic padding per batch, length-bucketed batches of --batch-size rows, and
+batches under a --max-tokens budget of padded tokens. Prints padding efficiency, rows/s,
+tokens/s and time to first batch for each (one epoch each), then padpipe inspect's report for the
+same data (every strategy, packing too) and its chart in the temp folder (needs padpipe[chart])."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run every strategy on the data and print the table (see the module docs)."""
+    parser = _command.parser(PROG, DESCRIPTION)
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        default=[pp.examples.SAMPLE_PARQUET],
+        metavar="PATH",
+        help="Parquet, Arrow (a save_to_disk folder too) or JSON Lines (.gz, .zst) files, folders or globs; "
+        "the format comes from the names (default: the shipped sample, padpipe/data/sample.parquet)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=pp.examples.TOKENIZER_JSON,
+        metavar="PATH",
+        help="a tokenizer.json file, a pretrained folder or a hub name (folders and names need padpipe[hf]) "
+        "(default: the shipped tokenizer, padpipe/data/tokenizer/tokenizer.json)",
+    )
+    parser.add_argument(
+        "--fields", nargs="+", default=["sentence1", "sentence2"], metavar="FIELD", help="one text column, or two for pairs"
+    )
+    parser.add_argument("--max-length", type=int, default=128, metavar="N", help="truncate every row to N tokens")
+    parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="rows per batch (static, dynamic, bucketed)")
+    parser.add_argument("--max-tokens", type=int, default=4096, metavar="N", help="padded tokens per batch (token budget)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
     args = parser.parse_args(argv)
 
     base = (
-        pp.read_parquet(args.data)
+        read_corpus(args.data, columns=list(args.fields))
         .shuffle(buffer_size=10_000, seed=args.seed)
         .tokenize(args.tokenizer, fields=tuple(args.fields), max_length=args.max_length)
     )
-    print(f"data: {args.data}\ntokenizer: {args.tokenizer}\nfields: {args.fields}, max_length={args.max_length}\n")
+    data = " ".join(args.data)
+    print(f"data: {data}\ntokenizer: {args.tokenizer}\nfields: {args.fields}, max_length={args.max_length}\n")
     plans = strategies(base, max_length=args.max_length, batch_size=args.batch_size, max_tokens=args.max_tokens)
     results = [measure(name, pipe) for name, pipe in plans.items()]
     print(format_table(results))
@@ -113,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> list[StrategyResult]:
         print(f"\nchart: {report.chart(os.path.join(tempfile.gettempdir(), 'padpipe-demo-inspect.png'))}")
     except ImportError as exc:
         print(f"\nno chart: {exc}")
-    return results
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(_command.run(main, prog=PROG))

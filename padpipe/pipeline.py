@@ -16,6 +16,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._build import BuildContext, Stage
+from padpipe._checks import check_fields
 from padpipe._shard import Consumer
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.loader import PipelineLoader
@@ -461,6 +462,14 @@ class Pipeline(IterableDataset):
             multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or a context.
             timeout: Seconds to wait for a worker's batch before raising (0: no limit).
 
+        Raises:
+            ValueError: The pipeline ends after ``.tokenize()``, ``.batch()`` or ``.bucket()``
+                (internal token chunks): add ``.pad()`` or ``.pack()``. A pipeline that ends at
+                its reader (or ``.shuffle()``) yields ``pyarrow.RecordBatch`` es, which is fine.
+            DataError: A reader's ``columns`` or tokenize's ``fields`` is not in the data, where
+                that is cheap to know (a local Parquet footer or Arrow schema, a ``datasets``
+                dataset, ``columns=``).
+
         Example:
             >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
             >>> loader = pipe.loader(); n = sum(1 for _ in loader); loader.stats().rows
@@ -471,6 +480,7 @@ class Pipeline(IterableDataset):
             raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
         if num_workers == 0 and (pin_memory or prefetch_factor is not None or timeout):
             raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
+        self._check_runnable()
         stats = PipelineStats()
         if num_workers == 0:
             root = self.build(consumer=consumer, stats=stats)
@@ -518,9 +528,20 @@ class Pipeline(IterableDataset):
         """
         from padpipe._iterable import PipelineIterator
 
+        self._check_runnable()
         return PipelineIterator(self, self._epoch[0], managed=self._managed[0])
 
     # -- internals --------------------------------------------------------------------------------
+    def _check_runnable(self) -> None:
+        """Fail before reading when the pipeline ends in internal token chunks or names a missing column."""
+        if self.output in (TOKENS, TOKEN_BATCHES):
+            add = ".pad()" if self.output == TOKEN_BATCHES else ".batch(n).pad(), .bucket(...).pad() or .pack(seq_len)"
+            raise ValueError(
+                f"This pipeline ends in {self.output} (padpipe's internal TokenChunk objects): add {add} "
+                "to get batches of tensors."
+            )
+        check_fields(self)
+
     def _expect(self, method: str, *kinds: str) -> None:
         if self.output not in kinds:
             wanted = " or ".join(kinds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
 
 from padpipe import _build
+from padpipe._checks import check_sources
 from padpipe.errors import one_of, positive
 from padpipe.pipeline import Pipeline, Stage
 
@@ -16,6 +17,8 @@ PathsLike = str | Sequence[str]
 
 def _start(name: str, reader: type, **options: Any) -> Pipeline:
     positive("chunk_rows", options.get("chunk_rows", 1))
+    if "paths" in options:  # a file reader: local paths that name nothing fail now, not in the loader
+        check_sources(options["paths"], reader.SUFFIXES)
     return Pipeline(Stage(name, _build.source, {"reader": reader, **options}))
 
 
@@ -51,7 +54,8 @@ def read_parquet(
             (counted in stats as ``read.missing_file``).
 
     Files are listed once per pipeline, on first use, and the listing is shared by its loaders
-    and DataLoader workers.
+    and DataLoader workers. A local path, glob or folder that names no file fails here, at once
+    (``FileNotFoundError``), as does a URL whose fsspec backend is not installed.
 
     Example:
         >>> pipe = pp.read_parquet(pp.examples.SAMPLE_PARQUET, columns=["sentence1", "label"])
@@ -142,8 +146,8 @@ def from_hf(
         >>> next(iter(pp.from_hf(ds).loader())).num_rows
         2
         >>> ds = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3], [2, 3]]})
-        >>> next(iter(pp.from_hf(ds, tokens="input_ids").loader())).lengths.tolist()
-        [3, 2]
+        >>> next(iter(pp.from_hf(ds, tokens="input_ids").batch(2).pad(pad_id=0).loader()))["input_ids"].tolist()
+        [[2, 7, 3], [2, 3, 0]]
     """
     from padpipe.pipes.from_hf import hf_reader
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
@@ -18,10 +19,13 @@ from typing import Any, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
+from padpipe._optional import require
 from padpipe._truncate import truncate_pairs
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.errors import positive
 
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.\-]{0,95}(/[A-Za-z0-9][\w.\-]{0,95})?")
+"""A Hugging Face Hub repo id: ``name`` or ``org/name`` (what ``from_pretrained`` may look up online)."""
 MODEL_MAX_LENGTH_LIMIT = int(1e9)
 """A ``model_max_length`` at or above this is ``transformers``' "no limit" placeholder."""
 PAD_TOKENS = ("[PAD]", "<pad>")
@@ -102,6 +106,10 @@ class TextEncoder:
 
         Raises:
             TypeError: For a slow (Python) ``transformers`` tokenizer or an unknown object.
+            FileNotFoundError: For a path that names nothing and is no hub name (``name`` or
+                ``org/name``), at once.
+            MissingDependencyError: For a folder or hub name without ``transformers`` installed
+                (``pip install 'padpipe[hf]'``).
 
         Example:
             >>> from padpipe.tokenizer import TextEncoder
@@ -279,15 +287,36 @@ def _flatten(encodings: Sequence, with_type_ids: bool) -> TokenChunk:
 
 
 def _from_path(path: str | os.PathLike) -> Any:
-    """A ``tokenizer.json`` file as a ``tokenizers.Tokenizer``; anything else via ``AutoTokenizer``."""
-    p = Path(path)
+    """A ``tokenizer.json`` file as a ``tokenizers.Tokenizer``; a folder or hub name via ``AutoTokenizer``.
+
+    A name that can only be a local path (a ``os.PathLike``, ``./x``, ``a/b/c``, ``x.json``), or an
+    ``org/name`` whose ``org`` is a local folder, and names nothing fails at once, before
+    ``transformers`` would try it on the Hugging Face Hub.
+    """
+    name = os.fspath(path)
+    p = Path(name).expanduser()
     if p.is_file():
         return Tokenizer.from_file(str(p))
-    if p.suffix == ".json":
-        raise FileNotFoundError(f"Tokenizer file {str(p)!r} does not exist.")
-    from transformers import AutoTokenizer
+    if not p.is_dir() and (not isinstance(path, str) or not _is_hub_name(name)):
+        raise FileNotFoundError(f"Tokenizer {name!r}: no such file or folder.")
+    if not p.is_dir() and "/" in name and Path(name.split("/")[0]).is_dir():
+        raise FileNotFoundError(
+            f"Tokenizer {name!r}: no such file or folder ({name.split('/')[0]!r} is a local folder; for the hub "
+            f"name, pass AutoTokenizer.from_pretrained({name!r}))."
+        )
+    what = f"loading the tokenizer folder {name!r}" if p.is_dir() else f"loading the tokenizer {name!r} from the Hub"
+    transformers = require("transformers", what)
+    return transformers.AutoTokenizer.from_pretrained(str(p) if p.is_dir() else name)
 
-    return AutoTokenizer.from_pretrained(str(path))
+
+def _is_hub_name(name: str) -> bool:
+    """Whether ``name`` has the form of a Hugging Face Hub repo id: ``name`` or ``org/name``.
+
+    Example:
+        >>> _is_hub_name("bert-base-uncased"), _is_hub_name("org/model.v2"), _is_hub_name("data/tok/"), _is_hub_name("tok.json")
+        (True, True, False, False)
+    """
+    return bool(HUB_NAME.fullmatch(name)) and ".." not in name and "--" not in name and not name.endswith(".json")
 
 
 def _padding_id(tok: Tokenizer) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -206,7 +207,7 @@ def test_encoder_raises_error_when_tokenizer_is_slow():
 def test_encoder_raises_error_when_tokenizer_is_unknown(tmp_path):
     with pytest.raises(TypeError, match=r"^`tokenizer` must be a transformers fast tokenizer, .* but is int instead\.$"):
         _load(3)
-    with pytest.raises(FileNotFoundError, match=r"^Tokenizer file '.*missing\.json' does not exist\.$"):
+    with pytest.raises(FileNotFoundError, match=r"^Tokenizer '.*missing\.json': no such file or folder\.$"):
         _load(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match=r"^`max_length` must be greater than zero, but is 0 instead\.$"):
         _load(examples.tokenizer(), max_length=0)
@@ -249,3 +250,46 @@ def test_pair_keep_lengths_works(n1, n2, want):
 
     k1, k2 = pair_keep_lengths(np.array([n1]), np.array([n2]), 7)
     assert (int(k1[0]), int(k2[0])) == want
+
+
+@pytest.mark.parametrize(
+    "name", ["padpipe/data/tokenzier", "./tok", "../tok", "~/no-such-tok", "tokenizer.json", "data/tok/", "a/b/c"]
+)
+def test_encoder_raises_error_at_once_when_a_path_names_nothing(name, monkeypatch):
+    import transformers
+
+    def online(*args, **kwargs):  # a path that names nothing must never reach the Hub
+        raise AssertionError(f"from_pretrained({args}) was called")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", online)
+    with pytest.raises(FileNotFoundError, match=rf"^Tokenizer {re.escape(repr(name))}: no such file or folder\.$") as raised:
+        _load(name)
+    assert raised.value.__cause__ is None and raised.value.__context__ is None
+    from pathlib import Path
+
+    with pytest.raises(FileNotFoundError, match=r"^Tokenizer '.*missing': no such file or folder\.$"):
+        _load(Path("missing"))  # a Path is a path, whatever its name
+
+
+def test_encoder_takes_org_name_as_a_path_when_org_is_a_local_folder(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    message = (r"^Tokenizer 'data/tokenzier': no such file or folder \('data' is a local folder; for the hub name, "
+               r"pass AutoTokenizer\.from_pretrained\('data/tokenzier'\)\)\.$")
+    with pytest.raises(FileNotFoundError, match=message):
+        _load("data/tokenzier")
+
+
+@pytest.mark.parametrize("name", ["bert-base-uncased", "google-bert/bert-base-uncased", "org/model.v2"])
+def test_encoder_loads_hub_names_with_from_pretrained(name, monkeypatch):
+    import transformers
+
+    asked, shipped = [], _shipped_hf()
+
+    def from_pretrained(path, *args, **kwargs):
+        asked.append(path)
+        return shipped
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    assert _load(name).pad_id == 0 and asked == [name]
+    assert _load(examples.TOKENIZER_DIR).pad_id == 0 and asked[-1] == examples.TOKENIZER_DIR  # a folder, the same way

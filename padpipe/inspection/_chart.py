@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from padpipe._optional import require
+
 if TYPE_CHECKING:
     from padpipe.inspection._report import InspectResult
 
@@ -25,10 +27,8 @@ def write_chart(result: InspectResult, path: str | os.PathLike) -> str:
         ImportError: matplotlib is not installed (the message names the extra).
         ValueError: ``result`` has no rows.
     """
-    try:
-        from matplotlib.figure import Figure  # a bare Figure renders with Agg; pyplot's global state is not touched
-    except ImportError as exc:
-        raise ImportError("inspect's chart needs matplotlib: pip install 'padpipe[chart]'.") from exc
+    # a bare Figure renders with Agg; pyplot's global state is not touched
+    Figure = require("matplotlib.figure", "inspect's chart").Figure
     if not result.rows:
         raise ValueError("inspect's chart needs at least one row, but the input has none.")
     figure = Figure(figsize=(13, 5.2), dpi=110, layout="constrained")

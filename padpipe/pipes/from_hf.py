@@ -8,6 +8,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
+from padpipe._optional import require
 from padpipe._shard import Consumer
 from padpipe._state import Int, Plain, check_state, make_state
 from padpipe.errors import positive
@@ -29,6 +30,7 @@ def hf_reader(dataset: Any, *, columns: Sequence[str] | None) -> tuple[type, dic
     Raises:
         ValueError: For a ``DatasetDict``/``IterableDatasetDict``: pick a split first.
         TypeError: For anything else.
+        MissingDependencyError: When ``datasets`` is not installed (``pip install 'padpipe[hf]'``).
         DataError: When a requested column is not in the dataset.
 
     Example:
@@ -37,10 +39,7 @@ def hf_reader(dataset: Any, *, columns: Sequence[str] | None) -> tuple[type, dic
         'HFDatasetReader'
     """
     columns = check_columns(columns)
-    try:
-        import datasets
-    except ImportError:  # without the library, nothing can be one of its datasets
-        raise TypeError(f"`dataset` must be a datasets.Dataset, but is a {type(dataset).__name__} instead.") from None
+    datasets = require("datasets", "pp.from_hf()")
     if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         splits = list(dataset)
         raise ValueError(

@@ -15,18 +15,19 @@ Run it from the command line (prints a few batch shapes and the padding efficien
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 import padpipe as pp
+from padpipe import _command
 from padpipe._progress import progress_stage
 from padpipe.errors import DataError, check_bool, positive
 from padpipe.recipes import _cli
-from padpipe.recipes._glue_data import as_dataset, columns_of, find_split
+from padpipe.recipes._glue_data import SplitRows, columns_of, find_split, read_table
 
 LABEL, IDX = "label", "idx"
 ROW_INDEX = "row_index"
@@ -103,9 +104,11 @@ def glue(
             ``validation_mismatched``, ``test_matched`` and ``test_mismatched``; ax only ``test``.
         tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes (fast tokenizer or path).
         data: ``None`` downloads ``datasets.load_dataset("nyu-mll/glue", task, split=split)``;
-            else a ``datasets.DatasetDict`` or ``Dataset`` (the split's rows), or a local folder:
-            a ``save_to_disk`` folder (of a ``DatasetDict`` or a ``Dataset``) or Parquet files
-            ``<split>-*.parquet`` / ``<split>/*.parquet``, there or in its ``<task>/`` subfolder.
+            else a ``datasets.DatasetDict`` or ``Dataset`` (the split's rows), a Parquet file or
+            glob (the split's rows), or a local folder: a ``save_to_disk`` folder (of a
+            ``DatasetDict`` or a ``Dataset``) or Parquet files ``<split>-*.parquet`` /
+            ``<split>/*.parquet``, there or in its ``<task>/`` subfolder. Only Parquet needs no
+            ``datasets`` (``pip install 'padpipe[hf]'`` for the others).
         batch_size: Rows per batch (default 32 when ``max_tokens`` is not given).
         max_tokens: Instead of ``batch_size``, a budget on padded tokens per batch.
         max_length: Truncate each example (pair: ``longest_first``) to this many tokens.
@@ -119,6 +122,8 @@ def glue(
     Raises:
         ValueError: An unknown task or split (the message lists the valid ones), or bad sizes.
         DataError: The data lacks the split or one of the task's fields.
+        FileNotFoundError: ``data`` is a path that names nothing.
+        MissingDependencyError: ``data`` needs ``datasets``, which is not installed.
 
     Example:
         >>> dd = datasets.DatasetDict(validation=datasets.Dataset.from_dict(
@@ -160,16 +165,28 @@ def glue(
         pipe = pipe.shuffle(buffer_size, seed=seed)
         shuffle, buffer = True, buffer_size
     else:
-        dataset = as_dataset(rows, columns)
-        dataset = dataset.add_column(ROW_INDEX, np.arange(len(dataset), dtype=np.int64))
-        pipe = pp.from_hf(dataset)
-        shuffle, buffer = False, max(len(dataset), 1)  # the whole split is sorted by length at once
+        pipe, num_rows = _numbered(rows, columns)
+        shuffle, buffer = False, max(num_rows, 1)  # the whole split is sorted by length at once
     pipe = pipe.tokenize(tokenizer, fields=spec.fields, max_length=max_length)
     if split != "train" and progress is not False:  # the first batch waits for the whole split
         pipe = pipe.add_stage("progress", progress_stage, output="tokens", desc=f"glue {task} {split}: sorting",
-                              total=len(dataset), enabled=progress)
+                              total=num_rows, enabled=progress)
     pipe = pipe.bucket(batch_size, max_tokens=max_tokens, buffer_size=buffer, shuffle=shuffle, seed=seed)
     return pipe.pad(pad_to_multiple_of=pad_to_multiple_of)
+
+
+def _numbered(rows: SplitRows, columns: list[str]) -> tuple[pp.Pipeline, int]:
+    """An evaluation split's rows with their position in ``ROW_INDEX``, and how many there are.
+
+    Parquet files are read whole (GLUE evaluation splits are small) and need no ``datasets``.
+    """
+    if isinstance(rows, list):
+        table = read_table(rows, columns)
+        table = table.append_column(ROW_INDEX, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        return pp.from_iterable(table.to_pylist()), table.num_rows
+    dataset = rows.select_columns(columns)
+    dataset = dataset.add_column(ROW_INDEX, np.arange(len(dataset), dtype=np.int64))
+    return pp.from_hf(dataset), len(dataset)
 
 
 def _task(task: str) -> GlueTask:
@@ -190,26 +207,47 @@ def _columns(task: str, spec: GlueTask, split: str, found: list[str]) -> list[st
     return list(spec.fields) + [name for name in (LABEL, IDX) if name in found]
 
 
+PROG = "python -m padpipe.recipes.glue"
+DESCRIPTION = """\
+Padded, length-bucketed batches of one GLUE task's split: prints the first batches' shapes and
+the padding efficiency. The train split is shuffled; other splits are sorted by length and carry
+row_index. --data is where the split's rows are:
+  a Parquet file (or glob): it is the split;
+  a folder of Parquet files named by split, <split>-*.parquet or <split>/*.parquet, there or in
+    its <task>/ subfolder (the Hub's Parquet export);
+  a save_to_disk folder of a DatasetDict or of one Dataset (needs padpipe[hf]).
+Without --data the split is downloaded from nyu-mll/glue (needs padpipe[hf] and a network).
+Try it on the shipped sample, which has MRPC's columns:
+  python -m padpipe.recipes.glue --task mrpc --tokenizer padpipe/data/tokenizer/tokenizer.json \\
+      --data padpipe/data/sample.parquet --split validation"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: build :func:`glue`'s pipeline, print batch shapes and padding efficiency.
 
     Example:
-        >>> main(["--task", "mrpc", "--tokenizer", "tok.json", "--data", "glue/"])  # doctest: +SKIP
+        >>> main(["--task", "mrpc", "--tokenizer", pp.examples.TOKENIZER_JSON, "--data", pp.examples.SAMPLE_PARQUET,
+        ...       "--split", "validation", "--max-batches", "1"])  # doctest: +ELLIPSIS
+        glue mrpc validation:
+        batch 0: input_ids [32, 24] int64, attention_mask [32, 24] int64, token_type_ids [32, 24] int64, ...
+        1 batches, 32 rows, 499 tokens in 768 slots: padding efficiency 65.0%
+        0
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m padpipe.recipes.glue",
-        description="Padded GLUE batches: print a few shapes and the padding efficiency.",
+    parser = _command.parser(PROG, DESCRIPTION)
+    parser.add_argument("--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}")
+    parser.add_argument(
+        "--tokenizer", required=True, metavar="PATH", help="a tokenizer.json file, a pretrained folder or a hub name"
     )
-    parser.add_argument("--task", required=True, choices=tuple(TASKS))
-    parser.add_argument("--tokenizer", required=True, help="tokenizer.json file or pretrained folder")
-    parser.add_argument("--data", help="save_to_disk or Parquet folder (default: download nyu-mll/glue)")
-    parser.add_argument("--split", default="train")
+    parser.add_argument("--data", metavar="PATH", help="where the split's rows are (see above); default: download")
+    parser.add_argument(
+        "--split", default="train", help="the split: train, validation or test (mnli: validation_matched, ...)"
+    )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--batch-size", type=int)
-    size.add_argument("--max-tokens", type=int)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-batches", type=int, help="stop after this many batches (default: one epoch)")
+    size.add_argument("--batch-size", type=int, metavar="N", help=f"rows per batch (default: {DEFAULT_BATCH_SIZE})")
+    size.add_argument("--max-tokens", type=int, metavar="N", help="instead of --batch-size, padded tokens per batch")
+    parser.add_argument("--max-length", type=int, default=128, metavar="N", help="truncate each example to N tokens")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train split's shuffle and batch order")
+    parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
     args = parser.parse_args(argv)
     pipe = glue(
         args.task,
@@ -227,4 +265,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_command.run(main, prog=PROG))

@@ -16,12 +16,13 @@ Run it from the command line (prints a few batch shapes and the packing efficien
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Any, Literal, Mapping, Sequence
 
 import padpipe as pp
+from padpipe import _command
+from padpipe._optional import require
 from padpipe.errors import one_of, positive
 from padpipe.recipes import _cli
 from padpipe.recipes._formats import read_corpus
@@ -177,39 +178,75 @@ def _special_ids(tokenizer: Any) -> tuple[int | None, int | None]:
 def load_tokenizer(path: str, eos_token: str | None) -> Any:
     """``path`` as is, or loaded with ``eos_token`` set (a ``tokenizer.json`` file or a folder).
 
+    Setting the EOS token needs ``transformers`` (``pip install 'padpipe[hf]'``).
+
     Example:
         >>> load_tokenizer(pp.examples.TOKENIZER_JSON, "[SEP]").eos_token_id
         3
     """
     if eos_token is None:
         return path
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
+    transformers = require("transformers", "--eos-token")
     if os.path.isfile(path):
-        return PreTrainedTokenizerFast(tokenizer_file=path, eos_token=eos_token)
-    return AutoTokenizer.from_pretrained(path, eos_token=eos_token)
+        return transformers.PreTrainedTokenizerFast(tokenizer_file=path, eos_token=eos_token)
+    return transformers.AutoTokenizer.from_pretrained(path, eos_token=eos_token)
+
+
+PROG = "python -m padpipe.recipes.pretrain"
+DESCRIPTION = """\
+Pretraining batches from raw text corpora, read in one streaming pass: prints the first batches'
+shapes and the packing (or padding) efficiency. Each document is tokenized without special
+tokens and followed by the tokenizer's EOS token; --mode pack packs documents into
+--batch-size rows of exactly --seq-len tokens, --mode bucket truncates each to --seq-len and
+batches similar lengths under --max-tokens. The format of each --data path comes from its name:
+.parquet, .arrow, .jsonl/.jsonl.gz/.jsonl.zst/.json; a folder is looked into.
+Try it on the shipped corpus (its tokenizer has no EOS token, so [SEP] serves as one):
+  python -m padpipe.recipes.pretrain --data padpipe/data/corpus.jsonl.gz \\
+      --tokenizer padpipe/data/tokenizer --eos-token '[SEP]'"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: build :func:`pretrain`'s pipeline, print batch shapes and packing efficiency."""
-    parser = argparse.ArgumentParser(
-        prog="python -m padpipe.recipes.pretrain",
-        description="Packed (or bucketed) pretraining batches: print a few shapes and the packing efficiency.",
+    """The command line: build :func:`pretrain`'s pipeline, print batch shapes and packing efficiency.
+
+    Example:
+        >>> main(["--data", pp.examples.SAMPLE_JSONL, "--tokenizer", pp.examples.TOKENIZER_JSON, "--mode", "bucket",
+        ...       "--seq-len", "512", "--max-tokens", "16384", "--max-batches", "1"])  # doctest: +ELLIPSIS
+        pretrain bucket seq_len=512:
+        batch 0: input_ids [...] int64, attention_mask [...] int64, token_type_ids [...] int64
+        1 batches, ... rows, ... tokens in ... slots: padding efficiency ...%
+        0
+    """
+    parser = _command.parser(PROG, DESCRIPTION)
+    parser.add_argument(
+        "--data", required=True, nargs="+", metavar="PATH", help="files, folders or globs of one corpus, all one format"
     )
-    parser.add_argument("--data", required=True, nargs="+", help="files, folders or globs of one corpus")
-    parser.add_argument("--tokenizer", required=True, help="tokenizer.json file or pretrained folder")
-    parser.add_argument("--eos-token", help="set the tokenizer's EOS token (for tokenizers without one)")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--mode", choices=("pack", "bucket"), default="pack")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int)
-    parser.add_argument("--text-field", default="text")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-batches", type=int, help="stop after this many batches (default: one epoch)")
+    parser.add_argument(
+        "--tokenizer", required=True, metavar="PATH", help="a tokenizer.json file, a pretrained folder or a hub name"
+    )
+    parser.add_argument(
+        "--eos-token",
+        metavar="TOKEN",
+        help="set the tokenizer's EOS token, for tokenizers without one (needs padpipe[hf])",
+    )
+    parser.add_argument("--seq-len", type=int, default=2048, metavar="N", help="tokens per packed row; truncation length in bucket mode")
+    parser.add_argument("--mode", choices=("pack", "bucket"), default="pack", help="pack documents into rows, or bucket and pad them")
+    parser.add_argument("--batch-size", type=int, default=8, metavar="N", help="packed rows per batch (pack)")
+    parser.add_argument(
+        "--max-tokens", type=int, metavar="N", help="padded tokens per batch (bucket; default: seq-len x batch-size)"
+    )
+    parser.add_argument("--text-field", default="text", metavar="NAME", help="the column holding each document's text")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the file order, shuffle and batch order")
+    parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
     args = parser.parse_args(argv)
+    tokenizer = load_tokenizer(args.tokenizer, args.eos_token)
+    if args.mode == "pack" and _special_ids(tokenizer)[0] is None:
+        raise ValueError(
+            f"--mode pack needs an EOS token between documents, but the tokenizer {args.tokenizer!r} has none; "
+            "name one of its tokens with --eos-token (e.g. --eos-token '[SEP]'), or use --mode bucket."
+        )
     pipe = pretrain(
         args.data,
-        load_tokenizer(args.tokenizer, args.eos_token),
+        tokenizer,
         seq_len=args.seq_len,
         mode=args.mode,
         batch_size=args.batch_size,
@@ -226,4 +263,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_command.run(main, prog=PROG))

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import pytest
+from torchdata.nodes import Loader
 
 import padpipe as pp
 from padpipe.chunks import TokenChunk
@@ -22,6 +23,11 @@ from tests.contract import check_node_resume
 
 def _encoder(tok, max_length=None, **kw):
     return TextEncoder.load(tok, max_length=max_length, truncation=True, add_special_tokens=True, **kw)
+
+
+def _chunks(pipe):
+    """The token chunks a pipeline ending in tokenize yields (``loader()`` asks for pad/pack first)."""
+    return list(Loader(pipe.build(consumer=pp.Consumer())))
 
 
 def _sample(n=200):
@@ -156,7 +162,7 @@ def test_tokenize_stage_in_a_pipeline_works(hf, num_threads):
     pipe = pp.from_iterable(rows, chunk_rows=8).tokenize(hf, fields=("s1", "s2"), max_length=40, num_threads=num_threads)
     if num_threads > 1:  # the recipe (and its encoder) travels to DataLoader workers by pickle
         pipe = pickle.loads(pickle.dumps(pipe))
-    chunks = list(pipe.loader())
+    chunks = _chunks(pipe)
     assert len(chunks) == 6 and all(isinstance(c, TokenChunk) for c in chunks)
     whole = TokenChunk.concat(chunks)
     want = fx.hf_rows(hf, [r["s1"] for r in rows], [r["s2"] for r in rows], truncation=True, max_length=40)
@@ -172,7 +178,7 @@ def test_tokenize_stage_raises_error_in_the_consumer(num_threads):
     message = r"^tokenize: field 'text' at row 1 of the chunk \(idx=1\) is None; expected a string\."
     # the same exception object in both modes, its traceback reaching into the worker's call
     with pytest.raises(DataError, match=message) as raised:
-        list(pipe.loader())
+        _chunks(pipe)
     frames = "".join(traceback.format_tb(raised.value.__traceback__))
     assert "in __call__" in frames and "tokenize.py" in frames
 
@@ -188,7 +194,7 @@ def test_tokenize_appends_eos_to_every_row():
     tok.eos_token = "[SEP]"
     rows = [{"text": "a b"}, {"text": ""}, {"text": "c"}]
     pipe = pp.from_iterable(rows).tokenize(tok, add_special_tokens=False, append_eos=True)
-    chunk = next(iter(pipe.loader()))
+    (chunk,) = _chunks(pipe)
     want = [tok(r["text"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in rows]
     assert [chunk.row(i).tolist() for i in range(3)] == want
 

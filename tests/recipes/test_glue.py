@@ -238,10 +238,18 @@ def test_glue_raises_error_when_the_data_lacks_the_split(tmp_path: Path) -> None
     data.save_to_disk(str(tmp_path / "saved"))
     with pytest.raises(DataError, match=r"^glue rte: the saved DatasetDict '.*saved' has no split 'test'; found splits \['train'\]\.$"):
         glue("rte", "test", TOKENIZER, data=tmp_path / "saved")
-    with pytest.raises(DataError, match=r"^glue rte: no 'train' split in '.*'; expected a save_to_disk folder"):
+    layout = (r"expected a Parquet file or glob \(the split's rows\), a folder of Parquet files named by split "
+              r"\(train-\*\.parquet or train/\*\.parquet, there or in its rte/ subfolder\), or a save_to_disk folder "
+              r"\(dataset_dict\.json or state\.json\)\.$")
+    with pytest.raises(DataError, match=r"^glue rte: no 'train' split in '.*'; " + layout):
         glue("rte", "train", TOKENIZER, data=tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"^glue: `data` folder '.*nowhere' does not exist\.$"):
+    with pytest.raises(FileNotFoundError, match=r"^glue: no such file or folder: '.*nowhere'; " + layout):
         glue("rte", "train", TOKENIZER, data=tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"^glue: `data` '.*nowhere/\*\.parquet' matches no files; " + layout):
+        glue("rte", "train", TOKENIZER, data=str(tmp_path / "nowhere/*.parquet"))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match=r"^glue: `data` '.*notes\.txt' is not a Parquet file; " + layout):
+        glue("rte", "train", TOKENIZER, data=tmp_path / "notes.txt")
 
 
 def test_glue_raises_error_when_sizes_are_bad() -> None:
@@ -252,7 +260,7 @@ def test_glue_raises_error_when_sizes_are_bad() -> None:
         glue("cola", "train", TOKENIZER, data=data, max_tokens=100)
     with pytest.raises(ValueError, match=r"^`batch_size` must be greater than zero, but is 0 instead\.$"):
         glue("cola", "train", TOKENIZER, data=data, batch_size=0)
-    with pytest.raises(TypeError, match=r"^`data` must be None, a datasets\.DatasetDict or Dataset, or a local folder"):
+    with pytest.raises(TypeError, match=r"^`data` must be None, a datasets\.DatasetDict or Dataset, or a local path, but is a list instead\.$"):
         glue("cola", "train", TOKENIZER, data=[{"sentence": "a"}])
 
 

@@ -1,0 +1,186 @@
+"""Cheap checks made while a pipeline is put together, so a typo fails at the call that made it.
+
+Readers list their input on first use (in the loader, a DataLoader worker), where a mistyped
+path or column would surface many frames deep. Here the same mistakes are caught early, with
+the messages the readers would give:
+
+* :func:`check_sources` (``pp.read_*``): every local path exists and every local glob or folder
+  holds a file the reader reads (a few ``stat`` calls; a folder is walked until its first such
+  file); a remote URL's fsspec backend is installed. Remote paths are listed later, as before.
+* :func:`check_fields` (``pipe.loader()``, ``iter(pipe)``): the reader's ``columns`` and the
+  tokenize stage's ``fields`` exist, read from one local Parquet footer or Arrow schema, or from
+  ``columns=`` itself, or from a ``datasets.Dataset``. JSON Lines, remote files, iterables and
+  mixed pipelines are checked when read.
+
+A check that cannot decide (a file it cannot open) says nothing: the reader reports it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import TYPE_CHECKING, Any, Iterator
+
+from padpipe._optional import missing
+from padpipe.errors import DataError
+from padpipe.pipes._paths import GLOB_CHARS, check_paths
+
+if TYPE_CHECKING:
+    from padpipe.pipeline import Pipeline
+
+LOCAL_PROTOCOLS = (None, "file", "local")
+SCHEMA_READERS = ("read_parquet", "read_arrow")
+"""Readers whose schema one file's header gives cheaply."""
+COLUMN_KEEPING_STAGES = ("shuffle",)
+"""Stages between reader and tokenize that pass every column through unchanged."""
+
+
+def check_sources(paths: Any, suffixes: tuple[str, ...]) -> None:
+    """Raise at once for a local path that names nothing, or a URL whose fsspec backend is missing.
+
+    Args:
+        paths: What the reader was given (a path, glob, folder, URL or list of them).
+        suffixes: The file name endings the reader looks for in folders.
+
+    Raises:
+        TypeError, ValueError: ``paths`` is not a path or a non-empty list of them.
+        FileNotFoundError: A local path does not exist, or a local glob or folder holds no file
+            the reader reads.
+        MissingDependencyError: A URL needs a package that is not installed (``s3://``: s3fs).
+
+    Example:
+        >>> check_sources("no/such/*.parquet", (".parquet",))
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: 'no/such/*.parquet' matches no files; expected at least one .parquet file there.
+    """
+    import fsspec.core
+
+    for pattern in check_paths(paths):
+        protocol, path = fsspec.core.split_protocol(pattern)
+        if "::" in pattern or protocol not in LOCAL_PROTOCOLS:
+            _check_backends(pattern)
+            continue
+        if _first_file(path, suffixes) is None:
+            if not any(c in GLOB_CHARS for c in path) and not os.path.exists(path):
+                raise FileNotFoundError(f"No such file or folder: {pattern!r}.")
+            wanted = "/".join(suffixes)
+            raise FileNotFoundError(f"{pattern!r} matches no files; expected at least one {wanted} file there.")
+
+
+def check_fields(pipe: Pipeline) -> None:
+    """Raise :class:`~padpipe.errors.DataError` when a column the pipeline reads is not in its input.
+
+    Checks the reader's ``columns`` and the tokenize stage's ``fields`` against what is cheap to
+    know without reading rows (see the module docs); anything else passes.
+
+    Example:
+        >>> pipe = pp.read_parquet(pp.examples.SAMPLE_PARQUET).tokenize(pp.examples.tokenizer(), fields="text")
+        >>> check_fields(pipe)
+        Traceback (most recent call last):
+        ...
+        padpipe.errors.DataError: tokenize: text field 'text' is not in the data; expected one of the columns ['sentence1', 'sentence2', 'label', 'idx'].
+    """
+    options = pipe.source.options
+    available = _known_columns(pipe.source.name, options)
+    if available is None:
+        return
+    where, names = available
+    columns = options.get("columns")
+    if columns is not None:
+        for name in columns:
+            if name not in names:
+                raise DataError(f"{where}: no column {name!r}; available columns: {list(names)!r}.")
+        names = list(columns)
+    for stage in pipe.stages:
+        if stage.name == "tokenize":
+            for name in stage.options["fields"]:
+                if name not in names:
+                    raise DataError(
+                        f"tokenize: text field {name!r} is not in the data; expected one of the columns {list(names)!r}."
+                    )
+        if stage.name not in COLUMN_KEEPING_STAGES:
+            return
+
+
+def _known_columns(source: str, options: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """Where the columns come from and their names, when cheap to know; else ``None``."""
+    if source == "from_hf":
+        names = getattr(options.get("dataset"), "column_names", None)
+        return ("<datasets>", list(names)) if names is not None else None
+    if source not in SCHEMA_READERS:
+        return None
+    import fsspec.core
+
+    reader = options["reader"]
+    for pattern in check_paths(options["paths"]):
+        protocol, path = fsspec.core.split_protocol(pattern)
+        if "::" not in pattern and protocol in LOCAL_PROTOCOLS:
+            file = _first_file(path, reader.SUFFIXES)
+            names = _schema_names(file, parquet=source == "read_parquet") if file is not None else None
+            if names is not None:
+                return file, names
+    return None
+
+
+def _schema_names(path: str, *, parquet: bool) -> list[str] | None:
+    """The column names in a local file's header (Parquet footer, Arrow IPC schema); ``None`` if unreadable."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    try:
+        if parquet:
+            return list(pq.read_schema(path).names)
+        with pa.memory_map(path) as source:
+            try:
+                return list(ipc.open_file(source).schema.names)
+            except pa.ArrowInvalid:
+                source.seek(0)
+                return list(ipc.open_stream(source).schema.names)
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _first_file(path: str, suffixes: tuple[str, ...]) -> str | None:
+    """One local file the reader would read for ``path`` (a file, folder or glob), or ``None``."""
+    if any(c in GLOB_CHARS for c in path):
+        matches: Iterator[str] = glob.iglob(path, recursive=True)
+        first = next((f for f in (_usable(m, suffixes) for m in matches) if f is not None), None)
+        if first is not None:
+            return first
+        from fsspec.implementations.local import LocalFileSystem  # fsspec's glob also matches dot-files
+
+        return next((f for f in (_usable(m, suffixes) for m in LocalFileSystem().glob(path)) if f is not None), None)
+    return _usable(path, suffixes)
+
+
+def _usable(path: str, suffixes: tuple[str, ...]) -> str | None:
+    """``path`` if it is a file, the first file with one of ``suffixes`` in it if a folder, else ``None``."""
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        return None
+    for folder, subfolders, files in os.walk(path):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith((".", "_")))  # as the readers skip them
+        for name in sorted(files):
+            if name.endswith(suffixes) and not name.startswith((".", "_")):
+                return os.path.join(folder, name)
+    return None
+
+
+def _check_backends(url: str) -> None:
+    """Raise ``MissingDependencyError`` when a protocol of ``url`` needs a package that is not installed."""
+    import fsspec
+    import fsspec.core
+    from fsspec.registry import known_implementations
+
+    for piece in url.split("::"):
+        protocol = fsspec.core.split_protocol(piece)[0]
+        if protocol in LOCAL_PROTOCOLS:
+            continue
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except ImportError:
+            package = known_implementations.get(protocol, {}).get("class", protocol).partition(".")[0]
+            raise missing(package, f"reading {url!r}") from None
