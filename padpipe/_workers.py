@@ -18,7 +18,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe._iterable import STATS_KEY, PipelineIterator
 from padpipe._shard import Consumer
-from padpipe._state import check_state, make_state
+from padpipe._state import Bool, Int, Optional, Plain, check_state, make_state
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 if TYPE_CHECKING:
@@ -90,7 +90,8 @@ class WorkerProcesses(BaseNode[Any]):
             self._epoch, self._done = self._epoch + 1, False
             self._start(None)
             return
-        check_state("WorkerProcesses", initial_state, version=self.VERSION, settings=self._settings())
+        fields = {self.EPOCH_KEY: Int(0), self.DONE_KEY: Bool(), self.LOADER_KEY: Optional(Plain())}
+        check_state("WorkerProcesses", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
         self._epoch, self._done = initial_state[self.EPOCH_KEY], initial_state[self.DONE_KEY]
         if not self._done:
             self._start(initial_state[self.LOADER_KEY])

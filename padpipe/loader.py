@@ -7,7 +7,7 @@ from typing import Any, Generic, Iterator, TypeVar
 from torchdata.nodes import BaseNode
 
 from padpipe._iterable import start_at_epoch
-from padpipe._state import check_state, make_state
+from padpipe._state import Bool, Child, Optional, check_state, make_state
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
@@ -65,7 +65,7 @@ class PipelineLoader(Generic[T]):
                 start_at_epoch(self.root, 0)
             self.root.reset(None)
         self._started, self._finished = True, False
-        return self._epoch()
+        return _Epoch(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader returned (see the class docs)."""
@@ -77,19 +77,32 @@ class PipelineLoader(Generic[T]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next ``iter(loader)``."""
-        check_state("PipelineLoader", state, version=self.VERSION, settings=self._settings)
+        fields = {self.ROOT_KEY: Optional(Child()), self.FINISHED_KEY: Bool()}
+        check_state("PipelineLoader", state, version=self.VERSION, settings=self._settings, fields=fields)
         self._pending = dict(state)
 
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""
         return self._stats.snapshot()
 
-    def _epoch(self) -> Iterator[T]:
-        root = self.root
-        while True:
-            try:
-                item = next(root)
-            except StopIteration:
-                self._finished = True
-                return
-            yield item
+
+
+class _Epoch(Iterator[T]):
+    """One epoch of a loader: the root's items; the loader learns when the epoch ended.
+
+    Not a generator: after an error the next ``next()`` asks the root again, which raises the same
+    error (a failed pipeline stays failed) instead of ending the epoch quietly.
+    """
+
+    def __init__(self, loader: PipelineLoader[T]) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> _Epoch[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            return next(self._loader.root)
+        except StopIteration:
+            self._loader._finished = True
+            raise

@@ -146,7 +146,7 @@ def test_loader_state_is_plain_data_and_loads_with_weights_only(data, tmp_path) 
 
 
 def test_loader_state_without_buffers_survives_json(data) -> None:
-    pipe = pp.read_parquet(data, chunk_rows=16).tokenize(TOK, max_length=16)
+    pipe = pp.read_parquet(data, chunk_rows=25).tokenize(TOK, max_length=16).batch(25).pad()
     loader = pipe.loader()
     it = run(loader, 4)
     text = json.dumps(loader.state_dict())

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe._state import SOURCE_KEY, Bool, Child, Int, ListOf, Optional, Plain, check_state, make_state
 from padpipe.errors import one_of
 from padpipe.stats import PipelineStats
 
@@ -253,7 +253,11 @@ class EqualSteps(BaseNode[Any]):
             self._replaying = False
             self._start = self.source.state_dict() if self.policy == "repeat" and self._sync else None
             return
-        check_state("EqualSteps", initial_state, version=self.VERSION, settings={"policy": self.policy})
+        fields = {SOURCE_KEY: Child(), self.HELD_KEY: ListOf(Plain()), self.EXHAUSTED_KEY: Bool(),
+                  self.STOPPED_KEY: Bool(), self.FRESH_KEY: Int(0), self.STEPS_KEY: Int(0),
+                  self.REPLAYING_KEY: Bool(), self.START_KEY: Optional(Child())}
+        check_state("EqualSteps", initial_state, version=self.VERSION, settings={"policy": self.policy},
+                    fields=fields)
         self.source.reset(initial_state[SOURCE_KEY])
         step = self._step
         step.held = list(initial_state[self.HELD_KEY])

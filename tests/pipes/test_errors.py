@@ -112,8 +112,6 @@ def test_a_pipeline_that_raised_raises_the_same_error_until_it_is_reset(files, t
     assert normalize(next(node))["idx"][2] == list(range(8))
 
 
-@pytest.mark.xfail(strict=True, reason="PipelineLoader._epoch is a generator: after an error it ends (StopIteration) "
-                                       "instead of raising the pipeline's error again")
 def test_a_loader_that_raised_raises_the_same_error_on_every_later_next(files) -> None:
     it = iter(none_pipe(files, 2, False).loader())
     with pytest.raises(DataError) as first:
