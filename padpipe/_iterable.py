@@ -75,7 +75,9 @@ class PipelineIterator(Iterator[Any]):
             consumer = Consumer.detect(ranks=self._pipeline.sharding == "auto")
         if not self._managed:
             warn_unequal_steps(consumer)
-        node = self._pipeline.build(consumer=consumer, stats=self._stats)
+        from padpipe._elastic import ConsumerGraph
+
+        node = ConsumerGraph(self._pipeline, consumer, self._stats)
         if self._pending is not None:
             self._epoch = self._pending[EPOCH_KEY]
             node.reset(self._pending[NODE_KEY])

@@ -10,7 +10,9 @@ worker's exact position), so resume is exact.
 
 from __future__ import annotations
 
+import functools
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Iterator
 
 from torch.utils.data import IterableDataset
@@ -18,7 +20,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe._iterable import STATS_KEY, PipelineIterator
 from padpipe._shard import Consumer
-from padpipe._state import Bool, Int, Optional, Plain, check_state, make_state
+from padpipe._state import Bool, Child, Int, ListOf, Optional, Plain, check_state, make_state
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 if TYPE_CHECKING:
@@ -37,9 +39,16 @@ class EpochShares(IterableDataset):
         self.pipeline = pipeline
         self.consumer = consumer
         self.epoch = 0
+        self.plans: list[dict[str, Any]] | None = None  # per worker: where to start (an elastic resume's plan)
 
     def __iter__(self) -> Iterator[Any]:
-        return PipelineIterator(self.pipeline, self.epoch, consumer=self.consumer, managed=True, report_stats=True)
+        from torch.utils.data import get_worker_info
+
+        it = PipelineIterator(self.pipeline, self.epoch, consumer=self.consumer, managed=True, report_stats=True)
+        info = get_worker_info()
+        if self.plans is not None and info is not None:
+            it.load_state_dict(self.plans[info.id])
+        return it
 
 
 class WorkerProcesses(BaseNode[Any]):
@@ -62,10 +71,11 @@ class WorkerProcesses(BaseNode[Any]):
         4
     """
 
-    VERSION = 1
+    VERSION = 2
     EPOCH_KEY = "epoch"
     DONE_KEY = "done"
     LOADER_KEY = "dataloader"
+    PLANS_KEY = "plans"
 
     def __init__(self, pipeline: Pipeline, *, num_workers: int, consumer: Consumer | None = None,
                  ranks: bool = True, options: dict[str, Any] | None = None,
@@ -75,11 +85,12 @@ class WorkerProcesses(BaseNode[Any]):
         self.options = dict(options or {})
         self.stats = stats or PipelineStats()
         self._ended = PipelineStats().snapshot()  # the workers' counters of earlier epochs
-        self.stats.include(lambda: self._ended.merge(*self._live()))
+        self.stats.include(functools.partial(_workers_stats, weakref.ref(self)))  # no cycle: workers stop when dropped
         self._loader: Any = None
         self._it: Iterator[Any] | None = None
         self._epoch = -1
         self._done = False
+        self._plans: list[dict[str, Any]] | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -87,14 +98,17 @@ class WorkerProcesses(BaseNode[Any]):
         if self._loader is None:
             self._loader = self._make_loader()
         if initial_state is None:
-            self._epoch, self._done = self._epoch + 1, False
+            self._epoch, self._done, self._plans = self._epoch + 1, False, None
             self._start(None)
             return
-        fields = {self.EPOCH_KEY: Int(0), self.DONE_KEY: Bool(), self.LOADER_KEY: Optional(Plain())}
+        fields = {self.EPOCH_KEY: Int(0), self.DONE_KEY: Bool(), self.LOADER_KEY: Optional(Plain()),
+                  self.PLANS_KEY: Optional(ListOf(Child(), length=self.num_workers))}
         check_state("WorkerProcesses", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
         self._epoch, self._done = initial_state[self.EPOCH_KEY], initial_state[self.DONE_KEY]
+        loader_state = initial_state[self.LOADER_KEY]
+        self._plans = initial_state[self.PLANS_KEY] if loader_state is None else None
         if not self._done:
-            self._start(initial_state[self.LOADER_KEY])
+            self._start(loader_state)
 
     def next(self) -> Any:
         if self._it is None:
@@ -108,10 +122,12 @@ class WorkerProcesses(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         loader_state = None if self._it is None else self._loader.state_dict()
+        plans = self._plans if loader_state is None else None
         return make_state(
             version=self.VERSION,
             settings=self._settings(),
-            **{self.EPOCH_KEY: self._epoch, self.DONE_KEY: self._done, self.LOADER_KEY: loader_state},
+            **{self.EPOCH_KEY: self._epoch, self.DONE_KEY: self._done, self.LOADER_KEY: loader_state,
+               self.PLANS_KEY: plans},
         )
 
     def close(self) -> None:
@@ -151,6 +167,12 @@ class WorkerProcesses(BaseNode[Any]):
     def _start(self, loader_state: dict[str, Any] | None) -> None:
         """Start workers for ``self._epoch`` (forked or spawned with the epoch in their dataset)."""
         self.stats.add("workers.epochs_started", 1)
-        self._dataset.epoch = self._epoch
+        self._dataset.epoch, self._dataset.plans = self._epoch, self._plans
         self._loader.load_state_dict(loader_state or {})
         self._it = iter(self._loader)
+
+
+def _workers_stats(node: weakref.ref[WorkerProcesses]) -> StatsSnapshot:
+    """The counters of a node's workers: those of ended epochs and what the running ones last sent."""
+    alive = node()
+    return PipelineStats().snapshot() if alive is None else alive._ended.merge(*alive._live())

@@ -200,7 +200,13 @@ def _tensor(value: Any, dtype: torch.dtype, name: str) -> np.ndarray:
     if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != 1:
         found = f"a {value.dtype} tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)[:60]
         raise StateMismatchError(f"a token chunk's {name!r} must be a 1-D {dtype} tensor, but is {found}")
-    return value.detach().cpu().numpy()
+    return _own_copy(value)
+
+
+def _own_copy(value: torch.Tensor) -> np.ndarray:
+    """The tensor's values in memory of their own: a view would dangle once torch moves the tensor's
+    storage (``share_memory_()`` when a DataLoader worker sends the state it was loaded from)."""
+    return value.detach().cpu().numpy().copy()
 
 
 def bytes_to_tensor(data: bytes) -> torch.Tensor:
@@ -229,7 +235,7 @@ def records_from_state(state: Any) -> pa.RecordBatch:
     value = state["ipc"]
     if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
         raise StateMismatchError("a record batch's 'ipc' must be a 1-D uint8 tensor")
-    return record_batch_from_bytes(value.detach().cpu().numpy())
+    return record_batch_from_bytes(_own_copy(value))
 
 
 def _as_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from torchdata.nodes import BaseNode
 
 from padpipe._iterable import start_at_epoch
-from padpipe._state import Bool, Child, Optional, check_state, make_state
+from padpipe._elastic import LAYOUT_KEY
+from padpipe._state import Bool, Child, Int, ListOf, Optional, StateMismatchError, check_state, make_state
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
@@ -41,14 +42,19 @@ class PipelineLoader(Generic[T]):
         (1, 2)
     """
 
-    VERSION = 1
+    VERSION = 2
     ROOT_KEY = "root"
     FINISHED_KEY = "finished"
+    LAYOUT_KEY = LAYOUT_KEY
 
-    def __init__(self, root: BaseNode[T], stats: PipelineStats, *, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, root: BaseNode[T], stats: PipelineStats, *, settings: dict[str, Any] | None = None,
+                 layout: Callable[[], list[int]] | None = None,
+                 reshare: Callable[[list[dict[str, Any]], list[int]], dict[str, Any]] | None = None) -> None:
         self.root = root
         self._stats = stats
         self._settings = dict(settings or {})
+        self._layout = layout or (lambda: [0, 1, 0])
+        self._reshare = reshare
         self._pending: dict[str, Any] | None = None
         self._started = False
         self._finished = False
@@ -73,13 +79,34 @@ class PipelineLoader(Generic[T]):
             return self._pending
         root = self.root.state_dict() if self._started else None
         return make_state(version=self.VERSION, settings=self._settings,
-                          **{self.ROOT_KEY: root, self.FINISHED_KEY: self._finished})
+                          **{self.ROOT_KEY: root, self.FINISHED_KEY: self._finished, self.LAYOUT_KEY: self._layout()})
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next ``iter(loader)``."""
-        fields = {self.ROOT_KEY: Optional(Child()), self.FINISHED_KEY: Bool()}
-        check_state("PipelineLoader", state, version=self.VERSION, settings=self._settings, fields=fields)
-        self._pending = dict(state)
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Continue from ``state`` at the next ``iter(loader)``.
+
+        ``state`` is this rank's state, or a list of the states of every rank of a run saved with
+        another number of ranks or workers (elastic resume: the rest of that epoch is shared over
+        this run's ranks and workers, then epochs follow this run's plan; see docs/elastic.md).
+        """
+        states = list(state) if isinstance(state, (list, tuple)) else [state]
+        fields = {self.ROOT_KEY: Optional(Child()), self.FINISHED_KEY: Bool(),
+                  self.LAYOUT_KEY: ListOf(Int(0), length=3)}
+        for one in states:
+            check_state("PipelineLoader", one, version=self.VERSION, settings=self._settings, fields=fields)
+        layout = self._layout()
+        own = [s for s in states if s[self.LAYOUT_KEY] == layout]
+        if own and all(s[self.LAYOUT_KEY][1:] == layout[1:] for s in states):
+            self._pending = dict(own[0])
+            return
+        saved = states[0][self.LAYOUT_KEY]
+        if len(states) < saved[1] or self._reshare is None:
+            raise StateMismatchError(
+                f"PipelineLoader state was saved by rank {saved[0]} of {saved[1]} with {saved[2]} workers, but this "
+                f"loader is rank {layout[0]} of {layout[1]} with {layout[2]} workers: to resume on another layout, "
+                f"pass the states of all {saved[1]} saved ranks, loader.load_state_dict([state_rank0, ...]) "
+                "(docs/elastic.md)."
+            )
+        self._pending = self._reshare(states, layout)
 
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""

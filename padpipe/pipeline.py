@@ -483,7 +483,11 @@ class Pipeline(IterableDataset):
         self._check_runnable()
         stats = PipelineStats()
         if num_workers == 0:
-            root = self.build(consumer=consumer, stats=stats)
+            from padpipe._elastic import ConsumerGraph
+
+            if consumer is None and self.sharding == "off":
+                consumer = Consumer.detect(ranks=False)
+            root = ConsumerGraph(self, consumer, stats)
         else:
             root = self._in_workers(num_workers, consumer, stats, {
                 "pin_memory": pin_memory, "prefetch_factor": prefetch_factor,
@@ -493,7 +497,20 @@ class Pipeline(IterableDataset):
             from padpipe.pipes.equal_steps import EqualSteps
 
             root = EqualSteps(root, policy=equal_steps, stats=stats)
-        return PipelineLoader(root, stats, settings={"num_workers": num_workers})
+        settings: dict[str, Any] = {}  # the layout (ranks, workers) is checked apart: it may change
+
+        def layout() -> list[int]:
+            rank, ranks = (consumer.rank, consumer.world_size) if consumer is not None else (
+                Consumer.ranks() if self.sharding == "auto" else (0, 1))
+            return [rank, ranks, num_workers]
+
+        def reshare(states: list[dict[str, Any]], mine: list[int]) -> dict[str, Any]:
+            from padpipe._elastic import reshare as plan
+
+            return plan(states, pipeline=self, policy=equal_steps, layout=mine,
+                        version=PipelineLoader.VERSION, settings=settings)
+
+        return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare)
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
         """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).

@@ -91,11 +91,17 @@ def test_loader_with_workers_takes_dataloader_options(data):
     assert ids(loader) == list(range(600))
 
 
-def test_loader_state_from_another_worker_count_is_refused(data):
+def test_loader_state_of_another_rank_count_asks_for_every_rank(data, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     loader = pipeline(data).loader(num_workers=2)
     next(iter(loader))
-    with pytest.raises(pp.StateMismatchError, match=r"^PipelineLoader state doesn't match this pipeline: setting 'num_workers' found 2 instead of 0\.$"):
-        pipeline(data).loader().load_state_dict(loader.state_dict())
+    state = loader.state_dict()
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(pp.StateMismatchError, match=r"^PipelineLoader state was saved by rank 0 of 2 with 2 workers, "
+                       r"but this loader is rank 0 of 3 with 0 workers: to resume on another layout, pass the states "
+                       r"of all 2 saved ranks, loader.load_state_dict\(\[state_rank0, \.\.\.\]\) \(docs/elastic\.md\)\.$"):
+        pipeline(data).loader().load_state_dict(state)
 
 
 def test_loader_raises_error_when_options_need_workers(data):

@@ -87,6 +87,9 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         self._unit = 0
         self._row = 0
         self._reader: Iterator[pa.RecordBatch] | None = None
+        self._override: tuple[int, list[WorkUnit]] | None = None  # (epoch, pieces): an elastic resume's share
+        self._stop_on_load = False
+        self._stop_at: int | None = None
 
     # -- subclass hooks -------------------------------------------------------------------------
     def list_units(self) -> list[WorkUnit]:
@@ -146,7 +149,7 @@ class UnitSource(BaseNode[pa.RecordBatch]):
             self.consumer = Consumer.detect()
         if self._units is None:
             self._units = self.list_units()
-        self._reader = None
+        self._reader, self._stop_at = None, None
         if initial_state is None:
             self._epoch += 1
             self._unit, self._row = 0, 0
@@ -169,9 +172,13 @@ class UnitSource(BaseNode[pa.RecordBatch]):
                              check=check)
         self._epoch, self._unit, self._row = loaded[self.EPOCH_KEY], loaded[self.UNIT_KEY], loaded[self.ROW_KEY]
         self._order = self._units_for_epoch(self._epoch)
+        if self._stop_on_load:
+            self._stop_at = self._unit + (0 if self._cut_here() else 1 if self._row else 0)
 
     def next(self) -> pa.RecordBatch:
         while True:
+            if self._stop_at is not None and self._unit >= self._stop_at:
+                raise StopIteration
             if self._reader is None:
                 if self._unit >= len(self._order):
                     raise StopIteration
@@ -195,6 +202,50 @@ class UnitSource(BaseNode[pa.RecordBatch]):
             fields[self.IDENTITY_KEY] = identity
         return make_state(version=self.VERSION, settings=self._settings(), **fields)
 
+    # -- elastic resume (see padpipe._elastic) ---------------------------------------------------------
+    def stop_on_load(self) -> None:
+        """Read nothing new after the next ``reset(state)``: only what the rest of the graph holds comes out.
+
+        The current unit is cut at the saved row where rows can be cut (:meth:`rest_of_epoch` hands
+        the rest to others); otherwise (a byte range, a compressed file) it is read to its end first.
+        """
+        self._stop_on_load = True
+
+    def rest_of_epoch(self, state: dict[str, Any]) -> list[WorkUnit]:
+        """The pieces this consumer had not read when ``state`` was saved (not what :meth:`stop_on_load` reads).
+
+        Example:
+            >>> reader = pp.read_parquet(pp.examples.SAMPLE_PARQUET).build().source
+            >>> reader.reset(); _ = next(reader)
+            >>> [(u.index, u.first) for u in reader.rest_of_epoch(reader.state_dict())][:2]
+            [(0, 1024), (1, 0)]
+        """
+        if self.consumer is None:
+            self.consumer = Consumer.detect()
+        if self._units is None:
+            self._units = self.list_units()
+        order = self._units_for_epoch(state[self.EPOCH_KEY])
+        unit, row = state[self.UNIT_KEY], state[self.ROW_KEY]
+        if unit >= len(order):
+            return []
+        if row == 0:
+            return order[unit:]
+        current = order[unit]
+        if not self._cuttable_by_rows(current):
+            return order[unit + 1 :]
+        return [self.piece(current, row, current.num_rows), *order[unit + 1 :]]
+
+    def override_epoch(self, epoch: int, pieces: list[WorkUnit]) -> None:
+        """Read ``pieces`` in ``epoch`` instead of this consumer's share (the rest of an epoch, re-shared)."""
+        self._override = (epoch, list(pieces))
+
+    def _cut_here(self) -> bool:
+        return self._unit < len(self._order) and self._row > 0 and self._cuttable_by_rows(self._order[self._unit])
+
+    def _cuttable_by_rows(self, unit: WorkUnit) -> bool:
+        measure = self.measure(unit)
+        return unit.num_rows is not None and measure.cuttable and measure.weight == unit.num_rows
+
     # -- helpers ------------------------------------------------------------------------------------
     @property
     def epoch(self) -> int:
@@ -213,6 +264,8 @@ class UnitSource(BaseNode[pa.RecordBatch]):
     def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
         """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""
         assert self._units is not None and self.consumer is not None
+        if self._override is not None and self._override[0] == epoch:
+            return list(self._override[1])
         order = np.arange(len(self._units))
         if self.seed is not None:
             order = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(order)

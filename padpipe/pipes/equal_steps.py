@@ -266,8 +266,8 @@ class EqualSteps(BaseNode[Any]):
         self._replaying, self._start = initial_state[self.REPLAYING_KEY], initial_state[self.START_KEY]
 
     def next(self) -> Any:
-        if self._sync is None:
-            item = next(self.source)
+        if self._sync is None:  # batches read ahead on another layout (an elastic resume) come first
+            item = self._step.held.pop(0) if self._step.held else next(self.source)
             return _mark(item, False) if self.policy == "repeat" else item
         return self._step.step(self._pull, self._replay, lambda: iter(self.source))
 
