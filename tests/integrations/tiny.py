@@ -1,0 +1,87 @@
+"""Tiny models and data for the framework tests (imported by the tests and by the torchrun scripts).
+
+Data: slices of ``padpipe/data/sample.parquet`` (MRPC's columns) as an MRPC folder that
+``padpipe.recipes.glue.glue(..., data=folder)`` reads. Models: a BERT of hidden size 32 and 2 layers
+over the shipped tokenizer's vocabulary, built from a config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+
+import padpipe as pp
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parent / "scripts"
+TRAIN_ROWS, VAL_ROWS, ROW_GROUP = 1200, 300, 100
+VOCAB = 8000
+
+
+def write_mrpc(folder: Path, train_rows: int = TRAIN_ROWS, val_rows: int = VAL_ROWS) -> Path:
+    """An MRPC folder: ``train`` (row groups of 100 rows) and ``validation`` Parquet files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    table = pq.read_table(pp.examples.SAMPLE_PARQUET).slice(0, train_rows + val_rows)
+    pq.write_table(table.slice(0, train_rows), folder / "train-00000-of-00001.parquet", row_group_size=ROW_GROUP)
+    pq.write_table(table.slice(train_rows, val_rows), folder / "validation-00000-of-00001.parquet")
+    return folder
+
+
+def bert_config() -> Any:
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=128)
+
+
+def recording_bert(seed: int = 0) -> Any:
+    """A tiny ``BertForSequenceClassification`` whose ``forward`` takes ``idx`` and records each training step."""
+    from transformers import BertForSequenceClassification
+
+    class RecordingBert(BertForSequenceClassification):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.steps: list[dict] = []
+            self.epoch = 0
+
+        def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, idx=None, **kwargs):
+            if self.training:
+                self.steps.append({"epoch": self.epoch, "idx": idx.tolist(), "batch": digest(input_ids, attention_mask)})
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                   labels=labels, **kwargs)
+
+    torch.manual_seed(seed)
+    return RecordingBert(bert_config())
+
+
+def digest(*tensors: torch.Tensor) -> str:
+    """A short fingerprint of tensors' shapes and bytes (batches compare equal iff tensor-equal)."""
+    h = hashlib.sha1()
+    for t in tensors:
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def torchrun(script: str, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    """Run ``scripts/<script>`` on 2 CPU ranks (gloo); fail the test on a hang or a non-zero exit."""
+    import pytest
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(SCRIPTS / script), *args]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun {script} did not finish in {timeout} s (a hang?):\n"
+                    f"{(exc.stdout or b'')[-3000:]!r}\n{(exc.stderr or b'')[-3000:]!r}")
+    assert done.returncode == 0, f"torchrun {script} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    return done
