@@ -184,7 +184,7 @@ def test_padpipe_hf_without_transformers_names_the_extra():
 @pytest.fixture(scope="module")
 def ranks(mrpc, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("hf_ddp")
-    torchrun("hf_trainer_run.py", str(mrpc), str(out), "0")
+    torchrun("hf_trainer_run.py", str(mrpc), str(out), "2")  # dataloader_num_workers=2
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

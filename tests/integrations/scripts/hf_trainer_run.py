@@ -1,6 +1,7 @@
 """Under torchrun x2: padpipe.hf.Trainer trains past two epochs, checkpoints, resumes, evaluates, predicts.
 
-Usage: ``torchrun --standalone --nproc_per_node=2 hf_trainer_run.py DATA OUT WORKERS``. Each rank writes
+Usage: ``torchrun --standalone --nproc_per_node=2 hf_trainer_run.py DATA OUT WORKERS`` (WORKERS is
+``dataloader_num_workers``). Each rank writes
 ``OUT/rank<R>.json``: the rows and batch fingerprints of every training step of the full run and of a
 run resumed from its step-30 checkpoint, the metrics, and predictions with a reference computed here.
 tests/integrations/test_hf_trainer.py checks them.
@@ -21,7 +22,6 @@ from padpipe.hf import Trainer
 from padpipe.recipes.glue import glue
 from tests.integrations.tiny import recording_bert
 
-DATA, OUT, WORKERS = sys.argv[1], sys.argv[2], int(sys.argv[3])
 MAX_STEPS, SAVE_STEPS, RESUME_AT = 60, 15, 30
 
 
@@ -30,9 +30,9 @@ class Epochs(TrainerCallback):
         model.epoch += 1
 
 
-def arguments(out: str) -> TrainingArguments:
+def arguments(out: str, workers: int) -> TrainingArguments:
     return TrainingArguments(out, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, logging_steps=10, learning_rate=1e-3,
-                             report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=WORKERS, seed=0)
+                             report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=workers, seed=0)
 
 
 def accuracy(p) -> dict:
@@ -51,30 +51,36 @@ def reference(model, val: pp.Pipeline) -> list:
     return [logits[i] for i in range(len(logits))]
 
 
-tok = pp.examples.tokenizer()
-train = glue("mrpc", "train", tok, data=DATA, max_tokens=2048)
-val = glue("mrpc", "validation", tok, data=DATA, max_tokens=1024)  # ranks take 12 and 14 steps
+def main(data: str, out: str, workers: int) -> None:
+    tok = pp.examples.tokenizer()
+    train = glue("mrpc", "train", tok, data=data, max_tokens=2048)
+    val = glue("mrpc", "validation", tok, data=data, max_tokens=1024)  # ranks take 12 and 14 steps
 
-model = recording_bert()
-model.epoch = -1
-trainer = Trainer(model=model, args=arguments(f"{OUT}/run"), train_dataset=train, eval_dataset=val,
-                  compute_metrics=accuracy, callbacks=[Epochs()])
-train_metrics = trainer.train().metrics
-dropped = trainer._padpipe_train.loader.stats().skipped.get("equal_steps.dropped_batches", 0)
-eval_metrics = trainer.evaluate()
-prediction = trainer.predict(val)
-expected = reference(model, val)
-eval_steps = sum(1 for _ in val.loader(equal_steps="off"))  # this rank's share, as evaluate() reads it
+    model = recording_bert()
+    model.epoch = -1
+    trainer = Trainer(model=model, args=arguments(f"{out}/run", workers), train_dataset=train, eval_dataset=val,
+                      compute_metrics=accuracy, callbacks=[Epochs()])
+    train_metrics = trainer.train().metrics
+    dropped = trainer._padpipe_train.loader.stats().skipped.get("equal_steps.dropped_batches", 0)
+    eval_metrics = trainer.evaluate()
+    prediction = trainer.predict(val)
+    expected = reference(model, val)
+    eval_steps = sum(1 for _ in val.loader(equal_steps="off"))  # this rank's share, as evaluate() reads it
 
-resumed_model = recording_bert(seed=1)
-resumed_model.epoch = -1
-resumed = Trainer(model=resumed_model, args=arguments(f"{OUT}/resumed"), train_dataset=train, callbacks=[Epochs()])
-resumed.train(resume_from_checkpoint=f"{OUT}/run/checkpoint-{RESUME_AT}")
+    resumed_model = recording_bert(seed=1)
+    resumed_model.epoch = -1
+    resumed = Trainer(model=resumed_model, args=arguments(f"{out}/resumed", workers), train_dataset=train,
+                      callbacks=[Epochs()])
+    resumed.train(resume_from_checkpoint=f"{out}/run/checkpoint-{RESUME_AT}")
 
-with open(f"{OUT}/rank{dist.get_rank()}.json", "w") as f:
-    json.dump({
-        "steps": model.steps, "resumed_steps": resumed_model.steps, "dropped": dropped, "eval_steps": eval_steps,
-        "train_metrics": train_metrics, "eval_metrics": eval_metrics, "test_metrics": prediction.metrics,
-        "predictions": np.asarray(prediction.predictions).tolist(), "label_ids": np.asarray(prediction.label_ids).tolist(),
-        "reference": expected,
-    }, f)
+    with open(f"{out}/rank{dist.get_rank()}.json", "w") as f:
+        json.dump({
+            "steps": model.steps, "resumed_steps": resumed_model.steps, "dropped": dropped, "eval_steps": eval_steps,
+            "train_metrics": train_metrics, "eval_metrics": eval_metrics, "test_metrics": prediction.metrics,
+            "predictions": np.asarray(prediction.predictions).tolist(), "reference": expected,
+            "label_ids": np.asarray(prediction.label_ids).tolist(),
+        }, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
