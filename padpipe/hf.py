@@ -19,17 +19,26 @@ import logging
 import os
 from typing import Any, Callable, Iterator
 
+import numpy as np
+import torch
+
 try:
     import transformers
+    from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat
+    from transformers.trainer_utils import (
+        PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize,
+    )
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("padpipe.hf needs transformers: pip install 'padpipe[hf]'") from exc
 
-import numpy as np
-import torch
-from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize
-
 from padpipe.pipeline import TENSORS, Pipeline
+
+_HOOKS = ("_init_training_state", "_save_checkpoint", "_finalize_training")
+if not all(hasattr(transformers.Trainer, hook) for hook in _HOOKS):  # pragma: no cover - older transformers
+    raise ImportError(
+        f"padpipe.hf needs a transformers.Trainer with {', '.join(_HOOKS)} (transformers 5), but transformers "
+        f"{transformers.__version__} is installed: pip install -U 'transformers>=5'"
+    )
 
 logger = logging.getLogger(__name__)
 

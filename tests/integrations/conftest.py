@@ -10,3 +10,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+collect_ignore = ["scripts"]  # torchrun entry points, imported by the tests that run them
