@@ -70,18 +70,25 @@ def digest(*tensors: torch.Tensor) -> str:
     return h.hexdigest()[:16]
 
 
-def torchrun(script: str, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    """Run ``scripts/<script>`` on 2 CPU ranks (gloo); fail the test on a hang or a non-zero exit."""
+def run_script(script: str | Path, *args: str, processes: int = 2, timeout: float = 150) -> subprocess.CompletedProcess:
+    """Run a script (a name in ``scripts/`` or a path) on ``processes`` CPU ranks with torchrun (gloo), or
+    plainly for one process; fail the test on a hang or a non-zero exit."""
     import pytest
 
+    path = SCRIPTS / script if isinstance(script, str) else script
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(SCRIPTS / script), *args]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
+    command = [sys.executable, *launcher, str(path), *args]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"torchrun {script} did not finish in {timeout} s (a hang?):\n"
+        pytest.fail(f"{path.name} did not finish in {timeout} s (a hang?):\n"
                     f"{(exc.stdout or b'')[-3000:]!r}\n{(exc.stderr or b'')[-3000:]!r}")
-    assert done.returncode == 0, f"torchrun {script} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"{path.name} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     return done
+
+
+def torchrun(script: str, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    """Run ``scripts/<script>`` on 2 CPU ranks (gloo)."""
+    return run_script(script, *args, timeout=timeout)
