@@ -222,3 +222,19 @@ def test_trainer_ddp_train_metrics_count_the_rows_of_both_ranks(ranks):
     trained = sum(len(step["idx"]) for rank in ranks for step in rank["steps"])
     for rank in ranks:
         assert rank["train_metrics"]["train_samples"] == trained
+
+
+def test_trainer_passes_packed_batches_with_hf_flash_attention_names(tmp_path):
+    seen = []
+
+    class Llama(transformers.LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, **kwargs):
+            seen.append(sorted(k for k in kwargs if k != "num_items_in_batch"))
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   labels=labels, **kwargs)
+
+    config = transformers.LlamaConfig(vocab_size=8000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256)
+    packed = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer()).pack(128, batch_size=2)
+    Trainer(model=Llama(config), args=arguments(tmp_path, max_steps=3), train_dataset=packed).train()
+    assert seen == [["cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q", "seq_idx"]] * 3
