@@ -26,7 +26,8 @@ from padpipe.recipes.glue import glue
 
 def sample_mrpc() -> datasets.DatasetDict:
     table = pq.read_table(pp.examples.SAMPLE_PARQUET)
-    return datasets.DatasetDict(train=datasets.Dataset(table.slice(1000)), validation=datasets.Dataset(table.slice(0, 1000)))
+    return datasets.DatasetDict(train=datasets.Dataset(table.slice(1000)),
+                                validation=datasets.Dataset(table.slice(0, 1000)))
 
 
 def accuracy(prediction) -> dict:

@@ -58,7 +58,8 @@ def main() -> None:
     last = os.path.join(output_dir, "last.ckpt")
     # TODO(reliability): drop weights_only=False once loader states are plain data (Lightning's default then works)
     trainer.fit(Classifier(pipe), ckpt_path=last if os.path.exists(last) else None, weights_only=False)
-    print(f"rank {trainer.global_rank}/{trainer.world_size}: {trainer.global_step} steps, {trainer.current_epoch} epochs")
+    rank = f"rank {trainer.global_rank}/{trainer.world_size}"
+    print(f"{rank}: {trainer.global_step} steps, {trainer.current_epoch} epochs")
 
 
 if __name__ == "__main__":

@@ -62,11 +62,12 @@ class Trainer(transformers.Trainer):
       apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
       Without a length, training needs ``max_steps`` (as for any iterable dataset); each
       exhausted pass over the data starts the next epoch (new shuffle).
-    - Training ranks take equal steps (``equal_steps="stop_first"``: at the end of an epoch the
-      batches some ranks have left over are dropped and counted in the loader's stats).
-    - Columns the model's ``forward`` does not take (``idx``, ``row_index``, ``document_ids``...)
-      are removed, as ``remove_unused_columns`` does (HF's flash-attention names are kept when
-      ``forward`` takes ``**kwargs``).
+    - Training ranks take equal steps (``equal_steps="stop_first"``: a rank short of batches at an
+      epoch's end splits its last one; what cannot be split is dropped and counted in stats).
+    - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
+      columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
+      batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``) are kept when ``forward`` takes
+      ``**kwargs``.
     - ``evaluate()`` and ``predict()`` read every row exactly once; predictions and ``label_ids``
       come back in the split's row order when batches carry ``row_index`` (``glue()`` eval
       splits do), gathered across ranks. The loss is the mean over rows;
@@ -108,13 +109,15 @@ class Trainer(transformers.Trainer):
         dataset = self._eval_dataset(eval_dataset)
         if not isinstance(dataset, Pipeline):
             return super().get_eval_dataloader(eval_dataset)
-        return _EvalBatches(self._pipeline_loader(dataset, "eval_dataset", equal_steps="off"), _columns(self, "evaluation"))
+        loader = self._pipeline_loader(dataset, "eval_dataset", equal_steps="off")
+        return _EvalBatches(loader, _columns(self, "evaluation"))
 
     def get_test_dataloader(self, test_dataset: Any) -> Any:
         """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
         if not isinstance(test_dataset, Pipeline):
             return super().get_test_dataloader(test_dataset)
-        return _EvalBatches(self._pipeline_loader(test_dataset, "test_dataset", equal_steps="off"), _columns(self, "test"))
+        loader = self._pipeline_loader(test_dataset, "test_dataset", equal_steps="off")
+        return _EvalBatches(loader, _columns(self, "test"))
 
     # -- training ---------------------------------------------------------------------------------
     def _init_training_state(self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int,
@@ -139,7 +142,8 @@ class Trainer(transformers.Trainer):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """``Trainer``'s checkpoint plus this rank's loader state in the same folder."""
         if self._padpipe_train is not None:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = os.path.join(self._get_output_dir(trial=trial), name)
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, LOADER_STATE.format(rank=self.args.process_index))
             torch.save(self._padpipe_train.state_dict(), path)
@@ -173,7 +177,8 @@ class Trainer(transformers.Trainer):
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
         """``Trainer``'s loop, or for a pipeline: each rank its share, gathered once, put in row order."""
         if not isinstance(dataloader, _EvalBatches):
-            return super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+            return super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                           metric_key_prefix)
         args = self.args
         if args.batch_eval_metrics:
             raise ValueError("`batch_eval_metrics` must be False to evaluate a padpipe pipeline, but is True instead.")
@@ -188,11 +193,13 @@ class Trainer(transformers.Trainer):
         logger.info(f"***** Running {description} on a padpipe pipeline *****")
         self.callback_handler.eval_dataloader = dataloader
         main_input = getattr(self.model, "main_input_name", "input_ids")
-        outputs = _Outputs(keep_inputs="inputs" in args.include_for_metrics, nan_filter=args.logging_nan_inf_filter)
+        outputs = _Outputs(keep_inputs="inputs" in args.include_for_metrics,
+                           keep_losses="loss" in args.include_for_metrics, nan_filter=args.logging_nan_inf_filter)
         with _rank_local_loss(args):
             for inputs, order in dataloader:
                 wanted = inputs.get(main_input)
-                loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+                loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only,
+                                                            ignore_keys=ignore_keys)
                 if logits is not None and self.preprocess_logits_for_metrics is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
                 outputs.add(_rows(inputs), order, loss, logits, labels, wanted)
@@ -203,14 +210,16 @@ class Trainer(transformers.Trainer):
         if self.compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
             extra = {"losses": merged["losses"] if "loss" in args.include_for_metrics else None,
                      "inputs": merged["inputs"] if "inputs" in args.include_for_metrics else None}
-            metrics = self.compute_metrics(EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra))
+            prediction = EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra)
+            metrics = self.compute_metrics(prediction)
         metrics = denumpify_detensorize(metrics)
         if merged["loss_rows"]:
             metrics["loss"] = merged["loss_sum"] / merged["loss_rows"]
         metrics["samples"] = merged["rows"]
         if hasattr(self, "model_preparation_time"):
             metrics["model_preparation_time"] = self.model_preparation_time
-        metrics = {k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
+        prefix = f"{metric_key_prefix}_"
+        metrics = {k if k.startswith(prefix) else prefix + k: v for k, v in metrics.items()}
         return EvalLoopOutput(predictions=merged["preds"], label_ids=merged["labels"], metrics=metrics,
                               num_samples=merged["rows"])
 
@@ -243,6 +252,9 @@ class Trainer(transformers.Trainer):
             model = self.accelerator.prepare_model(model, evaluation_mode=True)
             if model is not self.model:
                 self.model_wrapped = model
+        if not self.is_in_train and (self.args.fp16_full_eval or self.args.bf16_full_eval):
+            dtype = torch.float16 if self.args.fp16_full_eval else torch.bfloat16
+            model = model.to(dtype=dtype, device=self.args.device)
         model.eval()
         if callable(getattr(self.optimizer, "eval", None)):
             self.optimizer.eval()
@@ -290,8 +302,8 @@ class _EvalBatches:
 class _Outputs:
     """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows."""
 
-    def __init__(self, *, keep_inputs: bool, nan_filter: bool) -> None:
-        self.keep_inputs, self.nan_filter = keep_inputs, nan_filter
+    def __init__(self, *, keep_inputs: bool, keep_losses: bool, nan_filter: bool) -> None:
+        self.keep_inputs, self.keep_losses, self.nan_filter = keep_inputs, keep_losses, nan_filter
         self.rows = self.steps = self.loss_rows = 0
         self.loss_sum = 0.0
         self.order: list[np.ndarray] = []
@@ -302,14 +314,15 @@ class _Outputs:
         self.rows += rows
         if order is not None:
             self.order.append(np.asarray(order, dtype=np.int64))
+        per_row = None
         if loss is not None:
             value = float(loss)
             if np.isfinite(value) or not self.nan_filter:
                 self.loss_sum += value * rows
                 self.loss_rows += rows
-            self.losses.add(loss.detach().reshape(1).repeat(rows))
+            per_row = loss.detach().reshape(1).repeat(rows) if self.keep_losses else None
         for container, value in ((self.preds, logits), (self.labels, labels),
-                                 (self.inputs, inputs if self.keep_inputs else None)):
+                                 (self.inputs, inputs if self.keep_inputs else None), (self.losses, per_row)):
             if value is not None:
                 container.add(value)
                 container.to_cpu_and_numpy()

@@ -1,4 +1,4 @@
-"""Accelerate under torchrun x2: ``prepare(model, opt, pipe.loader(num_workers=2))``; ``prepare(DataLoader(pipe))`` fails."""
+"""Accelerate under torchrun x2: ``prepare(..., pipe.loader(num_workers=2))``; ``prepare(DataLoader(pipe))`` fails."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from tests.integrations.tiny import torchrun  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 ROWS = 2000
-FIX = (r"Fix: pass `pipe\.loader\(\.\.\.\)` to `accelerator\.prepare\(\.\.\.\)` instead \(Accelerate passes it through; "
-       r"padpipe shards by rank and worker and keeps steps equal across ranks\), or use `padpipe\.hf\.Trainer` with "
-       r"transformers' Trainer\.")
+FIX = (r"Fix: pass `pipe\.loader\(\.\.\.\)` to `accelerator\.prepare\(\.\.\.\)` instead \(Accelerate passes it "
+       r"through; padpipe shards by rank and worker and keeps steps equal across ranks\), or use "
+       r"`padpipe\.hf\.Trainer` with transformers' Trainer\.")
 
 
 @pytest.fixture(scope="module")

@@ -84,13 +84,19 @@ def test_trainer_trains_on_padded_batches_as_they_are_and_counts_rows(mrpc, tmp_
 def test_trainer_evaluates_and_predicts_in_row_order_weighting_the_loss_by_rows(mrpc, tmp_path):
     val = glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc, max_tokens=1024)
     model = recorder()
-    trainer = Trainer(model=model, args=arguments(tmp_path, per_device_eval_batch_size=8), compute_metrics=accuracy,
-                      eval_dataset=val)
+    seen = {}
+
+    def metrics_of(p) -> dict:
+        seen.update(inputs=p.inputs, losses=p.losses)
+        return accuracy(p)
+
+    args = arguments(tmp_path, per_device_eval_batch_size=8, include_for_metrics=["inputs", "loss"])
+    trainer = Trainer(model=model, args=args, compute_metrics=metrics_of, eval_dataset=val)
     out = trainer.predict(val)
     metrics = trainer.evaluate()
     assert np.array_equal(out.label_ids, labels(mrpc))  # split order, not length order
     model.eval()
-    logits, losses, steps = {}, {}, 0
+    logits, losses, lengths, steps = {}, {}, {}, 0
     with torch.no_grad():
         for batch in val.loader():
             steps += 1
@@ -99,11 +105,14 @@ def test_trainer_evaluates_and_predicts_in_row_order_weighting_the_loss_by_rows(
             row_losses = torch.nn.functional.cross_entropy(row_logits, batch["labels"], reduction="none")
             logits.update(zip(batch["row_index"].tolist(), row_logits))
             losses.update(zip(batch["row_index"].tolist(), row_losses.tolist()))
+            lengths.update(zip(batch["row_index"].tolist(), batch["attention_mask"].sum(1).tolist()))
     expected = torch.stack([logits[i] for i in range(VAL_ROWS)]).numpy()
     np.testing.assert_allclose(out.predictions, expected, atol=1e-6)
     assert metrics["eval_samples"] == out.metrics["test_samples"] == VAL_ROWS
     assert metrics["eval_loss"] == pytest.approx(np.mean(list(losses.values())), abs=1e-6)  # a mean over rows
     assert metrics["eval_accuracy"] == pytest.approx(accuracy(out)["accuracy"])
+    real = (seen["inputs"] != -100) & (seen["inputs"] != 0)  # include_for_metrics: inputs in row order too
+    assert real.sum(1).tolist() == [lengths[i] for i in range(VAL_ROWS)] and seen["losses"].shape == (VAL_ROWS,)
     for m, prefix in ((metrics, "eval"), (out.metrics, "test")):  # 8 per device does not apply: real batches
         assert m[f"{prefix}_samples_per_second"] == pytest.approx(VAL_ROWS / m[f"{prefix}_runtime"], rel=2e-3)
         assert m[f"{prefix}_steps_per_second"] == pytest.approx(steps / m[f"{prefix}_runtime"], rel=2e-3)
@@ -156,8 +165,8 @@ def test_trainer_rejects_a_pipeline_that_does_not_yield_tensors(mrpc, tmp_path):
     tokens = pp.read_parquet(mrpc / "train-00000-of-00001.parquet").tokenize(pp.examples.tokenizer(),
                                                                                fields="sentence1")
     trainer = Trainer(model=recorder(), args=arguments(tmp_path), train_dataset=tokens)
-    with pytest.raises(ValueError, match=r"^`train_dataset` must be a pipeline that yields tensors \(ending in \.pad\(\) "
-                                         r"or \.pack\(\)\), but it yields tokens instead\.$"):
+    with pytest.raises(ValueError, match=r"^`train_dataset` must be a pipeline that yields tensors \(ending in "
+                                         r"\.pad\(\) or \.pack\(\)\), but it yields tokens instead\.$"):
         trainer.train()
 
 

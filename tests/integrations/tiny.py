@@ -53,7 +53,8 @@ def recording_bert(seed: int = 0) -> Any:
 
         def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, idx=None, **kwargs):
             if self.training:
-                self.steps.append({"epoch": self.epoch, "idx": idx.tolist(), "batch": digest(input_ids, attention_mask)})
+                batch = digest(input_ids, attention_mask)
+                self.steps.append({"epoch": self.epoch, "idx": idx.tolist(), "batch": batch})
             return super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                                    labels=labels, **kwargs)
 

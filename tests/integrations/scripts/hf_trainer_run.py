@@ -30,9 +30,10 @@ class Epochs(TrainerCallback):
         model.epoch += 1
 
 
-def arguments(out: str, workers: int) -> TrainingArguments:
+def arguments(out: str, workers: int, **options) -> TrainingArguments:
     return TrainingArguments(out, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, logging_steps=10, learning_rate=1e-3,
-                             report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=workers, seed=0)
+                             report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=workers, seed=0,
+                             **options)
 
 
 def accuracy(p) -> dict:
@@ -58,7 +59,8 @@ def main(data: str, out: str, workers: int) -> None:
 
     model = recording_bert()
     model.epoch = -1
-    trainer = Trainer(model=model, args=arguments(f"{out}/run", workers), train_dataset=train, eval_dataset=val,
+    during = arguments(f"{out}/run", workers, eval_strategy="steps", eval_steps=25)  # evaluates inside train()
+    trainer = Trainer(model=model, args=during, train_dataset=train, eval_dataset=val,
                       compute_metrics=accuracy, callbacks=[Epochs()])
     train_metrics = trainer.train().metrics
     dropped = trainer._padpipe_train.loader.stats().skipped.get("equal_steps.dropped_batches", 0)

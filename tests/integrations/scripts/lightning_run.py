@@ -59,7 +59,8 @@ def main(data: str, out: str, workers: int) -> None:
     trainer(f"{out}/full").fit(full)
     resumed = Classifier(pipe, workers)
     # TODO(reliability): drop weights_only=False (Lightning's default) once loader states are plain data
-    trainer(f"{out}/resumed").fit(resumed, ckpt_path=f"{out}/full/checkpoints/step={RESUME_AT}.ckpt", weights_only=False)
+    checkpoint = f"{out}/full/checkpoints/step={RESUME_AT}.ckpt"
+    trainer(f"{out}/resumed").fit(resumed, ckpt_path=checkpoint, weights_only=False)
     with open(f"{out}/rank{torch.distributed.get_rank()}.json", "w") as f:
         json.dump({"steps": full.steps, "resumed_steps": resumed.steps}, f)
 
