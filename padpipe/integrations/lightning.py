@@ -55,7 +55,14 @@ class LightningLoader:
         TypeError: If ``loader`` has no ``state_dict``/``load_state_dict``.
 
     Example:
-        >>> loader = LightningLoader(pipe.loader())  # doctest: +SKIP
+        >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b c"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+        >>> loader = LightningLoader(pipe.loader())
+        >>> batches = iter(loader); first, second = next(batches), next(batches)  # Lightning fetches one ahead
+        >>> loader.taken()  # ExactResume: the loop took the first batch
+        >>> state = loader.state_dict()  # the second is not trained yet: it is in the state
+        >>> again = LightningLoader(pipe.loader()); again.load_state_dict(state)
+        >>> [b["input_ids"].shape for b in again]  # the second batch, then the epoch ends
+        [torch.Size([1, 4])]
     """
 
     VERSION = 1

@@ -56,3 +56,13 @@ def test_accelerate_prepare_of_a_dataloader_over_a_pipeline_fails_naming_the_fix
             message = message[message.index("RuntimeError: A padpipe") + len("RuntimeError: "):]
         assert message.startswith(f"A padpipe pipeline is read through accelerate's {wrapper} over 2 processes: ")
         assert re.search(FIX, message)
+
+
+def test_accelerate_prepare_of_a_dataloader_is_fine_on_one_process():
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    pipe = (pp.from_iterable([{"text": f"row {i}", "i": i} for i in range(10)]).tokenize(pp.examples.tokenizer())
+              .batch(4).pad())
+    prepared = Accelerator(cpu=True).prepare(DataLoader(pipe, batch_size=None))
+    assert sorted(i for batch in prepared for i in batch["i"].tolist()) == list(range(10))
