@@ -4,7 +4,7 @@
     python examples/train_hf_trainer.py
 
 MRPC_FOLDER holds ``train-*.parquet`` and ``validation-*.parquet`` (default: the shipped sample, its first
-1,000 rows as validation). Trains a tiny BERT for 100 steps with checkpoints in OUTPUT_DIR (default
+1,000 rows as validation). Trains a tiny BERT for 60 steps with checkpoints in OUTPUT_DIR (default
 ``runs/hf_trainer``), evaluates, and predicts the validation split in its row order. Rerun with the
 same OUTPUT_DIR to resume from the last checkpoint: the data stream continues exactly.
 """
@@ -43,7 +43,7 @@ def main() -> None:
 
     model = BertForSequenceClassification(BertConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2,
                                                      num_attention_heads=2, intermediate_size=64))
-    args = TrainingArguments(output_dir, max_steps=100, save_steps=50, logging_steps=50, learning_rate=1e-3,
+    args = TrainingArguments(output_dir, max_steps=60, save_steps=30, logging_steps=30, learning_rate=1e-3,
                              dataloader_num_workers=2, use_cpu=True, report_to=[], disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, compute_metrics=accuracy)
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
