@@ -11,6 +11,7 @@ shipped sample) and prints each rank's steps and rows.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import torch
@@ -41,8 +42,10 @@ def main() -> None:
         steps, rows = steps + 1, rows + len(batch["input_ids"])
     print(f"rank {accelerator.process_index}/{accelerator.num_processes}: {steps} steps, {rows:,} rows")
     # resume: torch.save(loader.state_dict(), f"loader_{accelerator.process_index}.pt") next to accelerator.save_state()
-    accelerator.end_training()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # free the prepared DDP model (it holds the process group) before the group is destroyed
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -9,6 +9,7 @@ rank's ``loader.state_dict()`` with the model and ``loader.load_state_dict(state
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -49,9 +50,10 @@ def main() -> None:
             optimizer.zero_grad()
             steps, rows = steps + 1, rows + len(batch["input_ids"])
         print(f"rank {rank}/{world} epoch {epoch}: {steps} steps, {rows:,} rows")
-    if distributed:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # free the DDP model (it holds the process group) before the group is destroyed
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -12,6 +12,7 @@ Trains a tiny BERT for two epochs with a checkpoint every 50 steps in OUTPUT_DIR
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -64,3 +65,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # free the DDP model (it holds the process group) before the group is destroyed
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 import padpipe as pp  # noqa: E402
 from tests.integrations.tiny import torchrun  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 ROWS = 2000
 FIX = (r"Fix: pass `pipe\.loader\(\.\.\.\)` to `accelerator\.prepare\(\.\.\.\)` instead \(Accelerate passes it "
        r"through; padpipe shards by rank and worker and keeps steps equal across ranks\), or use "

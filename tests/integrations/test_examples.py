@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 import padpipe as pp  # noqa: E402
 from tests.integrations.tiny import ROOT, run_script, write_mrpc  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 EXAMPLES = ROOT / "examples"
 ROWS = 1000
 

@@ -23,7 +23,7 @@ from tests.integrations.tiny import (  # noqa: E402
     ROOT, TRAIN_ROWS, VAL_ROWS, bert_config, recording_bert, torchrun, write_mrpc,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
 from tests.integrations.tiny import TRAIN_ROWS, torchrun, write_mrpc  # noqa: E402
 
 pytestmark = [
-    pytest.mark.timeout(240),
+    pytest.mark.timeout(300),
     pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
     pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`"),
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,18 @@ def recording_bert(seed: int = 0) -> Any:
     return RecordingBert(bert_config())
 
 
+def finish() -> None:
+    """End a torchrun script: free the DDP models first (their reducer holds the process group, and a group
+    destroyed from there can deadlock with gloo's worker thread), then destroy the group."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def digest(*tensors: torch.Tensor) -> str:
     """A short fingerprint of tensors' shapes and bytes (batches compare equal iff tensor-equal)."""
     h = hashlib.sha1()
@@ -71,7 +84,7 @@ def digest(*tensors: torch.Tensor) -> str:
     return h.hexdigest()[:16]
 
 
-def run_script(script: str | Path, *args: str, processes: int = 2, timeout: float = 150) -> subprocess.CompletedProcess:
+def run_script(script: str | Path, *args: str, processes: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run a script (a name in ``scripts/`` or a path) on ``processes`` CPU ranks with torchrun (gloo), or
     plainly for one process; fail the test on a hang or a non-zero exit."""
     import pytest
@@ -81,15 +94,18 @@ def run_script(script: str | Path, *args: str, processes: int = 2, timeout: floa
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
     command = [sys.executable, *launcher, str(path), *args]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{path.name} did not finish in {timeout} s (a hang?):\n"
-                    f"{(exc.stdout or b'')[-3000:]!r}\n{(exc.stderr or b'')[-3000:]!r}")
-    assert done.returncode == 0, f"{path.name} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
-    return done
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                          start_new_session=True) as process:  # its own process group: a timeout ends the ranks too
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            pytest.fail(f"{path.name} did not finish in {timeout} s (a hang?):\n{stdout[-3000:]}\n{stderr[-6000:]}")
+    assert process.returncode == 0, f"{path.name} failed:\n{stdout[-4000:]}\n{stderr[-6000:]}"
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def torchrun(script: str, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+def torchrun(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` on 2 CPU ranks (gloo)."""
     return run_script(script, *args, timeout=timeout)

@@ -16,7 +16,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from torch.utils.data import DataLoader
 
 import padpipe as pp
-from tests.integrations.tiny import bert_config, digest
+from tests.integrations.tiny import bert_config, digest, finish
 
 
 def pipeline(data: str) -> pp.Pipeline:
@@ -91,3 +91,4 @@ def main(data: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    finish()

@@ -20,7 +20,7 @@ from transformers import TrainerCallback, TrainingArguments
 import padpipe as pp
 from padpipe.hf import Trainer
 from padpipe.recipes.glue import glue
-from tests.integrations.tiny import recording_bert
+from tests.integrations.tiny import finish, recording_bert
 
 MAX_STEPS, SAVE_STEPS, RESUME_AT = 60, 15, 30
 
@@ -86,3 +86,4 @@ def main(data: str, out: str, workers: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    finish()

@@ -19,7 +19,7 @@ from transformers import BertForSequenceClassification
 import padpipe as pp
 from padpipe.integrations.lightning import ExactResume, LightningLoader
 from padpipe.recipes.glue import glue
-from tests.integrations.tiny import bert_config, digest
+from tests.integrations.tiny import bert_config, digest, finish
 
 SAVE_EVERY, RESUME_AT = 10, 30
 
@@ -67,3 +67,4 @@ def main(data: str, out: str, workers: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    finish()
