@@ -22,16 +22,15 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-try:
-    import transformers
-    from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat
-    from transformers.trainer_utils import (
-        PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize,
-    )
-except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError("padpipe.hf needs transformers: pip install 'padpipe[hf]'") from exc
-
+from padpipe._optional import require
 from padpipe.pipeline import TENSORS, Pipeline
+
+transformers = require("transformers", "padpipe.hf")
+
+from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat  # noqa: E402
+from transformers.trainer_utils import (  # noqa: E402
+    PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize,
+)
 
 _HOOKS = ("_init_training_state", "_save_checkpoint", "_finalize_training")
 if not all(hasattr(transformers.Trainer, hook) for hook in _HOOKS):  # pragma: no cover - older transformers

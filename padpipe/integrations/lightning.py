@@ -25,12 +25,10 @@ import warnings
 from collections import deque
 from typing import Any, Iterator
 
-try:
-    import lightning.pytorch as pl
-except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError("padpipe.integrations.lightning needs Lightning: pip install 'padpipe[lightning]'") from exc
-
+from padpipe._optional import require
 from padpipe._state import check_state, make_state
+
+pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
 MAX_AHEAD = 2
 """Batches yielded and not yet taken by the loop, at most: Lightning fetches one ahead."""

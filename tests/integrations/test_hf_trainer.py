@@ -181,12 +181,16 @@ def test_trainer_leaves_other_datasets_to_transformers(tmp_path):
     assert "eval_samples" not in trainer.evaluate()
 
 
-def test_padpipe_hf_without_transformers_names_the_extra():
-    code = "import sys; sys.modules['transformers'] = None; import padpipe.hf"
+@pytest.mark.parametrize("module, package, extra", [("padpipe.hf", "transformers", "hf"),
+                                                    ("padpipe.integrations.lightning", "lightning", "lightning")])
+def test_an_adapter_without_its_framework_names_the_extra(module, package, extra):
+    code = f"import sys; sys.modules[{package!r}] = None; import {module}"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 1
-    assert "ImportError: padpipe.hf needs transformers: pip install 'padpipe[hf]'" in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"padpipe._optional.MissingDependencyError: {module} needs the {package} package, which is not installed: "
+        f"pip install 'padpipe[{extra}]' (or: pip install {package})")
 
 
 # -- two processes ----------------------------------------------------------------------------------
