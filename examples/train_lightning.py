@@ -57,8 +57,7 @@ def main() -> None:
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=2,
                         callbacks=[ExactResume(), checkpoints], logger=False, enable_progress_bar=False)
     last = os.path.join(output_dir, "last.ckpt")
-    # TODO(reliability): drop weights_only=False once loader states are plain data (Lightning's default then works)
-    trainer.fit(Classifier(pipe), ckpt_path=last if os.path.exists(last) else None, weights_only=False)
+    trainer.fit(Classifier(pipe), ckpt_path=last if os.path.exists(last) else None)
     rank = f"rank {trainer.global_rank}/{trainer.world_size}"
     print(f"{rank}: {trainer.global_step} steps, {trainer.current_epoch} epochs")
 

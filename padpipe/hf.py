@@ -134,8 +134,7 @@ class Trainer(transformers.Trainer):
                 f"({os.path.basename(path)}): it was not saved by padpipe.hf.Trainer. Pass "
                 "`TrainingArguments(ignore_data_skip=True)` to resume the model and start the data from the beginning."
             )
-        # TODO(reliability): weights_only=True once loader states are plain data
-        self._padpipe_train.load_state_dict(torch.load(path, weights_only=False))
+        self._padpipe_train.load_state_dict(torch.load(path, weights_only=True))  # states are plain data
         return epochs, 0
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:

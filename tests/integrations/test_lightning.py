@@ -60,9 +60,8 @@ def test_lightning_loader_resumes_a_mid_epoch_checkpoint_exactly(mrpc, tmp_path)
     trainer(tmp_path, [ExactResume(), checkpoints], max_epochs=2).fit(full)
     assert len(full.steps) == 2 * per_epoch and full.steps[:per_epoch] != full.steps[per_epoch:]
     resumed = Classifier(pipe, 0)
-    # TODO(reliability): drop weights_only=False (Lightning's default) once loader states are plain data
-    trainer(tmp_path, [ExactResume()], max_epochs=2).fit(resumed, ckpt_path=tmp_path / "ckpt" / "step=5.ckpt",
-                                                         weights_only=False)
+    # Lightning's default weights_only: the checkpoint's loader states are plain data
+    trainer(tmp_path, [ExactResume()], max_epochs=2).fit(resumed, ckpt_path=tmp_path / "ckpt" / "step=5.ckpt")
     assert resumed.steps == full.steps[5:]  # the default loop fetches a batch ahead: none is skipped
 
 

@@ -55,7 +55,7 @@ def resume(pipe: pp.Pipeline, path: str) -> bool:
     torch.save(loader.state_dict(), path)
     rest = [digest(b["input_ids"], b["attention_mask"]) for b in batches]
     again = pipe.loader(num_workers=2)
-    again.load_state_dict(torch.load(path, weights_only=False))  # TODO(reliability): weights_only=True
+    again.load_state_dict(torch.load(path, weights_only=True))
     return rest == [digest(b["input_ids"], b["attention_mask"]) for b in again]
 
 

@@ -58,9 +58,9 @@ def main(data: str, out: str, workers: int) -> None:
     full = Classifier(pipe, workers)
     trainer(f"{out}/full").fit(full)
     resumed = Classifier(pipe, workers)
-    # TODO(reliability): drop weights_only=False (Lightning's default) once loader states are plain data
+    # Lightning's default weights_only: the checkpoint's loader states are plain data
     checkpoint = f"{out}/full/checkpoints/step={RESUME_AT}.ckpt"
-    trainer(f"{out}/resumed").fit(resumed, ckpt_path=checkpoint, weights_only=False)
+    trainer(f"{out}/resumed").fit(resumed, ckpt_path=checkpoint)
     with open(f"{out}/rank{torch.distributed.get_rank()}.json", "w") as f:
         json.dump({"steps": full.steps, "resumed_steps": resumed.steps}, f)
 
