@@ -7,7 +7,8 @@ extras add:
 * ``[hf]``: ``transformers`` (``AutoTokenizer`` objects, tokenizer folders and hub names) and
   ``datasets`` (``pp.from_hf``, GLUE from the Hub or a ``save_to_disk`` folder);
 * ``[s3]``: ``s3fs``, for ``s3://`` paths (other URLs need their fsspec backend: ``gcsfs``, ...);
-* ``[chart]``: ``matplotlib``, for ``padpipe inspect``'s chart.
+* ``[chart]``: ``matplotlib``, for ``padpipe inspect``'s chart;
+* ``[accelerate]``, ``[lightning]``: the frameworks (``padpipe.integrations.lightning`` needs Lightning).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ EXTRAS: dict[str, str] = {
     "huggingface_hub": "hf",
     "s3fs": "s3",
     "matplotlib": "chart",
+    "accelerate": "accelerate",
+    "lightning": "lightning",
 }
 """The padpipe extra that installs each optional package (others are installed by name)."""
 

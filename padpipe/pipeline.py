@@ -544,8 +544,10 @@ class Pipeline(IterableDataset):
         :meth:`set_epoch` each epoch (as with ``DistributedSampler``).
         """
         from padpipe._iterable import PipelineIterator
+        from padpipe.integrations._guard import check_caller
 
         self._check_runnable()
+        check_caller(self)  # fails under wrappers that shard again (Accelerate), warns for a bare Lightning resume
         return PipelineIterator(self, self._epoch[0], managed=self._managed[0])
 
     # -- internals --------------------------------------------------------------------------------

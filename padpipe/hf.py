@@ -1,0 +1,427 @@
+"""``padpipe.hf.Trainer``: Hugging Face's ``Trainer`` that reads padpipe pipelines as they are.
+
+Pass pipelines that end in ``.pad()`` or ``.pack()`` as ``train_dataset``, ``eval_dataset`` or to
+``predict``; any other dataset goes to ``transformers.Trainer`` unchanged. Needs ``transformers``
+(``pip install 'padpipe[hf]'``); tested with transformers 5.24.
+
+Example:
+    >>> from padpipe.hf import Trainer  # doctest: +SKIP
+    >>> trainer = Trainer(model=model, args=TrainingArguments("out", max_steps=100),  # doctest: +SKIP
+    ...                   train_dataset=train, eval_dataset=val, compute_metrics=accuracy)
+    >>> trainer.train(); trainer.predict(val).predictions  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from padpipe._optional import require
+from padpipe.pipeline import TENSORS, Pipeline
+
+transformers = require("transformers", "padpipe.hf")
+
+from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat  # noqa: E402
+from transformers.trainer_utils import (  # noqa: E402
+    PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize,
+)
+
+_HOOKS = ("_init_training_state", "_save_checkpoint", "_finalize_training")
+if not all(hasattr(transformers.Trainer, hook) for hook in _HOOKS):  # pragma: no cover - older transformers
+    raise ImportError(
+        f"padpipe.hf needs a transformers.Trainer with {', '.join(_HOOKS)} (transformers 5), but transformers "
+        f"{transformers.__version__} is installed: pip install -U 'transformers>=5'"
+    )
+
+logger = logging.getLogger(__name__)
+
+ROW_INDEX = "row_index"
+"""The column of evaluation batches giving each row's position in its split (as ``glue()`` makes)."""
+LOADER_STATE = "padpipe_loader_{rank}.pt"
+"""Each rank's loader state in a Trainer checkpoint folder."""
+FLASH_ATTENTION_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+"""Packed-batch columns kept for a model whose ``forward`` takes ``**kwargs`` (HF's flash-attention names)."""
+
+
+class Trainer(transformers.Trainer):
+    """``transformers.Trainer`` for padpipe pipelines: padded batches go to the model as they are.
+
+    For a :class:`padpipe.Pipeline` as ``train_dataset``, ``eval_dataset`` (or a dict of them) or
+    ``predict(test_dataset)``, batches come from ``pipe.loader()`` (with
+    ``dataloader_num_workers`` worker processes), sharded by padpipe across ranks, never by
+    Accelerate, and are neither collated nor stacked again. Everything else is ``Trainer``'s:
+
+    - ``per_device_train_batch_size``, ``per_device_eval_batch_size`` and the data collator do not
+      apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
+      Without a length, training needs ``max_steps`` (as for any iterable dataset); each
+      exhausted pass over the data starts the next epoch (new shuffle).
+    - Training ranks take equal steps (``equal_steps="stop_first"``: a rank short of batches at an
+      epoch's end splits its last one; what cannot be split is dropped and counted in stats).
+    - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
+      columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
+      batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``) are kept when ``forward`` takes
+      ``**kwargs``.
+    - ``evaluate()`` and ``predict()`` read every row exactly once; predictions and ``label_ids``
+      come back in the split's row order when batches carry ``row_index`` (``glue()`` eval
+      splits do), gathered across ranks. The loss is the mean over rows;
+      ``*_samples_per_second``, ``*_steps_per_second`` and ``{prefix}_samples`` count real rows
+      and batches. ``batch_eval_metrics`` and FSDP/DeepSpeed evaluation on pipelines are not
+      supported (ranks may take different numbers of evaluation steps).
+    - A checkpoint holds each rank's loader state (``padpipe_loader_{rank}.pt``);
+      ``train(resume_from_checkpoint=...)`` loads it and continues the data stream exactly
+      instead of skipping batches (``ignore_data_skip=True`` starts the data afresh).
+
+    Example:
+        >>> from transformers import TrainingArguments  # doctest: +SKIP
+        >>> trainer = Trainer(model=model, args=TrainingArguments("out", max_steps=200),  # doctest: +SKIP
+        ...                   train_dataset=glue("mrpc", "train", tok, max_tokens=4096),
+        ...                   eval_dataset=glue("mrpc", "validation", tok))
+        >>> trainer.train()  # doctest: +SKIP
+        >>> trainer.predict(trainer.eval_dataset).predictions.shape  # rows in split order  # doctest: +SKIP
+        (408, 2)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._padpipe_train: _TrainBatches | None = None
+        self._rows_trained: int | None = None
+        self._eval_steps: dict[str, int] = {}
+
+    # -- loaders ----------------------------------------------------------------------------------
+    def get_train_dataloader(self) -> Any:
+        """``Trainer``'s loader, or for a pipeline its padpipe loader with unused columns removed."""
+        if not isinstance(self.train_dataset, Pipeline):
+            self._padpipe_train = None
+            return super().get_train_dataloader()
+        loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first")
+        self._padpipe_train = _TrainBatches(loader, _columns(self, "training"))
+        return self._padpipe_train
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
+        dataset = self._eval_dataset(eval_dataset)
+        if not isinstance(dataset, Pipeline):
+            return super().get_eval_dataloader(eval_dataset)
+        loader = self._pipeline_loader(dataset, "eval_dataset", equal_steps="off")
+        return _EvalBatches(loader, _columns(self, "evaluation"))
+
+    def get_test_dataloader(self, test_dataset: Any) -> Any:
+        """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
+        if not isinstance(test_dataset, Pipeline):
+            return super().get_test_dataloader(test_dataset)
+        loader = self._pipeline_loader(test_dataset, "test_dataset", equal_steps="off")
+        return _EvalBatches(loader, _columns(self, "test"))
+
+    # -- training ---------------------------------------------------------------------------------
+    def _init_training_state(self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int,
+                             resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
+        """On resume, the loader continues from its saved state, so ``Trainer`` skips no batches."""
+        epochs, steps = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
+            return epochs, steps
+        path = os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank=self.args.process_index))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"Checkpoint {resume_from_checkpoint} has no padpipe loader state for rank {self.args.process_index} "
+                f"({os.path.basename(path)}): it was not saved by padpipe.hf.Trainer. Pass "
+                "`TrainingArguments(ignore_data_skip=True)` to resume the model and start the data from the beginning."
+            )
+        self._padpipe_train.load_state_dict(torch.load(path, weights_only=True))  # states are plain data
+        return epochs, 0
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """``Trainer``'s checkpoint plus this rank's loader state in the same folder."""
+        if self._padpipe_train is not None:
+            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = os.path.join(self._get_output_dir(trial=trial), name)
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, LOADER_STATE.format(rank=self.args.process_index))
+            torch.save(self._padpipe_train.state_dict(), path)
+        super()._save_checkpoint(model, trial)
+
+    def _finalize_training(self, trial: Any, num_train_samples: int, start_time: float) -> Any:
+        if self._padpipe_train is not None:  # the rows trained on all ranks, for the train speed metrics
+            rows = torch.tensor(self._padpipe_train.rows, device=self.args.device)
+            self._rows_trained = int(self.accelerator.reduce(rows, reduction="sum").item())
+        return super()._finalize_training(trial, num_train_samples, start_time)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``Trainer.log``, with rows and batches counted for pipelines in the speed metrics."""
+        if self._rows_trained is not None and "train_runtime" in logs:
+            _count_rows(logs, "train", self._rows_trained)
+            self._rows_trained = None
+        for prefix in [p for p in self._eval_steps if f"{p}_runtime" in logs]:
+            _count_steps(logs, prefix, self._eval_steps.pop(prefix))
+        super().log(logs, start_time)
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
+                metric_key_prefix: str = "test") -> Any:
+        """``Trainer.predict``; for a pipeline, predictions and ``label_ids`` are in row order."""
+        output = super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+        if metric_key_prefix in self._eval_steps:
+            _count_steps(output.metrics, metric_key_prefix, self._eval_steps.pop(metric_key_prefix))
+        return output
+
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """``Trainer``'s loop, or for a pipeline: each rank its share, gathered once, put in row order."""
+        if not isinstance(dataloader, _EvalBatches):
+            return super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                           metric_key_prefix)
+        args = self.args
+        if args.batch_eval_metrics:
+            raise ValueError("`batch_eval_metrics` must be False to evaluate a padpipe pipeline, but is True instead.")
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            raise NotImplementedError(
+                "evaluate()/predict() on a padpipe pipeline run on one device or under DDP; FSDP and DeepSpeed need "
+                "equal evaluation steps on every rank, which a pipeline's shares do not have."
+            )
+        if prediction_loss_only is None:
+            prediction_loss_only = args.prediction_loss_only
+        model = self._evaluation_model()
+        logger.info(f"***** Running {description} on a padpipe pipeline *****")
+        self.callback_handler.eval_dataloader = dataloader
+        main_input = getattr(self.model, "main_input_name", "input_ids")
+        outputs = _Outputs(keep_inputs="inputs" in args.include_for_metrics,
+                           keep_losses="loss" in args.include_for_metrics, nan_filter=args.logging_nan_inf_filter)
+        with _rank_local_loss(args):
+            for inputs, order in dataloader:
+                wanted = inputs.get(main_input)
+                loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only,
+                                                            ignore_keys=ignore_keys)
+                if logits is not None and self.preprocess_logits_for_metrics is not None:
+                    logits = self.preprocess_logits_for_metrics(logits, labels)
+                outputs.add(_rows(inputs), order, loss, logits, labels, wanted)
+                self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
+        merged = _merge(_all_ranks(outputs.local()))
+        self._eval_steps[metric_key_prefix] = merged["steps"]
+        metrics: dict[str, Any] = {}
+        if self.compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
+            extra = {"losses": merged["losses"] if "loss" in args.include_for_metrics else None,
+                     "inputs": merged["inputs"] if "inputs" in args.include_for_metrics else None}
+            prediction = EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra)
+            metrics = self.compute_metrics(prediction)
+        metrics = denumpify_detensorize(metrics)
+        if merged["loss_rows"]:
+            metrics["loss"] = merged["loss_sum"] / merged["loss_rows"]
+        metrics["samples"] = merged["rows"]
+        if hasattr(self, "model_preparation_time"):
+            metrics["model_preparation_time"] = self.model_preparation_time
+        prefix = f"{metric_key_prefix}_"
+        metrics = {k if k.startswith(prefix) else prefix + k: v for k, v in metrics.items()}
+        return EvalLoopOutput(predictions=merged["preds"], label_ids=merged["labels"], metrics=metrics,
+                              num_samples=merged["rows"])
+
+    # -- internals --------------------------------------------------------------------------------
+    def _pipeline_loader(self, pipe: Pipeline, name: str, *, equal_steps: str) -> Any:
+        if pipe.output != TENSORS:
+            raise ValueError(
+                f"`{name}` must be a pipeline that yields tensors (ending in .pad() or .pack()), but it yields "
+                f"{pipe.output} instead."
+            )
+        args, options = self.args, {}
+        if args.dataloader_num_workers > 0:
+            options = {
+                "num_workers": args.dataloader_num_workers,
+                "pin_memory": args.dataloader_pin_memory and args.device.type == "cuda",
+                "prefetch_factor": args.dataloader_prefetch_factor,
+                "multiprocessing_context": args.dataloader_multiprocessing_context,
+            }
+        return pipe.loader(equal_steps=equal_steps, **options)
+
+    def _eval_dataset(self, eval_dataset: Any) -> Any:
+        if isinstance(eval_dataset, str):
+            return self.eval_dataset[eval_dataset]
+        return self.eval_dataset if eval_dataset is None else eval_dataset
+
+    def _evaluation_model(self) -> Any:
+        """The model as ``Trainer.evaluation_loop`` prepares it (not DDP-wrapped: no collectives)."""
+        model = self._wrap_model(self.model, training=False)
+        if len(self.accelerator._models) == 0 and model is self.model:
+            model = self.accelerator.prepare_model(model, evaluation_mode=True)
+            if model is not self.model:
+                self.model_wrapped = model
+        if not self.is_in_train and (self.args.fp16_full_eval or self.args.bf16_full_eval):
+            dtype = torch.float16 if self.args.fp16_full_eval else torch.bfloat16
+            model = model.to(dtype=dtype, device=self.args.device)
+        model.eval()
+        if callable(getattr(self.optimizer, "eval", None)):
+            self.optimizer.eval()
+        return model
+
+
+class _TrainBatches:
+    """A pipeline loader's training batches, unused columns removed, rows counted, resumable."""
+
+    def __init__(self, loader: Any, columns: Callable[[dict], dict]) -> None:
+        self.loader, self._columns = loader, columns
+        self.rows = 0
+        self._resumed = False
+
+    def __iter__(self) -> Iterator[dict]:
+        resumed, self._resumed = self._resumed, False
+        empty = True
+        for batch in self.loader:
+            empty = False
+            self.rows += _rows(batch)
+            yield self._columns(batch)
+        if empty and resumed:  # saved right after an epoch's last batch: that epoch is over, read the next
+            yield from self
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+        self._resumed = True
+
+
+class _EvalBatches:
+    """Evaluation batches as ``(model inputs, row_index or None)``."""
+
+    def __init__(self, loader: Any, columns: Callable[[dict], dict]) -> None:
+        self.loader, self._columns = loader, columns
+
+    def __iter__(self) -> Iterator[tuple[dict, Any]]:
+        for batch in self.loader:
+            order = batch.get(ROW_INDEX)
+            yield self._columns({k: v for k, v in batch.items() if k != ROW_INDEX}), order
+
+
+class _Outputs:
+    """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows."""
+
+    def __init__(self, *, keep_inputs: bool, keep_losses: bool, nan_filter: bool) -> None:
+        self.keep_inputs, self.keep_losses, self.nan_filter = keep_inputs, keep_losses, nan_filter
+        self.rows = self.steps = self.loss_rows = 0
+        self.loss_sum = 0.0
+        self.order: list[np.ndarray] = []
+        self.preds, self.labels, self.inputs, self.losses = (EvalLoopContainer(padding_index=-100) for _ in range(4))
+
+    def add(self, rows: int, order: Any, loss: Any, logits: Any, labels: Any, inputs: Any) -> None:
+        self.steps += 1
+        self.rows += rows
+        if order is not None:
+            self.order.append(np.asarray(order, dtype=np.int64))
+        per_row = None
+        if loss is not None:
+            value = float(loss)
+            if np.isfinite(value) or not self.nan_filter:
+                self.loss_sum += value * rows
+                self.loss_rows += rows
+            per_row = loss.detach().reshape(1).repeat(rows) if self.keep_losses else None
+        for container, value in ((self.preds, logits), (self.labels, labels),
+                                 (self.inputs, inputs if self.keep_inputs else None), (self.losses, per_row)):
+            if value is not None:
+                container.add(value)
+                container.to_cpu_and_numpy()
+
+    def local(self) -> dict[str, Any]:
+        ordered = len(self.order) == self.steps and self.steps > 0
+        return {
+            "rows": self.rows, "steps": self.steps, "loss_sum": self.loss_sum, "loss_rows": self.loss_rows,
+            "order": np.concatenate(self.order) if ordered else None, "ordered": ordered or self.steps == 0,
+            "preds": self.preds.get_arrays(), "labels": self.labels.get_arrays(),
+            "inputs": self.inputs.get_arrays(), "losses": self.losses.get_arrays(),
+        }
+
+
+@contextlib.contextmanager
+def _rank_local_loss(args: Any) -> Iterator[None]:
+    """Each batch's loss from this rank alone: ranks take different numbers of evaluation steps, and
+    ``average_tokens_across_devices`` would gather token counts across ranks at every step."""
+    saved = args.average_tokens_across_devices
+    args.average_tokens_across_devices = False
+    try:
+        yield
+    finally:
+        args.average_tokens_across_devices = saved
+
+
+def _all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [local]
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    return parts
+
+
+def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """All ranks' results in rank order, then sorted by ``row_index`` when every batch had one."""
+    merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows")}
+    merged["steps"] = max(p["steps"] for p in parts)
+    for key in ("preds", "labels", "inputs", "losses"):
+        arrays = [p[key] for p in parts if p[key] is not None]
+        merged[key] = None
+        for array in arrays:
+            merged[key] = array if merged[key] is None else nested_concat(merged[key], array, padding_index=-100)
+    if all(p["ordered"] for p in parts) and merged["rows"]:
+        order = np.argsort(np.concatenate([p["order"] for p in parts if p["order"] is not None]), kind="stable")
+        for key in ("preds", "labels", "inputs", "losses"):
+            merged[key] = _take(merged[key], order)
+    return merged
+
+
+def _take(arrays: Any, order: np.ndarray) -> Any:
+    if arrays is None:
+        return None
+    if isinstance(arrays, (list, tuple)):
+        return type(arrays)(_take(a, order) for a in arrays)
+    if isinstance(arrays, dict):
+        return {k: _take(v, order) for k, v in arrays.items()}
+    return arrays[order]
+
+
+def _rows(batch: dict) -> int:
+    ids = batch.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        return int(ids.shape[0])
+    return int(find_batch_size(batch) or 0)
+
+
+def _columns(trainer: transformers.Trainer, description: str) -> Callable[[dict], dict]:
+    """Keep what ``model.forward`` takes (as ``remove_unused_columns`` does); log the rest once."""
+    if not trainer.args.remove_unused_columns:
+        return dict
+    trainer._set_signature_columns_if_needed()
+    keep = set(trainer._signature_columns)
+    forward = inspect.signature(trainer.model.forward).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in forward):
+        keep.update(FLASH_ATTENTION_KWARGS)
+    logged = False
+
+    def select(batch: dict) -> dict:
+        nonlocal logged
+        if not logged:
+            logged = True
+            dropped = [k for k in batch if k not in keep]
+            if dropped:
+                logger.info(f"Columns of the {description} pipeline that `{type(trainer.model).__name__}.forward` does "
+                            f"not take are removed: {', '.join(dropped)}.")
+        return {k: v for k, v in batch.items() if k in keep}
+
+    return select
+
+
+def _count_rows(metrics: dict[str, Any], prefix: str, rows: int) -> None:
+    metrics[f"{prefix}_samples"] = rows
+    runtime = metrics.get(f"{prefix}_runtime")
+    if runtime:
+        metrics[f"{prefix}_samples_per_second"] = round(rows / runtime, 3)
+
+
+def _count_steps(metrics: dict[str, Any], prefix: str, steps: int) -> None:
+    runtime = metrics.get(f"{prefix}_runtime")
+    if runtime:
+        metrics[f"{prefix}_steps_per_second"] = round(steps / runtime, 3)

@@ -1,0 +1,103 @@
+"""What ``iter(pipe)`` learns from its callers: framework wrappers that lose or repeat rows.
+
+A pipeline shards itself by rank and DataLoader worker. Accelerate's ``prepare`` shards an
+``IterableDataset`` again (``IterableDatasetShard``) or reads it on rank 0 only and splits the
+batches (``DataLoaderDispatcher``): either way each rank trains on part of its share, silently.
+Lightning over a plain ``DataLoader`` saves no data position, so a resumed run starts the epoch
+again. The frames above ``Pipeline.__iter__`` show which wrapper is reading; nothing here imports
+a framework, and nothing runs unless one is already imported.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from types import FrameType
+from typing import Any
+
+MAX_DEPTH = 32
+"""Frames looked at above ``Pipeline.__iter__`` (a ``DataLoader`` under a framework is ~12 deep)."""
+
+_FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning")
+_LIGHTNING_FETCHERS = ("lightning.pytorch.loops.fetchers", "pytorch_lightning.loops.fetchers")
+_warned: set[str] = set()
+
+ACCELERATE_FIX = (
+    "pass `pipe.loader(...)` to `accelerator.prepare(...)` instead (Accelerate passes it through; padpipe "
+    "shards by rank and worker and keeps steps equal across ranks), or use `padpipe.hf.Trainer` with "
+    "transformers' Trainer"
+)
+
+
+def check_caller(pipeline: Any) -> None:
+    """Raise or warn when ``iter(pipeline)`` runs under a wrapper that would lose or repeat rows.
+
+    Called by ``Pipeline.__iter__``. Raises ``RuntimeError`` under Accelerate's
+    ``IterableDatasetShard`` or ``DataLoaderDispatcher`` with more than one process; warns once
+    when Lightning's training loop reads the pipeline through a torch ``DataLoader`` (seen when the
+    ``DataLoader`` has no workers: worker processes do not see Lightning's frames).
+
+    Example:
+        >>> check_caller(pipe)  # doctest: +SKIP
+    """
+    if not any(name in sys.modules for name in _FRAMEWORKS):
+        return
+    frame: FrameType | None = sys._getframe(2)  # the caller of Pipeline.__iter__
+    dataloader = None
+    for _ in range(MAX_DEPTH):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        module = type(owner).__module__
+        if module.startswith("padpipe."):
+            return  # padpipe's own loaders and adapters read it: they handle ranks and resume
+        if module == "accelerate.data_loader":
+            _check_accelerate(owner)
+        elif dataloader is None and _is_dataloader(owner):
+            dataloader = owner
+        elif module in _LIGHTNING_FETCHERS and dataloader is not None:
+            _warn_lightning(dataloader)
+            return
+        frame = frame.f_back
+
+
+def _check_accelerate(owner: Any) -> None:
+    name = type(owner).__name__
+    if name == "IterableDatasetShard" and owner.num_processes > 1:
+        raise RuntimeError(
+            f"A padpipe pipeline is read through accelerate's IterableDatasetShard over {owner.num_processes} "
+            "processes: `accelerator.prepare(DataLoader(pipe))` shards the data a second time on top of padpipe's "
+            f"own rank sharding, so every rank would train on 1/{owner.num_processes} of its share. Fix: "
+            f"{ACCELERATE_FIX}."
+        )
+    if name == "DataLoaderDispatcher" and owner.state.num_processes > 1:
+        raise RuntimeError(
+            f"A padpipe pipeline is read through accelerate's DataLoaderDispatcher over {owner.state.num_processes} "
+            "processes: `accelerator.prepare(DataLoader(pipe))` reads only rank 0's padpipe share and splits its "
+            f"batches across ranks (or fails to concatenate batches of different shapes). Fix: {ACCELERATE_FIX}."
+        )
+
+
+def _is_dataloader(owner: Any) -> bool:
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and isinstance(owner, data.DataLoader)
+
+
+def _warn_lightning(dataloader: Any) -> None:
+    stateful = callable(getattr(dataloader, "state_dict", None))
+    key = "stateful" if stateful else "plain"
+    if key in _warned:
+        return
+    _warned.add(key)
+    if stateful:
+        what = (f"a {type(dataloader).__name__} over a padpipe pipeline: Lightning saves its state one batch "
+                "late (it fetches a batch ahead), so a resumed run skips one batch")
+    else:
+        what = ("a plain torch DataLoader over a padpipe pipeline: it saves no data position, so a run resumed "
+                "from a checkpoint starts the epoch again and repeats rows")
+    warnings.warn(
+        f"Lightning is training on {what}. For an exact resume, return "
+        "`padpipe.integrations.lightning.LightningLoader(pipe.loader(...))` from `train_dataloader()` and add "
+        "`padpipe.integrations.lightning.ExactResume()` to `Trainer(callbacks=...)`.",
+        stacklevel=3,
+    )

@@ -1,0 +1,183 @@
+"""Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop.
+
+Lightning saves ``train_dataloader().state_dict()`` in every checkpoint, but its loop fetches one
+batch ahead, so the saved state is one batch past what was trained: a resumed run skips a batch.
+And only rank 0 writes the checkpoint, while each rank reads its own share. The two pieces here
+fix both:
+
+- :class:`LightningLoader` wraps ``pipe.loader(...)``; its state is the loader's plus the batches
+  fetched but not yet trained (the first ones yielded after a resume), gathered from every rank.
+- :class:`ExactResume` is the callback that tells it which batches the loop has taken.
+
+Example:
+    >>> import lightning as L  # doctest: +SKIP
+    >>> class Model(L.LightningModule):  # doctest: +SKIP
+    ...     def train_dataloader(self):
+    ...         return LightningLoader(pipe.loader())
+    ...     def training_step(self, batch, batch_idx): ...
+    >>> trainer = L.Trainer(strategy="ddp", devices=2, callbacks=[ExactResume()])  # doctest: +SKIP
+    >>> trainer.fit(Model(), ckpt_path="last.ckpt")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+from typing import Any, Iterator
+
+from padpipe._optional import require
+from padpipe._state import check_state, make_state
+
+pl = require("lightning.pytorch", "padpipe.integrations.lightning")
+
+MAX_AHEAD = 2
+"""Batches yielded and not yet taken by the loop, at most: Lightning fetches one ahead."""
+
+
+class LightningLoader:
+    """A loader whose ``state_dict()`` is the position after the batches Lightning has trained on.
+
+    Iterates ``loader`` (a ``pipe.loader(...)``, or any loader with ``state_dict`` and
+    ``load_state_dict``), remembering the batches Lightning has fetched but not yet given to
+    ``training_step`` (one, as Lightning fetches ahead). Its state holds the loader's state and
+    those batches, for every rank (rank 0 writes the checkpoint for all); after
+    ``load_state_dict`` it yields them first, so training continues with exactly the batch that
+    comes next. Return it from ``train_dataloader()`` and add :class:`ExactResume` to the
+    ``Trainer``'s callbacks. States are plain data (the loader's state and batch tensors), so
+    checkpoints load with Lightning's default ``weights_only``.
+
+    Args:
+        loader: The loader to wrap.
+
+    Raises:
+        TypeError: If ``loader`` has no ``state_dict``/``load_state_dict``.
+
+    Example:
+        >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b c"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+        >>> loader = LightningLoader(pipe.loader())
+        >>> batches = iter(loader); first, second = next(batches), next(batches)  # Lightning fetches one ahead
+        >>> loader.taken()  # ExactResume: the loop took the first batch
+        >>> state = loader.state_dict()  # the second is not trained yet: it is in the state
+        >>> again = LightningLoader(pipe.loader()); again.load_state_dict(state)
+        >>> [b["input_ids"].shape for b in again]  # the second batch, then the epoch ends
+        [torch.Size([1, 4])]
+    """
+
+    VERSION = 1
+    LOADER_KEY = "loader"
+    AHEAD_KEY = "ahead"
+    RANKS_KEY = "ranks"
+
+    def __init__(self, loader: Any) -> None:
+        if not (callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))):
+            raise TypeError(
+                f"`loader` must have state_dict() and load_state_dict() (e.g. pipe.loader()), but is a "
+                f"{type(loader).__name__} instead."
+            )
+        self.loader = loader
+        self._ahead: deque[Any] = deque()
+        self._restored: list[Any] = []
+        self._resumed = False
+
+    def __iter__(self) -> Iterator[Any]:
+        self._ahead.clear()
+        restored, self._restored = self._restored, []
+        resumed, self._resumed = self._resumed, False
+        empty = True
+        for batch in _chain(restored, self.loader):
+            empty = False
+            self._ahead.append(_copy(batch))
+            if len(self._ahead) > MAX_AHEAD:
+                raise RuntimeError(
+                    "LightningLoader: the training loop took no batch from it: add "
+                    "`padpipe.integrations.lightning.ExactResume()` to `Trainer(callbacks=...)` (it tells the loader "
+                    "which batches were trained on), and return the loader from `train_dataloader()` only."
+                )
+            yield batch
+        if empty and resumed:  # saved right after an epoch's last batch: that epoch is over, read the next
+            yield from self
+
+    def taken(self) -> None:
+        """Note that the training loop took the oldest batch fetched (called by :class:`ExactResume`)."""
+        if self._ahead:
+            self._ahead.popleft()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's loader state and its batches fetched but not trained yet (a collective under DDP)."""
+        mine = {self.LOADER_KEY: self.loader.state_dict(), self.AHEAD_KEY: list(self._ahead)}
+        ranks = _all_ranks(mine)
+        return make_state(version=self.VERSION, settings={"world_size": len(ranks)}, **{self.RANKS_KEY: ranks})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume this rank's share from ``state`` at the next ``iter()``."""
+        rank, world = _rank()
+        check_state("LightningLoader", state, version=self.VERSION, settings={"world_size": world})
+        mine = state[self.RANKS_KEY][rank]
+        self.loader.load_state_dict(mine[self.LOADER_KEY])
+        self._restored = list(mine[self.AHEAD_KEY])
+        self._resumed = True
+
+
+class ExactResume(pl.Callback):
+    """Tells every :class:`LightningLoader` of the fit which batches the loop has taken.
+
+    Warns at the start of training when the train loader is not a :class:`LightningLoader`.
+
+    Example:
+        >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP
+    """
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not _loaders(trainer):
+            warnings.warn(
+                "ExactResume: the train dataloader is not a LightningLoader, so a resumed run will not continue "
+                "exactly; return `LightningLoader(pipe.loader(...))` from `train_dataloader()`.",
+                stacklevel=2,
+            )
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        for loader in _loaders(trainer):
+            loader.taken()
+
+
+def _loaders(trainer: pl.Trainer) -> list[LightningLoader]:
+    found, todo = [], [trainer.train_dataloader]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, LightningLoader):
+            found.append(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    return found
+
+
+def _chain(first: list[Any], loader: Any) -> Iterator[Any]:
+    yield from first
+    yield from loader
+
+
+def _copy(batch: Any) -> Any:
+    """A shallow copy, so a ``training_step`` that pops keys does not change the batch kept for the state."""
+    return dict(batch) if isinstance(batch, dict) else batch
+
+
+def _rank() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_ranks(mine: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    rank, world = _rank()
+    if world == 1:
+        return [mine]
+    states: list[Any] = [None] * world
+    dist.all_gather_object(states, mine)
+    return states

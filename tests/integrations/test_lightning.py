@@ -1,0 +1,127 @@
+"""Lightning: LightningLoader + ExactResume resume exactly (one device, and DDP x2 under torchrun); warnings."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+L = pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+
+import padpipe as pp  # noqa: E402
+from padpipe.integrations.lightning import ExactResume, LightningLoader  # noqa: E402
+from padpipe.recipes.glue import glue  # noqa: E402
+from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
+from tests.integrations.tiny import TRAIN_ROWS, torchrun, write_mrpc  # noqa: E402
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
+    pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`"),
+]
+
+
+@pytest.fixture(scope="module")
+def mrpc(tmp_path_factory):
+    return write_mrpc(tmp_path_factory.mktemp("lightning") / "mrpc", train_rows=400, val_rows=10)
+
+
+def trainer(tmp_path, callbacks=(), **options) -> L.Trainer:
+    return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                     default_root_dir=tmp_path, callbacks=list(callbacks), **options)
+
+
+class Bare(Classifier):
+    """Returns whatever ``make(pipe)`` builds from ``train_dataloader``."""
+
+    def __init__(self, pipe, make) -> None:
+        super().__init__(pipe, 0)
+        self.make = make
+
+    def train_dataloader(self):
+        return self.make(self.pipe)
+
+
+def test_lightning_loader_resumes_a_mid_epoch_checkpoint_exactly(mrpc, tmp_path):
+    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
+    per_epoch = sum(1 for _ in pipe.loader())
+    full = Classifier(pipe, 0)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=5, save_top_k=-1)
+    trainer(tmp_path, [ExactResume(), checkpoints], max_epochs=2).fit(full)
+    assert len(full.steps) == 2 * per_epoch and full.steps[:per_epoch] != full.steps[per_epoch:]
+    resumed = Classifier(pipe, 0)
+    # Lightning's default weights_only: the checkpoint's loader states are plain data
+    trainer(tmp_path, [ExactResume()], max_epochs=2).fit(resumed, ckpt_path=tmp_path / "ckpt" / "step=5.ckpt")
+    assert resumed.steps == full.steps[5:]  # the default loop fetches a batch ahead: none is skipped
+
+
+def test_lightning_loader_without_exact_resume_fails_at_once(mrpc, tmp_path):
+    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
+    with pytest.raises(RuntimeError, match=r"^LightningLoader: the training loop took no batch from it: add "
+                                           r"`padpipe\.integrations\.lightning\.ExactResume\(\)` to "
+                                           r"`Trainer\(callbacks=\.\.\.\)`"):
+        trainer(tmp_path, max_steps=5).fit(Classifier(pipe, 0))
+
+
+def test_lightning_loader_needs_a_stateful_loader():
+    with pytest.raises(TypeError, match=r"^`loader` must have state_dict\(\) and load_state_dict\(\) \(e\.g\. "
+                                        r"pipe\.loader\(\)\), but is a list instead\.$"):
+        LightningLoader([])
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda pipe: DataLoader(pipe, batch_size=None), "a plain torch DataLoader over a padpipe pipeline: it saves no "
+                                                     "data position"),
+    (lambda pipe: StatefulDataLoader(pipe, batch_size=None), "a StatefulDataLoader over a padpipe pipeline: Lightning "
+                                                             "saves its state one batch late"),
+])
+def test_lightning_warns_when_a_dataloader_reads_the_pipeline(mrpc, tmp_path, make, says):
+    from padpipe.integrations import _guard
+
+    _guard._warned.clear()
+    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
+    fix = r"`padpipe\.integrations\.lightning\.LightningLoader\(pipe\.loader\(\.\.\.\)\)`"
+    with pytest.warns(UserWarning, match=f"^Lightning is training on {says}.* For an exact resume, return {fix}"):
+        trainer(tmp_path, max_steps=2).fit(Bare(pipe, make))
+
+
+def test_exact_resume_warns_without_a_lightning_loader(mrpc, tmp_path):
+    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.warns(UserWarning, match=r"^ExactResume: the train dataloader is not a LightningLoader"):
+            trainer(tmp_path, [ExactResume()], max_steps=2).fit(Bare(pipe, lambda p: p.loader()))
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("lightning_ddp")
+    data = write_mrpc(tmp / "mrpc")
+    torchrun("lightning_run.py", str(data), str(tmp), "2")  # pipe.loader(num_workers=2)
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_lightning_ddp_two_epochs_with_equal_steps_and_every_row_once(ranks):
+    for epoch in (0, 1):
+        steps = [[s for s in rank["steps"] if s["epoch"] == epoch] for rank in ranks]
+        assert len(steps[0]) == len(steps[1]) > 0
+        rows = [i for rank in steps for s in rank for i in s["idx"]]
+        assert len(rows) == len(set(rows)) and len(rows) >= 0.96 * TRAIN_ROWS
+    assert [s["idx"] for s in ranks[0]["steps"] if s["epoch"] == 0] != \
+        [s["idx"] for s in ranks[0]["steps"] if s["epoch"] == 1]
+
+
+def test_lightning_ddp_resumes_a_mid_epoch_checkpoint_exactly_on_every_rank(ranks):
+    for rank in ranks:
+        assert rank["resumed_steps"][0]["epoch"] == 1
+        assert rank["resumed_steps"] == rank["steps"][30:]  # tensor-equal batches, the same epochs
