@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import glob
 import inspect
 import logging
 import os
@@ -127,14 +128,16 @@ class Trainer(transformers.Trainer):
         )
         if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs, steps
-        path = os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank=self.args.process_index))
-        if not os.path.isfile(path):
+        paths = sorted(glob.glob(os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank="*"))))
+        if not paths:
             raise FileNotFoundError(
-                f"Checkpoint {resume_from_checkpoint} has no padpipe loader state for rank {self.args.process_index} "
-                f"({os.path.basename(path)}): it was not saved by padpipe.hf.Trainer. Pass "
+                f"Checkpoint {resume_from_checkpoint} has no padpipe loader state "
+                f"({LOADER_STATE.format(rank='<rank>')}): it was not saved by padpipe.hf.Trainer. Pass "
                 "`TrainingArguments(ignore_data_skip=True)` to resume the model and start the data from the beginning."
             )
-        self._padpipe_train.load_state_dict(torch.load(path, weights_only=True))  # states are plain data
+        # every saved rank's state: each rank picks its own, or on another number of ranks the rest of the
+        # epoch is shared over the new ones (docs/elastic.md); states are plain data
+        self._padpipe_train.load_state_dict([torch.load(p, weights_only=True) for p in paths])
         return epochs, 0
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:

@@ -26,7 +26,7 @@ from collections import deque
 from typing import Any, Iterator
 
 from padpipe._optional import require
-from padpipe._state import check_state, make_state
+from padpipe._state import ListOf, Plain, check_state, make_state
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
@@ -63,7 +63,7 @@ class LightningLoader:
         [torch.Size([1, 4])]
     """
 
-    VERSION = 1
+    VERSION = 2
     LOADER_KEY = "loader"
     AHEAD_KEY = "ahead"
     RANKS_KEY = "ranks"
@@ -106,15 +106,25 @@ class LightningLoader:
         """Every rank's loader state and its batches fetched but not trained yet (a collective under DDP)."""
         mine = {self.LOADER_KEY: self.loader.state_dict(), self.AHEAD_KEY: list(self._ahead)}
         ranks = _all_ranks(mine)
-        return make_state(version=self.VERSION, settings={"world_size": len(ranks)}, **{self.RANKS_KEY: ranks})
+        return make_state(version=self.VERSION, settings={}, **{self.RANKS_KEY: ranks})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume this rank's share from ``state`` at the next ``iter()``."""
+        """Resume this rank's share from ``state`` at the next ``iter()``.
+
+        On another number of ranks (an elastic resume, docs/elastic.md) every saved rank's loader
+        state goes to the loader, and the batches saved rank ``r`` had fetched ahead to rank
+        ``r % world_size``.
+        """
         rank, world = _rank()
-        check_state("LightningLoader", state, version=self.VERSION, settings={"world_size": world})
-        mine = state[self.RANKS_KEY][rank]
-        self.loader.load_state_dict(mine[self.LOADER_KEY])
-        self._restored = list(mine[self.AHEAD_KEY])
+        saved = check_state("LightningLoader", state, version=self.VERSION, settings={},
+                            fields={self.RANKS_KEY: ListOf(Plain())})[self.RANKS_KEY]
+        if len(saved) == world:
+            mine = saved[rank]
+            self.loader.load_state_dict(mine[self.LOADER_KEY])
+            self._restored = list(mine[self.AHEAD_KEY])
+        else:
+            self.loader.load_state_dict([r[self.LOADER_KEY] for r in saved])
+            self._restored = [b for r, one in enumerate(saved) if r % world == rank for b in one[self.AHEAD_KEY]]
         self._resumed = True
 
 
