@@ -475,42 +475,12 @@ class Pipeline(IterableDataset):
             >>> loader = pipe.loader(); n = sum(1 for _ in loader); loader.stats().rows
             1
         """
-        one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
-        if num_workers == 0 and (pin_memory or prefetch_factor is not None or timeout):
-            raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
+        from padpipe._assemble import assemble_loader
+
         self._check_runnable()
-        stats = PipelineStats()
-        if num_workers == 0:
-            from padpipe._elastic import ConsumerGraph
-
-            if consumer is None and self.sharding == "off":
-                consumer = Consumer.detect(ranks=False)
-            root = ConsumerGraph(self, consumer, stats)
-        else:
-            root = self._in_workers(num_workers, consumer, stats, {
-                "pin_memory": pin_memory, "prefetch_factor": prefetch_factor,
-                "multiprocessing_context": multiprocessing_context, "timeout": timeout,
-            })
-        if equal_steps != "off":
-            from padpipe.pipes.equal_steps import EqualSteps
-
-            root = EqualSteps(root, policy=equal_steps, stats=stats)
-        settings: dict[str, Any] = {}  # the layout (ranks, workers) is checked apart: it may change
-
-        def layout() -> list[int]:
-            rank, ranks = (consumer.rank, consumer.world_size) if consumer is not None else (
-                Consumer.ranks() if self.sharding == "auto" else (0, 1))
-            return [rank, ranks, num_workers]
-
-        def reshare(states: list[dict[str, Any]], mine: list[int]) -> dict[str, Any]:
-            from padpipe._elastic import reshare as plan
-
-            return plan(states, pipeline=self, policy=equal_steps, layout=mine,
-                        version=PipelineLoader.VERSION, settings=settings)
-
-        return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare)
+        return assemble_loader(self, num_workers=num_workers, consumer=consumer, equal_steps=equal_steps,
+                               options={"pin_memory": pin_memory, "prefetch_factor": prefetch_factor,
+                                        "multiprocessing_context": multiprocessing_context, "timeout": timeout})
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
         """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).
@@ -588,19 +558,3 @@ class Pipeline(IterableDataset):
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
         return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], _managed=[False],
                                    **changes)
-
-    def _in_workers(self, num_workers: int, consumer: Consumer | None, stats: PipelineStats,
-                    options: dict[str, Any]) -> BaseNode:
-        """The stages in worker processes; a trailing ``prefetch``/``to_cuda`` stage here, on top."""
-        from padpipe._workers import WorkerProcesses
-
-        options = {k: v for k, v in options.items() if v is not None}
-        last = self.stages[-1] if self.stages and self.stages[-1].builder is _build.prefetch else None
-        in_workers = dataclasses.replace(self, stages=self.stages[:-1]) if last is not None else self
-        root: BaseNode = WorkerProcesses(in_workers, num_workers=num_workers, consumer=consumer,
-                                         ranks=self.sharding == "auto", options=options, stats=stats)
-        if last is not None:
-            context = BuildContext(stats=stats, consumer=consumer, seed=self.seed, pad_to_multiple_of=None,
-                                   pad_to_length=None)
-            root = last.builder(root, context, **last.options)
-        return root

@@ -1,0 +1,83 @@
+"""Assemble a pipeline's loader: the stages in this process or in worker processes, equal steps, resume.
+
+:meth:`padpipe.Pipeline.loader` calls :func:`assemble_loader`; this module holds what it puts
+together so the facade stays a list of stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from torchdata.nodes import BaseNode
+
+from padpipe import _build
+from padpipe._build import BuildContext
+from padpipe._shard import Consumer
+from padpipe.errors import one_of
+from padpipe.loader import PipelineLoader
+from padpipe.stats import PipelineStats
+
+if TYPE_CHECKING:
+    from padpipe.pipeline import Pipeline
+
+
+def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | None, equal_steps: str,
+                    options: dict[str, Any]) -> PipelineLoader:
+    """The :class:`~padpipe.loader.PipelineLoader` of ``pipe`` (arguments as :meth:`Pipeline.loader`'s).
+
+    Example:
+        >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+        >>> type(assemble_loader(pipe, num_workers=0, consumer=None, equal_steps="off", options={}).root).__name__
+        'ConsumerGraph'
+    """
+    one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
+    if num_workers == 0 and (options.get("pin_memory") or options.get("prefetch_factor") is not None
+                             or options.get("timeout")):
+        raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
+    stats = PipelineStats()
+    if num_workers == 0:
+        from padpipe._elastic import ConsumerGraph
+
+        if consumer is None and pipe.sharding == "off":
+            consumer = Consumer.detect(ranks=False)
+        root: BaseNode = ConsumerGraph(pipe, consumer, stats)
+    else:
+        root = _in_workers(pipe, num_workers, consumer, stats, options)
+    if equal_steps != "off":
+        from padpipe.pipes.equal_steps import EqualSteps
+
+        root = EqualSteps(root, policy=equal_steps, stats=stats)
+    settings: dict[str, Any] = {}  # the layout (ranks, workers) is checked apart: it may change
+
+    def layout() -> list[int]:
+        rank, ranks = (consumer.rank, consumer.world_size) if consumer is not None else (
+            Consumer.ranks() if pipe.sharding == "auto" else (0, 1))
+        return [rank, ranks, num_workers]
+
+    def reshare(states: list[dict[str, Any]], mine: list[int]) -> dict[str, Any]:
+        from padpipe._elastic import reshare as plan
+
+        return plan(states, pipeline=pipe, policy=equal_steps, layout=mine,
+                    version=PipelineLoader.VERSION, settings=settings)
+
+    return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare)
+
+
+def _in_workers(pipe: Pipeline, num_workers: int, consumer: Consumer | None, stats: PipelineStats,
+                options: dict[str, Any]) -> BaseNode:
+    """The stages in worker processes; a trailing ``prefetch``/``to_cuda`` stage here, on top."""
+    from padpipe._workers import WorkerProcesses
+
+    options = {k: v for k, v in options.items() if v is not None}
+    last = pipe.stages[-1] if pipe.stages and pipe.stages[-1].builder is _build.prefetch else None
+    in_workers = dataclasses.replace(pipe, stages=pipe.stages[:-1]) if last is not None else pipe
+    root: BaseNode = WorkerProcesses(in_workers, num_workers=num_workers, consumer=consumer,
+                                     ranks=pipe.sharding == "auto", options=options, stats=stats)
+    if last is not None:
+        context = BuildContext(stats=stats, consumer=consumer, seed=pipe.seed, pad_to_multiple_of=None,
+                               pad_to_length=None)
+        root = last.builder(root, context, **last.options)
+    return root
