@@ -8,9 +8,10 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, invalid, Array, Bool, Child, Chunk, Int, Optional, Rng, check_state, load_value, make_state
+from padpipe._state import SOURCE_KEY, invalid, Array, Bool, Child, Int, Optional, Rng, check_state, load_value, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_seed, one_of, positive
+from padpipe.pipes._cache_state import CachedChunk, chunk_state, drop_ref
 from padpipe.pipes._cut import cut_by_budget, handle_oversize, longest_row_allowed
 from padpipe.pipes.pad import padded_length
 from padpipe.stats import PipelineStats
@@ -152,13 +153,14 @@ class Bucketizer(BaseNode[TokenChunk]):
             self._exhausted, self._carry = False, None
             self._set_ready(None, np.zeros(0, np.int64))
             return
+        cut = self._limit if self.on_oversize == "truncate" else None  # rows re-read from a token cache
         fields = {
             SOURCE_KEY: Child(),
             self.EPOCH_KEY: Int(0),
             self.RNG_KEY: Rng(),
             self.EXHAUSTED_KEY: Bool(),
-            self.CARRY_KEY: Optional(Chunk()),
-            self.READY_KEY: Optional(Chunk()),
+            self.CARRY_KEY: Optional(CachedChunk(cut)),  # rows in a token cache: references, re-read
+            self.READY_KEY: Optional(CachedChunk(cut)),
             self.SIZES_KEY: Array(torch.int64, lo=1),
             self.BATCH_KEY: Int(0),
             self.POS_KEY: Int(0),
@@ -189,7 +191,7 @@ class Bucketizer(BaseNode[TokenChunk]):
             self._fill()
         with self.stats.timer("bucket"):
             size, start = int(self._sizes[self._batch]), self._pos
-            out = self._ready.take(np.arange(start, start + size))
+            out = drop_ref(self._ready.take(np.arange(start, start + size)))
             self._batch, self._pos = self._batch + 1, start + size
             if self._batch == len(self._sizes):
                 self._set_ready(None, np.zeros(0, np.int64))
@@ -198,9 +200,9 @@ class Bucketizer(BaseNode[TokenChunk]):
     def get_state(self) -> dict[str, Any]:
         # buffers are serialised once after each cut and shared by every later state
         if self._carry is not None and self._carry_state is None:
-            self._carry_state = self._carry.to_state()
+            self._carry_state = chunk_state(self._carry)
         if self._ready is not None and self._ready_state is None:
-            self._ready_state = self._ready.to_state()
+            self._ready_state = chunk_state(self._ready)
         return make_state(
             version=self.VERSION,
             settings=self._settings(),
