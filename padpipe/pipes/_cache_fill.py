@@ -104,7 +104,7 @@ class CacheFiller(BaseNode[TokenChunk]):
     """After the tokenize threads: pass the chunks on, hand fresh rows to the collector.
 
     Its state is its source's (the tokenize stage's), so a pipeline's state has the same shape
-    with the cache on or off. Write errors from the writer thread are raised here (or counted, see
+    with the cache on or off. ``reset`` checks that the location is writable; write errors from the writer thread are raised here (or counted, see
     ``on_write_error``); at the end of an epoch it waits for the pending writes.
     """
 
@@ -115,6 +115,7 @@ class CacheFiller(BaseNode[TokenChunk]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
+        self.session.ready()  # an unwritable location fails here, in the consumer's thread
         self.session.collector.clear()
         self.source.reset(initial_state)
 

@@ -96,7 +96,7 @@ class CacheSession:
              start_row: int) -> Iterator[pa.RecordBatch]:
         """The rows of piece ``unit`` from its row ``start_row``, cached or as text to tokenize."""
         whole, lo, hi = natural
-        self._ready()
+        self.ready()
         kind = unit_kind(reader, whole)
         uid, folder = self._unit(reader, whole, kind)
         walk = _Walk(self, reader, unit, whole, kind, uid, folder, start_row)
@@ -146,7 +146,7 @@ class CacheSession:
         self.stats.add("cache.written_bytes", published.nbytes)
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _ready(self) -> None:
+    def ready(self) -> None:
         """Once per process: write ``about.json``, which also proves the location writable."""
         if self._ready_pid == os.getpid():
             return
