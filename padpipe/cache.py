@@ -163,6 +163,7 @@ def info(path: str, *, storage_options: dict[str, Any] | None = None) -> CacheIn
     """The size of the token cache at ``path`` (nothing there: zero files).
 
     Example:
+        >>> import tempfile
         >>> info(tempfile.mkdtemp()).files
         0
     """
@@ -184,6 +185,7 @@ def clear(path: str, *, storage_options: dict[str, Any] | None = None) -> int:
     """Delete the token cache at ``path`` (only the files padpipe wrote); returns the bytes freed.
 
     Example:
+        >>> import tempfile
         >>> clear(tempfile.mkdtemp())
         0
     """

@@ -31,13 +31,6 @@ from padpipe.pipes import token_cache
 from padpipe.pipes._cache_store import FORMAT, Segment
 from tests.contract import normalize
 
-try:
-    from tests.pipes.test_object_storage import s3  # noqa: F401 - the moto S3 server fixture
-except pytest.skip.Exception:  # no s3fs/moto here: only the S3 test is skipped
-
-    @pytest.fixture
-    def s3():
-        pytest.skip("needs s3fs and moto")
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -350,9 +343,30 @@ def test_token_cache_is_filled_by_concurrent_loaders_without_corruption(tmp_path
     assert not list((tmp_path / "cache").rglob(".tmp-*"))
 
 
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 (no network) with an empty bucket."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    from tests.pipes.test_object_storage import ENV
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in ENV.items():
+            env.setenv(name, value)
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": f"http://{host}:{port}"}}
+        import s3fs
+
+        s3fs.S3FileSystem(**options).mkdir("cache-bucket")
+        yield {"options": options}
+        server.stop()
+
+
 def test_token_cache_works_on_s3(tmp_path, s3):
     source = write(tmp_path, "parquet")
-    url = "s3://bucket/token-cache"
+    url = "s3://cache-bucket/token-cache"
     reference = epochs(stages(source).loader(), 2)
     loader = stages(source, cache=TokenCache(url, storage_options=s3["options"])).loader()
     assert epochs(loader, 2) == reference
