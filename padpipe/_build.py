@@ -60,9 +60,11 @@ def tokenize(
     With a token ``cache`` (its session is ``ctx.cache``), the threads tokenize only the rows the
     cache does not hold, and a node after them collects the new rows for the cache.
     """
+    from padpipe.pipes._first_chunks import FirstChunks
     from padpipe.pipes._threading import OrderedMapper
     from padpipe.pipes.tokenize import ChunkTokenizer
 
+    upstream = FirstChunks(upstream)  # the first rows of an epoch in small chunks: the first tokens come fast
     fn: Any = ChunkTokenizer(encoder, fields=fields, on_error=on_error, append_eos=append_eos, stats=ctx.stats)
     if ctx.cache is not None:
         fn = ctx.cache.tokenizer(fn)

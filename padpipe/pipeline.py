@@ -199,6 +199,7 @@ class Pipeline(IterableDataset):
         shuffle: bool = True,
         seed: int | None = None,
         on_oversize: Literal["raise", "drop", "truncate"] = "raise",
+        eager: bool = True,
     ) -> Pipeline:
         """Group rows of similar length from a bounded buffer into batches.
 
@@ -214,6 +215,9 @@ class Pipeline(IterableDataset):
             seed: Seed for batch order; default: the pipeline's shuffle seed, else 0.
             on_oversize: A row longer than ``max_tokens``: ``"raise"`` an error naming its length,
                 ``"drop"`` it or ``"truncate"`` it to the budget (both counted in stats).
+            eager: Emit a batch as soon as a bigger buffer could not improve it (full, every row
+                padded to within 2% of its longest), so the first batch does not wait for a whole
+                buffer; ``False``: every batch waits for ``buffer_size`` rows. Needs ``shuffle``.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer())
@@ -229,6 +233,7 @@ class Pipeline(IterableDataset):
             "shuffle": shuffle,
             "seed": seed,
             "on_oversize": on_oversize,
+            "eager": eager,
         }
         check_bucket_options(**options)
         return self._add(Stage("bucket", _build.bucket, options), TOKEN_BATCHES)

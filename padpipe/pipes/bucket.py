@@ -17,6 +17,8 @@ from padpipe.pipes.pad import padded_length
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0xB0C7  # keeps this stage's random stream apart from other stages seeded alike
+SPREAD = 0.98
+"""An eager batch is final when every row of it pads to at least this share of its longest row."""
 
 
 
@@ -29,12 +31,13 @@ def check_bucket_options(
     shuffle: bool,
     seed: int | None,
     on_oversize: str,
+    eager: bool = True,
 ) -> None:
     """Raise ``ValueError``/``TypeError`` for bucket settings that cannot work (``seed=None`` is ok).
 
     Example:
         >>> check_bucket_options(batch_size=None, max_tokens=None, buffer_size=8, drop_last=False,
-        ...                      shuffle=True, seed=0, on_oversize="raise")
+        ...                      shuffle=True, seed=0, on_oversize="raise", eager=True)
         Traceback (most recent call last):
         ...
         ValueError: Pass exactly one of `batch_size` or `max_tokens` to bucket().
@@ -46,6 +49,7 @@ def check_bucket_options(
     positive("buffer_size", buffer_size)
     check_bool("drop_last", drop_last)
     check_bool("shuffle", shuffle)
+    check_bool("eager", eager)
     if drop_last and max_tokens is not None:
         raise ValueError("`drop_last` needs `batch_size`: with `max_tokens` no batch is short of a full size.")
     if seed is not None:
@@ -65,6 +69,14 @@ class Bucketizer(BaseNode[TokenChunk]):
     with ``shuffle``, else the longest) wait for the next buffer; the epoch's remainder is the
     last, smaller batch unless ``drop_last`` (counted as ``bucket.drop_last``).
 
+    With ``eager`` (the default; with ``shuffle`` only), the buffer does not have to fill before
+    the first batch: each chunk that arrives is sorted in with the rows waiting, and every batch a
+    bigger buffer could not improve leaves at once: a full one (``batch_size`` rows, or no room
+    under ``max_tokens`` for one more row of its length) whose rows all pad to at least
+    :data:`SPREAD` (98%) of its longest. The others wait, and the buffer is cut as usual once it
+    holds ``buffer_size`` rows or the epoch ends. So the first batches come within a few chunks
+    (long rows cut to ``max_length`` make final batches at once), with no more padding.
+
     With ``max_tokens``, a row longer than the budget allows is handled by ``on_oversize``:
     ``"raise"`` a ``ValueError``, ``"drop"`` it (counted as ``bucket.oversize``) or
     ``"truncate"`` it to the longest length that fits (counted as ``bucket.truncated``; a
@@ -83,6 +95,7 @@ class Bucketizer(BaseNode[TokenChunk]):
         shuffle: Shuffle the batch order within each buffer.
         seed: Non-negative seed; the epoch is mixed in.
         on_oversize: ``"raise"``, ``"drop"`` or ``"truncate"``.
+        eager: Emit final batches before the buffer is full (see above; ignored without ``shuffle``).
         pad_to_multiple_of: The padding rule the downstream ``pad`` stage applies.
         pad_to_length: Static padding length of the downstream ``pad`` stage.
         stats: Counters to report into (time under ``"bucket"``).
@@ -116,6 +129,7 @@ class Bucketizer(BaseNode[TokenChunk]):
         shuffle: bool = True,
         seed: int = 0,
         on_oversize: str = "raise",
+        eager: bool = True,
         pad_to_multiple_of: int | None = None,
         pad_to_length: int | None = None,
         stats: PipelineStats | None = None,
@@ -129,12 +143,14 @@ class Bucketizer(BaseNode[TokenChunk]):
             shuffle=shuffle,
             seed=seed,
             on_oversize=on_oversize,
+            eager=eager,
         )
         positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
         positive("pad_to_length", pad_to_length, allow_none=True)
         self.source = source
         self.batch_size, self.max_tokens, self.buffer_size = batch_size, max_tokens, buffer_size
         self.drop_last, self.shuffle, self.seed, self.on_oversize = drop_last, shuffle, seed, on_oversize
+        self.eager = eager and shuffle
         self.pad_to_multiple_of, self.pad_to_length = pad_to_multiple_of, pad_to_length
         self.stats = stats or PipelineStats()
         self._limit = None if max_tokens is None else longest_row_allowed(max_tokens, pad_to_multiple_of, pad_to_length)
@@ -221,7 +237,7 @@ class Bucketizer(BaseNode[TokenChunk]):
 
     # -- buffer -------------------------------------------------------------------------------------
     def _settings(self) -> dict[str, Any]:
-        names = ("batch_size", "max_tokens", "buffer_size", "drop_last", "shuffle", "seed", "on_oversize")
+        names = ("batch_size", "max_tokens", "buffer_size", "drop_last", "shuffle", "seed", "on_oversize", "eager")
         return {name: getattr(self, name) for name in names + ("pad_to_multiple_of", "pad_to_length")}
 
     def _set_ready(self, chunk: TokenChunk | None, sizes: np.ndarray) -> None:
@@ -244,6 +260,11 @@ class Bucketizer(BaseNode[TokenChunk]):
             if chunk.num_rows:
                 parts.append(chunk)
                 rows += chunk.num_rows
+                if self.eager and rows < self._fill_rows:
+                    with self.stats.timer("bucket"):
+                        parts = [TokenChunk.concat(parts)]
+                        if self._emit_final(parts[0]):
+                            return
         self._carry, self._carry_state = None, None
         if rows:
             with self.stats.timer("bucket"):
@@ -283,3 +304,28 @@ class Bucketizer(BaseNode[TokenChunk]):
             self._carry = buffer.take(left)
         if len(sizes):
             self._set_ready(buffer.take(order), sizes)
+
+    def _emit_final(self, buffer: TokenChunk) -> bool:
+        """Make the batches of ``buffer`` that a bigger buffer could not improve ready; the rest waits."""
+        order = np.argsort(buffer.lengths, kind="stable")
+        padded = padded_length(buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of,
+                               pad_to_length=self.pad_to_length)
+        if self.batch_size is not None:
+            sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
+        else:
+            sizes = cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        final = padded[starts] >= SPREAD * padded[ends - 1] if len(sizes) else np.zeros(0, bool)
+        if self.max_tokens is not None:
+            final &= (sizes + 1) * padded[ends - 1] > self.max_tokens
+        if not final.any():
+            return False
+        picked = np.flatnonzero(final)
+        picked = picked[self._rng.permutation(len(picked))]
+        taken = np.concatenate([np.arange(starts[i], ends[i]) for i in picked])
+        waiting = np.ones(len(order), bool)
+        waiting[taken] = False
+        self._carry, self._carry_state = (buffer.take(order[waiting]) if waiting.any() else None), None
+        self._set_ready(buffer.take(order[taken]), sizes[picked])
+        return True
