@@ -4,7 +4,7 @@ The Rust tokenizer tokenizes a whole text and then truncates it, so a 20,000-wor
 20,000 words of work for 512 tokens. When the tokenizer works word by word (its normalizer maps
 characters one by one, its pre-tokenizer splits at spaces, and no added token holds a space),
 the tokens of a text's first words are the first tokens of the text. So a single text longer
-than :data:`CHARS_PER_TOKEN` characters per allowed token is cut at a space that follows a
+than :data:`CHARS_PER_TOKEN` (8) characters per allowed token is cut at a space that follows a
 non-space character (a word boundary for every such pre-tokenizer: the space belongs to what
 comes after it), and encoded; a row that still comes out shorter than ``max_length`` ran out of
 text before the limit and is encoded again whole. The ids equal the whole text's, truncated.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-CHARS_PER_TOKEN = 6
+CHARS_PER_TOKEN = 8
 LOCAL_NORMALIZERS = {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Strip", "Prepend"}
 WORD_PRE_TOKENIZERS = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits"}
 
@@ -26,7 +26,7 @@ def prefix_chars(tokenizer_json: str, max_length: int | None, truncation_side: s
 
     Example:
         >>> prefix_chars(pp.examples.tokenizer().to_str(), 512, "right"), prefix_chars("{}", 512, "right")
-        (3072, None)
+        (4096, None)
     """
     if max_length is None or truncation_side != "right":
         return None
