@@ -123,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict[str, float]]]
     tokenizer = long_docs.hf_tokenizer(tokenizer_file, args.max_length) if tokenizer_file.endswith(".json") else tokenizer_file
     print(f"data: {args.data} ({args.docs if texts is not None else '?'} documents), tokenizer: {tokenizer_file}, "
           f"max_length={args.max_length}, max_tokens={args.max_tokens}, shuffle={args.shuffle}, cores={os.cpu_count()}\n")
+    pp.cache.clear(os.path.join(workdir, "token-cache"))  # a fresh cache: epoch 1 fills it
     results = {
         "padpipe": padpipe_epochs(args, tokenizer, None),
         "padpipe + token cache": padpipe_epochs(args, tokenizer, os.path.join(workdir, "token-cache")),
