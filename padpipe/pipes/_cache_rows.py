@@ -85,7 +85,11 @@ def as_text_rows(batch: pa.RecordBatch, ref: pa.Array, id_type: pa.DataType, typ
 
 def as_cached_rows(table: pa.Table | pa.RecordBatch, unit: int) -> pa.RecordBatch:
     """Rows of a segment file as reader rows: the position column becomes a reference into ``unit``."""
-    batch = table.combine_chunks().to_batches()[0] if isinstance(table, pa.Table) else table
+    if isinstance(table, pa.Table):
+        batches = table.combine_chunks().to_batches()
+        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+    else:
+        batch = table
     positions = batch.column(POS).to_numpy()
     return batch.drop_columns([POS]).append_column(REF, refs(unit, positions))
 

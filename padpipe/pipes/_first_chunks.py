@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
-from padpipe.pipes._cache_state import records_from_state, records_state
+from padpipe._state import SOURCE_KEY, Child, Int, Optional, check_state, make_state
+from padpipe.pipes._cache_state import CachedRecords, records_state
 
 FIRST_ROWS = 32
 RAMP_ROWS = 32 + 64 + 128 + 256 + 512  # rows of an epoch split into doubling chunks; later chunks pass through
@@ -53,11 +53,10 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
             self.source.reset(None)
             self._held, self._sent = None, 0
             return
-        check_state("FirstChunks", initial_state, version=self.VERSION, settings={})
+        fields = {SOURCE_KEY: Child(), self.HELD_KEY: Optional(CachedRecords()), self.SENT_KEY: Int(0)}
+        loaded = check_state("FirstChunks", initial_state, version=self.VERSION, settings={}, fields=fields)
         self.source.reset(initial_state[SOURCE_KEY])
-        held = initial_state[self.HELD_KEY]
-        self._held = None if held is None else records_from_state(held)
-        self._sent = initial_state[self.SENT_KEY]
+        self._held, self._sent = loaded[self.HELD_KEY], loaded[self.SENT_KEY]
 
     def next(self) -> pa.RecordBatch:
         batch = self._held if self._held is not None else next(self.source)

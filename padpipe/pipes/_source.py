@@ -111,6 +111,9 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         """Short description of the input for messages and fingerprints (paths, columns)."""
         raise NotImplementedError
 
+    def drop_position_hint(self) -> None:
+        """Forget where in the current piece a resumed read may start (the token cache reads pieces in parts)."""
+
     def measure(self, unit: WorkUnit) -> Measure:
         """The unit's weight in the epoch and whether it can be cut: its rows when known, else whole."""
         return Measure(unit.num_rows, cuttable=True) if unit.num_rows is not None else Measure(1, cuttable=False)

@@ -162,6 +162,9 @@ class JsonlReader(FileSource):
         super().reopen()
         self._resume_at = self._block
 
+    def drop_position_hint(self) -> None:
+        self._block = self._resume_at = None
+
     # -- state: (unit, row) plus the current block's byte offset ------------------------------------
     def state_fields(self) -> dict[str, Spec]:
         return {self.BLOCK_KEY: Optional(ListOf(Int(0), length=2))}

@@ -97,6 +97,7 @@ class CacheSession:
         """The rows of piece ``unit`` from its row ``start_row``, cached or as text to tokenize."""
         whole, lo, hi = natural
         self.ready()
+        reader.drop_position_hint()  # the piece is read in parts: a saved block offset means nothing here
         kind = unit_kind(reader, whole)
         uid, folder = self._unit(reader, whole, kind)
         walk = _Walk(self, reader, unit, whole, kind, uid, folder, start_row)
@@ -186,7 +187,7 @@ class CacheSession:
         if ref is None or not hasattr(ref, "fs"):
             return path
         if path not in self._versions:
-            version = getattr(ref, "listed_version", None)
+            version = getattr(ref, "listed_version", None)  # from the listing (size and mtime/ETag)
             if version is None:
                 info = ref.fs.info(ref.path)
                 version = next((str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None), None)
@@ -253,10 +254,8 @@ class _Walk:
         reader, whole = self.reader, self.whole
         if self.kind == WHOLE:
             return reader.rows(self.unit, p)
-        if self.kind == BYTES:
-            if p == self.unit.start:  # the piece's own start: the reader's resume hint applies
-                skip, self.skip = self.skip, 0
-                return reader.rows(self.unit, skip)
+        reader.drop_position_hint()
+        if self.kind == BYTES:  # rows to skip are skipped here, counted from the gap's start
             return reader.rows(reader.piece(whole, p - whole.start, int(gap_end) - whole.start), 0)  # type: ignore[arg-type]
         return reader.rows(reader.piece(whole, p, int(gap_end)), 0)  # type: ignore[arg-type]
 

@@ -154,6 +154,23 @@ def test_token_cache_resumes_exactly_while_half_full(tmp_path):
     assert counter(fresh, "cache.hit_rows") > 0
 
 
+@pytest.mark.parametrize("kind", ["parquet", "jsonl", "jsonl.gz"])
+def test_token_cache_resumes_exactly_anywhere_while_cut_points_move(tmp_path, kind):
+    source = write(tmp_path, kind)
+    cache = str(tmp_path / "cache")
+    slot = dict(consumer=Consumer(1, 2), equal_steps="off")
+    reference = epochs(stages(source).loader(**slot), 3)
+    loader = stages(source, cache=cache).loader(**slot)
+    states = []  # (epoch, batches taken in it, state), the cache filling as it goes
+    for epoch in range(2):
+        for taken, _ in enumerate(loader, 1):
+            states.append((epoch, taken, pickle.dumps(loader.state_dict())))
+    for epoch, taken, state in states[1::3]:
+        fresh = stages(source, cache=cache).loader(**slot)
+        fresh.load_state_dict(pickle.loads(state))
+        assert epochs(fresh, 3 - epoch) == [reference[epoch][taken:]] + reference[epoch + 1:], (epoch, taken)
+
+
 def test_token_cache_keeps_states_small_and_resumes_from_references(tmp_path):
     source = write(tmp_path, "parquet")
     cache = str(tmp_path / "cache")
