@@ -138,6 +138,9 @@ def tokens(upstream: BaseNode, ctx: BuildContext, *, column: str, type_ids: str 
 
     from padpipe.pipes._threading import OrderedMapper
 
+    from padpipe.pipes._first_chunks import FirstChunks
+
     fn = TokenColumns(column=column, type_ids=type_ids, max_length=max_length, stats=ctx.stats)
     settings = {"column": column, "type_ids": type_ids, "max_length": max_length}
+    upstream = FirstChunks(upstream)  # chunked as tokenize's input, so both give the same batches downstream
     return OrderedMapper(upstream, fn, num_threads=1, stage="tokens", settings=settings)

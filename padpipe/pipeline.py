@@ -215,9 +215,9 @@ class Pipeline(IterableDataset):
             seed: Seed for batch order; default: the pipeline's shuffle seed, else 0.
             on_oversize: A row longer than ``max_tokens``: ``"raise"`` an error naming its length,
                 ``"drop"`` it or ``"truncate"`` it to the budget (both counted in stats).
-            eager: Emit a batch as soon as a bigger buffer could not improve it (full, every row
-                padded to within 2% of its longest), so the first batch does not wait for a whole
-                buffer; ``False``: every batch waits for ``buffer_size`` rows. Needs ``shuffle``.
+            eager: While an epoch's first buffer fills, emit a batch as soon as a bigger buffer
+                could not improve it (full, every row padded to within 2% of its longest), so the
+                first batch does not wait for a whole buffer; ``False``: it waits. Needs ``shuffle``.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer())

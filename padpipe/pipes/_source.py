@@ -291,7 +291,7 @@ class UnitSource(BaseNode[pa.RecordBatch]):
             rows = self.cache.rows(self, unit, self._natural[self._unit], start_row)
         else:
             rows = self.rows(unit, start_row)
-        return aligned_batches(rows, unit.first + start_row, self.chunk_rows)
+        yield from aligned_batches(rows, unit.first + start_row, self.chunk_rows)
 
     def rows(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         """Wrap ``read_unit``: keep to the piece's rows (``start_row`` counts from its start), name the file in errors."""

@@ -69,13 +69,14 @@ class Bucketizer(BaseNode[TokenChunk]):
     with ``shuffle``, else the longest) wait for the next buffer; the epoch's remainder is the
     last, smaller batch unless ``drop_last`` (counted as ``bucket.drop_last``).
 
-    With ``eager`` (the default; with ``shuffle`` only), the buffer does not have to fill before
-    the first batch: each chunk that arrives is sorted in with the rows waiting, and every batch a
-    bigger buffer could not improve leaves at once: a full one (``batch_size`` rows, or no room
-    under ``max_tokens`` for one more row of its length) whose rows all pad to at least
-    :data:`SPREAD` (98%) of its longest. The others wait, and the buffer is cut as usual once it
-    holds ``buffer_size`` rows or the epoch ends. So the first batches come within a few chunks
-    (long rows cut to ``max_length`` make final batches at once), with no more padding.
+    With ``eager`` (the default; with ``shuffle`` only), the first buffer of an epoch does not have
+    to fill before the first batch: while the epoch's first ``buffer_size`` rows arrive, each chunk
+    is sorted in with the rows waiting, and every batch a bigger buffer could not improve leaves
+    at once: a full one (``batch_size`` rows, or no room under ``max_tokens`` for one more row of
+    its length) whose rows all pad to at least :data:`SPREAD` (98%) of its longest. The others
+    wait, and from then on buffers are cut as usual. So the first batch comes within a few chunks
+    (rows cut to ``max_length`` make final batches at once), with no more padding; the first
+    buffer's batches lean toward the lengths that fill fastest.
 
     With ``max_tokens``, a row longer than the budget allows is handled by ``on_oversize``:
     ``"raise"`` a ``ValueError``, ``"drop"`` it (counted as ``bucket.oversize``) or
@@ -108,10 +109,11 @@ class Bucketizer(BaseNode[TokenChunk]):
         [[1, 1, 2], [3], [4], [5]]
     """
 
-    VERSION = 2
+    VERSION = 3
     EPOCH_KEY = "epoch"
     RNG_KEY = "rng"
     EXHAUSTED_KEY = "exhausted"
+    SEEN_KEY = "seen"
     CARRY_KEY = "carry"
     READY_KEY = "ready"
     SIZES_KEY = "sizes"
@@ -166,7 +168,7 @@ class Bucketizer(BaseNode[TokenChunk]):
             self.source.reset(None)
             self._epoch += 1
             self._rng = np.random.default_rng([self.seed, self._epoch, _RNG_STREAM])
-            self._exhausted, self._carry = False, None
+            self._exhausted, self._carry, self._seen = False, None, 0
             self._set_ready(None, np.zeros(0, np.int64))
             return
         cut = self._limit if self.on_oversize == "truncate" else None  # rows re-read from a token cache
@@ -175,6 +177,7 @@ class Bucketizer(BaseNode[TokenChunk]):
             self.EPOCH_KEY: Int(0),
             self.RNG_KEY: Rng(),
             self.EXHAUSTED_KEY: Bool(),
+            self.SEEN_KEY: Int(0),
             self.CARRY_KEY: Optional(CachedChunk(cut)),  # rows in a token cache: references, re-read
             self.READY_KEY: Optional(CachedChunk(cut)),
             self.SIZES_KEY: Array(torch.int64, lo=1),
@@ -196,6 +199,7 @@ class Bucketizer(BaseNode[TokenChunk]):
         self.source.reset(initial_state[SOURCE_KEY])
         self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
         self._exhausted, self._carry = loaded[self.EXHAUSTED_KEY], loaded[self.CARRY_KEY]
+        self._seen = loaded[self.SEEN_KEY]
         self._set_ready(loaded[self.READY_KEY], loaded[self.SIZES_KEY])
         self._batch, self._pos = loaded[self.BATCH_KEY], loaded[self.POS_KEY]
         self._carry_state, self._ready_state = initial_state[self.CARRY_KEY], initial_state[self.READY_KEY]
@@ -227,6 +231,7 @@ class Bucketizer(BaseNode[TokenChunk]):
                 self.EPOCH_KEY: self._epoch,
                 self.RNG_KEY: self._rng.bit_generator.state,
                 self.EXHAUSTED_KEY: self._exhausted,
+                self.SEEN_KEY: self._seen,
                 self.CARRY_KEY: self._carry_state,
                 self.READY_KEY: self._ready_state,
                 self.SIZES_KEY: self._sizes,
@@ -260,7 +265,8 @@ class Bucketizer(BaseNode[TokenChunk]):
             if chunk.num_rows:
                 parts.append(chunk)
                 rows += chunk.num_rows
-                if self.eager and rows < self._fill_rows:
+                self._seen += chunk.num_rows
+                if self.eager and self._seen < self._fill_rows:  # the epoch's first buffer is still filling
                     with self.stats.timer("bucket"):
                         parts = [TokenChunk.concat(parts)]
                         if self._emit_final(parts[0]):
