@@ -6,15 +6,13 @@ of tokenizing. Entries are keyed by the tokenizer's JSON and the tokenize option
 source unit's file, size, modification time or ETag and row range, so any change is a miss,
 never stale ids. Batches are exactly those of the same pipeline without a cache.
 
-Command line: ``python -m padpipe.cache info PATH`` prints the size; ``... clear PATH`` deletes it.
+Command line: ``padpipe cache info PATH`` prints the size; ``padpipe cache clear PATH`` deletes it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -152,7 +150,7 @@ class CacheInfo:
     fingerprints: dict[str, dict[str, Any]]
 
     def __str__(self) -> str:
-        lines = [f"{self.path}: {self.files} files, {_size(self.bytes)}, {len(self.fingerprints)} tokenizer setting(s)"]
+        lines = [f"{self.path}: {self.files} files, {size_text(self.bytes)}, {len(self.fingerprints)} tokenizer setting(s)"]
         for name, about in sorted(self.fingerprints.items()):
             what = ", ".join(f"{k}={about[k]}" for k in ("max_length", "fields", "append_eos") if k in about)
             lines.append(f"  {name}: {what}")
@@ -204,30 +202,10 @@ def _root(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     return fs, f"{base.rstrip('/')}/{FORMAT}"
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """Bytes as text: ``'12 B'``, ``'3.4 MiB'``."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     return f"{n} B"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m padpipe.cache info PATH`` / ``clear PATH``."""
-    parser = argparse.ArgumentParser(prog="python -m padpipe.cache", description="Size or delete a token cache.")
-    parser.add_argument("command", choices=("info", "clear"), help="info: print the size; clear: delete it")
-    parser.add_argument("path", help="the cache folder or fsspec URL given to tokenize(cache=...)")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "info":
-            print(info(args.path))
-        else:
-            print(f"{args.path}: deleted {_size(clear(args.path))}")
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -309,16 +309,22 @@ def test_token_cache_works_on_fsspec_urls(tmp_path):
 
 
 def test_token_cache_reports_its_size_and_clears_from_the_command_line(tmp_path, capsys):
+    from padpipe.cli import main
+
     source = write(tmp_path, "parquet")
     cache = str(tmp_path / "cache")
     epochs(stages(source, cache=cache).loader(), 1)
     report = pp.cache.info(cache)
-    assert pp.cache.main(["info", cache]) == 0
+    assert main(["cache", "info", cache]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{cache}: {report.files} files, ") and "max_length=64, fields=['text']" in out
-    assert pp.cache.main(["clear", cache]) == 0
+    assert main(["cache", "clear", cache]) == 0
     assert re.match(rf"^{re.escape(cache)}: deleted \d+\.\d KiB$", capsys.readouterr().out)
     assert pp.cache.info(cache).files == 0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cache", "wipe", cache])
+    assert exit_info.value.code == 2
+    assert re.match(r"^padpipe cache: error: argument action: invalid choice: 'wipe'", capsys.readouterr().err)
 
 
 def test_token_cache_stores_ids_in_the_smallest_type(tmp_path):
