@@ -180,7 +180,7 @@ class Collector:
     def expect(self, generation: int, uid: int, folder: str, segment: Segment, rows: int) -> None:
         """The reader has sent all ``rows`` rows of ``segment``; publish it when they are all tokenized."""
         with self._lock:
-            if generation != self.generation:
+            if generation != self.generation or not self.session.writable:
                 return
             pending = _Pending(uid, folder, segment, rows, [])
             left = [rest for batch in self._orphans.pop(uid, []) if (rest := pending.take(batch)) is not None]
@@ -193,6 +193,8 @@ class Collector:
 
     def add(self, units: np.ndarray, fresh: pa.RecordBatch) -> None:
         """Route freshly tokenized rows (segment-file form) to their segments."""
+        if not self.session.writable:  # after a write error under on_write_error='skip'
+            return
         with self._lock:
             for uid in np.unique(units[units >= 0]).tolist():
                 batch: pa.RecordBatch | None = fresh.filter(pa.array(units == uid))
