@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 import padpipe as pp
 from padpipe._prefix import CHARS_PER_TOKEN, cut, prefix_chars

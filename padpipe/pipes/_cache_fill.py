@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
+from padpipe._state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.pipes import _cache_rows as cr
 from padpipe.pipes._aligned import concat
@@ -103,10 +104,12 @@ def _merge(parts: list[tuple[np.ndarray, TokenChunk]], num_rows: int, fields: tu
 class CacheFiller(BaseNode[TokenChunk]):
     """After the tokenize threads: pass the chunks on, hand fresh rows to the collector.
 
-    Its state is its source's (the tokenize stage's), so a pipeline's state has the same shape
-    with the cache on or off. ``reset`` checks that the location is writable; write errors from the writer thread are raised here (or counted, see
+    Its state holds its source's (the tokenize stage's) and the cache's fingerprint, checked on
+    resume. ``reset`` checks that the location is writable; write errors from the writer thread are raised here (or counted, see
     ``on_write_error``); at the end of an epoch it waits for the pending writes.
     """
+
+    VERSION = 1
 
     def __init__(self, source: BaseNode, session: CacheSession) -> None:
         super().__init__()
@@ -117,7 +120,12 @@ class CacheFiller(BaseNode[TokenChunk]):
         super().reset(initial_state)
         self.session.ready()  # an unwritable location fails here, in the consumer's thread
         self.session.collector.clear()
-        self.source.reset(initial_state)
+        if initial_state is None:
+            self.source.reset(None)
+            return
+        check_state("CacheFiller", initial_state, version=self.VERSION, settings=self._settings(),
+                    fields={SOURCE_KEY: Child()})
+        self.source.reset(initial_state[SOURCE_KEY])
 
     def next(self) -> TokenChunk:
         collector = self.session.collector
@@ -132,7 +140,10 @@ class CacheFiller(BaseNode[TokenChunk]):
         return item.chunk
 
     def get_state(self) -> dict[str, Any]:
-        return self.source.state_dict()
+        return make_state(version=self.VERSION, settings=self._settings(), **{SOURCE_KEY: self.source.state_dict()})
+
+    def _settings(self) -> dict[str, Any]:
+        return {"fingerprint": self.session.fingerprint}
 
 
 @dataclass

@@ -86,7 +86,6 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         self._units: list[WorkUnit] | None = None
         self._epoch = -1
         self._order: list[WorkUnit] = []
-        self._natural: list[tuple[WorkUnit, int, int]] = []  # per piece: its whole unit and [lo, hi) in it
         self._unit = 0
         self._row = 0
         self._reader: Iterator[pa.RecordBatch] | None = None
@@ -277,7 +276,6 @@ class UnitSource(BaseNode[pa.RecordBatch]):
             order = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(order)
         units = [self._units[i] for i in order]
         pieces = share([self.measure(u) for u in units], self.consumer.index, self.consumer.count)
-        self._natural = [(units[p.position], p.lo, p.hi) for p in pieces]
         return [self.piece(units[p.position], p.lo, p.hi) for p in pieces]
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
@@ -288,7 +286,7 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         whether its rows come from the file or from the cache, read whole or resumed.
         """
         if self.cache is not None:
-            rows = self.cache.rows(self, unit, self._natural[self._unit], start_row)
+            rows = self.cache.rows(self, unit, start_row)
         else:
             rows = self.rows(unit, start_row)
         yield from aligned_batches(rows, unit.first + start_row, self.chunk_rows)

@@ -9,7 +9,7 @@ published for that unit so far:
 * a stretch some segment covers comes from that segment (memory-mapped, size and CRC checked
   first; a file that fails is counted as ``cache.bad_files``, deleted and tokenized again);
 * a stretch none covers is read from the source as text, tagged with its positions, and split into
-  segments of :data:`SEGMENT_ROWS` rows (aligned to multiples of it where rows are numbered), each
+  segments of :data:`~padpipe.pipes._cache_walk.SEGMENT_ROWS` rows (aligned to multiples of it where rows are numbered), each
   announced to the :class:`~padpipe.pipes._cache_fill.Collector` once all its rows are out; the
   collector publishes a segment when all of its rows have been tokenized downstream.
 
@@ -33,11 +33,10 @@ import pyarrow as pa
 from padpipe.pipes import _cache_rows as cr
 from padpipe.pipes._cache_fill import Collector
 from padpipe.pipes._cache_store import CacheError, Segment, Store
+from padpipe.pipes._cache_walk import BYTES, ROWS, Walk, span, unit_kind
 from padpipe.pipes._source import UnitSource, WorkUnit
 from padpipe.stats import PipelineStats
 
-SEGMENT_ROWS = 4096
-ROWS, BYTES, WHOLE = "rows", "bytes", "whole"  # how a unit's positions are counted
 _VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated", "created")
 
 _lock = threading.Lock()
@@ -74,6 +73,8 @@ class CacheSession:
         self.collector = Collector(self)
         self._ready_pid = -1
         self._units: dict[tuple[str, int, int], tuple[int, str]] = {}
+        self._listed: list[WorkUnit] | None = None
+        self._by_index: dict[tuple[str, int], WorkUnit] = {}
         self._versions: dict[str, str] = {}
         with _lock:
             _sessions[self.key] = self
@@ -92,15 +93,15 @@ class CacheSession:
         return CacheFiller(node, self)
 
     # -- the reader hook ----------------------------------------------------------------------------
-    def rows(self, reader: UnitSource, unit: WorkUnit, natural: tuple[WorkUnit, int, int],
-             start_row: int) -> Iterator[pa.RecordBatch]:
+    def rows(self, reader: UnitSource, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         """The rows of piece ``unit`` from its row ``start_row``, cached or as text to tokenize."""
-        whole, lo, hi = natural
+        whole = self._whole(reader, unit)
+        lo, hi = span(reader, whole, unit)
         self.ready()
         reader.drop_position_hint()  # the piece is read in parts: a saved block offset means nothing here
         kind = unit_kind(reader, whole)
         uid, folder = self._unit(reader, whole, kind)
-        walk = _Walk(self, reader, unit, whole, kind, uid, folder, start_row)
+        walk = Walk(self, reader, unit, whole, kind, uid, folder, start_row)
         if kind == BYTES:
             yield from walk.run(whole.start + lo, whole.start + hi, skip=start_row)
         elif kind == ROWS:
@@ -164,6 +165,14 @@ class CacheSession:
         self.writable = False
         self.stats.add("cache.write_errors", 1)
 
+    def _whole(self, reader: UnitSource, piece: WorkUnit) -> WorkUnit:
+        """The listed unit a piece (of this epoch's share, or re-shared by an elastic resume) was cut from."""
+        units = reader._units or []
+        if self._listed is not units:
+            self._by_index = {(u.path, u.index): u for u in units}
+            self._listed = units
+        return self._by_index[(piece.path, piece.index)]
+
     def _unit(self, reader: UnitSource, whole: WorkUnit, kind: str) -> tuple[int, str]:
         """This process's number for ``whole`` and its folder (``-1`` when it cannot be cached)."""
         key = (whole.path, whole.index, whole.start)
@@ -206,145 +215,6 @@ class CacheSession:
             return bool(np.all(np.diff(positions) > 0)) and (not len(positions) or
                                                                (positions[0] >= segment.lo and positions[-1] < segment.hi))
         return np.array_equal(positions, np.arange(segment.lo, segment.hi))
-
-
-class _Walk:
-    """One piece's walk over its unit's segments and gaps (see the module docs)."""
-
-    def __init__(self, session: CacheSession, reader: UnitSource, unit: WorkUnit, whole: WorkUnit, kind: str,
-                 uid: int, folder: str, start_row: int) -> None:
-        self.session, self.reader, self.unit, self.whole, self.kind = session, reader, unit, whole, kind
-        self.uid, self.folder, self.start_row = uid, folder, start_row
-        self.generation = session.collector.generation
-
-    def run(self, start: int, stop: int | None, skip: int = 0) -> Iterator[pa.RecordBatch]:
-        segments = self.session.segments(self.folder) if self.uid >= 0 else []
-        self.skip, p = skip, start
-        while stop is None or p < stop:
-            segment = _covering(segments, p)
-            table = None if segment is None else self.session.load(self.folder, segment, self.uid, self.kind)
-            if segment is not None and table is None:
-                segments.remove(segment)
-                continue
-            if segment is not None and table is not None:
-                end = segment.hi if stop is None else min(segment.hi, stop)
-                positions = table.column(cr.POS).to_numpy()
-                a, b = np.searchsorted(positions, [p, end])
-                yield from self._out(cr.as_cached_rows(table.slice(a, b - a), self.uid), cached=True)
-                p = end
-                if segment.end and stop is None:
-                    return
-                continue
-            gap_end = min((s.lo for s in segments if s.lo > p), default=stop)
-            after, ended = yield from self._fill(p, gap_end)
-            if ended or after <= p:  # the unit's end, or a source shorter than its metadata said
-                return
-            p = after
-
-    def _out(self, batch: pa.RecordBatch, *, cached: bool) -> Iterator[pa.RecordBatch]:
-        if self.skip:
-            drop = min(self.skip, batch.num_rows)
-            batch, self.skip = batch.slice(drop), self.skip - drop
-        if batch.num_rows:
-            self.session.stats.add("cache.hit_rows" if cached else "cache.miss_rows", batch.num_rows)
-            yield batch
-
-    def _text(self, p: int, gap_end: int | None) -> Iterator[pa.RecordBatch]:
-        """Source rows from position ``p`` (to ``gap_end``; the base reader stops at the piece's end)."""
-        reader, whole = self.reader, self.whole
-        if self.kind == WHOLE:
-            return reader.rows(self.unit, p)
-        reader.drop_position_hint()
-        if self.kind == BYTES:  # rows to skip are skipped here, counted from the gap's start
-            return reader.rows(reader.piece(whole, p - whole.start, int(gap_end) - whole.start), 0)  # type: ignore[arg-type]
-        return reader.rows(reader.piece(whole, p, int(gap_end)), 0)  # type: ignore[arg-type]
-
-    def _fill(self, p: int, gap_end: int | None) -> Iterator[pa.RecordBatch]:
-        """Text rows of ``[p, gap_end)``, announced segment by segment; returns ``(next position, unit ended)``.
-
-        Row-numbered segments end at multiples of :data:`SEGMENT_ROWS`; JSONL segments hold
-        :data:`SEGMENT_ROWS` rows each and end where the next one's first row starts.
-        """
-        s, bytes_kind = self.session, self.kind == BYTES
-        seg_lo, seg_rows, known, full = p, 0, True, False
-        position, skipped, done = p, self.skip > 0, False
-        for batch in self._text(p, gap_end):
-            if bytes_kind:
-                positions = batch.column(cr.POS).to_numpy()
-                if gap_end is not None and len(positions) and positions[-1] >= gap_end:
-                    keep = int(np.searchsorted(positions, gap_end))
-                    batch, positions, done = batch.slice(0, keep), positions[:keep], True
-                if self.skip:
-                    drop = min(self.skip, batch.num_rows)
-                    batch, positions, self.skip = batch.slice(drop), positions[drop:], self.skip - drop
-            else:
-                take = batch.num_rows if gap_end is None else min(batch.num_rows, gap_end - position)
-                batch, positions = batch.slice(0, take), np.arange(position, position + take, dtype=np.int64)
-                done = gap_end is not None and position + take >= gap_end
-            for part, pos in self._parts(batch, positions, seg_rows):
-                if bytes_kind and (full or (skipped and seg_rows == 0)):
-                    if full:
-                        self._announce(seg_lo, int(pos[0]), False, seg_rows, known)
-                    seg_lo, seg_rows, known, full, skipped = int(pos[0]), 0, True, False, False
-                yield from self._out(cr.as_text_rows(part, cr.refs(self.uid, pos), s.id_type, s.type_ids), cached=False)
-                seg_rows, known = seg_rows + len(pos), known and bool(pos.min() >= 0)
-                position = int(pos[-1]) + 1
-                if bytes_kind:
-                    full = seg_rows == SEGMENT_ROWS
-                elif position % SEGMENT_ROWS == 0:
-                    self._announce(seg_lo, position, False, seg_rows, known)
-                    seg_lo, seg_rows, known = position, 0, True
-            if done:
-                break
-        ended = self.kind == WHOLE and not done
-        if bytes_kind:
-            if not skipped:  # rows were skipped and none came after: nothing to announce
-                self._announce(seg_lo, int(gap_end), False, seg_rows, known)  # type: ignore[arg-type]
-            return int(gap_end), False  # type: ignore[arg-type]
-        if seg_rows or ended:
-            self._announce(seg_lo, position, ended, seg_rows, known)
-        return position, ended
-
-    def _parts(self, batch: pa.RecordBatch, positions: np.ndarray, seg_rows: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
-        """Cut a text batch where segments end: at multiples of SEGMENT_ROWS, or every SEGMENT_ROWS rows (JSONL)."""
-        if not len(positions):
-            return
-        if self.kind == BYTES:
-            cuts = list(range((SEGMENT_ROWS - seg_rows) % SEGMENT_ROWS or SEGMENT_ROWS, len(positions), SEGMENT_ROWS))
-        else:
-            first = int(positions[0])
-            cuts = list(range(_next_bound(first) - first, len(positions), SEGMENT_ROWS))
-        start = 0
-        for stop in cuts + [len(positions)]:
-            if stop > start:
-                yield batch.slice(start, stop - start), positions[start:stop]
-            start = stop
-
-    def _announce(self, lo: int, hi: int, end: bool, rows: int, known: bool) -> None:
-        if self.uid >= 0 and known and hi >= lo:
-            self.session.collector.expect(self.generation, self.uid, self.folder, Segment(lo, hi, end, 0, 0), rows)
-
-
-def _next_bound(position: int) -> int:
-    """The next segment boundary after ``position`` in a row-numbered unit."""
-    return (position // SEGMENT_ROWS + 1) * SEGMENT_ROWS
-
-
-def _covering(segments: list[Segment], p: int) -> Segment | None:
-    """The segment reaching furthest that covers position ``p`` (an empty last segment covers its start)."""
-    best = None
-    for s in segments:
-        if (s.lo <= p < s.hi or (s.end and s.lo == s.hi == p)) and (best is None or s.hi > best.hi):
-            best = s
-    return best
-
-
-def unit_kind(reader: UnitSource, unit: WorkUnit) -> str:
-    """How the cache counts positions in ``unit``: row numbers, byte offsets (JSONL) or rows of a whole unit."""
-    measure = reader.measure(unit)
-    if not measure.cuttable:
-        return WHOLE
-    return ROWS if unit.num_rows is not None else BYTES
 
 
 def digest(value: Any) -> str:

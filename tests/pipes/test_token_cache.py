@@ -27,7 +27,7 @@ import pytest
 import padpipe as pp
 from padpipe import Consumer
 from padpipe.cache import CacheError, TokenCache
-from padpipe.pipes import token_cache
+from padpipe.pipes import _cache_walk
 from padpipe.pipes._cache_store import FORMAT, Segment
 from tests.contract import normalize
 
@@ -47,7 +47,7 @@ def documents(n=ROWS, seed=0):
 
 @pytest.fixture(autouse=True)
 def small_segments(monkeypatch):
-    monkeypatch.setattr(token_cache, "SEGMENT_ROWS", 24)  # many segments per unit, cut anywhere
+    monkeypatch.setattr(_cache_walk, "SEGMENT_ROWS", 24)  # many segments per unit, cut anywhere
 
 
 def write(tmp_path, kind, rows=None):
@@ -397,3 +397,26 @@ def test_token_cache_works_on_s3(tmp_path, s3):
     report = pp.cache.info(url, storage_options=s3["options"])
     assert report.files == counter(loader, "cache.written_files") + 1  # and about.json
     assert pp.cache.clear(url, storage_options=s3["options"]) == report.bytes
+
+
+def test_token_cache_gives_the_same_batches_after_an_elastic_resume(tmp_path):
+    source = write(tmp_path, "parquet")
+
+    def elastic(cache):  # 2 ranks take 3 batches each and save; 3 ranks load both states
+        pipe, states, before = stages(source, cache=cache), [], []
+        for rank in range(2):
+            old = pipe.loader(consumer=Consumer(rank=rank, world_size=2))
+            it = iter(old)
+            before += [normalize(next(it)) for _ in range(3)]
+            states.append(pickle.loads(pickle.dumps(old.state_dict())))
+        after = []
+        for rank in range(3):
+            new = pipe.loader(consumer=Consumer(rank=rank, world_size=3))
+            new.load_state_dict(states)
+            after.append(epochs(new, 2))
+        return before, after
+
+    reference = elastic(None)
+    cache = str(tmp_path / "cache")
+    assert elastic(cache) == reference  # filling: re-shared pieces of units cut at the saved rows
+    assert elastic(cache) == reference  # from the cache
