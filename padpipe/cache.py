@@ -113,13 +113,11 @@ def session(stages: Sequence[Any], stats: Any) -> Any:
 
 def fingerprint_of(encoder: Any, options: dict[str, Any]) -> dict[str, Any]:
     """What decides the ids: the tokenizer's JSON (as a digest), its settings and the tokenize options."""
-    import hashlib
-
     import tokenizers
 
     return {
         "format": FORMAT,
-        "tokenizer_json_sha256": hashlib.sha256(encoder._tokenizer.to_str().encode()).hexdigest(),
+        "tokenizer": encoder.fingerprint(),  # vocabulary size and a digest of its JSON
         "tokenizers": tokenizers.__version__,
         "max_length": encoder.max_length,
         "truncation_side": encoder.truncation_side,

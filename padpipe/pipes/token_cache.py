@@ -67,7 +67,7 @@ class CacheSession:
         self.id_type, self.type_ids, self.fields = id_type, type_ids, fields
         self.on_write_error = on_write_error
         self.stats = stats
-        self.key = f"{store.root}|{fingerprint}"
+        self.key = f"{store.url()}|{fingerprint}"  # the resolved location: a relative path and its absolute form agree
         self.writable = True
         self.keep_ref = False  # whether tokenize keeps row references on its chunks (a bucket stage follows)
         self.collector = Collector(self)
