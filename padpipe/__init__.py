@@ -15,6 +15,7 @@ Example:
 from padpipe import examples
 from padpipe._shard import Consumer
 from padpipe._state import StateMismatchError
+from padpipe.cache import TokenCache
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError
 from padpipe.inspection import InspectResult, inspect
@@ -36,6 +37,7 @@ __all__ = [
     "Retry",
     "StateMismatchError",
     "StatsSnapshot",
+    "TokenCache",
     "TokenChunk",
     "equal_steps",
     "examples",

@@ -29,6 +29,7 @@ class BuildContext:
     seed: int | None
     pad_to_multiple_of: int | None
     pad_to_length: int | None
+    cache: Any = None  # the token cache session (padpipe.pipes.token_cache) when tokenize has a cache
 
 
 def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: int) -> BaseNode:
@@ -47,6 +48,7 @@ def tokenize(
     num_threads: int,
     on_error: str,
     append_eos: bool,
+    cache: Any = None,
 ) -> BaseNode:
     """Build the tokenizer stage: the batch encoder run by ``num_threads`` threads, chunks in order.
 
@@ -55,11 +57,17 @@ def tokenize(
     resume: ``fields``, ``max_length`` (as resolved), ``add_special_tokens``, ``append_eos``, the
     truncation side and the tokenizer itself. ``on_error`` is not checked, so a run stopped by a bad
     row can resume with ``on_error="skip"``. Errors from the threads reach the consumer unchanged.
+    With a token ``cache`` (its session is ``ctx.cache``), the threads tokenize only the rows the
+    cache does not hold, and a node after them collects the new rows for the cache.
     """
+    from padpipe.pipes._first_chunks import FirstChunks
     from padpipe.pipes._threading import OrderedMapper
     from padpipe.pipes.tokenize import ChunkTokenizer
 
-    fn = ChunkTokenizer(encoder, fields=fields, on_error=on_error, append_eos=append_eos, stats=ctx.stats)
+    upstream = FirstChunks(upstream)  # the first rows of an epoch in small chunks: the first tokens come fast
+    fn: Any = ChunkTokenizer(encoder, fields=fields, on_error=on_error, append_eos=append_eos, stats=ctx.stats)
+    if ctx.cache is not None:
+        fn = ctx.cache.tokenizer(fn)
     settings = {
         "fields": list(fields),
         "max_length": encoder.max_length,
@@ -68,7 +76,8 @@ def tokenize(
         "append_eos": append_eos,
         "tokenizer": encoder.fingerprint(),
     }
-    return OrderedMapper(upstream, fn, num_threads=num_threads, stage="tokenize", settings=settings)
+    node = OrderedMapper(upstream, fn, num_threads=num_threads, stage="tokenize", settings=settings)
+    return node if ctx.cache is None else ctx.cache.filler(node)
 
 
 def batch(upstream: BaseNode, ctx: BuildContext, *, batch_size: int, drop_last: bool) -> BaseNode:
@@ -108,8 +117,11 @@ def prefetch(upstream: BaseNode, ctx: BuildContext, *, prefetch: int, device: An
 
 
 def source(upstream: None, ctx: BuildContext, *, reader: type, **options: Any) -> BaseNode:
-    """Build a reader node; the shuffle seed and consumer slot come from the recipe."""
-    return reader(seed=ctx.seed, consumer=ctx.consumer, stats=ctx.stats, **options)
+    """Build a reader node; the shuffle seed and consumer slot come from the recipe (and the token cache, if any)."""
+    node = reader(seed=ctx.seed, consumer=ctx.consumer, stats=ctx.stats, **options)
+    if ctx.cache is not None:
+        node.cache = ctx.cache
+    return node
 
 
 def pack(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
@@ -126,6 +138,9 @@ def tokens(upstream: BaseNode, ctx: BuildContext, *, column: str, type_ids: str 
 
     from padpipe.pipes._threading import OrderedMapper
 
+    from padpipe.pipes._first_chunks import FirstChunks
+
     fn = TokenColumns(column=column, type_ids=type_ids, max_length=max_length, stats=ctx.stats)
     settings = {"column": column, "type_ids": type_ids, "max_length": max_length}
+    upstream = FirstChunks(upstream)  # chunked as tokenize's input, so both give the same batches downstream
     return OrderedMapper(upstream, fn, num_threads=1, stage="tokens", settings=settings)

@@ -1,11 +1,13 @@
 """The ``padpipe`` command line (also ``python -m padpipe``): one subcommand per tool.
 
 ``padpipe inspect DATA --tokenizer TOK`` prints the token-length distribution of a corpus and what
-every batching strategy costs on it (see :func:`padpipe.inspect`). A user error (a missing file,
-an unknown field, no tokenizer, a bad option) prints one line and exits with status 2.
+every batching strategy costs on it (see :func:`padpipe.inspect`); ``padpipe cache info PATH`` and
+``padpipe cache clear PATH`` size and delete a token cache (see :mod:`padpipe.cache`). A user error
+(a missing file, an unknown field, no tokenizer, a bad option) prints one line and exits with status 2.
 
 Example:
     $ padpipe inspect padpipe/data/sample.parquet --tokenizer padpipe/data/tokenizer/tokenizer.json --max-length 128
+    $ padpipe cache info ~/.cache/padpipe-tokens
 """
 
 from __future__ import annotations
@@ -62,7 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _command.Parser(prog="padpipe", description="padpipe tools. Run 'padpipe COMMAND --help' for a command's options.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_command.Parser)
     _add_inspect(commands)
+    _add_cache(commands)
     return parser
+
+
+def _add_cache(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "cache",
+        help="size or delete a token cache (tokenize(..., cache=PATH))",
+        formatter_class=_command.HelpFormatter,
+        description="info: the files, bytes and tokenizer settings a token cache holds; clear: delete it.",
+    )
+    p.set_defaults(run=_cache)
+    p.add_argument("action", choices=("info", "clear"), help="info: print the size; clear: delete the cache")
+    p.add_argument("path", metavar="PATH", help="the folder or fsspec URL given to tokenize(cache=...)")
+    p.add_argument("--storage-options", type=_storage_options, metavar="JSON",
+                   help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)")
 
 
 def _add_inspect(commands: argparse._SubParsersAction) -> None:
@@ -146,6 +163,17 @@ def _inspect(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(result.as_dict(), handle, indent=2)
         print(f"json: {args.json}")
+    return 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from padpipe import cache
+
+    if args.action == "info":
+        print(cache.info(args.path, storage_options=args.storage_options))
+    else:
+        freed = cache.clear(args.path, storage_options=args.storage_options)
+        print(f"{args.path}: deleted {cache.size_text(freed)}")
     return 0
 
 

@@ -18,6 +18,8 @@ from padpipe import _build
 from padpipe._build import BuildContext, Stage
 from padpipe._checks import check_fields
 from padpipe._shard import Consumer
+from padpipe.cache import TokenCache, check_recipe
+from padpipe.cache import session as cache_session
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.loader import PipelineLoader
 from padpipe.pipes._cut import longest_row_allowed
@@ -93,6 +95,7 @@ class Pipeline(IterableDataset):
         num_threads: int = 2,
         on_error: Literal["raise", "skip"] = "raise",
         append_eos: bool = False,
+        cache: str | TokenCache | None = None,
     ) -> Pipeline:
         """Tokenize one text field, or two for sentence pairs, with the fast tokenizer's batch call.
 
@@ -112,6 +115,11 @@ class Pipeline(IterableDataset):
                 rows, counted in stats as ``tokenize.bad_text``.
             append_eos: Append the tokenizer's EOS id to every row after truncation (document
                 separators for packing); ``ValueError`` at once if the tokenizer has no EOS.
+            cache: A folder, fsspec URL or :class:`padpipe.TokenCache`: the first pass writes the
+                ids there as it goes, later passes and runs read them instead of tokenizing
+                (same batches as without it; see :mod:`padpipe.cache`). Needs a reader with work
+                units (``read_parquet``/``read_arrow``/``read_jsonl``/``from_hf(Dataset)``) and
+                only ``shuffle`` between it and ``tokenize``.
 
         Example:
             >>> tok = pp.examples.tokenizer()
@@ -130,6 +138,9 @@ class Pipeline(IterableDataset):
             on_error=on_error,
             append_eos=append_eos,
         )
+        if cache is not None:
+            check_recipe(self.source, self.stages)
+            options["cache"] = TokenCache.of(cache)
         return self._add(Stage("tokenize", _build.tokenize, options), TOKENS)
 
     def tokens(
@@ -188,6 +199,7 @@ class Pipeline(IterableDataset):
         shuffle: bool = True,
         seed: int | None = None,
         on_oversize: Literal["raise", "drop", "truncate"] = "raise",
+        eager: bool = True,
     ) -> Pipeline:
         """Group rows of similar length from a bounded buffer into batches.
 
@@ -203,6 +215,9 @@ class Pipeline(IterableDataset):
             seed: Seed for batch order; default: the pipeline's shuffle seed, else 0.
             on_oversize: A row longer than ``max_tokens``: ``"raise"`` an error naming its length,
                 ``"drop"`` it or ``"truncate"`` it to the budget (both counted in stats).
+            eager: While an epoch's first buffer fills, emit a batch as soon as a bigger buffer
+                could not improve it (full, every row padded to within 2% of its longest), so the
+                first batch does not wait for a whole buffer; ``False``: it waits. Needs ``shuffle``.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer())
@@ -218,6 +233,7 @@ class Pipeline(IterableDataset):
             "shuffle": shuffle,
             "seed": seed,
             "on_oversize": on_oversize,
+            "eager": eager,
         }
         check_bucket_options(**options)
         return self._add(Stage("bucket", _build.bucket, options), TOKEN_BATCHES)
@@ -412,12 +428,14 @@ class Pipeline(IterableDataset):
         if consumer is None and self.sharding == "off":
             consumer = Consumer.detect(ranks=False)
         pad = next((s.options for s in self.stages if s.name == "pad"), {})
+        stats = stats or PipelineStats()
         context = BuildContext(
-            stats=stats or PipelineStats(),
+            stats=stats,
             consumer=consumer,
             seed=self.seed,
             pad_to_multiple_of=pad.get("pad_to_multiple_of"),
             pad_to_length=pad.get("pad_to_length"),
+            cache=cache_session(self.stages, stats),
         )
         node = self.source.builder(None, context, **self.source.options)
         for stage in self.stages:

@@ -20,6 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from padpipe._optional import require
+from padpipe._prefix import cut, prefix_chars
 from padpipe._truncate import truncate_pairs
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.errors import positive
@@ -186,6 +187,8 @@ class TextEncoder:
         tok.encode_special_tokens = self.encode_special_tokens
         # encode_batch_fast (tokenizers >= 0.20) gives the same ids without computing offsets
         self._encode_batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
+        # long single texts are cut before encoding where that gives the same ids (see padpipe._prefix)
+        self._prefix_chars = prefix_chars(tok.to_str(), self.max_length, self.truncation_side)
         # pairs are encoded whole by an untruncated twin and cut by _truncate (see there why)
         self._pair_limit = None
         if self.max_length is not None:
@@ -217,7 +220,7 @@ class TextEncoder:
         """
         special = self.add_special_tokens
         if pairs is None:
-            return _flatten(self._encode_batch(texts, add_special_tokens=special), self.returns_token_type_ids)
+            return _flatten(self._encode_singles(texts, special), self.returns_token_type_ids)
         inputs = list(zip(texts, pairs))
         if self.max_length is None:
             return _flatten(self._encode_batch(inputs, add_special_tokens=special), self.returns_token_type_ids)
@@ -253,10 +256,22 @@ class TextEncoder:
             cached = self._fingerprint = f"vocab={twin.get_vocab_size()} sha1={digest}"
         return cached
 
+    def _encode_singles(self, texts: Sequence[str], special: bool) -> list:
+        """Encodings of single texts; long ones from their start only where the ids are the same."""
+        if self._prefix_chars is None:
+            return self._encode_batch(texts, add_special_tokens=special)
+        starts, rows = cut(texts, self._prefix_chars)
+        encodings = self._encode_batch(starts, add_special_tokens=special)
+        short = [i for i in rows if len(encodings[i].ids) < self.max_length]  # ran out of text before the limit
+        if short:
+            for i, encoding in zip(short, self._encode_batch([texts[i] for i in short], add_special_tokens=special)):
+                encodings[i] = encoding
+        return encodings
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_tokenizer"] = self._tokenizer.to_str()
-        for derived in ("_encode_batch", "_encode_pairs", "_pair_limit"):
+        for derived in ("_encode_batch", "_encode_pairs", "_pair_limit", "_prefix_chars"):
             state.pop(derived, None)
         return state
 

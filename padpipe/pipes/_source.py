@@ -22,6 +22,7 @@ from padpipe._shard import Consumer
 from padpipe._shares import Measure, share
 from padpipe._state import Int, Spec, Str, StateMismatchError, check_state, load_value, make_state
 from padpipe.errors import DataError, positive
+from padpipe.pipes._aligned import aligned_batches
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
@@ -66,6 +67,7 @@ class UnitSource(BaseNode[pa.RecordBatch]):
     UNIT_KEY = "unit"
     ROW_KEY = "row"
     IDENTITY_KEY = "files"
+    cache: Any = None  # a token cache's reader hook (padpipe.pipes.token_cache), set by the pipeline builder
 
     def __init__(
         self,
@@ -107,6 +109,9 @@ class UnitSource(BaseNode[pa.RecordBatch]):
     def describe(self) -> str:
         """Short description of the input for messages and fingerprints (paths, columns)."""
         raise NotImplementedError
+
+    def drop_position_hint(self) -> None:
+        """Forget where in the current piece a resumed read may start (the token cache reads pieces in parts)."""
 
     def measure(self, unit: WorkUnit) -> Measure:
         """The unit's weight in the epoch and whether it can be cut: its rows when known, else whole."""
@@ -274,7 +279,20 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         return [self.piece(units[p.position], p.lo, p.hi) for p in pieces]
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        """Wrap ``read_unit``: keep to the piece's rows, cut batches to ``chunk_rows``, name the file in errors."""
+        """The piece's rows from ``start_row`` (from the token cache when one is on), cut at ``chunk_rows`` boundaries.
+
+        Boundaries fall where ``unit.first + row`` is a multiple of ``chunk_rows``
+        (:func:`~padpipe.pipes._aligned.aligned_batches`), so a piece gives the same batches
+        whether its rows come from the file or from the cache, read whole or resumed.
+        """
+        if self.cache is not None:
+            rows = self.cache.rows(self, unit, start_row)
+        else:
+            rows = self.rows(unit, start_row)
+        yield from aligned_batches(rows, unit.first + start_row, self.chunk_rows)
+
+    def rows(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        """Wrap ``read_unit``: keep to the piece's rows (``start_row`` counts from its start), name the file in errors."""
         left = None if unit.last is None else unit.last - unit.first - start_row
         try:
             for batch in self.read_unit(unit, unit.first + start_row):
@@ -282,8 +300,7 @@ class UnitSource(BaseNode[pa.RecordBatch]):
                     if left <= 0:
                         return
                     batch, left = batch.slice(0, left), left - min(left, batch.num_rows)
-                for offset in range(0, batch.num_rows, self.chunk_rows):
-                    yield batch.slice(offset, self.chunk_rows)
+                yield batch
         except DataError:
             raise
         except (OSError, pa.ArrowException, ValueError, EOFError) as exc:

@@ -8,14 +8,17 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, invalid, Array, Bool, Child, Chunk, Int, Optional, Rng, check_state, load_value, make_state
+from padpipe._state import SOURCE_KEY, invalid, Array, Bool, Child, Int, Optional, Rng, check_state, load_value, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_seed, one_of, positive
+from padpipe.pipes._cache_state import CachedChunk, chunk_state, drop_ref
 from padpipe.pipes._cut import cut_by_budget, handle_oversize, longest_row_allowed
 from padpipe.pipes.pad import padded_length
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0xB0C7  # keeps this stage's random stream apart from other stages seeded alike
+SPREAD = 0.98
+"""An eager batch is final when every row of it pads to at least this share of its longest row."""
 
 
 
@@ -28,12 +31,13 @@ def check_bucket_options(
     shuffle: bool,
     seed: int | None,
     on_oversize: str,
+    eager: bool = True,
 ) -> None:
     """Raise ``ValueError``/``TypeError`` for bucket settings that cannot work (``seed=None`` is ok).
 
     Example:
         >>> check_bucket_options(batch_size=None, max_tokens=None, buffer_size=8, drop_last=False,
-        ...                      shuffle=True, seed=0, on_oversize="raise")
+        ...                      shuffle=True, seed=0, on_oversize="raise", eager=True)
         Traceback (most recent call last):
         ...
         ValueError: Pass exactly one of `batch_size` or `max_tokens` to bucket().
@@ -45,6 +49,7 @@ def check_bucket_options(
     positive("buffer_size", buffer_size)
     check_bool("drop_last", drop_last)
     check_bool("shuffle", shuffle)
+    check_bool("eager", eager)
     if drop_last and max_tokens is not None:
         raise ValueError("`drop_last` needs `batch_size`: with `max_tokens` no batch is short of a full size.")
     if seed is not None:
@@ -64,6 +69,15 @@ class Bucketizer(BaseNode[TokenChunk]):
     with ``shuffle``, else the longest) wait for the next buffer; the epoch's remainder is the
     last, smaller batch unless ``drop_last`` (counted as ``bucket.drop_last``).
 
+    With ``eager`` (the default; with ``shuffle`` only), the first buffer of an epoch does not have
+    to fill before the first batch: while the epoch's first ``buffer_size`` rows arrive, each chunk
+    is sorted in with the rows waiting, and every batch a bigger buffer could not improve leaves
+    at once: a full one (``batch_size`` rows, or no room under ``max_tokens`` for one more row of
+    its length) whose rows all pad to at least :data:`SPREAD` (98%) of its longest. The others
+    wait, and from then on buffers are cut as usual. So the first batch comes within a few chunks
+    (rows cut to ``max_length`` make final batches at once), with no more padding; the first
+    buffer's batches lean toward the lengths that fill fastest.
+
     With ``max_tokens``, a row longer than the budget allows is handled by ``on_oversize``:
     ``"raise"`` a ``ValueError``, ``"drop"`` it (counted as ``bucket.oversize``) or
     ``"truncate"`` it to the longest length that fits (counted as ``bucket.truncated``; a
@@ -82,6 +96,7 @@ class Bucketizer(BaseNode[TokenChunk]):
         shuffle: Shuffle the batch order within each buffer.
         seed: Non-negative seed; the epoch is mixed in.
         on_oversize: ``"raise"``, ``"drop"`` or ``"truncate"``.
+        eager: Emit final batches before the buffer is full (see above; ignored without ``shuffle``).
         pad_to_multiple_of: The padding rule the downstream ``pad`` stage applies.
         pad_to_length: Static padding length of the downstream ``pad`` stage.
         stats: Counters to report into (time under ``"bucket"``).
@@ -94,10 +109,11 @@ class Bucketizer(BaseNode[TokenChunk]):
         [[1, 1, 2], [3], [4], [5]]
     """
 
-    VERSION = 2
+    VERSION = 3
     EPOCH_KEY = "epoch"
     RNG_KEY = "rng"
     EXHAUSTED_KEY = "exhausted"
+    SEEN_KEY = "seen"
     CARRY_KEY = "carry"
     READY_KEY = "ready"
     SIZES_KEY = "sizes"
@@ -115,6 +131,7 @@ class Bucketizer(BaseNode[TokenChunk]):
         shuffle: bool = True,
         seed: int = 0,
         on_oversize: str = "raise",
+        eager: bool = True,
         pad_to_multiple_of: int | None = None,
         pad_to_length: int | None = None,
         stats: PipelineStats | None = None,
@@ -128,12 +145,14 @@ class Bucketizer(BaseNode[TokenChunk]):
             shuffle=shuffle,
             seed=seed,
             on_oversize=on_oversize,
+            eager=eager,
         )
         positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
         positive("pad_to_length", pad_to_length, allow_none=True)
         self.source = source
         self.batch_size, self.max_tokens, self.buffer_size = batch_size, max_tokens, buffer_size
         self.drop_last, self.shuffle, self.seed, self.on_oversize = drop_last, shuffle, seed, on_oversize
+        self.eager = eager and shuffle
         self.pad_to_multiple_of, self.pad_to_length = pad_to_multiple_of, pad_to_length
         self.stats = stats or PipelineStats()
         self._limit = None if max_tokens is None else longest_row_allowed(max_tokens, pad_to_multiple_of, pad_to_length)
@@ -149,16 +168,18 @@ class Bucketizer(BaseNode[TokenChunk]):
             self.source.reset(None)
             self._epoch += 1
             self._rng = np.random.default_rng([self.seed, self._epoch, _RNG_STREAM])
-            self._exhausted, self._carry = False, None
+            self._exhausted, self._carry, self._seen = False, None, 0
             self._set_ready(None, np.zeros(0, np.int64))
             return
+        cut = self._limit if self.on_oversize == "truncate" else None  # rows re-read from a token cache
         fields = {
             SOURCE_KEY: Child(),
             self.EPOCH_KEY: Int(0),
             self.RNG_KEY: Rng(),
             self.EXHAUSTED_KEY: Bool(),
-            self.CARRY_KEY: Optional(Chunk()),
-            self.READY_KEY: Optional(Chunk()),
+            self.SEEN_KEY: Int(0),
+            self.CARRY_KEY: Optional(CachedChunk(cut)),  # rows in a token cache: references, re-read
+            self.READY_KEY: Optional(CachedChunk(cut)),
             self.SIZES_KEY: Array(torch.int64, lo=1),
             self.BATCH_KEY: Int(0),
             self.POS_KEY: Int(0),
@@ -178,6 +199,7 @@ class Bucketizer(BaseNode[TokenChunk]):
         self.source.reset(initial_state[SOURCE_KEY])
         self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
         self._exhausted, self._carry = loaded[self.EXHAUSTED_KEY], loaded[self.CARRY_KEY]
+        self._seen = loaded[self.SEEN_KEY]
         self._set_ready(loaded[self.READY_KEY], loaded[self.SIZES_KEY])
         self._batch, self._pos = loaded[self.BATCH_KEY], loaded[self.POS_KEY]
         self._carry_state, self._ready_state = initial_state[self.CARRY_KEY], initial_state[self.READY_KEY]
@@ -189,7 +211,7 @@ class Bucketizer(BaseNode[TokenChunk]):
             self._fill()
         with self.stats.timer("bucket"):
             size, start = int(self._sizes[self._batch]), self._pos
-            out = self._ready.take(np.arange(start, start + size))
+            out = drop_ref(self._ready.take(np.arange(start, start + size)))
             self._batch, self._pos = self._batch + 1, start + size
             if self._batch == len(self._sizes):
                 self._set_ready(None, np.zeros(0, np.int64))
@@ -198,9 +220,9 @@ class Bucketizer(BaseNode[TokenChunk]):
     def get_state(self) -> dict[str, Any]:
         # buffers are serialised once after each cut and shared by every later state
         if self._carry is not None and self._carry_state is None:
-            self._carry_state = self._carry.to_state()
+            self._carry_state = chunk_state(self._carry)
         if self._ready is not None and self._ready_state is None:
-            self._ready_state = self._ready.to_state()
+            self._ready_state = chunk_state(self._ready)
         return make_state(
             version=self.VERSION,
             settings=self._settings(),
@@ -209,6 +231,7 @@ class Bucketizer(BaseNode[TokenChunk]):
                 self.EPOCH_KEY: self._epoch,
                 self.RNG_KEY: self._rng.bit_generator.state,
                 self.EXHAUSTED_KEY: self._exhausted,
+                self.SEEN_KEY: self._seen,
                 self.CARRY_KEY: self._carry_state,
                 self.READY_KEY: self._ready_state,
                 self.SIZES_KEY: self._sizes,
@@ -219,7 +242,7 @@ class Bucketizer(BaseNode[TokenChunk]):
 
     # -- buffer -------------------------------------------------------------------------------------
     def _settings(self) -> dict[str, Any]:
-        names = ("batch_size", "max_tokens", "buffer_size", "drop_last", "shuffle", "seed", "on_oversize")
+        names = ("batch_size", "max_tokens", "buffer_size", "drop_last", "shuffle", "seed", "on_oversize", "eager")
         return {name: getattr(self, name) for name in names + ("pad_to_multiple_of", "pad_to_length")}
 
     def _set_ready(self, chunk: TokenChunk | None, sizes: np.ndarray) -> None:
@@ -242,6 +265,12 @@ class Bucketizer(BaseNode[TokenChunk]):
             if chunk.num_rows:
                 parts.append(chunk)
                 rows += chunk.num_rows
+                self._seen += chunk.num_rows
+                if self.eager and self._seen < self._fill_rows:  # the epoch's first buffer is still filling
+                    with self.stats.timer("bucket"):
+                        parts = [TokenChunk.concat(parts)]
+                        if self._emit_final(parts[0]):
+                            return
         self._carry, self._carry_state = None, None
         if rows:
             with self.stats.timer("bucket"):
@@ -281,3 +310,28 @@ class Bucketizer(BaseNode[TokenChunk]):
             self._carry = buffer.take(left)
         if len(sizes):
             self._set_ready(buffer.take(order), sizes)
+
+    def _emit_final(self, buffer: TokenChunk) -> bool:
+        """Make the batches of ``buffer`` that a bigger buffer could not improve ready; the rest waits."""
+        order = np.argsort(buffer.lengths, kind="stable")
+        padded = padded_length(buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of,
+                               pad_to_length=self.pad_to_length)
+        if self.batch_size is not None:
+            sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
+        else:
+            sizes = cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        final = padded[starts] >= SPREAD * padded[ends - 1] if len(sizes) else np.zeros(0, bool)
+        if self.max_tokens is not None:
+            final &= (sizes + 1) * padded[ends - 1] > self.max_tokens
+        if not final.any():
+            return False
+        picked = np.flatnonzero(final)
+        picked = picked[self._rng.permutation(len(picked))]
+        taken = np.concatenate([np.arange(starts[i], ends[i]) for i in picked])
+        waiting = np.ones(len(order), bool)
+        waiting[taken] = False
+        self._carry, self._carry_state = (buffer.take(order[waiting]) if waiting.any() else None), None
+        self._set_ready(buffer.take(order[taken]), sizes[picked])
+        return True

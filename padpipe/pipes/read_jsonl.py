@@ -72,6 +72,8 @@ class JsonlReader(FileSource):
 
     BLOCK_KEY = "block"
     SUFFIXES = SUFFIXES
+    POSITION_COLUMN = "__padpipe_pos"
+    row_positions = False  # the token cache sets it: add each row's byte offset as POSITION_COLUMN
     LISTING_ATTRS = ("_files", "_schema", "_reference", "_options")
 
     def __init__(
@@ -150,6 +152,8 @@ class JsonlReader(FileSource):
             for offset, block in blocks.line_blocks(stream, begin, stop, self.block_bytes):
                 self._block = (offset, row)
                 batch = self._parse(file, offset, block)
+                if batch is not None and self.row_positions:
+                    batch = _with_positions(batch, blocks.row_starts(block, offset))
                 if batch is not None and row + batch.num_rows > start_row:
                     yield batch.slice(max(0, start_row - row))
                 row += 0 if batch is None else batch.num_rows
@@ -157,6 +161,9 @@ class JsonlReader(FileSource):
     def reopen(self) -> None:
         super().reopen()
         self._resume_at = self._block
+
+    def drop_position_hint(self) -> None:
+        self._block = self._resume_at = None
 
     # -- state: (unit, row) plus the current block's byte offset ------------------------------------
     def state_fields(self) -> dict[str, Spec]:
@@ -234,3 +241,9 @@ class JsonlReader(FileSource):
             return batch
         where = f"{file.name} (block at byte {offset})"
         return conform(batch, self._schema, where=where, reference=self._reference)
+
+
+def _with_positions(batch: pa.RecordBatch, starts: object) -> pa.RecordBatch:
+    """``batch`` with each row's byte offset in the file; ``-1`` for all when they cannot be told apart."""
+    positions = pa.array(starts if len(starts) == batch.num_rows else [-1] * batch.num_rows, pa.int64())  # type: ignore[arg-type]
+    return batch.append_column(JsonlReader.POSITION_COLUMN, positions)

@@ -9,8 +9,8 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Records, Rng, check_state, load_value, make_state
-from padpipe.chunks import records_to_state
+from padpipe._state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Rng, check_state, load_value, make_state
+from padpipe.pipes._cache_state import CachedRecords, records_state
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.pipes._schema import castable, source_of, untag_source
 from padpipe.stats import PipelineStats
@@ -84,7 +84,7 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
             SOURCE_KEY: Child(),
             self.EPOCH_KEY: Int(0),
             self.RNG_KEY: Rng(),
-            self.SEGMENTS_KEY: ListOf(Records()),
+            self.SEGMENTS_KEY: ListOf(CachedRecords()),  # rows in a token cache: references, re-read
             self.LIVE_KEY: Array(torch.int64, lo=0, max_length=self.buffer_size, unique=True),
             self.EXHAUSTED_KEY: Bool(),
             self.CHUNK_KEY: Int(0),
@@ -126,7 +126,7 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
     def get_state(self) -> dict[str, Any]:
         for i, data in enumerate(self._segment_states):
             if data is None:  # saved once per segment, then shared by every later state
-                self._segment_states[i] = records_to_state(self._segments[i])
+                self._segment_states[i] = records_state(self._segments[i])  # cached rows: references
         return make_state(
             version=self.VERSION,
             settings=self._settings(),

@@ -1,0 +1,209 @@
+"""The token cache: tokenize once, read ids on every later epoch and run (``tokenize(..., cache=...)``).
+
+The first pass streams as without a cache and writes what ``tokenize`` produced, unit by unit, as
+Arrow IPC files under the cache location; later passes read those files (memory-mapped) instead
+of tokenizing. Entries are keyed by the tokenizer's JSON and the tokenize options, and by each
+source unit's file, size, modification time or ETag and row range, so any change is a miss,
+never stale ids. Batches are exactly those of the same pipeline without a cache.
+
+Command line: ``padpipe cache info PATH`` prints the size; ``padpipe cache clear PATH`` deletes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import fsspec.core
+
+from padpipe.errors import one_of
+from padpipe.pipes._cache_store import ABOUT, FORMAT, CacheError, Store
+
+__all__ = ["CacheError", "CacheInfo", "TokenCache", "clear", "info"]
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    """Where a pipeline keeps its tokens, and what to do when it cannot write there.
+
+    Pass it (or just the path) as ``tokenize(..., cache=...)``. Many loaders, DataLoader workers and
+    ranks may fill one cache at once: a file is published whole under a name that holds its size
+    and checksum, and two writers of the same rows write the same file.
+
+    Args:
+        path: A local folder or an fsspec URL (``s3://bucket/cache``, ``memory://cache``).
+        storage_options: Keyword arguments for the fsspec filesystem (credentials, endpoint).
+        on_write_error: An unwritable or full location: ``"raise"`` a :class:`CacheError` naming
+            it, or ``"skip"``: go on without writing, counted as ``cache.write_errors``.
+
+    Example:
+        >>> import padpipe as pp, tempfile
+        >>> cache = pp.TokenCache(tempfile.mkdtemp())
+        >>> pipe = (pp.read_parquet(pp.examples.SAMPLE_PARQUET).tokenize(pp.examples.tokenizer(),
+        ...           fields=("sentence1", "sentence2"), cache=cache).batch(512).pad())
+        >>> first = [b["input_ids"] for b in pipe.loader()]   # tokenizes, and fills the cache
+        >>> loader = pipe.loader(); again = [b["input_ids"] for b in loader]   # reads the cache
+        >>> all(a.equal(b) for a, b in zip(first, again)), loader.stats().counters["cache.hit_rows"]
+        (True, 20000)
+    """
+
+    path: str
+    storage_options: dict[str, Any] | None = None
+    on_write_error: str = "raise"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
+            raise TypeError(f"`path` must be a folder path or an fsspec URL, but is {self.path!r} instead.")
+        object.__setattr__(self, "path", os.fspath(self.path))
+        one_of("on_write_error", self.on_write_error, ("raise", "skip"))
+
+    @staticmethod
+    def of(cache: Any) -> TokenCache:
+        """``cache`` as a :class:`TokenCache` (a path or URL becomes one with default options).
+
+        Example:
+            >>> TokenCache.of("memory://tokens").path
+            'memory://tokens'
+        """
+        if isinstance(cache, TokenCache):
+            return cache
+        if isinstance(cache, (str, os.PathLike)):
+            return TokenCache(os.fspath(cache))
+        raise TypeError(f"`cache` must be a path, an fsspec URL or a padpipe.TokenCache, but is {cache!r} instead.")
+
+
+def check_recipe(source: Any, stages: Sequence[Any]) -> None:
+    """Raise ``ValueError`` unless a cache can sit on this recipe's tokenize stage (used by ``Pipeline.tokenize``).
+
+    The cache keys rows by the reader's work units, and the rows must reach ``tokenize`` unchanged.
+    """
+    from padpipe.pipes._source import UnitSource
+
+    reader = source.options.get("reader")
+    if not (isinstance(reader, type) and issubclass(reader, UnitSource)):
+        raise ValueError(
+            "`cache` needs a reader with work units (read_parquet, read_arrow, read_jsonl or from_hf of a "
+            f"datasets.Dataset), but this pipeline starts with {source.name}() instead."
+        )
+    other = [s.name for s in stages if s.name != "shuffle"]
+    if other:
+        raise ValueError(f"`cache` needs tokenize() right after the reader (and shuffle()), but .{other[0]}() comes before it.")
+
+
+def session(stages: Sequence[Any], stats: Any) -> Any:
+    """The cache session of a recipe whose ``tokenize`` stage has a cache, else ``None`` (used by ``Pipeline.build``)."""
+    from padpipe.pipes._cache_rows import ids_type
+    from padpipe.pipes.token_cache import CacheSession, digest
+
+    position = next((i for i, s in enumerate(stages) if s.name == "tokenize" and s.options.get("cache")), None)
+    if position is None:
+        return None
+    options = stages[position].options
+    cache, encoder = options["cache"], options["encoder"]
+    about = fingerprint_of(encoder, options)
+    store = Store(cache.path, cache.storage_options)
+    result = CacheSession(store, digest(about), about, id_type=ids_type(encoder._tokenizer.get_vocab_size(True)),
+                          type_ids=encoder.returns_token_type_ids, fields=options["fields"],
+                          on_write_error=cache.on_write_error, stats=stats)
+    result.keep_ref = position + 1 < len(stages) and stages[position + 1].name == "bucket"
+    return result
+
+
+def fingerprint_of(encoder: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """What decides the ids: the tokenizer's JSON (as a digest), its settings and the tokenize options."""
+    import tokenizers
+
+    return {
+        "format": FORMAT,
+        "tokenizer": encoder.fingerprint(),  # vocabulary size and a digest of its JSON
+        "tokenizers": tokenizers.__version__,
+        "max_length": encoder.max_length,
+        "truncation_side": encoder.truncation_side,
+        "add_special_tokens": encoder.add_special_tokens,
+        "encode_special_tokens": encoder.encode_special_tokens,
+        "type_ids": encoder.returns_token_type_ids,
+        "fields": list(options["fields"]),
+        "on_error": options["on_error"],
+        "append_eos": options["append_eos"],
+        "eos_id": encoder.eos_id if options["append_eos"] else None,
+    }
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What a cache location holds.
+
+    Attributes:
+        path: The location.
+        files: Segment files (and ``about.json`` files) in it.
+        bytes: Their total size.
+        fingerprints: Tokenizer + options fingerprints, each with its ``about.json`` (when readable).
+    """
+
+    path: str
+    files: int
+    bytes: int
+    fingerprints: dict[str, dict[str, Any]]
+
+    def __str__(self) -> str:
+        lines = [f"{self.path}: {self.files} files, {size_text(self.bytes)}, {len(self.fingerprints)} tokenizer setting(s)"]
+        for name, about in sorted(self.fingerprints.items()):
+            what = ", ".join(f"{k}={about[k]}" for k in ("max_length", "fields", "append_eos") if k in about)
+            lines.append(f"  {name}: {what}")
+        return "\n".join(lines)
+
+
+def info(path: str, *, storage_options: dict[str, Any] | None = None) -> CacheInfo:
+    """The size of the token cache at ``path`` (nothing there: zero files).
+
+    Example:
+        >>> import tempfile
+        >>> info(tempfile.mkdtemp()).files
+        0
+    """
+    fs, root = _root(path, storage_options)
+    files, total, fingerprints = 0, 0, {}
+    if fs.exists(root):
+        for name, detail in fs.find(root, detail=True).items():
+            files, total = files + 1, total + int(detail.get("size") or 0)
+            parts = name[len(root):].strip("/").split("/")
+            if len(parts) == 2 and parts[1] == ABOUT:
+                try:
+                    fingerprints[parts[0]] = json.loads(fs.cat_file(name))
+                except (OSError, ValueError):
+                    fingerprints[parts[0]] = {}
+    return CacheInfo(path, files, total, fingerprints)
+
+
+def clear(path: str, *, storage_options: dict[str, Any] | None = None) -> int:
+    """Delete the token cache at ``path`` (only the files padpipe wrote); returns the bytes freed.
+
+    Example:
+        >>> import tempfile
+        >>> clear(tempfile.mkdtemp())
+        0
+    """
+    freed = info(path, storage_options=storage_options).bytes
+    fs, root = _root(path, storage_options)
+    if fs.exists(root):
+        try:
+            fs.rm(root, recursive=True)
+        except OSError as exc:
+            raise CacheError(f"token cache: cannot delete {path!r} ({type(exc).__name__}: {exc}).") from exc
+    return freed
+
+
+def _root(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    fs, base = fsspec.core.url_to_fs(os.fspath(path), **(storage_options or {}))
+    return fs, f"{base.rstrip('/')}/{FORMAT}"
+
+
+def size_text(n: int) -> str:
+    """Bytes as text: ``'12 B'``, ``'3.4 MiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
