@@ -109,7 +109,7 @@ def resume_new(pipe: pp.Pipeline, states: list, ranks: int, workers: int, epochs
     ("bucketed", (2, 1), (4, 0)),
     ("bucketed", (4, 2), (2, 2)),
     ("packed", (2, 2), (1, 3)),
-    ("packed", (2, 0), (4, 0)),
+    ("packed", (2, 1), (4, 1)),
     ("mixed", (2, 1), (4, 0)),
     ("mixed", (4, 0), (2, 2)),
 ])
