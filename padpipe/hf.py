@@ -13,14 +13,11 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import glob
-import inspect
 import logging
 import os
-from typing import Any, Callable, Iterator
+from typing import Any
 
-import numpy as np
 import torch
 
 from padpipe._optional import require
@@ -28,9 +25,13 @@ from padpipe.pipeline import TENSORS, Pipeline
 
 transformers = require("transformers", "padpipe.hf")
 
-from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat  # noqa: E402
 from transformers.trainer_utils import (  # noqa: E402
     PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize,
+)
+
+from padpipe.integrations._trainer_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
+    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _merge, _Outputs, _rank_local_loss, _rows,
+    _TrainBatches,
 )
 
 _HOOKS = ("_init_training_state", "_save_checkpoint", "_finalize_training")
@@ -42,12 +43,8 @@ if not all(hasattr(transformers.Trainer, hook) for hook in _HOOKS):  # pragma: n
 
 logger = logging.getLogger(__name__)
 
-ROW_INDEX = "row_index"
-"""The column of evaluation batches giving each row's position in its split (as ``glue()`` makes)."""
 LOADER_STATE = "padpipe_loader_{rank}.pt"
 """Each rank's loader state in a Trainer checkpoint folder."""
-FLASH_ATTENTION_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
-"""Packed-batch columns kept for a model whose ``forward`` takes ``**kwargs`` (HF's flash-attention names)."""
 
 
 class Trainer(transformers.Trainer):
@@ -260,171 +257,3 @@ class Trainer(transformers.Trainer):
         if callable(getattr(self.optimizer, "eval", None)):
             self.optimizer.eval()
         return model
-
-
-class _TrainBatches:
-    """A pipeline loader's training batches, unused columns removed, rows counted, resumable."""
-
-    def __init__(self, loader: Any, columns: Callable[[dict], dict]) -> None:
-        self.loader, self._columns = loader, columns
-        self.rows = 0
-        self._resumed = False
-
-    def __iter__(self) -> Iterator[dict]:
-        resumed, self._resumed = self._resumed, False
-        empty = True
-        for batch in self.loader:
-            empty = False
-            self.rows += _rows(batch)
-            yield self._columns(batch)
-        if empty and resumed:  # saved right after an epoch's last batch: that epoch is over, read the next
-            yield from self
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
-        self._resumed = True
-
-
-class _EvalBatches:
-    """Evaluation batches as ``(model inputs, row_index or None)``."""
-
-    def __init__(self, loader: Any, columns: Callable[[dict], dict]) -> None:
-        self.loader, self._columns = loader, columns
-
-    def __iter__(self) -> Iterator[tuple[dict, Any]]:
-        for batch in self.loader:
-            order = batch.get(ROW_INDEX)
-            yield self._columns({k: v for k, v in batch.items() if k != ROW_INDEX}), order
-
-
-class _Outputs:
-    """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows."""
-
-    def __init__(self, *, keep_inputs: bool, keep_losses: bool, nan_filter: bool) -> None:
-        self.keep_inputs, self.keep_losses, self.nan_filter = keep_inputs, keep_losses, nan_filter
-        self.rows = self.steps = self.loss_rows = 0
-        self.loss_sum = 0.0
-        self.order: list[np.ndarray] = []
-        self.preds, self.labels, self.inputs, self.losses = (EvalLoopContainer(padding_index=-100) for _ in range(4))
-
-    def add(self, rows: int, order: Any, loss: Any, logits: Any, labels: Any, inputs: Any) -> None:
-        self.steps += 1
-        self.rows += rows
-        if order is not None:
-            self.order.append(np.asarray(order, dtype=np.int64))
-        per_row = None
-        if loss is not None:
-            value = float(loss)
-            if np.isfinite(value) or not self.nan_filter:
-                self.loss_sum += value * rows
-                self.loss_rows += rows
-            per_row = loss.detach().reshape(1).repeat(rows) if self.keep_losses else None
-        for container, value in ((self.preds, logits), (self.labels, labels),
-                                 (self.inputs, inputs if self.keep_inputs else None), (self.losses, per_row)):
-            if value is not None:
-                container.add(value)
-                container.to_cpu_and_numpy()
-
-    def local(self) -> dict[str, Any]:
-        ordered = len(self.order) == self.steps and self.steps > 0
-        return {
-            "rows": self.rows, "steps": self.steps, "loss_sum": self.loss_sum, "loss_rows": self.loss_rows,
-            "order": np.concatenate(self.order) if ordered else None, "ordered": ordered or self.steps == 0,
-            "preds": self.preds.get_arrays(), "labels": self.labels.get_arrays(),
-            "inputs": self.inputs.get_arrays(), "losses": self.losses.get_arrays(),
-        }
-
-
-@contextlib.contextmanager
-def _rank_local_loss(args: Any) -> Iterator[None]:
-    """Each batch's loss from this rank alone: ranks take different numbers of evaluation steps, and
-    ``average_tokens_across_devices`` would gather token counts across ranks at every step."""
-    saved = args.average_tokens_across_devices
-    args.average_tokens_across_devices = False
-    try:
-        yield
-    finally:
-        args.average_tokens_across_devices = saved
-
-
-def _all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [local]
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, local)
-    return parts
-
-
-def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """All ranks' results in rank order, then sorted by ``row_index`` when every batch had one."""
-    merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows")}
-    merged["steps"] = max(p["steps"] for p in parts)
-    for key in ("preds", "labels", "inputs", "losses"):
-        arrays = [p[key] for p in parts if p[key] is not None]
-        merged[key] = None
-        for array in arrays:
-            merged[key] = array if merged[key] is None else nested_concat(merged[key], array, padding_index=-100)
-    if all(p["ordered"] for p in parts) and merged["rows"]:
-        order = np.argsort(np.concatenate([p["order"] for p in parts if p["order"] is not None]), kind="stable")
-        for key in ("preds", "labels", "inputs", "losses"):
-            merged[key] = _take(merged[key], order)
-    return merged
-
-
-def _take(arrays: Any, order: np.ndarray) -> Any:
-    if arrays is None:
-        return None
-    if isinstance(arrays, (list, tuple)):
-        return type(arrays)(_take(a, order) for a in arrays)
-    if isinstance(arrays, dict):
-        return {k: _take(v, order) for k, v in arrays.items()}
-    return arrays[order]
-
-
-def _rows(batch: dict) -> int:
-    ids = batch.get("input_ids")
-    if isinstance(ids, torch.Tensor):
-        return int(ids.shape[0])
-    return int(find_batch_size(batch) or 0)
-
-
-def _columns(trainer: transformers.Trainer, description: str) -> Callable[[dict], dict]:
-    """Keep what ``model.forward`` takes (as ``remove_unused_columns`` does); log the rest once."""
-    if not trainer.args.remove_unused_columns:
-        return dict
-    trainer._set_signature_columns_if_needed()
-    keep = set(trainer._signature_columns)
-    forward = inspect.signature(trainer.model.forward).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in forward):
-        keep.update(FLASH_ATTENTION_KWARGS)
-    logged = False
-
-    def select(batch: dict) -> dict:
-        nonlocal logged
-        if not logged:
-            logged = True
-            dropped = [k for k in batch if k not in keep]
-            if dropped:
-                logger.info(f"Columns of the {description} pipeline that `{type(trainer.model).__name__}.forward` does "
-                            f"not take are removed: {', '.join(dropped)}.")
-        return {k: v for k, v in batch.items() if k in keep}
-
-    return select
-
-
-def _count_rows(metrics: dict[str, Any], prefix: str, rows: int) -> None:
-    metrics[f"{prefix}_samples"] = rows
-    runtime = metrics.get(f"{prefix}_runtime")
-    if runtime:
-        metrics[f"{prefix}_samples_per_second"] = round(rows / runtime, 3)
-
-
-def _count_steps(metrics: dict[str, Any], prefix: str, steps: int) -> None:
-    runtime = metrics.get(f"{prefix}_runtime")
-    if runtime:
-        metrics[f"{prefix}_steps_per_second"] = round(steps / runtime, 3)
