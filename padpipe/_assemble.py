@@ -66,9 +66,11 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
             Consumer.ranks() if pipe.sharding == "auto" else (0, 1))
         return [rank, ranks, num_workers]
 
-    def reshare(states: list[dict[str, Any]], mine: list[int], carried: dict[str, Any]) -> dict[str, Any]:
+    def reshare(states: list[dict[str, Any]], mine: list[int], carried: dict[str, Any],
+                ahead: dict[int, list[Any]]) -> dict[str, Any]:
         return loader_state(states, pipeline=graph_pipe, layout=mine, version=PipelineLoader.VERSION,
-                            settings=settings, policy=equal_steps, fields=carried, device_stage=last is not None)
+                            settings=settings, policy=equal_steps, fields=carried, device_stage=last is not None,
+                            ahead=ahead)
 
     return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare)
 

@@ -52,7 +52,7 @@ class PipelineLoader(Generic[T]):
 
     def __init__(self, root: BaseNode[T], stats: PipelineStats, *, settings: dict[str, Any] | None = None,
                  layout: Callable[[], list[int]] | None = None,
-                 reshare: Callable[[list[dict[str, Any]], list[int], dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 reshare: Callable[..., dict[str, Any]] | None = None) -> None:
         self.root = root
         self._stats = stats
         self._settings = dict(settings or {})
@@ -96,12 +96,20 @@ class PipelineLoader(Generic[T]):
                              self.EPOCH_KEY: self._epoch, self.STEP_KEY: self._step,
                              self.LOCKSTEP_KEY: bool(getattr(self.root, "in_lockstep", False))})
 
-    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]], *,
+                        ahead: dict[int, list[Any]] | None = None) -> None:
         """Continue from ``state`` at the next ``iter(loader)``.
 
         ``state`` is this rank's state, or a list of the states of every rank of a run saved with
         another number of ranks or workers (elastic resume: the rest of that epoch is shared over
         this run's ranks and workers, then epochs follow this run's plan; see docs/elastic.md).
+
+        Args:
+            state: One state, or every saved rank's.
+            ahead: For an elastic resume, the batches each saved rank (the key) had taken from its
+                loader but not trained on (a training loop's fetch-ahead): they are shared out with
+                the rest of the epoch, so the new ranks still take equal steps. On the same layout
+                a caller yields its own again itself, so passing any is an error.
         """
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         fields = {self.ROOT_KEY: Optional(Child()), self.FINISHED_KEY: Bool(),
@@ -113,6 +121,9 @@ class PipelineLoader(Generic[T]):
         layout = self._layout()
         own = [s for s in states if s[self.LAYOUT_KEY] == layout]
         if own and states[0][self.LAYOUT_KEY][1:] == layout[1:]:
+            if any(ahead.values() if ahead else ()):
+                raise ValueError("`ahead` batches are shared out only on another layout; on the same layout, yield "
+                                 "this rank's again before the loader's.")
             self._pending = dict(own[0])
             return
         saved = states[0][self.LAYOUT_KEY]
@@ -125,7 +136,7 @@ class PipelineLoader(Generic[T]):
             )
         carried = {self.EPOCH_KEY: states[0][self.EPOCH_KEY], self.STEP_KEY: states[0][self.STEP_KEY],
                    self.LOCKSTEP_KEY: states[0][self.LOCKSTEP_KEY]}
-        self._pending = self._reshare(states, layout, carried)
+        self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
 
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""

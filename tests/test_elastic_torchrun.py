@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 import padpipe as pp
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the module fixture runs every launch (each bounded by its own timeout)
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "elastic_run.py"
 ROWS, EXTRA = 900, 300

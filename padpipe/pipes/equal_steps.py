@@ -132,7 +132,7 @@ def _mark(item: Any, repeat: bool) -> Any:
     return {**item, REPEAT_KEY: torch.tensor(repeat)} if isinstance(item, dict) else item
 
 
-TAIL_DEPTH = 64  # batches each rank reads ahead once a rank has reached the end of its epoch
+TAIL_DEPTH = 16  # batches each rank reads ahead once a rank has read its whole epoch (held in memory, maybe on a GPU)
 NO_LIMIT = 2**40  # the steps a rank that can still read could make
 
 

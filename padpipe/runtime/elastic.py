@@ -156,7 +156,8 @@ def _epoch_of(graph: dict[str, Any]) -> int:
 
 
 def loader_state(states: list[dict[str, Any]], *, pipeline: Pipeline, layout: list[int], version: int,
-                 settings: dict[str, Any], policy: str, fields: dict[str, Any], device_stage: bool) -> dict[str, Any]:
+                 settings: dict[str, Any], policy: str, fields: dict[str, Any], device_stage: bool,
+                 ahead: dict[int, list[Any]] | None = None) -> dict[str, Any]:
     """A ``PipelineLoader`` state for this loader (``layout``) that continues the epoch of every rank's ``states``.
 
     Args:
@@ -168,6 +169,8 @@ def loader_state(states: list[dict[str, Any]], *, pipeline: Pipeline, layout: li
         policy: The loader's equal-steps policy.
         fields: The loader's own fields to carry over (epoch and step counts).
         device_stage: Whether a trailing ``prefetch``/``to_cuda`` stage runs above the graphs.
+        ahead: Batches each old rank had taken from its loader but not trained on, by rank: they
+            come first among that rank's held batches.
     """
     from padpipe._workers import WorkerProcesses
     from padpipe.pipes.device import DevicePrefetcher
@@ -179,9 +182,10 @@ def loader_state(states: list[dict[str, Any]], *, pipeline: Pipeline, layout: li
         return make_state(version=version, settings=settings, root=None, finished=False, layout=layout, **fields)
     slots, old, epochs, ended = max(workers, 1), [], set(), all(s["finished"] for s in states)
     for rank, state in enumerate(states):
-        source, held = state["root"], []
+        source, held = state["root"], list((ahead or {}).get(rank, []))
         if policy != "off":
-            source, held, stopped = EqualSteps.parts(source)
+            source, read_ahead, stopped = EqualSteps.parts(source)
+            held += read_ahead
             ended = ended or stopped
         if device_stage:
             source = DevicePrefetcher.source_of(source)

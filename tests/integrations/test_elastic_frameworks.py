@@ -15,7 +15,7 @@ import pytest
 
 from tests.integrations.tiny import TRAIN_ROWS, run_script, write_mrpc
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # two launches, each bounded by run_script
 SCRIPT = "elastic_frameworks_run.py"
 
 
