@@ -38,6 +38,7 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
                              or options.get("timeout")):
         raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
     stats = PipelineStats()
+    device = pipe.stages[-1].options["device"] if pipe.stages and pipe.stages[-1].name == "to_cuda" else None
     if num_workers == 0:
         from padpipe._elastic import ConsumerGraph
 
@@ -49,7 +50,7 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
     if equal_steps != "off":
         from padpipe.pipes.equal_steps import EqualSteps
 
-        root = EqualSteps(root, policy=equal_steps, stats=stats)
+        root = EqualSteps(root, policy=equal_steps, stats=stats, device=device)
     settings: dict[str, Any] = {}  # the layout (ranks, workers) is checked apart: it may change
 
     def layout() -> list[int]:
@@ -63,7 +64,7 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
         return plan(states, pipeline=pipe, policy=equal_steps, layout=mine,
                     version=PipelineLoader.VERSION, settings=settings)
 
-    return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare)
+    return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare, device=device)
 
 
 def _in_workers(pipe: Pipeline, num_workers: int, consumer: Consumer | None, stats: PipelineStats,

@@ -393,10 +393,13 @@ class Pipeline(IterableDataset):
         """Copy batches to a GPU ahead of use: pinned memory, ``non_blocking`` copies on a side stream.
 
         Tensors are safe to use on the consumer's current stream. Raises ``RuntimeError`` at once
-        when no CUDA device is available.
+        when no CUDA device is available. It must be the last stage (a later one raises
+        ``ValueError``): it runs in the main process, next to the model, also with
+        ``.loader(num_workers=N)``; inside a ``DataLoader`` worker it raises ``RuntimeError``.
 
         Args:
-            device: The CUDA device; default: the current one.
+            device: The CUDA device; default: ``cuda:LOCAL_RANK`` when ``LOCAL_RANK`` is set (torchrun),
+                else the current device (both read when the loader starts, in the process that copies).
             prefetch: Batches copied ahead.
 
         Example:
@@ -574,5 +577,7 @@ class Pipeline(IterableDataset):
                 f"to take one from; pass `pad_id=` to {method}() or to tokens().")
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
+        if self.stages and self.stages[-1].name == "to_cuda":
+            raise ValueError(f"to_cuda() must be the last stage, but .{stage.name}() follows it: add it before .to_cuda().")
         return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], _managed=[False],
                                    **changes)
