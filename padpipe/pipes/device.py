@@ -19,6 +19,7 @@ from torchdata.nodes import BaseNode
 from padpipe._state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.errors import positive
 from padpipe.pipes import device_backend
+from padpipe.pipes._packing import MASK_DTYPES
 from padpipe.pipes._threading import BackgroundProducer
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 from padpipe.pipes.device_backend import CudaBackend
@@ -36,17 +37,37 @@ IN_WORKER = (
 
 
 def copy_to_cuda(batch: Any, *, device: torch.device, stream: Any, backend: CudaBackend,
-                 stats: PipelineStats) -> tuple[Any, Any]:
+                 block_mask: torch.dtype | None, stats: PipelineStats) -> tuple[Any, Any]:
     """Runs in the prefetch thread: pin and copy ``batch`` on ``stream``; return it with an event.
 
-    Each distinct tensor is pinned (unless it already is) and copied once; the event is recorded
-    on ``stream`` after the last copy. A module function (not a method) so the thread holds no
-    reference to the node.
+    Each distinct tensor is pinned (unless it already is) and copied once; with ``block_mask``
+    the packed batch's ``attention_mask`` is then built on ``stream``; the event is recorded on
+    ``stream`` after the last of this work. A module function (not a method) so the thread holds
+    no reference to the node.
     """
     with stats.timer("to_cuda"), backend.on_stream(device, stream):
         moved = map_tensors(batch, lambda t: backend.copy(backend.pin(t), device))
+        if block_mask is not None:
+            moved["attention_mask"] = block_causal_mask(moved["seq_idx"], block_mask)
         event = backend.record_event(stream)
     return moved, event
+
+
+def block_causal_mask(seq_idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``pack(block_mask=True)``'s ``[B, 1, L, L]`` mask from ``seq_idx``, on ``seq_idx``'s device.
+
+    A query sees the keys of its own segment up to itself: ``True`` (bool) or ``0`` (float) there,
+    ``False`` or the dtype's lowest value elsewhere, as :func:`padpipe.pipes._packing.block_causal_mask`.
+
+    Example:
+        >>> block_causal_mask(torch.tensor([[0, 0, 1]]), torch.bool)[0, 0].int().tolist()
+        [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    """
+    columns = seq_idx.new_ones(seq_idx.shape[1]).cumsum(0)
+    allowed = (seq_idx[:, None, :, None] == seq_idx[:, None, None, :]) & (columns[:, None] >= columns[None, :])
+    if dtype == torch.bool:
+        return allowed
+    return seq_idx.new_zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def cuda_device(device: str | torch.device | int | None) -> torch.device:
@@ -83,6 +104,9 @@ class DevicePrefetcher(BaseNode[Any]):
         prefetch: Batches produced (and copied) ahead.
         device: ``None`` (or ``"cpu"``) to keep batches on the CPU, or a CUDA device; ``"cuda"``
             without an index is ``cuda:LOCAL_RANK`` under torchrun, else the current device.
+        block_mask: With a device: build the packed batches' 4-D ``attention_mask`` in this dtype
+            on the GPU from ``seq_idx`` (what ``.to_cuda()`` does right after
+            ``.pack(block_mask=True)``).
         stats: Counters to report into (``seconds["to_cuda"]``: time spent issuing copies).
 
     Example:
@@ -104,6 +128,7 @@ class DevicePrefetcher(BaseNode[Any]):
         *,
         prefetch: int = 2,
         device: str | int | torch.device | None = None,
+        block_mask: torch.dtype | None = None,
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
@@ -111,6 +136,10 @@ class DevicePrefetcher(BaseNode[Any]):
         self.source = source
         self.prefetch = prefetch
         self.device = _check_device(device)
+        if block_mask is not None and (self.device is None or block_mask not in MASK_DTYPES):
+            raise ValueError(f"`block_mask` must be None or, with a CUDA device, one of {MASK_DTYPES}, but is "
+                             f"{block_mask} with device {self.device} instead.")
+        self.block_mask = block_mask
         self.stats = stats or PipelineStats()
         self._producer: BackgroundProducer | None = None
         self._backend = device_backend.current()  # every CUDA call goes through it (a fake in tests)
@@ -150,7 +179,7 @@ class DevicePrefetcher(BaseNode[Any]):
         self.device = device_backend.resolve_device(self.device, self._backend)
         stream = self._backend.new_stream(self.device)
         return functools.partial(copy_to_cuda, device=self.device, stream=stream, backend=self._backend,
-                                 stats=self.stats)
+                                 block_mask=self.block_mask, stats=self.stats)
 
 
 def _check_device(device: str | int | torch.device | None) -> torch.device | None:

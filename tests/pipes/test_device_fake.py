@@ -146,3 +146,22 @@ def test_to_cuda_raises_error_when_local_rank_names_a_device_it_cannot_see(monke
                                              r"pass the device, e\.g\. \.to_cuda\('cuda:0'\)\.$"):
             node.reset(None)
 
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mask_dtype", [torch.bfloat16, torch.bool])
+def test_to_cuda_builds_the_block_mask_on_the_gpu_after_pack(fake: FakeCuda, mask_dtype: torch.dtype) -> None:
+    rows = [{"text": " ".join(["word"] * (1 + i % 7))} for i in range(30)]
+    pipe = pp.from_iterable(rows).tokenize(pp.examples.tokenizer()).pack(16, batch_size=2, block_mask=True,
+                                                                          mask_dtype=mask_dtype)
+    expected = [normalize(b) for b in pipe.loader()]
+    got = list(pipe.to_cuda().loader())
+    assert [normalize(b) for b in got] == expected and len(expected) > 3
+    assert all(isinstance(b["attention_mask"], DeviceTensor) for b in got)
+    assert max(c[1].dim() for c in fake.calls if c[0] == "copy") == 2  # no [B, 1, L, L] tensor pinned or copied
+
+
+def test_prefetch_raises_error_when_block_mask_has_no_device() -> None:
+    with pytest.raises(ValueError, match=r"^`block_mask` must be None or, with a CUDA device, one of \(torch\.float32, "
+                                         r".*\), but is torch\.float32 with device None instead\.$"):
+        DevicePrefetcher(ToyBatches(2), prefetch=1, block_mask=torch.float32)
