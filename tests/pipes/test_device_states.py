@@ -31,8 +31,8 @@ CUDA = torch.device("cuda")
 class OneRank:
     """Equal steps' agreement for a group of one: it holds a batch ahead, as with several ranks."""
 
-    def agree(self, held: int, stuck: bool) -> tuple[int, int, bool]:
-        return held, held, stuck
+    def agree(self, values: list[int]) -> list[int]:
+        return list(values)
 
 
 def saved(state: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +138,7 @@ def test_step_sync_agrees_on_cpu_tensors_in_one_gloo_group_under_nccl(one_rank_w
     assert made == [{"backend": "gloo"}]  # created once, for every loader of this world
     assert syncs[0].group is syncs[1].group is not None
     assert syncs[0].device == torch.device("cpu")  # no CUDA tensor, no host sync each step
-    assert syncs[0].agree(3, True) == (3, 3, True)
+    assert syncs[0].agree([3, -3, 1]) == [3, -3, 1]
 
 
 def test_step_sync_uses_a_world_that_takes_cpu_tensors_as_it_is(one_rank_world, monkeypatch) -> None:
