@@ -4,7 +4,9 @@ Without a device the node reads its upstream ahead in a background thread. With 
 same thread pins each tensor, copies it with ``non_blocking=True`` on a side stream and records an
 event; the consumer makes its current stream wait on that event and marks every tensor as used on
 that stream (``record_stream``), so the batch is safe to use there and its memory is not reused
-while that stream still reads it.
+while that stream still reads it. Every CUDA call goes through :mod:`padpipe.pipes.device_backend`
+(a logging fake in the CPU tests). The copying node runs only in the main process: CUDA is set
+up at its first reset, and it refuses to run in a ``DataLoader`` worker.
 """
 
 from __future__ import annotations
