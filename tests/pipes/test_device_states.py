@@ -166,3 +166,34 @@ def test_lightning_loader_keeps_batches_fetched_ahead_on_the_cpu() -> None:
             again.taken()
     assert all(all_on_device(b) for b in rest)  # the restored batch too
     assert [normalize(b) for b in rest] == reference(5, 1)[0][1:]
+
+
+@pytest.mark.timeout(120)
+def test_elastic_resume_of_a_to_cuda_pipeline_from_cpu_checkpoints(monkeypatch, tmp_path) -> None:
+    """2 ranks save (each holding a batch ahead) -> 1 rank loads both on the CPU: every row once, all on the GPU."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "rows.parquet")
+    texts = [" ".join(["word"] * (1 + i % 9)) for i in range(120)]
+    pq.write_table(pa.table({"text": texts, "rid": list(range(120))}), path, row_group_size=20)
+    monkeypatch.setattr(es, "detect_sync", lambda group=None: OneRank())
+
+    def loader(rank: int, ranks: int) -> Any:
+        pipe = pp.read_parquet(path, chunk_rows=10).tokenize(pp.examples.tokenizer()).bucket(max_tokens=64,
+                                                                                           buffer_size=30)
+        return pipe.pad().to_cuda().loader(consumer=pp.Consumer(rank=rank, world_size=ranks))
+
+    with device_backend.use(FakeCuda()):
+        states, seen = [], []
+        for rank in range(2):
+            old = loader(rank, 2)
+            batches = iter(old)
+            seen += [r for _ in range(2) for r in next(batches)["rid"].tolist()]
+            states.append(saved(old.state_dict()))  # GPU tensors in a state would not load here
+        assert [len(s["root"]["held"]) for s in states] == [1, 1]
+        new = loader(0, 1)
+        new.load_state_dict(states)
+        rest = list(new)
+    assert sorted(seen + [r for b in rest for r in b["rid"].tolist()]) == list(range(120))
+    assert all(all_on_device(b) for b in rest)
