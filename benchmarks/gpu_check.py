@@ -1,20 +1,31 @@
-"""GPU checks of the device stage, in one short run (under 3 minutes on one GPU).
+"""GPU checks of the device stage, in one short run (a few minutes on one GPU).
 
-1. Correctness: every batch of ``.to_cuda(prefetch=2)`` equals (after ``.cpu()``) the batch of
-   ``.prefetch(2)`` at the same position, over one epoch of the shipped sample, and a loader
-   resumed from a mid-epoch state continues with the same batches.
+1. Correctness (benchmarks/gpu_correctness.py): every batch of ``.to_cuda(prefetch=2)`` equals
+   (after ``.cpu()``) the batch of ``.prefetch(2)`` at the same position over one epoch of the
+   shipped sample, and a loader resumed mid-epoch continues with the same batches; equal steps'
+   split of a packed batch on the GPU equals the CPU split; ``loader(num_workers=2)`` forked after
+   the model is on the GPU gives the same batches; a packed batch through a real varlen
+   flash-attention kernel (``flash_attn``, else torch's ``varlen_attn``) equals attention over
+   each document alone.
 2. Host-to-device copy speed (GB/s), pinned vs pageable memory, for a batch-sized buffer and a
    256 MB one.
-3. Input stall: the share of a small model's training step (4-layer ``TransformerEncoder``,
-   ``d_model`` 512, bf16 autocast, LM head over the vocabulary) that the loop spends waiting for
-   its next batch, for three ways of feeding it: plain CPU batches moved with ``.cuda()`` in the
-   loop, ``.prefetch(2)`` batches moved with ``.cuda()`` in the loop, and ``.to_cuda(prefetch=2)``.
-   Each step ends with ``torch.cuda.synchronize()`` (as a loop that logs ``loss.item()`` does), so
-   step time = input wait + compute, and the wait is the time in ``next(loader)`` plus the copy.
+3. Input stall of a small model's training step (4-layer ``TransformerEncoder``, ``d_model``
+   512, bf16 autocast, LM head over the vocabulary), for five feeds: batches already on the GPU
+   (compute only), CPU batches moved with ``.cuda()`` in the loop, ``.prefetch(2)`` batches moved
+   with ``.cuda()`` (pageable, blocking) or pinned + ``non_blocking`` in the loop, and
+   ``.to_cuda(prefetch=2)``. Each step ends with ``loss.item()``, which waits for the current
+   stream only, as a loop that logs its loss does (never a device-wide ``synchronize``, which
+   would also wait for the copy stream). Per feed: throughput over the timed steps, the median
+   and p95 step and host wait (time in ``next(loader)`` plus any move), the GPU's own wait
+   (CUDA events around ``next(loader)`` on the current stream: the ``wait_event`` on the copy
+   counts there), and the epoch-start steps (the bucket buffer refills) apart.
 
 Prints a table and writes ``benchmarks/out/gpu_check.json``; exits 1 if a correctness check fails.
 Without CUDA it prints ``no CUDA device: skipped`` and exits 0; ``--smoke`` then runs the same code
-paths on the CPU (tiny model, a few steps, no copies) to check the script itself.
+paths on the CPU (tiny model, a few steps, ``.prefetch(2)`` in place of ``.to_cuda``) to check the
+script itself. With a GPU, run the race tests first (one command):
+
+    python -m pytest -q tests/pipes/test_device_gpu.py tests/pipes/test_device.py && python benchmarks/gpu_check.py
 
 Usage:
     python benchmarks/gpu_check.py [--steps 60] [--out benchmarks/out/gpu_check.json]
@@ -24,19 +35,20 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 import padpipe as pp
-from padpipe.pipes.device import iter_tensors, map_tensors
+from gpu_correctness import check_equal, check_split, check_varlen, check_workers, device_pipeline, to_device
+from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 
 FIELDS = ("sentence1", "sentence2")
 MAX_TOKENS = 16384
@@ -53,59 +65,9 @@ def base_pipeline(max_tokens: int = MAX_TOKENS, buffer_size: int = 10_000) -> pp
     )
 
 
-def device_pipeline(pipe: pp.Pipeline, device: torch.device) -> pp.Pipeline:
-    """``.to_cuda(prefetch=2)`` on a GPU; ``.prefetch(2)`` in the CPU smoke run."""
-    return pipe.to_cuda(device, prefetch=2) if device.type == "cuda" else pipe.prefetch(2)
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def same_batch(got: dict[str, Any], expected: dict[str, Any], device: torch.device) -> str | None:
-    """``None`` if equal (tensors on ``device``, equal after ``.cpu()``), else what differs."""
-    if sorted(got) != sorted(expected):
-        return f"keys {sorted(got)} instead of {sorted(expected)}"
-    for key, value in expected.items():
-        if isinstance(value, torch.Tensor):
-            other = got[key]
-            if not isinstance(other, torch.Tensor) or other.device.type != device.type:
-                return f"{key!r} is not a tensor on {device.type}"
-            if other.dtype != value.dtype or not torch.equal(other.cpu(), value):
-                return f"{key!r} differs"
-        elif got[key] != value:
-            return f"{key!r} (not a tensor) differs"
-    return None
-
-
-# -- 1. correctness -------------------------------------------------------------------------------
-def check_equal(pipe: pp.Pipeline, device: torch.device, max_batches: int | None) -> dict[str, Any]:
-    """Device batches equal CPU batches over one epoch; a mid-epoch resume continues identically."""
-    cpu_loader, dev_loader = pipe.prefetch(2).loader(), device_pipeline(pipe, device).loader()
-    batches, problems, resume_state, resume_expected = 0, [], None, None
-    for i, (expected, got) in enumerate(itertools.zip_longest(cpu_loader, dev_loader)):
-        if expected is None or got is None:
-            problems.append(f"batch {i}: only the {'device' if expected is None else 'CPU'} loader has it")
-            break
-        problem = same_batch(got, expected, device)
-        if problem:
-            problems.append(f"batch {i}: {problem}")
-        if i == 4:
-            resume_state = dev_loader.state_dict()
-        if i == 5:
-            resume_expected = expected
-        batches += 1
-        if max_batches is not None and batches >= max_batches:
-            break
-    resumed_ok = None
-    if resume_state is not None and resume_expected is not None:
-        fresh = device_pipeline(pipe, device).loader()
-        fresh.load_state_dict(resume_state)
-        resumed_ok = same_batch(next(iter(fresh)), resume_expected, device) is None
-        if not resumed_ok:
-            problems.append("resume after batch 4: batch 5 differs")
-    return {"batches": batches, "equal": not problems, "resume_equal": resumed_ok, "problems": problems[:10]}
 
 
 # -- 2. copy speed ----------------------------------------------------------------------------------
@@ -151,61 +113,91 @@ class TinyEncoder(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
-def forever(loader: Any) -> Iterator[dict[str, Any]]:
+def forever(batches: Any) -> Iterator[tuple[dict[str, Any], bool]]:
+    """``(batch, first of its epoch)`` over epoch after epoch."""
     while True:
-        yield from loader
+        for i, batch in enumerate(batches):
+            yield batch, i == 0
 
 
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return map_tensors(batch, lambda t: t.to(device))
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[dict[str, Any]], *,
-          device: torch.device, move: bool, warmup: int, steps: int) -> dict[str, float]:
-    """Time ``steps`` training steps after ``warmup``: seconds waiting for input vs the whole step."""
-    wait = total = 0.0
-    tokens = 0
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[tuple[dict[str, Any], bool]], *,
+          device: torch.device, move: Callable[[Any], Any] | None, warmup: int, steps: int) -> dict[str, Any]:
+    """Time ``steps`` training steps after ``warmup``; each ends with ``loss.item()`` (see the module docs)."""
+    cuda = device.type == "cuda"
+    timed: list[tuple[float, float, Any, Any, bool]] = []
+    tokens, started = 0, 0.0
     for step in range(warmup + steps):
-        sync(device)
+        if step == warmup:
+            started = time.perf_counter()
         start = time.perf_counter()
-        batch = next(batches)
-        if move:
-            batch = to_device(batch, device)
+        before = torch.cuda.Event(enable_timing=True) if cuda else None
+        if before is not None:
+            before.record()
+        batch, epoch_start = next(batches)
+        batch = move(batch) if move is not None else batch
+        after = torch.cuda.Event(enable_timing=True) if cuda else None
+        if after is not None:
+            after.record()
         got = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model(batch["input_ids"], batch["attention_mask"])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sync(device)
-        end = time.perf_counter()
+        loss.item()  # waits for the current stream only
         if step >= warmup:
-            wait, total = wait + got - start, total + end - start
+            timed.append((got - start, time.perf_counter() - start, before, after, epoch_start))
             tokens += int(batch["input_ids"].numel())
+    total = time.perf_counter() - started
+    sync(device)  # every event has happened: read them
+    steady = [row for row in timed if not row[4]] or timed
+    gpu_wait = [1e-3 * b.elapsed_time(a) for _, _, b, a, _ in steady] if cuda else []
     return {
-        "step_ms": 1000 * total / steps,
-        "wait_ms": 1000 * wait / steps,
-        "stall_share": wait / total,
+        "steps": steps,
+        "steps_per_s": steps / total,
         "padded_tokens_per_s": tokens / total,
+        "step_ms_median": 1000 * statistics.median(r[1] for r in steady),
+        "step_ms_p95": 1000 * percentile([r[1] for r in steady], 0.95),
+        "wait_ms_median": 1000 * statistics.median(r[0] for r in steady),
+        "wait_ms_p95": 1000 * percentile([r[0] for r in steady], 0.95),
+        "gpu_wait_ms_median": 1000 * statistics.median(gpu_wait) if gpu_wait else None,
+        "epoch_start_step_ms": [1000 * r[1] for r in timed if r[4]],
+        "stall_share": sum(r[0] for r in timed) / total,
     }
 
 
-def check_stall(pipe: pp.Pipeline, device: torch.device, *, d_model: int, warmup: int, steps: int) -> dict[str, Any]:
-    vocab = pp.examples.tokenizer().get_vocab_size()
-    torch.manual_seed(0)
-    model = TinyEncoder(vocab, d_model, layers=4).to(device)
+def pinned_move(device: torch.device) -> Callable[[Any], Any]:
+    """Pin in the loop, then ``non_blocking`` copies (on the CPU: a plain move)."""
+    if device.type != "cuda":
+        return lambda batch: to_device(batch, device)
+    return lambda batch: map_tensors(batch, lambda t: t.pin_memory().to(device, non_blocking=True))
+
+
+def feeds(pipe: pp.Pipeline, device: torch.device) -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any] | None]]:
+    """Feed name -> (make its loader, move in the loop); each loader is made when its turn comes."""
+    blocking = lambda batch: to_device(batch, device)  # noqa: E731 - pageable, blocking
+    last = ".to_cuda(prefetch=2)" if device.type == "cuda" else ".to_cuda(prefetch=2) [smoke: .prefetch(2)]"
+    return {
+        "cpu + .cuda() in loop": (pipe.loader, blocking),
+        ".prefetch(2) + .cuda() in loop": (pipe.prefetch(2).loader, blocking),
+        ".prefetch(2) + pin + non_blocking in loop": (pipe.prefetch(2).loader, pinned_move(device)),
+        last: (device_pipeline(pipe, device).loader, None),
+    }
+
+
+def check_stall(pipe: pp.Pipeline, device: torch.device, model: nn.Module, *, warmup: int,
+                steps: int) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    feeds = {  # each loader is built when its turn comes, so no other feed's thread runs meanwhile
-        "cpu + .cuda() in loop": (pipe.loader, True),
-        ".prefetch(2) + .cuda() in loop": (pipe.prefetch(2).loader, True),
-        ".to_cuda(prefetch=2)": (device_pipeline(pipe, device).loader, False),
-    }
-    # compute alone: the same kind of batches already on the device
-    staged = [to_device(b, device) for _, b in zip(range(warmup + steps), forever(pipe.loader()))]
+    staged = [(to_device(b, device), first) for (b, first), _ in zip(forever(pipe.loader()), range(warmup + steps))]
     results = {"compute only (batches staged on device)": train(
-        model, optimizer, iter(staged), device=device, move=False, warmup=warmup, steps=steps)}
+        model, optimizer, iter(staged), device=device, move=None, warmup=warmup, steps=steps)}
     del staged
-    for name, (make_loader, move) in feeds.items():
+    for name, (make_loader, move) in feeds(pipe, device).items():
         batches = forever(make_loader())
         results[name] = train(model, optimizer, batches, device=device, move=move, warmup=warmup, steps=steps)
         batches.close()  # drops the loader, which stops its prefetch thread
@@ -216,18 +208,25 @@ def check_stall(pipe: pp.Pipeline, device: torch.device, *, d_model: int, warmup
 def print_report(report: dict[str, Any]) -> None:
     eq = report["equal"]
     print(f"\n{report['device_name']}  torch {report['torch']}")
-    print(f"\n1. device batches == CPU batches: {eq['equal']} over {eq['batches']} batches; "
+    print(f"\n1. device batches == CPU batches: {eq['ok']} over {eq['batches']} batches; "
           f"resume equal: {eq['resume_equal']}")
+    for name in ("split", "workers", "varlen"):
+        row = report[name]
+        print(f"   {name}: {row['ok']}  " + ", ".join(f"{k}={v}" for k, v in row.items() if k != "ok"))
     for problem in eq["problems"]:
         print(f"   {problem}")
     if "copies" in report:
         print("\n2. host->device copy      bytes        pinned GB/s   pageable GB/s")
         for name, row in report["copies"].items():
             print(f"   {name:<20} {row['bytes']:>12,} {row['pinned_gbps']:>13.2f} {row['pageable_gbps']:>15.2f}")
-    print("\n3. input stall                                step ms   wait ms   stall share   padded tok/s")
+    print("\n3. input stall (ms: median/p95)                     step          wait    gpu wait   padded tok/s"
+          "   epoch-start steps")
     for name, row in report["stall"].items():
-        print(f"   {name:<42} {row['step_ms']:>8.2f} {row['wait_ms']:>9.2f} {row['stall_share']:>12.1%} "
-              f"{row['padded_tokens_per_s']:>14,.0f}")
+        gpu = "-" if row["gpu_wait_ms_median"] is None else f"{row['gpu_wait_ms_median']:.2f}"
+        starts = ", ".join(f"{ms:.0f}" for ms in row["epoch_start_step_ms"]) or "-"
+        print(f"   {name:<46} {row['step_ms_median']:>6.2f}/{row['step_ms_p95']:<6.2f} "
+              f"{row['wait_ms_median']:>6.2f}/{row['wait_ms_p95']:<6.2f} {gpu:>8} {row['padded_tokens_per_s']:>14,.0f}"
+              f"   {starts}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,10 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report: dict[str, Any] = {"device_name": name, "torch": torch.__version__, "cuda": torch.version.cuda}
     report["equal"] = check_equal(pipe, device, max_batches)
+    report["split"] = check_split(device)
+    torch.manual_seed(0)
+    model = TinyEncoder(pp.examples.tokenizer().get_vocab_size(), d_model, layers=4).to(device)
+    report["workers"] = check_workers(pipe, device, model, max_batches)
+    report["varlen"] = check_varlen(device)
     if device.type == "cuda":
         first = next(iter(pipe.loader()))
         report["copies"] = check_copies(device, sum(t.nbytes for t in iter_tensors(first)))
-    report["stall"] = check_stall(pipe, device, d_model=d_model, warmup=args.warmup, steps=args.steps)
+    report["stall"] = check_stall(pipe, device, model, warmup=args.warmup, steps=args.steps)
     report["seconds"] = time.perf_counter() - started
     print_report(report)
     print(f"\ntotal {report['seconds']:.1f} s")
@@ -262,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
-    return 0 if report["equal"]["equal"] and report["equal"]["resume_equal"] is not False else 1
+    checks = [report[k]["ok"] for k in ("equal", "split", "workers", "varlen")] + [report["equal"]["resume_equal"]]
+    return 1 if False in checks else 0
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
         raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
     stats = PipelineStats()
     graph_pipe, last = _split_last(pipe)
+    device = last.options["device"] if last is not None and last.name == "to_cuda" else None
     if num_workers == 0:
         if consumer is None and pipe.sharding == "off":
             consumer = Consumer.detect(ranks=False)
@@ -58,7 +59,7 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
     if equal_steps != "off":
         from padpipe.pipes.equal_steps import EqualSteps
 
-        root = EqualSteps(root, policy=equal_steps, stats=stats)
+        root = EqualSteps(root, policy=equal_steps, stats=stats, device=device)
     settings: dict[str, Any] = {"equal_steps": equal_steps}  # the layout (ranks, workers) is checked apart: it may change
 
     def layout() -> list[int]:
@@ -72,7 +73,7 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
                             settings=settings, policy=equal_steps, fields=carried, device_stage=last is not None,
                             ahead=ahead)
 
-    return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare)
+    return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare, device=device)
 
 
 def _split_last(pipe: Pipeline) -> tuple[Pipeline, Any]:

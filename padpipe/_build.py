@@ -109,11 +109,11 @@ def pad(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
     return Padder(upstream, stats=ctx.stats, **options)
 
 
-def prefetch(upstream: BaseNode, ctx: BuildContext, *, prefetch: int, device: Any) -> BaseNode:
+def prefetch(upstream: BaseNode, ctx: BuildContext, *, prefetch: int, device: Any, block_mask: Any = None) -> BaseNode:
     """Build the background prefetcher (and CUDA copier when ``device`` is set)."""
     from padpipe.pipes.device import DevicePrefetcher
 
-    return DevicePrefetcher(upstream, prefetch=prefetch, device=device, stats=ctx.stats)
+    return DevicePrefetcher(upstream, prefetch=prefetch, device=device, block_mask=block_mask, stats=ctx.stats)
 
 
 def source(upstream: None, ctx: BuildContext, *, reader: type, **options: Any) -> BaseNode:

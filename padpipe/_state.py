@@ -18,6 +18,7 @@ Every failure is a :class:`StateMismatchError` naming the stage and the key.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -78,7 +79,7 @@ def _key(key: Any) -> str:
 def checksum(value: Mapping[str, Any]) -> str:
     """The CRC-32 of a state dict's values (its own ``checksum`` entry left out), as 8 hex digits.
 
-    Tensors count by dtype, shape and bytes; a nested dict that has a ``checksum`` counts by it.
+    Tensors count by dtype, shape and raw bytes (any dtype, ``bfloat16`` included); a nested dict that has a ``checksum`` counts by it.
 
     Example:
         >>> checksum({"epoch": 1}) == checksum({"epoch": 1}) != checksum({"epoch": 2})
@@ -102,9 +103,12 @@ def _walk(value: Any, crc: int, *, top: bool = False) -> int:
             crc = _walk(item, crc)
         return crc
     if isinstance(value, torch.Tensor):
-        array = np.ascontiguousarray(value.detach().cpu().numpy())
-        crc = zlib.crc32(f"T{array.dtype.str}{array.shape}".encode(), crc)
-        return zlib.crc32(memoryview(array).cast("B"), crc) if array.size else crc
+        shape = tuple(value.shape) or (1,)  # a 0-d tensor counts as shape (1,), as in states saved before
+        crc = zlib.crc32(f"T{_dtype_tag(value.dtype)}{shape}".encode(), crc)
+        if not value.numel():
+            return crc
+        raw = value.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+        return zlib.crc32(memoryview(raw.numpy()), crc)
     if value is None or isinstance(value, bool):
         return zlib.crc32(repr(value).encode(), crc)
     if isinstance(value, int):
@@ -114,6 +118,15 @@ def _walk(value: Any, crc: int, *, top: bool = False) -> int:
     if isinstance(value, str):
         return zlib.crc32(b"S" + value.encode("utf-8", "surrogatepass"), crc)
     return zlib.crc32(b"?" + type(value).__name__.encode(), crc)  # not plain: fails the type checks
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_tag(dtype: torch.dtype) -> str:
+    """NumPy's name of ``dtype`` (``'<i8'``, as states were always hashed), else torch's (``'torch.bfloat16'``)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype.str
+    except TypeError:  # no NumPy twin: bfloat16, float8, ...
+        return str(dtype)
 
 
 def seal(value: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
+import torch
 from torchdata.nodes import BaseNode
 
 from padpipe._iterable import start_at_epoch
@@ -32,6 +33,9 @@ class PipelineLoader(Generic[T]):
         root: The built node graph (equal steps and worker processes included).
         stats: The counters its stages report into.
         settings: What a loaded state must match (e.g. the number of worker processes).
+        device: The device its batches are on (a ``to_cuda`` stage's; ``"cuda"`` without an
+            index: resolved when used), for wrappers that restore batches kept in their own
+            state (``LightningLoader``); ``None``: the CPU.
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -52,8 +56,9 @@ class PipelineLoader(Generic[T]):
 
     def __init__(self, root: BaseNode[T], stats: PipelineStats, *, settings: dict[str, Any] | None = None,
                  layout: Callable[[], list[int]] | None = None,
-                 reshare: Callable[..., dict[str, Any]] | None = None) -> None:
+                 reshare: Callable[..., dict[str, Any]] | None = None, device: torch.device | None = None) -> None:
         self.root = root
+        self.device = device
         self._stats = stats
         self._settings = dict(settings or {})
         self._layout = layout or (lambda: [0, 1, 0])

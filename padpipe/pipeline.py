@@ -393,10 +393,15 @@ class Pipeline(IterableDataset):
         """Copy batches to a GPU ahead of use: pinned memory, ``non_blocking`` copies on a side stream.
 
         Tensors are safe to use on the consumer's current stream. Raises ``RuntimeError`` at once
-        when no CUDA device is available.
+        when no CUDA device is available. It must be the last stage (a later one raises
+        ``ValueError``): it runs in the main process, next to the model, also with
+        ``.loader(num_workers=N)``; inside a ``DataLoader`` worker it raises ``RuntimeError``.
+        Right after ``.pack(block_mask=True)`` it builds the 4-D mask on the GPU from ``seq_idx``
+        (the same values) instead of pinning and copying ``B * seq_len**2`` entries each step.
 
         Args:
-            device: The CUDA device; default: the current one.
+            device: The CUDA device; default: ``cuda:LOCAL_RANK`` when ``LOCAL_RANK`` is set (torchrun),
+                else the current device (both read when the loader starts, in the process that copies).
             prefetch: Batches copied ahead.
 
         Example:
@@ -405,7 +410,13 @@ class Pipeline(IterableDataset):
         self._expect("to_cuda", TENSORS)
         positive("prefetch", prefetch)
         device = cuda_device(device)
-        return self._add(Stage("to_cuda", _build.prefetch, {"prefetch": prefetch, "device": device}), TENSORS)
+        pipe, mask_dtype, last = self, None, self.stages[-1] if self.stages else None
+        if last is not None and last.name == "pack" and last.options["block_mask"]:  # build the mask on the GPU
+            mask_dtype = last.options["mask_dtype"] or torch.float32
+            plain = dataclasses.replace(last, options={**last.options, "block_mask": False, "mask_dtype": None})
+            pipe = dataclasses.replace(self, stages=self.stages[:-1] + (plain,))
+        options = {"prefetch": prefetch, "device": device, "block_mask": mask_dtype}
+        return pipe._add(Stage("to_cuda", _build.prefetch, options), TENSORS)
 
     def add_stage(self, name: str, builder: Callable[..., BaseNode], *, output: str, **options: Any) -> Pipeline:
         """Append a custom stage: ``builder(upstream_node, context, **options)`` returns its node.
@@ -574,5 +585,7 @@ class Pipeline(IterableDataset):
                 f"to take one from; pass `pad_id=` to {method}() or to tokens().")
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
+        if self.stages and self.stages[-1].name == "to_cuda":
+            raise ValueError(f"to_cuda() must be the last stage, but .{stage.name}() follows it: add it before .to_cuda().")
         return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], _managed=[False],
                                    **changes)

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 from padpipe._optional import require
 from padpipe._state import ListOf, Plain, check_state, make_state
+from padpipe.pipes.batch_tensors import to_cpu, to_device
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
@@ -43,7 +44,8 @@ class LightningLoader:
     those batches, for every rank (rank 0 writes the checkpoint for all); after
     ``load_state_dict`` it yields them first, so training continues with exactly the batch that
     comes next. Return it from ``train_dataloader()`` and add :class:`ExactResume` to the
-    ``Trainer``'s callbacks. States are plain data (the loader's state and batch tensors), so
+    ``Trainer``'s callbacks. States are plain data (the loader's state and batch tensors, kept on
+    the CPU and moved back to the loader's ``device`` when yielded after a resume), so
     checkpoints load with Lightning's default ``weights_only``.
 
     Args:
@@ -81,7 +83,8 @@ class LightningLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._ahead.clear()
-        restored, self._restored = self._restored, []
+        restored = [to_device(b, getattr(self.loader, "device", None)) for b in self._restored]
+        self._restored = []
         resumed, self._resumed = self._resumed, False
         empty = True
         for batch in _chain(restored, self.loader):
@@ -104,7 +107,7 @@ class LightningLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's loader state and its batches fetched but not trained yet (a collective under DDP)."""
-        mine = {self.LOADER_KEY: self.loader.state_dict(), self.AHEAD_KEY: list(self._ahead)}
+        mine = {self.LOADER_KEY: self.loader.state_dict(), self.AHEAD_KEY: [to_cpu(b) for b in self._ahead]}
         ranks = _all_ranks(mine)
         return make_state(version=self.VERSION, settings={}, **{self.RANKS_KEY: ranks})
 

@@ -4,90 +4,86 @@ Without a device the node reads its upstream ahead in a background thread. With 
 same thread pins each tensor, copies it with ``non_blocking=True`` on a side stream and records an
 event; the consumer makes its current stream wait on that event and marks every tensor as used on
 that stream (``record_stream``), so the batch is safe to use there and its memory is not reused
-while that stream still reads it.
+while that stream still reads it. Every CUDA call goes through :mod:`padpipe.pipes.device_backend`
+(a logging fake in the CPU tests). The copying node runs only in the main process: CUDA is set
+up at its first reset, and it refuses to run in a ``DataLoader`` worker.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
+from torch.utils.data import get_worker_info
 from torchdata.nodes import BaseNode
 
 from padpipe._state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.errors import positive
+from padpipe.pipes import device_backend
+from padpipe.pipes._packing import MASK_DTYPES
 from padpipe.pipes._threading import BackgroundProducer
+from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
+from padpipe.pipes.device_backend import CudaBackend
 from padpipe.stats import PipelineStats
 
 NO_CUDA = (
     "to_cuda() needs a CUDA device, but torch.cuda.is_available() is False; "
     "use .to('cpu') or .prefetch() on a machine without a GPU."
 )
+IN_WORKER = (
+    "to_cuda() must run in the main process, but it is running in a DataLoader worker: give the "
+    "DataLoader the pipeline without .to_cuda() and use pipe.to_cuda().loader(num_workers=N), "
+    "which keeps the copy to the GPU in the main process."
+)
 
 
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor in nested dicts, lists and tuples; other values pass through.
-
-    Example:
-        >>> map_tensors({"a": torch.ones(2), "s": ["x"]}, lambda t: t * 2)
-        {'a': tensor([2., 2.]), 's': ['x']}
-    """
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, dict):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(map_tensors(v, fn) for v in value)
-    return value
-
-
-def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in nested dicts, lists and tuples."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from iter_tensors(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from iter_tensors(v)
-
-
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if tensor.device.type == "cpu" and not tensor.is_pinned():
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
-
-
-def copy_to_cuda(batch: Any, *, device: torch.device, stream: Any, stats: PipelineStats) -> tuple[Any, Any]:
+def copy_to_cuda(batch: Any, *, device: torch.device, stream: Any, backend: CudaBackend,
+                 block_mask: torch.dtype | None, stats: PipelineStats) -> tuple[Any, Any]:
     """Runs in the prefetch thread: pin and copy ``batch`` on ``stream``; return it with an event.
 
-    A module function (not a method) so the thread holds no reference to the node.
+    Each distinct tensor is pinned (unless it already is) and copied once; with ``block_mask``
+    the packed batch's ``attention_mask`` is then built on ``stream``; the event is recorded on
+    ``stream`` after the last of this work. A module function (not a method) so the thread holds
+    no reference to the node.
     """
-    with stats.timer("to_cuda"), torch.cuda.device(device), torch.cuda.stream(stream):
-        moved = map_tensors(batch, functools.partial(_to_device, device=device))
-        event = torch.cuda.Event()
-        event.record(stream)
+    with stats.timer("to_cuda"), backend.on_stream(device, stream):
+        moved = map_tensors(batch, lambda t: backend.copy(backend.pin(t), device))
+        if block_mask is not None:
+            moved["attention_mask"] = block_causal_mask(moved["seq_idx"], block_mask)
+        event = backend.record_event(stream)
     return moved, event
 
+
+def block_causal_mask(seq_idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``pack(block_mask=True)``'s ``[B, 1, L, L]`` mask from ``seq_idx``, on ``seq_idx``'s device.
+
+    A query sees the keys of its own segment up to itself: ``True`` (bool) or ``0`` (float) there,
+    ``False`` or the dtype's lowest value elsewhere, as :func:`padpipe.pipes._packing.block_causal_mask`.
+
+    Example:
+        >>> block_causal_mask(torch.tensor([[0, 0, 1]]), torch.bool)[0, 0].int().tolist()
+        [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    """
+    columns = seq_idx.new_ones(seq_idx.shape[1]).cumsum(0)
+    allowed = (seq_idx[:, None, :, None] == seq_idx[:, None, None, :]) & (columns[:, None] >= columns[None, :])
+    if dtype == torch.bool:
+        return allowed
+    return seq_idx.new_zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def cuda_device(device: str | torch.device | int | None) -> torch.device:
     """The CUDA device batches go to; ``RuntimeError`` at once when CUDA is not available.
 
-    ``None`` means the current device, resolved in the process that copies (no CUDA call here, so
-    forked ``DataLoader`` workers stay safe).
+    ``None`` means ``cuda:LOCAL_RANK`` under torchrun, else the current device, resolved in the
+    process that copies (no CUDA call here, so forked ``DataLoader`` workers stay safe).
 
     Example:
         >>> cuda_device(None)  # doctest: +SKIP
         device(type='cuda')
     """
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "to_cuda() needs a CUDA device, but torch.cuda.is_available() is False; "
-            "use .to('cpu') or .prefetch() on a machine without a GPU."
-        )
+    if not device_backend.current().is_available():
+        raise RuntimeError(NO_CUDA)
     device = torch.device("cuda") if device is None else torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"`device` must be a CUDA device, but is {str(device)!r} instead.")
@@ -98,7 +94,9 @@ class DevicePrefetcher(BaseNode[Any]):
     """Prefetch batches in a background thread and, with ``device``, copy them to that GPU.
 
     Items come out exactly as the upstream yields them, in order; tensors anywhere in nested
-    dicts/lists are moved to ``device``, other values (lists of strings) pass through. The saved
+    dicts, ``Mapping`` s (``BatchEncoding``), namedtuples, lists and tuples are moved to ``device``
+    (a tensor found twice, such as ``cu_seq_lens_q is cu_seq_lens_k``, is copied once), other
+    values (lists of strings) pass through. The saved
     state is the upstream's state at the consumer's position, not the thread's read-ahead, so a
     resume continues with the batch after the last one returned. Errors raised upstream surface
     from ``next()`` with their original traceback.
@@ -106,7 +104,11 @@ class DevicePrefetcher(BaseNode[Any]):
     Args:
         source: The upstream node (batches of tensors).
         prefetch: Batches produced (and copied) ahead.
-        device: ``None`` (or ``"cpu"``) to keep batches on the CPU, or a CUDA device.
+        device: ``None`` (or ``"cpu"``) to keep batches on the CPU, or a CUDA device; ``"cuda"``
+            without an index is ``cuda:LOCAL_RANK`` under torchrun, else the current device.
+        block_mask: With a device: build the packed batches' 4-D ``attention_mask`` in this dtype
+            on the GPU from ``seq_idx`` (what ``.to_cuda()`` does right after
+            ``.pack(block_mask=True)``).
         stats: Counters to report into (``seconds["to_cuda"]``: time spent issuing copies).
 
     Example:
@@ -128,6 +130,7 @@ class DevicePrefetcher(BaseNode[Any]):
         *,
         prefetch: int = 2,
         device: str | int | torch.device | None = None,
+        block_mask: torch.dtype | None = None,
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
@@ -135,8 +138,13 @@ class DevicePrefetcher(BaseNode[Any]):
         self.source = source
         self.prefetch = prefetch
         self.device = _check_device(device)
+        if block_mask is not None and (self.device is None or block_mask not in MASK_DTYPES):
+            raise ValueError(f"`block_mask` must be None or, with a CUDA device, one of {MASK_DTYPES}, but is "
+                             f"{block_mask} with device {self.device} instead.")
+        self.block_mask = block_mask
         self.stats = stats or PipelineStats()
         self._producer: BackgroundProducer | None = None
+        self._backend = device_backend.current()  # every CUDA call goes through it (a fake in tests)
 
     @classmethod
     def state_around(cls, source: dict[str, Any]) -> dict[str, Any]:
@@ -165,11 +173,10 @@ class DevicePrefetcher(BaseNode[Any]):
         if self.device is None:
             return item
         batch, event = item
-        stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(event)
+        stream = self._backend.current_stream(self.device)
+        self._backend.wait_event(stream, event)  # this stream's later work waits for the copies
         for tensor in iter_tensors(batch):
-            if tensor.is_cuda:
-                tensor.record_stream(stream)
+            self._backend.record_stream(tensor, stream)  # memory not reused while this stream reads it
         return batch
 
     def get_state(self) -> dict[str, Any]:
@@ -180,10 +187,12 @@ class DevicePrefetcher(BaseNode[Any]):
         """The thread's transfer function; CUDA set-up happens here, on the first reset."""
         if self.device is None:
             return None
-        if self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        stream = torch.cuda.Stream(self.device)
-        return functools.partial(copy_to_cuda, device=self.device, stream=stream, stats=self.stats)
+        if get_worker_info() is not None:
+            raise RuntimeError(IN_WORKER)
+        self.device = device_backend.resolve_device(self.device, self._backend)
+        stream = self._backend.new_stream(self.device)
+        return functools.partial(copy_to_cuda, device=self.device, stream=stream, backend=self._backend,
+                                 block_mask=self.block_mask, stats=self.stats)
 
 
 def _check_device(device: str | int | torch.device | None) -> torch.device | None:
@@ -199,6 +208,6 @@ def _check_device(device: str | int | torch.device | None) -> torch.device | Non
         return None
     if device.type != "cuda":
         raise ValueError(f"`device` must be None, 'cpu' or a CUDA device, but is {str(device)!r} instead.")
-    if not torch.cuda.is_available():
+    if not device_backend.current().is_available():
         raise RuntimeError(NO_CUDA)
     return device

@@ -10,6 +10,7 @@ and (nearly) nothing is held back; ``"repeat"`` replays batches marked ``"is_rep
 
 from __future__ import annotations
 
+import bisect
 import logging
 from typing import Any, Callable, Iterable, Iterator
 
@@ -19,6 +20,7 @@ from torchdata.nodes import BaseNode
 from padpipe._state import SOURCE_KEY, Bool, Child, Int, ListOf, Optional, Plain, check_state, make_state
 from padpipe.errors import one_of
 from padpipe.pipes.batch_merge import merge_batches
+from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.stats import PipelineStats
 
 logger = logging.getLogger(__name__)
@@ -36,15 +38,25 @@ REPEAT_BUFFER = 8  # batches :func:`equal_steps` keeps per epoch to repeat on a 
 class StepSync:
     """One all-reduce (max) per step of a few ints: what every rank holds and can still do.
 
-    The tensor lives on the backend's device: the current CUDA device for NCCL, else the CPU.
+    It all-reduces a CPU tensor, so the host never waits for the GPU's queue (a CUDA tensor and
+    ``.tolist()`` would stall it every step, undoing the prefetch): in ``group`` when that takes
+    CPU tensors (gloo, or a ``"cpu:gloo,cuda:nccl"`` world), else, for the default NCCL world, in
+    a gloo group over the same ranks, created once (every rank builds its loaders in the same
+    order). A group passed in that takes only CUDA tensors (NCCL) is used as it is, on the
+    current CUDA device.
     """
 
     def __init__(self, group: Any = None) -> None:
         import torch.distributed as dist
 
-        self.group = group
+        self.group, self.device = group, torch.device("cpu")
         backend = str(dist.get_backend(group))
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        if backend in ("gloo", "mpi") or "cpu:" in backend:
+            return
+        if group is None:
+            self.group = _gloo_world()
+        else:
+            self.device = torch.device("cuda", torch.cuda.current_device())
 
     def agree(self, values: list[int]) -> list[int]:
         """The element-wise maximum of ``values`` over the group."""
@@ -53,6 +65,18 @@ class StepSync:
         flags = torch.tensor(values, dtype=torch.int64, device=self.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         return flags.tolist()
+
+
+_GLOO: list[Any] = []  # [the default group, its gloo twin]: made once per world
+
+
+def _gloo_world() -> Any:
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    if not _GLOO or _GLOO[0] is not world:
+        _GLOO[:] = [world, dist.new_group(backend="gloo")]
+    return _GLOO[1]
 
 
 def detect_sync(group: Any = None) -> StepSync | None:
@@ -108,14 +132,13 @@ def _split_packed(batch: dict[str, Any], cut: int, first: dict[str, Any], second
     bounds, ids = batch["cu_seq_lens_q"], batch.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not isinstance(bounds, torch.Tensor):
         return False
-    edge = cut * ids.shape[1]
-    at = int(torch.searchsorted(bounds, torch.tensor(edge, dtype=bounds.dtype)))
-    if at >= len(bounds) or int(bounds[at]) != edge:
+    edge, host = cut * ids.shape[1], bounds.tolist()  # read on the host: the bounds may be on a GPU
+    at = bisect.bisect_left(host, edge)
+    if at >= len(host) or host[at] != edge:
         return False
-    for half, part in ((first, bounds[: at + 1]), (second, bounds[at:] - edge)):
-        part = part.to(bounds.dtype)
-        half["cu_seq_lens_q"] = half["cu_seq_lens_k"] = part
-        half["max_length_q"] = half["max_length_k"] = int((part[1:] - part[:-1]).max())
+    for half, part, lengths in ((first, bounds[: at + 1], host[: at + 1]), (second, bounds[at:] - edge, host[at:])):
+        half["cu_seq_lens_q"] = half["cu_seq_lens_k"] = part.to(bounds.dtype)
+        half["max_length_q"] = half["max_length_k"] = max(b - a for a, b in zip(lengths, lengths[1:]))
     if isinstance(second.get("seq_idx"), torch.Tensor):
         second["seq_idx"] = second["seq_idx"] - at
     return True
@@ -259,13 +282,16 @@ class EqualSteps(BaseNode[Any]):
     inside a DataLoader worker) pass batches through.
 
     The state holds the upstream state, the batches read ahead and the counts, so resume is
-    exact on every rank when all ranks save at the same step.
+    exact on every rank when all ranks save at the same step. Batches read ahead are saved on
+    the CPU (a checkpoint never holds GPU tensors) and go back to ``device`` on resume.
 
     Args:
         source: The pipeline's last node.
         policy: ``"stop_first"``, ``"repeat"`` or ``"off"``.
         stats: Counters to report into.
         group: The process group to agree in (default: the whole world).
+        device: Where the batches come from upstream (a ``to_cuda`` stage's device), so batches
+            restored from a state go there too; ``None``: the CPU.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -284,10 +310,10 @@ class EqualSteps(BaseNode[Any]):
     TAIL_KEY = "tail"
 
     def __init__(self, source: BaseNode, *, policy: str = "stop_first", stats: PipelineStats | None = None,
-                 group: Any = None) -> None:
+                 group: Any = None, device: torch.device | None = None) -> None:
         super().__init__()
         one_of("policy", policy, POLICIES)
-        self.source, self.policy, self.group = source, policy, group
+        self.source, self.policy, self.group, self.device = source, policy, group, device
         self.stats = stats or PipelineStats()
         self._sync: StepSync | None = None
         self._detected = False
@@ -329,7 +355,7 @@ class EqualSteps(BaseNode[Any]):
                     fields=fields)
         self.source.reset(initial_state[SOURCE_KEY])
         step = self._step
-        step.held = list(initial_state[self.HELD_KEY])
+        step.held = [to_device(b, self.device) for b in initial_state[self.HELD_KEY]]
         step.exhausted, step.stopped = initial_state[self.EXHAUSTED_KEY], initial_state[self.STOPPED_KEY]
         step.fresh, step.steps = initial_state[self.FRESH_KEY], initial_state[self.STEPS_KEY]
         step.tail = initial_state[self.TAIL_KEY]
@@ -348,7 +374,7 @@ class EqualSteps(BaseNode[Any]):
             settings={"policy": self.policy},
             **{
                 SOURCE_KEY: self.source.state_dict(),
-                self.HELD_KEY: list(step.held),
+                self.HELD_KEY: [to_cpu(b) for b in step.held],
                 self.EXHAUSTED_KEY: step.exhausted,
                 self.STOPPED_KEY: step.stopped,
                 self.FRESH_KEY: step.fresh,
