@@ -17,7 +17,13 @@ LONG_SHARE = 0.01
 
 
 def recommendations(result: InspectResult) -> list[str]:
-    """Settings to use and what each choice costs, one sentence each (see :meth:`InspectResult.recommendations`)."""
+    """Settings to use and what each choice costs, one sentence each (see :meth:`InspectResult.recommendations`).
+
+    Example:
+        >>> recommendations(pp.inspect(pp.examples.SAMPLE_PARQUET, pp.examples.tokenizer(), max_length=128,
+        ...                            sample=2000, progress=False))[0]  # doctest: +ELLIPSIS
+        'max_length=128 truncates ...% of rows; max_length=... would keep 99% of them whole (p99 is ... tokens).'
+    """
     s, dist = result.settings, result.distribution()
     if not result.rows or not result.strategies:
         return []
