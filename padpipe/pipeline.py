@@ -555,8 +555,8 @@ class Pipeline(IterableDataset):
             raise ValueError(steps_missing(method, " or ".join(kinds), self.output))
 
     def _tokenizer_id(self, name: str) -> int | None:
-        """``pad_id``/``eos_id`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``; of mixed
-        sub-pipelines, when all agree), or ``None``."""
+        """``pad_id``/``eos_id``/``max_length`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``;
+        of mixed sub-pipelines, when all agree), or ``None``."""
         encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
         if encoder is not None:
             return getattr(encoder, name, None)
