@@ -59,7 +59,7 @@ def test_every_help_prints_the_installed_paths_whole(main, argv: list[str], caps
     assert "'sample' is the shipped sentence pairs" in " ".join(words)
 
 
-def test_help_and_docs_use_the_names_not_clone_paths(capsys: pytest.CaptureFixture) -> None:
+def test_recipe_help_shows_the_names_not_clone_paths(capsys: pytest.CaptureFixture) -> None:
     for main in (glue.main, pretrain.main):
         text = help_of(main, ["--help"], capsys)
         assert "padpipe/data/" not in text.replace(os.fspath(Path(pp.examples.DATA_DIR)), "")
