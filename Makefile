@@ -1,12 +1,14 @@
 # Two commands on a fresh clone: `make demo` and `make test`. Both create .venv and install first.
+# `make test-fast` leaves out the tests marked slow (processes, torchrun, frameworks; see conftest.py).
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench setup
+.PHONY: demo test test-fast bench setup
 
 $(STAMP): pyproject.toml constraints-dev.txt
+	@echo "padpipe: installing into $(VENV), a few minutes (once; torch is large)..."
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# CPU build of torch from the local wheel store; an unpinned torch may pull a CUDA build.
@@ -21,6 +23,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/throughput.py

@@ -1,9 +1,59 @@
-"""Shared pytest set-up: docstring examples run with ``pp`` (padpipe), ``np`` and ``datasets`` in scope."""
+"""Shared pytest set-up: docstring examples run with ``pp`` (padpipe), ``np`` and ``datasets`` in scope,
+and the ``slow`` marker on every test that starts processes, ``torchrun`` or a training framework.
+
+``make test-fast`` (``pytest -m "not slow"``) leaves those out; ``make test`` (CI) runs everything.
+A test is slow when its file is in ``SLOW_FILES`` (every test there starts processes or a framework),
+when its body calls ``subprocess`` or ``torchrun`` or asks for ``num_workers=N`` (DataLoader worker
+processes; a ``num_workers`` parameter above 0 too), or when it carries ``@pytest.mark.slow`` itself
+(a test that starts processes through a helper).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import padpipe as pp
+
+ROOT = Path(__file__).resolve().parent
+SLOW_FILES = (
+    "tests/test_distributed.py",  # torchrun ranks
+    "tests/test_elastic.py",  # torchrun ranks, restarted at other world sizes
+    "tests/test_docs.py",  # every README/docs block in a fresh interpreter
+    "tests/test_resume_random.py",  # resumes in a fresh process
+    "tests/integrations/",  # Accelerate, Lightning, the HF Trainer and the examples, most under torchrun
+    "tests/benchmarks/",  # timing runs
+)
+STARTS_PROCESSES = re.compile(r"\bsubprocess\.|\btorchrun\b|\bnum_workers=[1-9]")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Add the ``slow`` marker to the tests that start processes, ``torchrun`` or a framework."""
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    path = Path(str(item.path)).resolve()
+    where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+    if where.startswith(SLOW_FILES):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and (callspec.params.get("num_workers") or 0) > 0:  # DataLoader worker processes
+        return True
+    function = getattr(item, "function", None)
+    if function is None:  # a docstring example
+        return False
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return STARTS_PROCESSES.search(source) is not None
 
 
 @pytest.fixture(autouse=True)

@@ -1,18 +1,19 @@
 """Accelerate on padpipe batches: ``accelerator.prepare(model, optimizer, pipe.loader(...))``.
 
-    torchrun --standalone --nproc_per_node=2 examples/train_accelerate.py [PARQUET]   # or: accelerate launch ...
-    python examples/train_accelerate.py
+    torchrun --standalone --nproc_per_node=2 examples/train_accelerate.py [PARQUET] [--max-steps N] [--log-every N]
+    python examples/train_accelerate.py                          # one process; or: accelerate launch ...
 
-Accelerate passes padpipe's loader through untouched: padpipe shards the data by rank and worker and
+Needs Accelerate and ``transformers``: ``pip install 'padpipe[hf,accelerate]'``. Accelerate passes padpipe's loader through untouched: padpipe shards the data by rank and worker and
 keeps steps equal across ranks. (``prepare(DataLoader(pipe))`` would shard it a second time; padpipe
 raises an error saying so.) Trains a tiny BERT for one epoch on MRPC-style Parquet files (default: the
-shipped sample) and prints each rank's steps and rows.
+shipped sample), prints the loss every ``--log-every`` steps (main process) and each rank's steps
+and rows.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
-import sys
 
 import torch
 from accelerate import Accelerator
@@ -21,9 +22,19 @@ from transformers import BertConfig, BertForSequenceClassification
 import padpipe as pp
 
 
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Accelerate on padpipe batches.")
+    parser.add_argument("data", nargs="?", default=pp.examples.SAMPLE_PARQUET,
+                        help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)")
+    parser.add_argument("--max-steps", type=int, help="stop after N steps (default: one epoch)")
+    parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (default: 50)")
+    return parser.parse_args()
+
+
 def main() -> None:
+    args = parse_args()
     accelerator = Accelerator()
-    pipe = (pp.read_parquet(sys.argv[1] if len(sys.argv) > 1 else pp.examples.SAMPLE_PARQUET)
+    pipe = (pp.read_parquet(args.data)
               .shuffle(buffer_size=2000, seed=0)
               .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
               .bucket(max_tokens=8192)
@@ -36,10 +47,15 @@ def main() -> None:
     steps = rows = 0
     for batch in loader:
         batch.pop("idx")
-        accelerator.backward(model(**batch).loss)
+        loss = model(**batch).loss
+        accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
         steps, rows = steps + 1, rows + len(batch["input_ids"])
+        if steps % args.log_every == 0:
+            accelerator.print(f"step {steps}: loss {loss.item():.4f} (main process)", flush=True)
+        if steps == args.max_steps:
+            break
     print(f"rank {accelerator.process_index}/{accelerator.num_processes}: {steps} steps, {rows:,} rows")
     # resume: torch.save(loader.state_dict(), f"loader_{accelerator.process_index}.pt") next to accelerator.save_state()
 

@@ -1,17 +1,20 @@
 """Plain PyTorch DDP on padpipe batches: each rank reads its share, all ranks take equal steps.
 
-    torchrun --standalone --nproc_per_node=2 examples/train_ddp.py [PARQUET]    # or: python examples/train_ddp.py
+    torchrun --standalone --nproc_per_node=2 examples/train_ddp.py [PARQUET] [--max-steps N] [--log-every N]
+    python examples/train_ddp.py                                     # one process
 
-Trains a tiny BERT for two epochs on MRPC-style Parquet files (default: the shipped sample, 20,000
-sentence pairs) and prints the steps and rows of every rank and epoch. To resume mid-epoch, save each
-rank's ``loader.state_dict()`` with the model and ``loader.load_state_dict(state)`` on restart.
+Needs ``transformers`` for the model: ``pip install 'padpipe[hf]'``. Trains a tiny BERT for two
+epochs on MRPC-style Parquet files (default: the shipped sample, 20,000 sentence pairs), prints the
+loss every ``--log-every`` steps and, after each epoch, the steps and rows of every rank (rank 0
+prints them all, so lines never interleave). To resume mid-epoch, save each rank's
+``loader.state_dict()`` with the model and ``loader.load_state_dict(state)`` on restart.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -21,13 +24,23 @@ from transformers import BertConfig, BertForSequenceClassification
 import padpipe as pp
 
 
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Plain PyTorch DDP on padpipe batches.")
+    parser.add_argument("data", nargs="?", default=pp.examples.SAMPLE_PARQUET,
+                        help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)")
+    parser.add_argument("--max-steps", type=int, help="stop after N steps in all (default: two epochs)")
+    parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (default: 50)")
+    return parser.parse_args()
+
+
 def main() -> None:
+    args = parse_args()
     distributed = "WORLD_SIZE" in os.environ  # set by torchrun
     if distributed:
         dist.init_process_group("gloo")  # "nccl" on GPUs
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
-    pipe = (pp.read_parquet(sys.argv[1] if len(sys.argv) > 1 else pp.examples.SAMPLE_PARQUET)
+    pipe = (pp.read_parquet(args.data)
               .shuffle(buffer_size=2000, seed=0)
               .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
               .bucket(max_tokens=8192)
@@ -41,15 +54,28 @@ def main() -> None:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
+    total = 0
     for epoch in range(2):  # each pass over the loader is the next epoch, reshuffled
         steps = rows = 0
         for batch in loader:  # the same number of steps on every rank: DDP never waits on a finished rank
             batch.pop("idx")
-            model(**batch).loss.backward()
+            loss = model(**batch).loss
+            loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            steps, rows = steps + 1, rows + len(batch["input_ids"])
-        print(f"rank {rank}/{world} epoch {epoch}: {steps} steps, {rows:,} rows")
+            steps, rows, total = steps + 1, rows + len(batch["input_ids"]), total + 1
+            if rank == 0 and total % args.log_every == 0:
+                print(f"epoch {epoch} step {steps}: loss {loss.item():.4f} (rank 0)", flush=True)
+            if total == args.max_steps:
+                break
+        counts = [(steps, rows)] * world
+        if distributed:
+            dist.all_gather_object(counts, (steps, rows))
+        if rank == 0:
+            for r, (n, m) in enumerate(counts):
+                print(f"rank {r}/{world} epoch {epoch}: {n} steps, {m:,} rows", flush=True)
+        if total == args.max_steps:
+            break
 
 
 if __name__ == "__main__":

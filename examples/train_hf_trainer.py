@@ -1,18 +1,18 @@
 """transformers' Trainer on padpipe batches with ``padpipe.hf.Trainer``, on one process or several.
 
-    torchrun --standalone --nproc_per_node=2 examples/train_hf_trainer.py [MRPC_FOLDER [OUTPUT_DIR]]
-    python examples/train_hf_trainer.py
+    torchrun --standalone --nproc_per_node=2 examples/train_hf_trainer.py [MRPC_FOLDER [OUTPUT_DIR]] [--max-steps N]
+    python examples/train_hf_trainer.py                              # one process; --log-every N too
 
-MRPC_FOLDER holds ``train-*.parquet`` and ``validation-*.parquet`` (default: the shipped sample, its first
-1,000 rows as validation). Trains a tiny BERT for 60 steps with checkpoints in OUTPUT_DIR (default
-``runs/hf_trainer``), evaluates, and predicts the validation split in its row order. Rerun with the
+Needs ``transformers`` and ``datasets``: ``pip install 'padpipe[hf]'``. MRPC_FOLDER holds ``train-*.parquet`` and ``validation-*.parquet`` (default: the shipped sample, its first
+1,000 rows as validation). Trains a tiny BERT for 60 steps (``--max-steps``), logging the loss every
+``--log-every`` steps, with checkpoints in OUTPUT_DIR (default ``runs/hf_trainer``), evaluates, and predicts the validation split in its row order. Rerun with the
 same OUTPUT_DIR to resume from the last checkpoint: the data stream continues exactly.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 
 import datasets
 import pyarrow.parquet as pq
@@ -34,16 +34,27 @@ def accuracy(prediction) -> dict:
     return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
 
 
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="transformers' Trainer on padpipe batches.")
+    parser.add_argument("data", nargs="?", help="a folder of MRPC Parquet files by split (default: the shipped sample)")
+    parser.add_argument("output_dir", nargs="?", default="runs/hf_trainer", help="checkpoints (default: runs/hf_trainer)")
+    parser.add_argument("--max-steps", type=int, default=60, help="steps to train (default: 60)")
+    parser.add_argument("--log-every", type=int, default=10, help="log the loss every N steps (default: 10)")
+    return parser.parse_args()
+
+
 def main() -> None:
-    data = sys.argv[1] if len(sys.argv) > 1 else sample_mrpc()
-    output_dir = sys.argv[2] if len(sys.argv) > 2 else "runs/hf_trainer"
+    options = parse_args()
+    data = options.data or sample_mrpc()
+    output_dir = options.output_dir
     tokenizer = pp.examples.tokenizer()
     train = glue("mrpc", "train", tokenizer, data=data, max_tokens=4096)  # shuffled, length-bucketed, padded
     val = glue("mrpc", "validation", tokenizer, data=data, batch_size=64)  # sorted by length, with row_index
 
     model = BertForSequenceClassification(BertConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2,
                                                      num_attention_heads=2, intermediate_size=64))
-    args = TrainingArguments(output_dir, max_steps=60, save_steps=30, logging_steps=30, learning_rate=1e-3,
+    args = TrainingArguments(output_dir, max_steps=options.max_steps, save_steps=30,
+                             logging_steps=options.log_every, learning_rate=1e-3,
                              dataloader_num_workers=2, use_cpu=True, report_to=[], disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, compute_metrics=accuracy)
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None

@@ -12,20 +12,52 @@ Example:
     ['attention_mask', 'idx', 'input_ids', 'labels', 'token_type_ids']
 """
 
-from padpipe import examples
-from padpipe._shard import Consumer
-from padpipe._state import StateMismatchError
-from padpipe.cache import TokenCache
-from padpipe.chunks import TokenChunk
-from padpipe.errors import DataError
-from padpipe.inspection import InspectResult, inspect
-from padpipe.loader import PipelineLoader
-from padpipe.mix import mix
-from padpipe.pipeline import Pipeline
-from padpipe.pipes._retry import Retry
-from padpipe.pipes.equal_steps import equal_steps
-from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
-from padpipe.stats import PipelineStats, StatsSnapshot
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
+    from padpipe import examples
+    from padpipe._shard import Consumer
+    from padpipe._state import StateMismatchError
+    from padpipe.cache import TokenCache
+    from padpipe.chunks import TokenChunk
+    from padpipe.errors import DataError
+    from padpipe.inspection import InspectResult, inspect
+    from padpipe.loader import PipelineLoader
+    from padpipe.mix import mix
+    from padpipe.pipeline import Pipeline
+    from padpipe.pipes._retry import Retry
+    from padpipe.pipes.equal_steps import equal_steps
+    from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
+    from padpipe.stats import PipelineStats, StatsSnapshot
+
+_HOMES = {
+    "Consumer": "padpipe._shard",
+    "DataError": "padpipe.errors",
+    "InspectResult": "padpipe.inspection",
+    "Pipeline": "padpipe.pipeline",
+    "PipelineLoader": "padpipe.loader",
+    "PipelineStats": "padpipe.stats",
+    "Retry": "padpipe.pipes._retry",
+    "StateMismatchError": "padpipe._state",
+    "StatsSnapshot": "padpipe.stats",
+    "TokenCache": "padpipe.cache",
+    "TokenChunk": "padpipe.chunks",
+    "equal_steps": "padpipe.pipes.equal_steps",
+    "from_hf": "padpipe.sources",
+    "from_iterable": "padpipe.sources",
+    "inspect": "padpipe.inspection",
+    "mix": "padpipe.mix",
+    "read_arrow": "padpipe.sources",
+    "read_jsonl": "padpipe.sources",
+    "read_parquet": "padpipe.sources",
+}
+"""Where each public name lives. They load on first use, so ``padpipe --help`` starts without torch."""
+
 
 __all__ = [
     "Consumer",
@@ -50,3 +82,31 @@ __all__ = [
     "read_parquet",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name (or the ``examples`` module) from its home on first use, then keep it here."""
+    if name == "examples":
+        value: Any = importlib.import_module("padpipe.examples")
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    else:
+        raise AttributeError(f"module 'padpipe' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Face(types.ModuleType):
+    """The package module: a submodule that shares a public name (``padpipe.mix``) never hides it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _HOMES and isinstance(value, types.ModuleType):
+            return  # the import system setting the submodule; pp.mix stays the function
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Face

@@ -7,6 +7,10 @@ the messages the readers would give:
 * :func:`check_sources` (``pp.read_*``): every local path exists and every local glob or folder
   holds a file the reader reads (a few ``stat`` calls; a folder is walked until its first such
   file); a remote URL's fsspec backend is installed. Remote paths are listed later, as before.
+* :func:`steps_missing` (every method): the stages to add before a method that needs another
+  input (``.pad()`` on records: add ``.tokenize(...)`` and ``.batch(n)`` or ``.bucket(...)``).
+* :func:`check_budget` (``.bucket(max_tokens=...)``): under ``on_oversize="raise"``, the budget
+  holds one row of the tokenize stage's ``max_length``.
 * :func:`check_fields` (``pipe.loader()``, ``iter(pipe)``): the reader's ``columns`` and the
   tokenize stage's ``fields`` exist, read from one local Parquet footer or Arrow schema, or from
   ``columns=`` itself, or from a ``datasets.Dataset``. JSON Lines, remote files, iterables and
@@ -66,6 +70,49 @@ def check_sources(paths: Any, suffixes: tuple[str, ...]) -> None:
                 raise FileNotFoundError(f"No such file or folder: {pattern!r}.")
             wanted = "/".join(suffixes)
             raise FileNotFoundError(f"{pattern!r} matches no files; expected at least one {wanted} file there.")
+
+
+MISSING_STEPS = {
+    ("tokens", "records"): ".tokenize(tokenizer, ...)",
+    ("token batches", "records"): ".tokenize(tokenizer, ...) and then .batch(n) or .bucket(...)",
+    ("token batches", "tokens"): ".batch(n) or .bucket(...)",
+    ("tensors", "records"): ".tokenize(tokenizer, ...) and then .batch(n).pad(), .bucket(...).pad() or .pack(seq_len)",
+    ("tensors", "tokens"): ".batch(n).pad(), .bucket(...).pad() or .pack(seq_len)",
+    ("tensors", "token batches"): ".pad()",
+}
+"""``(what a method needs, what the pipeline yields)``: the stages that turn one into the other."""
+
+
+def steps_missing(method: str, wanted: str, found: str) -> str:
+    """The error for ``.method()`` on a pipeline that yields ``found`` where it needs ``wanted``.
+
+    Example:
+        >>> steps_missing("pad", "token batches", "records")
+        '.pad() needs token batches as input, but this pipeline yields records here: add .tokenize(tokenizer, ...) and then .batch(n) or .bucket(...) before it.'
+    """
+    message = f".{method}() needs {wanted} as input, but this pipeline yields {found} here"
+    add = MISSING_STEPS.get((wanted, found))
+    return f"{message}: add {add} before it." if add else f"{message}."
+
+
+def check_budget(max_tokens: int | None, on_oversize: str, max_length: int | None) -> None:
+    """Raise ``ValueError`` when ``bucket(max_tokens)`` cannot hold one row that ``tokenize`` lets through.
+
+    Under ``on_oversize="raise"`` a row of ``max_length`` tokens (the tokenize stage's truncation
+    length) would stop the epoch with an error; ``"truncate"`` and ``"drop"`` say what to do instead.
+
+    Example:
+        >>> check_budget(10, "raise", 512)
+        Traceback (most recent call last):
+        ...
+        ValueError: `max_tokens` must hold one row of max_length=512 tokens (the tokenize stage's truncation), but is 10 instead; raise it, lower max_length, or pass on_oversize='truncate' or 'drop'.
+    """
+    if max_tokens is None or max_length is None or on_oversize != "raise" or max_tokens >= max_length:
+        return
+    raise ValueError(
+        f"`max_tokens` must hold one row of max_length={max_length} tokens (the tokenize stage's truncation), but is "
+        f"{max_tokens} instead; raise it, lower max_length, or pass on_oversize='truncate' or 'drop'."
+    )
 
 
 def check_fields(pipe: Pipeline) -> None:

@@ -12,9 +12,11 @@ the recipes' command lines and ``padpipe`` (:mod:`padpipe.cli`).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
-from typing import Callable, Sequence
+import textwrap
+from typing import Callable, Sequence, TextIO
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
 """Errors that mean bad input, not a bug: bad values, ``DataError``, missing files, missing packages."""
@@ -25,8 +27,37 @@ TRACEBACK_ENV = "PADPIPE_TRACEBACK"
 EPILOG = f"Errors in the input print one line; set {TRACEBACK_ENV}=1 to see their traceback."
 
 
+def show_log_lines(stream: TextIO | None = None) -> logging.Handler | None:
+    """Print the ``padpipe`` logger's INFO lines (progress off a terminal) on ``stream`` (default: stderr).
+
+    A command line calls this first, so a job log shows the progress lines its ``--help`` promises.
+    Does nothing when logging is already configured (a handler on ``padpipe`` or the root logger).
+
+    Returns:
+        The handler added, or ``None`` when logging was configured already.
+
+    Example:
+        >>> handler = show_log_lines()  # doctest: +SKIP
+        >>> logging.getLogger("padpipe").info("inspect: tokenizing: 20,000 rows, done")  # doctest: +SKIP
+        inspect: tokenizing: 20,000 rows, done
+    """
+    logger = logging.getLogger("padpipe")
+    if logger.handlers or logging.getLogger().handlers:
+        return None
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return handler
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Help that appends ``(default: X)`` to every option that has a default, and keeps line breaks."""
+    """Help that appends ``(default: X)`` to every option that has a default, keeps line breaks in
+    descriptions and never breaks a long word (a path stays whole, to copy)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

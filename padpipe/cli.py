@@ -5,19 +5,23 @@ every batching strategy costs on it (see :func:`padpipe.inspect`); ``padpipe cac
 ``padpipe cache clear PATH`` size and delete a token cache (see :mod:`padpipe.cache`). A user error
 (a missing file, an unknown field, no tokenizer, a bad option) prints one line and exits with status 2.
 
+``sample`` (and ``corpus``) as DATA and ``sample`` as the tokenizer name the files shipped inside
+the package, wherever it is installed (``--help`` prints their paths).
+
 Example:
-    $ padpipe inspect padpipe/data/sample.parquet --tokenizer padpipe/data/tokenizer/tokenizer.json --max-length 128
+    $ padpipe inspect sample --tokenizer sample --max-length 128
     $ padpipe cache info ~/.cache/padpipe-tokens
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Callable, Sequence
 
-from padpipe import _command
+from padpipe import _command, _shipped
 
 def _at_least(text: str, minimum: int) -> int:
     try:
@@ -97,9 +101,10 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_inspect)
     p.add_argument("data", nargs="+", metavar="DATA",
                    help="Parquet, Arrow IPC or JSONL (.gz/.zst) file(s), folder(s) (save_to_disk too), globs or "
-                        "fsspec URLs; quote globs")
+                        f"fsspec URLs; quote globs. {_shipped.data_help()}")
     p.add_argument("--tokenizer", required=True, metavar="TOK",
-                   help="a tokenizer.json file, or a folder or name for transformers.AutoTokenizer (required)")
+                   help="a tokenizer.json file, or a folder or name for transformers.AutoTokenizer (required); "
+                        f"{_shipped.tokenizer_help()}")
     p.add_argument("--fields", type=_fields, metavar="A[,B]",
                    help="the text field, or two for pairs (default: 'text', else the one or two string columns)")
     p.add_argument("--max-length", type=_positive, metavar="N",
@@ -138,9 +143,11 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
 def _inspect(args: argparse.Namespace) -> int:
     from padpipe.inspection import inspect
 
+    _command.show_log_lines()
+    data = [_shipped.data(path) for path in args.data]
     result = inspect(
-        args.data if len(args.data) > 1 else args.data[0],
-        args.tokenizer,
+        data if len(data) > 1 else data[0],
+        _shipped.tokenizer(args.tokenizer),
         fields=args.fields,
         max_length=args.max_length,
         sample=args.sample,
@@ -156,6 +163,7 @@ def _inspect(args: argparse.Namespace) -> int:
         storage_options=args.storage_options,
         progress=args.progress,
     )
+    result = dataclasses.replace(result, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(result)
     if args.chart:
         print(f"\nchart: {result.chart(args.chart)}")

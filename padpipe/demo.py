@@ -1,28 +1,32 @@
 """The main job: padding strategies compared on the shipped sample (``python -m padpipe.demo``).
 
-Runs the same shuffled, tokenized sentence-pair stream through four batching strategies and prints
-padding efficiency, throughput and time to first batch for each.
+Runs the same shuffled, tokenized stream through four batching strategies and prints padding
+efficiency, throughput and time to first batch for each, a row as each strategy finishes. One
+untimed batch first warms up what every strategy shares (the tokenizer, the reader, torch), so the
+first strategy timed does not pay for it. The text fields are found as ``padpipe inspect`` finds
+them (``text``, else the only one or two string columns), unless ``--fields`` names them.
 
 Example:
     $ python -m padpipe.demo --max-length 128 --batch-size 32
-    $ python -m padpipe.demo --data padpipe/data/corpus.jsonl.gz --fields text
+    $ python -m padpipe.demo --data corpus
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import padpipe as pp
-from padpipe import _command
+from padpipe import _command, _shipped
+from padpipe.inspection._fields import detect_fields
 from padpipe.recipes._formats import read_corpus
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class StrategyResult:
     """One row of the demo table."""
 
@@ -48,6 +52,16 @@ def strategies(base: pp.Pipeline, *, max_length: int, batch_size: int, max_token
         f"bucketed (batch_size={batch_size})": base.bucket(batch_size).pad(pad_to_multiple_of=8),
         f"token budget (max_tokens={max_tokens})": base.bucket(max_tokens=max_tokens).pad(pad_to_multiple_of=8),
     }
+
+
+def warm_up(base: pp.Pipeline, *, batch_size: int) -> None:
+    """Take one batch of ``base``, untimed: loads the tokenizer and starts the reader and torch once.
+
+    Example:
+        >>> warm_up(base, batch_size=32)  # doctest: +SKIP
+    """
+    loader = base.batch(batch_size).pad().loader()
+    next(iter(loader), None)
 
 
 def measure(name: str, pipe: pp.Pipeline) -> StrategyResult:
@@ -76,16 +90,18 @@ def measure(name: str, pipe: pp.Pipeline) -> StrategyResult:
     )
 
 
-def format_table(results: Sequence[StrategyResult]) -> str:
-    """The results as an aligned text table."""
-    header = f"{'strategy':<34} {'batches':>7} {'rows':>7} {'pad eff.':>8} {'rows/s':>9} {'tokens/s':>11} {'1st batch':>9}"
-    lines = [header, "-" * len(header)]
-    for r in results:
-        lines.append(
-            f"{r.name:<34} {r.batches:>7} {r.rows:>7} {r.efficiency:>8.1%} {r.rows_per_s:>9,.0f} "
-            f"{r.tokens_per_s:>11,.0f} {r.first_batch_s * 1000:>7.0f}ms"
-        )
-    return "\n".join(lines)
+HEADER = f"{'strategy':<34} {'batches':>7} {'rows':>7} {'pad eff.':>8} {'rows/s':>9} {'tokens/s':>11} {'1st batch':>9}"
+
+
+def format_row(r: StrategyResult) -> str:
+    """One result as a line of the table under :data:`HEADER` (printed as soon as its strategy finishes).
+
+    Example:
+        >>> format_row(StrategyResult("dynamic (pad to batch max)", 625, 20000, 0.579, 13081, 970140, 0.021))
+        'dynamic (pad to batch max)             625   20000    57.9%    13,081     970,140      21ms'
+    """
+    return (f"{r.name:<34} {r.batches:>7} {r.rows:>7} {r.efficiency:>8.1%} {r.rows_per_s:>9,.0f} "
+            f"{r.tokens_per_s:>11,.0f} {r.first_batch_s * 1000:>7.0f}ms")
 
 
 PROG = "python -m padpipe.demo"
@@ -103,39 +119,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--data",
         nargs="+",
-        default=[pp.examples.SAMPLE_PARQUET],
+        default=["sample"],
         metavar="PATH",
         help="Parquet, Arrow (a save_to_disk folder too) or JSON Lines (.gz, .zst) files, folders or globs; "
-        "the format comes from the names (default: the shipped sample, padpipe/data/sample.parquet)",
+        f"the format comes from the names. {_shipped.data_help()}",
     )
     parser.add_argument(
         "--tokenizer",
-        default=pp.examples.TOKENIZER_JSON,
+        default="sample",
         metavar="PATH",
-        help="a tokenizer.json file, a pretrained folder or a hub name (folders and names need padpipe[hf]) "
-        "(default: the shipped tokenizer, padpipe/data/tokenizer/tokenizer.json)",
+        help="a tokenizer.json file, a pretrained folder or a hub name (folders and names need padpipe[hf]); "
+        f"{_shipped.tokenizer_help()}",
     )
     parser.add_argument(
-        "--fields", nargs="+", default=["sentence1", "sentence2"], metavar="FIELD", help="one text column, or two for pairs"
+        "--fields", nargs="+", metavar="FIELD",
+        help="one text column, or two for pairs (default: 'text', else the data's only one or two string columns)",
     )
     parser.add_argument("--max-length", type=int, default=128, metavar="N", help="truncate every row to N tokens")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="rows per batch (static, dynamic, bucketed)")
     parser.add_argument("--max-tokens", type=int, default=4096, metavar="N", help="padded tokens per batch (token budget)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
     args = parser.parse_args(argv)
+    _command.show_log_lines()
 
+    paths, tokenizer = [_shipped.data(path) for path in args.data], _shipped.tokenizer(args.tokenizer)
+    fields = detect_fields(paths, args.fields, option="the text field(s) with --fields A [B]")
     base = (
-        read_corpus(args.data, columns=list(args.fields))
+        read_corpus(paths, columns=list(fields))
         .shuffle(buffer_size=10_000, seed=args.seed)
-        .tokenize(args.tokenizer, fields=tuple(args.fields), max_length=args.max_length)
+        .tokenize(tokenizer, fields=fields, max_length=args.max_length)
     )
     data = " ".join(args.data)
-    print(f"data: {data}\ntokenizer: {args.tokenizer}\nfields: {args.fields}, max_length={args.max_length}\n")
+    print(f"data: {data}\ntokenizer: {args.tokenizer}\nfields: {list(fields)}, max_length={args.max_length}\n")
     plans = strategies(base, max_length=args.max_length, batch_size=args.batch_size, max_tokens=args.max_tokens)
-    results = [measure(name, pipe) for name, pipe in plans.items()]
-    print(format_table(results))
-    report = pp.inspect(args.data, args.tokenizer, fields=tuple(args.fields), max_length=args.max_length, sample=None,
+    warm_up(base, batch_size=args.batch_size)
+    print(f"{HEADER}\n{'-' * len(HEADER)}", flush=True)
+    for name, pipe in plans.items():
+        print(format_row(measure(name, pipe)), flush=True)
+    report = pp.inspect(paths, tokenizer, fields=fields, max_length=args.max_length, sample=None,
                         batch_size=args.batch_size, max_tokens=args.max_tokens, seed=args.seed)
+    report = dataclasses.replace(report, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(f"\nThe same data through `padpipe inspect` (every strategy, no model):\n{report}")
     try:
         print(f"\nchart: {report.chart(os.path.join(tempfile.gettempdir(), 'padpipe-demo-inspect.png'))}")

@@ -16,7 +16,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._build import BuildContext, Stage
-from padpipe._checks import check_fields
+from padpipe._checks import check_budget, check_fields, steps_missing
 from padpipe._shard import Consumer
 from padpipe.cache import TokenCache, check_recipe
 from padpipe.cache import session as cache_session
@@ -236,6 +236,7 @@ class Pipeline(IterableDataset):
             "eager": eager,
         }
         check_bucket_options(**options)
+        check_budget(max_tokens, on_oversize, self._tokenizer_id("max_length"))
         return self._add(Stage("bucket", _build.bucket, options), TOKEN_BATCHES)
 
     def pad(
@@ -562,12 +563,11 @@ class Pipeline(IterableDataset):
 
     def _expect(self, method: str, *kinds: str) -> None:
         if self.output not in kinds:
-            wanted = " or ".join(kinds)
-            raise ValueError(f".{method}() needs {wanted} as input, but this pipeline yields {self.output} here.")
+            raise ValueError(steps_missing(method, " or ".join(kinds), self.output))
 
     def _tokenizer_id(self, name: str) -> int | None:
-        """``pad_id``/``eos_id`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``; of mixed
-        sub-pipelines, when all agree), or ``None``."""
+        """``pad_id``/``eos_id``/``max_length`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``;
+        of mixed sub-pipelines, when all agree), or ``None``."""
         encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
         if encoder is not None:
             return getattr(encoder, name, None)

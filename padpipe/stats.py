@@ -33,6 +33,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+OVERLAP = "stages overlap in threads, so shares may sum past 100%"
+"""Why the stage times of ``str(stats)`` may add up to more than the wall time."""
+
 
 @dataclass(frozen=True)
 class StatsSnapshot:
@@ -61,7 +64,7 @@ class StatsSnapshot:
           rows     64 in 2 batches (32.0 rows per batch)
           tokens   900 real in 1,024 slots: padding efficiency 87.9%
           skipped  1 (tokenize.bad_text 1)
-          time per stage (share of the 2.00 s wall time):
+          time per stage (share of the 2.00 s wall time; stages overlap in threads, so shares may sum past 100%):
             tokenize  0.500 s  25.0%
             pad       0.010 s   0.5%
         >>> snap.as_dict()["share/tokenize"], (snap + snap).rows
@@ -151,7 +154,7 @@ class StatsSnapshot:
         reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.skipped.items()))
         lines.append(f"  skipped  {skipped:,}" + (f" ({reasons})" if reasons else ""))
         if self.seconds:
-            lines.append(f"  time per stage (share of the {self.wall_seconds:.2f} s wall time):")
+            lines.append(f"  time per stage (share of the {self.wall_seconds:.2f} s wall time; {OVERLAP}):")
             share = self.time_share
             width = max(len(stage) for stage in self.seconds)
             for stage, seconds in sorted(self.seconds.items(), key=lambda item: (-item[1], item[0])):

@@ -146,3 +146,27 @@ def test_loader_still_yields_record_batches_and_tensors() -> None:
     records = pp.from_iterable([{"text": "a b"}])
     assert isinstance(next(iter(records.loader())), pa.RecordBatch)
     assert next(iter(records.tokenize(TOK).pack(8).loader()))["input_ids"].shape == (1, 8)
+
+
+# -- stages in the wrong order or that cannot fit, at the call ---------------------------------------
+@pytest.mark.parametrize("make, method, add", [
+    (lambda p: p.pad(), "pad", r"\.tokenize\(tokenizer, \.\.\.\) and then \.batch\(n\) or \.bucket\(\.\.\.\)"),
+    (lambda p: p.batch(8), "batch", r"\.tokenize\(tokenizer, \.\.\.\)"),
+    (lambda p: p.tokenize(TOK).pad(), "pad", r"\.batch\(n\) or \.bucket\(\.\.\.\)"),
+])
+def test_a_stage_before_its_input_names_the_stages_to_add(make, method, add) -> None:
+    pipe = pp.from_iterable([{"text": "a b"}])
+    with pytest.raises(ValueError, match=rf"^\.{method}\(\) needs token(?:s| batches) as input, but this pipeline "
+                                         rf"yields (?:records|tokens) here: add {add} before it\.$"):
+        make(pipe)
+
+
+def test_a_token_budget_that_cannot_hold_a_full_length_row_fails_when_the_pipeline_is_built() -> None:
+    tokenized = pp.from_iterable([{"text": "a b"}]).tokenize(TOK, max_length=512)
+    with pytest.raises(ValueError, match=r"^`max_tokens` must hold one row of max_length=512 tokens \(the tokenize "
+                                         r"stage's truncation\), but is 10 instead; raise it, lower max_length, or pass "
+                                         r"on_oversize='truncate' or 'drop'\.$"):
+        tokenized.bucket(max_tokens=10)
+    for fine in (tokenized.bucket(max_tokens=512), tokenized.bucket(max_tokens=10, on_oversize="truncate"),
+                 pp.from_iterable([{"text": "a b"}]).tokenize(TOK).bucket(max_tokens=10)):  # no max_length: data decides
+        assert fine.output == "token batches"

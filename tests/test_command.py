@@ -179,8 +179,8 @@ def test_demo_reads_any_format_a_reader_reads(kind: str, tmp_path: Path, capsys:
 
 def test_demo_defaults_to_the_shipped_sample() -> None:
     parser = _parser_of(demo)
-    assert parser.get_default("data") == [pp.examples.SAMPLE_PARQUET]
-    assert parser.get_default("tokenizer") == pp.examples.TOKENIZER_JSON
+    assert parser.get_default("data") == ["sample"] and parser.get_default("tokenizer") == "sample"
+    assert parser.get_default("fields") is None  # found as inspect finds them
 
 
 def test_glue_cli_reads_a_parquet_file_as_the_split(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -126,6 +126,7 @@ def inspect(
     options = tokenize_options(tokenizer, fields="text", max_length=None, truncation=False, add_special_tokens=True,
                                num_threads=num_threads, on_error="skip", append_eos=False)
     limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
+    model_limit = limit if max_length is None else _model_limit(tokenizer)
     stats = PipelineStats()
     reader = make_reader(pipe, stats)
     units = reader.list_units()
@@ -149,6 +150,7 @@ def inspect(
     if not len(lengths):
         found = f"all {skipped:,} rows read have no text there (None or not a string)" if skipped else "it has no rows"
         raise DataError(f"{_describe(data)}: nothing to inspect in field(s) {list(fields)!r}: {found}.")
+    sampled = sample is not None and not (corpus is not None and corpus.exact and len(lengths) + skipped >= corpus.rows)
     if corpus is None:
         files = files_of(reader)
         corpus = Corpus(len(lengths) + skipped, True, "every row read", len(units), len(units), len(files),
@@ -168,11 +170,16 @@ def inspect(
     results, bucket_sweep, pack_sweep, budget_truncated = _compare(stream, settings, shuffled=shuffled)
     return InspectResult(
         source=_describe(data), format=READERS[pipe.source.name], corpus=corpus, fields=fields,
-        tokenizer=_describe(tokenizer), max_length=limit, lengths=lengths, sampled=sample is not None,
+        tokenizer=_describe(tokenizer), max_length=limit, lengths=lengths, sampled=sampled,
         skipped_rows=skipped, settings=settings,
         strategies=results, bucket_sweep=bucket_sweep, pack_sweep=pack_sweep, budget_truncated=budget_truncated,
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started, model_max_length=model_limit,
     )
+
+
+def _model_limit(tokenizer: Any) -> int | None:
+    """The tokenizer's own ``model_max_length`` (``None`` when it has none), whatever ``max_length`` was asked."""
+    return TextEncoder.load(tokenizer, max_length=None, truncation=True, add_special_tokens=True).max_length
 
 
 def _compare(stream: list[np.ndarray], s: Settings, *, shuffled: bool) -> tuple[tuple[StrategyResult, ...], Sweep,

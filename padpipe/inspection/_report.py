@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from padpipe.inspection._advice import num as _num
+from padpipe.inspection._advice import recommendations
 from padpipe.inspection._sample import Corpus
 from padpipe.inspection._strategies import StrategyResult
 
-PLATEAU = 0.005
-"""A buffer size is "enough" once its efficiency is within this of the best one measured."""
 PERCENTILES = (50, 90, 99)
 
 
@@ -56,6 +55,8 @@ class InspectResult:
         fields: The text field(s) tokenized.
         tokenizer: The tokenizer, as given (a path) or its type.
         max_length: Truncation length (``None``: none).
+        model_max_length: The tokenizer's own limit (``transformers``' ``model_max_length``;
+            ``None`` when it has none): advice never goes past it.
         lengths: Token count of every row inspected, before truncation, special tokens included.
         sampled: ``True`` for a sample, ``False`` when every row was read.
         skipped_rows: Rows without text in a field (``None`` or not a string), left out.
@@ -82,6 +83,7 @@ class InspectResult:
     pack_sweep: tuple[tuple[int, float], ...]
     budget_truncated: int
     seconds: float
+    model_max_length: int | None = None
 
     # -- figures ----------------------------------------------------------------------------------
     @property
@@ -121,32 +123,13 @@ class InspectResult:
         return max(self.strategies, key=lambda s: s.efficiency)
 
     def recommendations(self) -> list[str]:
-        """Settings to use and what each choice costs, one sentence each."""
-        s, dist, out = self.settings, self.distribution(), []
-        if not self.rows or not self.strategies:
-            return out
-        keep = _round_up(dist["p99"], 8)
-        if self.max_length is not None:
-            out.append(f"max_length={self.max_length} truncates {dist['truncated_share']:.1%} of rows; "
-                       f"max_length={keep} would keep 99% of them whole (p99 is {_num(dist['p99'])} tokens).")
-        else:
-            out.append(f"no truncation: the longest row has {dist['max']:,} tokens; "
-                       f"max_length={keep} would keep 99% of rows whole.")
-        least = min(st.attention for st in self.strategies)
-        fullest = self.best()
-        lightest = min(self.strategies, key=lambda st: (st.attention, -st.efficiency))
-        out.append(f"least padding: {fullest.name} ({fullest.efficiency:.1%} of token slots are real tokens); "
-                   f"least attention work: {lightest.name}.")
-        out.append(_plateau(f"bucket(max_tokens={s.max_tokens})", self.bucket_sweep,
-                            "a larger buffer only holds more rows and delays the first batch"))
-        out.append(_plateau(f"pack(seq_len={s.seq_len})", self.pack_sweep, "a larger buffer only costs packing time"))
-        waste = ", ".join(f"{st.name} {1 - st.efficiency:.1%} ({st.attention / least:.2f}x attention)"
-                          for st in self.strategies)
-        out.append(f"compute spent on padding: {waste}.")
-        if self.budget_truncated:
-            out.append(f"{self.budget_truncated:,} rows are longer than max_tokens={s.max_tokens} allows: "
-                       "bucket(max_tokens) raises on them unless on_oversize='truncate' or 'drop'.")
-        return [line for line in out if line]
+        """Settings to use and what each choice costs, one sentence each.
+
+        ``max_length`` advice never goes past the tokenizer's ``model_max_length``; a corpus of long
+        documents (more than 1% of rows truncated, one text field) gets packing with
+        ``long_docs="split"``, which keeps every token.
+        """
+        return recommendations(self)
 
     # -- output -----------------------------------------------------------------------------------
     def table(self) -> str:
@@ -234,7 +217,8 @@ class InspectResult:
             })
         return {
             "source": self.source, "format": self.format, "fields": list(self.fields), "tokenizer": self.tokenizer,
-            "max_length": self.max_length, "rows_inspected": self.rows, "sampled": self.sampled,
+            "max_length": self.max_length, "model_max_length": self.model_max_length, "rows_inspected": self.rows,
+            "sampled": self.sampled,
             "skipped_rows": self.skipped_rows, "corpus": asdict(self.corpus), "lengths": self.distribution(),
             "settings": asdict(self.settings), "strategies": strategies,
             "bucket_buffer_sweep": [{"buffer_size": b, "efficiency": e} for b, e in self.bucket_sweep],
@@ -250,28 +234,5 @@ class InspectResult:
         return write_chart(self, path)
 
 
-def _plateau(name: str, sweep: tuple[tuple[int, float], ...], cost: str) -> str:
-    """Where efficiency stops improving with the buffer size, in one sentence."""
-    if not sweep:
-        return ""
-    best_size, best = max(sweep, key=lambda item: (item[1], -item[0]))
-    enough_size, enough = next((b, e) for b, e in sweep if e >= best - PLATEAU)
-    if enough_size == sweep[-1][0] and len(sweep) > 1:
-        before_size, before = sweep[-2]
-        return (f"{name}: efficiency still grows at the largest buffer_size tried ({enough_size:,}: {enough:.1%}; "
-                f"{before_size:,}: {before:.1%}); try larger ones.")
-    return (f"{name}: efficiency stops improving at buffer_size={enough_size:,} ({enough:.1%}; the best measured is "
-            f"{best:.1%} at {best_size:,}); {cost}.")
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
-def _round_up(value: float, multiple: int) -> int:
-    return max(multiple, math.ceil(value / multiple) * multiple)
-
-
-def _num(value: float) -> str:
-    """A percentile for people: ``61``, ``410.1`` (one decimal at most, none when it is 0)."""
-    return f"{value:.1f}".removesuffix(".0")

@@ -139,8 +139,11 @@ def first_schema(reader: UnitSource, units: Sequence[WorkUnit]) -> pa.Schema:
     raise DataError(f"{reader.describe()}: the input has no rows.")
 
 
-def choose_fields(schema: pa.Schema, fields: str | Sequence[str] | None, where: str) -> tuple[str, ...]:
+def choose_fields(schema: pa.Schema, fields: str | Sequence[str] | None, where: str, *,
+                  option: str = "the text field(s) to tokenize") -> tuple[str, ...]:
     """The text fields to tokenize: ``fields`` checked against ``schema``, else ``text``, else its string columns.
+
+    ``option`` says in the error how to name them (``"--fields A [B]"`` in a command line).
 
     Example:
         >>> schema = pa.schema([("sentence1", pa.string()), ("sentence2", pa.string()), ("label", pa.int64())])
@@ -163,7 +166,8 @@ def choose_fields(schema: pa.Schema, fields: str | Sequence[str] | None, where: 
     if len(strings) in (1, 2):
         return tuple(strings)
     raise DataError(
-        f"{where}: no 'text' column; pass the text field(s) to tokenize, from the columns {schema.names!r}."
+        f"{where}: no 'text' column and {len(strings)} string columns, not one or two; pass {option}, "
+        f"from the columns {schema.names!r}."
     )
 
 

@@ -29,18 +29,21 @@ def describe(batch: dict[str, Any]) -> str:
 
 
 def run(
-    pipe: pp.Pipeline, *, max_batches: int | None, efficiency: str, rows: str = "rows", out: TextIO | None = None
+    pipe: pp.Pipeline, *, max_batches: int | None, efficiency: str, eos_id: int | None = None,
+    out: TextIO | None = None,
 ) -> pp.StatsSnapshot:
     """Read up to ``max_batches`` batches (all of one epoch when ``None``) and print a summary.
 
     Prints the shapes of the first few batches, then the totals and ``efficiency`` (the word for
-    real tokens over token slots: ``"padding"`` or ``"packing"``) from ``loader.stats()``.
+    real tokens over token slots: ``"padding"`` or ``"packing"``) from ``loader.stats()``. Packed
+    batches (``eos_id`` given) count documents by the EOS tokens that end them, and the pieces
+    placed beside (a long document is split into pieces across rows).
 
     Args:
         pipe: The pipeline to run.
         max_batches: Most batches to read; ``None`` reads one epoch.
         efficiency: How to name the efficiency in the summary line.
-        rows: What the stats count as rows (``"documents"`` when packing: each piece of a split one).
+        eos_id: The EOS id that ends every document of packed batches; ``None`` for padded ones.
         out: Where to print; default: standard output.
 
     Returns:
@@ -48,14 +51,18 @@ def run(
     """
     out = out or sys.stdout
     loader = pipe.loader()
+    documents = 0
     for number, batch in enumerate(loader):
+        if eos_id is not None:
+            documents += int((batch["input_ids"] == eos_id).sum())
         if number < SHOWN_BATCHES:
             print(f"batch {number}: {describe(batch)}", file=out)
         if max_batches is not None and number + 1 >= max_batches:
             break
     stats = loader.stats()
+    rows = f"{stats.rows} rows" if eos_id is None else f"{documents} documents ({stats.rows} pieces)"
     print(
-        f"{stats.batches} batches, {stats.rows} {rows}, {stats.real_tokens} tokens in {stats.padded_tokens} slots: "
+        f"{stats.batches} batches, {rows}, {stats.real_tokens} tokens in {stats.padded_tokens} slots: "
         f"{efficiency} efficiency {stats.padding_efficiency:.1%}",
         file=out,
     )

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 import padpipe as pp
-from padpipe import _command
+from padpipe import _command, _shipped
 from padpipe._progress import progress_stage
 from padpipe.errors import DataError, check_bool, positive
 from padpipe.recipes import _cli
@@ -218,8 +218,7 @@ row_index. --data is where the split's rows are:
   a save_to_disk folder of a DatasetDict or of one Dataset (needs padpipe[hf]).
 Without --data the split is downloaded from nyu-mll/glue (needs padpipe[hf] and a network).
 Try it on the shipped sample, which has MRPC's columns:
-  python -m padpipe.recipes.glue --task mrpc --tokenizer padpipe/data/tokenizer/tokenizer.json \\
-      --data padpipe/data/sample.parquet --split validation"""
+  python -m padpipe.recipes.glue --task mrpc --tokenizer sample --data sample --split validation"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -236,9 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _command.parser(PROG, DESCRIPTION)
     parser.add_argument("--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}")
     parser.add_argument(
-        "--tokenizer", required=True, metavar="PATH", help="a tokenizer.json file, a pretrained folder or a hub name"
+        "--tokenizer", required=True, metavar="PATH",
+        help=f"a tokenizer.json file, a pretrained folder or a hub name; {_shipped.tokenizer_help()}",
     )
-    parser.add_argument("--data", metavar="PATH", help="where the split's rows are (see above); default: download")
+    parser.add_argument("--data", metavar="PATH",
+                        help=f"where the split's rows are (see above); default: download. {_shipped.data_help()}")
     parser.add_argument(
         "--split", default="train", help="the split: train, validation or test (mnli: validation_matched, ...)"
     )
@@ -252,8 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipe = glue(
         args.task,
         args.split,
-        args.tokenizer,
-        data=args.data,
+        _shipped.tokenizer(args.tokenizer),
+        data=None if args.data is None else _shipped.data(args.data),
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
         max_length=args.max_length,

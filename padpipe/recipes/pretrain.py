@@ -21,7 +21,7 @@ import sys
 from typing import Any, Literal, Mapping, Sequence
 
 import padpipe as pp
-from padpipe import _command
+from padpipe import _command, _shipped
 from padpipe._optional import require
 from padpipe.errors import one_of, positive
 from padpipe.recipes import _cli
@@ -201,8 +201,7 @@ tokens and followed by the tokenizer's EOS token; --mode pack packs documents in
 batches similar lengths under --max-tokens. The format of each --data path comes from its name:
 .parquet, .arrow, .jsonl/.jsonl.gz/.jsonl.zst/.json; a folder is looked into.
 Try it on the shipped corpus (its tokenizer has no EOS token, so [SEP] serves as one):
-  python -m padpipe.recipes.pretrain --data padpipe/data/corpus.jsonl.gz \\
-      --tokenizer padpipe/data/tokenizer --eos-token '[SEP]'"""
+  python -m padpipe.recipes.pretrain --data corpus --tokenizer sample --eos-token '[SEP]'"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,10 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _command.parser(PROG, DESCRIPTION)
     parser.add_argument(
-        "--data", required=True, nargs="+", metavar="PATH", help="files, folders or globs of one corpus, all one format"
+        "--data", required=True, nargs="+", metavar="PATH",
+        help=f"files, folders or globs of one corpus, all one format; {_shipped.data_help()}",
     )
     parser.add_argument(
-        "--tokenizer", required=True, metavar="PATH", help="a tokenizer.json file, a pretrained folder or a hub name"
+        "--tokenizer", required=True, metavar="PATH",
+        help=f"a tokenizer.json file, a pretrained folder or a hub name; {_shipped.tokenizer_help()}",
     )
     parser.add_argument(
         "--eos-token",
@@ -238,14 +239,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the file order, shuffle and batch order")
     parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
     args = parser.parse_args(argv)
-    tokenizer = load_tokenizer(args.tokenizer, args.eos_token)
-    if args.mode == "pack" and _special_ids(tokenizer)[0] is None:
+    tokenizer = load_tokenizer(_shipped.tokenizer(args.tokenizer), args.eos_token)
+    eos_id = _special_ids(tokenizer)[0]
+    if args.mode == "pack" and eos_id is None:
         raise ValueError(
             f"--mode pack needs an EOS token between documents, but the tokenizer {args.tokenizer!r} has none; "
             "name one of its tokens with --eos-token (e.g. --eos-token '[SEP]'), or use --mode bucket."
         )
     pipe = pretrain(
-        args.data,
+        [_shipped.data(path) for path in args.data],
         tokenizer,
         seq_len=args.seq_len,
         mode=args.mode,
@@ -256,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"pretrain {args.mode} seq_len={args.seq_len}:")
     if args.mode == "pack":
-        _cli.run(pipe, max_batches=args.max_batches, efficiency="packing", rows="documents")
+        _cli.run(pipe, max_batches=args.max_batches, efficiency="packing", eos_id=eos_id)
     else:
         _cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
     return 0

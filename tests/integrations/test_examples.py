@@ -27,12 +27,34 @@ def parquet(tmp_path_factory):
 
 
 def test_ddp_example_under_torchrun_takes_equal_steps_over_every_row(parquet):
-    out = run_script(EXAMPLES / "train_ddp.py", parquet).stdout
-    found = re.findall(r"rank (\d)/2 epoch (\d): (\d+) steps, ([\d,]+) rows", out)
-    assert len(found) == 4, out
+    out = run_script(EXAMPLES / "train_ddp.py", parquet, "--log-every", "10").stdout
+    lines = out.splitlines()
+    found = [re.fullmatch(r"rank (\d)/2 epoch (\d): (\d+) steps, ([\d,]+) rows", line) for line in lines]
+    counts = [m.groups() for m in found if m]
+    assert [(rank, epoch) for rank, epoch, _, _ in counts] == [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")], out
     for epoch in "01":
-        lines = [(int(steps), int(rows.replace(",", ""))) for _, e, steps, rows in found if e == epoch]
-        assert lines[0][0] == lines[1][0] and lines[0][1] + lines[1][1] == ROWS
+        pairs = [(int(steps), int(rows.replace(",", ""))) for _, e, steps, rows in counts if e == epoch]
+        assert pairs[0][0] == pairs[1][0] and pairs[0][1] + pairs[1][1] == ROWS
+    logs = [line for line, m in zip(lines, found) if not m]  # rank 0 alone prints: whole lines, in step order
+    assert logs and all(re.fullmatch(r"epoch [01] step \d+: loss \d+\.\d{4} \(rank 0\)", line) for line in logs), out
+
+
+@pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py", "train_hf_trainer.py"])
+def test_examples_stop_at_max_steps_log_every_n_steps_and_name_their_extra(script, parquet, tmp_path):
+    if script != "train_ddp.py":
+        pytest.importorskip("accelerate" if "accelerate" in script else "lightning" if "lightning" in script else "datasets")
+    extra = {"train_ddp.py": "[hf]", "train_accelerate.py": "[hf,accelerate]", "train_lightning.py": "[hf,lightning]",
+             "train_hf_trainer.py": "[hf]"}[script]
+    assert f"pip install 'padpipe{extra}'" in (EXAMPLES / script).read_text()
+    data = [str(write_mrpc(tmp_path / "mrpc", train_rows=1200, val_rows=100)), str(tmp_path / "run")] if (
+        script == "train_hf_trainer.py") else [parquet] + ([str(tmp_path)] if script == "train_lightning.py" else [])
+    out = run_script(EXAMPLES / script, *data, "--max-steps", "4", "--log-every", "2", processes=1).stdout
+    if script == "train_hf_trainer.py":
+        assert len(re.findall(r"'loss': ", out)) == 2, out  # the Trainer's own log lines, at steps 2 and 4
+        return
+    steps = [int(n) for n in re.findall(r"step (\d+): loss \d+\.\d{4}", out)]
+    assert steps == [2, 4], out
+    assert re.search(r"^rank 0/1(?: epoch 0)?: 4 steps", out, re.M), out
 
 
 def test_trainer_example_trains_evaluates_and_predicts_in_row_order(tmp_path):

@@ -235,6 +235,19 @@ def test_pretrain_cli_prints_batch_shapes_and_efficiency(tmp_path: Path, capsys:
     assert re.match(r"^\d+ batches, 40 rows, \d+ tokens in \d+ slots: padding efficiency \d+\.\d%$", lines[-1])
 
 
+def test_pretrain_cli_counts_documents_not_the_pieces_of_split_ones(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    path = str(write_corpus(tmp_path / "docs.parquet"))
+    args = ["--data", path, "--tokenizer", pp.examples.TOKENIZER_JSON, "--eos-token", "[SEP]", "--seq-len", "8",
+            "--batch-size", "2"]
+    assert main(args) == 0
+    pieces = sum(-(-(len(ids(doc)) + 1) // 8) for doc in DOCS)  # each document and its EOS, in rows of 8
+    assert pieces > len(DOCS)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(rf"\d+ batches, 40 documents \({pieces} pieces\), \d+ tokens in \d+ slots: packing efficiency "
+                        r"\d+\.\d%", last), last
+
+
 def test_pretrain_cli_runs_as_a_module(tmp_path: Path) -> None:
     path = str(write_corpus(tmp_path / "docs.jsonl.gz"))
     command = [sys.executable, "-m", "padpipe.recipes.pretrain", "--data", path, "--tokenizer",
@@ -245,4 +258,5 @@ def test_pretrain_cli_runs_as_a_module(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert lines[0] == "pretrain pack seq_len=64:"
     assert re.match(r"^batch 0: input_ids \[2, 64\] int64, ", lines[1]) and "cu_seq_lens_q" in lines[1]
-    assert re.match(r"^3 batches, \d+ documents, \d+ tokens in 384 slots: packing efficiency \d+\.\d%$", lines[-1])
+    assert re.match(r"^3 batches, \d+ documents \(\d+ pieces\), \d+ tokens in 384 slots: packing efficiency \d+\.\d%$",
+                    lines[-1])

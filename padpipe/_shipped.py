@@ -1,0 +1,66 @@
+"""The shipped sample data and tokenizer by name, for the command lines: ``--data sample --tokenizer sample``.
+
+A command line resolves ``sample`` (the sentence pairs, ``sample.parquet``) and ``corpus`` (the
+documents, ``corpus.jsonl.gz``) as data, and ``sample`` as a tokenizer (``tokenizer.json``), to
+the files installed inside the package, so the documented commands run from any folder, not only
+from a clone's root. A file or folder of that name in the current folder wins: it is what the user
+named.
+"""
+
+from __future__ import annotations
+
+import os
+
+from padpipe import examples
+
+DATA = {"sample": examples.SAMPLE_PARQUET, "corpus": examples.SAMPLE_JSONL}
+"""Data names and the installed files they stand for."""
+TOKENIZERS = {"sample": examples.TOKENIZER_JSON}
+"""Tokenizer names and the installed files they stand for."""
+
+
+def data(text: str) -> str:
+    """The path ``text`` names: an installed sample for a name in :data:`DATA`, else ``text`` itself.
+
+    Example:
+        >>> data("sample") == pp.examples.SAMPLE_PARQUET, data("train.parquet")
+        (True, 'train.parquet')
+    """
+    return _resolve(text, DATA)
+
+
+def tokenizer(text: str) -> str:
+    """The tokenizer ``text`` names: the installed ``tokenizer.json`` for ``sample``, else ``text`` itself.
+
+    Example:
+        >>> tokenizer("sample") == pp.examples.TOKENIZER_JSON, tokenizer("bert-base-uncased")
+        (True, 'bert-base-uncased')
+    """
+    return _resolve(text, TOKENIZERS)
+
+
+def data_help() -> str:
+    """The sentence ``--help`` adds to a data option: the names and where their files are installed.
+
+    Example:
+        >>> data_help().startswith("'sample' is the shipped sentence pairs (")
+        True
+    """
+    return (f"'sample' is the shipped sentence pairs ({DATA['sample']}), 'corpus' the shipped documents "
+            f"({DATA['corpus']})")
+
+
+def tokenizer_help() -> str:
+    """The sentence ``--help`` adds to a tokenizer option: ``sample`` and where it is installed.
+
+    Example:
+        >>> tokenizer_help().startswith("'sample' is the shipped WordPiece tokenizer (")
+        True
+    """
+    return f"'sample' is the shipped WordPiece tokenizer ({TOKENIZERS['sample']})"
+
+
+def _resolve(text: str, names: dict[str, str]) -> str:
+    if text in names and not os.path.exists(text):
+        return names[text]
+    return text

@@ -1,0 +1,38 @@
+"""The ``slow`` marker (conftest.py): on the tests that start processes, so ``make test-fast`` leaves them out."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def collected(*args: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          capture_output=True, text=True, timeout=200, cwd=ROOT, check=False,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_slow_marks_processes_torchrun_and_frameworks_and_nothing_else() -> None:
+    files = ["tests/test_loader.py", "tests/test_distributed.py", "tests/test_cli.py", "tests/test_stats.py"]
+    slow, fast = collected("-m", "slow", *files), collected("-m", "not slow", *files)
+    assert not slow & fast
+    assert any(t.startswith("tests/test_distributed.py::") for t in slow)
+    assert not any(t.startswith("tests/test_distributed.py::") for t in fast)  # torchrun: the whole file
+    assert "tests/test_loader.py::test_loader_reads_every_row_once_per_epoch_and_epochs_differ[2]" in slow
+    assert "tests/test_loader.py::test_loader_reads_every_row_once_per_epoch_and_epochs_differ[0]" in fast
+    assert "tests/test_loader.py::test_loader_with_workers_resumes_exactly" in slow  # num_workers=2 in its body
+    assert "tests/test_cli.py::test_python_m_padpipe_runs_the_command_line" in slow  # subprocess
+    assert not any(t.startswith("tests/test_stats.py::") for t in slow)
+    assert "tests/test_cli.py::test_cli_help_names_every_option_and_its_default" in fast
+
+
+def test_the_slow_marker_is_registered() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'markers = ["slow: starts processes, torchrun or a training framework' in text
+    assert "test-fast: $(STAMP)\n\t$(PY) -m pytest -q -m \"not slow\"\n" in (ROOT / "Makefile").read_text()
