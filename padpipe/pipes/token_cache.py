@@ -46,6 +46,7 @@ _uids: dict[tuple[str, str], int] = {}  # (store key, unit folder) -> unit numbe
 _folders: list[tuple[str, str]] = []
 _covered: dict[int, set[tuple[int, int]]] = {}  # unit number -> published [lo, hi) ranges seen here
 _sessions: dict[str, CacheSession] = {}  # store key -> the latest session on it in this process
+_swept: set[str] = set()  # store keys whose stale temporary files this process deleted
 
 
 class CacheSession:
@@ -155,7 +156,7 @@ class CacheSession:
 
     # -- helpers ------------------------------------------------------------------------------------
     def ready(self) -> None:
-        """Once per process: write ``about.json``, which also proves the location writable."""
+        """Once per process: write ``about.json`` (which proves the location writable), sweep stale temporary files."""
         if self._ready_pid == os.getpid():
             return
         self._ready_pid = os.getpid()
@@ -163,6 +164,12 @@ class CacheSession:
             self.store.describe(self.fingerprint, self.about)
         except CacheError as exc:
             self._write_failed(exc)
+        with _lock:
+            first = self.key not in _swept
+            _swept.add(self.key)
+        swept = self.store.sweep(self.fingerprint) if first else 0  # left by writers that died, once per process
+        if swept:
+            self.stats.add("cache.swept_temp_files", swept)
 
     def _write_failed(self, exc: CacheError) -> None:
         if self.on_write_error == "raise":
