@@ -102,6 +102,7 @@ class FileSource(UnitSource):
         self._identity = ""
         self._attempts = Attempts(self.retry)
         self._lost: set[str] = set()
+        self._first_rows: tuple[list[WorkUnit] | None, dict[tuple[str, int], int]] | None = None
 
     # -- subclass hooks -----------------------------------------------------------------------------
     def list_files(self) -> list[WorkUnit]:
@@ -210,7 +211,23 @@ class FileSource(UnitSource):
                 self.stats.add(RETRIES, 1)
                 continue
             self._attempts.succeeded()
-            return tag_source(batch, self._order[self._unit].path)
+            unit = self._order[self._unit]
+            return tag_source(batch, unit.path, *self._where(unit, unit.first + self._row - batch.num_rows))
+
+    def _where(self, unit: WorkUnit, row: int) -> tuple[int, str]:
+        """``(row, counted in what)`` of row ``row`` of ``unit``: a row of the file (``""``) where rows before it are known."""
+        if self._first_rows is None or self._first_rows[0] is not self._units:
+            firsts: dict[tuple[str, int], int] = {}
+            counted: dict[str, int | None] = {}
+            for u in self._units or []:
+                before = counted.get(u.path, 0)
+                firsts[(u.path, u.index)] = -1 if before is None else before
+                counted[u.path] = None if before is None or u.num_rows is None else before + u.num_rows
+            self._first_rows = (self._units, firsts)
+        first = self._first_rows[1].get((unit.path, unit.index), -1)
+        if first >= 0 and (unit.num_rows is not None or unit.start == 0):
+            return first + row, ""
+        return row, f"its byte range from byte {unit.start}" if unit.stop is not None else f"its unit {unit.index}"
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         return iter(()) if unit.path in self._lost else super()._read(unit, start_row)

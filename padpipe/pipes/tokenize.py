@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, check_bool, one_of, positive
-from padpipe.pipes._schema import source_of
+from padpipe.pipes._schema import row_of, source_of
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
 
@@ -180,11 +180,15 @@ def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: lis
     field, column = next((f, t) for f, t in zip(fields, texts) if _bad_mask(t)[row])
     found = "None" if not column[row].is_valid else f"of type {column.type}"
     name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
-    where = f" ({name}={batch.column(name)[row].as_py()!r})" if name else ""
-    where += _from(batch)
+    row_id = f"{name}={batch.column(name)[row].as_py()!r}" if name else ""
+    in_file = row_of(batch, row)
+    if in_file:  # the file's row, as the readers' errors name it
+        where = f"{in_file} ({row_id + '; ' if row_id else ''}row {row} of the chunk)"
+    else:
+        where = f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + _from(batch)
     count = int(bad.sum())
     return (
-        f"tokenize: field {field!r} at row {row} of the chunk{where} is {found}; expected a string. "
+        f"tokenize: field {field!r} at {where} is {found}; expected a string. "
         f"{count} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
     )
 
