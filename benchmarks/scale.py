@@ -132,6 +132,15 @@ def _vm_hwm_mib() -> float | None:
         return None
 
 
+def work_folder(given: str | None) -> Path:
+    """``--workdir`` (made if missing), or a new private folder in the temp folder: never a fixed shared name."""
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="padpipe-scale-"))
+    folder = Path(given)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,10,100", help="corpus sizes in GB, comma-separated")
@@ -151,8 +160,7 @@ def main() -> None:
         make_file(Path(args.generate))
         return
 
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="padpipe-scale-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = work_folder(args.workdir)
     print(f"workdir: {workdir}")
     source = workdir / "source.parquet"
     if not source.exists():  # written by a subprocess: the peak RSS a child inherits stays that of this process

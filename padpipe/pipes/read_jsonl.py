@@ -161,7 +161,7 @@ class JsonlReader(FileSource):
         with blocks.open_stream(file) as stream:
             for offset, block in blocks.line_blocks(stream, begin, stop, self.block_bytes):
                 self._block = (offset, row)
-                batch = self._parse(file, offset, block)
+                batch, block = self._parse(file, offset, block)
                 if batch is not None and self.row_positions:
                     batch = _with_positions(batch, blocks.row_starts(block, offset))
                 if batch is not None and row + batch.num_rows > start_row:
@@ -201,7 +201,7 @@ class JsonlReader(FileSource):
         """Fix the schema from the first block that has rows (see the class docs)."""
         for file in files:
             first = self.retried(f"{file.name}: read the first block", self._first_block, file)
-            table = None if first is None else self._parse(file, 0, first[1], count=False)
+            table = None if first is None else self._parse(file, 0, first[1], count=False)[0]
             if table is None or table.num_rows == 0:
                 continue
             sniffed = pa.schema([f.with_type(blocks.no_timestamps(f.type)) for f in table.schema])
@@ -223,18 +223,18 @@ class JsonlReader(FileSource):
                 raise
             raise DataError(f"{file.name}: cannot read the file ({exc}).") from exc
 
-    def _parse(self, file: FileRef, offset: int, block: bytes, *, count: bool = True) -> pa.RecordBatch | None:
-        """The block's rows; a bad line raises a ``DataError`` naming it, or with ``on_error="skip"`` is blanked.
+    def _parse(self, file: FileRef, offset: int, block: bytes, *, count: bool = True) -> tuple[pa.RecordBatch | None, bytes]:
+        """``(rows, block)``: a bad line raises a ``DataError`` naming it, or with ``on_error="skip"`` is blanked.
 
-        A skipped line becomes spaces of the same length (a blank line, which is no row), so every
-        other row keeps its byte offset and its row number, and a resumed read skips it again.
-        ``count``: count skips in the stats (not while the schema is sniffed at listing).
+        A skipped line becomes spaces of the same length in the returned block (a blank line, which
+        is no row), so every other row keeps its byte offset and its row number, and a resumed read
+        skips it again. ``count``: count skips in the stats (not while the schema is sniffed at listing).
         """
         for _ in range(block.count(b"\n") + 1):
             if not block or block.isspace():
-                return None
+                return None, block
             try:
-                return self._parse_block(file, offset, block)
+                return self._parse_block(file, offset, block), block
             except _BadLine as bad:
                 if self.on_error == "raise":
                     number = blocks.lines_before(file, offset) + bad.line + 1

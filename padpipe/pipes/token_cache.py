@@ -46,7 +46,6 @@ _uids: dict[tuple[str, str], int] = {}  # (store key, unit folder) -> unit numbe
 _folders: list[tuple[str, str]] = []
 _covered: dict[int, set[tuple[int, int]]] = {}  # unit number -> published [lo, hi) ranges seen here
 _sessions: dict[str, CacheSession] = {}  # store key -> the latest session on it in this process
-_swept: set[str] = set()  # store keys whose stale temporary files this process deleted
 
 
 class CacheSession:
@@ -164,10 +163,7 @@ class CacheSession:
             self.store.describe(self.fingerprint, self.about)
         except CacheError as exc:
             self._write_failed(exc)
-        with _lock:
-            first = self.key not in _swept
-            _swept.add(self.key)
-        swept = self.store.sweep(self.fingerprint) if first else 0  # left by writers that died, once per process
+        swept = self.store.sweep(self.fingerprint)  # left by writers that died
         if swept:
             self.stats.add("cache.swept_temp_files", swept)
 
