@@ -186,7 +186,9 @@ class FileSource(UnitSource):
                 continue
             try:
                 self.retried(f"{name}: read its first and last bytes", ref.check_content)
-            except (ChangedFileError, FileNotFoundError) as exc:
+            except FileNotFoundError:
+                continue  # a file gone since listing: the reader's on_missing decides when it gets there
+            except ChangedFileError as exc:
                 raise StateMismatchError(
                     f"{type(self).__name__} state doesn't match this pipeline: {exc}; resuming would read other "
                     "rows. Resume with the files as they were, or start a new run."

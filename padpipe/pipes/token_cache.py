@@ -211,11 +211,11 @@ class CacheSession:
             return path
         if path not in self._versions:
             ref.check_content()
-            version = getattr(ref, "listed_version", None)  # from the listing (size and mtime/ETag)
-            if version is None:
+            identity = ref.identity  # name, size, version (mtime/ETag) and content digest, from the listing
+            if ref.listed_version is None:
                 info = ref.fs.info(ref.path)
-                version = next((str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None), None)
-            self._versions[path] = f"{ref.identity}\t{version}"
+                identity += f"\t{next((str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None), None)}"
+            self._versions[path] = identity
         return self._versions[path]
 
 

@@ -14,6 +14,7 @@ import json
 import re
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
@@ -132,3 +133,25 @@ def test_tokenize_error_on_a_none_text_names_the_file_and_its_row(tmp_path):
     with pytest.raises(pp.DataError, match=rf"^tokenize: field 'text' at row 210 of {re.escape(str(jsonl))} "
                                            r"\(idx=210; row \d+ of the chunk\) is None"):
         list(read(jsonl, small_blocks=False).tokenize(TOK, fields="text").batch(8).pad().loader())
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_tokenize_raises_or_skips_a_row_of_invalid_utf8_in_an_arrow_file(tmp_path, cache):
+    values = [f"row {i}".encode() for i in range(ROWS)]
+    values[123] = b"caf\xe9"  # Arrow IPC readers do not check UTF-8
+    table = pa.table({"idx": list(range(ROWS)), "text": pa.array(values, pa.binary()).view(pa.string())})
+    path = tmp_path / "data.arrow"
+    with ipc.new_file(str(path), table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=64):
+            writer.write_batch(batch)
+    where = str(tmp_path / "cache") if cache else None
+
+    def pipe(on_error):
+        return pp.read_arrow(str(path), chunk_rows=16).tokenize(TOK, fields="text", on_error=on_error, cache=where)
+
+    with pytest.raises(pp.DataError, match=rf"^tokenize: field 'text' at row 123 of {re.escape(str(path))} \(idx=123; "
+                                           r"row 11 of the chunk\) is not valid UTF-8; expected a string\. "):
+        list(pipe("raise").batch(8).pad().loader())
+    loader = pipe("skip").batch(8).pad().loader()
+    got = [i for batch in loader for i in batch["idx"].tolist()]
+    assert sorted(got) == [i for i in range(ROWS) if i != 123] and loader.stats().skipped == {"tokenize.bad_text": 1}
