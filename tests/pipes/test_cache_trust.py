@@ -139,6 +139,49 @@ def test_resume_raises_error_when_a_file_is_rewritten_under_a_pipeline_that_list
         next(iter(loader))
 
 
+def test_content_digest_covers_small_files_whole_and_large_ones_by_their_ends(tmp_path):
+    from padpipe.pipes._content import EDGE_BYTES, FULL_BYTES
+    from padpipe.pipes._paths import expand_paths
+
+    def digest(path):
+        return expand_paths([str(path)], suffixes=(".jsonl",))[0].measured().listed_content
+
+    path = tmp_path / "big.jsonl"
+    line = b'{"text": "' + b"x" * 1000 + b'"}\n'
+    data = bytearray(line * (3 * FULL_BYTES // len(line)))
+    path.write_bytes(bytes(data))
+    before = digest(path)
+    for where, seen in ((100, True), (len(data) - 100, True), (len(data) // 2, False)):  # the middle: the documented limit
+        changed = bytearray(data)
+        changed[where] = ord("y")
+        path.write_bytes(bytes(changed))
+        assert (digest(path) != before) is seen, where
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(bytes(data[: FULL_BYTES]))
+    first = digest(small)
+    small.write_bytes(bytes(data[: FULL_BYTES // 2]) + b"y" + bytes(data[FULL_BYTES // 2 + 1 : FULL_BYTES]))
+    assert digest(small) != first and EDGE_BYTES < FULL_BYTES // 2
+
+
+def test_content_digest_covers_a_parquet_footer_longer_than_the_tail_read(tmp_path):
+    from padpipe.pipes._content import EDGE_BYTES, content_digest
+
+    footer = b"f" * (EDGE_BYTES * 2)
+    data = b"PAR1" + b"d" * (2 << 20) + footer + len(footer).to_bytes(4, "little") + b"PAR1"
+    edited = data[: 4 + (2 << 20) + 10] + b"g" + data[4 + (2 << 20) + 11 :]  # in the footer, before the last 64 KiB
+    assert content_digest(lambda a, b: data[a:b], len(data)) != content_digest(lambda a, b: edited[a:b], len(edited))
+
+
+def test_no_content_digest_is_taken_where_the_store_gives_an_etag():
+    import fsspec
+
+    from padpipe.pipes._paths import _ref
+
+    fs = fsspec.filesystem("memory")
+    assert _ref(fs, "/a.parquet", {"size": 3, "ETag": '"9b2c"'}).measured().listed_content is None
+    assert _ref(fs, "/a.parquet", {"size": 3, "ETag": '"9b2c"'}).identity == 'memory:///a.parquet\t3\t"9b2c"'
+
+
 # -- 2. segments that pass their CRC but not their checks ---------------------------------------------
 def segment_files(cache):
     return sorted(p for p in (cache / FORMAT).rglob("*.arrow"))
