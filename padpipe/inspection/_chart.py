@@ -6,7 +6,7 @@ Drawn with matplotlib's Agg renderer on a bare ``Figure`` (no display, no pyplot
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
@@ -44,7 +44,7 @@ def write_chart(result: InspectResult, path: str | os.PathLike) -> str:
     return path
 
 
-def open_new(path: str):  # noqa: ANN201 - a binary file object
+def open_new(path: str) -> BinaryIO:
     """``path`` opened for writing without following a symbolic link there (a planted link is an error).
 
     Example:

@@ -332,6 +332,20 @@ def test_token_cache_never_follows_a_unit_folder_linked_outside_the_cache(tmp_pa
     assert (outside / "0-70-12-00000000.arrow").exists()
 
 
+def test_token_cache_never_reads_a_segment_file_that_is_a_link(tmp_path):
+    path, cache = tmp_path / "data.parquet", tmp_path / "cache"
+    write(path, "alpha")
+    reference = ids_by_row(pipeline(path).loader())
+    ids_by_row(pipeline(path, str(cache)).loader())
+    segment = segment_files(cache)[0]
+    outside = tmp_path / "outside.arrow"
+    segment.rename(outside)
+    os.symlink(outside, segment)
+    loader = pipeline(path, str(cache)).loader()
+    assert ids_by_row(loader) == reference and counter(loader, "cache.bad_files") == 1
+    assert outside.exists() and not segment.is_symlink() and segment.is_file()  # the link replaced by a file
+
+
 def test_resume_refuses_a_reader_state_that_names_other_files(tmp_path):
     path = tmp_path / "data.parquet"
     write(path, "alpha")
