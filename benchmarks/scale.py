@@ -19,7 +19,10 @@ batch flat in corpus size.
 
 Usage:
     python benchmarks/scale.py [--sizes 1,10,100] [--text-gb 0.5] [--seconds 40] [--ttfb-runs 3]
-                               [--workdir /tmp/padpipe-scale]
+                               [--workdir DIR]
+
+``--workdir`` keeps the generated source (and the corpus folders of links) for the next run; by
+default a new private folder is made in the temp folder (``mkdtemp``) and the source written again.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,13 +132,23 @@ def _vm_hwm_mib() -> float | None:
         return None
 
 
+def work_folder(given: str | None) -> Path:
+    """``--workdir`` (made if missing), or a new private folder in the temp folder: never a fixed shared name."""
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="padpipe-scale-"))
+    folder = Path(given)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,10,100", help="corpus sizes in GB, comma-separated")
     parser.add_argument("--text-gb", type=float, default=0.5, help="stop after this much text went through")
     parser.add_argument("--seconds", type=float, default=40.0, help="or after this long (after the first batch)")
     parser.add_argument("--ttfb-runs", type=int, default=3, help="fresh runs per size for the median time to first batch")
-    parser.add_argument("--workdir", default="/tmp/padpipe-scale")
+    parser.add_argument("--workdir", help="a folder of yours to keep the source in between runs "
+                        "(default: a new private temp folder, mkdtemp)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     parser.add_argument("--row-bytes", type=float, help=argparse.SUPPRESS)
@@ -146,8 +160,8 @@ def main() -> None:
         make_file(Path(args.generate))
         return
 
-    workdir = Path(args.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = work_folder(args.workdir)
+    print(f"workdir: {workdir}")
     source = workdir / "source.parquet"
     if not source.exists():  # written by a subprocess: the peak RSS a child inherits stays that of this process
         started = time.perf_counter()

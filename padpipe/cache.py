@@ -104,11 +104,26 @@ def session(stages: Sequence[Any], stats: Any) -> Any:
     cache, encoder = options["cache"], options["encoder"]
     about = fingerprint_of(encoder, options)
     store = Store(cache.path, cache.storage_options)
-    result = CacheSession(store, digest(about), about, id_type=ids_type(encoder._tokenizer.get_vocab_size(True)),
+    vocab_size = encoder._tokenizer.get_vocab_size(True)
+    result = CacheSession(store, digest(about), about, id_type=ids_type(vocab_size),
                           type_ids=encoder.returns_token_type_ids, fields=options["fields"],
-                          on_write_error=cache.on_write_error, stats=stats)
+                          on_write_error=cache.on_write_error, stats=stats, vocab_size=vocab_size,
+                          max_length=longest_row(encoder, options["append_eos"]))
     result.keep_ref = position + 1 < len(stages) and stages[position + 1].name == "bucket"
     return result
+
+
+def longest_row(encoder: Any, append_eos: bool) -> int | None:
+    """The most tokens a row of this encoder can have, or ``None`` when nothing bounds it.
+
+    The Rust tokenizer does not truncate at all when ``max_length`` is below the special tokens it adds.
+    """
+    if encoder.max_length is None:
+        return None
+    added = encoder._tokenizer.num_special_tokens_to_add(True) if encoder.add_special_tokens else 0
+    if encoder.max_length < added:
+        return None
+    return encoder.max_length + (1 if append_eos else 0)
 
 
 def fingerprint_of(encoder: Any, options: dict[str, Any]) -> dict[str, Any]:

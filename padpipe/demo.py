@@ -110,7 +110,15 @@ Compare four batching strategies on one shuffled, tokenized stream: static paddi
 --max-length, dynamic padding per batch, length-bucketed batches of --batch-size rows, and
 batches under a --max-tokens budget of padded tokens. Prints padding efficiency, rows/s,
 tokens/s and time to first batch for each (one epoch each), then padpipe inspect's report for the
-same data (every strategy, packing too) and its chart in the temp folder (needs padpipe[chart])."""
+same data (every strategy, packing too) and its chart, in a new file in the temp folder or --chart
+(needs padpipe[chart])."""
+
+
+def _new_chart_file() -> str:
+    """A new, empty file of this user's in the temp folder (``mkstemp``: no fixed name another user could plant)."""
+    handle, path = tempfile.mkstemp(prefix="padpipe-demo-inspect-", suffix=".png")
+    os.close(handle)
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -139,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="rows per batch (static, dynamic, bucketed)")
     parser.add_argument("--max-tokens", type=int, default=4096, metavar="N", help="padded tokens per batch (token budget)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
+    parser.add_argument("--chart", metavar="PNG", help="write the chart to this file (default: a new file in the temp "
+                        "folder, padpipe-demo-inspect-*.png); a symbolic link there is refused")
     args = parser.parse_args(argv)
     _command.show_log_lines()
 
@@ -161,8 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = dataclasses.replace(report, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(f"\nThe same data through `padpipe inspect` (every strategy, no model):\n{report}")
     try:
-        print(f"\nchart: {report.chart(os.path.join(tempfile.gettempdir(), 'padpipe-demo-inspect.png'))}")
-    except ImportError as exc:
+        print(f"\nchart: {report.chart(args.chart or _new_chart_file())}")
+    except (ImportError, OSError) as exc:
         print(f"\nno chart: {exc}")
     return 0
 

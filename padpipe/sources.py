@@ -104,6 +104,7 @@ def read_jsonl(
     storage_options: dict | None = None,
     retries: int | Retry = 5,
     on_missing: Literal["raise", "skip"] = "raise",
+    on_error: Literal["raise", "skip"] = "raise",
 ) -> Pipeline:
     """Read JSON Lines files: plain, ``.gz`` or ``.zst``; one JSON object per line.
 
@@ -114,6 +115,9 @@ def read_jsonl(
         storage_options: Options for the fsspec filesystem.
         retries: Retries of a transient storage error, as in :func:`read_parquet`.
         on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since it was listed.
+        on_error: A line that cannot be a row (invalid UTF-8 or JSON, a value of the wrong
+            type): ``"raise"`` a ``DataError`` naming file and line, or ``"skip"`` it (counted per
+            file in ``loader.stats().skipped`` as ``read.bad_row:<file>``).
 
     Example:
         >>> pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL)
@@ -122,8 +126,9 @@ def read_jsonl(
     """
     from padpipe.pipes.read_jsonl import JsonlReader
 
+    one_of("on_error", on_error, ("raise", "skip"))
     return _start("read_jsonl", JsonlReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
-                  storage_options=storage_options, **_file_options(retries, on_missing))
+                  storage_options=storage_options, on_error=on_error, **_file_options(retries, on_missing))
 
 
 def from_hf(

@@ -6,7 +6,7 @@ Drawn with matplotlib's Agg renderer on a bare ``Figure`` (no display, no pyplot
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
@@ -39,8 +39,25 @@ def write_chart(result: InspectResult, path: str | os.PathLike) -> str:
     figure.suptitle(f"padpipe inspect: {os.path.basename(result.source.rstrip('/')) or result.source} ({where})",
                     fontsize=13, fontweight="bold")
     path = os.fspath(path)
-    figure.savefig(path, format="png")
+    with open_new(path) as handle:
+        figure.savefig(handle, format="png")
     return path
+
+
+def open_new(path: str) -> BinaryIO:
+    """``path`` opened for writing without following a symbolic link there (a planted link is an error).
+
+    Example:
+        >>> import tempfile; folder = tempfile.mkdtemp(); os.symlink("/etc/passwd", f"{folder}/c.png")
+        >>> open_new(f"{folder}/c.png")
+        Traceback (most recent call last):
+        ...
+        OSError: ... is a symbolic link; refusing to write the chart through it.
+    """
+    if os.path.islink(path):
+        raise OSError(f"{path} is a symbolic link; refusing to write the chart through it.")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    return os.fdopen(os.open(path, flags, 0o644), "wb")
 
 
 def _histogram(ax, result: InspectResult) -> None:

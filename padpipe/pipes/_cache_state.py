@@ -119,6 +119,8 @@ def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
             f"this state refers to rows in the token cache {key.split('|')[0]!r}, but this pipeline does not use it; "
             "resume with the same tokenize(cache=...) settings."
         )
+    for folder in folders:
+        _check_folder(session, folder)
     index, positions = index.numpy().astype(np.int64), positions.numpy()
     parts, places = [], []
     for u, folder in enumerate(folders):
@@ -155,6 +157,25 @@ def _rows_of(session: Any, folder: str, uid: int, wanted: np.ndarray) -> list[tu
             "no longer holds (cleared or changed since); resume with the cache it was saved with, or from the start."
         )
     return out
+
+
+def _check_folder(session: Any, folder: str) -> None:
+    """Refuse a state's folder unless it is a unit folder of this cache and fingerprint, under its root."""
+    from padpipe.pipes._cache_store import UNIT_FOLDER, CacheError
+
+    problem = None
+    if not UNIT_FOLDER.match(folder) or not folder.startswith(f"{session.fingerprint}/"):
+        problem = f"expected '{session.fingerprint}/' and 20 hex digits, the folders this cache writes"
+    else:
+        try:
+            session.store.inside(folder)
+        except CacheError:
+            problem = "it resolves outside the cache (a link?)"
+    if problem:
+        raise StateMismatchError(
+            f"token cache references name the folder {folder!r}, which is not a unit folder of the token cache at "
+            f"{session.store.url()!r} ({problem}); this state was not made by this pipeline."
+        )
 
 
 def _vector(value: Any, dtype: torch.dtype) -> bool:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
+import time
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -31,7 +33,11 @@ from fsspec.implementations.local import LocalFileSystem
 FORMAT = "padpipe-cache-v1"
 ABOUT = "about.json"
 SEGMENT_NAME = re.compile(r"^(\d+)-(\d+)(e?)-(\d+)-([0-9a-f]{8})\.arrow$")
+UNIT_FOLDER = re.compile(r"^[0-9a-f]{20}/[0-9a-f]{20}$")
+"""The only unit folders the cache writes: ``<fingerprint>/<unit key>``, both 20 hex digits."""
 TEMP_PREFIX = ".tmp-"
+STALE_SECONDS = 600
+"""A temporary file untouched this long was left by a writer that died (a write takes milliseconds)."""
 
 
 class CacheError(OSError):
@@ -109,10 +115,31 @@ class Store:
         path = self.path(*parts)
         return path if self.is_local else self._filesystem().unstrip_protocol(path)
 
+    def inside(self, folder: str, *, relative: bool = False) -> str:
+        """``folder``'s path, checked to be one under the cache root (never ``..``, absolute or linked out).
+
+        Raises :class:`CacheError` naming it otherwise. Returns ``folder`` itself with ``relative``.
+
+        Example:
+            >>> Store("/tmp/c").inside("../../etc")
+            Traceback (most recent call last):
+            ...
+            padpipe.pipes._cache_store.CacheError: token cache: '../../etc' is not a folder of the cache at '/tmp/c/padpipe-cache-v1'; refusing to use it.
+        """
+        parts = folder.split("/")
+        bad = not folder or folder.startswith(("/", "\\")) or any(p in ("", ".", "..") or "\\" in p for p in parts)
+        path = self.path(folder)
+        if not bad and self.is_local:
+            root = os.path.realpath(self.path())
+            bad = not os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep)
+        if bad:
+            raise CacheError(f"token cache: {folder!r} is not a folder of the cache at {self.url()!r}; refusing to use it.")
+        return folder if relative else path
+
     # -- listing and reading ------------------------------------------------------------------------
     def segments(self, folder: str) -> list[Segment]:
         """The published segments in ``folder`` (empty when it does not exist yet)."""
-        fs, path = self._filesystem(), self.path(folder)
+        fs, path = self._filesystem(), self.inside(folder)
         try:
             if self.is_local:
                 names = os.listdir(path)
@@ -127,9 +154,11 @@ class Store:
 
     def read(self, folder: str, segment: Segment) -> pa.Table | None:
         """The segment's rows, or ``None`` when the file is gone or fails its size or checksum check."""
-        path = self.path(folder, segment.name)
+        path = self.path(self.inside(folder, relative=True), segment.name)
         try:
             if self.is_local:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    return None  # a link or other non-file: never followed, treated as a bad file
                 data = pa.memory_map(path).read_buffer()
             else:
                 data = pa.py_buffer(self._filesystem().cat_file(path))
@@ -154,7 +183,7 @@ class Store:
 
     def put(self, folder: str, name: str, data: bytes | pa.Buffer) -> None:
         """Write ``folder/name`` whole: a temporary file renamed into place, or one upload."""
-        fs, target = self._filesystem(), self.path(folder, name)
+        fs, target = self._filesystem(), self.path(self.inside(folder, relative=True), name)
         try:
             if self.is_local:
                 os.makedirs(self.path(folder), exist_ok=True)
@@ -174,9 +203,37 @@ class Store:
     def remove(self, folder: str, segment: Segment) -> None:
         """Delete a segment file that failed its checks (best effort: another process may have replaced it)."""
         try:
-            self._filesystem().rm_file(self.path(folder, segment.name))
+            self._filesystem().rm_file(self.path(self.inside(folder, relative=True), segment.name))
         except OSError:
             pass
+
+    def sweep(self, folder: str, *, older_than: float = STALE_SECONDS) -> int:
+        """Delete temporary files (``.tmp-*``) older than ``older_than`` seconds in ``folder`` and its unit folders.
+
+        A writer killed mid-write (``kill -9``) leaves one behind; a live writer's file is younger.
+        Local stores only (object storage has no temporary files); returns how many were deleted.
+        """
+        if not self.is_local:
+            return 0
+        base, removed = self.inside(folder), 0
+        now = time.time()
+        try:
+            units = [entry.path for entry in os.scandir(base) if entry.is_dir(follow_symlinks=False)]
+        except OSError:
+            return 0
+        for path in [base, *units]:
+            try:
+                entries = [e for e in os.scandir(path) if e.name.startswith(TEMP_PREFIX)]
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False) and now - entry.stat(follow_symlinks=False).st_mtime > older_than:
+                        os.remove(entry.path)
+                        removed += 1
+                except OSError:  # another process swept it first
+                    pass
+        return removed
 
     def describe(self, folder: str, about: dict[str, Any]) -> None:
         """Write ``folder/about.json`` (what a fingerprint stands for) unless it is there; checks the root is writable."""

@@ -22,6 +22,7 @@ object storage needs:
 from __future__ import annotations
 
 import base64
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 import fsspec.core
@@ -39,6 +40,7 @@ from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
 from padpipe.stats import PipelineStats
 
 LOST = (FileNotFoundError, ChangedFileError)
+CONTENT_THREADS, REMOTE_CONTENT_THREADS = 8, 32  # files whose content digest is taken at once (see _content)
 RETRIES = "read.retries"
 T = TypeVar("T")
 
@@ -100,6 +102,7 @@ class FileSource(UnitSource):
         self._identity = ""
         self._attempts = Attempts(self.retry)
         self._lost: set[str] = set()
+        self._first_rows: tuple[list[WorkUnit] | None, dict[tuple[str, int], int]] | None = None
 
     # -- subclass hooks -----------------------------------------------------------------------------
     def list_files(self) -> list[WorkUnit]:
@@ -118,6 +121,9 @@ class FileSource(UnitSource):
         """The files ``paths`` name (see :func:`~padpipe.pipes._paths.expand_paths`), listing retried."""
         options = {"suffixes": self.SUFFIXES, "storage_options": self.storage_options, "folder_files": folder_files}
         files = self.retried(f"listing {list(self.paths)!r}", lambda: expand_paths(self.paths, **options))
+        threads = CONTENT_THREADS if all(f.is_local for f in files) else REMOTE_CONTENT_THREADS
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
+            files = list(pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files))
         self._identity = "\n".join(f.identity for f in files)
         return files
 
@@ -164,6 +170,29 @@ class FileSource(UnitSource):
         super().reset(initial_state)
         self._attempts.succeeded()
         self.drop_handles()
+        if initial_state is not None:
+            self._check_contents()
+
+    def _check_contents(self) -> None:
+        """On resume: the files still to be read this epoch hold what they held when listed (else a mismatch).
+
+        A fresh listing already has today's digests; this catches a rewrite (same size and mtime)
+        after a listing this pipeline keeps in memory. Once per file per resume, never per batch.
+        """
+        for name in dict.fromkeys(u.path for u in self._order[self._unit :]):
+            ref = self._files.get(name)
+            ref = ref[0] if isinstance(ref, tuple) else ref
+            if not isinstance(ref, FileRef):
+                continue
+            try:
+                self.retried(f"{name}: read its first and last bytes", ref.check_content)
+            except FileNotFoundError:
+                continue  # a file gone since listing: the reader's on_missing decides when it gets there
+            except ChangedFileError as exc:
+                raise StateMismatchError(
+                    f"{type(self).__name__} state doesn't match this pipeline: {exc}; resuming would read other "
+                    "rows. Resume with the files as they were, or start a new run."
+                ) from exc
 
     def next(self) -> pa.RecordBatch:
         while True:
@@ -184,7 +213,23 @@ class FileSource(UnitSource):
                 self.stats.add(RETRIES, 1)
                 continue
             self._attempts.succeeded()
-            return tag_source(batch, self._order[self._unit].path)
+            unit = self._order[self._unit]
+            return tag_source(batch, unit.path, *self._where(unit, unit.first + self._row - batch.num_rows))
+
+    def _where(self, unit: WorkUnit, row: int) -> tuple[int, str]:
+        """``(row, counted in what)`` of row ``row`` of ``unit``: a row of the file (``""``) where rows before it are known."""
+        if self._first_rows is None or self._first_rows[0] is not self._units:
+            firsts: dict[tuple[str, int], int] = {}
+            counted: dict[str, int | None] = {}
+            for u in self._units or []:
+                before = counted.get(u.path, 0)
+                firsts[(u.path, u.index)] = -1 if before is None else before
+                counted[u.path] = None if before is None or u.num_rows is None else before + u.num_rows
+            self._first_rows = (self._units, firsts)
+        first = self._first_rows[1].get((unit.path, unit.index), -1)
+        if first >= 0 and (unit.num_rows is not None or unit.start == 0):
+            return first + row, ""
+        return row, f"its byte range from byte {unit.start}" if unit.stop is not None else f"its unit {unit.index}"
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         return iter(()) if unit.path in self._lost else super()._read(unit, start_row)
@@ -237,7 +282,7 @@ def _to_plain(value: Any, filesystems: list[tuple[Any, str]]) -> Any:
         index = next((i for i, (fs, _) in enumerate(filesystems) if fs is value.fs), len(filesystems))
         if index == len(filesystems):
             filesystems.append((value.fs, value.fs.unstrip_protocol(value.path)))
-        return {"t": "file", "v": [index, value.path, value.listed_size, value.listed_version]}
+        return {"t": "file", "v": [index, value.path, value.listed_size, value.listed_version, value.listed_content]}
     if isinstance(value, (list, tuple)):
         return {"t": type(value).__name__, "v": [_to_plain(v, filesystems) for v in value]}
     if isinstance(value, dict):
@@ -257,8 +302,8 @@ def _from_plain(data: Any, filesystems: list[Any]) -> Any:
         return data
     kind, value = data["t"], data["v"]
     if kind == "file":
-        index, path, size, version = value
-        return FileRef(filesystems[index], str(path), size, version)
+        index, path, size, version, content = value
+        return FileRef(filesystems[index], str(path), size, version, content)
     if kind in ("list", "tuple"):
         items = [_from_plain(v, filesystems) for v in value]
         return items if kind == "list" else tuple(items)
@@ -279,14 +324,18 @@ def listing_change(saved: str, now: str, *, most: int = 3) -> str:
     Example:
         >>> listing_change("a\\t1\\tv1\\nb\\t2\\tv1", "a\\t1\\tv2\\nc\\t3\\tv1")
         '1 added: c; 1 removed: b; 1 changed: a (version v1 -> v2)'
+        >>> listing_change("a\\t1\\tv1\\tc0ffee", "a\\t1\\tv1\\tbadbed")
+        '1 changed: a (content c0ffee -> badbed, same size and version)'
     """
     before, after = _entries(saved), _entries(now)
     added = [n for n in after if n not in before]
     removed = [n for n in before if n not in after]
     changed = []
     for name in (n for n in after if n in before and after[n] != before[n]):
-        (size0, version0), (size1, version1) = before[name], after[name]
+        (size0, version0, content0), (size1, version1, content1) = before[name], after[name]
         what = f"{size0} -> {size1} bytes" if size0 != size1 else f"version {version0} -> {version1}"
+        if (size0, version0) == (size1, version1):
+            what = f"content {content0 or '?'} -> {content1 or '?'}, same size and version"
         changed.append(f"{name} ({what})")
     parts = [f"{len(items)} {label}: {_some(items, most)}"
              for label, items in (("added", added), ("removed", removed), ("changed", changed)) if items]
@@ -295,12 +344,11 @@ def listing_change(saved: str, now: str, *, most: int = 3) -> str:
     return "; ".join(parts)
 
 
-def _entries(identity: str) -> dict[str, tuple[str, str]]:
+def _entries(identity: str) -> dict[str, tuple[str, str, str]]:
     out = {}
     for line in identity.split("\n") if identity else ():
-        name, _, rest = line.partition("\t")
-        size, _, version = rest.partition("\t")
-        out[name] = (size, version)
+        name, size, version, content = (line.split("\t") + ["", "", ""])[:4]
+        out[name] = (size, version, content)
     return out
 
 

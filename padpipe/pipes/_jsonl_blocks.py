@@ -197,6 +197,18 @@ def invalid_utf8(block: bytes) -> tuple[int, int] | None:
     return None
 
 
+def blank_line(block: bytes, line: int) -> bytes:
+    """``block`` with line number ``line`` (from 0) replaced by spaces: no row, every byte offset kept.
+
+    Example:
+        >>> blank_line(b'{"a":1}\\n{bad\\n{"a":2}\\n', 1)
+        b'{"a":1}\\n    \\n{"a":2}\\n'
+    """
+    lines = block.split(b"\n")
+    lines[line] = b" " * len(lines[line])
+    return b"\n".join(lines)
+
+
 def lines_before(file: FileRef, offset: int) -> int:
     """Number of ``\\n`` in the file's (decompressed) bytes before ``offset`` (error path only)."""
     count = 0

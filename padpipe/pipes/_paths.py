@@ -5,11 +5,14 @@ A path may be a file, a folder (searched recursively for files with the reader's
 readers call :func:`expand_paths` when they list (on the first ``reset``), never in
 ``__init__``; :func:`check_paths` validates the argument without touching storage. Each
 :class:`FileRef` keeps the size and version (modification time, ETag or generation) the listing
-reported, and opening it checks the file is still there with that size and version.
+reported, and opening it checks the file is still there with that size and version. Where that
+version is only a modification time, the file's readers also record a digest of its content
+(:mod:`padpipe.pipes._content`), which a rewrite that keeps size and mtime does not keep.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Sequence
@@ -19,7 +22,11 @@ import pyarrow as pa
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
+from padpipe.pipes._content import content_digest, strong_version
+
 GLOB_CHARS = frozenset("*?[")
+TO_MEASURE = ""
+"""``listed_content`` of a file whose digest is still to be taken (see :meth:`FileRef.measured`)."""
 
 FolderFiles = Callable[[AbstractFileSystem, str], "list[str] | None"]
 
@@ -45,12 +52,15 @@ class FileRef:
         path: The path in ``fs``'s own form (no protocol).
         listed_size: Size in bytes when the file was listed (``None``: not known).
         listed_version: Its modification time, ETag or generation then, as a string (``None``: not known).
+        listed_content: A digest of its content then (:mod:`padpipe.pipes._content`); ``None`` where
+            the version changes with the content (an ETag) and no digest is needed.
     """
 
     fs: AbstractFileSystem
     path: str
     listed_size: int | None = None
     listed_version: str | None = None
+    listed_content: str | None = None
     _pid: int = field(default_factory=os.getpid, repr=False, compare=False)
 
     @property
@@ -103,8 +113,41 @@ class FileRef:
 
     @property
     def identity(self) -> str:
-        """``name``, size and version, tab-separated: what a reader's state records of this file."""
-        return f"{self.name}\t{self.listed_size}\t{self.listed_version}"
+        """``name``, size, version and content digest, tab-separated: what states and the token cache record."""
+        content = f"\t{self.listed_content}" if self.listed_content else ""
+        return f"{self.name}\t{self.listed_size}\t{self.listed_version}{content}"
+
+    def content(self) -> str:
+        """A digest of the file's content now (reads at most 1 MiB, or its first and last 64 KiB)."""
+        fs = self._fs()
+        if not self.is_local:
+            fs.invalidate_cache(self.path)
+        size = os.stat(self.path).st_size if self.is_local else int(fs.size(self.path))
+        if self.is_local:
+            with open(self.path, "rb") as handle:
+                def read(start: int, end: int) -> bytes:
+                    handle.seek(start)
+                    return handle.read(end - start)
+
+                return content_digest(read, size)
+        return content_digest(lambda start, end: fs.cat_file(self.path, start=start, end=end), size)
+
+    def measured(self) -> FileRef:
+        """This file with its content digest taken, where the listing marked it to be (I/O)."""
+        if self.listed_content != TO_MEASURE:
+            return self
+        return dataclasses.replace(self, listed_content=self.content())
+
+    def check_content(self) -> None:
+        """Raise :class:`ChangedFileError` when the content is not what it was when it was listed."""
+        if not self.listed_content:
+            return
+        now = self.content()
+        if now != self.listed_content:
+            raise ChangedFileError(
+                f"{self.name}: its content is not what it was when it was listed (digest {self.listed_content} "
+                f"-> {now}, although size and version are the same); it was rewritten since"
+            )
 
     def _fs(self) -> AbstractFileSystem:
         """``fs``, re-made (same class and options) when used in another process."""
@@ -216,7 +259,8 @@ def expand_paths(
 def _ref(fs: AbstractFileSystem, path: str, info: dict[str, Any] | None) -> FileRef:
     size = None if info is None else info.get("size")
     version = None if info is None else file_version(info)
-    return FileRef(fs, path, size if isinstance(size, int) else None, version)
+    content = None if strong_version(info) else TO_MEASURE
+    return FileRef(fs, path, size if isinstance(size, int) else None, version, content)
 
 
 def _folder(fs: AbstractFileSystem, folder: str, suffixes: tuple[str, ...], hook: FolderFiles | None) -> list[FileRef]:

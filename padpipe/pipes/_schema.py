@@ -139,18 +139,27 @@ def _is_list(kind: pa.DataType) -> bool:
 
 
 SOURCE_METADATA = b"padpipe.source"
+ROW_METADATA = b"padpipe.first_row"
 """Schema metadata key a file reader sets on each record batch: the file the rows came from."""
 
 
-def tag_source(batch: pa.RecordBatch, source: str) -> pa.RecordBatch:
+def tag_source(batch: pa.RecordBatch, source: str, row: int | None = None, rows_of: str = "") -> pa.RecordBatch:
     """``batch`` with ``source`` (the file it was read from) in its schema metadata (zero-copy).
 
+    ``row``: where the batch's first row is (counting from 0) in the file, or in ``rows_of`` of it
+    (``"its byte range from byte 4096"``) when the rows before that are not counted.
+
     Example:
-        >>> source_of(tag_source(pa.record_batch({"a": [1]}), "a.parquet"))
-        'a.parquet'
+        >>> batch = tag_source(pa.record_batch({"a": [1]}), "a.parquet", 70)
+        >>> source_of(batch), row_of(batch, 3)
+        ('a.parquet', 'row 73 of a.parquet')
     """
     metadata = dict(batch.schema.metadata or {})
     metadata[SOURCE_METADATA] = source.encode()
+    if row is not None:
+        metadata[ROW_METADATA] = f"{row}\t{rows_of}".encode()
+    else:
+        metadata.pop(ROW_METADATA, None)
     return batch.replace_schema_metadata(metadata)
 
 
@@ -160,10 +169,20 @@ def source_of(batch: pa.RecordBatch) -> str | None:
     return None if value is None else value.decode(errors="replace")
 
 
+def row_of(batch: pa.RecordBatch, row: int) -> str | None:
+    """Where row ``row`` of a tagged batch is in its file, in words (see :func:`tag_source`), or ``None``."""
+    metadata = batch.schema.metadata or {}
+    where, source = metadata.get(ROW_METADATA), source_of(batch)
+    if where is None or source is None:
+        return None
+    first, _, rows_of = where.decode(errors="replace").partition("\t")
+    return f"row {int(first) + row} of {rows_of + ' of ' if rows_of else ''}{source}"
+
+
 def untag_source(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` without the source tag (for rows gathered from several files)."""
     metadata = batch.schema.metadata
     if not metadata or SOURCE_METADATA not in metadata:
         return batch
-    rest = {k: v for k, v in metadata.items() if k != SOURCE_METADATA}
+    rest = {k: v for k, v in metadata.items() if k not in (SOURCE_METADATA, ROW_METADATA)}
     return batch.replace_schema_metadata(rest or None)

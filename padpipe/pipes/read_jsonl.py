@@ -12,7 +12,7 @@ import pyarrow.json as pj
 from padpipe._shard import Consumer
 from padpipe._shares import Measure
 from padpipe._state import Int, ListOf, Optional, Spec, load_value
-from padpipe.errors import DataError, positive
+from padpipe.errors import DataError, one_of, positive
 from padpipe.pipes import _jsonl_blocks as blocks
 from padpipe.pipes._file_source import FileSource
 from padpipe.pipes._listing import SharedListing
@@ -22,6 +22,8 @@ from padpipe.pipes._schema import conform
 from padpipe.pipes._source import DEFAULT_CHUNK_ROWS, WorkUnit
 from padpipe.stats import PipelineStats
 
+BAD_ROW = "read.bad_row"
+"""Skip reason of a line skipped under ``on_error="skip"``, per file: ``read.bad_row:<file>``."""
 SUFFIXES = tuple(base + comp for comp in ("", ".gz", ".zst", ".zstd") for base in (".jsonl", ".ndjson", ".json"))
 
 
@@ -58,11 +60,16 @@ class JsonlReader(FileSource):
         listing: The pipeline's shared listing (passed by ``pp.read_jsonl``).
         unit_bytes: Size of the byte ranges a plain file is split into.
         block_bytes: About how many bytes are parsed at once.
+        on_error: A line that cannot be a row (invalid UTF-8, invalid JSON, not an object, a
+            value of the wrong type): ``"raise"`` a ``DataError`` naming the file and line, or
+            ``"skip"`` it, counted per file in the stats' ``skipped`` as ``read.bad_row:<file>``
+            (every other row comes once; resume stays exact).
 
     Raises:
         DataError: ``"<file> line N: invalid JSON: ..."`` for a line that is not a JSON object,
-            ``"<file> line N: ..."`` for a value of the wrong type, and errors naming the file
-            when it vanished or a storage error outlasts the retries.
+            ``"<file> line N: ..."`` for a value of the wrong type or invalid UTF-8 (unless
+            ``on_error="skip"``), and errors naming the file when it vanished or a storage error
+            outlasts the retries.
 
     Example:
         >>> reader = JsonlReader(paths=pp.examples.SAMPLE_JSONL, columns=["id"], chunk_rows=2)
@@ -91,6 +98,7 @@ class JsonlReader(FileSource):
         listing: SharedListing | None = None,
         unit_bytes: int = 64 << 20,
         block_bytes: int = 2 << 20,
+        on_error: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__(
             paths=paths, columns=columns, chunk_rows=chunk_rows, storage_options=storage_options, seed=seed,
@@ -98,6 +106,8 @@ class JsonlReader(FileSource):
         )
         positive("unit_bytes", unit_bytes)
         positive("block_bytes", block_bytes)
+        one_of("on_error", on_error, ("raise", "skip"))
+        self.on_error = on_error
         self.unit_bytes = unit_bytes
         self.block_bytes = block_bytes
         self._schema: pa.Schema | None = None
@@ -151,7 +161,7 @@ class JsonlReader(FileSource):
         with blocks.open_stream(file) as stream:
             for offset, block in blocks.line_blocks(stream, begin, stop, self.block_bytes):
                 self._block = (offset, row)
-                batch = self._parse(file, offset, block)
+                batch, block = self._parse(file, offset, block)
                 if batch is not None and self.row_positions:
                     batch = _with_positions(batch, blocks.row_starts(block, offset))
                 if batch is not None and row + batch.num_rows > start_row:
@@ -191,7 +201,7 @@ class JsonlReader(FileSource):
         """Fix the schema from the first block that has rows (see the class docs)."""
         for file in files:
             first = self.retried(f"{file.name}: read the first block", self._first_block, file)
-            table = None if first is None else self._parse(file, 0, first[1])
+            table = None if first is None else self._parse(file, 0, first[1], count=False)[0]
             if table is None or table.num_rows == 0:
                 continue
             sniffed = pa.schema([f.with_type(blocks.no_timestamps(f.type)) for f in table.schema])
@@ -213,27 +223,43 @@ class JsonlReader(FileSource):
                 raise
             raise DataError(f"{file.name}: cannot read the file ({exc}).") from exc
 
-    def _parse(self, file: FileRef, offset: int, block: bytes) -> pa.RecordBatch | None:
-        if not block or block.isspace():
-            return None
+    def _parse(self, file: FileRef, offset: int, block: bytes, *, count: bool = True) -> tuple[pa.RecordBatch | None, bytes]:
+        """``(rows, block)``: a bad line raises a ``DataError`` naming it, or with ``on_error="skip"`` is blanked.
+
+        A skipped line becomes spaces of the same length in the returned block (a blank line, which
+        is no row), so every other row keeps its byte offset and its row number, and a resumed read
+        skips it again. ``count``: count skips in the stats (not while the schema is sniffed at listing).
+        """
+        for _ in range(block.count(b"\n") + 1):
+            if not block or block.isspace():
+                return None, block
+            try:
+                return self._parse_block(file, offset, block), block
+            except _BadLine as bad:
+                if self.on_error == "raise":
+                    number = blocks.lines_before(file, offset) + bad.line + 1
+                    hint = "; pass on_error='skip' to read_jsonl to skip such lines (counted per file)"
+                    raise DataError(f"{file.name} line {number}: {bad.problem}{hint}.") from bad.__cause__
+                block = blocks.blank_line(block, bad.line)
+                if count:
+                    self.stats.record_skip(f"{BAD_ROW}:{file.name}", 1)
+        raise AssertionError("unreachable: every line of the block was blanked")
+
+    def _parse_block(self, file: FileRef, offset: int, block: bytes) -> pa.RecordBatch | None:
         bad_byte = blocks.invalid_utf8(block)
         if bad_byte is not None:
             line, column = bad_byte
-            number = blocks.lines_before(file, offset) + line + 1
             byte = block.split(b"\n", line + 1)[line][column]
-            raise DataError(
-                f"{file.name} line {number}: invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); "
-                "JSON Lines files must be UTF-8 (re-encode the file, e.g. with iconv)."
-            )
+            raise _BadLine(line, f"invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); JSON Lines files "
+                                 "must be UTF-8 (re-encode the file, e.g. with iconv)")
         try:
             table = blocks.parse_block(block, self._options)
         except pa.ArrowInvalid as exc:
-            before = blocks.lines_before(file, offset)
-            line, problem = blocks.locate_error(block, self._options, exc, first_line=before + 1)
-            number = before + line + 1
+            first = blocks.lines_before(file, offset) + 1 if self.on_error == "raise" else 1  # only named on raise
+            line, problem = blocks.locate_error(block, self._options, exc, first_line=first)
             typed = self._schema is not None and not problem.startswith("invalid JSON")
             hint = f"; keys keep the types of {self._reference}" if typed else ""
-            raise DataError(f"{file.name} line {number}: {problem}{hint}.") from exc
+            raise _BadLine(line, f"{problem}{hint}") from exc
         if table.num_rows == 0:
             return None
         batch = table.combine_chunks().to_batches()[0]
@@ -241,6 +267,14 @@ class JsonlReader(FileSource):
             return batch
         where = f"{file.name} (block at byte {offset})"
         return conform(batch, self._schema, where=where, reference=self._reference)
+
+
+class _BadLine(Exception):
+    """A line of a block that cannot be a row: its index in the block and what is wrong with it."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(problem)
+        self.line, self.problem = line, problem
 
 
 def _with_positions(batch: pa.RecordBatch, starts: object) -> pa.RecordBatch:

@@ -6,8 +6,9 @@ piece it reads; it walks the piece's positions (row numbers of the whole unit, o
 a JSONL range, or row numbers from the start for a unit that cannot be cut) over the segments
 published for that unit so far:
 
-* a stretch some segment covers comes from that segment (memory-mapped, size and CRC checked
-  first; a file that fails is counted as ``cache.bad_files``, deleted and tokenized again);
+* a stretch some segment covers comes from that segment (memory-mapped; size, CRC and its rows
+  checked first, see :mod:`padpipe.pipes._cache_check`; a file that fails is counted as
+  ``cache.bad_files``, deleted and tokenized again);
 * a stretch none covers is read from the source as text, tagged with its positions, and split into
   segments of :data:`~padpipe.pipes._cache_walk.SEGMENT_ROWS` rows (aligned to multiples of it where rows are numbered), each
   announced to the :class:`~padpipe.pipes._cache_fill.Collector` once all its rows are out; the
@@ -31,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from padpipe.pipes import _cache_rows as cr
+from padpipe.pipes._cache_check import Limits, segment_problem
 from padpipe.pipes._cache_fill import Collector
 from padpipe.pipes._cache_store import CacheError, Segment, Store
 from padpipe.pipes._cache_walk import BYTES, ROWS, Walk, span, unit_kind
@@ -59,12 +61,16 @@ class CacheSession:
         on_write_error: ``"raise"`` a :class:`CacheError` naming the path, or ``"skip"``: count
             it as ``cache.write_errors`` and go on without writing.
         stats: Counters (``cache.hit_rows``, ``cache.miss_rows``, ``cache.bad_files``, ...).
+        vocab_size: Every id is below it (a segment that holds another is a bad file).
+        max_length: Most tokens a row can have (``None``: no limit); a longer row makes a bad file.
     """
 
     def __init__(self, store: Store, fingerprint: str, about: dict[str, Any], *, id_type: pa.DataType,
-                 type_ids: bool, fields: tuple[str, ...], on_write_error: str, stats: PipelineStats) -> None:
+                 type_ids: bool, fields: tuple[str, ...], on_write_error: str, stats: PipelineStats,
+                 vocab_size: int, max_length: int | None) -> None:
         self.store, self.fingerprint, self.about = store, fingerprint, about
         self.id_type, self.type_ids, self.fields = id_type, type_ids, fields
+        self.limits = Limits(id_type, type_ids, vocab_size, max_length)
         self.on_write_error = on_write_error
         self.stats = stats
         self.key = f"{store.url()}|{fingerprint}"  # the resolved location: a relative path and its absolute form agree
@@ -123,7 +129,7 @@ class CacheSession:
     def load(self, folder: str, segment: Segment, uid: int, kind: str | None) -> pa.Table | None:
         """A segment's rows after its checks, or ``None`` (counted as ``cache.bad_files``, deleted)."""
         table = self.store.read(folder, segment)
-        if table is not None and not self._valid(table, segment, kind):
+        if table is not None and segment_problem(table, segment, kind, self.limits) is not None:
             table = None
         if table is None:
             self.stats.add("cache.bad_files", 1)
@@ -149,7 +155,7 @@ class CacheSession:
 
     # -- helpers ------------------------------------------------------------------------------------
     def ready(self) -> None:
-        """Once per process: write ``about.json``, which also proves the location writable."""
+        """Once per process: write ``about.json`` (which proves the location writable), sweep stale temporary files."""
         if self._ready_pid == os.getpid():
             return
         self._ready_pid = os.getpid()
@@ -157,6 +163,9 @@ class CacheSession:
             self.store.describe(self.fingerprint, self.about)
         except CacheError as exc:
             self._write_failed(exc)
+        swept = self.store.sweep(self.fingerprint)  # left by writers that died
+        if swept:
+            self.stats.add("cache.swept_temp_files", swept)
 
     def _write_failed(self, exc: CacheError) -> None:
         if self.on_write_error == "raise":
@@ -190,31 +199,24 @@ class CacheSession:
         return self._units[key]
 
     def _file_identity(self, reader: UnitSource, path: str) -> str:
-        """The file's name, size and version (mtime or ETag): a changed file is a different unit."""
+        """The file's name, size, version and content digest: a changed file is a different unit.
+
+        The content is checked afresh once per file per session (per built pipeline), so a file
+        rewritten with the same size and mtime after this pipeline listed it is a ``ChangedFileError``
+        (the reader's ``on_missing`` applies), never a hit on the old ids.
+        """
         ref = getattr(reader, "_files", {}).get(path)
         ref = ref[0] if isinstance(ref, tuple) else ref
         if ref is None or not hasattr(ref, "fs"):
             return path
         if path not in self._versions:
-            version = getattr(ref, "listed_version", None)  # from the listing (size and mtime/ETag)
-            if version is None:
+            ref.check_content()
+            identity = ref.identity  # name, size, version (mtime/ETag) and content digest, from the listing
+            if ref.listed_version is None:
                 info = ref.fs.info(ref.path)
-                version = next((str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None), None)
-            self._versions[path] = f"{ref.name}\t{ref.listed_size}\t{version}"
+                identity += f"\t{next((str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None), None)}"
+            self._versions[path] = identity
         return self._versions[path]
-
-    def _valid(self, table: pa.Table, segment: Segment, kind: str | None) -> bool:
-        names = table.schema.names
-        if cr.POS not in names or cr.STATE not in names or (table.num_rows and cr.IDS not in names):
-            return False
-        if table.num_rows and (table.schema.field(cr.IDS).type != pa.list_(self.id_type)
-                               or (cr.TYPE_IDS in names) != self.type_ids):
-            return False
-        positions = table.column(cr.POS).to_numpy()
-        if kind in (BYTES, None):  # None: a state's reference, whatever the unit's kind
-            return bool(np.all(np.diff(positions) > 0)) and (not len(positions) or
-                                                               (positions[0] >= segment.lo and positions[-1] < segment.hi))
-        return np.array_equal(positions, np.arange(segment.lo, segment.hi))
 
 
 def digest(value: Any) -> str:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, check_bool, one_of, positive
-from padpipe.pipes._schema import source_of
+from padpipe.pipes._schema import row_of, source_of
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
 
@@ -62,8 +62,9 @@ def tokenize_options(
 class ChunkTokenizer:
     """Tokenize the text field(s) of a record batch; pass the other columns through.
 
-    Rows are checked at once with Arrow compute: a ``None`` or non-string text raises
-    :class:`~padpipe.errors.DataError` naming the field, the row in the chunk and its ``idx``/``id``
+    Rows are checked at once with Arrow compute: a ``None``, non-string or invalid UTF-8 text (Arrow
+    IPC files are not checked when read) raises :class:`~padpipe.errors.DataError` naming the field,
+    the row in its file (or in the chunk, after a shuffle) and its ``idx``/``id``
     (``on_error="raise"``), or drops the row and counts it as ``tokenize.bad_text``
     (``on_error="skip"``). An empty string gives just the template's special tokens. The text
     fields are dropped; the other columns become ``TokenChunk.columns`` as Arrow arrays, with
@@ -159,15 +160,38 @@ def _is_text(kind: pa.DataType) -> bool:
 
 
 def _bad_mask(column: pa.Array) -> np.ndarray:
-    """``True`` for rows that are ``None``, or every row when the column is not text."""
+    """``True`` for rows that are ``None`` or not valid UTF-8, or every row when the column is not text."""
     if _is_text(column.type):
-        return pc.is_null(column).to_numpy(zero_copy_only=False)
+        bad = pc.is_null(column).to_numpy(zero_copy_only=False)
+        if not _valid_utf8(column):  # Arrow IPC files are not checked when read: place the bad rows (error path)
+            bad = bad | np.array([not _decodes(v) for v in column.cast(pa.large_binary()).to_pylist()], dtype=bool)
+        return bad
     return np.ones(len(column), dtype=bool)
+
+
+def _valid_utf8(column: pa.Array) -> bool:
+    """Whether every string of ``column`` is valid UTF-8 (vectorized)."""
+    try:
+        column.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _decodes(value: bytes | None) -> bool:
+    """Whether ``value`` is ``None`` or valid UTF-8."""
+    if value is None:
+        return True
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _bad_rows(batch: pa.RecordBatch, texts: list[pa.Array]) -> np.ndarray | None:
     """A boolean mask of rows with a bad text in any field, or ``None`` when all are good."""
-    if all(_is_text(t.type) and t.null_count == 0 for t in texts):
+    if all(_is_text(t.type) and t.null_count == 0 and _valid_utf8(t) for t in texts):
         return None
     bad = np.zeros(batch.num_rows, dtype=bool)
     for column in texts:
@@ -179,12 +203,18 @@ def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: lis
     row = int(np.flatnonzero(bad)[0])
     field, column = next((f, t) for f, t in zip(fields, texts) if _bad_mask(t)[row])
     found = "None" if not column[row].is_valid else f"of type {column.type}"
+    if column[row].is_valid and _is_text(column.type):
+        found = "not valid UTF-8"
     name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
-    where = f" ({name}={batch.column(name)[row].as_py()!r})" if name else ""
-    where += _from(batch)
+    row_id = f"{name}={batch.column(name)[row].as_py()!r}" if name else ""
+    in_file = row_of(batch, row)
+    if in_file:  # the file's row, as the readers' errors name it
+        where = f"{in_file} ({row_id + '; ' if row_id else ''}row {row} of the chunk)"
+    else:
+        where = f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + _from(batch)
     count = int(bad.sum())
     return (
-        f"tokenize: field {field!r} at row {row} of the chunk{where} is {found}; expected a string. "
+        f"tokenize: field {field!r} at {where} is {found}; expected a string. "
         f"{count} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
     )
 

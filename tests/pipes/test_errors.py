@@ -70,14 +70,15 @@ def test_an_error_in_a_tokenize_thread_names_the_file(files) -> None:
     error = first_error(pipe.loader())
     assert type(error) is DataError
     assert str(error) == (
-        f"tokenize: field 'text' at row 10 of the chunk (idx=130) from {files / 'none.parquet'} is None; expected a "
-        "string. 1 row(s) of this chunk have bad text; pass on_error='skip' to drop them."
+        f"tokenize: field 'text' at row 130 of {files / 'none.parquet'} (idx=130; row 10 of the chunk) is None; "
+        "expected a string. 1 row(s) of this chunk have bad text; pass on_error='skip' to drop them."
     )
 
 
 def test_a_dataloader_worker_error_names_the_file(files) -> None:
     pipe = pp.read_parquet(str(files / "none.parquet"), chunk_rows=20).tokenize(TOK).batch(8).pad()
-    with pytest.raises(DataError, match=r"from \S+/none\.parquet is None; expected a string\."):
+    with pytest.raises(DataError, match=r"at row 130 of \S+/none\.parquet \(idx=130; row 10 of the chunk\) is None; "
+                                        r"expected a string\."):
         for _ in DataLoader(pipe, batch_size=None, num_workers=2):
             pass
 
@@ -139,7 +140,7 @@ def test_a_state_saved_before_an_error_resumes_exactly_up_to_it(files, threads, 
     fresh = pipe.loader()
     fresh.load_state_dict(state)
     rest = []
-    with pytest.raises(DataError, match=r"^tokenize: field 'text' at row 10 of the chunk \(idx=130\)"):
+    with pytest.raises(DataError, match=r"^tokenize: field 'text' at row 130 of \S+ \(idx=130; row 10 of the chunk\)"):
         for batch in fresh:
             rest.append(normalize(batch))
     reference = pp.read_parquet(str(files / "good.parquet"), chunk_rows=20).tokenize(TOK).batch(8).pad().loader()
