@@ -29,17 +29,13 @@ from transformers.trainer_utils import (  # noqa: E402
     PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize,
 )
 
+from padpipe.integrations._hf_hooks import check_hooks, loss_ignores_items  # noqa: E402
+from padpipe.integrations._hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
 from padpipe.integrations._trainer_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
     _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _merge, _Outputs, _rank_local_loss, _rows,
-    _TrainBatches,
 )
 
-_HOOKS = ("_init_training_state", "_save_checkpoint", "_finalize_training")
-if not all(hasattr(transformers.Trainer, hook) for hook in _HOOKS):  # pragma: no cover - older transformers
-    raise ImportError(
-        f"padpipe.hf needs a transformers.Trainer with {', '.join(_HOOKS)} (transformers 5), but transformers "
-        f"{transformers.__version__} is installed: pip install -U 'transformers>=5'"
-    )
+check_hooks(transformers.Trainer, transformers.__version__)
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +83,11 @@ class Trainer(transformers.Trainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._padpipe_train: _TrainBatches | None = None
+        self._padpipe_train: TrainBatches | None = None
         self._rows_trained: int | None = None
         self._eval_steps: dict[str, int] = {}
+        self._check_loss_kwargs = True
+        self._warned_order = False
 
     # -- loaders ----------------------------------------------------------------------------------
     def get_train_dataloader(self) -> Any:
@@ -98,7 +96,9 @@ class Trainer(transformers.Trainer):
             self._padpipe_train = None
             return super().get_train_dataloader()
         loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first")
-        self._padpipe_train = _TrainBatches(loader, _columns(self, "training"))
+        pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
+        tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
+        self._padpipe_train = TrainBatches(loader, _columns(self, "training"), tokens)
         return self._padpipe_train
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
@@ -119,10 +119,11 @@ class Trainer(transformers.Trainer):
     # -- training ---------------------------------------------------------------------------------
     def _init_training_state(self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int,
                              resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
-        """On resume, the loader continues from its saved state, so ``Trainer`` skips no batches."""
+        """On resume, the loader continues from its saved state and epoch, so ``Trainer`` skips no batches."""
         epochs, steps = super()._init_training_state(
             max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
+        self._check_loss_kwargs = True
         if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs, steps
         paths = sorted(glob.glob(os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank="*"))))
@@ -135,7 +136,29 @@ class Trainer(transformers.Trainer):
         # every saved rank's state: each rank picks its own, or on another number of ranks the rest of the
         # epoch is shared over the new ones (docs/elastic.md); states are plain data
         self._padpipe_train.load_state_dict([torch.load(p, weights_only=True) for p in paths])
-        return epochs, 0
+        return self._padpipe_train.epoch, 0  # Trainer's epoch is the pass being read (the next, if it ended)
+
+    def _run_epoch(self, **kwargs: Any) -> None:
+        """One pass over a pipeline, each accumulation window (the last one short) with its own optimizer step."""
+        if isinstance(kwargs["train_dataloader"], TrainBatches):
+            kwargs["steps_in_epoch"] = PassLength(kwargs["steps_in_epoch"], kwargs["train_dataloader"])
+        super()._run_epoch(**kwargs)
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
+        """``Trainer``'s; on a pipeline's first window, checks that a model taking ``**kwargs`` uses them in its loss."""
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._check_loss_kwargs and batches and isinstance(batches[0], Batch):
+            self._check_loss_kwargs = False
+            if self._loss_ignores_items(batches[0]):
+                items = self._get_num_items_in_batch(batches, device)
+        return batches, items
+
+    def _track_num_input_tokens(self, inputs: Any) -> None:
+        """A pipeline batch's real tokens, padded or packed, whether the setting is ``"all"`` or ``"non_padding"``."""
+        if not isinstance(inputs, Batch) or self.args.include_num_input_tokens_seen == "no":
+            return super()._track_num_input_tokens(inputs)
+        tokens = torch.tensor(inputs.tokens, device=self.args.device, dtype=torch.int64)
+        self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """``Trainer``'s checkpoint plus this rank's loader state in the same folder."""
@@ -222,6 +245,23 @@ class Trainer(transformers.Trainer):
                               num_samples=merged["rows"])
 
     # -- internals --------------------------------------------------------------------------------
+    def _loss_ignores_items(self, batch: Batch) -> bool:
+        """Set ``accepts_loss_kwargs = False`` for a model whose loss ignores ``num_items_in_batch``."""
+        model = self.accelerator.unwrap_model(self.model)
+        if (not self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
+                or hasattr(model, "accepts_loss_kwargs")):
+            return False
+        if not loss_ignores_items(self.model, self._prepare_inputs(dict(batch))):
+            return False
+        self.model_accepts_loss_kwargs = model.accepts_loss_kwargs = False
+        logger.warning(
+            f"{type(model).__name__}.forward takes **kwargs but its loss ignores `num_items_in_batch` "
+            "(transformers#47688), which would multiply its loss and gradient by the accumulation steps: "
+            f"padpipe.hf.Trainer set `model.accepts_loss_kwargs = False`, so each batch's mean loss is divided by "
+            "the window's batch count. Set `model.accepts_loss_kwargs` yourself before training to skip this check."
+        )
+        return True
+
     def _pipeline_loader(self, pipe: Pipeline, name: str, *, equal_steps: str) -> Any:
         if pipe.output != TENSORS:
             raise ValueError(

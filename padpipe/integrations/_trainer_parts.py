@@ -23,32 +23,6 @@ FLASH_ATTENTION_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max
 """Packed-batch columns kept for a model whose ``forward`` takes ``**kwargs`` (HF's flash-attention names)."""
 
 
-class _TrainBatches:
-    """A pipeline loader's training batches, unused columns removed, rows counted, resumable."""
-
-    def __init__(self, loader: Any, columns: Callable[[dict], dict]) -> None:
-        self.loader, self._columns = loader, columns
-        self.rows = 0
-        self._resumed = False
-
-    def __iter__(self) -> Iterator[dict]:
-        resumed, self._resumed = self._resumed, False
-        empty = True
-        for batch in self.loader:
-            empty = False
-            self.rows += _rows(batch)
-            yield self._columns(batch)
-        if empty and resumed:  # saved right after an epoch's last batch: that epoch is over, read the next
-            yield from self
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
-        self._resumed = True
-
-
 class _EvalBatches:
     """Evaluation batches as ``(model inputs, row_index or None)``."""
 
