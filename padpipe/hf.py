@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -32,7 +33,8 @@ from transformers.trainer_utils import (  # noqa: E402
 from padpipe.integrations._hf_hooks import check_hooks, loss_ignores_items  # noqa: E402
 from padpipe.integrations._hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
 from padpipe.integrations._trainer_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
-    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _merge, _Outputs, _rank_local_loss, _rows,
+    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _mean_loss, _merge, _Outputs, _rank_local_loss,
+    _rows,
 )
 
 check_hooks(transformers.Trainer, transformers.__version__)
@@ -87,6 +89,7 @@ class Trainer(transformers.Trainer):
         self._rows_trained: int | None = None
         self._eval_steps: dict[str, int] = {}
         self._check_loss_kwargs = True
+        self._unordered: dict[str, bool] = {}
         self._warned_order = False
 
     # -- loaders ----------------------------------------------------------------------------------
@@ -192,6 +195,14 @@ class Trainer(transformers.Trainer):
         output = super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
         if metric_key_prefix in self._eval_steps:
             _count_steps(output.metrics, metric_key_prefix, self._eval_steps.pop(metric_key_prefix))
+        if self._unordered.pop(metric_key_prefix, False) and not self._warned_order:
+            self._warned_order = True
+            warnings.warn(
+                "predict() on a padpipe pipeline whose batches have no `row_index` column returns predictions and "
+                "label_ids in the pipeline's batch order (grouped by length), not the rows' order: give each row its "
+                "position as a `row_index` column (glue() evaluation and test splits have one) to get row order.",
+                stacklevel=2,
+            )
         return output
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
@@ -203,6 +214,9 @@ class Trainer(transformers.Trainer):
         args = self.args
         if args.batch_eval_metrics:
             raise ValueError("`batch_eval_metrics` must be False to evaluate a padpipe pipeline, but is True instead.")
+        if not args.eval_do_concat_batches:
+            raise ValueError("`eval_do_concat_batches` must be True to evaluate a padpipe pipeline (its outputs come "
+                             "back as arrays in row order), but is False instead.")
         if self.is_fsdp_enabled or self.is_deepspeed_enabled:
             raise NotImplementedError(
                 "evaluate()/predict() on a padpipe pipeline run on one device or under DDP; FSDP and DeepSpeed need "
@@ -215,7 +229,7 @@ class Trainer(transformers.Trainer):
         self.callback_handler.eval_dataloader = dataloader
         main_input = getattr(self.model, "main_input_name", "input_ids")
         outputs = _Outputs(keep_inputs="inputs" in args.include_for_metrics,
-                           keep_losses="loss" in args.include_for_metrics, nan_filter=args.logging_nan_inf_filter)
+                           keep_losses="loss" in args.include_for_metrics, accumulate=args.eval_accumulation_steps)
         with _rank_local_loss(args):
             for inputs, order in dataloader:
                 wanted = inputs.get(main_input)
@@ -227,6 +241,7 @@ class Trainer(transformers.Trainer):
                 self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
         merged = _merge(_all_ranks(outputs.local()))
         self._eval_steps[metric_key_prefix] = merged["steps"]
+        self._unordered[metric_key_prefix] = not merged["ordered"]
         metrics: dict[str, Any] = {}
         if self.compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
             extra = {"losses": merged["losses"] if "loss" in args.include_for_metrics else None,
@@ -234,8 +249,9 @@ class Trainer(transformers.Trainer):
             prediction = EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra)
             metrics = self.compute_metrics(prediction)
         metrics = denumpify_detensorize(metrics)
-        if merged["loss_rows"]:
-            metrics["loss"] = merged["loss_sum"] / merged["loss_rows"]
+        loss = _mean_loss(merged, args.logging_nan_inf_filter)
+        if loss is not None:
+            metrics["loss"] = loss
         metrics["samples"] = merged["rows"]
         if hasattr(self, "model_preparation_time"):
             metrics["model_preparation_time"] = self.model_preparation_time

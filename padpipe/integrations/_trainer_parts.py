@@ -36,12 +36,16 @@ class _EvalBatches:
 
 
 class _Outputs:
-    """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows."""
+    """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows.
 
-    def __init__(self, *, keep_inputs: bool, keep_losses: bool, nan_filter: bool) -> None:
-        self.keep_inputs, self.keep_losses, self.nan_filter = keep_inputs, keep_losses, nan_filter
-        self.rows = self.steps = self.loss_rows = 0
-        self.loss_sum = 0.0
+    Tensors stay where the model made them until ``eval_accumulation_steps`` batches have come (or the
+    end), as in ``Trainer.evaluation_loop``.
+    """
+
+    def __init__(self, *, keep_inputs: bool, keep_losses: bool, accumulate: int | None) -> None:
+        self.keep_inputs, self.keep_losses, self.accumulate = keep_inputs, keep_losses, accumulate
+        self.rows = self.steps = self.loss_rows = self.finite_rows = 0
+        self.loss_sum = self.finite_sum = 0.0
         self.order: list[np.ndarray] = []
         self.preds, self.labels, self.inputs, self.losses = (EvalLoopContainer(padding_index=-100) for _ in range(4))
 
@@ -53,24 +57,36 @@ class _Outputs:
         per_row = None
         if loss is not None:
             value = float(loss)
-            if np.isfinite(value) or not self.nan_filter:
-                self.loss_sum += value * rows
-                self.loss_rows += rows
+            self.loss_sum += value * rows
+            self.loss_rows += rows
+            if np.isfinite(value):
+                self.finite_sum += value * rows
+                self.finite_rows += rows
             per_row = loss.detach().reshape(1).repeat(rows) if self.keep_losses else None
-        for container, value in ((self.preds, logits), (self.labels, labels),
-                                 (self.inputs, inputs if self.keep_inputs else None), (self.losses, per_row)):
+        containers = (self.preds, self.labels, self.inputs, self.losses)
+        for container, value in zip(containers, (logits, labels, inputs if self.keep_inputs else None, per_row)):
             if value is not None:
                 container.add(value)
+        if self.accumulate is not None and self.steps % self.accumulate == 0:
+            for container in containers:
                 container.to_cpu_and_numpy()
 
     def local(self) -> dict[str, Any]:
         ordered = len(self.order) == self.steps and self.steps > 0
         return {
             "rows": self.rows, "steps": self.steps, "loss_sum": self.loss_sum, "loss_rows": self.loss_rows,
+            "finite_sum": self.finite_sum, "finite_rows": self.finite_rows,
             "order": np.concatenate(self.order) if ordered else None, "ordered": ordered or self.steps == 0,
             "preds": self.preds.get_arrays(), "labels": self.labels.get_arrays(),
             "inputs": self.inputs.get_arrays(), "losses": self.losses.get_arrays(),
         }
+
+
+def _mean_loss(merged: dict[str, Any], nan_filter: bool) -> float | None:
+    """The loss over rows; with ``logging_nan_inf_filter``, over the finite batches when there are any (as HF)."""
+    if nan_filter and merged["finite_rows"]:
+        return merged["finite_sum"] / merged["finite_rows"]
+    return merged["loss_sum"] / merged["loss_rows"] if merged["loss_rows"] else None
 
 
 @contextlib.contextmanager
@@ -97,14 +113,15 @@ def _all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """All ranks' results in rank order, then sorted by ``row_index`` when every batch had one."""
-    merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows")}
+    merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows", "finite_sum", "finite_rows")}
     merged["steps"] = max(p["steps"] for p in parts)
     for key in ("preds", "labels", "inputs", "losses"):
         arrays = [p[key] for p in parts if p[key] is not None]
         merged[key] = None
         for array in arrays:
             merged[key] = array if merged[key] is None else nested_concat(merged[key], array, padding_index=-100)
-    if all(p["ordered"] for p in parts) and merged["rows"]:
+    merged["ordered"] = all(p["ordered"] for p in parts)
+    if merged["ordered"] and merged["rows"]:
         order = np.argsort(np.concatenate([p["order"] for p in parts if p["order"] is not None]), kind="stable")
         for key in ("preds", "labels", "inputs", "losses"):
             merged[key] = _take(merged[key], order)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import padpipe as pp  # noqa: E402
 from padpipe.hf import Trainer  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
-from tests.integrations.tiny import VOCAB, packed, recording_bert, tiny_llama, write_mrpc  # noqa: E402
+from tests.integrations.tiny import VOCAB, bert_config, packed, recording_bert, tiny_llama, write_mrpc  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 PASS = 11  # packed() batches per pass: not a multiple of 2, 3 or 4
@@ -140,3 +140,28 @@ def test_trainer_counts_real_tokens_seen_for_every_batch_kind(mrpc, tmp_path, ki
     trainer.train()
     assert trainer.state.num_input_tokens_seen == expected
 
+
+
+def test_trainer_divides_the_glue_recipe_models_batch_mean_loss_by_the_window(mrpc, tmp_path, caplog):
+    train = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=8192)
+    config = bert_config()
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    model = transformers.BertForSequenceClassification(config)  # takes **kwargs, ignores num_items_in_batch
+    seen = Windows(model)
+    trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=3, learning_rate=0.0,
+                                                  gradient_accumulation_steps=5),
+                      train_dataset=train, callbacks=[seen])
+    with caplog.at_level("WARNING", logger="padpipe.hf"):
+        trainer.train()
+    assert trainer.model_accepts_loss_kwargs is False and model.accepts_loss_kwargs is False
+    assert len(caplog.records) == 1 and caplog.records[0].getMessage().startswith(
+        "BertForSequenceClassification.forward takes **kwargs but its loss ignores `num_items_in_batch` "
+        "(transformers#47688)")
+    assert seen.ends == [5, 10, 12]
+    model.train()
+    for end, size, grad in zip(seen.ends, (5, 5, 2), seen.grads):
+        model.zero_grad()
+        for batch in seen.inputs[end - size:end]:  # each batch's mean loss over its rows, over the window's batches
+            (model(**batch).loss / size).backward()
+        expected = torch.cat([p.grad.flatten() for p in model.parameters()])
+        torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-7)
