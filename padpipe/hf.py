@@ -26,15 +26,12 @@ from padpipe.pipeline import TENSORS, Pipeline
 
 transformers = require("transformers", "padpipe.hf")
 
-from transformers.trainer_utils import (  # noqa: E402
-    PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize,
-)
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
 
-from padpipe.integrations._hf_hooks import check_hooks, loss_ignores_items  # noqa: E402
+from padpipe.integrations._hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
 from padpipe.integrations._hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
 from padpipe.integrations._trainer_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
-    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _mean_loss, _merge, _Outputs, _rank_local_loss,
-    _rows,
+    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _merge, _metrics, _Outputs, _rank_local_loss, _rows,
 )
 
 check_hooks(transformers.Trainer, transformers.__version__)
@@ -55,8 +52,12 @@ class Trainer(transformers.Trainer):
 
     - ``per_device_train_batch_size``, ``per_device_eval_batch_size`` and the data collator do not
       apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
-      Without a length, training needs ``max_steps`` (as for any iterable dataset); each
-      exhausted pass over the data starts the next epoch (new shuffle).
+      Without a length, training needs ``max_steps`` (as for any iterable dataset); each pass
+      over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized loader: the
+      last accumulation window of a pass is short and gets its own optimizer step.
+    - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
+      ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
+      ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
     - Training ranks take equal steps (``equal_steps="stop_first"``: a rank short of batches at an
       epoch's end splits its last one; what cannot be split is dropped and counted in stats).
     - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
@@ -71,7 +72,8 @@ class Trainer(transformers.Trainer):
       supported (ranks may take different numbers of evaluation steps).
     - A checkpoint holds each rank's loader state (``padpipe_loader_{rank}.pt``);
       ``train(resume_from_checkpoint=...)`` loads it and continues the data stream exactly
-      instead of skipping batches (``ignore_data_skip=True`` starts the data afresh).
+      instead of skipping batches (``ignore_data_skip=True`` starts the data afresh), bit for bit
+      at every kind of checkpoint, with ``state.epoch`` going on.
 
     Example:
         >>> from transformers import TrainingArguments  # doctest: +SKIP
@@ -152,7 +154,7 @@ class Trainer(transformers.Trainer):
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self._check_loss_kwargs and batches and isinstance(batches[0], Batch):
             self._check_loss_kwargs = False
-            if self._loss_ignores_items(batches[0]):
+            if turn_off_unused_loss_kwargs(self, batches[0]):
                 items = self._get_num_items_in_batch(batches, device)
         return batches, items
 
@@ -242,42 +244,13 @@ class Trainer(transformers.Trainer):
         merged = _merge(_all_ranks(outputs.local()))
         self._eval_steps[metric_key_prefix] = merged["steps"]
         self._unordered[metric_key_prefix] = not merged["ordered"]
-        metrics: dict[str, Any] = {}
-        if self.compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
-            extra = {"losses": merged["losses"] if "loss" in args.include_for_metrics else None,
-                     "inputs": merged["inputs"] if "inputs" in args.include_for_metrics else None}
-            prediction = EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra)
-            metrics = self.compute_metrics(prediction)
-        metrics = denumpify_detensorize(metrics)
-        loss = _mean_loss(merged, args.logging_nan_inf_filter)
-        if loss is not None:
-            metrics["loss"] = loss
-        metrics["samples"] = merged["rows"]
+        metrics = _metrics(merged, args, self.compute_metrics, metric_key_prefix)
         if hasattr(self, "model_preparation_time"):
-            metrics["model_preparation_time"] = self.model_preparation_time
-        prefix = f"{metric_key_prefix}_"
-        metrics = {k if k.startswith(prefix) else prefix + k: v for k, v in metrics.items()}
+            metrics[f"{metric_key_prefix}_model_preparation_time"] = self.model_preparation_time
         return EvalLoopOutput(predictions=merged["preds"], label_ids=merged["labels"], metrics=metrics,
                               num_samples=merged["rows"])
 
     # -- internals --------------------------------------------------------------------------------
-    def _loss_ignores_items(self, batch: Batch) -> bool:
-        """Set ``accepts_loss_kwargs = False`` for a model whose loss ignores ``num_items_in_batch``."""
-        model = self.accelerator.unwrap_model(self.model)
-        if (not self.model_accepts_loss_kwargs or self.compute_loss_func is not None or self.label_smoother is not None
-                or hasattr(model, "accepts_loss_kwargs")):
-            return False
-        if not loss_ignores_items(self.model, self._prepare_inputs(dict(batch))):
-            return False
-        self.model_accepts_loss_kwargs = model.accepts_loss_kwargs = False
-        logger.warning(
-            f"{type(model).__name__}.forward takes **kwargs but its loss ignores `num_items_in_batch` "
-            "(transformers#47688), which would multiply its loss and gradient by the accumulation steps: "
-            f"padpipe.hf.Trainer set `model.accepts_loss_kwargs = False`, so each batch's mean loss is divided by "
-            "the window's batch count. Set `model.accepts_loss_kwargs` yourself before training to skip this check."
-        )
-        return True
-
     def _pipeline_loader(self, pipe: Pipeline, name: str, *, equal_steps: str) -> Any:
         if pipe.output != TENSORS:
             raise ValueError(

@@ -9,9 +9,12 @@ does). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leav
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any
 
 import torch
+
+logger = logging.getLogger("padpipe.hf")
 
 HOOKS: dict[str, tuple[str, ...]] = {
     # overridden: resume the loader, save its state, count rows, one pass per epoch, count real tokens
@@ -30,6 +33,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "_get_num_items_in_batch": ("batch_samples", "device"),
     "_get_output_dir": ("trial",),
     "_set_signature_columns_if_needed": (),
+    "_prepare_inputs": ("inputs",),
 }
 """Each private ``Trainer`` method padpipe relies on, and its parameters (after ``self``) in transformers 5.24."""
 
@@ -55,6 +59,31 @@ def check_hooks(trainer: type, version: str) -> None:
                 f"transformers {version} has {shown} instead: install the transformers version padpipe was tested "
                 "with (pip install 'transformers==5.24.*') or a padpipe release for yours."
             )
+
+
+def turn_off_unused_loss_kwargs(trainer: Any, batch: dict[str, Any]) -> bool:
+    """Set ``accepts_loss_kwargs = False`` (model and trainer) for a model whose loss ignores ``num_items_in_batch``.
+
+    Checked only where HF would pass it and it matters: a model taking ``**kwargs`` that does not
+    say ``accepts_loss_kwargs`` itself, its own loss (no ``compute_loss_func``, no label smoothing),
+    gradient accumulation or ``average_tokens_across_devices`` on several processes. Returns whether
+    it was set (and logs a warning naming the model).
+    """
+    model, args = trainer.accelerator.unwrap_model(trainer.model), trainer.args
+    scaled = args.gradient_accumulation_steps > 1 or (args.average_tokens_across_devices and args.world_size > 1)
+    if (not scaled or not trainer.model_accepts_loss_kwargs or trainer.compute_loss_func is not None
+            or trainer.label_smoother is not None or hasattr(model, "accepts_loss_kwargs")):
+        return False
+    if not loss_ignores_items(trainer.model, trainer._prepare_inputs(dict(batch))):
+        return False
+    trainer.model_accepts_loss_kwargs = model.accepts_loss_kwargs = False
+    logger.warning(
+        f"{type(model).__name__}.forward takes **kwargs but its loss ignores `num_items_in_batch` "
+        "(transformers#47688), which would multiply its loss and gradient by the accumulation steps: "
+        "padpipe.hf.Trainer set `model.accepts_loss_kwargs = False`, so each batch's mean loss is divided by "
+        "the window's batch count. Set `model.accepts_loss_kwargs` yourself before training to skip this check."
+    )
+    return True
 
 
 def loss_ignores_items(model: Any, inputs: dict[str, Any]) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import transformers
 from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat
+from transformers.trainer_utils import EvalPrediction, denumpify_detensorize
 
 logger = logging.getLogger("padpipe.hf")
 
@@ -82,11 +83,24 @@ class _Outputs:
         }
 
 
-def _mean_loss(merged: dict[str, Any], nan_filter: bool) -> float | None:
-    """The loss over rows; with ``logging_nan_inf_filter``, over the finite batches when there are any (as HF)."""
-    if nan_filter and merged["finite_rows"]:
-        return merged["finite_sum"] / merged["finite_rows"]
-    return merged["loss_sum"] / merged["loss_rows"] if merged["loss_rows"] else None
+def _metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | None, prefix: str) -> dict[str, Any]:
+    """``compute_metrics`` of the merged outputs, the loss over rows and the row count, keys prefixed.
+
+    With ``logging_nan_inf_filter`` the loss is over the batches with a finite loss when there are
+    any, else over all (NaN or inf), as in ``Trainer.evaluation_loop``.
+    """
+    metrics: dict[str, Any] = {}
+    if compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
+        extra = {"losses": merged["losses"] if "loss" in args.include_for_metrics else None,
+                 "inputs": merged["inputs"] if "inputs" in args.include_for_metrics else None}
+        metrics = compute_metrics(EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra))
+    metrics = denumpify_detensorize(metrics)
+    if args.logging_nan_inf_filter and merged["finite_rows"]:
+        metrics["loss"] = merged["finite_sum"] / merged["finite_rows"]
+    elif merged["loss_rows"]:
+        metrics["loss"] = merged["loss_sum"] / merged["loss_rows"]
+    metrics["samples"] = merged["rows"]
+    return {k if k.startswith(f"{prefix}_") else f"{prefix}_{k}": v for k, v in metrics.items()}
 
 
 @contextlib.contextmanager
