@@ -31,7 +31,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # 
 from padpipe.integrations._hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
 from padpipe.integrations._hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
 from padpipe.integrations._trainer_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
-    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _merge, _metrics, _Outputs, _rank_local_loss, _rows,
+    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _evaluation_model, _merge, _metrics, _Outputs,
+    _rank_local_loss, _rows,
 )
 
 check_hooks(transformers.Trainer, transformers.__version__)
@@ -226,7 +227,7 @@ class Trainer(transformers.Trainer):
             )
         if prediction_loss_only is None:
             prediction_loss_only = args.prediction_loss_only
-        model = self._evaluation_model()
+        model = _evaluation_model(self)
         logger.info(f"***** Running {description} on a padpipe pipeline *****")
         self.callback_handler.eval_dataloader = dataloader
         main_input = getattr(self.model, "main_input_name", "input_ids")
@@ -271,18 +272,3 @@ class Trainer(transformers.Trainer):
         if isinstance(eval_dataset, str):
             return self.eval_dataset[eval_dataset]
         return self.eval_dataset if eval_dataset is None else eval_dataset
-
-    def _evaluation_model(self) -> Any:
-        """The model as ``Trainer.evaluation_loop`` prepares it (not DDP-wrapped: no collectives)."""
-        model = self._wrap_model(self.model, training=False)
-        if len(self.accelerator._models) == 0 and model is self.model:
-            model = self.accelerator.prepare_model(model, evaluation_mode=True)
-            if model is not self.model:
-                self.model_wrapped = model
-        if not self.is_in_train and (self.args.fp16_full_eval or self.args.bf16_full_eval):
-            dtype = torch.float16 if self.args.fp16_full_eval else torch.bfloat16
-            model = model.to(dtype=dtype, device=self.args.device)
-        model.eval()
-        if callable(getattr(self.optimizer, "eval", None)):
-            self.optimizer.eval()
-        return model

@@ -115,6 +115,22 @@ def _rank_local_loss(args: Any) -> Iterator[None]:
         args.average_tokens_across_devices = saved
 
 
+def _evaluation_model(trainer: transformers.Trainer) -> Any:
+    """The model as ``Trainer.evaluation_loop`` prepares it (not DDP-wrapped: no collectives)."""
+    model = trainer._wrap_model(trainer.model, training=False)
+    if len(trainer.accelerator._models) == 0 and model is trainer.model:
+        model = trainer.accelerator.prepare_model(model, evaluation_mode=True)
+        if model is not trainer.model:
+            trainer.model_wrapped = model
+    if not trainer.is_in_train and (trainer.args.fp16_full_eval or trainer.args.bf16_full_eval):
+        dtype = torch.float16 if trainer.args.fp16_full_eval else torch.bfloat16
+        model = model.to(dtype=dtype, device=trainer.args.device)
+    model.eval()
+    if callable(getattr(trainer.optimizer, "eval", None)):
+        trainer.optimizer.eval()
+    return model
+
+
 def _all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
