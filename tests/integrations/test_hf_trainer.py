@@ -214,11 +214,13 @@ def test_trainer_ddp_reads_every_row_at_most_once_per_epoch_with_equal_steps(ran
     assert [s["idx"] for s in per_rank[0][0]] != [s["idx"] for s in per_rank[0][1]]
 
 
-def test_trainer_ddp_resumes_from_its_checkpoint_with_the_same_batches(ranks):
+def test_trainer_ddp_resumes_from_its_checkpoint_with_the_same_batches_and_losses(ranks):
     for rank in ranks:
         resumed = [(s["idx"], s["batch"]) for s in rank["resumed_steps"]]
         assert len(resumed) == 30
         assert resumed == [(s["idx"], s["batch"]) for s in rank["steps"][30:]]
+        assert [step for step, _ in rank["losses"]] == [10, 20, 30, 40, 50, 60]
+        assert rank["resumed_losses"] == rank["losses"]  # with 2 worker processes: dropout draws the same masks
 
 
 def test_trainer_ddp_predicts_in_row_order_gathered_from_both_ranks(ranks, mrpc):
