@@ -71,7 +71,8 @@ def test_trainer_steps_once_per_accumulation_window_of_each_pass(tmp_path, steps
     model = tiny_llama()
     seen = Windows(model)
     trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=max_steps, learning_rate=0.0,
-                                                  gradient_accumulation_steps=steps), train_dataset=pipe, callbacks=[seen])
+                                                  gradient_accumulation_steps=steps),
+                      train_dataset=pipe, callbacks=[seen])
     trainer.train()
     assert trainer.model_accepts_loss_kwargs  # Llama's loss divides by num_items_in_batch: nothing to change
     sizes = [len(w) for w in windows[:max_steps]]
