@@ -151,7 +151,7 @@ class Trainer(transformers.Trainer):
         super()._run_epoch(**kwargs)
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
-        """``Trainer``'s; on a pipeline's first window, checks that a model taking ``**kwargs`` uses them in the loss."""
+        """``Trainer``'s; on a pipeline's first window, checks that a model taking ``**kwargs`` uses them."""
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self._check_loss_kwargs and batches and isinstance(batches[0], Batch):
             self._check_loss_kwargs = False
