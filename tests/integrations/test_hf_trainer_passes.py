@@ -14,7 +14,9 @@ torch = pytest.importorskip("torch")
 import padpipe as pp  # noqa: E402
 from padpipe.hf import Trainer  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
-from tests.integrations.tiny import VOCAB, bert_config, packed, recording_bert, tiny_llama, write_mrpc  # noqa: E402
+from tests.integrations.tiny import (  # noqa: E402
+    VOCAB, bert_config, packed, recording_bert, texts, tiny_llama, write_mrpc,
+)
 
 pytestmark = pytest.mark.timeout(300)
 PASS = 11  # packed() batches per pass: not a multiple of 2, 3 or 4
@@ -166,3 +168,28 @@ def test_trainer_divides_the_glue_recipe_models_batch_mean_loss_by_the_window(mr
             (model(**batch).loss / size).backward()
         expected = torch.cat([p.grad.flatten() for p in model.parameters()])
         torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_trainer_trains_what_transformers_trains_on_a_sized_loader_step_by_step(tmp_path):
+    pipe = pp.from_iterable(texts(17)).tokenize(pp.examples.tokenizer()).pack(64, batch_size=4)  # the same each pass
+    batches = list(pipe.loader())
+    assert len(batches) == PASS
+
+    class Sized(transformers.Trainer):  # HF's own loader over the same batches, in order
+        def _get_train_sampler(self, *args, **kwargs):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    options = dict(max_steps=9, gradient_accumulation_steps=3, remove_unused_columns=False)  # 4 steps per pass
+    runs = []
+    for trainer_class, data, more in ((Trainer, pipe, {}), (Sized, batches, dict(per_device_train_batch_size=1))):
+        model = tiny_llama()
+        trainer = trainer_class(model=model, args=arguments(tmp_path / trainer_class.__name__, **options, **more),
+                                train_dataset=data, data_collator=lambda rows: rows[0])
+        trainer.train()
+        logs = [(e["step"], e["loss"], e["grad_norm"], e["learning_rate"]) for e in trainer.state.log_history
+                if "loss" in e]
+        runs.append((logs, model.state_dict()))
+    (ours, ours_weights), (theirs, their_weights) = runs
+    assert [step for step, *_ in ours] == list(range(1, 10))
+    assert ours == theirs
+    assert all(torch.equal(ours_weights[k], their_weights[k]) for k in ours_weights)
