@@ -165,7 +165,7 @@ def real_tokens(pad_id: int | None, label_pad_id: int) -> Callable[[dict], int]:
         if cu is not None and pad_id is not None and "labels" in batch:
             rows, length = ids.shape
             starts = cu[:-1].long()
-            ends = torch.arange(1, rows + 1) * length
+            ends = torch.arange(1, rows + 1, device=ids.device) * length
             last = starts[torch.searchsorted(starts, ends) - 1]  # each row's last segment
             real = ((ids.reshape(-1) != pad_id) | (batch["labels"].reshape(-1) != label_pad_id)).long()
             seen = torch.cat([real.new_zeros(1), real.cumsum(0)])
