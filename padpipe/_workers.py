@@ -15,6 +15,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator
 
+import torch
 from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
@@ -182,10 +183,13 @@ class WorkerProcesses(BaseNode[Any]):
             rank, world = Consumer.ranks() if self.ranks else (0, 1)
             consumer = Consumer(rank=rank, world_size=world)
         self._dataset = EpochShares(self.pipeline, consumer)
+        # the workers' base seed is drawn from this generator, never from torch's global one: starting an
+        # epoch leaves the trainer's random state (dropout) as it was, so a resumed run draws the same masks
+        self._generator = torch.Generator()
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
             return StatefulDataLoader(self._dataset, batch_size=None, num_workers=self.num_workers,
-                                      persistent_workers=False, **self.options)
+                                      persistent_workers=False, generator=self._generator, **self.options)
 
     def _live(self) -> list[StatsSnapshot]:
         """The counters the running workers last sent (with their states)."""
@@ -199,6 +203,7 @@ class WorkerProcesses(BaseNode[Any]):
         """Start workers for ``self._epoch`` (forked or spawned with the epoch in their dataset)."""
         self.stats.add("workers.epochs_started", 1)
         self._dataset.epoch, self._dataset.plans = self._epoch, self._plans
+        self._generator.manual_seed(self._epoch)  # the same worker seeds for an epoch in every run
         self._loader.load_state_dict(loader_state or {})
         self._it = iter(self._loader)
 

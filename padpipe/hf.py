@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -25,21 +26,16 @@ from padpipe.pipeline import TENSORS, Pipeline
 
 transformers = require("transformers", "padpipe.hf")
 
-from transformers.trainer_utils import (  # noqa: E402
-    PREFIX_CHECKPOINT_DIR, EvalLoopOutput, EvalPrediction, denumpify_detensorize,
-)
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
 
+from padpipe.integrations._hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
+from padpipe.integrations._hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
 from padpipe.integrations._trainer_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
-    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _merge, _Outputs, _rank_local_loss, _rows,
-    _TrainBatches,
+    _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _evaluation_model, _merge, _metrics, _Outputs,
+    _rank_local_loss, _rows,
 )
 
-_HOOKS = ("_init_training_state", "_save_checkpoint", "_finalize_training")
-if not all(hasattr(transformers.Trainer, hook) for hook in _HOOKS):  # pragma: no cover - older transformers
-    raise ImportError(
-        f"padpipe.hf needs a transformers.Trainer with {', '.join(_HOOKS)} (transformers 5), but transformers "
-        f"{transformers.__version__} is installed: pip install -U 'transformers>=5'"
-    )
+check_hooks(transformers.Trainer, transformers.__version__)
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +53,12 @@ class Trainer(transformers.Trainer):
 
     - ``per_device_train_batch_size``, ``per_device_eval_batch_size`` and the data collator do not
       apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
-      Without a length, training needs ``max_steps`` (as for any iterable dataset); each
-      exhausted pass over the data starts the next epoch (new shuffle).
+      Without a length, training needs ``max_steps`` (as for any iterable dataset); each pass
+      over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized loader: the
+      last accumulation window of a pass is short and gets its own optimizer step.
+    - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
+      ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
+      ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
     - Training ranks take equal steps (``equal_steps="stop_first"``: a rank short of batches at an
       epoch's end splits its last one; what cannot be split is dropped and counted in stats).
     - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
@@ -73,7 +73,8 @@ class Trainer(transformers.Trainer):
       supported (ranks may take different numbers of evaluation steps).
     - A checkpoint holds each rank's loader state (``padpipe_loader_{rank}.pt``);
       ``train(resume_from_checkpoint=...)`` loads it and continues the data stream exactly
-      instead of skipping batches (``ignore_data_skip=True`` starts the data afresh).
+      instead of skipping batches (``ignore_data_skip=True`` starts the data afresh), bit for bit
+      at every kind of checkpoint, with ``state.epoch`` going on.
 
     Example:
         >>> from transformers import TrainingArguments  # doctest: +SKIP
@@ -87,9 +88,12 @@ class Trainer(transformers.Trainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._padpipe_train: _TrainBatches | None = None
+        self._padpipe_train: TrainBatches | None = None
         self._rows_trained: int | None = None
         self._eval_steps: dict[str, int] = {}
+        self._check_loss_kwargs = True
+        self._unordered: dict[str, bool] = {}
+        self._warned_order = False
 
     # -- loaders ----------------------------------------------------------------------------------
     def get_train_dataloader(self) -> Any:
@@ -98,7 +102,9 @@ class Trainer(transformers.Trainer):
             self._padpipe_train = None
             return super().get_train_dataloader()
         loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first")
-        self._padpipe_train = _TrainBatches(loader, _columns(self, "training"))
+        pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
+        tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
+        self._padpipe_train = TrainBatches(loader, _columns(self, "training"), tokens)
         return self._padpipe_train
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
@@ -119,10 +125,11 @@ class Trainer(transformers.Trainer):
     # -- training ---------------------------------------------------------------------------------
     def _init_training_state(self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int,
                              resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
-        """On resume, the loader continues from its saved state, so ``Trainer`` skips no batches."""
+        """On resume, the loader continues from its saved state and epoch, so ``Trainer`` skips no batches."""
         epochs, steps = super()._init_training_state(
             max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
+        self._check_loss_kwargs = True
         if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs, steps
         paths = sorted(glob.glob(os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank="*"))))
@@ -135,7 +142,29 @@ class Trainer(transformers.Trainer):
         # every saved rank's state: each rank picks its own, or on another number of ranks the rest of the
         # epoch is shared over the new ones (docs/elastic.md); states are plain data
         self._padpipe_train.load_state_dict([torch.load(p, weights_only=True) for p in paths])
-        return epochs, 0
+        return self._padpipe_train.epoch, 0  # Trainer's epoch is the pass being read (the next, if it ended)
+
+    def _run_epoch(self, **kwargs: Any) -> None:
+        """One pass over a pipeline, each accumulation window (the last one short) with its own optimizer step."""
+        if isinstance(kwargs["train_dataloader"], TrainBatches):
+            kwargs["steps_in_epoch"] = PassLength(kwargs["steps_in_epoch"], kwargs["train_dataloader"])
+        super()._run_epoch(**kwargs)
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
+        """``Trainer``'s; on a pipeline's first window, checks that a model taking ``**kwargs`` uses them."""
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._check_loss_kwargs and batches and isinstance(batches[0], Batch):
+            self._check_loss_kwargs = False
+            if turn_off_unused_loss_kwargs(self, batches[0]):
+                items = self._get_num_items_in_batch(batches, device)
+        return batches, items
+
+    def _track_num_input_tokens(self, inputs: Any) -> None:
+        """A pipeline batch's real tokens, padded or packed, whether the setting is ``"all"`` or ``"non_padding"``."""
+        if not isinstance(inputs, Batch) or self.args.include_num_input_tokens_seen == "no":
+            return super()._track_num_input_tokens(inputs)
+        tokens = torch.tensor(inputs.tokens, device=self.args.device, dtype=torch.int64)
+        self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """``Trainer``'s checkpoint plus this rank's loader state in the same folder."""
@@ -169,6 +198,14 @@ class Trainer(transformers.Trainer):
         output = super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
         if metric_key_prefix in self._eval_steps:
             _count_steps(output.metrics, metric_key_prefix, self._eval_steps.pop(metric_key_prefix))
+        if self._unordered.pop(metric_key_prefix, False) and not self._warned_order:
+            self._warned_order = True
+            warnings.warn(
+                "predict() on a padpipe pipeline whose batches have no `row_index` column returns predictions and "
+                "label_ids in the pipeline's batch order (grouped by length), not the rows' order: give each row its "
+                "position as a `row_index` column (glue() evaluation and test splits have one) to get row order.",
+                stacklevel=2,
+            )
         return output
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
@@ -180,6 +217,9 @@ class Trainer(transformers.Trainer):
         args = self.args
         if args.batch_eval_metrics:
             raise ValueError("`batch_eval_metrics` must be False to evaluate a padpipe pipeline, but is True instead.")
+        if not args.eval_do_concat_batches:
+            raise ValueError("`eval_do_concat_batches` must be True to evaluate a padpipe pipeline (its outputs come "
+                             "back as arrays in row order), but is False instead.")
         if self.is_fsdp_enabled or self.is_deepspeed_enabled:
             raise NotImplementedError(
                 "evaluate()/predict() on a padpipe pipeline run on one device or under DDP; FSDP and DeepSpeed need "
@@ -187,12 +227,12 @@ class Trainer(transformers.Trainer):
             )
         if prediction_loss_only is None:
             prediction_loss_only = args.prediction_loss_only
-        model = self._evaluation_model()
+        model = _evaluation_model(self)
         logger.info(f"***** Running {description} on a padpipe pipeline *****")
         self.callback_handler.eval_dataloader = dataloader
         main_input = getattr(self.model, "main_input_name", "input_ids")
         outputs = _Outputs(keep_inputs="inputs" in args.include_for_metrics,
-                           keep_losses="loss" in args.include_for_metrics, nan_filter=args.logging_nan_inf_filter)
+                           keep_losses="loss" in args.include_for_metrics, accumulate=args.eval_accumulation_steps)
         with _rank_local_loss(args):
             for inputs, order in dataloader:
                 wanted = inputs.get(main_input)
@@ -204,20 +244,10 @@ class Trainer(transformers.Trainer):
                 self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
         merged = _merge(_all_ranks(outputs.local()))
         self._eval_steps[metric_key_prefix] = merged["steps"]
-        metrics: dict[str, Any] = {}
-        if self.compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
-            extra = {"losses": merged["losses"] if "loss" in args.include_for_metrics else None,
-                     "inputs": merged["inputs"] if "inputs" in args.include_for_metrics else None}
-            prediction = EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra)
-            metrics = self.compute_metrics(prediction)
-        metrics = denumpify_detensorize(metrics)
-        if merged["loss_rows"]:
-            metrics["loss"] = merged["loss_sum"] / merged["loss_rows"]
-        metrics["samples"] = merged["rows"]
+        self._unordered[metric_key_prefix] = not merged["ordered"]
+        metrics = _metrics(merged, args, self.compute_metrics, metric_key_prefix)
         if hasattr(self, "model_preparation_time"):
-            metrics["model_preparation_time"] = self.model_preparation_time
-        prefix = f"{metric_key_prefix}_"
-        metrics = {k if k.startswith(prefix) else prefix + k: v for k, v in metrics.items()}
+            metrics[f"{metric_key_prefix}_model_preparation_time"] = self.model_preparation_time
         return EvalLoopOutput(predictions=merged["preds"], label_ids=merged["labels"], metrics=metrics,
                               num_samples=merged["rows"])
 
@@ -242,18 +272,3 @@ class Trainer(transformers.Trainer):
         if isinstance(eval_dataset, str):
             return self.eval_dataset[eval_dataset]
         return self.eval_dataset if eval_dataset is None else eval_dataset
-
-    def _evaluation_model(self) -> Any:
-        """The model as ``Trainer.evaluation_loop`` prepares it (not DDP-wrapped: no collectives)."""
-        model = self._wrap_model(self.model, training=False)
-        if len(self.accelerator._models) == 0 and model is self.model:
-            model = self.accelerator.prepare_model(model, evaluation_mode=True)
-            if model is not self.model:
-                self.model_wrapped = model
-        if not self.is_in_train and (self.args.fp16_full_eval or self.args.bf16_full_eval):
-            dtype = torch.float16 if self.args.fp16_full_eval else torch.bfloat16
-            model = model.to(dtype=dtype, device=self.args.device)
-        model.eval()
-        if callable(getattr(self.optimizer, "eval", None)):
-            self.optimizer.eval()
-        return model

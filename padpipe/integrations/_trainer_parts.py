@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import transformers
 from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat
+from transformers.trainer_utils import EvalPrediction, denumpify_detensorize
 
 logger = logging.getLogger("padpipe.hf")
 
@@ -21,32 +22,6 @@ ROW_INDEX = "row_index"
 """The column of evaluation batches giving each row's position in its split (as ``glue()`` makes)."""
 FLASH_ATTENTION_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 """Packed-batch columns kept for a model whose ``forward`` takes ``**kwargs`` (HF's flash-attention names)."""
-
-
-class _TrainBatches:
-    """A pipeline loader's training batches, unused columns removed, rows counted, resumable."""
-
-    def __init__(self, loader: Any, columns: Callable[[dict], dict]) -> None:
-        self.loader, self._columns = loader, columns
-        self.rows = 0
-        self._resumed = False
-
-    def __iter__(self) -> Iterator[dict]:
-        resumed, self._resumed = self._resumed, False
-        empty = True
-        for batch in self.loader:
-            empty = False
-            self.rows += _rows(batch)
-            yield self._columns(batch)
-        if empty and resumed:  # saved right after an epoch's last batch: that epoch is over, read the next
-            yield from self
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
-        self._resumed = True
 
 
 class _EvalBatches:
@@ -62,12 +37,16 @@ class _EvalBatches:
 
 
 class _Outputs:
-    """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows."""
+    """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows.
 
-    def __init__(self, *, keep_inputs: bool, keep_losses: bool, nan_filter: bool) -> None:
-        self.keep_inputs, self.keep_losses, self.nan_filter = keep_inputs, keep_losses, nan_filter
-        self.rows = self.steps = self.loss_rows = 0
-        self.loss_sum = 0.0
+    Tensors stay where the model made them until ``eval_accumulation_steps`` batches have come (or the
+    end), as in ``Trainer.evaluation_loop``.
+    """
+
+    def __init__(self, *, keep_inputs: bool, keep_losses: bool, accumulate: int | None) -> None:
+        self.keep_inputs, self.keep_losses, self.accumulate = keep_inputs, keep_losses, accumulate
+        self.rows = self.steps = self.loss_rows = self.finite_rows = 0
+        self.loss_sum = self.finite_sum = 0.0
         self.order: list[np.ndarray] = []
         self.preds, self.labels, self.inputs, self.losses = (EvalLoopContainer(padding_index=-100) for _ in range(4))
 
@@ -79,24 +58,49 @@ class _Outputs:
         per_row = None
         if loss is not None:
             value = float(loss)
-            if np.isfinite(value) or not self.nan_filter:
-                self.loss_sum += value * rows
-                self.loss_rows += rows
+            self.loss_sum += value * rows
+            self.loss_rows += rows
+            if np.isfinite(value):
+                self.finite_sum += value * rows
+                self.finite_rows += rows
             per_row = loss.detach().reshape(1).repeat(rows) if self.keep_losses else None
-        for container, value in ((self.preds, logits), (self.labels, labels),
-                                 (self.inputs, inputs if self.keep_inputs else None), (self.losses, per_row)):
+        containers = (self.preds, self.labels, self.inputs, self.losses)
+        for container, value in zip(containers, (logits, labels, inputs if self.keep_inputs else None, per_row)):
             if value is not None:
                 container.add(value)
+        if self.accumulate is not None and self.steps % self.accumulate == 0:
+            for container in containers:
                 container.to_cpu_and_numpy()
 
     def local(self) -> dict[str, Any]:
         ordered = len(self.order) == self.steps and self.steps > 0
         return {
             "rows": self.rows, "steps": self.steps, "loss_sum": self.loss_sum, "loss_rows": self.loss_rows,
+            "finite_sum": self.finite_sum, "finite_rows": self.finite_rows,
             "order": np.concatenate(self.order) if ordered else None, "ordered": ordered or self.steps == 0,
             "preds": self.preds.get_arrays(), "labels": self.labels.get_arrays(),
             "inputs": self.inputs.get_arrays(), "losses": self.losses.get_arrays(),
         }
+
+
+def _metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | None, prefix: str) -> dict[str, Any]:
+    """``compute_metrics`` of the merged outputs, the loss over rows and the row count, keys prefixed.
+
+    With ``logging_nan_inf_filter`` the loss is over the batches with a finite loss when there are
+    any, else over all (NaN or inf), as in ``Trainer.evaluation_loop``.
+    """
+    metrics: dict[str, Any] = {}
+    if compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
+        extra = {"losses": merged["losses"] if "loss" in args.include_for_metrics else None,
+                 "inputs": merged["inputs"] if "inputs" in args.include_for_metrics else None}
+        metrics = compute_metrics(EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra))
+    metrics = denumpify_detensorize(metrics)
+    if args.logging_nan_inf_filter and merged["finite_rows"]:
+        metrics["loss"] = merged["finite_sum"] / merged["finite_rows"]
+    elif merged["loss_rows"]:
+        metrics["loss"] = merged["loss_sum"] / merged["loss_rows"]
+    metrics["samples"] = merged["rows"]
+    return {k if k.startswith(f"{prefix}_") else f"{prefix}_{k}": v for k, v in metrics.items()}
 
 
 @contextlib.contextmanager
@@ -111,6 +115,22 @@ def _rank_local_loss(args: Any) -> Iterator[None]:
         args.average_tokens_across_devices = saved
 
 
+def _evaluation_model(trainer: transformers.Trainer) -> Any:
+    """The model as ``Trainer.evaluation_loop`` prepares it (not DDP-wrapped: no collectives)."""
+    model = trainer._wrap_model(trainer.model, training=False)
+    if len(trainer.accelerator._models) == 0 and model is trainer.model:
+        model = trainer.accelerator.prepare_model(model, evaluation_mode=True)
+        if model is not trainer.model:
+            trainer.model_wrapped = model
+    if not trainer.is_in_train and (trainer.args.fp16_full_eval or trainer.args.bf16_full_eval):
+        dtype = torch.float16 if trainer.args.fp16_full_eval else torch.bfloat16
+        model = model.to(dtype=dtype, device=trainer.args.device)
+    model.eval()
+    if callable(getattr(trainer.optimizer, "eval", None)):
+        trainer.optimizer.eval()
+    return model
+
+
 def _all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
@@ -123,14 +143,15 @@ def _all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """All ranks' results in rank order, then sorted by ``row_index`` when every batch had one."""
-    merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows")}
+    merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows", "finite_sum", "finite_rows")}
     merged["steps"] = max(p["steps"] for p in parts)
     for key in ("preds", "labels", "inputs", "losses"):
         arrays = [p[key] for p in parts if p[key] is not None]
         merged[key] = None
         for array in arrays:
             merged[key] = array if merged[key] is None else nested_concat(merged[key], array, padding_index=-100)
-    if all(p["ordered"] for p in parts) and merged["rows"]:
+    merged["ordered"] = all(p["ordered"] for p in parts)
+    if merged["ordered"] and merged["rows"]:
         order = np.argsort(np.concatenate([p["order"] for p in parts if p["order"] is not None]), kind="stable")
         for key in ("preds", "labels", "inputs", "losses"):
             merged[key] = _take(merged[key], order)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import warnings
 import sys
 from pathlib import Path
 
@@ -213,11 +214,13 @@ def test_trainer_ddp_reads_every_row_at_most_once_per_epoch_with_equal_steps(ran
     assert [s["idx"] for s in per_rank[0][0]] != [s["idx"] for s in per_rank[0][1]]
 
 
-def test_trainer_ddp_resumes_from_its_checkpoint_with_the_same_batches(ranks):
+def test_trainer_ddp_resumes_from_its_checkpoint_with_the_same_batches_and_losses(ranks):
     for rank in ranks:
         resumed = [(s["idx"], s["batch"]) for s in rank["resumed_steps"]]
         assert len(resumed) == 30
         assert resumed == [(s["idx"], s["batch"]) for s in rank["steps"][30:]]
+        assert [step for step, _ in rank["losses"]] == [10, 20, 30, 40, 50, 60]
+        assert rank["resumed_losses"] == rank["losses"]  # with 2 worker processes: dropout draws the same masks
 
 
 def test_trainer_ddp_predicts_in_row_order_gathered_from_both_ranks(ranks, mrpc):
@@ -251,3 +254,54 @@ def test_trainer_passes_packed_batches_with_hf_flash_attention_names(tmp_path):
     packed = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer()).pack(128, batch_size=2)
     Trainer(model=Llama(config), args=arguments(tmp_path, max_steps=3), train_dataset=packed).train()
     assert seen == [["cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q", "seq_idx"]] * 3
+
+
+def test_trainer_warns_once_that_predictions_without_row_index_come_in_batch_order(mrpc, tmp_path):
+    rows = pq.read_table(mrpc / "validation-00000-of-00001.parquet").to_pylist()
+    val = (pp.from_iterable(rows).tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
+           .bucket(32, buffer_size=400).pad())  # no row_index: batches grouped by length
+    trainer = Trainer(model=recorder(), args=arguments(tmp_path))
+    with pytest.warns(UserWarning, match=r"^predict\(\) on a padpipe pipeline whose batches have no `row_index` "
+                                         r"column returns predictions and label_ids in the pipeline's batch order"):
+        out = trainer.predict(val)
+    assert not np.array_equal(out.label_ids, labels(mrpc))  # the warning is true: not the rows' order
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer.predict(val)  # once
+        trainer.predict(glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc))  # row order: no warning
+
+
+def test_trainer_refuses_eval_batches_it_cannot_return_in_row_order(mrpc, tmp_path):
+    val = glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc)
+    trainer = Trainer(model=recorder(), args=arguments(tmp_path, eval_do_concat_batches=False), eval_dataset=val)
+    with pytest.raises(ValueError, match=r"^`eval_do_concat_batches` must be True to evaluate a padpipe pipeline "
+                                         r"\(its outputs come back as arrays in row order\), but is False instead\.$"):
+        trainer.evaluate()
+
+
+@pytest.mark.parametrize("accumulate, moves", [(None, 0), (2, 5)])
+def test_trainer_moves_eval_outputs_to_the_cpu_every_eval_accumulation_steps(mrpc, tmp_path, monkeypatch,
+                                                                             accumulate, moves):
+    val = glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc, batch_size=30)  # 11 batches
+    calls = []
+    original = transformers.trainer_pt_utils.EvalLoopContainer.to_cpu_and_numpy
+    monkeypatch.setattr(transformers.trainer_pt_utils.EvalLoopContainer, "to_cpu_and_numpy",
+                        lambda self: calls.append(id(self)) or original(self))
+    trainer = Trainer(model=recorder(), args=arguments(tmp_path, eval_accumulation_steps=accumulate),
+                      compute_metrics=accuracy, eval_dataset=val)
+    assert trainer.evaluate()["eval_samples"] == VAL_ROWS
+    assert len(calls) == 4 * moves + 4  # every 2 batches for each of the 4 containers, then once at the end
+
+
+def test_trainer_reports_a_nan_eval_loss_when_no_batch_loss_is_finite(mrpc, tmp_path):
+    class Broken(transformers.BertForSequenceClassification):
+        def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None):
+            out = super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                  labels=labels)
+            out.loss = out.loss * float("nan")
+            return out
+
+    val = glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc)
+    trainer = Trainer(model=Broken(bert_config()), args=arguments(tmp_path), eval_dataset=val)
+    metrics = trainer.evaluate()
+    assert np.isnan(metrics["eval_loss"]) and metrics["eval_samples"] == VAL_ROWS

@@ -109,3 +109,27 @@ def run_script(script: str | Path, *args: str, processes: int = 2, timeout: floa
 def torchrun(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` on 2 CPU ranks (gloo)."""
     return run_script(script, *args, timeout=timeout)
+
+
+def texts(rows: int) -> list[dict]:
+    """The first ``rows`` documents of the shipped corpus, as records."""
+    import gzip
+    import json
+
+    with gzip.open(pp.examples.SAMPLE_JSONL, "rt") as f:
+        return [{"text": json.loads(line)["text"]} for line, _ in zip(f, range(rows))]
+
+
+def packed(rows: int = 17, *, seq_len: int = 64, batch_size: int = 4, **options: Any) -> pp.Pipeline:
+    """Documents packed into ``[batch_size, seq_len]`` rows, reshuffled every pass."""
+    return (pp.from_iterable(texts(rows)).shuffle(64, seed=0).tokenize(pp.examples.tokenizer())
+            .pack(seq_len, batch_size=batch_size, **options))
+
+
+def tiny_llama(seed: int = 0) -> Any:
+    """A tiny ``LlamaForCausalLM`` over the shipped tokenizer's vocabulary (no dropout)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256))

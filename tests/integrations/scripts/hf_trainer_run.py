@@ -2,8 +2,9 @@
 
 Usage: ``torchrun --standalone --nproc_per_node=2 hf_trainer_run.py DATA OUT WORKERS`` (WORKERS is
 ``dataloader_num_workers``). Each rank writes
-``OUT/rank<R>.json``: the rows and batch fingerprints of every training step of the full run and of a
-run resumed from its step-30 checkpoint, the metrics, and predictions with a reference computed here.
+``OUT/rank<R>.json``: the rows and batch fingerprints of every training step and the logged losses of
+the full run and of a run resumed from its step-30 checkpoint, the metrics, and predictions with a
+reference computed here.
 tests/integrations/test_hf_trainer.py checks them.
 """
 
@@ -74,10 +75,12 @@ def main(data: str, out: str, workers: int) -> None:
     resumed = Trainer(model=resumed_model, args=arguments(f"{out}/resumed", workers), train_dataset=train,
                       callbacks=[Epochs()])
     resumed.train(resume_from_checkpoint=f"{out}/run/checkpoint-{RESUME_AT}")
+    losses = [[(e["step"], e["loss"]) for e in t.state.log_history if "loss" in e] for t in (trainer, resumed)]
 
     with open(f"{out}/rank{dist.get_rank()}.json", "w") as f:
         json.dump({
             "steps": model.steps, "resumed_steps": resumed_model.steps, "dropped": dropped, "eval_steps": eval_steps,
+            "losses": losses[0], "resumed_losses": losses[1],
             "train_metrics": train_metrics, "eval_metrics": eval_metrics, "test_metrics": prediction.metrics,
             "predictions": np.asarray(prediction.predictions).tolist(), "reference": expected,
             "label_ids": np.asarray(prediction.label_ids).tolist(),

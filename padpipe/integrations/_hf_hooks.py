@@ -1,0 +1,122 @@
+"""The private ``transformers.Trainer`` hooks ``padpipe.hf.Trainer`` overrides or calls, and a loss check.
+
+:data:`HOOKS` pins each hook's parameters; :func:`check_hooks` raises at import, naming the hook,
+when an installed transformers changed one (tests/integrations/test_hf_hooks.py pins what each
+does). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
+``num_items_in_batch`` out of its loss (transformers#47688).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("padpipe.hf")
+
+HOOKS: dict[str, tuple[str, ...]] = {
+    # overridden: resume the loader, save its state, count rows, one pass per epoch, count real tokens
+    "_init_training_state": ("max_steps", "num_update_steps_per_epoch", "num_train_epochs", "resume_from_checkpoint",
+                             "trial"),
+    "_save_checkpoint": ("model", "trial"),
+    "_finalize_training": ("trial", "num_train_samples", "start_time"),
+    "_run_epoch": ("model", "epoch", "train_dataloader", "steps_in_epoch", "num_update_steps_per_epoch", "trial",
+                   "ignore_keys_for_eval", "start_time", "resume_from_checkpoint", "epochs_trained",
+                   "steps_trained_in_current_epoch"),
+    "_track_num_input_tokens": ("inputs",),
+    "get_batch_samples": ("epoch_iterator", "num_batches", "device"),
+    "evaluation_loop": ("dataloader", "description", "prediction_loss_only", "ignore_keys", "metric_key_prefix"),
+    # called
+    "_wrap_model": ("model", "training", "dataloader"),
+    "_get_num_items_in_batch": ("batch_samples", "device"),
+    "_get_output_dir": ("trial",),
+    "_set_signature_columns_if_needed": (),
+    "_prepare_inputs": ("inputs",),
+}
+"""Each private ``Trainer`` method padpipe relies on, and its parameters (after ``self``) in transformers 5.24."""
+
+
+def check_hooks(trainer: type, version: str) -> None:
+    """Raise ``ImportError`` naming the first hook of :data:`HOOKS` that ``trainer`` lacks or has changed.
+
+    Example:
+        >>> class Old:
+        ...     def _save_checkpoint(self, model): ...
+        >>> check_hooks(Old, "4.0")
+        Traceback (most recent call last):
+        ...
+        ImportError: padpipe.hf needs transformers.Trainer._init_training_state(max_steps, ...
+    """
+    for name, expected in HOOKS.items():
+        method = getattr(trainer, name, None)
+        found = None if method is None else tuple(inspect.signature(method).parameters)[1:]
+        if found != expected:
+            shown = "missing" if found is None else f"{name}({', '.join(found)})"
+            raise ImportError(
+                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.24), but "
+                f"transformers {version} has {shown} instead: install the transformers version padpipe was tested "
+                "with (pip install 'transformers==5.24.*') or a padpipe release for yours."
+            )
+
+
+def turn_off_unused_loss_kwargs(trainer: Any, batch: dict[str, Any]) -> bool:
+    """Set ``accepts_loss_kwargs = False`` (model and trainer) for a model whose loss ignores ``num_items_in_batch``.
+
+    Checked only where HF would pass it and it matters: a model taking ``**kwargs`` that does not
+    say ``accepts_loss_kwargs`` itself, its own loss (no ``compute_loss_func``, no label smoothing),
+    gradient accumulation or ``average_tokens_across_devices`` on several processes. Returns whether
+    it was set (and logs a warning naming the model).
+    """
+    model, args = trainer.accelerator.unwrap_model(trainer.model), trainer.args
+    scaled = args.gradient_accumulation_steps > 1 or (args.average_tokens_across_devices and args.world_size > 1)
+    if (not scaled or not trainer.model_accepts_loss_kwargs or trainer.compute_loss_func is not None
+            or trainer.label_smoother is not None or hasattr(model, "accepts_loss_kwargs")):
+        return False
+    if not loss_ignores_items(trainer.model, trainer._prepare_inputs(dict(batch))):
+        return False
+    trainer.model_accepts_loss_kwargs = model.accepts_loss_kwargs = False
+    logger.warning(
+        f"{type(model).__name__}.forward takes **kwargs but its loss ignores `num_items_in_batch` "
+        "(transformers#47688), which would multiply its loss and gradient by the accumulation steps: "
+        "padpipe.hf.Trainer set `model.accepts_loss_kwargs = False`, so each batch's mean loss is divided by "
+        "the window's batch count. Set `model.accepts_loss_kwargs` yourself before training to skip this check."
+    )
+    return True
+
+
+def loss_ignores_items(model: Any, inputs: dict[str, Any]) -> bool:
+    """Whether ``model``'s loss on ``inputs`` is the same for ``num_items_in_batch`` n and 2n.
+
+    A loss that honours it halves; one that ignores it (a per-batch mean) does not, and then HF must
+    divide by the accumulation steps itself (``model.accepts_loss_kwargs = False``). Runs the model
+    twice in eval mode without gradients, leaving every random state as it was.
+
+    Example:
+        >>> class Mean(torch.nn.Module):
+        ...     def forward(self, labels=None, **kwargs):
+        ...         return {"loss": labels.float().mean()}
+        >>> loss_ignores_items(Mean(), {"labels": torch.tensor([1, 2])})
+        True
+    """
+    labels = inputs.get("labels")
+    if not isinstance(labels, torch.Tensor):
+        return False
+    items = labels.ne(-100).sum().clamp(min=1)
+    devices = [labels.device] if labels.device.type == "cuda" else []
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices, device_type="cuda"):
+            losses = [_loss(model(**inputs, num_items_in_batch=items * k)) for k in (1, 2)]
+    finally:
+        model.train(training)
+    if any(loss is None for loss in losses) or not torch.isfinite(losses[0]) or losses[0] == 0:
+        return False
+    return bool(torch.allclose(losses[0], losses[1], rtol=1e-4, atol=0.0))
+
+
+def _loss(outputs: Any) -> torch.Tensor | None:
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs[0]
+    return loss.detach().float() if isinstance(loss, torch.Tensor) else None
