@@ -162,8 +162,8 @@ class FitDriver:
                 return 0
             raise RuntimeError(
                 f"pipe.loader() under Lightning: a checkpoint saved after fit stopped inside epoch {self.epoch} "
-                f"(interrupted) cannot hold the batches Lightning had fetched ahead, so a resume would skip them; "
-                f"save with ModelCheckpoint during fit, or use {ADAPTER}."
+                "(interrupted) cannot hold the batches Lightning had fetched ahead, so a resume would skip them; "
+                "resume from a ModelCheckpoint saved during fit instead."
             )
         batches = getattr(fetcher, "batches", None)
         if isinstance(batches, list):  # _PrefetchDataFetcher: the batches fetched ahead

@@ -1,0 +1,139 @@
+"""Lightning on a bare ``pipe.loader()``: exact resume from mid-epoch and end-of-fit checkpoints, epochs in step.
+
+One device for the cases, DDP x2 under torchrun (0 and 2 workers) for the ranks: one launch per worker count
+serves the mid-epoch and the ``max_steps`` checks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+L = pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+import padpipe as pp  # noqa: E402
+from padpipe._state import StateMismatchError  # noqa: E402
+from padpipe.integrations.lightning import ExactResume  # noqa: E402
+from padpipe.recipes.glue import glue  # noqa: E402
+from tests.integrations.scripts.lightning_bare_run import SAVE_EVERY, STOP_AT, Bare  # noqa: E402
+from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
+from tests.integrations.test_lightning import trainer  # noqa: E402
+from tests.integrations.tiny import TRAIN_ROWS, torchrun, write_mrpc  # noqa: E402
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
+    pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`"),
+    pytest.mark.filterwarnings("ignore:You are using the `dataloader_iter` step flavor"),
+    pytest.mark.filterwarnings("ignore:Found `dataloader_iter` argument"),
+]
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory):
+    data = write_mrpc(tmp_path_factory.mktemp("lightning_bare") / "mrpc", train_rows=400, val_rows=10)
+    return glue("mrpc", "train", pp.examples.tokenizer(), data=data, max_tokens=2048)
+
+
+class StepIter(Bare):
+    """``training_step(dataloader_iter)``: Lightning fetches nothing ahead."""
+
+    def training_step(self, dataloader_iter):
+        batch, _, _ = next(dataloader_iter)
+        return super().training_step(batch, 0)
+
+
+@pytest.fixture(scope="module", params=[Bare, StepIter], ids=["fetch_ahead", "dataloader_iter"])
+def full(request, pipe, tmp_path_factory):
+    """Two epochs on a bare ``pipe.loader()`` with a checkpoint every 4 steps: the steps, steps per epoch, the
+    checkpoints' folder and the module class."""
+    folder = tmp_path_factory.mktemp("full")
+    model = request.param(pipe, 0)
+    checkpoints = ModelCheckpoint(dirpath=folder, filename="{step}", every_n_train_steps=4, save_top_k=-1)
+    trainer(folder, [checkpoints], max_epochs=2).fit(model)
+    per_epoch = sum(1 for _ in pipe.loader())
+    assert per_epoch % 4 == 0 and [s["epoch"] for s in model.steps] == [0] * per_epoch + [1] * per_epoch
+    assert model.steps[:per_epoch] != model.steps[per_epoch:]
+    return model.steps, per_epoch, folder, request.param
+
+
+@pytest.mark.parametrize("where", ["mid_epoch", "last_batch_of_epoch"])
+def test_bare_loader_resumes_a_checkpoint_exactly(pipe, full, tmp_path, where):
+    steps, per_epoch, folder, model = full
+    at = 4 if where == "mid_epoch" else per_epoch
+    resumed = model(pipe, 0)
+    trainer(tmp_path, max_epochs=2).fit(resumed, ckpt_path=folder / f"step={at}.ckpt")
+    assert resumed.steps == steps[at:]  # tensor-equal batches in the same epochs: none skipped, none repeated
+
+
+def test_bare_loader_after_max_steps_resumes_with_the_next_epoch_whole(pipe, full, tmp_path):
+    steps, per_epoch, _, model = full
+    stopped = trainer(tmp_path, max_steps=STOP_AT)
+    stopped.fit(model(pipe, 0))
+    assert stopped.current_epoch == 1  # Lightning counts epoch 0 as done
+    stopped.save_checkpoint(tmp_path / "stopped.ckpt")
+    for limits in ({"max_epochs": 2}, {"max_steps": STOP_AT + per_epoch}):
+        after = model(pipe, 0)
+        trainer(tmp_path, **limits).fit(after, ckpt_path=tmp_path / "stopped.ckpt")
+        assert after.steps == steps[per_epoch:]  # epoch 1 from its first batch, as the uninterrupted run
+
+
+def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
+    trainer(tmp_path, [ExactResume(), checkpoints], max_steps=4).fit(Classifier(pipe, 0))  # LightningLoader
+    with pytest.raises(StateMismatchError, match=r"^Lightning is restoring pipe\.loader\(\) from a checkpoint whose "
+                                                 r"loader state was not saved by pipe\.loader\(\) under Lightning .*: "
+                                                 r"expected keys \['epoch', 'ranks'\], found \['checksum', 'ranks', "
+                                                 r"'settings', 'version'\]\. Resume it with the train_dataloader\(\) "
+                                                 r"that saved it \(padpipe\.integrations\.lightning\.LightningLoader"):
+        trainer(tmp_path, max_steps=8).fit(Bare(pipe, 0), ckpt_path=tmp_path / "step=4.ckpt")
+
+
+class Fails(Bare):
+    def training_step(self, batch, batch_idx):
+        if len(self.steps) == 3:
+            raise ValueError("step 4 fails")
+        return super().training_step(batch, batch_idx)
+
+
+def test_bare_loader_refuses_to_save_after_an_interrupted_fit(pipe, tmp_path):
+    interrupted = trainer(tmp_path, max_epochs=1)
+    with pytest.raises(ValueError, match="^step 4 fails$"):
+        interrupted.fit(Fails(pipe, 0))
+    with pytest.raises(RuntimeError, match=r"^pipe\.loader\(\) under Lightning: a checkpoint saved after fit stopped "
+                                           r"inside epoch 0 \(interrupted\) cannot hold the batches Lightning had "
+                                           r"fetched ahead, so a resume would skip them; resume from a "
+                                           r"ModelCheckpoint saved during fit instead\.$"):
+        interrupted.save_checkpoint(tmp_path / "interrupted.ckpt")
+
+
+@pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
+def ranks(request, tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp(f"lightning_bare_ddp{request.param}")
+    data = write_mrpc(tmp / "mrpc")
+    torchrun("lightning_bare_run.py", str(data), str(tmp), str(request.param))
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def rows(*fits: list[dict], epoch: int) -> list[int]:
+    return [i for steps in fits for s in steps if s["epoch"] == epoch for i in s["idx"]]
+
+
+def test_bare_loader_ddp_resumes_a_mid_epoch_checkpoint_exactly(ranks):
+    for rank in ranks:
+        assert rank["resumed"] == rank["full"][SAVE_EVERY:]
+    epoch0 = rows(*(r["full"][:SAVE_EVERY] for r in ranks), *(r["resumed"] for r in ranks), epoch=0)
+    assert sorted(epoch0) == sorted(rows(*(r["full"] for r in ranks), epoch=0))  # every row of the epoch once
+    assert len(epoch0) == len(set(epoch0)) >= 0.96 * TRAIN_ROWS
+
+
+def test_bare_loader_ddp_resumes_after_max_steps_with_the_next_epoch_whole(ranks):
+    for rank in ranks:
+        assert rank["stopped"] == rank["full"][:STOP_AT]
+        assert rank["after"] == [s for s in rank["full"] if s["epoch"] == 1]  # epoch 1 whole, no row of epoch 0 again
+    epoch1 = rows(*(r["after"] for r in ranks), epoch=1)
+    assert len(epoch1) == len(set(epoch1)) >= 0.96 * TRAIN_ROWS
