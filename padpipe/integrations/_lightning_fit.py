@@ -94,13 +94,18 @@ class FitDriver:
     AHEAD_KEY = "ahead"
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
+        self._loader = weakref.ref(loader)  # the loader keys its driver: a strong reference would keep both alive
         self.fit_loop: Any = None
         self.epoch = 0
         self._recent: deque[Any] = deque(maxlen=1)
         self._restored: deque[Any] = deque()
         self._loaded: dict[str, Any] | None = None  # a state loaded and not yet started
         self._loaded_at: tuple[int, bool] = (0, False)  # its epoch, and whether the loader had finished it
+
+    @property
+    def loader(self) -> Any:
+        """The ``PipelineLoader`` driven."""
+        return self._loader()
 
     def iterate(self) -> Iterator[Any]:
         """The epoch Lightning runs next: the loaded position if it lies in it, else that epoch from its start."""

@@ -6,7 +6,9 @@ serves the mid-epoch and the ``max_steps`` checks.
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 
@@ -17,6 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import padpipe as pp  # noqa: E402
 from padpipe._state import StateMismatchError  # noqa: E402
+from padpipe.integrations import _lightning_fit  # noqa: E402
 from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from tests.integrations.scripts.lightning_bare_run import SAVE_EVERY, STOP_AT, Bare  # noqa: E402
@@ -109,6 +112,40 @@ def test_bare_loader_refuses_to_save_after_an_interrupted_fit(pipe, tmp_path):
                                            r"fetched ahead, so a resume would skip them; resume from a "
                                            r"ModelCheckpoint saved during fit instead\.$"):
         interrupted.save_checkpoint(tmp_path / "interrupted.ckpt")
+
+
+class ReadsAnother(Bare):
+    """Also iterates another loader in ``training_step``: user code, which Lightning does not checkpoint."""
+
+    def __init__(self, pipe, other) -> None:
+        super().__init__(pipe, 0)
+        self.other, self.seen = other, []
+
+    def train_dataloader(self):
+        self.loader = super().train_dataloader()
+        return self.loader
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(len(list(self.other)))  # a whole epoch each time, as outside Lightning
+        return super().training_step(batch, batch_idx)
+
+
+def test_only_the_loader_lightning_reads_is_driven(pipe, tmp_path):
+    other = pipe.loader()
+    per_epoch = sum(1 for _ in pipe.loader())
+    model = ReadsAnother(pipe, other)
+    trainer(tmp_path, max_steps=2).fit(model)
+    assert model.seen == [per_epoch, per_epoch] and model.loader in _lightning_fit._drivers
+    assert other not in _lightning_fit._drivers
+
+
+def test_a_driver_does_not_keep_its_loader_alive(pipe):
+    loader = pipe.loader()
+    _lightning_fit._drivers[loader] = _lightning_fit.FitDriver(loader)
+    freed = weakref.ref(loader)
+    del loader
+    gc.collect()
+    assert freed() is None
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
