@@ -18,11 +18,12 @@ from collections import deque
 from types import FrameType
 from typing import Any, Iterator
 
-from padpipe._state import Int, ListOf, Plain, StateMismatchError, check_state, make_state
+from padpipe._state import Int, ListOf, Plain, StateMismatchError, check_state, invalid, make_state
 
 MAX_DEPTH = 16
 """Frames looked at above the loader's method (Lightning's fit loop is 5-7 above)."""
 
+STAGE = "PipelineLoader (under Lightning)"
 ADAPTER = "padpipe.integrations.lightning.LightningLoader(pipe.loader(...)) with the ExactResume() callback"
 _COMBINED = ("lightning.pytorch.utilities.combined_loader", "pytorch_lightning.utilities.combined_loader")
 _LOOPS = ("lightning.pytorch.loops.", "pytorch_lightning.loops.")
@@ -54,22 +55,22 @@ def fit_driver(loader: Any) -> FitDriver | None:
 
 
 def _fit_loop(frame: FrameType | None) -> Any:
+    """Lightning's fit loop if ``frame`` (the loader's caller) is its ``CombinedLoader`` under it, else ``None``."""
     combined = False
     for _ in range(MAX_DEPTH):
         if frame is None:
             return None
         owner = frame.f_locals.get("self")
-        module = type(owner).__module__ if owner is not None else ""
-        if owner is None:
-            pass
-        elif not combined:
+        frame = frame.f_back
+        if owner is None:  # a function or comprehension: look further up
+            continue
+        module, name = type(owner).__module__, type(owner).__name__
+        if not combined:  # the first caller with a `self` must be Lightning's CombinedLoader (or its iterator)
             if module not in _COMBINED:
                 return None
             combined = True
-        elif module.startswith(_LOOPS) and type(owner).__name__.endswith("Loop"):
-            name = type(owner).__name__
+        elif module.startswith(_LOOPS) and name.endswith("Loop"):  # the loop reading it: fit, or evaluation
             return owner if name == "_FitLoop" else owner.trainer.fit_loop if name == "_TrainingEpochLoop" else None
-        frame = frame.f_back
     return None
 
 
@@ -143,7 +144,7 @@ class FitDriver:
                 f"it is a LightningLoader's): expected keys ['epoch', 'ranks'], found {found}. Resume it with the "
                 f"train_dataloader() that saved it ({ADAPTER}), or from a checkpoint saved by this padpipe."
             )
-        saved = check_state("PipelineLoader (Lightning)", state, version=self.VERSION, settings={},
+        saved = check_state(STAGE, state, version=self.VERSION, settings={}, check=self._check_ranks,
                             fields={self.EPOCH_KEY: Int(0), self.RANKS_KEY: ListOf(Plain())})
         rank, world = ranks()
         finished_key = type(self.loader).FINISHED_KEY
@@ -158,6 +159,15 @@ class FitDriver:
             finished = all(one[self.LOADER_KEY][finished_key] for one in every)
         self._restored = deque(restored)
         self._loaded, self._loaded_at = state, (saved[self.EPOCH_KEY], finished)
+
+    def _check_ranks(self, loaded: dict[str, Any]) -> None:
+        keys = {self.LOADER_KEY, self.AHEAD_KEY}
+        for r, one in enumerate(loaded[self.RANKS_KEY]):
+            if not isinstance(one, dict) or set(one) != keys or not isinstance(one[self.AHEAD_KEY], list):
+                found = sorted(one) if isinstance(one, dict) else type(one).__name__
+                raise invalid(STAGE, f"{self.RANKS_KEY}[{r}]", f"a dict with keys {sorted(keys)}", found)
+        if not loaded[self.RANKS_KEY]:
+            raise invalid(STAGE, self.RANKS_KEY, "a list of every rank's state", "[]")
 
     def _ahead(self, finished: bool) -> int:
         """How many of the batches yielded Lightning has fetched and not trained yet."""

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import padpipe as pp  # noqa: E402
-from padpipe._state import StateMismatchError  # noqa: E402
+from padpipe._state import StateMismatchError, make_state  # noqa: E402
 from padpipe.integrations import _lightning_fit  # noqa: E402
 from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
@@ -94,6 +94,17 @@ def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
                                                  r"'settings', 'version'\]\. Resume it with the train_dataloader\(\) "
                                                  r"that saved it \(padpipe\.integrations\.lightning\.LightningLoader"):
         trainer(tmp_path, max_steps=8).fit(Bare(pipe, 0), ckpt_path=tmp_path / "step=4.ckpt")
+
+
+@pytest.mark.parametrize("ranks, says", [
+    ([], r"'ranks' must be a list of every rank's state, but is \[\] instead\."),
+    ([{"loader": {}}], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is \['loader'\] instead\."),
+    (["x"], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is str instead\."),
+])
+def test_bare_loader_refuses_a_crafted_lightning_state(pipe, ranks, says):
+    state = make_state(version=_lightning_fit.FitDriver.VERSION, settings={}, epoch=0, ranks=ranks)
+    with pytest.raises(StateMismatchError, match=rf"^PipelineLoader \(under Lightning\) state is invalid: {says}$"):
+        _lightning_fit.FitDriver(pipe.loader()).load_state_dict(state)
 
 
 class Fails(Bare):
