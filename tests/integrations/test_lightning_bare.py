@@ -1,7 +1,7 @@
 """Lightning on a bare ``pipe.loader()``: exact resume from mid-epoch and end-of-fit checkpoints, epochs in step.
 
 One device for the cases, DDP x2 under torchrun (0 and 2 workers) for the ranks: one launch per worker count
-serves the mid-epoch and the ``max_steps`` checks.
+serves the mid-epoch, the ``max_steps`` and the 2-ranks-to-1-device checks.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import weakref
+from pathlib import Path
 
 import pytest
 
@@ -96,13 +97,13 @@ def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
         trainer(tmp_path, max_steps=8).fit(Bare(pipe, 0), ckpt_path=tmp_path / "step=4.ckpt")
 
 
-@pytest.mark.parametrize("ranks, says", [
+@pytest.mark.parametrize("entries, says", [
     ([], r"'ranks' must be a list of every rank's state, but is \[\] instead\."),
     ([{"loader": {}}], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is \['loader'\] instead\."),
     (["x"], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is str instead\."),
 ])
-def test_bare_loader_refuses_a_crafted_lightning_state(pipe, ranks, says):
-    state = make_state(version=_lightning_fit.FitDriver.VERSION, settings={}, epoch=0, ranks=ranks)
+def test_bare_loader_refuses_a_crafted_lightning_state(pipe, entries, says):
+    state = make_state(version=_lightning_fit.FitDriver.VERSION, settings={}, epoch=0, ranks=entries)
     with pytest.raises(StateMismatchError, match=rf"^PipelineLoader \(under Lightning\) state is invalid: {says}$"):
         _lightning_fit.FitDriver(pipe.loader()).load_state_dict(state)
 
@@ -160,11 +161,17 @@ def test_a_driver_does_not_keep_its_loader_alive(pipe):
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
-def ranks(request, tmp_path_factory) -> list[dict]:
+def ddp(request, tmp_path_factory) -> tuple[list[dict], Path, int]:
+    """Every rank's steps of the four fits, the run's folder (data, checkpoints) and its worker count."""
     tmp = tmp_path_factory.mktemp(f"lightning_bare_ddp{request.param}")
     data = write_mrpc(tmp / "mrpc")
     torchrun("lightning_bare_run.py", str(data), str(tmp), str(request.param))
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)], tmp, request.param
+
+
+@pytest.fixture(scope="module")
+def ranks(ddp) -> list[dict]:
+    return ddp[0]
 
 
 def rows(*fits: list[dict], epoch: int) -> list[int]:
@@ -185,3 +192,12 @@ def test_bare_loader_ddp_resumes_after_max_steps_with_the_next_epoch_whole(ranks
         assert rank["after"] == [s for s in rank["full"] if s["epoch"] == 1]  # epoch 1 whole, no row of epoch 0 again
     epoch1 = rows(*(r["after"] for r in ranks), epoch=1)
     assert len(epoch1) == len(set(epoch1)) >= 0.96 * TRAIN_ROWS
+
+
+def test_bare_loader_resumes_a_ddp_checkpoint_on_one_device_with_every_row_once(ddp, tmp_path):
+    ranks, folder, workers = ddp
+    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=folder / "mrpc", max_tokens=2048)
+    one = Bare(pipe, workers)
+    trainer(tmp_path, max_epochs=1).fit(one, ckpt_path=folder / "checkpoints" / f"step={SAVE_EVERY}.ckpt")
+    epoch0 = rows(*(r["full"][:SAVE_EVERY] for r in ranks), one.steps, epoch=0)  # the 2 ranks' rows, then the one's
+    assert sorted(epoch0) == sorted(rows(*(r["full"] for r in ranks), epoch=0)) and len(epoch0) == len(set(epoch0))
