@@ -58,7 +58,8 @@ def full(request, pipe, tmp_path_factory):
     folder = tmp_path_factory.mktemp("full")
     model = request.param(pipe, 0)
     checkpoints = ModelCheckpoint(dirpath=folder, filename="{step}", every_n_train_steps=4, save_top_k=-1)
-    trainer(folder, [checkpoints], max_epochs=2).fit(model)
+    at_epoch_ends = ModelCheckpoint(dirpath=folder, filename="{epoch}", save_top_k=-1)  # in on_train_epoch_end
+    trainer(folder, [checkpoints, at_epoch_ends], max_epochs=2).fit(model)
     outside = pipe.loader()
     epochs = [[b["idx"].tolist() for b in outside] for _ in range(2)]  # epochs 0 and 1 outside Lightning
     per_epoch = len(epochs[0])
@@ -74,6 +75,15 @@ def test_bare_loader_resumes_a_checkpoint_exactly(pipe, full, tmp_path, where):
     resumed = model(pipe, 0)
     trainer(tmp_path, max_epochs=2).fit(resumed, ckpt_path=folder / f"step={at}.ckpt")
     assert resumed.steps == steps[at:]  # tensor-equal batches in the same epochs: none skipped, none repeated
+
+
+def test_bare_loader_resumes_an_epoch_end_checkpoint_with_the_next_epoch(pipe, full, tmp_path):
+    steps, per_epoch, folder, model = full
+    for limits in ({"max_epochs": 2}, {"max_steps": 2 * per_epoch}):
+        resumed = model(pipe, 0)
+        trainer(tmp_path, **limits).fit(resumed, ckpt_path=folder / "epoch=0.ckpt")
+        # the same batches; Lightning itself numbers that epoch 0 again when resumed with max_steps
+        assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in steps[per_epoch:]]
 
 
 def test_bare_loader_after_max_steps_resumes_with_the_next_epoch_whole(pipe, full, tmp_path):
