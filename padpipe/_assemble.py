@@ -16,6 +16,8 @@ from padpipe._build import BuildContext
 from padpipe._shard import Consumer
 from padpipe.errors import one_of
 from padpipe.loader import PipelineLoader
+from padpipe.runtime.consumer_graph import ConsumerGraph
+from padpipe.runtime.elastic import loader_state
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -38,46 +40,42 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
                              or options.get("timeout")):
         raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
     stats = PipelineStats()
+    graph_pipe, last = _split_last(pipe)
     if num_workers == 0:
-        from padpipe._elastic import ConsumerGraph
-
         if consumer is None and pipe.sharding == "off":
             consumer = Consumer.detect(ranks=False)
-        root: BaseNode = ConsumerGraph(pipe, consumer, stats)
+        root: BaseNode = ConsumerGraph(graph_pipe, consumer, stats)
     else:
-        root = _in_workers(pipe, num_workers, consumer, stats, options)
+        from padpipe._workers import WorkerProcesses
+
+        root = WorkerProcesses(graph_pipe, num_workers=num_workers, consumer=consumer,
+                               ranks=pipe.sharding == "auto", options={k: v for k, v in options.items() if v is not None},
+                               stats=stats)
+    if last is not None:  # a trailing prefetch / to_cuda runs in this process, on top of the graph or the workers
+        context = BuildContext(stats=stats, consumer=consumer, seed=pipe.seed, pad_to_multiple_of=None,
+                               pad_to_length=None)
+        root = last.builder(root, context, **last.options)
     if equal_steps != "off":
         from padpipe.pipes.equal_steps import EqualSteps
 
         root = EqualSteps(root, policy=equal_steps, stats=stats)
-    settings: dict[str, Any] = {}  # the layout (ranks, workers) is checked apart: it may change
+    settings: dict[str, Any] = {"equal_steps": equal_steps}  # the layout (ranks, workers) is checked apart: it may change
 
     def layout() -> list[int]:
         rank, ranks = (consumer.rank, consumer.world_size) if consumer is not None else (
             Consumer.ranks() if pipe.sharding == "auto" else (0, 1))
         return [rank, ranks, num_workers]
 
-    def reshare(states: list[dict[str, Any]], mine: list[int]) -> dict[str, Any]:
-        from padpipe._elastic import reshare as plan
-
-        return plan(states, pipeline=pipe, policy=equal_steps, layout=mine,
-                    version=PipelineLoader.VERSION, settings=settings)
+    def reshare(states: list[dict[str, Any]], mine: list[int], carried: dict[str, Any],
+                ahead: dict[int, list[Any]]) -> dict[str, Any]:
+        return loader_state(states, pipeline=graph_pipe, layout=mine, version=PipelineLoader.VERSION,
+                            settings=settings, policy=equal_steps, fields=carried, device_stage=last is not None,
+                            ahead=ahead)
 
     return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare)
 
 
-def _in_workers(pipe: Pipeline, num_workers: int, consumer: Consumer | None, stats: PipelineStats,
-                options: dict[str, Any]) -> BaseNode:
-    """The stages in worker processes; a trailing ``prefetch``/``to_cuda`` stage here, on top."""
-    from padpipe._workers import WorkerProcesses
-
-    options = {k: v for k, v in options.items() if v is not None}
+def _split_last(pipe: Pipeline) -> tuple[Pipeline, Any]:
+    """``pipe`` without a trailing ``prefetch``/``to_cuda`` stage, and that stage (or ``None``)."""
     last = pipe.stages[-1] if pipe.stages and pipe.stages[-1].builder is _build.prefetch else None
-    in_workers = dataclasses.replace(pipe, stages=pipe.stages[:-1]) if last is not None else pipe
-    root: BaseNode = WorkerProcesses(in_workers, num_workers=num_workers, consumer=consumer,
-                                     ranks=pipe.sharding == "auto", options=options, stats=stats)
-    if last is not None:
-        context = BuildContext(stats=stats, consumer=consumer, seed=pipe.seed, pad_to_multiple_of=None,
-                               pad_to_length=None)
-        root = last.builder(root, context, **last.options)
-    return root
+    return (dataclasses.replace(pipe, stages=pipe.stages[:-1]), last) if last is not None else (pipe, None)

@@ -75,7 +75,7 @@ class PipelineIterator(Iterator[Any]):
             consumer = Consumer.detect(ranks=self._pipeline.sharding == "auto")
         if not self._managed:
             warn_unequal_steps(consumer)
-        from padpipe._elastic import ConsumerGraph
+        from padpipe.runtime.consumer_graph import ConsumerGraph
 
         node = ConsumerGraph(self._pipeline, consumer, self._stats)
         if self._pending is not None:

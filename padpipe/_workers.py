@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
-from padpipe._iterable import STATS_KEY, PipelineIterator
+from padpipe._iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
 from padpipe._shard import Consumer
-from padpipe._state import Bool, Child, Int, ListOf, Optional, Plain, check_state, make_state
+from padpipe._state import Bool, Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, make_state
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 if TYPE_CHECKING:
@@ -91,6 +91,37 @@ class WorkerProcesses(BaseNode[Any]):
         self._epoch = -1
         self._done = False
         self._plans: list[dict[str, Any]] | None = None
+
+    DONE = {"done": True}  # what :meth:`worker_graphs` gives for a worker whose share had all come out
+
+    @classmethod
+    def planned_state(cls, num_workers: int, epoch: int, plans: list[dict[str, Any]]) -> dict[str, Any]:
+        """The state of ``epoch`` with worker ``w`` starting from graph state ``plans[w]`` (an elastic plan)."""
+        return make_state(version=cls.VERSION, settings={"num_workers": num_workers},
+                          **{cls.EPOCH_KEY: epoch, cls.DONE_KEY: False, cls.LOADER_KEY: None,
+                             cls.PLANS_KEY: [{EPOCH_KEY: epoch, NODE_KEY: p} for p in plans]})
+
+    @classmethod
+    def worker_graphs(cls, state: dict[str, Any], num_workers: int) -> tuple[list[Any], int]:
+        """Each worker's graph state in a saved state (:attr:`DONE`; ``None``: not started), and the epoch.
+
+        Reads the ``StatefulDataLoader`` snapshot's per-worker states (the shape torchdata 0.11
+        saves, pinned by tests/test_workers_state.py).
+        """
+        epoch, loader = state[cls.EPOCH_KEY], state[cls.LOADER_KEY]
+        if state[cls.DONE_KEY]:
+            return [cls.DONE] * num_workers, epoch
+        if loader is None:
+            plans = state[cls.PLANS_KEY]
+            return ([None] * num_workers if plans is None else [p[NODE_KEY] for p in plans]), epoch
+        if loader.get("_steps_since_snapshot", 0):
+            raise StateMismatchError("elastic resume needs worker snapshots taken at every step (snapshot_every_n_steps=1).")
+        out = []
+        for w in range(num_workers):
+            worker = loader["_snapshot"]["_worker_snapshots"].get(f"worker_{w}") or {}
+            iterator = (worker.get("fetcher_state") or {}).get("dataset_iter_state")
+            out.append(None if iterator is None else iterator[NODE_KEY])
+        return out, epoch
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)

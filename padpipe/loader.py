@@ -7,9 +7,9 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 from torchdata.nodes import BaseNode
 
 from padpipe._iterable import start_at_epoch
-from padpipe._elastic import LAYOUT_KEY
 from padpipe._state import Bool, Child, Int, ListOf, Optional, StateMismatchError, check_state, make_state
 from padpipe.integrations._lightning_fit import fit_driver
+from padpipe.runtime.elastic import LAYOUT_KEY
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
@@ -45,14 +45,17 @@ class PipelineLoader(Generic[T]):
         (1, 2)
     """
 
-    VERSION = 2
+    VERSION = 3
     ROOT_KEY = "root"
     FINISHED_KEY = "finished"
     LAYOUT_KEY = LAYOUT_KEY
+    EPOCH_KEY = "epoch"  # the epoch of the last batch returned (-1: none yet)
+    STEP_KEY = "step"  # batches returned in that epoch
+    LOCKSTEP_KEY = "lockstep"  # whether ranks agreed each step (so every rank's state has the same step)
 
     def __init__(self, root: BaseNode[T], stats: PipelineStats, *, settings: dict[str, Any] | None = None,
                  layout: Callable[[], list[int]] | None = None,
-                 reshare: Callable[[list[dict[str, Any]], list[int]], dict[str, Any]] | None = None) -> None:
+                 reshare: Callable[..., dict[str, Any]] | None = None) -> None:
         self.root = root
         self._stats = stats
         self._settings = dict(settings or {})
@@ -61,6 +64,12 @@ class PipelineLoader(Generic[T]):
         self._pending: dict[str, Any] | None = None
         self._started = False
         self._finished = False
+        self._epoch, self._step = -1, 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the last returned batch belongs to (the one running now); -1 before the first ``iter``."""
+        return self._epoch
 
     def __iter__(self) -> Iterator[T]:
         """Start the next epoch (or continue a loaded state) and return its iterator."""
@@ -69,12 +78,16 @@ class PipelineLoader(Generic[T]):
         pending, self._pending = self._pending, None
         if pending is not None and pending[self.ROOT_KEY] is not None:
             self.root.reset(pending[self.ROOT_KEY])
+            self._epoch, self._step = pending[self.EPOCH_KEY], pending[self.STEP_KEY]
             if pending[self.FINISHED_KEY]:
                 self.root.reset(None)
+                self._epoch, self._step = self._epoch + 1, 0
         else:
             if pending is not None:  # a state saved before the first batch: start at epoch 0
                 start_at_epoch(self.root, 0)
+                self._epoch = -1
             self.root.reset(None)
+            self._epoch, self._step = self._epoch + 1, 0
         self._started, self._finished = True, False
         return _Epoch(self)
 
@@ -86,25 +99,40 @@ class PipelineLoader(Generic[T]):
             return self._pending
         root = self.root.state_dict() if self._started else None
         return make_state(version=self.VERSION, settings=self._settings,
-                          **{self.ROOT_KEY: root, self.FINISHED_KEY: self._finished, self.LAYOUT_KEY: self._layout()})
+                          **{self.ROOT_KEY: root, self.FINISHED_KEY: self._finished, self.LAYOUT_KEY: self._layout(),
+                             self.EPOCH_KEY: self._epoch, self.STEP_KEY: self._step,
+                             self.LOCKSTEP_KEY: bool(getattr(self.root, "in_lockstep", False))})
 
-    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]], *,
+                        ahead: dict[int, list[Any]] | None = None) -> None:
         """Continue from ``state`` at the next ``iter(loader)``.
 
         ``state`` is this rank's state, or a list of the states of every rank of a run saved with
         another number of ranks or workers (elastic resume: the rest of that epoch is shared over
         this run's ranks and workers, then epochs follow this run's plan; see docs/elastic.md).
+
+        Args:
+            state: One state, or every saved rank's.
+            ahead: For an elastic resume, the batches each saved rank (the key) had taken from its
+                loader but not trained on (a training loop's fetch-ahead): they are shared out with
+                the rest of the epoch, so the new ranks still take equal steps. On the same layout
+                a caller yields its own again itself, so passing any is an error.
         """
         if (driver := fit_driver(self)) is not None:  # from a Lightning checkpoint: every rank's state in one
             return driver.load_state_dict(state)
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         fields = {self.ROOT_KEY: Optional(Child()), self.FINISHED_KEY: Bool(),
-                  self.LAYOUT_KEY: ListOf(Int(0), length=3)}
+                  self.LAYOUT_KEY: ListOf(Int(0), length=3), self.EPOCH_KEY: Int(-1), self.STEP_KEY: Int(0),
+                  self.LOCKSTEP_KEY: Bool()}
         for one in states:
             check_state("PipelineLoader", one, version=self.VERSION, settings=self._settings, fields=fields)
+        states = one_checkpoint(states)
         layout = self._layout()
         own = [s for s in states if s[self.LAYOUT_KEY] == layout]
-        if own and all(s[self.LAYOUT_KEY][1:] == layout[1:] for s in states):
+        if own and states[0][self.LAYOUT_KEY][1:] == layout[1:]:
+            if any(ahead.values() if ahead else ()):
+                raise ValueError("`ahead` batches are shared out only on another layout; on the same layout, yield "
+                                 "this rank's again before the loader's.")
             self._pending = dict(own[0])
             return
         saved = states[0][self.LAYOUT_KEY]
@@ -115,7 +143,9 @@ class PipelineLoader(Generic[T]):
                 f"pass the states of all {saved[1]} saved ranks, loader.load_state_dict([state_rank0, ...]) "
                 "(docs/elastic.md)."
             )
-        self._pending = self._reshare(states, layout)
+        carried = {self.EPOCH_KEY: states[0][self.EPOCH_KEY], self.STEP_KEY: states[0][self.STEP_KEY],
+                   self.LOCKSTEP_KEY: states[0][self.LOCKSTEP_KEY]}
+        self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` read epoch ``epoch`` from its start (a loaded state not yet used is dropped).
@@ -134,11 +164,43 @@ class PipelineLoader(Generic[T]):
             raise ValueError(f"`epoch` must be an int >= 0, but is {epoch!r} instead.")
         self._pending = None
         start_at_epoch(self.root, epoch)
+        self._epoch = epoch - 1  # the next iter's
 
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""
         return self._stats.snapshot()
 
+
+
+def one_checkpoint(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``states`` sorted by rank, after checking they are one checkpoint of one run (``StateMismatchError`` if not).
+
+    Each rank at most once, all saved with the same number of ranks and workers, in the same
+    epoch, and, where ranks agreed every step (``torch.distributed``), at the same step.
+    """
+    key = PipelineLoader.LAYOUT_KEY
+    layouts = {tuple(s[key][1:]) for s in states}
+    if len(layouts) > 1:
+        found = ", ".join(f"{r} ranks x {w} workers" for r, w in sorted(layouts))
+        raise StateMismatchError(f"PipelineLoader states come from different runs: saved on {found}; pass the states "
+                                 "of one checkpoint (every rank's, from one folder).")
+    ranks = [s[key][0] for s in states]
+    twice = sorted({r for r in ranks if ranks.count(r) > 1})
+    if twice:
+        raise StateMismatchError(f"PipelineLoader states hold rank {twice[0]} more than once (ranks {sorted(ranks)}): "
+                                 "pass each rank's state of one checkpoint once.")
+    if any(r >= states[0][key][1] for r in ranks):
+        raise StateMismatchError(f"PipelineLoader states name ranks {sorted(ranks)}, but were saved by "
+                                 f"{states[0][key][1]} ranks.")
+    states = sorted(states, key=lambda s: s[key][0])
+    epoch, step = PipelineLoader.EPOCH_KEY, PipelineLoader.STEP_KEY
+    where = [(s[epoch], s[step]) for s in states]
+    lockstep = all(s[PipelineLoader.LOCKSTEP_KEY] for s in states)
+    if len({e for e, _ in where}) > 1 or (lockstep and len(set(where)) > 1):
+        found = ", ".join(f"rank {s[key][0]} at epoch {e} step {n}" for s, (e, n) in zip(states, where))
+        raise StateMismatchError(f"PipelineLoader states come from different checkpoints: {found}; pass the states "
+                                 "of one checkpoint (every rank's, saved at the same step).")
+    return states
 
 
 class _Epoch(Iterator[T]):
@@ -156,7 +218,9 @@ class _Epoch(Iterator[T]):
 
     def __next__(self) -> T:
         try:
-            return next(self._loader.root)
+            item = next(self._loader.root)
         except StopIteration:
             self._loader._finished = True
             raise
+        self._loader._step += 1
+        return item

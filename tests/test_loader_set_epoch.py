@@ -28,7 +28,7 @@ def test_set_epoch_reads_that_epoch_and_drops_a_loaded_state(workers):
     again = pipe.loader(num_workers=workers)
     again.load_state_dict(state)
     again.set_epoch(2)
-    assert ids(again) == rest[1] != rest[0]  # epoch 2 whole: the loaded mid-epoch-0 position is dropped
+    assert ids(again) == rest[1] != rest[0] and again.epoch == 2  # epoch 2 whole: the loaded position dropped
     assert ids(again) == rest[2]  # then epoch 3, as ever
 
 

@@ -117,5 +117,5 @@ def test_resume_raises_error_when_state_is_from_another_pipeline(small, large):
         mismatch(full(small), full(small, max_tokens=512))
     with pytest.raises(pp.StateMismatchError, match=r"^Bucketizer state doesn't match this pipeline: setting 'batch_size' found None instead of 8\.$"):
         mismatch(full(small), full(small, max_tokens=None, batch_size=8))
-    with pytest.raises(pp.StateMismatchError, match=r"^EqualSteps state doesn't match this pipeline: setting 'policy' found '<missing>' instead of 'stop_first'\.$"):
+    with pytest.raises(pp.StateMismatchError, match=r"^PipelineLoader state doesn't match this pipeline: setting 'equal_steps' found 'off' instead of 'stop_first'\.$"):
         mismatch(full(small), full(small), equal_steps="off")

@@ -135,7 +135,7 @@ class FitDriver:
                                                                 self.RANKS_KEY: all_ranks(mine)})
 
     def load_state_dict(self, state: Any) -> None:
-        """Restore this rank's share of ``state`` (elastic over another number of ranks, as ``LightningLoader``)."""
+        """Restore this rank's share of ``state`` (on another number of ranks, every rank's: an elastic resume)."""
         if not isinstance(state, dict) or self.RANKS_KEY not in state or self.EPOCH_KEY not in state:
             found = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise StateMismatchError(
@@ -152,11 +152,11 @@ class FitDriver:
             mine = saved[self.RANKS_KEY][rank]
             self.loader.load_state_dict(mine[self.LOADER_KEY])
             restored, finished = mine[self.AHEAD_KEY], mine[self.LOADER_KEY][finished_key]
-        else:
+        else:  # the batches fetched ahead are shared out with the rest of the epoch: equal steps on every rank
             every = saved[self.RANKS_KEY]
-            self.loader.load_state_dict([one[self.LOADER_KEY] for one in every])
-            restored = [b for r, one in enumerate(every) if r % world == rank for b in one[self.AHEAD_KEY]]
-            finished = all(one[self.LOADER_KEY][finished_key] for one in every)
+            ahead = {r: list(one[self.AHEAD_KEY]) for r, one in enumerate(every)}
+            self.loader.load_state_dict([one[self.LOADER_KEY] for one in every], ahead=ahead)
+            restored, finished = [], all(one[self.LOADER_KEY][finished_key] for one in every)
         self._restored = deque(restored)
         self._loaded, self._loaded_at = state, (saved[self.EPOCH_KEY], finished)
 

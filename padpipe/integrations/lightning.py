@@ -116,8 +116,8 @@ class LightningLoader:
         """Resume this rank's share from ``state`` at the next ``iter()``.
 
         On another number of ranks (an elastic resume, docs/elastic.md) every saved rank's loader
-        state goes to the loader, and the batches saved rank ``r`` had fetched ahead to rank
-        ``r % world_size``.
+        state goes to the loader, with the batches each had fetched ahead, which the loader shares
+        out with the rest of the epoch.
         """
         rank, world = ranks()
         saved = check_state("LightningLoader", state, version=self.VERSION, settings={},
@@ -126,9 +126,10 @@ class LightningLoader:
             mine = saved[rank]
             self.loader.load_state_dict(mine[self.LOADER_KEY])
             self._restored = list(mine[self.AHEAD_KEY])
-        else:
-            self.loader.load_state_dict([r[self.LOADER_KEY] for r in saved])
-            self._restored = [b for r, one in enumerate(saved) if r % world == rank for b in one[self.AHEAD_KEY]]
+        else:  # the batches fetched ahead are shared out with the rest of the epoch: equal steps on every rank
+            ahead = {r: list(one[self.AHEAD_KEY]) for r, one in enumerate(saved)}
+            self.loader.load_state_dict([r[self.LOADER_KEY] for r in saved], ahead=ahead)
+            self._restored = []
         self._resumed = True
 
 

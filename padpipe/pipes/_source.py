@@ -207,7 +207,7 @@ class UnitSource(BaseNode[pa.RecordBatch]):
             fields[self.IDENTITY_KEY] = identity
         return make_state(version=self.VERSION, settings=self._settings(), **fields)
 
-    # -- elastic resume (see padpipe._elastic) ---------------------------------------------------------
+    # -- elastic resume (see padpipe.runtime.elastic) ---------------------------------------------------------
     def stop_on_load(self) -> None:
         """Read nothing new after the next ``reset(state)``: only what the rest of the graph holds comes out.
 

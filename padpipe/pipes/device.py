@@ -138,6 +138,17 @@ class DevicePrefetcher(BaseNode[Any]):
         self.stats = stats or PipelineStats()
         self._producer: BackgroundProducer | None = None
 
+    @classmethod
+    def state_around(cls, source: dict[str, Any]) -> dict[str, Any]:
+        """This stage's state over its upstream state ``source`` (an elastic plan builds it)."""
+        return make_state(version=cls.VERSION, settings={}, **{SOURCE_KEY: source})
+
+    @classmethod
+    def source_of(cls, state: dict[str, Any]) -> dict[str, Any]:
+        """The upstream state inside a saved state, checked."""
+        check_state(cls.__name__, state, version=cls.VERSION, settings={}, fields={SOURCE_KEY: Child()})
+        return state[SOURCE_KEY]
+
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         source_state = None

@@ -18,6 +18,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe._state import SOURCE_KEY, Bool, Child, Int, ListOf, Optional, Plain, check_state, make_state
 from padpipe.errors import one_of
+from padpipe.pipes.batch_merge import merge_batches
 from padpipe.stats import PipelineStats
 
 logger = logging.getLogger(__name__)
@@ -28,11 +29,12 @@ DROPPED = "equal_steps.dropped_batches"
 DROPPED_ROWS = "equal_steps.dropped_rows"
 REPEATED = "equal_steps.repeated_batches"
 SPLIT = "equal_steps.split_batches"
+MERGED = "equal_steps.merged_batches"
 REPEAT_BUFFER = 8  # batches :func:`equal_steps` keeps per epoch to repeat on a rank that ran out
 
 
 class StepSync:
-    """One all-reduce per step: the most and fewest batches any rank holds, and whether one is stuck.
+    """One all-reduce (max) per step of a few ints: what every rank holds and can still do.
 
     The tensor lives on the backend's device: the current CUDA device for NCCL, else the CPU.
     """
@@ -44,14 +46,13 @@ class StepSync:
         backend = str(dist.get_backend(group))
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
-    def agree(self, held: int, stuck: bool) -> tuple[int, int, bool]:
-        """``(most held, fewest held, any rank stuck)`` over the group."""
+    def agree(self, values: list[int]) -> list[int]:
+        """The element-wise maximum of ``values`` over the group."""
         import torch.distributed as dist
 
-        flags = torch.tensor([held, -held, stuck], dtype=torch.int32, device=self.device)
+        flags = torch.tensor(values, dtype=torch.int64, device=self.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        most, least, any_stuck = flags.tolist()
-        return most, -least, bool(any_stuck)
+        return flags.tolist()
 
 
 def detect_sync(group: Any = None) -> StepSync | None:
@@ -131,36 +132,57 @@ def _mark(item: Any, repeat: bool) -> Any:
     return {**item, REPEAT_KEY: torch.tensor(repeat)} if isinstance(item, dict) else item
 
 
+TAIL_DEPTH = 16  # batches each rank reads ahead once a rank has read its whole epoch (held in memory, maybe on a GPU)
+NO_LIMIT = 2**40  # the steps a rank that can still read could make
+
+
 class _Lockstep:
     """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow.
 
-    Each step every rank holds up to two batches read ahead (one under ``"repeat"``) and the
-    group agrees on the most and fewest held. Nobody holds any: the epoch ends. Someone holds
-    none: ``"stop_first"`` ends the epoch (the rest is dropped and counted), ``"repeat"`` lets the
-    ranks that ran out replay. Otherwise every rank yields one; under ``"stop_first"`` a rank
-    down to its last batch while another holds two splits it and yields the first half.
+    Each step every rank holds a few batches read ahead (one under ``"repeat"``) and the group
+    agrees, in one all-reduce, on the most and fewest held, whether a rank is stuck, whether every
+    or any rank has read its whole epoch, and the fewest steps a rank that has could still make
+    (its rows: a batch splits down to single rows). Nobody holds any: the epoch ends. Someone holds
+    none: ``"stop_first"`` ends the epoch (what is left is dropped and counted), ``"repeat"`` lets
+    the ranks that ran out replay. Otherwise every rank yields one.
+
+    Under ``"stop_first"``, once a rank has read its whole epoch every rank reads up to
+    ``TAIL_DEPTH`` batches ahead, so the tail is known exactly: when every rank has read all of
+    its epoch, ranks holding fewer batches than the most split their largest ones until all hold
+    the same number, and all end together with nothing dropped. Where a rank has fewer rows left
+    than another has batches, the others join neighbouring batches of the same shape (packed
+    rows, padded rows of one width) down to that many; only batches that cannot be joined are
+    dropped. Before that, a rank down to its last batch while another holds two splits it in two.
     """
 
     def __init__(self, policy: str, sync: Any, stats: PipelineStats) -> None:
         self.policy, self.sync, self.stats = policy, sync, stats
         self.held: list[Any] = []
         self.fresh = self.steps = 0
-        self.exhausted = self.stopped = False
+        self.exhausted = self.stopped = self.tail = False
         self._logged = False
 
     def step(self, pull: Callable[[], Any], replay: Callable[[], Any], drain: Callable[[], Iterator[Any]]) -> Any:
         """The next item of this rank's epoch; ``StopIteration`` when the group ends it."""
         if self.stopped:
             raise StopIteration
-        depth = 2 if self.policy == "stop_first" else 1
-        while not self.exhausted and len(self.held) < depth:
-            item = pull()
-            if item is None:
-                self.exhausted = True
-            else:
-                self.held.append(item)
-        held = len(self.held)
-        most, least, stuck = self.sync.agree(held, held == 0 and self.fresh == 0)
+        while True:
+            depth = 1 if self.policy != "stop_first" else TAIL_DEPTH if self.tail else 2
+            while not self.exhausted and len(self.held) < depth:
+                item = pull()
+                if item is None:
+                    self.exhausted = True
+                else:
+                    self.held.append(item)
+            held = len(self.held)
+            capacity = sum(rows_of(b) or 1 for b in self.held) if self.exhausted else NO_LIMIT
+            most, low, stuck, reading, done, low_capacity = self.sync.agree(
+                [held, -held, int(held == 0 and self.fresh == 0), int(not self.exhausted), int(self.exhausted), -capacity])
+            if self.policy == "stop_first" and done and reading and not self.tail:
+                self.tail = True  # a rank has read its epoch: every rank reads ahead to the tail, and all agree again
+                continue
+            break
+        least = -low
         if most == 0 or (least == 0 and (self.policy == "stop_first" or stuck)):
             self.stopped = True
             self._drop([*self.held, *drain()])
@@ -170,14 +192,41 @@ class _Lockstep:
             self.stats.add(REPEATED, 1)
             return _mark(replay(), True)
         self.fresh += 1
-        if self.policy == "stop_first" and held == 1 and most >= 2:
-            halves = split_batch(self.held[0])
-            if halves is not None:
-                self.stats.add(SPLIT, 1)
-                self.held[0] = halves[1]
-                return halves[0]
+        if self.policy == "stop_first":
+            if not reading:  # every rank has read its epoch: the steps left are known
+                target = min(most, -low_capacity)  # as many as the most held, if every rank has the rows
+                self._split_to(target)
+                self._merge_to(target)
+            elif self.exhausted and held == 1 and most >= 2:
+                self._split_to(2)
         item = self.held.pop(0)
         return _mark(item, False) if self.policy == "repeat" else item
+
+    def _split_to(self, target: int) -> None:
+        """Split the largest held batches in two (in place, rows in order) until ``target`` are held."""
+        while len(self.held) < target:
+            for i in sorted(range(len(self.held)), key=lambda i: -(rows_of(self.held[i]) or 0)):
+                halves = split_batch(self.held[i])
+                if halves is not None:
+                    self.held[i : i + 1] = list(halves)
+                    self.stats.add(SPLIT, 1)
+                    break
+            else:
+                return
+
+    def _merge_to(self, target: int) -> None:
+        """Join the two smallest neighbouring held batches until at most ``target`` are held (a rank with few rows left)."""
+        while len(self.held) > max(target, 1):
+            sizes = [rows_of(b) or 0 for b in self.held]
+            pairs = sorted(range(len(self.held) - 1), key=lambda i: sizes[i] + sizes[i + 1])
+            for i in pairs:
+                joined = merge_batches(self.held[i], self.held[i + 1])
+                if joined is not None:
+                    self.held[i : i + 2] = [joined]
+                    self.stats.add(MERGED, 1)
+                    break
+            else:
+                return
 
     def _drop(self, items: list[Any]) -> None:
         if not items:
@@ -224,7 +273,7 @@ class EqualSteps(BaseNode[Any]):
         [{'x': 1, 'is_repeat': tensor(False)}]
     """
 
-    VERSION = 2
+    VERSION = 3
     HELD_KEY = "held"
     EXHAUSTED_KEY = "exhausted"
     STOPPED_KEY = "stopped"
@@ -232,6 +281,7 @@ class EqualSteps(BaseNode[Any]):
     STEPS_KEY = "steps"
     REPLAYING_KEY = "replaying"
     START_KEY = "start"
+    TAIL_KEY = "tail"
 
     def __init__(self, source: BaseNode, *, policy: str = "stop_first", stats: PipelineStats | None = None,
                  group: Any = None) -> None:
@@ -241,6 +291,25 @@ class EqualSteps(BaseNode[Any]):
         self.stats = stats or PipelineStats()
         self._sync: StepSync | None = None
         self._detected = False
+
+    @classmethod
+    def fresh_state(cls, policy: str, source: dict[str, Any]) -> dict[str, Any]:
+        """The state of an epoch that goes on from ``source`` (its upstream state) with nothing held or counted."""
+        return make_state(version=cls.VERSION, settings={"policy": policy},
+                          **{SOURCE_KEY: source, cls.HELD_KEY: [], cls.EXHAUSTED_KEY: False, cls.STOPPED_KEY: False,
+                             cls.FRESH_KEY: 0, cls.STEPS_KEY: 0, cls.REPLAYING_KEY: False, cls.TAIL_KEY: False,
+                             cls.START_KEY: source if policy == "repeat" else None})
+
+    @classmethod
+    def parts(cls, state: dict[str, Any]) -> tuple[dict[str, Any], list[Any], bool]:
+        """A saved state's upstream state, the batches it held read ahead, and whether its epoch had ended."""
+        ended = bool(state[cls.STOPPED_KEY] or state[cls.REPLAYING_KEY])
+        return state[SOURCE_KEY], list(state[cls.HELD_KEY]), ended
+
+    @property
+    def in_lockstep(self) -> bool:
+        """Whether steps are agreed with other ranks (``torch.distributed`` with more than one rank)."""
+        return self._sync is not None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -255,7 +324,7 @@ class EqualSteps(BaseNode[Any]):
             return
         fields = {SOURCE_KEY: Child(), self.HELD_KEY: ListOf(Plain()), self.EXHAUSTED_KEY: Bool(),
                   self.STOPPED_KEY: Bool(), self.FRESH_KEY: Int(0), self.STEPS_KEY: Int(0),
-                  self.REPLAYING_KEY: Bool(), self.START_KEY: Optional(Child())}
+                  self.REPLAYING_KEY: Bool(), self.START_KEY: Optional(Child()), self.TAIL_KEY: Bool()}
         check_state("EqualSteps", initial_state, version=self.VERSION, settings={"policy": self.policy},
                     fields=fields)
         self.source.reset(initial_state[SOURCE_KEY])
@@ -263,6 +332,7 @@ class EqualSteps(BaseNode[Any]):
         step.held = list(initial_state[self.HELD_KEY])
         step.exhausted, step.stopped = initial_state[self.EXHAUSTED_KEY], initial_state[self.STOPPED_KEY]
         step.fresh, step.steps = initial_state[self.FRESH_KEY], initial_state[self.STEPS_KEY]
+        step.tail = initial_state[self.TAIL_KEY]
         self._replaying, self._start = initial_state[self.REPLAYING_KEY], initial_state[self.START_KEY]
 
     def next(self) -> Any:
@@ -285,6 +355,7 @@ class EqualSteps(BaseNode[Any]):
                 self.STEPS_KEY: step.steps,
                 self.REPLAYING_KEY: self._replaying,
                 self.START_KEY: self._start,
+                self.TAIL_KEY: step.tail,
             },
         )
 

@@ -23,19 +23,19 @@ from tests.pipes.nodes import ListNode
 
 
 class ThreadGroup:
-    """A fake process group of ``size`` threads: ``agree`` all-reduces (max, min, any) at a barrier."""
+    """A fake process group of ``size`` threads: ``agree`` all-reduces (element-wise max) at a barrier."""
 
     def __init__(self, size: int) -> None:
         self.size, self.values = size, [None] * size
         self.barrier = threading.Barrier(size, timeout=10)
         self.rank = threading.local()
 
-    def agree(self, held: int, stuck: bool) -> tuple[int, int, bool]:
-        self.values[self.rank.value] = (held, stuck)
+    def agree(self, values: list[int]) -> list[int]:
+        self.values[self.rank.value] = list(values)
         self.barrier.wait()
-        values = list(self.values)
+        agreed = [max(column) for column in zip(*self.values)]
         self.barrier.wait()
-        return max(v[0] for v in values), min(v[0] for v in values), any(v[1] for v in values)
+        return agreed
 
 
 def run_ranks(monkeypatch, work: list[Callable[[], Any]]) -> list[Any]:
@@ -85,7 +85,7 @@ def epochs_of(node: EqualSteps, epochs: int) -> list[list[dict]]:
 
 
 def test_equal_steps_works(monkeypatch):
-    """Rank 1 has 2 batches fewer: it splits its last batch until both end together; nothing is dropped."""
+    """Rank 1 has 2 batches fewer: it splits its largest batches until both end together; nothing is dropped."""
     stats = [PipelineStats(), PipelineStats()]
     sizes = [[8, 8, 8, 8], [8, 8]]
     nodes = [EqualSteps(ListNode(batches(r, sizes[r])), stats=stats[r]) for r in range(2)]
@@ -93,20 +93,43 @@ def test_equal_steps_works(monkeypatch):
     for epoch in range(2):
         steps = [len(result[r][epoch]) for r in range(2)]
         assert steps == [4, 4]
-        assert [len(b["rid"]) for b in result[1][epoch]] == [8, 4, 2, 2]
+        assert [len(b["rid"]) for b in result[1][epoch]] == [8, 2, 2, 4]  # the largest split first, rows in order
         for r in range(2):
             assert rids(result[r][epoch]) == [x for b in batches(r, sizes[r]) for x in b["rid"].tolist()]
     assert stats[1].snapshot().counters == {"equal_steps.split_batches": 4}
     assert stats[0].snapshot().skipped == stats[1].snapshot().skipped == {}
 
 
-def test_equal_steps_drops_what_cannot_be_split_and_counts_it(monkeypatch):
+@pytest.mark.parametrize("sizes", [[[8] * 10, [8] * 6], [[8] * 9, [16] * 4, [4] * 12], [[8] * 12, [8] * 9, [8] * 10, [6] * 13]])
+def test_equal_steps_evens_out_a_tail_of_several_batches_without_dropping(monkeypatch, sizes):
+    """Ranks a few batches apart at the end (more than one halving can make up): the tail is read ahead and split."""
+    stats = [PipelineStats() for _ in sizes]
+    nodes = [EqualSteps(ListNode(batches(r, sizes[r])), stats=stats[r]) for r in range(len(sizes))]
+    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 2) for r in range(len(sizes))])
+    for epoch in range(2):
+        assert len({len(result[r][epoch]) for r in range(len(sizes))}) == 1, "every rank takes the same steps"
+        for r in range(len(sizes)):
+            assert rids(result[r][epoch]) == [x for b in batches(r, sizes[r]) for x in b["rid"].tolist()]
+    assert all(s.snapshot().skipped == {} for s in stats), "nothing dropped"
+
+
+def test_equal_steps_joins_batches_where_another_rank_has_fewer_rows_than_steps(monkeypatch):
     stats = PipelineStats()
     sizes = [[2, 2, 2, 2, 2], [1]]
     nodes = [EqualSteps(ListNode(batches(r, sizes[r])), stats=s) for r, s in enumerate([stats, PipelineStats()])]
     result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 1)[0] for r in range(2)])
     assert [len(result[r]) for r in range(2)] == [1, 1]
-    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 4, "equal_steps.dropped_rows": 8}
+    assert rids(result[0]) == list(range(10)) and rids(result[1]) == [1000]
+    assert stats.snapshot().skipped == {} and stats.snapshot().counters == {"equal_steps.merged_batches": 4}
+
+
+def test_equal_steps_drops_what_cannot_be_split_or_joined_and_counts_it(monkeypatch):
+    stats = PipelineStats()
+    ragged = [{"x": torch.ones(2, width)} for width in (3, 5, 7)]  # padded to different widths: never joined
+    nodes = [EqualSteps(ListNode(ragged), stats=stats), EqualSteps(ListNode([{"x": torch.ones(1, 3)}]))]
+    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 1)[0] for r in range(2)])
+    assert [len(result[r]) for r in range(2)] == [1, 1]
+    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 2, "equal_steps.dropped_rows": 4}
 
 
 def test_equal_steps_repeats_the_epoch_until_the_last_rank_finishes(monkeypatch):
@@ -202,7 +225,7 @@ def test_equal_steps_helper_works(monkeypatch):
     stats = PipelineStats()
     result = run_ranks(monkeypatch, [lambda: list(pp.equal_steps(batches(0, [6, 6, 6]), stats=stats)),
                                      lambda: list(pp.equal_steps(batches(1, [6])))])
-    assert [len(b["rid"]) for b in result[1]] == [3, 1, 2]
+    assert [len(b["rid"]) for b in result[1]] == [1, 2, 3]  # split to the other rank's 3 steps, rows in order
     assert [len(r) for r in result] == [3, 3] and stats.snapshot().skipped == {}
     result = run_ranks(monkeypatch, [lambda: list(pp.equal_steps(batches(0, [2] * 12), "repeat", stats=stats)),
                                      lambda: list(pp.equal_steps(batches(1, [2] * 2), "repeat"))])

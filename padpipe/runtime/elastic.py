@@ -1,0 +1,211 @@
+"""Elastic resume: the rest of an epoch saved on ``R x W`` consumers, re-shared over ``R' x W'``.
+
+Each old consumer (rank x worker) had, when its state was saved, batches it held (read ahead by
+equal steps, or given to it by an earlier elastic plan), rows buffered in its stages (shuffle,
+bucket, pack, mix buffers) and pieces it had not read yet. Every row that had not come out in a
+batch comes out exactly once over the new consumers, and none that had:
+
+* the **held and buffered rows** are turned into batches here, while the state is loaded: each old
+  consumer's graph is restored with its readers told to read nothing new
+  (:meth:`UnitSource.stop_on_load`), so its buffers drain as at an epoch's end, through the same
+  stages (batches keep their budget). These batches are evened out (split where their count does
+  not divide by ``R'``) and dealt round-robin over the new ranks and their workers, so every new
+  rank starts with the same number of them and equal steps has nothing to drop;
+* the **unread pieces** (a unit cut at the saved row where rows can be cut) are laid end to end in
+  the epoch's order and shared again, in equal stretches, over the new consumers
+  (:mod:`padpipe._shares`), read through each new consumer's own graph.
+
+A state saved anywhere in that epoch holds each consumer's batches and pieces, so it resumes
+exactly on the same layout or is re-shared again. The next epochs follow the normal seeded plan
+for ``R' x W'``. Every new rank makes the same plan from the same states and keeps its own part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from padpipe._shard import Consumer
+from padpipe._shares import share
+from padpipe._state import StateMismatchError, make_state
+from padpipe.runtime.consumer_graph import BATCHES, EPOCH, FRESH, PIECES, ConsumerGraph, override_readers, readers
+from padpipe.stats import PipelineStats
+
+if TYPE_CHECKING:
+    from padpipe.pipeline import Pipeline
+    from padpipe.pipes._source import WorkUnit
+
+LAYOUT_KEY = "layout"  # [rank, ranks, workers] of the loader that saved a state
+
+
+@dataclass(frozen=True)
+class OldConsumer:
+    """One consumer of the saved layout: ``index`` of ``count``, ``workers`` per rank, and what it had left.
+
+    Attributes:
+        state: Its graph's state (``None``: it had not started its share).
+        pieces: Its pieces per reader where it was itself following an elastic plan, else ``None``.
+        batches: Batches it held that had not come out.
+    """
+
+    index: int
+    count: int
+    workers: int
+    state: dict[str, Any] | None
+    pieces: list[list[dict[str, Any]]] | None = None
+    batches: tuple[Any, ...] = ()
+
+    def consumer(self) -> Consumer:
+        """Its slot, to build its graph as it was."""
+        return Consumer(rank=self.index // self.workers, world_size=self.count // self.workers,
+                        worker=self.index % self.workers, num_workers=self.workers)
+
+
+def old_consumer(index: int, count: int, workers: int, graph: dict[str, Any] | None,
+                 held: list[Any]) -> tuple[OldConsumer, int | None]:
+    """The old consumer of a :class:`ConsumerGraph` state (``None``: not started), and the epoch it was in."""
+    plan = None if graph is None else ConsumerGraph.plan_of(graph)
+    if plan is None:
+        return OldConsumer(index, count, workers, graph, None, tuple(held)), None if graph is None else _epoch_of(graph)
+    return OldConsumer(index, count, workers, plan[FRESH], plan[PIECES], (*held, *plan[BATCHES])), plan[EPOCH]
+
+
+def reshare(old: list[OldConsumer], *, pipeline: Pipeline, epoch: int, rank: int, ranks: int,
+            workers: int) -> list[dict[str, Any]]:
+    """The :class:`ConsumerGraph` states of this rank's consumers (one per worker, or one) for the rest of ``epoch``.
+
+    Args:
+        old: Every consumer of the saved layout, in order (rank-major).
+        pipeline: The recipe (the same as the old run's, without a trailing ``prefetch``/``to_cuda``).
+        epoch: The epoch the old consumers were in.
+        rank: This rank, of ``ranks``.
+        workers: This rank's worker processes (0: the stages in this process).
+    """
+    slots = max(workers, 1)
+    count = ranks * slots
+    batches: list[Any] = []
+    probe = [reader for reader, _ in readers(pipeline.build(consumer=Consumer()))]
+    rests: list[list[WorkUnit]] = [[] for _ in probe]
+    for consumer in old:
+        graph = pipeline.build(consumer=consumer.consumer(), stats=PipelineStats())
+        mine = (override_readers(graph, epoch, consumer.pieces) if consumer.pieces is not None
+                else [reader for reader, _ in readers(graph)])
+        states = [state for _, state in readers(graph, consumer.state)] if consumer.state is not None else None
+        for k, reader in enumerate(mine):
+            start = {"epoch": epoch, "unit": 0, "row": 0}  # not started: all of its share
+            rests[k] += reader.rest_of_epoch(start if states is None else states[k])
+        probe = mine  # listed: they measure and cut the pieces
+        batches += consumer.batches
+        if consumer.state is not None:
+            batches += drain(graph, consumer.state)
+    batches = even_out(batches, ranks)
+    plans = []
+    for worker in range(slots):
+        index = rank * slots + worker
+        dealt = [b for j, b in enumerate(batches) if j % ranks == rank and (j // ranks) % slots == worker]
+        pieces = []
+        for reader, rest in zip(probe, rests):
+            parts = share([reader.measure(u) for u in rest], index, count)
+            pieces.append([dataclasses.asdict(reader.piece(rest[p.position], p.lo, p.hi)) for p in parts])
+        plans.append(ConsumerGraph.planned(epoch, dealt, pieces))
+    return plans
+
+
+def drain(graph: Any, state: dict[str, Any]) -> list[Any]:
+    """The batches an old consumer's graph still holds: restored from ``state`` with its readers stopped."""
+    for reader, _ in readers(graph):
+        reader.stop_on_load()
+    graph.reset(state)
+    return list(graph)
+
+
+def even_out(batches: list[Any], ranks: int) -> list[Any]:
+    """``batches`` with the largest split in two (rows ``[:B//2]``, ``[B//2:]``) until their count divides by ``ranks``.
+
+    Example:
+        >>> import torch
+        >>> [len(b["x"]) for b in even_out([{"x": torch.arange(4)}, {"x": torch.arange(2)}], 3)]
+        [2, 2, 2]
+    """
+    from padpipe.pipes.equal_steps import rows_of, split_batch
+
+    batches = list(batches)
+    while len(batches) % ranks:
+        sizes = [rows_of(b) or 0 for b in batches]
+        order = sorted(range(len(batches)), key=lambda i: -sizes[i])
+        for i in order:
+            halves = split_batch(batches[i]) if sizes[i] >= 2 else None
+            if halves is not None:
+                batches[i : i + 1] = list(halves)
+                break
+        else:
+            return batches  # nothing left to split: equal steps evens out the last ones
+    return batches
+
+
+def _epoch_of(graph: dict[str, Any]) -> int:
+    """The epoch of a graph state (its first reader's)."""
+    node = graph
+    while isinstance(node, dict) and "unit" not in node:
+        inner = node.get("source")
+        node = next(iter(inner.values())) if isinstance(inner, dict) and "version" not in inner else inner
+    if not isinstance(node, dict):
+        raise StateMismatchError("elastic resume found no reader position in a saved state.")
+    return int(node["epoch"])
+
+
+def loader_state(states: list[dict[str, Any]], *, pipeline: Pipeline, layout: list[int], version: int,
+                 settings: dict[str, Any], policy: str, fields: dict[str, Any], device_stage: bool,
+                 ahead: dict[int, list[Any]] | None = None) -> dict[str, Any]:
+    """A ``PipelineLoader`` state for this loader (``layout``) that continues the epoch of every rank's ``states``.
+
+    Args:
+        states: Every rank's loader state of the old layout (checked already), sorted by rank.
+        pipeline: The recipe (without a trailing ``prefetch``/``to_cuda`` stage).
+        layout: ``[rank, ranks, workers]`` of this loader.
+        version: The ``PipelineLoader`` state version.
+        settings: The ``PipelineLoader`` settings.
+        policy: The loader's equal-steps policy.
+        fields: The loader's own fields to carry over (epoch and step counts).
+        device_stage: Whether a trailing ``prefetch``/``to_cuda`` stage runs above the graphs.
+        ahead: Batches each old rank had taken from its loader but not trained on, by rank: they
+            come first among that rank's held batches.
+    """
+    from padpipe._workers import WorkerProcesses
+    from padpipe.pipes.device import DevicePrefetcher
+    from padpipe.pipes.equal_steps import EqualSteps
+
+    readers(pipeline.build(consumer=Consumer()))  # can this pipeline be re-shared at all? (a clear error if not)
+    _, _, workers = states[0][LAYOUT_KEY]
+    if all(s["root"] is None for s in states):  # saved before the first batch
+        return make_state(version=version, settings=settings, root=None, finished=False, layout=layout, **fields)
+    slots, old, epochs, ended = max(workers, 1), [], set(), all(s["finished"] for s in states)
+    for rank, state in enumerate(states):
+        source, held = state["root"], list((ahead or {}).get(rank, []))
+        if policy != "off":
+            source, read_ahead, stopped = EqualSteps.parts(source)
+            held += read_ahead
+            ended = ended or stopped
+        if device_stage:
+            source = DevicePrefetcher.source_of(source)
+        graphs, epoch = ([source], None) if workers == 0 else WorkerProcesses.worker_graphs(source, workers)
+        epochs |= {epoch} - {None}
+        for worker, graph in enumerate(graphs):
+            if graph is WorkerProcesses.DONE:
+                continue
+            consumer, at = old_consumer(rank * slots + worker, len(states) * slots, slots, graph,
+                                        held if worker == 0 else [])
+            old.append(consumer)
+            epochs |= {at} - {None}
+    if len(epochs) != 1:
+        raise StateMismatchError(f"elastic resume needs every rank saved in the same epoch, but found epochs {sorted(epochs)}.")
+    epoch = epochs.pop()
+    rank, ranks, new_workers = layout
+    plans = reshare([] if ended else old, pipeline=pipeline, epoch=epoch, rank=rank, ranks=ranks, workers=new_workers)
+    root = plans[0] if new_workers == 0 else WorkerProcesses.planned_state(new_workers, epoch, plans)
+    if device_stage:
+        root = DevicePrefetcher.state_around(root)
+    if policy != "off":
+        root = EqualSteps.fresh_state(policy, root)
+    return make_state(version=version, settings=settings, root=root, finished=ended, layout=layout, **fields)

@@ -1,0 +1,109 @@
+"""Run under ``torchrun``: elastic resume with real ranks, as a training job resized between runs does it.
+
+Usage: ``python -m torch.distributed.run --standalone --nproc_per_node=R elastic_run.py DATA OUT TAG
+[--workers W] [--load DIR] [--take K --save DIR] [--epochs N] [--kinds bucket,batch,pack,mix]``
+
+For each pipeline kind every rank builds ``pipe.loader(num_workers=W)``; with ``--load`` it loads the
+states of *every* saved rank (``torch.load(weights_only=True)`` of the sorted files), as
+docs/elastic.md says. Then it takes ``K`` steps (a ``dist.barrier()`` per step, as a DDP step would)
+and saves its state to ``--save``, and (unless ``--epochs -1``) runs the rest of the epoch and ``N``
+more epochs.
+Each rank writes ``OUT/TAG-rank<R>.json``: per kind, the rows before the save or per epoch, the
+steps, and the rows equal steps dropped. tests/test_elastic_torchrun.py checks them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import padpipe as pp
+
+MAX_TOKENS = 512
+
+
+def pipelines(data: str) -> dict[str, pp.Pipeline]:
+    """The four kinds of pipeline the elastic matrix runs: bucketed, fixed batches, packed, a mix."""
+    tok = pp.examples.tokenizer()
+
+    def read(name: str, **options) -> pp.Pipeline:
+        return pp.read_parquet(f"{data}/{name}.parquet", chunk_rows=50, **options)
+
+    def tokens(pipe: pp.Pipeline) -> pp.Pipeline:
+        return pipe.tokenize(tok, max_length=48, num_threads=1)
+
+    mix = pp.mix({"a": tokens(read("a")), "b": tokens(read("b"))}, weights={"a": 3, "b": 1}, seed=4, chunk_rows=40)
+    return {
+        "bucket": tokens(read("a").shuffle(buffer_size=200, seed=1)).bucket(max_tokens=MAX_TOKENS, buffer_size=150).pad(),
+        "batch": tokens(read("a").shuffle(buffer_size=200, seed=3)).batch(16).pad(),
+        "pack": tokens(read("a").shuffle(buffer_size=200, seed=2)).pack(64, batch_size=4, buffer_size=40),
+        "mix": mix.bucket(max_tokens=MAX_TOKENS, buffer_size=100).pad(),
+    }
+
+
+def rows_of(batch: dict) -> list:
+    """A batch's rows: ``rid`` when it has one, else a packed batch's documents as token lists."""
+    if "rid" in batch:
+        return batch["rid"].tolist()
+    flat, bounds = batch["input_ids"].flatten().tolist(), batch["cu_seq_lens_q"].tolist()
+    docs = [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [d for d in docs if d[0] != 0]  # the padding run is made of the pad id (0)
+
+
+def steps(it) -> list:
+    """The rows of each step of ``it``, one DDP-like barrier per step."""
+    out = []
+    for batch in it:
+        dist.barrier()
+        out.append(rows_of(batch))
+    return out
+
+
+def run(kind: str, pipe: pp.Pipeline, args: argparse.Namespace, rank: int) -> dict:
+    loader = pipe.loader(num_workers=args.workers)
+    if args.load:
+        files = sorted(glob.glob(os.path.join(args.load, f"{kind}-rank*.pt")))
+        loader.load_state_dict([torch.load(f, weights_only=True) for f in files])
+    record: dict = {"before": []}
+    it = iter(loader)
+    if args.take:
+        for _ in range(args.take):
+            record["before"].append(rows_of(next(it)))
+            dist.barrier()
+        torch.save(loader.state_dict(), os.path.join(args.save, f"{kind}-rank{rank}.pt"))
+    if args.epochs >= 0:  # the rest of the epoch (after the save, if any), then more epochs
+        record["epochs"] = [steps(it)] + [steps(loader) for _ in range(args.epochs)]
+    record["dropped"] = loader.stats().skipped.get("equal_steps.dropped_rows", 0)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("data")
+    parser.add_argument("out")
+    parser.add_argument("tag")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--load")
+    parser.add_argument("--take", type=int, default=0)
+    parser.add_argument("--save")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs after the rest of this one; -1: stop at the save")
+    parser.add_argument("--kinds", default="bucket,batch,pack,mix")
+    args = parser.parse_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank = dist.get_rank()
+    pipes = pipelines(args.data)
+    result = {kind: run(kind, pipes[kind], args, rank) for kind in args.kinds.split(",")}
+    with open(os.path.join(args.out, f"{args.tag}-rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
