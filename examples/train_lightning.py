@@ -3,9 +3,10 @@
     torchrun --standalone --nproc_per_node=2 examples/train_lightning.py [PARQUET [OUTPUT_DIR]] [--max-steps N]
     python examples/train_lightning.py                               # one process; --log-every N too
 
-Needs Lightning and ``transformers``: ``pip install 'padpipe[hf,lightning]'``. PARQUET: MRPC-style files (default: the shipped sample). ``train_dataloader()`` returns
-``LightningLoader(pipe.loader(...))`` and the ``ExactResume`` callback keeps its state in step with the
-batches trained, so a run resumed from a mid-epoch checkpoint continues with exactly the next batch.
+Needs Lightning and ``transformers``: ``pip install 'padpipe[hf,lightning]'``. PARQUET: MRPC-style files
+(default: the shipped sample). ``train_dataloader()`` returns ``pipe.loader(...)``: in Lightning's checkpoints
+its state is every rank's position after the batches trained, so a run resumed from a mid-epoch checkpoint
+continues with exactly the next batch.
 Trains a tiny BERT for two epochs with a checkpoint every 50 steps in OUTPUT_DIR (default
 ``runs/lightning``), printing the loss every ``--log-every`` steps (rank 0); rerun with the same
 OUTPUT_DIR to resume from the last one.
@@ -23,7 +24,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from transformers import BertConfig, BertForSequenceClassification
 
 import padpipe as pp
-from padpipe.integrations.lightning import ExactResume, LightningLoader
 
 
 class Classifier(L.LightningModule):
@@ -33,8 +33,8 @@ class Classifier(L.LightningModule):
         self.model = BertForSequenceClassification(BertConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2,
                                                               num_attention_heads=2, intermediate_size=64))
 
-    def train_dataloader(self) -> LightningLoader:
-        return LightningLoader(self.pipe.loader(num_workers=2))  # ExactResume (below) keeps its state exact
+    def train_dataloader(self) -> pp.PipelineLoader:
+        return self.pipe.loader(num_workers=2)  # Lightning's checkpoints resume it exactly
 
     def training_step(self, batch, batch_idx):
         batch.pop("idx")
@@ -69,7 +69,7 @@ def main() -> None:
     devices = int(os.environ.get("WORLD_SIZE", 1))  # torchrun sets it; Lightning joins torchrun's processes
     checkpoints = ModelCheckpoint(dirpath=output_dir, filename="{step}", every_n_train_steps=50, save_last=True)
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=2,
-                        max_steps=args.max_steps, callbacks=[ExactResume(), checkpoints], logger=False, enable_progress_bar=False)
+                        max_steps=args.max_steps, callbacks=[checkpoints], logger=False, enable_progress_bar=False)
     last = os.path.join(output_dir, "last.ckpt")
     trainer.fit(Classifier(pipe, args.log_every), ckpt_path=last if os.path.exists(last) else None)
     rank = f"rank {trainer.global_rank}/{trainer.world_size}"

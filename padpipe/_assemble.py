@@ -16,6 +16,7 @@ from padpipe._build import BuildContext
 from padpipe._shard import Consumer
 from padpipe.errors import one_of
 from padpipe.loader import PipelineLoader
+from padpipe.pipes._errors import FailureLatch
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.runtime.elastic import loader_state
 from padpipe.stats import PipelineStats
@@ -55,7 +56,7 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
     if last is not None:  # a trailing prefetch / to_cuda runs in this process, on top of the graph or the workers
         context = BuildContext(stats=stats, consumer=consumer, seed=pipe.seed, pad_to_multiple_of=None,
                                pad_to_length=None)
-        root = last.builder(root, context, **last.options)
+        root = FailureLatch(last.builder(root, context, **last.options))  # its failures stay failures too
     if equal_steps != "off":
         from padpipe.pipes.equal_steps import EqualSteps
 

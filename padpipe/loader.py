@@ -9,6 +9,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe._iterable import start_at_epoch
 from padpipe._state import Bool, Child, Int, ListOf, Optional, StateMismatchError, check_state, make_state
+from padpipe.integrations._lightning_fit import fit_driver
 from padpipe.runtime.elastic import LAYOUT_KEY
 from padpipe.stats import PipelineStats, StatsSnapshot
 
@@ -27,7 +28,9 @@ class PipelineLoader(Generic[T]):
       that epoch (the next ``iter`` yields no batch), then the following epoch;
     * a state taken after the loop ended resumes with the next epoch.
 
-    This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree.
+    This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree. Returned from
+    a Lightning ``train_dataloader()``, it resumes exactly from Lightning's checkpoints too (and its
+    epochs follow Lightning's): see :mod:`padpipe.integrations._lightning_fit`.
 
     Args:
         root: The built node graph (equal steps and worker processes included).
@@ -75,6 +78,8 @@ class PipelineLoader(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         """Start the next epoch (or continue a loaded state) and return its iterator."""
+        if (driver := fit_driver(self)) is not None:  # Lightning's fit loop: the epoch it runs next
+            return driver.iterate()
         pending, self._pending = self._pending, None
         if pending is not None and pending[self.ROOT_KEY] is not None:
             self.root.reset(pending[self.ROOT_KEY])
@@ -93,6 +98,8 @@ class PipelineLoader(Generic[T]):
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader returned (see the class docs)."""
+        if (driver := fit_driver(self)) is not None:  # a Lightning checkpoint: the position after the trained batches
+            return driver.state_dict()
         if self._pending is not None:
             return self._pending
         root = self.root.state_dict() if self._started else None
@@ -116,6 +123,8 @@ class PipelineLoader(Generic[T]):
                 the rest of the epoch, so the new ranks still take equal steps. On the same layout
                 a caller yields its own again itself, so passing any is an error.
         """
+        if (driver := fit_driver(self)) is not None:  # from a Lightning checkpoint: every rank's state in one
+            return driver.load_state_dict(state)
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         fields = {self.ROOT_KEY: Optional(Child()), self.FINISHED_KEY: Bool(),
                   self.LAYOUT_KEY: ListOf(Int(0), length=3), self.EPOCH_KEY: Int(-1), self.STEP_KEY: Int(0),
@@ -142,6 +151,25 @@ class PipelineLoader(Generic[T]):
         carried = {self.EPOCH_KEY: states[0][self.EPOCH_KEY], self.STEP_KEY: states[0][self.STEP_KEY],
                    self.LOCKSTEP_KEY: states[0][self.LOCKSTEP_KEY]}
         self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter(loader)`` read epoch ``epoch`` from its start (a loaded state not yet used is dropped).
+
+        Each ``iter`` otherwise reads the next epoch. For a framework that counts epochs itself.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": t} for t in "abcd"]).shuffle(buffer_size=4, seed=0)
+            >>> pipe = pipe.tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> loader = pipe.loader(); epochs = [[b["input_ids"].tolist() for b in loader] for _ in range(3)]
+            >>> again = pipe.loader(); again.set_epoch(2)
+            >>> [b["input_ids"].tolist() for b in again] == epochs[2] != epochs[0]
+            True
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"`epoch` must be an int >= 0, but is {epoch!r} instead.")
+        self._pending = None
+        start_at_epoch(self.root, epoch)
+        self._epoch = epoch - 1  # the next iter's
 
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""

@@ -96,8 +96,7 @@ def _warn_lightning(dataloader: Any) -> None:
         what = ("a plain torch DataLoader over a padpipe pipeline: it saves no data position, so a run resumed "
                 "from a checkpoint starts the epoch again and repeats rows")
     warnings.warn(
-        f"Lightning is training on {what}. For an exact resume, return "
-        "`padpipe.integrations.lightning.LightningLoader(pipe.loader(...))` from `train_dataloader()` and add "
-        "`padpipe.integrations.lightning.ExactResume()` to `Trainer(callbacks=...)`.",
+        f"Lightning is training on {what}. For an exact resume, return `pipe.loader(...)` from "
+        "`train_dataloader()` (Lightning's checkpoints then hold every rank's position after the batches trained).",
         stacklevel=3,
     )

@@ -1,12 +1,15 @@
 """Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop.
 
-Lightning saves ``train_dataloader().state_dict()`` in every checkpoint, but its loop fetches one
-batch ahead, so the saved state is one batch past what was trained: a resumed run skips a batch.
-And only rank 0 writes the checkpoint, while each rank reads its own share. The two pieces here
-fix both:
+A bare ``pipe.loader(...)`` returned from ``train_dataloader()`` needs nothing from here: when
+Lightning's fit loop reads, saves or restores it, the loader itself keeps every rank's position
+after the batches trained and follows Lightning's epochs (:mod:`padpipe.integrations._lightning_fit`).
 
-- :class:`LightningLoader` wraps ``pipe.loader(...)``; its state is the loader's plus the batches
-  fetched but not yet trained (the first ones yielded after a resume), gathered from every rank.
+The pieces here do the same for any loader with ``state_dict``/``load_state_dict`` (a
+``StatefulDataLoader``, a loader of your own), whose own state Lightning would save one batch late
+(its loop fetches a batch ahead) and from rank 0 only:
+
+- :class:`LightningLoader` wraps the loader; its state is the loader's plus the batches fetched
+  but not yet trained (the first ones yielded after a resume), gathered from every rank.
 - :class:`ExactResume` is the callback that tells it which batches the loop has taken.
 
 Example:
@@ -28,6 +31,8 @@ from typing import Any, Iterator
 from padpipe._optional import require
 from padpipe._state import ListOf, Plain, check_state, make_state
 from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.integrations._lightning_fit import all_ranks, ranks
+from padpipe.loader import PipelineLoader
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
@@ -108,8 +113,7 @@ class LightningLoader:
     def state_dict(self) -> dict[str, Any]:
         """Every rank's loader state and its batches fetched but not trained yet (a collective under DDP)."""
         mine = {self.LOADER_KEY: self.loader.state_dict(), self.AHEAD_KEY: [to_cpu(b) for b in self._ahead]}
-        ranks = _all_ranks(mine)
-        return make_state(version=self.VERSION, settings={}, **{self.RANKS_KEY: ranks})
+        return make_state(version=self.VERSION, settings={}, **{self.RANKS_KEY: all_ranks(mine)})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume this rank's share from ``state`` at the next ``iter()``.
@@ -118,7 +122,7 @@ class LightningLoader:
         state goes to the loader, with the batches each had fetched ahead, which the loader shares
         out with the rest of the epoch.
         """
-        rank, world = _rank()
+        rank, world = ranks()
         saved = check_state("LightningLoader", state, version=self.VERSION, settings={},
                             fields={self.RANKS_KEY: ListOf(Plain())})[self.RANKS_KEY]
         if len(saved) == world:
@@ -135,17 +139,18 @@ class LightningLoader:
 class ExactResume(pl.Callback):
     """Tells every :class:`LightningLoader` of the fit which batches the loop has taken.
 
-    Warns at the start of training when the train loader is not a :class:`LightningLoader`.
+    Warns at the start of training when the train loader is neither a :class:`LightningLoader` nor a
+    ``pipe.loader(...)`` (which needs no callback).
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP
     """
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not _loaders(trainer):
+        if not _loaders(trainer, (LightningLoader, PipelineLoader)):
             warnings.warn(
-                "ExactResume: the train dataloader is not a LightningLoader, so a resumed run will not continue "
-                "exactly; return `LightningLoader(pipe.loader(...))` from `train_dataloader()`.",
+                "ExactResume: the train dataloader is neither a LightningLoader nor a pipe.loader(), so a resumed run "
+                "will not continue exactly; return `pipe.loader(...)` from `train_dataloader()`.",
                 stacklevel=2,
             )
 
@@ -155,11 +160,11 @@ class ExactResume(pl.Callback):
             loader.taken()
 
 
-def _loaders(trainer: pl.Trainer) -> list[LightningLoader]:
+def _loaders(trainer: pl.Trainer, kinds: tuple[type, ...] = (LightningLoader,)) -> list[Any]:
     found, todo = [], [trainer.train_dataloader]
     while todo:
         item = todo.pop()
-        if isinstance(item, LightningLoader):
+        if isinstance(item, kinds):
             found.append(item)
         elif isinstance(item, dict):
             todo.extend(item.values())
@@ -176,22 +181,3 @@ def _chain(first: list[Any], loader: Any) -> Iterator[Any]:
 def _copy(batch: Any) -> Any:
     """A shallow copy, so a ``training_step`` that pops keys does not change the batch kept for the state."""
     return dict(batch) if isinstance(batch, dict) else batch
-
-
-def _rank() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_ranks(mine: dict[str, Any]) -> list[dict[str, Any]]:
-    import torch.distributed as dist
-
-    rank, world = _rank()
-    if world == 1:
-        return [mine]
-    states: list[Any] = [None] * world
-    dist.all_gather_object(states, mine)
-    return states

@@ -90,17 +90,25 @@ def test_lightning_warns_when_a_dataloader_reads_the_pipeline(mrpc, tmp_path, ma
 
     _guard._warned.clear()
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
-    fix = r"`padpipe\.integrations\.lightning\.LightningLoader\(pipe\.loader\(\.\.\.\)\)`"
+    fix = r"`pipe\.loader\(\.\.\.\)` from `train_dataloader\(\)` \(Lightning's checkpoints then hold every rank's"
     with pytest.warns(UserWarning, match=f"^Lightning is training on {says}.* For an exact resume, return {fix}"):
         trainer(tmp_path, max_steps=2).fit(Bare(pipe, make))
 
 
-def test_exact_resume_warns_without_a_lightning_loader(mrpc, tmp_path):
+def test_exact_resume_warns_without_a_padpipe_loader(mrpc, tmp_path):
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.warns(UserWarning, match=r"^ExactResume: the train dataloader is not a LightningLoader"):
-            trainer(tmp_path, [ExactResume()], max_steps=2).fit(Bare(pipe, lambda p: p.loader()))
+        with pytest.warns(UserWarning, match=r"^ExactResume: the train dataloader is neither a LightningLoader nor a "
+                                             r"pipe\.loader\(\), so a resumed run will not continue exactly"):
+            trainer(tmp_path, [ExactResume()], max_steps=2).fit(Bare(pipe, lambda p: DataLoader(p, batch_size=None)))
+
+
+def test_exact_resume_is_quiet_with_a_bare_pipe_loader(mrpc, tmp_path):
+    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "ExactResume")
+        trainer(tmp_path, [ExactResume()], max_steps=2).fit(Bare(pipe, lambda p: p.loader()))
 
 
 @pytest.fixture(scope="module")

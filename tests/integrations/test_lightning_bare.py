@@ -1,0 +1,215 @@
+"""Lightning on a bare ``pipe.loader()``: exact resume from mid-epoch and end-of-fit checkpoints, epochs in step.
+
+One device for the cases, DDP x2 under torchrun (0 and 2 workers) for the ranks: one launch per worker count
+serves the mid-epoch, the ``max_steps`` and the 2-ranks-to-1-device checks.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+from pathlib import Path
+
+import pytest
+
+L = pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+import padpipe as pp  # noqa: E402
+from padpipe._state import StateMismatchError, make_state  # noqa: E402
+from padpipe.integrations import _lightning_fit  # noqa: E402
+from padpipe.integrations.lightning import ExactResume  # noqa: E402
+from padpipe.recipes.glue import glue  # noqa: E402
+from tests.integrations.scripts.lightning_bare_run import SAVE_EVERY, STOP_AT, Bare  # noqa: E402
+from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
+from tests.integrations.test_lightning import trainer  # noqa: E402
+from tests.integrations.tiny import TRAIN_ROWS, torchrun, write_mrpc  # noqa: E402
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated"),
+    pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`"),
+    pytest.mark.filterwarnings("ignore:You are using the `dataloader_iter` step flavor"),
+    pytest.mark.filterwarnings("ignore:Found `dataloader_iter` argument"),
+]
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory):
+    data = write_mrpc(tmp_path_factory.mktemp("lightning_bare") / "mrpc", train_rows=400, val_rows=10)
+    return glue("mrpc", "train", pp.examples.tokenizer(), data=data, max_tokens=2048)
+
+
+class StepIter(Bare):
+    """``training_step(dataloader_iter)``: Lightning fetches nothing ahead."""
+
+    def training_step(self, dataloader_iter):
+        batch, _, _ = next(dataloader_iter)
+        return super().training_step(batch, 0)
+
+
+@pytest.fixture(scope="module", params=[Bare, StepIter], ids=["fetch_ahead", "dataloader_iter"])
+def full(request, pipe, tmp_path_factory):
+    """Two epochs on a bare ``pipe.loader()`` with a checkpoint every 4 steps: the steps, steps per epoch, the
+    checkpoints' folder and the module class."""
+    folder = tmp_path_factory.mktemp("full")
+    model = request.param(pipe, 0)
+    checkpoints = ModelCheckpoint(dirpath=folder, filename="{step}", every_n_train_steps=4, save_top_k=-1)
+    at_epoch_ends = ModelCheckpoint(dirpath=folder, filename="{epoch}", save_top_k=-1)  # in on_train_epoch_end
+    trainer(folder, [checkpoints, at_epoch_ends], max_epochs=2).fit(model)
+    outside = pipe.loader()
+    epochs = [[b["idx"].tolist() for b in outside] for _ in range(2)]  # epochs 0 and 1 outside Lightning
+    per_epoch = len(epochs[0])
+    assert per_epoch % 4 == 0 and [s["epoch"] for s in model.steps] == [0] * per_epoch + [1] * per_epoch
+    assert [s["idx"] for s in model.steps] == epochs[0] + epochs[1] and epochs[0] != epochs[1]  # Lightning's epochs
+    return model.steps, per_epoch, folder, request.param
+
+
+@pytest.mark.parametrize("where", ["mid_epoch", "last_batch_of_epoch"])
+def test_bare_loader_resumes_a_checkpoint_exactly(pipe, full, tmp_path, where):
+    steps, per_epoch, folder, model = full
+    at = 4 if where == "mid_epoch" else per_epoch
+    resumed = model(pipe, 0)
+    trainer(tmp_path, max_epochs=2).fit(resumed, ckpt_path=folder / f"step={at}.ckpt")
+    assert resumed.steps == steps[at:]  # tensor-equal batches in the same epochs: none skipped, none repeated
+
+
+def test_bare_loader_resumes_an_epoch_end_checkpoint_with_the_next_epoch(pipe, full, tmp_path):
+    steps, per_epoch, folder, model = full
+    for limits in ({"max_epochs": 2}, {"max_steps": 2 * per_epoch}):
+        resumed = model(pipe, 0)
+        trainer(tmp_path, **limits).fit(resumed, ckpt_path=folder / "epoch=0.ckpt")
+        # the same batches; Lightning itself numbers that epoch 0 again when resumed with max_steps
+        assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in steps[per_epoch:]]
+
+
+def test_bare_loader_after_max_steps_resumes_with_the_next_epoch_whole(pipe, full, tmp_path):
+    steps, per_epoch, _, model = full
+    stopped = trainer(tmp_path, max_steps=STOP_AT)
+    stopped.fit(model(pipe, 0))
+    assert stopped.current_epoch == 1  # Lightning counts epoch 0 as done
+    stopped.save_checkpoint(tmp_path / "stopped.ckpt")
+    for limits in ({"max_epochs": 2}, {"max_steps": STOP_AT + per_epoch}):
+        after = model(pipe, 0)
+        trainer(tmp_path, **limits).fit(after, ckpt_path=tmp_path / "stopped.ckpt")
+        assert after.steps == steps[per_epoch:]  # epoch 1 from its first batch, as the uninterrupted run
+
+
+def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
+    trainer(tmp_path, [ExactResume(), checkpoints], max_steps=4).fit(Classifier(pipe, 0))  # LightningLoader
+    with pytest.raises(StateMismatchError, match=r"^Lightning is restoring pipe\.loader\(\) from a checkpoint whose "
+                                                 r"loader state was not saved by pipe\.loader\(\) under Lightning .*: "
+                                                 r"expected keys \['epoch', 'ranks'\], found \['checksum', 'ranks', "
+                                                 r"'settings', 'version'\]\. Resume it with the train_dataloader\(\) "
+                                                 r"that saved it \(padpipe\.integrations\.lightning\.LightningLoader"):
+        trainer(tmp_path, max_steps=8).fit(Bare(pipe, 0), ckpt_path=tmp_path / "step=4.ckpt")
+
+
+@pytest.mark.parametrize("entries, says", [
+    ([], r"'ranks' must be a list of every rank's state, but is \[\] instead\."),
+    ([{"loader": {}}], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is \['loader'\] instead\."),
+    (["x"], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is str instead\."),
+])
+def test_bare_loader_refuses_a_crafted_lightning_state(pipe, entries, says):
+    state = make_state(version=_lightning_fit.FitDriver.VERSION, settings={}, epoch=0, ranks=entries)
+    with pytest.raises(StateMismatchError, match=rf"^PipelineLoader \(under Lightning\) state is invalid: {says}$"):
+        _lightning_fit.FitDriver(pipe.loader()).load_state_dict(state)
+
+
+class Fails(Bare):
+    def training_step(self, batch, batch_idx):
+        if len(self.steps) == 3:
+            raise ValueError("step 4 fails")
+        return super().training_step(batch, batch_idx)
+
+
+def test_bare_loader_refuses_to_save_after_an_interrupted_fit(pipe, tmp_path):
+    interrupted = trainer(tmp_path, max_epochs=1)
+    with pytest.raises(ValueError, match="^step 4 fails$"):
+        interrupted.fit(Fails(pipe, 0))
+    with pytest.raises(RuntimeError, match=r"^pipe\.loader\(\) under Lightning: a checkpoint saved after fit stopped "
+                                           r"inside epoch 0 \(interrupted\) cannot hold the batches Lightning had "
+                                           r"fetched ahead, so a resume would skip them; resume from a "
+                                           r"ModelCheckpoint saved during fit instead\.$"):
+        interrupted.save_checkpoint(tmp_path / "interrupted.ckpt")
+
+
+class ReadsAnother(Bare):
+    """Also iterates another loader in ``training_step``: user code, which Lightning does not checkpoint."""
+
+    def __init__(self, pipe, other) -> None:
+        super().__init__(pipe, 0)
+        self.other, self.seen = other, []
+
+    def train_dataloader(self):
+        self.loader = super().train_dataloader()
+        return self.loader
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(len(list(self.other)))  # a whole epoch each time, as outside Lightning
+        return super().training_step(batch, batch_idx)
+
+
+def test_only_the_loader_lightning_reads_is_driven(pipe, tmp_path):
+    other = pipe.loader()
+    per_epoch = sum(1 for _ in pipe.loader())
+    model = ReadsAnother(pipe, other)
+    trainer(tmp_path, max_steps=2).fit(model)
+    assert model.seen == [per_epoch, per_epoch] and model.loader in _lightning_fit._drivers
+    assert other not in _lightning_fit._drivers
+
+
+def test_a_driver_does_not_keep_its_loader_alive(pipe):
+    loader = pipe.loader()
+    _lightning_fit._drivers[loader] = _lightning_fit.FitDriver(loader)
+    freed = weakref.ref(loader)
+    del loader
+    gc.collect()
+    assert freed() is None
+
+
+@pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
+def ddp(request, tmp_path_factory) -> tuple[list[dict], Path, int]:
+    """Every rank's steps of the four fits, the run's folder (data, checkpoints) and its worker count."""
+    tmp = tmp_path_factory.mktemp(f"lightning_bare_ddp{request.param}")
+    data = write_mrpc(tmp / "mrpc")
+    torchrun("lightning_bare_run.py", str(data), str(tmp), str(request.param))
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)], tmp, request.param
+
+
+@pytest.fixture(scope="module")
+def ranks(ddp) -> list[dict]:
+    return ddp[0]
+
+
+def rows(*fits: list[dict], epoch: int) -> list[int]:
+    return [i for steps in fits for s in steps if s["epoch"] == epoch for i in s["idx"]]
+
+
+def test_bare_loader_ddp_resumes_a_mid_epoch_checkpoint_exactly(ranks):
+    for rank in ranks:
+        assert rank["resumed"] == rank["full"][SAVE_EVERY:]
+    epoch0 = rows(*(r["full"][:SAVE_EVERY] for r in ranks), *(r["resumed"] for r in ranks), epoch=0)
+    assert sorted(epoch0) == sorted(rows(*(r["full"] for r in ranks), epoch=0))  # every row of the epoch once
+    assert len(epoch0) == len(set(epoch0)) >= 0.96 * TRAIN_ROWS
+
+
+def test_bare_loader_ddp_resumes_after_max_steps_with_the_next_epoch_whole(ranks):
+    for rank in ranks:
+        assert rank["stopped"] == rank["full"][:STOP_AT]
+        assert rank["after"] == [s for s in rank["full"] if s["epoch"] == 1]  # epoch 1 whole, no row of epoch 0 again
+    epoch1 = rows(*(r["after"] for r in ranks), epoch=1)
+    assert len(epoch1) == len(set(epoch1)) >= 0.96 * TRAIN_ROWS
+
+
+def test_bare_loader_resumes_a_ddp_checkpoint_on_one_device_with_every_row_once(ddp, tmp_path):
+    ranks, folder, workers = ddp
+    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=folder / "mrpc", max_tokens=2048)
+    one = Bare(pipe, workers)
+    trainer(tmp_path, max_epochs=1).fit(one, ckpt_path=folder / "checkpoints" / f"step={SAVE_EVERY}.ckpt")
+    epoch0 = rows(*(r["full"][:SAVE_EVERY] for r in ranks), one.steps, epoch=0)  # the 2 ranks' rows, then the one's
+    assert sorted(epoch0) == sorted(rows(*(r["full"] for r in ranks), epoch=0)) and len(epoch0) == len(set(epoch0))
