@@ -22,7 +22,7 @@ import padpipe as pp
 ROOT = Path(__file__).resolve().parent
 SLOW_FILES = (
     "tests/test_distributed.py",  # torchrun ranks
-    "tests/test_elastic.py",  # torchrun ranks, restarted at other world sizes
+    "tests/runtime/test_elastic.py",  # torchrun ranks, restarted at other world sizes
     "tests/test_docs.py",  # every README/docs block in a fresh interpreter
     "tests/test_resume_random.py",  # resumes in a fresh process
     "tests/integrations/",  # Accelerate, Lightning, the HF Trainer and the examples, most under torchrun

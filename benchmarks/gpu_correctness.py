@@ -14,7 +14,7 @@ import torch
 
 import padpipe as pp
 from padpipe.pipes.batch_tensors import map_tensors
-from padpipe.pipes.equal_steps import split_batch
+from padpipe.runtime.equal_steps import split_batch
 
 
 def device_pipeline(pipe: pp.Pipeline, device: torch.device) -> pp.Pipeline:

@@ -2,7 +2,7 @@
 
 The Rust tokenizer's ``longest_first`` pair truncation also builds every overflow window of both
 texts and their combinations, which explodes on long pairs with a short ``max_length``; padpipe
-encodes whole pairs and cuts them with numpy (``padpipe/_truncate.py``).
+encodes whole pairs and cuts them with numpy (``padpipe/tokenizer/truncate.py``).
 
 Usage:
     python benchmarks/pair_truncation.py [--pairs 50] [--max-lengths 32 128 512]

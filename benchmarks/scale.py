@@ -82,7 +82,7 @@ def child(folder: str, text_gb: float, seconds: float, row_bytes: float) -> dict
     """Run in a fresh process: listing alone, then the pipeline until the text or time cap."""
     import padpipe as pp
     from padpipe import Consumer
-    from padpipe.pipes.read_parquet import ParquetReader
+    from padpipe.readers.parquet import ParquetReader
 
     start = time.perf_counter()
     reader = ParquetReader(paths=folder, columns=["text"], consumer=Consumer())

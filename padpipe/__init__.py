@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
     from padpipe import examples
-    from padpipe._shard import Consumer
-    from padpipe._state import StateMismatchError
+    from padpipe.runtime.consumer import Consumer
+    from padpipe.state import StateMismatchError
     from padpipe.cache import TokenCache
     from padpipe.chunks import TokenChunk
     from padpipe.errors import DataError
@@ -30,24 +30,24 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.loader import PipelineLoader
     from padpipe.mix import mix
     from padpipe.pipeline import Pipeline
-    from padpipe.pipes._retry import Retry
-    from padpipe.pipes.equal_steps import equal_steps
+    from padpipe.readers.retry import Retry
+    from padpipe.runtime.equal_steps import equal_steps
     from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
     from padpipe.stats import PipelineStats, StatsSnapshot
 
 _HOMES = {
-    "Consumer": "padpipe._shard",
+    "Consumer": "padpipe.runtime.consumer",
     "DataError": "padpipe.errors",
     "InspectResult": "padpipe.inspection",
     "Pipeline": "padpipe.pipeline",
     "PipelineLoader": "padpipe.loader",
     "PipelineStats": "padpipe.stats",
-    "Retry": "padpipe.pipes._retry",
-    "StateMismatchError": "padpipe._state",
+    "Retry": "padpipe.readers.retry",
+    "StateMismatchError": "padpipe.state",
     "StatsSnapshot": "padpipe.stats",
     "TokenCache": "padpipe.cache",
     "TokenChunk": "padpipe.chunks",
-    "equal_steps": "padpipe.pipes.equal_steps",
+    "equal_steps": "padpipe.runtime.equal_steps",
     "from_hf": "padpipe.sources",
     "from_iterable": "padpipe.sources",
     "inspect": "padpipe.inspection",

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
-from padpipe._shard import Consumer
+from padpipe.runtime.consumer import Consumer
 from padpipe.stats import PipelineStats
 
 
@@ -29,7 +29,7 @@ class BuildContext:
     seed: int | None
     pad_to_multiple_of: int | None
     pad_to_length: int | None
-    cache: Any = None  # the token cache session (padpipe.pipes.token_cache) when tokenize has a cache
+    cache: Any = None  # the token cache session (padpipe.token_cache.session) when tokenize has a cache
 
 
 def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: int) -> BaseNode:
@@ -60,8 +60,8 @@ def tokenize(
     With a token ``cache`` (its session is ``ctx.cache``), the threads tokenize only the rows the
     cache does not hold, and a node after them collects the new rows for the cache.
     """
-    from padpipe.pipes._first_chunks import FirstChunks
-    from padpipe.pipes._threading import OrderedMapper
+    from padpipe.pipes.first_chunks import FirstChunks
+    from padpipe.pipes.threads import OrderedMapper
     from padpipe.pipes.tokenize import ChunkTokenizer
 
     upstream = FirstChunks(upstream)  # the first rows of an epoch in small chunks: the first tokens come fast
@@ -136,9 +136,9 @@ def tokens(upstream: BaseNode, ctx: BuildContext, *, column: str, type_ids: str 
     """Build the tokens stage (rows that already hold token ids), run inline; ``pad_id`` is for pad/pack."""
     from padpipe.pipes.tokens import TokenColumns
 
-    from padpipe.pipes._threading import OrderedMapper
+    from padpipe.pipes.threads import OrderedMapper
 
-    from padpipe.pipes._first_chunks import FirstChunks
+    from padpipe.pipes.first_chunks import FirstChunks
 
     fn = TokenColumns(column=column, type_ids=type_ids, max_length=max_length, stats=ctx.stats)
     settings = {"column": column, "type_ids": type_ids, "max_length": max_length}

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from padpipe._optional import missing
 from padpipe.errors import DataError
-from padpipe.pipes._paths import GLOB_CHARS, check_paths
+from padpipe.readers.paths import GLOB_CHARS, check_paths
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline

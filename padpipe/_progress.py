@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, check_state, make_state
+from padpipe.state import SOURCE_KEY, check_state, make_state
 from padpipe.errors import check_bool
 
 ENV = "PADPIPE_PROGRESS"

@@ -16,7 +16,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from padpipe._state import StateMismatchError, seal, unseal
+from padpipe.state import StateMismatchError, seal, unseal
+from padpipe.state import Spec
+from dataclasses import dataclass
+from typing import Any
 
 ID_DTYPE = np.int32
 TYPE_ID_DTYPE = np.int8
@@ -171,7 +174,7 @@ class TokenChunk:
             >>> TokenChunk.from_state({"ids": [1]})
             Traceback (most recent call last):
             ...
-            padpipe._state.StateMismatchError: expected a token chunk with keys ['columns', 'ids', 'offsets', 'type_ids'] and a checksum, found {'ids': [1]}
+            padpipe.state.StateMismatchError: expected a token chunk with keys ['columns', 'ids', 'offsets', 'type_ids'] and a checksum, found {'ids': [1]}
         """
         state = unseal("a token chunk", state, CHUNK_KEYS)
         ids = _tensor(state["ids"], torch.int32, "ids")
@@ -262,3 +265,19 @@ def record_batch_from_bytes(data: bytes | np.ndarray) -> pa.RecordBatch:
     except (pa.ArrowException, ValueError, TypeError) as exc:
         raise StateMismatchError(f"a saved record batch is not readable Arrow IPC ({exc})") from None
     return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
+@dataclass(frozen=True)
+class Chunk(Spec):
+    """A sealed token-chunk buffer made by ``TokenChunk.to_state``; loads a ``TokenChunk``."""
+
+    def load(self, value: Any) -> Any:
+        return TokenChunk.from_state(value)
+
+
+@dataclass(frozen=True)
+class Records(Spec):
+    """A sealed record-batch buffer made by ``chunks.records_to_state``; loads a ``pyarrow.RecordBatch``."""
+
+    def load(self, value: Any) -> Any:
+        return records_from_state(value)

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import padpipe as pp
 from padpipe import _command, _shipped
-from padpipe.inspection._fields import detect_fields
-from padpipe.recipes._formats import read_corpus
+from padpipe.inspection.fields import detect_fields
+from padpipe.recipes.formats import read_corpus
 
 
 @dataclasses.dataclass(frozen=True)

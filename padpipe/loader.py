@@ -7,9 +7,9 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._iterable import start_at_epoch
-from padpipe._state import Bool, Child, Int, ListOf, Optional, StateMismatchError, check_state, make_state
-from padpipe.integrations._lightning_fit import fit_driver
+from padpipe.graph import start_at_epoch
+from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, check_state, make_state
+from padpipe.integrations.lightning_fit import fit_driver
 from padpipe.runtime.elastic import LAYOUT_KEY
 from padpipe.stats import PipelineStats, StatsSnapshot
 
@@ -30,7 +30,7 @@ class PipelineLoader(Generic[T]):
 
     This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree. Returned from
     a Lightning ``train_dataloader()``, it resumes exactly from Lightning's checkpoints too (and its
-    epochs follow Lightning's): see :mod:`padpipe.integrations._lightning_fit`.
+    epochs follow Lightning's): see :mod:`padpipe.integrations.lightning_fit`.
 
     Args:
         root: The built node graph (equal steps and worker processes included).

@@ -17,13 +17,13 @@ from torchdata.nodes import BaseNode
 from padpipe import _build
 from padpipe._build import BuildContext, Stage
 from padpipe._checks import check_budget, check_fields, steps_missing
-from padpipe._shard import Consumer
+from padpipe.runtime.consumer import Consumer
 from padpipe.cache import TokenCache, check_recipe
 from padpipe.cache import session as cache_session
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.loader import PipelineLoader
-from padpipe.pipes._cut import longest_row_allowed
-from padpipe.pipes._errors import FailureLatch
+from padpipe.pipes.cut import longest_row_allowed
+from padpipe.runtime.latch import FailureLatch
 from padpipe.pipes.bucket import check_bucket_options
 from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
@@ -479,7 +479,7 @@ class Pipeline(IterableDataset):
 
         Under ``torch.distributed``, every rank takes the same number of steps per epoch (token
         budgets give ranks different batch counts, and DDP hangs when one stops early), at the cost
-        of one tiny all-reduce per step in this process (:class:`padpipe.pipes.equal_steps.EqualSteps`).
+        of one tiny all-reduce per step in this process (:class:`padpipe.runtime.equal_steps.EqualSteps`).
 
         Args:
             num_workers: Worker processes; ``0`` runs the stages here (tokenizing in threads).
@@ -505,7 +505,7 @@ class Pipeline(IterableDataset):
             >>> loader = pipe.loader(); n = sum(1 for _ in loader); loader.stats().rows
             1
         """
-        from padpipe._assemble import assemble_loader
+        from padpipe.runtime.assemble import assemble_loader
 
         self._check_runnable()
         return assemble_loader(self, num_workers=num_workers, consumer=consumer, equal_steps=equal_steps,
@@ -543,8 +543,8 @@ class Pipeline(IterableDataset):
         reads the next epoch; non-persistent workers start from the main process's epoch, so call
         :meth:`set_epoch` each epoch (as with ``DistributedSampler``).
         """
-        from padpipe._iterable import PipelineIterator
-        from padpipe.integrations._guard import check_caller
+        from padpipe.runtime.iterable import PipelineIterator
+        from padpipe.integrations.guard import check_caller
 
         self._check_runnable()
         check_caller(self)  # fails under wrappers that shard again (Accelerate), warns for a bare Lightning resume

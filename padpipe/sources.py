@@ -10,7 +10,7 @@ from padpipe.errors import one_of, positive
 from padpipe.pipeline import Pipeline, Stage
 
 if TYPE_CHECKING:
-    from padpipe.pipes._retry import Retry
+    from padpipe.readers.retry import Retry
 
 PathsLike = str | Sequence[str]
 
@@ -24,8 +24,8 @@ def _start(name: str, reader: type, **options: Any) -> Pipeline:
 
 def _file_options(retries: int | Retry, on_missing: str) -> dict[str, Any]:
     """Check the file readers' storage options at once; one listing shared by all loaders and workers."""
-    from padpipe.pipes._listing import SharedListing
-    from padpipe.pipes._retry import Retry
+    from padpipe.readers.listing import SharedListing
+    from padpipe.readers.retry import Retry
 
     Retry.of(retries)
     one_of("on_missing", on_missing, ("raise", "skip"))
@@ -49,7 +49,7 @@ def read_parquet(
         chunk_rows: Most rows per chunk passed downstream.
         storage_options: Options for the fsspec filesystem (credentials, endpoint).
         retries: Retries of a transient storage error (connection reset, timeout, 5xx), with
-            exponential backoff; or a ``padpipe.pipes._retry.Retry`` policy.
+            exponential backoff; or a ``padpipe.readers.retry.Retry`` policy.
         on_missing: A file gone or resized since it was listed: ``"raise"`` or ``"skip"`` it
             (counted in stats as ``read.missing_file``).
 
@@ -62,7 +62,7 @@ def read_parquet(
         >>> next(iter(pipe.loader())).num_rows
         1024
     """
-    from padpipe.pipes.read_parquet import ParquetReader
+    from padpipe.readers.parquet import ParquetReader
 
     return _start("read_parquet", ParquetReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
                   storage_options=storage_options, **_file_options(retries, on_missing))
@@ -90,7 +90,7 @@ def read_arrow(
     Example:
         >>> pipe = pp.read_arrow("my_dataset/")  # doctest: +SKIP
     """
-    from padpipe.pipes.read_arrow import ArrowReader
+    from padpipe.readers.arrow import ArrowReader
 
     return _start("read_arrow", ArrowReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
                   storage_options=storage_options, **_file_options(retries, on_missing))
@@ -124,7 +124,7 @@ def read_jsonl(
         >>> sorted(next(iter(pipe.loader())).schema.names)
         ['id', 'text']
     """
-    from padpipe.pipes.read_jsonl import JsonlReader
+    from padpipe.readers.jsonl import JsonlReader
 
     one_of("on_error", on_error, ("raise", "skip"))
     return _start("read_jsonl", JsonlReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
@@ -154,7 +154,7 @@ def from_hf(
         >>> next(iter(pp.from_hf(ds, tokens="input_ids").batch(2).pad(pad_id=0).loader()))["input_ids"].tolist()
         [[2, 7, 3], [2, 3, 0]]
     """
-    from padpipe.pipes.from_hf import hf_reader
+    from padpipe.readers.hf import hf_reader
 
     if tokens is not None and not isinstance(tokens, str):
         raise TypeError(f"`tokens` must be a column name, but is {tokens!r} instead.")
@@ -173,6 +173,6 @@ def from_iterable(iterable: Iterable[dict[str, Any]], *, chunk_rows: int = 1024)
         >>> next(iter(pp.from_iterable([{"text": "a"}, {"text": "b"}]).loader())).to_pylist()
         [{'text': 'a'}, {'text': 'b'}]
     """
-    from padpipe.pipes.from_iterable import IterableReader
+    from padpipe.readers.iterable import IterableReader
 
     return _start("from_iterable", IterableReader, iterable=iterable, chunk_rows=chunk_rows)

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import padpipe as pp
-from padpipe._workers import WorkerProcesses
+from padpipe.runtime.workers import WorkerProcesses
 from padpipe.pipes.device import DevicePrefetcher
 from tests.contract import check_loader_resume, normalize
 

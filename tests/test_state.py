@@ -1,6 +1,6 @@
 """States are plain data, loadable with ``torch.load(weights_only=True)``, and checked fully when loaded.
 
-Covers the helper in ``padpipe/_state.py`` (specs, checksum), plain-data states of every stage
+Covers the helper in ``padpipe/state.py`` (specs, checksum), plain-data states of every stage
 (issue 7 part 5), corrupted and partial states (issue 13.5) with a property test that corrupts
 random leaves, and resume across ``num_threads`` (13.11) and changed tokenize settings (13.4).
 """
@@ -22,18 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import padpipe as pp
-from padpipe._state import (
-    Array,
-    Int,
-    ListOf,
-    Rng,
-    StateMismatchError,
-    check_state,
-    checksum,
-    load_value,
-    make_state,
-    plain,
-)
+from padpipe.state import Array, Int, ListOf, Rng, StateMismatchError, check_state, checksum, load_value, make_state, plain
 from tests.contract import normalize
 
 WORDS = "alpha beta gamma delta the cat sat on a mat and ran far away over hills".split()

@@ -16,21 +16,12 @@ from torchdata.nodes import IterableWrapper
 
 from padpipe import _build
 from padpipe._progress import Progress
-from padpipe._shard import Consumer
+from padpipe.runtime.consumer import Consumer
 from padpipe.errors import DataError, check_seed, positive
-from padpipe.inspection import _strategies as strategies
-from padpipe.inspection._report import InspectResult, Settings
-from padpipe.inspection._sample import (
-    READERS,
-    Corpus,
-    choose_fields,
-    draw_sample,
-    files_of,
-    first_schema,
-    make_reader,
-    source_pipeline,
-)
-from padpipe.inspection._strategies import StrategyResult
+from padpipe.inspection import strategies
+from padpipe.inspection.report import InspectResult, Settings
+from padpipe.inspection.sample import READERS, Corpus, choose_fields, draw_sample, files_of, first_schema, make_reader, source_pipeline
+from padpipe.inspection.strategies import StrategyResult
 from padpipe.pipeline import Pipeline
 from padpipe.pipes.pad import padded_length
 from padpipe.pipes.tokenize import tokenize_options

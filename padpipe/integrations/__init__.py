@@ -2,10 +2,10 @@
 
 - :mod:`padpipe.hf`: ``Trainer``, a ``transformers.Trainer`` that reads pipelines with padpipe's loader.
 - Lightning needs no adapter: a ``pipe.loader()`` returned from ``train_dataloader()`` resumes
-  exactly from Lightning's checkpoints (:mod:`padpipe.integrations._lightning_fit`, the loader's hook).
+  exactly from Lightning's checkpoints (:mod:`padpipe.integrations.lightning_fit`, the loader's hook).
   :mod:`padpipe.integrations.lightning`: ``LightningLoader`` and ``ExactResume`` do the same for other
   stateful loaders (a ``StatefulDataLoader``).
 - Accelerate needs no adapter: ``accelerator.prepare(model, optimizer, pipe.loader())`` passes the
   loader through. A ``DataLoader(pipe)`` given to ``prepare`` with several processes would be sharded
-  twice; :func:`padpipe.integrations._guard.check_caller` stops that with an error naming the fix.
+  twice; :func:`padpipe.integrations.guard.check_caller` stops that with an error naming the fix.
 """

@@ -2,7 +2,7 @@
 
 A bare ``pipe.loader(...)`` returned from ``train_dataloader()`` needs nothing from here: when
 Lightning's fit loop reads, saves or restores it, the loader itself keeps every rank's position
-after the batches trained and follows Lightning's epochs (:mod:`padpipe.integrations._lightning_fit`).
+after the batches trained and follows Lightning's epochs (:mod:`padpipe.integrations.lightning_fit`).
 
 The pieces here do the same for any loader with ``state_dict``/``load_state_dict`` (a
 ``StatefulDataLoader``, a loader of your own), whose own state Lightning would save one batch late
@@ -29,9 +29,9 @@ from collections import deque
 from typing import Any, Iterator
 
 from padpipe._optional import require
-from padpipe._state import ListOf, Plain, check_state, make_state
+from padpipe.state import ListOf, Plain, check_state, make_state
 from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.integrations._lightning_fit import all_ranks, ranks
+from padpipe.integrations.lightning_fit import all_ranks, ranks
 from padpipe.loader import PipelineLoader
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")

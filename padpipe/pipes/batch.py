@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, Bool, Child, Chunk, Int, Optional, check_state, load_value, make_state
+from padpipe.state import SOURCE_KEY, Bool, Child, Int, Optional, check_state, load_value, make_state
+from padpipe.chunks import Chunk
 from padpipe.chunks import TokenChunk
 from padpipe.errors import positive
 from padpipe.stats import PipelineStats

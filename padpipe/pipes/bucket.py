@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, invalid, Array, Bool, Child, Int, Optional, Rng, check_state, load_value, make_state
+from padpipe.state import SOURCE_KEY, invalid, Array, Bool, Child, Int, Optional, Rng, check_state, load_value, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_seed, one_of, positive
-from padpipe.pipes._cache_state import CachedChunk, chunk_state, drop_ref
-from padpipe.pipes._cut import cut_by_budget, handle_oversize, longest_row_allowed
+from padpipe.token_cache.state import CachedChunk, chunk_state, drop_ref
+from padpipe.pipes.cut import cut_by_budget, handle_oversize, longest_row_allowed
 from padpipe.pipes.pad import padded_length
 from padpipe.stats import PipelineStats
 

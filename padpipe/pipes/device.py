@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import get_worker_info
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, Child, check_state, make_state
+from padpipe.state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.errors import positive
 from padpipe.pipes import device_backend
-from padpipe.pipes._packing import MASK_DTYPES
-from padpipe.pipes._threading import BackgroundProducer
+from padpipe.pipes.packing import MASK_DTYPES
+from padpipe.pipes.threads import BackgroundProducer
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 from padpipe.pipes.device_backend import CudaBackend
 from padpipe.stats import PipelineStats
@@ -59,7 +59,7 @@ def block_causal_mask(seq_idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
     """``pack(block_mask=True)``'s ``[B, 1, L, L]`` mask from ``seq_idx``, on ``seq_idx``'s device.
 
     A query sees the keys of its own segment up to itself: ``True`` (bool) or ``0`` (float) there,
-    ``False`` or the dtype's lowest value elsewhere, as :func:`padpipe.pipes._packing.block_causal_mask`.
+    ``False`` or the dtype's lowest value elsewhere, as :func:`padpipe.pipes.packing.block_causal_mask`.
 
     Example:
         >>> block_causal_mask(torch.tensor([[0, 0, 1]]), torch.bool)[0, 0].int().tolist()

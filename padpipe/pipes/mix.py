@@ -8,12 +8,12 @@ import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
-from padpipe._iterable import start_at_epoch
-from padpipe._state import (SOURCE_KEY, Bool, Chunk, Int, Invalid, ListOf, Optional, Plain, Records, Rng, Spec,
-                            check_state, invalid, make_state)
+from padpipe.graph import start_at_epoch
+from padpipe.state import SOURCE_KEY, Bool, Int, Invalid, ListOf, Optional, Plain, Rng, Spec, check_state, invalid, make_state
+from padpipe.chunks import Chunk, Records
 from padpipe.chunks import TokenChunk, records_to_state
 from padpipe.errors import DataError, check_seed, one_of, positive
-from padpipe.pipes._schema import untag_source
+from padpipe.readers.schema import untag_source
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0x313C  # keeps this stage's random stream apart from other stages seeded alike

@@ -9,10 +9,11 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, Bool, Child, Chunk, Int, ListOf, check_state, invalid, make_state
+from padpipe.state import SOURCE_KEY, Bool, Child, Int, ListOf, check_state, invalid, make_state
+from padpipe.chunks import Chunk
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
-from padpipe.pipes._packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
+from padpipe.pipes.packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
 from padpipe.stats import PipelineStats
 
 LONG_DOCS = ("split", "truncate", "drop")

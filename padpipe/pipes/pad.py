@@ -9,7 +9,7 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, Child, check_state, make_state
+from padpipe.state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, check_int, one_of, positive
 from padpipe.stats import PipelineStats

@@ -9,10 +9,10 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe._state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Rng, check_state, load_value, make_state
-from padpipe.pipes._cache_state import CachedRecords, records_state
+from padpipe.state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Rng, check_state, load_value, make_state
+from padpipe.token_cache.state import CachedRecords, records_state
 from padpipe.errors import DataError, check_seed, positive
-from padpipe.pipes._schema import castable, source_of, untag_source
+from padpipe.readers.schema import castable, source_of, untag_source
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0x5A1F  # keeps this stage's random stream apart from other stages seeded alike

@@ -1,7 +1,7 @@
 """The tokenize stage's work: one Arrow record batch of text in, one flat :class:`TokenChunk` out.
 
 :class:`ChunkTokenizer` is a plain callable; ``padpipe._build.tokenize`` runs it in an
-:class:`~padpipe.pipes._threading.OrderedMapper` of threads (the Rust batch call releases the GIL),
+:class:`~padpipe.pipes.threads.OrderedMapper` of threads (the Rust batch call releases the GIL),
 so it keeps no state between calls and resume is the upstream reader's position.
 """
 
@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, check_bool, one_of, positive
-from padpipe.pipes._schema import row_of, source_of
+from padpipe.readers.schema import row_of, source_of
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
 

@@ -26,8 +26,8 @@ import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe._progress import progress_stage
 from padpipe.errors import DataError, check_bool, positive
-from padpipe.recipes import _cli
-from padpipe.recipes._glue_data import SplitRows, columns_of, find_split, read_table
+from padpipe.recipes import cli
+from padpipe.recipes.glue_data import SplitRows, columns_of, find_split, read_table
 
 LABEL, IDX = "label", "idx"
 ROW_INDEX = "row_index"
@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
     print(f"glue {args.task} {args.split}:")
-    _cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
+    cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
     return 0
 
 

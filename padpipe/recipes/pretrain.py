@@ -24,8 +24,8 @@ import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe._optional import require
 from padpipe.errors import one_of, positive
-from padpipe.recipes import _cli
-from padpipe.recipes._formats import read_corpus
+from padpipe.recipes import cli
+from padpipe.recipes.formats import read_corpus
 
 Sources = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any]
 
@@ -258,9 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"pretrain {args.mode} seq_len={args.seq_len}:")
     if args.mode == "pack":
-        _cli.run(pipe, max_batches=args.max_batches, efficiency="packing", eos_id=eos_id)
+        cli.run(pipe, max_batches=args.max_batches, efficiency="packing", eos_id=eos_id)
     else:
-        _cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
+        cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
     return 0
 
 

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from torchdata.nodes import BaseNode
 
-from padpipe._iterable import start_at_epoch
-from padpipe._shard import Consumer
-from padpipe._state import Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, load_value, make_state
+from padpipe.graph import start_at_epoch
+from padpipe.runtime.consumer import Consumer
+from padpipe.state import Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, load_value, make_state
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
-    from padpipe.pipes._source import UnitSource
+    from padpipe.readers.source import UnitSource
 
 ELASTIC_KEY = "elastic"
 EPOCH, BATCHES, PIECES, FRESH = "epoch", "batches", "pieces", "fresh"
@@ -37,8 +37,8 @@ def readers(node: Any, state: Any = None) -> list[tuple[UnitSource, Any]]:
         >>> [type(r).__name__ for r, _ in readers(pp.read_parquet(pp.examples.SAMPLE_PARQUET).build())]
         ['ParquetReader']
     """
-    from padpipe.pipes._errors import FailureLatch
-    from padpipe.pipes._source import UnitSource
+    from padpipe.runtime.latch import FailureLatch
+    from padpipe.readers.source import UnitSource
     from padpipe.pipes.mix import WeightedMixer
 
     if isinstance(node, FailureLatch):
@@ -62,7 +62,7 @@ def readers(node: Any, state: Any = None) -> list[tuple[UnitSource, Any]]:
 
 def override_readers(graph: BaseNode, epoch: int, pieces: list[list[dict[str, Any]]]) -> list[UnitSource]:
     """Make each reader of ``graph`` read ``pieces[k]`` (plain ``WorkUnit`` fields) in ``epoch``; the readers."""
-    from padpipe.pipes._source import WorkUnit
+    from padpipe.readers.source import WorkUnit
 
     mine = [reader for reader, _ in readers(graph)]
     if len(mine) != len(pieces):

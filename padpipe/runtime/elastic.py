@@ -13,7 +13,7 @@ batch comes out exactly once over the new consumers, and none that had:
   rank starts with the same number of them and equal steps has nothing to drop;
 * the **unread pieces** (a unit cut at the saved row where rows can be cut) are laid end to end in
   the epoch's order and shared again, in equal stretches, over the new consumers
-  (:mod:`padpipe._shares`), read through each new consumer's own graph.
+  (:mod:`padpipe.runtime.shares`), read through each new consumer's own graph.
 
 A state saved anywhere in that epoch holds each consumer's batches and pieces, so it resumes
 exactly on the same layout or is re-shared again. The next epochs follow the normal seeded plan
@@ -26,15 +26,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from padpipe._shard import Consumer
-from padpipe._shares import share
-from padpipe._state import StateMismatchError, make_state
+from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.shares import share
+from padpipe.state import StateMismatchError, make_state
 from padpipe.runtime.consumer_graph import BATCHES, EPOCH, FRESH, PIECES, ConsumerGraph, override_readers, readers
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
-    from padpipe.pipes._source import WorkUnit
+    from padpipe.readers.source import WorkUnit
 
 LAYOUT_KEY = "layout"  # [rank, ranks, workers] of the loader that saved a state
 
@@ -128,7 +128,7 @@ def even_out(batches: list[Any], ranks: int) -> list[Any]:
         >>> [len(b["x"]) for b in even_out([{"x": torch.arange(4)}, {"x": torch.arange(2)}], 3)]
         [2, 2, 2]
     """
-    from padpipe.pipes.equal_steps import rows_of, split_batch
+    from padpipe.runtime.equal_steps import rows_of, split_batch
 
     batches = list(batches)
     while len(batches) % ranks:
@@ -172,9 +172,9 @@ def loader_state(states: list[dict[str, Any]], *, pipeline: Pipeline, layout: li
         ahead: Batches each old rank had taken from its loader but not trained on, by rank: they
             come first among that rank's held batches.
     """
-    from padpipe._workers import WorkerProcesses
+    from padpipe.runtime.workers import WorkerProcesses
     from padpipe.pipes.device import DevicePrefetcher
-    from padpipe.pipes.equal_steps import EqualSteps
+    from padpipe.runtime.equal_steps import EqualSteps
 
     readers(pipeline.build(consumer=Consumer()))  # can this pipeline be re-shared at all? (a clear error if not)
     _, _, workers = states[0][LAYOUT_KEY]

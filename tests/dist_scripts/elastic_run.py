@@ -9,7 +9,7 @@ docs/elastic.md says. Then it takes ``K`` steps (a ``dist.barrier()`` per step, 
 and saves its state to ``--save``, and (unless ``--epochs -1``) runs the rest of the epoch and ``N``
 more epochs.
 Each rank writes ``OUT/TAG-rank<R>.json``: per kind, the rows before the save or per epoch, the
-steps, and the rows equal steps dropped. tests/test_elastic_torchrun.py checks them.
+steps, and the rows equal steps dropped. tests/runtime/test_elastic_torchrun.py checks them.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from padpipe.hf import LOADER_STATE, Trainer  # noqa: E402
-from padpipe.integrations._hf_hooks import HOOKS, check_hooks  # noqa: E402
-from padpipe.integrations._hf_train import Batch, TrainBatches  # noqa: E402
+from padpipe.integrations.hf_hooks import HOOKS, check_hooks  # noqa: E402
+from padpipe.integrations.hf_train import Batch, TrainBatches  # noqa: E402
 from tests.integrations.tiny import packed, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)

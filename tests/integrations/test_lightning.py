@@ -86,9 +86,9 @@ def test_lightning_loader_needs_a_stateful_loader():
                                                              "saves its state one batch late"),
 ])
 def test_lightning_warns_when_a_dataloader_reads_the_pipeline(mrpc, tmp_path, make, says):
-    from padpipe.integrations import _guard
+    from padpipe.integrations import guard
 
-    _guard._warned.clear()
+    guard._warned.clear()
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
     fix = r"`pipe\.loader\(\.\.\.\)` from `train_dataloader\(\)` \(Lightning's checkpoints then hold every rank's"
     with pytest.warns(UserWarning, match=f"^Lightning is training on {says}.* For an exact resume, return {fix}"):

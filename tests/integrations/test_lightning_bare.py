@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import padpipe as pp  # noqa: E402
-from padpipe._state import StateMismatchError, make_state  # noqa: E402
-from padpipe.integrations import _lightning_fit  # noqa: E402
+from padpipe.state import StateMismatchError, make_state  # noqa: E402
+from padpipe.integrations import lightning_fit  # noqa: E402
 from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from tests.integrations.scripts.lightning_bare_run import SAVE_EVERY, STOP_AT, Bare  # noqa: E402
@@ -115,9 +115,9 @@ def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
     (["x"], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is str instead\."),
 ])
 def test_bare_loader_refuses_a_crafted_lightning_state(pipe, entries, says):
-    state = make_state(version=_lightning_fit.FitDriver.VERSION, settings={}, epoch=0, ranks=entries)
+    state = make_state(version=lightning_fit.FitDriver.VERSION, settings={}, epoch=0, ranks=entries)
     with pytest.raises(StateMismatchError, match=rf"^PipelineLoader \(under Lightning\) state is invalid: {says}$"):
-        _lightning_fit.FitDriver(pipe.loader()).load_state_dict(state)
+        lightning_fit.FitDriver(pipe.loader()).load_state_dict(state)
 
 
 class Fails(Bare):
@@ -159,13 +159,13 @@ def test_only_the_loader_lightning_reads_is_driven(pipe, tmp_path):
     per_epoch = sum(1 for _ in pipe.loader())
     model = ReadsAnother(pipe, other)
     trainer(tmp_path, max_steps=2).fit(model)
-    assert model.seen == [per_epoch, per_epoch] and model.loader in _lightning_fit._drivers
-    assert other not in _lightning_fit._drivers
+    assert model.seen == [per_epoch, per_epoch] and model.loader in lightning_fit._drivers
+    assert other not in lightning_fit._drivers
 
 
 def test_a_driver_does_not_keep_its_loader_alive(pipe):
     loader = pipe.loader()
-    _lightning_fit._drivers[loader] = _lightning_fit.FitDriver(loader)
+    lightning_fit._drivers[loader] = lightning_fit.FitDriver(loader)
     freed = weakref.ref(loader)
     del loader
     gc.collect()

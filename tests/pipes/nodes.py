@@ -6,7 +6,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from torchdata.nodes import BaseNode
 
-from padpipe._state import check_state, make_state
+from padpipe.state import check_state, make_state
 
 T = TypeVar("T")
 

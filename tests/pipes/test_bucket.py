@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padpipe._state import StateMismatchError
+from padpipe.state import StateMismatchError
 from padpipe.chunks import TokenChunk
 from padpipe.pipes.batch import FixedBatcher
 from padpipe.pipes.bucket import Bucketizer

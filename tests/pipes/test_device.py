@@ -1,4 +1,4 @@
-"""Tests of DevicePrefetcher (padpipe/pipes/device.py) and its background thread (_threading.py).
+"""Tests of DevicePrefetcher (padpipe/pipes/device.py) and its background thread (threads.py).
 
 The upstream is a tiny in-file node over dicts of tensors with epoch/state semantics, so these
 tests do not depend on the reader, tokenizer or pad stages.
@@ -18,7 +18,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 import padpipe as pp
-from padpipe._state import StateMismatchError, check_state, make_state
+from padpipe.state import StateMismatchError, check_state, make_state
 from padpipe.errors import DataError
 from padpipe.pipeline import TENSORS, Pipeline, Stage
 from padpipe.pipes.device import DevicePrefetcher
@@ -232,8 +232,8 @@ def test_to_cuda_saves_and_restores_its_state() -> None:
 
 @pytest.mark.timeout(120)
 def test_prefetch_saves_and_restores_its_state_in_a_real_pipeline(tmp_path) -> None:
-    for stage in ("read_parquet", "tokenize", "batch", "pad"):  # written in parallel with this stage
-        pytest.importorskip(f"padpipe.pipes.{stage}")
+    for module in ("readers.parquet", "pipes.tokenize", "pipes.batch", "pipes.pad"):  # written in parallel
+        pytest.importorskip(f"padpipe.{module}")
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 import padpipe as pp
-from padpipe._state import checksum
+from padpipe.state import checksum
 from padpipe.pipes import device_backend
-from padpipe.pipes import equal_steps as es
+from padpipe.runtime import equal_steps as es
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
-from padpipe.pipes.equal_steps import EqualSteps, StepSync, split_batch
+from padpipe.runtime.equal_steps import EqualSteps, StepSync, split_batch
 from tests.contract import normalize
 from tests.pipes.fake_cuda import DeviceTensor, FakeCuda, on_device
 from tests.pipes.nodes import ListNode

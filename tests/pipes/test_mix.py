@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 import padpipe as pp
-from padpipe._iterable import start_at_epoch
+from padpipe.graph import start_at_epoch
 from padpipe.pipes.mix import WeightedMixer
 from padpipe.stats import PipelineStats
 from tests.contract import check_node_resume

@@ -1,4 +1,4 @@
-"""Tests of Packer (padpipe/pipes/pack.py) and its helpers (padpipe/pipes/_packing.py).
+"""Tests of Packer (padpipe/pipes/pack.py) and its helpers (padpipe/pipes/packing.py).
 
 The upstream is a tiny in-file node over lists of documents, so most tests do not depend on the
 reader or tokenizer stages; the facade test at the end runs the real ones.
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torchdata.nodes import BaseNode
 
 import padpipe as pp
-from padpipe._state import StateMismatchError, check_state, make_state
+from padpipe.state import StateMismatchError, check_state, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.pipes.pack import Packer
 from padpipe.stats import PipelineStats
@@ -322,7 +322,7 @@ def test_pack_raises_error_when_input_is_not_tokenized() -> None:
 
 
 def test_pack_works_through_the_facade() -> None:
-    pytest.importorskip("padpipe.pipes.read_jsonl")
+    pytest.importorskip("padpipe.readers.jsonl")
     pytest.importorskip("padpipe.pipes.tokenize")
     tok = pp.examples.tokenizer()
     loader = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(tok).pack(512, batch_size=4).loader()

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from padpipe._state import StateMismatchError
+from padpipe.state import StateMismatchError
 from padpipe.errors import DataError
 from padpipe.pipes.shuffle import ShuffleBuffer
 from tests.contract import check_node_resume

@@ -20,7 +20,7 @@ import zstandard
 from transformers import AutoTokenizer
 
 import padpipe as pp
-from padpipe.recipes._formats import format_of
+from padpipe.recipes.formats import format_of
 from padpipe.recipes.pretrain import main, pretrain
 
 TOKENIZER = pp.examples.tokenizer()  # no EOS token

@@ -1,0 +1,108 @@
+"""The recommendations of ``inspect``: settings that fit the data and the tokenizer, one sentence each."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from padpipe.inspection.report import InspectResult
+
+PLATEAU = 0.005
+"""A buffer size is "enough" once its efficiency is within this of the best one measured."""
+LONG_SHARE = 0.01
+"""A corpus is one of long documents when more than this share of rows is longer than ``max_length``."""
+
+
+def recommendations(result: InspectResult) -> list[str]:
+    """Settings to use and what each choice costs, one sentence each (see :meth:`InspectResult.recommendations`).
+
+    Example:
+        >>> recommendations(pp.inspect(pp.examples.SAMPLE_PARQUET, pp.examples.tokenizer(), max_length=128,
+        ...                            sample=2000, progress=False))[0]  # doctest: +ELLIPSIS
+        'max_length=128 truncates ...% of rows; max_length=... would keep 99% of them whole (p99 is ... tokens).'
+    """
+    s, dist = result.settings, result.distribution()
+    if not result.rows or not result.strategies:
+        return []
+    out = _length_advice(result, dist)
+    least = min(st.attention for st in result.strategies)
+    fullest = result.best()
+    lightest = min(result.strategies, key=lambda st: (st.attention, -st.efficiency))
+    out.append(f"least padding: {fullest.name} ({fullest.efficiency:.1%} of token slots are real tokens); "
+               f"least attention work: {lightest.name}.")
+    out.append(_plateau(f"bucket(max_tokens={s.max_tokens})", result.bucket_sweep,
+                        "a larger buffer only holds more rows and delays the first batch"))
+    out.append(_plateau(f"pack(seq_len={s.seq_len})", result.pack_sweep, "a larger buffer only costs packing time"))
+    waste = ", ".join(f"{st.name} {1 - st.efficiency:.1%} ({st.attention / least:.2f}x attention)"
+                      for st in result.strategies)
+    out.append(f"compute spent on padding: {waste}.")
+    if result.budget_truncated:
+        out.append(f"{result.budget_truncated:,} rows are longer than max_tokens={s.max_tokens} allows: "
+                   "bucket(max_tokens) raises on them unless on_oversize='truncate' or 'drop'.")
+    return [line for line in out if line]
+
+
+def _length_advice(result: InspectResult, dist: dict[str, float]) -> list[str]:
+    """``max_length``: what it truncates and what would keep 99% of rows whole, never past the model's limit."""
+    keep, limit, p99 = round_up(dist["p99"], 8), result.model_max_length, num(dist["p99"])
+    if result.max_length is None:
+        return [f"no truncation: the longest row has {dist['max']:,} tokens; "
+                f"max_length={keep} would keep 99% of rows whole."]
+    out = [f"max_length={result.max_length} truncates {dist['truncated_share']:.1%} of rows; "]
+    if limit is None or keep <= limit:
+        out[0] += f"max_length={keep} would keep 99% of them whole (p99 is {p99} tokens)."
+    elif result.max_length < limit:
+        whole = float(np.mean(result.lengths <= limit))
+        out[0] += (f"max_length={limit}, the tokenizer's limit (model_max_length), would keep {whole:.1%} of them "
+                   f"whole (p99 is {p99} tokens).")
+    else:
+        out[0] += f"p99 is {p99} tokens, past the tokenizer's limit of {limit} (model_max_length)."
+    if dist["truncated_share"] > LONG_SHARE and len(result.fields) == 1:
+        out.append(f"long documents: {dist['truncated_share']:.1%} of rows are longer than max_length="
+                   f"{result.max_length}; pack(seq_len={result.max_length}, long_docs=\"split\") splits them "
+                   "across rows and keeps every token, where truncation drops "
+                   f"{_dropped(result.lengths, result.max_length):.1%} of the tokens.")
+    return out
+
+
+def _dropped(lengths: np.ndarray, limit: int) -> float:
+    """The share of tokens that truncation to ``limit`` cuts off."""
+    total = int(lengths.sum())
+    return float(np.maximum(lengths - limit, 0).sum() / total) if total else 0.0
+
+
+def _plateau(name: str, sweep: tuple[tuple[int, float], ...], cost: str) -> str:
+    """Where efficiency stops improving with the buffer size, in one sentence."""
+    if not sweep:
+        return ""
+    best_size, best = max(sweep, key=lambda item: (item[1], -item[0]))
+    enough_size, enough = next((b, e) for b, e in sweep if e >= best - PLATEAU)
+    if enough_size == sweep[-1][0] and len(sweep) > 1:
+        before_size, before = sweep[-2]
+        return (f"{name}: efficiency still grows at the largest buffer_size tried ({enough_size:,}: {enough:.1%}; "
+                f"{before_size:,}: {before:.1%}); try larger ones.")
+    return (f"{name}: efficiency stops improving at buffer_size={enough_size:,} ({enough:.1%}; the best measured is "
+            f"{best:.1%} at {best_size:,}); {cost}.")
+
+
+def round_up(value: float, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple`` (at least ``multiple``).
+
+    Example:
+        >>> round_up(721.0, 8), round_up(3.0, 8)
+        (728, 8)
+    """
+    return max(multiple, math.ceil(value / multiple) * multiple)
+
+
+def num(value: float) -> str:
+    """A token count for people, as the chart writes it: ``61``, ``5,265`` (rounded to a whole token).
+
+    Example:
+        >>> num(61.0), num(5265.2), num(2344.5)
+        ('61', '5,265', '2,344')
+    """
+    return f"{value:,.0f}"

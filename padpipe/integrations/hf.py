@@ -1,0 +1,271 @@
+"""``padpipe.hf.Trainer``: Hugging Face's ``Trainer`` that reads padpipe pipelines as they are.
+
+Pass pipelines that end in ``.pad()`` or ``.pack()`` as ``train_dataset``, ``eval_dataset`` or to
+``predict``; any other dataset goes to ``transformers.Trainer`` unchanged. Needs ``transformers``
+(``pip install 'padpipe[hf]'``); tested with transformers 5.24.
+
+Example:
+    >>> from padpipe.hf import Trainer  # doctest: +SKIP
+    >>> trainer = Trainer(model=model, args=TrainingArguments("out", max_steps=100),  # doctest: +SKIP
+    ...                   train_dataset=train, eval_dataset=val, compute_metrics=accuracy)
+    >>> trainer.train(); trainer.predict(val).predictions  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from padpipe._optional import require
+from padpipe.pipeline import TENSORS, Pipeline
+
+transformers = require("transformers", "padpipe.hf")
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
+
+from padpipe.integrations.hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
+from padpipe.integrations.hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
+from padpipe.integrations.hf_parts import _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _evaluation_model, _merge, _metrics, _Outputs, _rank_local_loss, _rows  # noqa: E402  (the Trainer's batches, outputs and counts)
+
+check_hooks(transformers.Trainer, transformers.__version__)
+
+logger = logging.getLogger(__name__)
+
+LOADER_STATE = "padpipe_loader_{rank}.pt"
+"""Each rank's loader state in a Trainer checkpoint folder."""
+
+
+class Trainer(transformers.Trainer):
+    """``transformers.Trainer`` for padpipe pipelines: padded batches go to the model as they are.
+
+    For a :class:`padpipe.Pipeline` as ``train_dataset``, ``eval_dataset`` (or a dict of them) or
+    ``predict(test_dataset)``, batches come from ``pipe.loader()`` (with
+    ``dataloader_num_workers`` worker processes), sharded by padpipe across ranks, never by
+    Accelerate, and are neither collated nor stacked again. Everything else is ``Trainer``'s:
+
+    - ``per_device_train_batch_size``, ``per_device_eval_batch_size`` and the data collator do not
+      apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
+      Without a length, training needs ``max_steps`` (as for any iterable dataset); each pass
+      over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized loader: the
+      last accumulation window of a pass is short and gets its own optimizer step.
+    - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
+      ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
+      ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
+    - Training ranks take equal steps (``equal_steps="stop_first"``: a rank short of batches at an
+      epoch's end splits its last one; what cannot be split is dropped and counted in stats).
+    - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
+      columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
+      batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``) are kept when ``forward`` takes
+      ``**kwargs``.
+    - ``evaluate()`` and ``predict()`` read every row exactly once; predictions and ``label_ids``
+      come back in the split's row order when batches carry ``row_index`` (``glue()`` eval
+      splits do), gathered across ranks. The loss is the mean over rows;
+      ``*_samples_per_second``, ``*_steps_per_second`` and ``{prefix}_samples`` count real rows
+      and batches. ``batch_eval_metrics`` and FSDP/DeepSpeed evaluation on pipelines are not
+      supported (ranks may take different numbers of evaluation steps).
+    - A checkpoint holds each rank's loader state (``padpipe_loader_{rank}.pt``);
+      ``train(resume_from_checkpoint=...)`` loads it and continues the data stream exactly
+      instead of skipping batches (``ignore_data_skip=True`` starts the data afresh), bit for bit
+      at every kind of checkpoint, with ``state.epoch`` going on.
+
+    Example:
+        >>> from transformers import TrainingArguments  # doctest: +SKIP
+        >>> trainer = Trainer(model=model, args=TrainingArguments("out", max_steps=200),  # doctest: +SKIP
+        ...                   train_dataset=glue("mrpc", "train", tok, max_tokens=4096),
+        ...                   eval_dataset=glue("mrpc", "validation", tok))
+        >>> trainer.train()  # doctest: +SKIP
+        >>> trainer.predict(trainer.eval_dataset).predictions.shape  # rows in split order  # doctest: +SKIP
+        (408, 2)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._padpipe_train: TrainBatches | None = None
+        self._rows_trained: int | None = None
+        self._eval_steps: dict[str, int] = {}
+        self._check_loss_kwargs = True
+        self._unordered: dict[str, bool] = {}
+        self._warned_order = False
+
+    # -- loaders ----------------------------------------------------------------------------------
+    def get_train_dataloader(self) -> Any:
+        """``Trainer``'s loader, or for a pipeline its padpipe loader with unused columns removed."""
+        if not isinstance(self.train_dataset, Pipeline):
+            self._padpipe_train = None
+            return super().get_train_dataloader()
+        loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first")
+        pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
+        tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
+        self._padpipe_train = TrainBatches(loader, _columns(self, "training"), tokens)
+        return self._padpipe_train
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
+        dataset = self._eval_dataset(eval_dataset)
+        if not isinstance(dataset, Pipeline):
+            return super().get_eval_dataloader(eval_dataset)
+        loader = self._pipeline_loader(dataset, "eval_dataset", equal_steps="off")
+        return _EvalBatches(loader, _columns(self, "evaluation"))
+
+    def get_test_dataloader(self, test_dataset: Any) -> Any:
+        """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
+        if not isinstance(test_dataset, Pipeline):
+            return super().get_test_dataloader(test_dataset)
+        loader = self._pipeline_loader(test_dataset, "test_dataset", equal_steps="off")
+        return _EvalBatches(loader, _columns(self, "test"))
+
+    # -- training ---------------------------------------------------------------------------------
+    def _init_training_state(self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int,
+                             resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
+        """On resume, the loader continues from its saved state and epoch, so ``Trainer`` skips no batches."""
+        epochs, steps = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        self._check_loss_kwargs = True
+        if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
+            return epochs, steps
+        paths = sorted(glob.glob(os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank="*"))))
+        if not paths:
+            raise FileNotFoundError(
+                f"Checkpoint {resume_from_checkpoint} has no padpipe loader state "
+                f"({LOADER_STATE.format(rank='<rank>')}): it was not saved by padpipe.hf.Trainer. Pass "
+                "`TrainingArguments(ignore_data_skip=True)` to resume the model and start the data from the beginning."
+            )
+        # every saved rank's state: each rank picks its own, or on another number of ranks the rest of the
+        # epoch is shared over the new ones (docs/elastic.md); states are plain data
+        self._padpipe_train.load_state_dict([torch.load(p, weights_only=True) for p in paths])
+        return self._padpipe_train.epoch, 0  # Trainer's epoch is the pass being read (the next, if it ended)
+
+    def _run_epoch(self, **kwargs: Any) -> None:
+        """One pass over a pipeline, each accumulation window (the last one short) with its own optimizer step."""
+        if isinstance(kwargs["train_dataloader"], TrainBatches):
+            kwargs["steps_in_epoch"] = PassLength(kwargs["steps_in_epoch"], kwargs["train_dataloader"])
+        super()._run_epoch(**kwargs)
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
+        """``Trainer``'s; on a pipeline's first window, checks that a model taking ``**kwargs`` uses them."""
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._check_loss_kwargs and batches and isinstance(batches[0], Batch):
+            self._check_loss_kwargs = False
+            if turn_off_unused_loss_kwargs(self, batches[0]):
+                items = self._get_num_items_in_batch(batches, device)
+        return batches, items
+
+    def _track_num_input_tokens(self, inputs: Any) -> None:
+        """A pipeline batch's real tokens, padded or packed, whether the setting is ``"all"`` or ``"non_padding"``."""
+        if not isinstance(inputs, Batch) or self.args.include_num_input_tokens_seen == "no":
+            return super()._track_num_input_tokens(inputs)
+        tokens = torch.tensor(inputs.tokens, device=self.args.device, dtype=torch.int64)
+        self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """``Trainer``'s checkpoint plus this rank's loader state in the same folder."""
+        if self._padpipe_train is not None:
+            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = os.path.join(self._get_output_dir(trial=trial), name)
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, LOADER_STATE.format(rank=self.args.process_index))
+            torch.save(self._padpipe_train.state_dict(), path)
+        super()._save_checkpoint(model, trial)
+
+    def _finalize_training(self, trial: Any, num_train_samples: int, start_time: float) -> Any:
+        if self._padpipe_train is not None:  # the rows trained on all ranks, for the train speed metrics
+            rows = torch.tensor(self._padpipe_train.rows, device=self.args.device)
+            self._rows_trained = int(self.accelerator.reduce(rows, reduction="sum").item())
+        return super()._finalize_training(trial, num_train_samples, start_time)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``Trainer.log``, with rows and batches counted for pipelines in the speed metrics."""
+        if self._rows_trained is not None and "train_runtime" in logs:
+            _count_rows(logs, "train", self._rows_trained)
+            self._rows_trained = None
+        for prefix in [p for p in self._eval_steps if f"{p}_runtime" in logs]:
+            _count_steps(logs, prefix, self._eval_steps.pop(prefix))
+        super().log(logs, start_time)
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
+                metric_key_prefix: str = "test") -> Any:
+        """``Trainer.predict``; for a pipeline, predictions and ``label_ids`` are in row order."""
+        output = super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+        if metric_key_prefix in self._eval_steps:
+            _count_steps(output.metrics, metric_key_prefix, self._eval_steps.pop(metric_key_prefix))
+        if self._unordered.pop(metric_key_prefix, False) and not self._warned_order:
+            self._warned_order = True
+            warnings.warn(
+                "predict() on a padpipe pipeline whose batches have no `row_index` column returns predictions and "
+                "label_ids in the pipeline's batch order (grouped by length), not the rows' order: give each row its "
+                "position as a `row_index` column (glue() evaluation and test splits have one) to get row order.",
+                stacklevel=2,
+            )
+        return output
+
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """``Trainer``'s loop, or for a pipeline: each rank its share, gathered once, put in row order."""
+        if not isinstance(dataloader, _EvalBatches):
+            return super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                           metric_key_prefix)
+        args = self.args
+        if args.batch_eval_metrics:
+            raise ValueError("`batch_eval_metrics` must be False to evaluate a padpipe pipeline, but is True instead.")
+        if not args.eval_do_concat_batches:
+            raise ValueError("`eval_do_concat_batches` must be True to evaluate a padpipe pipeline (its outputs come "
+                             "back as arrays in row order), but is False instead.")
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            raise NotImplementedError(
+                "evaluate()/predict() on a padpipe pipeline run on one device or under DDP; FSDP and DeepSpeed need "
+                "equal evaluation steps on every rank, which a pipeline's shares do not have."
+            )
+        if prediction_loss_only is None:
+            prediction_loss_only = args.prediction_loss_only
+        model = _evaluation_model(self)
+        logger.info(f"***** Running {description} on a padpipe pipeline *****")
+        self.callback_handler.eval_dataloader = dataloader
+        main_input = getattr(self.model, "main_input_name", "input_ids")
+        outputs = _Outputs(keep_inputs="inputs" in args.include_for_metrics,
+                           keep_losses="loss" in args.include_for_metrics, accumulate=args.eval_accumulation_steps)
+        with _rank_local_loss(args):
+            for inputs, order in dataloader:
+                wanted = inputs.get(main_input)
+                loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only,
+                                                            ignore_keys=ignore_keys)
+                if logits is not None and self.preprocess_logits_for_metrics is not None:
+                    logits = self.preprocess_logits_for_metrics(logits, labels)
+                outputs.add(_rows(inputs), order, loss, logits, labels, wanted)
+                self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
+        merged = _merge(_all_ranks(outputs.local()))
+        self._eval_steps[metric_key_prefix] = merged["steps"]
+        self._unordered[metric_key_prefix] = not merged["ordered"]
+        metrics = _metrics(merged, args, self.compute_metrics, metric_key_prefix)
+        if hasattr(self, "model_preparation_time"):
+            metrics[f"{metric_key_prefix}_model_preparation_time"] = self.model_preparation_time
+        return EvalLoopOutput(predictions=merged["preds"], label_ids=merged["labels"], metrics=metrics,
+                              num_samples=merged["rows"])
+
+    # -- internals --------------------------------------------------------------------------------
+    def _pipeline_loader(self, pipe: Pipeline, name: str, *, equal_steps: str) -> Any:
+        if pipe.output != TENSORS:
+            raise ValueError(
+                f"`{name}` must be a pipeline that yields tensors (ending in .pad() or .pack()), but it yields "
+                f"{pipe.output} instead."
+            )
+        args, options = self.args, {}
+        if args.dataloader_num_workers > 0:
+            options = {
+                "num_workers": args.dataloader_num_workers,
+                "pin_memory": args.dataloader_pin_memory and args.device.type == "cuda",
+                "prefetch_factor": args.dataloader_prefetch_factor,
+                "multiprocessing_context": args.dataloader_multiprocessing_context,
+            }
+        return pipe.loader(equal_steps=equal_steps, **options)
+
+    def _eval_dataset(self, eval_dataset: Any) -> Any:
+        if isinstance(eval_dataset, str):
+            return self.eval_dataset[eval_dataset]
+        return self.eval_dataset if eval_dataset is None else eval_dataset

@@ -1,0 +1,179 @@
+"""``padpipe.hf.Trainer``'s training batches: one pass over the data per Trainer epoch, as HF runs a sized loader.
+
+A pipeline's pass has no length before it ends (token budgets decide the batch count), so HF's loop takes
+the branch for a loader without one. :class:`PassLength` gives that loop what a length would: the short
+last accumulation window of a pass gets its own optimizer step, and ``state.epoch`` goes on across a
+resume. :class:`TrainBatches` counts each pass's batches, rows and real tokens, and saves where it is
+(the loader's state, the pass, its batches, whether it ended) for an exact resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+
+from padpipe.state import Bool, Child, Int, check_state, make_state
+
+_END = object()
+
+
+class Batch(dict):
+    """A training batch for the model, with the real tokens of the batch padpipe made (``tokens``)."""
+
+    tokens: int = 0
+
+
+class PassLength(int):
+    """``steps_in_epoch`` for ``Trainer._run_epoch`` over a pipeline, whose pass length is known at its end.
+
+    Its value is HF's bound for a loader without a length (``max_steps * gradient_accumulation_steps``).
+    Once the pass has ended, ``step + 1 == steps_in_epoch`` holds at its last batch, which is how HF's
+    loop closes the last, short window of a sized loader with its own optimizer step; and
+    ``(step + 1) / steps_in_epoch`` counts the batches of the pass read before a resume too, so
+    ``state.epoch`` goes on where the checkpoint left it.
+
+    Example:
+        >>> batches = TrainBatches([], dict)
+        >>> length = PassLength(40, batches); batches.ended, batches.read = True, 3
+        >>> (3 == length, 40 == length, 2 / length)
+        (True, False, 0.05)
+    """
+
+    _batches: TrainBatches
+
+    def __new__(cls, value: int, batches: TrainBatches) -> PassLength:
+        self = super().__new__(cls, value)
+        self._batches = batches
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if self._batches.ended and isinstance(other, int):
+            return other == self._batches.read
+        return int(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = int.__hash__
+
+    def __rtruediv__(self, other: Any) -> float:
+        return (other + self._batches.offset) / int(self)
+
+
+class TrainBatches:
+    """A pipeline loader's training batches, one pass per ``iter``, unused columns removed, resumable.
+
+    Args:
+        loader: The pipeline's loader (each ``iter`` is its next epoch).
+        columns: The model's columns of a batch (``remove_unused_columns``).
+        tokens: The real (not padding) tokens of a batch as padpipe made it.
+
+    Example:
+        >>> batches = TrainBatches([{"input_ids": torch.ones(2, 3)}], dict)
+        >>> [sorted(b) for b in batches], batches.rows, batches.read, batches.ended
+        ([['input_ids']], 2, 1, True)
+    """
+
+    VERSION = 1
+    LOADER_KEY, EPOCH_KEY, BATCHES_KEY, ENDED_KEY = "loader", "epoch", "batches", "ended"
+
+    def __init__(self, loader: Any, columns: Callable[[dict], dict],
+                 tokens: Callable[[dict], int] = lambda batch: 0) -> None:
+        self.loader, self._columns, self._tokens = loader, columns, tokens
+        self.rows = 0
+        self.epoch = 0  # the pass being read (or the next, once ``ended``): Trainer's epoch
+        self.read = 0  # batches of this pass read by this iteration
+        self.offset = 0  # batches of this pass read before a resume
+        self.ended = False
+        self._it: Iterator[Any] | None = None
+        self._peeked: Any = _END
+        self._started = self._resumed = False
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self._started and not self._resumed:
+            self.epoch, self.offset = self.epoch + 1, 0
+        self._started, self._resumed = True, False
+        self.read, self.ended, self._peeked = 0, False, _END
+        self._it = iter(self.loader)
+        while (batch := self._next()) is not _END:
+            self.read += 1
+            self.rows += _rows(batch)
+            out = Batch(self._columns(batch))
+            out.tokens = self._tokens(batch)
+            yield out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the data stands after the last batch given out (reading one ahead to learn if the pass ended)."""
+        state = self.loader.state_dict()
+        if self._it is not None and not self.ended and self._peeked is _END:
+            self._peeked = self._next()
+            if self._peeked is _END:  # the pass is over: resume with the next one
+                state = self.loader.state_dict()
+        return make_state(version=self.VERSION, settings={}, **{
+            self.LOADER_KEY: state, self.EPOCH_KEY: self.epoch, self.BATCHES_KEY: self.offset + self.read,
+            self.ENDED_KEY: self.ended})
+
+    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
+        """Continue from the states of every saved rank (this rank's, or the elastic share of them all)."""
+        fields = {self.LOADER_KEY: Child(), self.EPOCH_KEY: Int(0), self.BATCHES_KEY: Int(0), self.ENDED_KEY: Bool()}
+        loaded = [check_state("padpipe.hf.Trainer", s, version=self.VERSION, settings={}, fields=fields)
+                  for s in states]
+        self.loader.load_state_dict([s[self.LOADER_KEY] for s in loaded])
+        first = loaded[0]
+        self.ended = False
+        self.epoch = first[self.EPOCH_KEY] + first[self.ENDED_KEY]
+        self.offset = 0 if first[self.ENDED_KEY] else first[self.BATCHES_KEY]
+        self._started = self._resumed = True
+
+    def _next(self) -> Any:
+        if self._peeked is not _END:
+            batch, self._peeked = self._peeked, _END
+            return batch
+        if self.ended or self._it is None:
+            return _END
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.ended = True
+            return _END
+
+
+def _rows(batch: dict) -> int:
+    ids = batch.get("input_ids")
+    return int(ids.shape[0]) if isinstance(ids, torch.Tensor) else 0
+
+
+def real_tokens(pad_id: int | None, label_pad_id: int) -> Callable[[dict], int]:
+    """Count a padpipe batch's real tokens: ``attention_mask`` of padded rows, all but each packed row's padding.
+
+    A packed row's padding is its last segment (``cu_seq_lens_q``) when every slot there holds
+    ``pad_id`` and ``label_pad_id``; a one-token document of just ``pad_id`` at a row's end reads as
+    padding.
+
+    Example:
+        >>> count = real_tokens(0, -100)
+        >>> count({"input_ids": torch.tensor([[5, 6, 7, 0]]), "labels": torch.tensor([[-100, 6, -100, -100]]),
+        ...        "cu_seq_lens_q": torch.tensor([0, 2, 3, 4])})
+        3
+        >>> count({"input_ids": torch.ones(2, 4), "attention_mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])})
+        5
+    """
+
+    def count(batch: dict) -> int:
+        ids, cu = batch["input_ids"], batch.get("cu_seq_lens_q")
+        if cu is not None and pad_id is not None and "labels" in batch:
+            rows, length = ids.shape
+            starts = cu[:-1].long()
+            ends = torch.arange(1, rows + 1, device=ids.device) * length
+            last = starts[torch.searchsorted(starts, ends) - 1]  # each row's last segment
+            real = ((ids.reshape(-1) != pad_id) | (batch["labels"].reshape(-1) != label_pad_id)).long()
+            seen = torch.cat([real.new_zeros(1), real.cumsum(0)])
+            padding = torch.where(seen[ends] == seen[last], ends - last, 0)
+            return int(rows * length - padding.sum())
+        mask = batch.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+            return int(mask.sum())
+        return int(ids.numel())
+
+    return count

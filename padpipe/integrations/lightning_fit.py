@@ -1,0 +1,247 @@
+"""Lightning's fit loop reading a bare ``pipe.loader()``: the loader's own hook for an exact resume.
+
+Lightning checkpoints a train loader that has ``state_dict``/``load_state_dict``, but as it stands
+that state would resume wrong in three ways: the loop fetches a batch ahead, so the loader's position
+is past the last trained batch; only rank 0 writes the checkpoint and every rank loads rank 0's
+state; and Lightning counts an epoch as done when ``fit`` stops at ``max_steps``, while the loader
+would go on with the rest of it. When the calls come from Lightning's fit loop (seen in the calling
+frames, as :mod:`padpipe.integrations.guard` does; nothing here imports Lightning), the loader
+hands them to a :class:`FitDriver`: its state is every rank's loader state plus the batches fetched
+and not trained, and each epoch starts at the epoch Lightning is about to run.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections import deque
+from types import FrameType
+from typing import Any, Iterator
+
+from padpipe.state import Int, ListOf, Plain, StateMismatchError, check_state, invalid, make_state
+from padpipe.pipes.batch_tensors import to_cpu, to_device
+
+MAX_DEPTH = 16
+"""Frames looked at above the loader's method (Lightning's fit loop is 5-7 above)."""
+
+STAGE = "PipelineLoader (under Lightning)"
+ADAPTER = "padpipe.integrations.lightning.LightningLoader(pipe.loader(...)) with the ExactResume() callback"
+_COMBINED = ("lightning.pytorch.utilities.combined_loader", "pytorch_lightning.utilities.combined_loader")
+_LOOPS = ("lightning.pytorch.loops.", "pytorch_lightning.loops.")
+_drivers: weakref.WeakKeyDictionary[Any, FitDriver] = weakref.WeakKeyDictionary()
+
+
+def fit_driver(loader: Any) -> FitDriver | None:
+    """The driver of ``loader`` when Lightning's fit loop made the call in progress, else ``None``.
+
+    Called by ``PipelineLoader.__iter__``, ``state_dict`` and ``load_state_dict``: the call counts
+    as Lightning's when the first caller frame that has a ``self`` is Lightning's ``CombinedLoader``
+    (not padpipe's own adapters, nor user code) and a loop above it is the fit loop (not validation).
+
+    Example:
+        >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+        >>> fit_driver(pipe.loader()) is None  # called from here, not by Lightning
+        True
+    """
+    if not any(name.split(".")[0] in sys.modules for name in _COMBINED):
+        return None
+    fit_loop = _fit_loop(sys._getframe(2))
+    if fit_loop is None:
+        return None
+    driver = _drivers.get(loader)
+    if driver is None:
+        driver = _drivers[loader] = FitDriver(loader)
+    driver.fit_loop = fit_loop
+    return driver
+
+
+def _fit_loop(frame: FrameType | None) -> Any:
+    """Lightning's fit loop if ``frame`` (the loader's caller) is its ``CombinedLoader`` under it, else ``None``."""
+    combined = False
+    for _ in range(MAX_DEPTH):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        frame = frame.f_back
+        if owner is None:  # a function or comprehension: look further up
+            continue
+        module, name = type(owner).__module__, type(owner).__name__
+        if not combined:  # the first caller with a `self` must be Lightning's CombinedLoader (or its iterator)
+            if module not in _COMBINED:
+                return None
+            combined = True
+        elif module.startswith(_LOOPS) and name.endswith("Loop"):  # the loop reading it: fit, or evaluation
+            return owner if name == "_FitLoop" else owner.trainer.fit_loop if name == "_TrainingEpochLoop" else None
+    return None
+
+
+class FitDriver:
+    """What a ``PipelineLoader`` does when Lightning's fit loop reads, saves or restores it.
+
+    Its state holds ``epoch`` (the epoch the loader was reading) and ``ranks``: for every rank, the
+    loader's state and the batches Lightning had fetched but not trained (gathered from all ranks,
+    a collective as Lightning's checkpoint already is). After a restore the batches come first;
+    each ``iter`` starts at the epoch Lightning runs next (its ``epoch_progress.current.processed``),
+    where the loaded position goes on only if it is inside that epoch.
+
+    Args:
+        loader: The ``PipelineLoader`` (its ``iter``, ``state_dict`` and ``load_state_dict`` are
+            called from here as they are outside Lightning).
+    """
+
+    VERSION = 1
+    EPOCH_KEY = "epoch"
+    RANKS_KEY = "ranks"
+    LOADER_KEY = "loader"
+    AHEAD_KEY = "ahead"
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = weakref.ref(loader)  # the loader keys its driver: a strong reference would keep both alive
+        self.fit_loop: Any = None
+        self.epoch = 0
+        self._recent: deque[Any] = deque(maxlen=1)
+        self._restored: deque[Any] = deque()
+        self._loaded: dict[str, Any] | None = None  # a state loaded and not yet started
+        self._loaded_at: tuple[int, bool] = (0, False)  # its epoch, and whether the loader had finished it
+
+    @property
+    def loader(self) -> Any:
+        """The ``PipelineLoader`` driven."""
+        return self._loader()
+
+    def iterate(self) -> Iterator[Any]:
+        """The epoch Lightning runs next: the loaded position if it lies in it, else that epoch from its start."""
+        target = self.fit_loop.epoch_progress.current.processed
+        epoch, finished = self._loaded_at
+        goes_on = self._loaded is not None and (epoch == target or finished and target == epoch + 1)
+        if goes_on:
+            self.epoch = epoch + 1 if finished else epoch
+        else:
+            self._restored.clear()
+            self.loader.set_epoch(target)
+            self.epoch = target
+        self._loaded = None
+        self._recent = deque(maxlen=max(1, getattr(self.fit_loop._data_fetcher, "prefetch_batches", 1)))
+        return _Batches(self, iter(self.loader))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's loader state and untrained batches (see the class docs)."""
+        if self._loaded is not None:  # restored and not started: the same position
+            return self._loaded
+        own = self.loader.state_dict()
+        ahead = self._ahead(own[type(self.loader).FINISHED_KEY])
+        recent = list(self._recent)[len(self._recent) - ahead:] if ahead else []
+        mine = {self.LOADER_KEY: own, self.AHEAD_KEY: [to_cpu(b) for b in recent + list(self._restored)]}
+        return make_state(version=self.VERSION, settings={}, **{self.EPOCH_KEY: self.epoch,
+                                                                self.RANKS_KEY: all_ranks(mine)})
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore this rank's share of ``state`` (on another number of ranks, every rank's: an elastic resume)."""
+        if not isinstance(state, dict) or self.RANKS_KEY not in state or self.EPOCH_KEY not in state:
+            found = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise StateMismatchError(
+                f"Lightning is restoring pipe.loader() from a checkpoint whose loader state was not saved by "
+                f"pipe.loader() under Lightning (an older padpipe's state is one batch past the trained steps, or "
+                f"it is a LightningLoader's): expected keys ['epoch', 'ranks'], found {found}. Resume it with the "
+                f"train_dataloader() that saved it ({ADAPTER}), or from a checkpoint saved by this padpipe."
+            )
+        saved = check_state(STAGE, state, version=self.VERSION, settings={}, check=self._check_ranks,
+                            fields={self.EPOCH_KEY: Int(0), self.RANKS_KEY: ListOf(Plain())})
+        rank, world = ranks()
+        finished_key = type(self.loader).FINISHED_KEY
+        if len(saved[self.RANKS_KEY]) == world:
+            mine = saved[self.RANKS_KEY][rank]
+            self.loader.load_state_dict(mine[self.LOADER_KEY])
+            restored, finished = mine[self.AHEAD_KEY], mine[self.LOADER_KEY][finished_key]
+        else:  # the batches fetched ahead are shared out with the rest of the epoch: equal steps on every rank
+            every = saved[self.RANKS_KEY]
+            ahead = {r: list(one[self.AHEAD_KEY]) for r, one in enumerate(every)}
+            self.loader.load_state_dict([one[self.LOADER_KEY] for one in every], ahead=ahead)
+            restored, finished = [], all(one[self.LOADER_KEY][finished_key] for one in every)
+        self._restored = deque(to_device(b, getattr(self.loader, "device", None)) for b in restored)
+        self._loaded, self._loaded_at = state, (saved[self.EPOCH_KEY], finished)
+
+    def _check_ranks(self, loaded: dict[str, Any]) -> None:
+        keys = {self.LOADER_KEY, self.AHEAD_KEY}
+        for r, one in enumerate(loaded[self.RANKS_KEY]):
+            if not isinstance(one, dict) or set(one) != keys or not isinstance(one[self.AHEAD_KEY], list):
+                found = sorted(one) if isinstance(one, dict) else type(one).__name__
+                raise invalid(STAGE, f"{self.RANKS_KEY}[{r}]", f"a dict with keys {sorted(keys)}", found)
+        if not loaded[self.RANKS_KEY]:
+            raise invalid(STAGE, self.RANKS_KEY, "a list of every rank's state", "[]")
+
+    def _ahead(self, finished: bool) -> int:
+        """How many of the batches yielded Lightning has fetched and not trained yet."""
+        fetcher = self.fit_loop._data_fetcher
+        if fetcher is None:  # fit is over (torn down): Lightning counts its last epoch as done
+            if finished or not self._recent or self.fit_loop.epoch_progress.current.processed > self.epoch:
+                return 0
+            raise RuntimeError(
+                f"pipe.loader() under Lightning: a checkpoint saved after fit stopped inside epoch {self.epoch} "
+                "(interrupted) cannot hold the batches Lightning had fetched ahead, so a resume would skip them; "
+                "resume from a ModelCheckpoint saved during fit instead."
+            )
+        batches = getattr(fetcher, "batches", None)
+        if isinstance(batches, list):  # _PrefetchDataFetcher: the batches fetched ahead
+            if len(batches) > len(self._recent):
+                raise RuntimeError(
+                    f"pipe.loader() under Lightning: the loop holds {len(batches)} batches fetched ahead, but the "
+                    f"loader kept {len(self._recent)}; use {ADAPTER}."
+                )
+            return len(batches)
+        if type(fetcher).__name__ == "_DataLoaderIterDataFetcher":  # training_step(dataloader_iter): no prefetch
+            return 0
+        raise RuntimeError(
+            f"pipe.loader() under Lightning: unknown data fetcher {type(fetcher).__name__} (expected Lightning's "
+            f"_PrefetchDataFetcher or _DataLoaderIterDataFetcher), so the batches trained are unknown; use {ADAPTER}."
+        )
+
+
+class _Batches(Iterator[Any]):
+    """One epoch for Lightning: the restored batches, then the loader's; remembers the last ones yielded.
+
+    Not a generator, as the loader's epoch: after an error the next ``next()`` raises it again.
+    """
+
+    def __init__(self, driver: FitDriver, epoch: Iterator[Any]) -> None:
+        self._driver, self._epoch = driver, epoch
+
+    def __iter__(self) -> _Batches:
+        return self
+
+    def __next__(self) -> Any:
+        driver = self._driver
+        batch = driver._restored.popleft() if driver._restored else next(self._epoch)
+        driver._recent.append(batch)
+        return batch
+
+
+def ranks() -> tuple[int, int]:
+    """This process's rank and the number of ranks (``(0, 1)`` without ``torch.distributed``).
+
+    Example:
+        >>> ranks()
+        (0, 1)
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_ranks(mine: Any) -> list[Any]:
+    """Every rank's ``mine``, in rank order (a collective: every rank must call it).
+
+    Example:
+        >>> all_ranks({"n": 1})
+        [{'n': 1}]
+    """
+    import torch.distributed as dist
+
+    rank, world = ranks()
+    if world == 1:
+        return [mine]
+    states: list[Any] = [None] * world
+    dist.all_gather_object(states, mine)
+    return states

@@ -1,0 +1,75 @@
+"""Small first chunks: the first rows of each epoch go to ``tokenize`` in chunks of 32, 64, 128, ... rows.
+
+A tokenizer thread returns a chunk only when all its rows are tokenized, and readers pass about
+a thousand rows at a time: on long documents that is seconds before the first tokens reach the
+bucketizer. Splitting only the first :data:`RAMP_ROWS` rows of an epoch into doubling chunks
+makes the first tokens arrive after a few dozen rows, at no cost later on. The split depends on
+row counts only, so it is the same with or without a token cache and after resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from torchdata.nodes import BaseNode
+
+from padpipe.state import SOURCE_KEY, Child, Int, Optional, check_state, make_state
+from padpipe.token_cache.state import CachedRecords, records_state
+
+FIRST_ROWS = 32
+RAMP_ROWS = 32 + 64 + 128 + 256 + 512  # rows of an epoch split into doubling chunks; later chunks pass through
+
+
+class FirstChunks(BaseNode[pa.RecordBatch]):
+    """Pass record batches through, the first :data:`RAMP_ROWS` rows of each epoch cut into doubling chunks.
+
+    The rest of a cut batch waits in the node and is saved in its state (as references when a
+    token cache holds its rows), so resume is exact.
+
+    Args:
+        source: Upstream node yielding ``pyarrow.RecordBatch``.
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> node = FirstChunks(IterableWrapper([pa.record_batch({"i": list(range(1100))})]))
+        >>> [b.num_rows for b in node]
+        [32, 64, 128, 256, 512, 108]
+    """
+
+    VERSION = 1
+    SENT_KEY = "sent"
+    HELD_KEY = "held"
+
+    def __init__(self, source: BaseNode[pa.RecordBatch]) -> None:
+        super().__init__()
+        self.source = source
+        self._held: pa.RecordBatch | None = None
+        self._sent = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is None:
+            self.source.reset(None)
+            self._held, self._sent = None, 0
+            return
+        fields = {SOURCE_KEY: Child(), self.HELD_KEY: Optional(CachedRecords()), self.SENT_KEY: Int(0)}
+        loaded = check_state("FirstChunks", initial_state, version=self.VERSION, settings={}, fields=fields)
+        self.source.reset(initial_state[SOURCE_KEY])
+        self._held, self._sent = loaded[self.HELD_KEY], loaded[self.SENT_KEY]
+
+    def next(self) -> pa.RecordBatch:
+        batch = self._held if self._held is not None else next(self.source)
+        self._held = None
+        if self._sent >= RAMP_ROWS or not isinstance(batch, pa.RecordBatch):
+            return batch
+        size = FIRST_ROWS << max(0, (self._sent // FIRST_ROWS + 1).bit_length() - 1)  # 32, 64, 128, ...
+        if batch.num_rows > size:
+            batch, self._held = batch.slice(0, size), batch.slice(size)
+        self._sent += batch.num_rows
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        held = None if self._held is None else records_state(self._held)
+        return make_state(version=self.VERSION, settings={},
+                          **{SOURCE_KEY: self.source.state_dict(), self.HELD_KEY: held, self.SENT_KEY: self._sent})

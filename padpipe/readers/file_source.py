@@ -1,0 +1,357 @@
+"""The file readers' common base: paths on any fsspec store, one shared listing, retries, lost files.
+
+:class:`FileSource` adds to :class:`~padpipe.readers.source.UnitSource` what reading files from
+object storage needs:
+
+* the listing (glob plus per-file metadata) is made once per pipeline and shared with its other
+  loaders and DataLoader workers (:mod:`padpipe.readers.listing`);
+* a transient storage error while listing, opening or reading is retried with backoff
+  (:mod:`padpipe.readers.retry`); a read that failed mid-unit re-opens the file and goes on from
+  the current ``(unit, row)``, so no row is lost or repeated; when retries run out, a
+  ``DataError`` names the file, the attempts and the last error;
+* a file that vanished, or changed size or version (modification time, ETag) since it was listed
+  is a ``DataError`` naming it, or with ``on_missing="skip"`` is skipped (rest of it) and counted as
+  ``read.missing_file``; resume stays exact because the position moves past it like past any unit;
+* a state records the identity of the listing (each file's name, size and version); resuming it
+  where the listing differs is a ``StateMismatchError`` naming the files added, removed or changed
+  (listing the same files as a folder, a glob or a list is the same input);
+* every record batch carries the file it came from in its schema metadata, so later stages can
+  name it in their errors.
+"""
+
+from __future__ import annotations
+
+import base64
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
+
+import fsspec.core
+import pyarrow as pa
+import pyarrow.json as pj
+
+from padpipe.runtime.consumer import Consumer
+from padpipe.state import StateMismatchError
+from padpipe.errors import DataError, one_of
+from padpipe.readers.listing import SharedListing
+from padpipe.readers.paths import ChangedFileError, FileRef, FolderFiles, check_paths, expand_paths
+from padpipe.readers.retry import Attempts, Retry, call, is_transient
+from padpipe.readers.schema import check_columns, tag_source
+from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
+from padpipe.stats import PipelineStats
+
+LOST = (FileNotFoundError, ChangedFileError)
+CONTENT_THREADS, REMOTE_CONTENT_THREADS = 8, 32  # files whose content digest is taken at once (see _content)
+RETRIES = "read.retries"
+T = TypeVar("T")
+
+
+class FileSource(UnitSource):
+    """Base of the file readers (Parquet, Arrow IPC, JSONL); subclasses implement ``list_files``.
+
+    Args:
+        paths: A file, folder, glob or list of them; local or any fsspec URL (``s3://``,
+            ``gs://``, ``hf://``, ``https://``, ``file://``).
+        columns: Columns to read, in this order (default: all).
+        chunk_rows: Most rows per emitted record batch.
+        storage_options: Keyword arguments for the fsspec filesystem (credentials, endpoint).
+        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
+        consumer: This reader's share of the units; default: detected on first ``reset``.
+        stats: Counters to report into.
+        retries: Retries of a transient storage error (an int), or a
+            :class:`~padpipe.readers.retry.Retry` policy for backoff and total time as well.
+        on_missing: A file gone or resized since listing: ``"raise"`` a ``DataError`` naming
+            it, or ``"skip"`` it (counted in stats as ``read.missing_file``).
+        listing: The pipeline's shared listing (the facade passes one); default: this reader's own.
+
+    Example:
+        >>> from padpipe.readers.parquet import ParquetReader  # a FileSource
+        >>> reader = ParquetReader(paths="s3://bucket/train/*.parquet", retries=Retry(retries=8, max_seconds=300),
+        ...                        on_missing="skip", storage_options={"anon": True})  # doctest: +SKIP
+        >>> reader.reset(); reader.stats.snapshot().counters.get("read.retries", 0)  # doctest: +SKIP
+        0
+    """
+
+    SUFFIXES: tuple[str, ...] = ()
+    LISTING_ATTRS: tuple[str, ...] = ("_files",)  # what list_files sets besides the units
+
+    def __init__(
+        self,
+        *,
+        paths: str | Sequence[str],
+        columns: Sequence[str] | None = None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        storage_options: dict[str, Any] | None = None,
+        seed: int | None = None,
+        consumer: Consumer | None = None,
+        stats: PipelineStats | None = None,
+        retries: int | Retry = 5,
+        on_missing: Literal["raise", "skip"] = "raise",
+        listing: SharedListing | None = None,
+    ) -> None:
+        super().__init__(chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
+        one_of("on_missing", on_missing, ("raise", "skip"))
+        if listing is not None and not isinstance(listing, SharedListing):
+            raise TypeError(f"`listing` must be a SharedListing, but is {listing!r} instead.")
+        self.paths = check_paths(paths)
+        self.columns = check_columns(columns)
+        self.storage_options = dict(storage_options or {})
+        self.retry = Retry.of(retries)
+        self.on_missing = on_missing
+        self.listing = listing if listing is not None else SharedListing()
+        self._files: dict[str, Any] = {}
+        self._identity = ""
+        self._attempts = Attempts(self.retry)
+        self._lost: set[str] = set()
+        self._first_rows: tuple[list[WorkUnit] | None, dict[tuple[str, int], int]] | None = None
+
+    # -- subclass hooks -----------------------------------------------------------------------------
+    def list_files(self) -> list[WorkUnit]:
+        """List the input (I/O: glob, footers) and set the ``LISTING_ATTRS`` attributes."""
+        raise NotImplementedError
+
+    def drop_handles(self) -> None:
+        """Close the files the reader keeps open between units (after an error, before re-opening)."""
+
+    def reopen(self) -> None:
+        """Get ready to re-read the current unit from the current row after a transient error."""
+        self.drop_handles()
+
+    # -- helpers for subclasses ---------------------------------------------------------------------
+    def expand(self, folder_files: FolderFiles | None = None) -> list[FileRef]:
+        """The files ``paths`` name (see :func:`~padpipe.readers.paths.expand_paths`), listing retried."""
+        options = {"suffixes": self.SUFFIXES, "storage_options": self.storage_options, "folder_files": folder_files}
+        files = self.retried(f"listing {list(self.paths)!r}", lambda: expand_paths(self.paths, **options))
+        threads = CONTENT_THREADS if all(f.is_local for f in files) else REMOTE_CONTENT_THREADS
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
+            files = list(pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files))
+        self._identity = "\n".join(f.identity for f in files)
+        return files
+
+    def retried(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` with transient errors retried (counted as ``read.retries``); ``what`` names the file."""
+        return call(self.retry, what, fn, *args, on_retry=lambda: self.stats.add(RETRIES, 1))
+
+    # -- UnitSource ---------------------------------------------------------------------------------
+    def list_units(self) -> list[WorkUnit]:
+        names = (*self.LISTING_ATTRS, "_identity")
+
+        def make() -> tuple[list[WorkUnit], dict[str, Any]]:
+            units = self.list_files()
+            return units, {name: getattr(self, name) for name in names}
+
+        def decode(data: Any) -> tuple[list[WorkUnit], dict[str, Any]]:
+            units, attrs = listing_from_plain(data, self.storage_options)
+            if set(attrs) != set(names):
+                raise KeyError(f"the shared listing has {sorted(attrs)}, expected {sorted(names)}")
+            return units, attrs
+
+        key = f"{type(self).__name__} {self.describe()} storage_options={self.storage_options!r}"
+        units, attrs = self.listing.get(key, make, encode=listing_to_plain, decode=decode)
+        for name, value in attrs.items():
+            setattr(self, name, value)
+        return units
+
+    def fingerprint(self) -> str:
+        return f"{type(self).__name__} columns={list(self.columns) if self.columns else None!r}"
+
+    def identity(self) -> str | None:
+        return self._identity
+
+    def check_identity(self, saved: str) -> None:
+        if saved == self._identity:
+            return
+        raise StateMismatchError(
+            f"{type(self).__name__} state doesn't match this pipeline: its files changed since the state was saved "
+            f"({listing_change(saved, self._identity)}); resuming would read other rows. Resume with the files as "
+            "they were, or start a new run."
+        )
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._attempts.succeeded()
+        self.drop_handles()
+        if initial_state is not None:
+            self._check_contents()
+
+    def _check_contents(self) -> None:
+        """On resume: the files still to be read this epoch hold what they held when listed (else a mismatch).
+
+        A fresh listing already has today's digests; this catches a rewrite (same size and mtime)
+        after a listing this pipeline keeps in memory. Once per file per resume, never per batch.
+        """
+        for name in dict.fromkeys(u.path for u in self._order[self._unit :]):
+            ref = self._files.get(name)
+            ref = ref[0] if isinstance(ref, tuple) else ref
+            if not isinstance(ref, FileRef):
+                continue
+            try:
+                self.retried(f"{name}: read its first and last bytes", ref.check_content)
+            except FileNotFoundError:
+                continue  # a file gone since listing: the reader's on_missing decides when it gets there
+            except ChangedFileError as exc:
+                raise StateMismatchError(
+                    f"{type(self).__name__} state doesn't match this pipeline: {exc}; resuming would read other "
+                    "rows. Resume with the files as they were, or start a new run."
+                ) from exc
+
+    def next(self) -> pa.RecordBatch:
+        while True:
+            try:
+                batch = super().next()
+            except StopIteration:
+                raise
+            except LOST as exc:
+                self._lose_file(exc)
+                continue
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                unit = self._order[self._unit]
+                self._reader = None
+                self.reopen()
+                self._attempts.failed(exc, f"{unit.path}: cannot read unit {unit.index} from row {self._row}")
+                self.stats.add(RETRIES, 1)
+                continue
+            self._attempts.succeeded()
+            unit = self._order[self._unit]
+            return tag_source(batch, unit.path, *self._where(unit, unit.first + self._row - batch.num_rows))
+
+    def _where(self, unit: WorkUnit, row: int) -> tuple[int, str]:
+        """``(row, counted in what)`` of row ``row`` of ``unit``: a row of the file (``""``) where rows before it are known."""
+        if self._first_rows is None or self._first_rows[0] is not self._units:
+            firsts: dict[tuple[str, int], int] = {}
+            counted: dict[str, int | None] = {}
+            for u in self._units or []:
+                before = counted.get(u.path, 0)
+                firsts[(u.path, u.index)] = -1 if before is None else before
+                counted[u.path] = None if before is None or u.num_rows is None else before + u.num_rows
+            self._first_rows = (self._units, firsts)
+        first = self._first_rows[1].get((unit.path, unit.index), -1)
+        if first >= 0 and (unit.num_rows is not None or unit.start == 0):
+            return first + row, ""
+        return row, f"its byte range from byte {unit.start}" if unit.stop is not None else f"its unit {unit.index}"
+
+    def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        return iter(()) if unit.path in self._lost else super()._read(unit, start_row)
+
+    def _recoverable(self, exc: BaseException) -> bool:
+        return isinstance(exc, LOST) or is_transient(exc)
+
+    def _lose_file(self, exc: BaseException) -> None:
+        """A file gone or resized since listing: raise, or skip the rest of it and count it once."""
+        unit = self._order[self._unit]
+        self._reader = None
+        self.drop_handles()
+        if self.on_missing == "raise":
+            found = str(exc) if isinstance(exc, ChangedFileError) else f"{unit.path}: vanished since it was listed ({exc})"
+            raise DataError(f"{found}; pass on_missing='skip' to skip such files.") from exc
+        if unit.path not in self._lost:
+            self._lost.add(unit.path)
+            self.stats.record_skip("read.missing_file", 1)
+        self._unit, self._row = self._unit + 1, 0
+
+
+# -- the listing as plain data (shared by worker processes through a private JSON file) ------------
+def listing_to_plain(listing: tuple[list[WorkUnit], dict[str, Any]]) -> dict[str, Any]:
+    """A reader's listing (units and listing attributes) as JSON-able data; see :func:`listing_from_plain`.
+
+    Example:
+        >>> units = [WorkUnit("a.jsonl", 0, None, 0, 10)]
+        >>> listing_to_plain((units, {"_identity": "a.jsonl\\t10\\t1.0"}))["units"]
+        [['a.jsonl', 0, None, 0, 10]]
+    """
+    units, attrs = listing
+    filesystems: list[tuple[Any, str]] = []
+    plain_units = [[u.path, u.index, u.num_rows, u.start, u.stop] for u in units]
+    return {"units": plain_units, "attrs": {k: _to_plain(v, filesystems) for k, v in attrs.items()},
+            "filesystems": [url for _, url in filesystems]}
+
+
+def listing_from_plain(data: Any, storage_options: dict[str, Any]) -> tuple[list[WorkUnit], dict[str, Any]]:
+    """Inverse of :func:`listing_to_plain`; filesystems are made from their URLs and ``storage_options``."""
+    filesystems = [fsspec.core.url_to_fs(url, **storage_options)[0] for url in data["filesystems"]]
+    units = [WorkUnit(str(p), int(i), None if n is None else int(n), int(a), None if b is None else int(b))
+             for p, i, n, a, b in data["units"]]
+    return units, {str(k): _from_plain(v, filesystems) for k, v in data["attrs"].items()}
+
+
+def _to_plain(value: Any, filesystems: list[tuple[Any, str]]) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, FileRef):
+        index = next((i for i, (fs, _) in enumerate(filesystems) if fs is value.fs), len(filesystems))
+        if index == len(filesystems):
+            filesystems.append((value.fs, value.fs.unstrip_protocol(value.path)))
+        return {"t": "file", "v": [index, value.path, value.listed_size, value.listed_version, value.listed_content]}
+    if isinstance(value, (list, tuple)):
+        return {"t": type(value).__name__, "v": [_to_plain(v, filesystems) for v in value]}
+    if isinstance(value, dict):
+        return {"t": "dict", "v": [[str(k), _to_plain(v, filesystems)] for k, v in value.items()]}
+    if isinstance(value, pa.Schema):
+        return {"t": "schema", "v": base64.b64encode(value.serialize().to_pybytes()).decode()}
+    if isinstance(value, pj.ParseOptions):
+        options = {"explicit_schema": _to_plain(value.explicit_schema, filesystems),
+                   "unexpected_field_behavior": value.unexpected_field_behavior,
+                   "newlines_in_values": value.newlines_in_values}
+        return {"t": "parse_options", "v": options}
+    raise TypeError(f"cannot share a listing that holds a {type(value).__name__}")
+
+
+def _from_plain(data: Any, filesystems: list[Any]) -> Any:
+    if not isinstance(data, dict):
+        return data
+    kind, value = data["t"], data["v"]
+    if kind == "file":
+        index, path, size, version, content = value
+        return FileRef(filesystems[index], str(path), size, version, content)
+    if kind in ("list", "tuple"):
+        items = [_from_plain(v, filesystems) for v in value]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {str(k): _from_plain(v, filesystems) for k, v in value}
+    if kind == "schema":
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value)))
+    if kind == "parse_options":
+        return pj.ParseOptions(explicit_schema=_from_plain(value["explicit_schema"], filesystems),
+                               unexpected_field_behavior=value["unexpected_field_behavior"],
+                               newlines_in_values=value["newlines_in_values"])
+    raise ValueError(f"unknown listing value kind {kind!r}")
+
+
+def listing_change(saved: str, now: str, *, most: int = 3) -> str:
+    """How the listing ``now`` differs from ``saved`` (identities of :class:`FileRef`), in words.
+
+    Example:
+        >>> listing_change("a\\t1\\tv1\\nb\\t2\\tv1", "a\\t1\\tv2\\nc\\t3\\tv1")
+        '1 added: c; 1 removed: b; 1 changed: a (version v1 -> v2)'
+        >>> listing_change("a\\t1\\tv1\\tc0ffee", "a\\t1\\tv1\\tbadbed")
+        '1 changed: a (content c0ffee -> badbed, same size and version)'
+    """
+    before, after = _entries(saved), _entries(now)
+    added = [n for n in after if n not in before]
+    removed = [n for n in before if n not in after]
+    changed = []
+    for name in (n for n in after if n in before and after[n] != before[n]):
+        (size0, version0, content0), (size1, version1, content1) = before[name], after[name]
+        what = f"{size0} -> {size1} bytes" if size0 != size1 else f"version {version0} -> {version1}"
+        if (size0, version0) == (size1, version1):
+            what = f"content {content0 or '?'} -> {content1 or '?'}, same size and version"
+        changed.append(f"{name} ({what})")
+    parts = [f"{len(items)} {label}: {_some(items, most)}"
+             for label, items in (("added", added), ("removed", removed), ("changed", changed)) if items]
+    if not parts:
+        return f"the same {len(after)} files in another order"
+    return "; ".join(parts)
+
+
+def _entries(identity: str) -> dict[str, tuple[str, str, str]]:
+    out = {}
+    for line in identity.split("\n") if identity else ():
+        name, size, version, content = (line.split("\t") + ["", "", ""])[:4]
+        out[name] = (size, version, content)
+    return out
+
+
+def _some(items: list[str], most: int) -> str:
+    shown = ", ".join(items[:most])
+    return shown if len(items) <= most else f"{shown} and {len(items) - most} more"

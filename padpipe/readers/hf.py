@@ -1,0 +1,242 @@
+"""Read Hugging Face ``datasets``: a ``Dataset`` through its Arrow table, an ``IterableDataset`` by streaming."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+from torchdata.nodes import BaseNode
+
+from padpipe._optional import require
+from padpipe.runtime.consumer import Consumer
+from padpipe.state import Int, Plain, check_state, make_state
+from padpipe.errors import positive
+from padpipe.readers.schema import check_columns, require_columns
+from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
+from padpipe.stats import PipelineStats
+
+DATASET_LABEL = "<datasets.Dataset>"
+ITERABLE_LABEL = "<datasets.IterableDataset>"
+
+
+def hf_reader(dataset: Any, *, columns: Sequence[str] | None) -> tuple[type, dict[str, Any]]:
+    """The reader class and its options for a ``datasets`` object (used by :func:`padpipe.from_hf`).
+
+    Args:
+        dataset: A ``datasets.Dataset`` or ``datasets.IterableDataset``.
+        columns: Columns to read (default: all).
+
+    Raises:
+        ValueError: For a ``DatasetDict``/``IterableDatasetDict``: pick a split first.
+        TypeError: For anything else.
+        MissingDependencyError: When ``datasets`` is not installed (``pip install 'padpipe[hf]'``).
+        DataError: When a requested column is not in the dataset.
+
+    Example:
+        >>> ds = datasets.Dataset.from_dict({"text": ["a"], "label": [0]})
+        >>> hf_reader(ds, columns=["text"])[0].__name__
+        'HFDatasetReader'
+    """
+    columns = check_columns(columns)
+    datasets = require("datasets", "pp.from_hf()")
+    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        splits = list(dataset)
+        raise ValueError(
+            f"`dataset` must be one split, but is a {type(dataset).__name__} with splits {splits!r}; "
+            f"pass dataset[{(splits or ['train'])[0]!r}] instead."
+        )
+    if isinstance(dataset, datasets.Dataset):
+        require_columns(DATASET_LABEL, dataset.column_names, columns)
+        return HFDatasetReader, {"dataset": dataset, "columns": columns}
+    if isinstance(dataset, datasets.IterableDataset):
+        if dataset.column_names is not None:
+            require_columns(ITERABLE_LABEL, dataset.column_names, columns)
+        return HFIterableReader, {"dataset": dataset, "columns": columns}
+    raise TypeError(
+        f"`dataset` must be a datasets.Dataset or datasets.IterableDataset, but is a {type(dataset).__name__} instead."
+    )
+
+
+class HFDatasetReader(UnitSource):
+    """A ``datasets.Dataset`` as record batches, sliced from its Arrow table (zero-copy).
+
+    Units are index ranges of ``UNIT_CHUNKS * chunk_rows`` rows; each chunk is
+    ``dataset.with_format("arrow")[a:b]``, so a shuffled or ``select``-ed dataset (one with an
+    indices mapping) is gathered in one vectorized ``take`` per chunk. Resume is exact.
+
+    Args:
+        dataset: The dataset (in memory or memory-mapped from its cache files).
+        columns: Columns to read, in this order (default: all).
+        chunk_rows: Rows per emitted record batch (the last of a unit may be shorter).
+        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps index order.
+        consumer: This reader's share of the units; default: detected on first ``reset``.
+        stats: Counters to report into.
+
+    Example:
+        >>> ds = datasets.Dataset.from_dict({"n": [0, 1, 2]})
+        >>> reader = HFDatasetReader(dataset=ds, chunk_rows=2); reader.reset()
+        >>> [b.to_pylist() for b in reader]
+        [[{'n': 0}, {'n': 1}], [{'n': 2}]]
+    """
+
+    UNIT_CHUNKS = 8
+
+    def __init__(
+        self,
+        *,
+        dataset: Any,
+        columns: Sequence[str] | None = None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        seed: int | None = None,
+        consumer: Consumer | None = None,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        super().__init__(chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
+        self.columns = check_columns(columns)
+        require_columns(DATASET_LABEL, dataset.column_names, self.columns)
+        self.dataset = dataset
+        self._view: Any = None
+
+    def describe(self) -> str:
+        fingerprint = getattr(self.dataset, "_fingerprint", None)
+        return f"from_hf Dataset fingerprint={fingerprint} rows={len(self.dataset)} columns={self.columns!r}"
+
+    def list_units(self) -> list[WorkUnit]:
+        dataset = self.dataset if self.columns is None else self.dataset.select_columns(list(self.columns))
+        self._view = dataset.with_format("arrow")
+        total, size = len(dataset), self.UNIT_CHUNKS * self.chunk_rows
+        return [
+            WorkUnit(DATASET_LABEL, i, num_rows=min(size, total - start), start=start, stop=min(start + size, total))
+            for i, start in enumerate(range(0, total, size))
+        ]
+
+    def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
+        """Rows ``lo`` to ``hi`` of the unit, as a narrower index range."""
+        return dataclasses.replace(unit, num_rows=hi - lo, start=unit.start + lo, stop=unit.start + hi)
+
+    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        assert unit.stop is not None
+        begin = unit.start + start_row
+        while begin < unit.stop:
+            end = min(unit.start + (start_row // self.chunk_rows + 1) * self.chunk_rows, unit.stop)
+            table = self._view[begin:end]
+            yield table.combine_chunks().to_batches()[0]
+            start_row += end - begin
+            begin = end
+
+
+class HFIterableReader(BaseNode[pa.RecordBatch]):
+    """A streaming ``datasets.IterableDataset`` as record batches of ``chunk_rows`` rows.
+
+    Reads ``dataset.with_format("arrow").iter(batch_size=chunk_rows)``. With several consumers,
+    each takes ``dataset.shard(num_shards=count, index=index)`` when the dataset has at least
+    ``count`` shards, else every ``count``-th batch of the whole stream (each consumer then reads
+    everything and keeps its share). Each epoch calls ``set_epoch(epoch)`` on a copy, so
+    ``datasets`` reorders shards and reseeds its shuffle buffer per epoch as it does under a
+    ``DataLoader``; ``seed`` is not used (shuffle with ``dataset.shuffle(seed=...)``).
+
+    The state holds the epoch and the dataset's own ``state_dict()``. Resume is exact for
+    datasets without a shuffle buffer; with ``.shuffle(buffer_size=...)`` the rows in the buffer
+    when the state was saved are lost, as ``datasets`` documents for its own resume.
+
+    Args:
+        dataset: The iterable dataset (not split by node already: the consumer split is done here).
+        columns: Columns to read (default: all).
+        chunk_rows: Rows per emitted record batch (the last one may be shorter).
+        seed: Unused (see above); accepted for the common reader signature.
+        consumer: This reader's share; default: detected on first ``reset``.
+        stats: Counters to report into.
+
+    Example:
+        >>> ds = datasets.Dataset.from_dict({"n": [0, 1, 2]}).to_iterable_dataset()
+        >>> reader = HFIterableReader(dataset=ds, chunk_rows=2); reader.reset()
+        >>> [b.to_pylist() for b in reader]
+        [[{'n': 0}, {'n': 1}], [{'n': 2}]]
+    """
+
+    VERSION = 2
+    EPOCH_KEY = "epoch"
+    DATASET_KEY = "dataset"
+    BATCH_KEY = "batch"
+
+    def __init__(
+        self,
+        *,
+        dataset: Any,
+        columns: Sequence[str] | None = None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        seed: int | None = None,
+        consumer: Consumer | None = None,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        super().__init__()
+        positive("chunk_rows", chunk_rows)
+        self.columns = check_columns(columns)
+        if dataset.column_names is not None:
+            require_columns(ITERABLE_LABEL, dataset.column_names, self.columns)
+        self.dataset = dataset
+        self.chunk_rows = chunk_rows
+        self.seed = seed
+        self.consumer = consumer
+        self.stats = stats or PipelineStats()
+        self._epoch = -1
+        self._batch = 0  # batches of the stream seen this epoch (all consumers' when stepping)
+        self._step = 1
+        self._stream: Any = None
+        self._batches: Iterator[pa.Table] = iter(())
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if self.consumer is None:
+            self.consumer = Consumer.detect()
+        saved = None
+        if initial_state is None:
+            self._epoch, self._batch = self._epoch + 1, 0
+        else:
+            fields = {self.EPOCH_KEY: Int(0), self.BATCH_KEY: Int(0), self.DATASET_KEY: Plain()}
+            loaded = check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(),
+                                 fields=fields)
+            self._epoch, self._batch, saved = loaded[self.EPOCH_KEY], loaded[self.BATCH_KEY], loaded[self.DATASET_KEY]
+        stream, count = self.dataset, self.consumer.count
+        self._step = count if stream.num_shards < count else 1
+        if count > 1 and self._step == 1:
+            stream = stream.shard(num_shards=count, index=self.consumer.index)
+        if self.columns is not None:
+            stream = stream.select_columns(list(self.columns))
+        stream = stream.with_format("arrow")  # a new object: the user's dataset is never changed
+        stream.set_epoch(self._epoch)
+        if saved is not None:
+            stream.load_state_dict(saved)
+        self._stream = stream
+        self._batches = iter(stream.iter(batch_size=self.chunk_rows))
+
+    def next(self) -> pa.RecordBatch:
+        assert self.consumer is not None
+        while True:
+            with self.stats.timer("read"):
+                table = next(self._batches, None)
+            if table is None:
+                raise StopIteration
+            mine = self._batch % self._step == self.consumer.index % self._step
+            self._batch += 1
+            if mine and table.num_rows:
+                self.stats.add("read.rows", table.num_rows)
+                return table.combine_chunks().to_batches()[0]
+
+    def get_state(self) -> dict[str, Any]:
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings(),
+            **{self.EPOCH_KEY: self._epoch, self.BATCH_KEY: self._batch, self.DATASET_KEY: self._stream.state_dict()},
+        )
+
+    def _settings(self) -> dict[str, Any]:
+        assert self.consumer is not None
+        dataset = self.dataset
+        described = f"IterableDataset columns={dataset.column_names} shards={dataset.num_shards} {self.columns}"
+        return {
+            "input": described,
+            "chunk_rows": self.chunk_rows,
+            "consumer": f"{self.consumer.index}/{self.consumer.count}",
+        }

@@ -1,0 +1,155 @@
+"""Read any re-iterable of dicts (a list, a dataset-like object) as record batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from itertools import islice
+from typing import Any, Iterator
+
+import pyarrow as pa
+from torchdata.nodes import BaseNode
+
+from padpipe.runtime.consumer import Consumer
+from padpipe.state import Int, check_state, make_state
+from padpipe.errors import DataError, positive
+from padpipe.readers.schema import conform
+from padpipe.readers.source import DEFAULT_CHUNK_ROWS
+from padpipe.stats import PipelineStats
+
+_END = object()
+
+
+class IterableReader(BaseNode[pa.RecordBatch]):
+    """Dicts from ``iterable`` as record batches of ``chunk_rows`` rows.
+
+    Every epoch calls ``iter(iterable)`` again, so pass a list or an object whose ``__iter__``
+    starts over (a one-shot generator can be read once; a second pass is an error). Consumer
+    ``index`` of ``count`` keeps the items whose position ``i`` has ``i % count == index``.
+
+    The columns and types come from this consumer's first chunk of the epoch (keys in order of
+    first appearance); later chunks get those columns, with nulls for missing keys, and drop
+    other keys. The state is the epoch and the number of items consumed; resume iterates again
+    from the start and skips that many items (the first chunk's are converted once to recover
+    its schema), so it is exact when each pass yields the same items in the same order.
+
+    Args:
+        iterable: The dicts to read.
+        chunk_rows: Most rows per emitted record batch.
+        seed: Unused: there is no unit order to shuffle (use ``Pipeline.shuffle`` for rows);
+            accepted for the common reader signature.
+        consumer: This reader's share; default: detected on first ``reset``.
+        stats: Counters to report into.
+
+    Raises:
+        TypeError: When an item is not a dict, naming its position.
+
+    Example:
+        >>> reader = IterableReader(iterable=[{"text": "a"}, {"text": "b", "id": 1}], chunk_rows=2)
+        >>> reader.reset(); next(reader).to_pylist()
+        [{'text': 'a', 'id': None}, {'text': 'b', 'id': 1}]
+    """
+
+    VERSION = 2
+    EPOCH_KEY = "epoch"
+    POSITION_KEY = "position"
+
+    def __init__(
+        self,
+        *,
+        iterable: Iterable[Mapping[str, Any]],
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        seed: int | None = None,
+        consumer: Consumer | None = None,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        super().__init__()
+        positive("chunk_rows", chunk_rows)
+        if not isinstance(iterable, Iterable) or isinstance(iterable, (str, bytes, Mapping)):
+            raise TypeError(f"`iterable` must be an iterable of dicts, but is a {type(iterable).__name__} instead.")
+        self.iterable = iterable
+        self.chunk_rows = chunk_rows
+        self.seed = seed
+        self.consumer = consumer
+        self.stats = stats or PipelineStats()
+        self._epoch = -1
+        self._position = 0  # items of the iterable consumed this epoch, all consumers' included
+        self._items: Iterator[Any] = iter(())
+        self._schema: pa.Schema | None = None
+        self._started = False
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if self.consumer is None:
+            self.consumer = Consumer.detect()
+        if initial_state is None:
+            self._epoch, self._position = self._epoch + 1, 0
+        else:
+            fields = {self.EPOCH_KEY: Int(0), self.POSITION_KEY: Int(0)}
+            loaded = check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(),
+                                 fields=fields)
+            self._epoch, self._position = loaded[self.EPOCH_KEY], loaded[self.POSITION_KEY]
+        if self._started and iter(self.iterable) is self.iterable:
+            raise ValueError(
+                "from_iterable got a one-shot iterator (such as a generator), which cannot be read again for "
+                "another epoch or a resume; pass a list or an object whose __iter__ starts over instead."
+            )
+        self._started = True
+        self._items = iter(self.iterable)
+        self._schema = None
+        skipped = self._mine(islice(self._items, self._position), 0)
+        first = [row for _, row in islice(skipped, self.chunk_rows)]  # the epoch's first chunk, for its schema
+        for _ in skipped:
+            pass
+        if first:
+            self._schema = self._to_batch(first, 0).schema
+
+    def next(self) -> pa.RecordBatch:
+        with self.stats.timer("read"):
+            start = self._position
+            rows = [row for _, row in islice(self._mine(self._items, start), self.chunk_rows)]
+            if not rows:
+                raise StopIteration
+            batch = self._to_batch(rows, start)
+            if self._schema is None:
+                self._schema = batch.schema
+            batch = conform(batch, self._schema, where=self._where(start), reference="the epoch's first chunk")
+        self.stats.add("read.rows", batch.num_rows)
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings(),
+            **{self.EPOCH_KEY: self._epoch, self.POSITION_KEY: self._position},
+        )
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _mine(self, items: Iterator[Any], start: int) -> Iterator[tuple[int, Mapping[str, Any]]]:
+        """This consumer's ``(position, item)`` pairs; advances ``_position`` past every item read."""
+        assert self.consumer is not None
+        count, index = self.consumer.count, self.consumer.index
+        for position, item in enumerate(items, start):
+            self._position = position + 1
+            if position % count != index:
+                continue
+            if not isinstance(item, Mapping):
+                found = type(item).__name__
+                raise TypeError(f"from_iterable item {position} is a {found}; expected a dict of column values.")
+            yield position, item
+
+    def _to_batch(self, rows: list[Mapping[str, Any]], start: int) -> pa.RecordBatch:
+        try:
+            return pa.RecordBatch.from_struct_array(pa.array(rows))
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise DataError(f"{self._where(start)}: cannot make a column from the values ({exc}).") from exc
+
+    def _where(self, start: int) -> str:
+        return f"from_iterable items {start}-{self._position - 1}"
+
+    def _settings(self) -> dict[str, Any]:
+        assert self.consumer is not None
+        return {
+            "input": f"from_iterable {type(self.iterable).__name__}",
+            "chunk_rows": self.chunk_rows,
+            "consumer": f"{self.consumer.index}/{self.consumer.count}",
+        }

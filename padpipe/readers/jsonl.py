@@ -1,0 +1,283 @@
+"""Read JSON Lines files (plain, ``.gz``, ``.zst``), parsing blocks of lines with ``pyarrow.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterator, Literal, Sequence
+
+import pyarrow as pa
+import pyarrow.json as pj
+
+from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.shares import Measure
+from padpipe.state import Int, ListOf, Optional, Spec, load_value
+from padpipe.errors import DataError, one_of, positive
+from padpipe.readers import jsonl_blocks as blocks
+from padpipe.readers.file_source import FileSource
+from padpipe.readers.listing import SharedListing
+from padpipe.readers.paths import FileRef
+from padpipe.readers.retry import Retry, is_transient
+from padpipe.readers.schema import conform
+from padpipe.readers.source import DEFAULT_CHUNK_ROWS, WorkUnit
+from padpipe.stats import PipelineStats
+
+BAD_ROW = "read.bad_row"
+"""Skip reason of a line skipped under ``on_error="skip"``, per file: ``read.bad_row:<file>``."""
+SUFFIXES = tuple(base + comp for comp in ("", ".gz", ".zst", ".zstd") for base in (".jsonl", ".ndjson", ".json"))
+
+
+class JsonlReader(FileSource):
+    """JSON Lines files as record batches: one JSON object per line, blank lines skipped.
+
+    Blocks of about ``block_bytes``, cut at a newline, are parsed in one ``pyarrow.json`` call.
+    A plain file is split into units of ``unit_bytes`` byte ranges (a range owns every line that
+    *starts* in it), so one big file is still shared between consumers; a compressed file is one
+    unit. JSONL row counts are unknown until read, so consumers' shares are balanced by bytes:
+    each gets an equal stretch of the epoch's bytes (byte ranges are cut where needed), and row
+    counts differ as much as line lengths do; a compressed file goes whole to one consumer. The saved state also holds the byte offset of the current block, so a resumed reader
+    seeks there (a compressed file is decompressed up to it, without parsing) and re-parses
+    only that block; a read retried after a storage error re-opens the file the same way.
+
+    The schema is fixed per reader, so chunks concatenate downstream: the keys (or ``columns``)
+    and their types come from the first block of the first file that has rows, with date-like
+    strings kept as strings. In every later block a key that is missing or null comes out as
+    nulls of that type; a key not in the schema is dropped (pass ``columns`` to read it); a
+    value of another type is an error naming the line. A requested key absent from the first
+    block takes its type from each block (all-null blocks then come out as type ``null``).
+
+    Args:
+        paths: A file, folder (``.jsonl``/``.ndjson``/``.json``, optionally ``.gz``/``.zst``,
+            recursively), glob or list of them; local or any fsspec URL.
+        columns: Keys to keep, in this order (default: the keys of the first block).
+        chunk_rows: Most rows per emitted record batch.
+        storage_options: Keyword arguments for the fsspec filesystem.
+        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
+        consumer: This reader's share of the units; default: detected on first ``reset``.
+        stats: Counters to report into.
+        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
+        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
+        listing: The pipeline's shared listing (passed by ``pp.read_jsonl``).
+        unit_bytes: Size of the byte ranges a plain file is split into.
+        block_bytes: About how many bytes are parsed at once.
+        on_error: A line that cannot be a row (invalid UTF-8, invalid JSON, not an object, a
+            value of the wrong type): ``"raise"`` a ``DataError`` naming the file and line, or
+            ``"skip"`` it, counted per file in the stats' ``skipped`` as ``read.bad_row:<file>``
+            (every other row comes once; resume stays exact).
+
+    Raises:
+        DataError: ``"<file> line N: invalid JSON: ..."`` for a line that is not a JSON object,
+            ``"<file> line N: ..."`` for a value of the wrong type or invalid UTF-8 (unless
+            ``on_error="skip"``), and errors naming the file when it vanished or a storage error
+            outlasts the retries.
+
+    Example:
+        >>> reader = JsonlReader(paths=pp.examples.SAMPLE_JSONL, columns=["id"], chunk_rows=2)
+        >>> reader.reset(); next(reader).to_pylist()
+        [{'id': 0}, {'id': 1}]
+    """
+
+    BLOCK_KEY = "block"
+    SUFFIXES = SUFFIXES
+    POSITION_COLUMN = "__padpipe_pos"
+    row_positions = False  # the token cache sets it: add each row's byte offset as POSITION_COLUMN
+    LISTING_ATTRS = ("_files", "_schema", "_reference", "_options")
+
+    def __init__(
+        self,
+        *,
+        paths: str | Sequence[str],
+        columns: Sequence[str] | None = None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        storage_options: dict[str, Any] | None = None,
+        seed: int | None = None,
+        consumer: Consumer | None = None,
+        stats: PipelineStats | None = None,
+        retries: int | Retry = 5,
+        on_missing: Literal["raise", "skip"] = "raise",
+        listing: SharedListing | None = None,
+        unit_bytes: int = 64 << 20,
+        block_bytes: int = 2 << 20,
+        on_error: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        super().__init__(
+            paths=paths, columns=columns, chunk_rows=chunk_rows, storage_options=storage_options, seed=seed,
+            consumer=consumer, stats=stats, retries=retries, on_missing=on_missing, listing=listing,
+        )
+        positive("unit_bytes", unit_bytes)
+        positive("block_bytes", block_bytes)
+        one_of("on_error", on_error, ("raise", "skip"))
+        self.on_error = on_error
+        self.unit_bytes = unit_bytes
+        self.block_bytes = block_bytes
+        self._schema: pa.Schema | None = None
+        self._reference = ""
+        self._options = pj.ParseOptions()
+        self._block: tuple[int, int] | None = None  # (byte offset, unit row) of the block being read
+        self._resume_at: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        return f"read_jsonl paths={list(self.paths)!r} columns={self.columns!r} unit_bytes={self.unit_bytes}"
+
+    def fingerprint(self) -> str:
+        return f"{super().fingerprint()} unit_bytes={self.unit_bytes} block_bytes={self.block_bytes}"
+
+    def list_files(self) -> list[WorkUnit]:
+        files = self.expand()
+        units = []
+        self._files = {}
+        for file in files:
+            self._files[file.name] = file
+            if file.size() == 0:
+                raise DataError(f"{file.name}: empty file (0 bytes); expected JSON Lines.")
+            if blocks.compression_of(file.name):
+                units.append(WorkUnit(file.name, 0))
+                continue
+            size = file.size()
+            for i, start in enumerate(range(0, size, self.unit_bytes)):
+                units.append(WorkUnit(file.name, i, start=start, stop=min(start + self.unit_bytes, size)))
+        self._take_schema(files)
+        return units
+
+    def measure(self, unit: WorkUnit) -> Measure:
+        """Bytes: a plain file's byte range can be cut anywhere (a line belongs where it starts)."""
+        if unit.stop is None:  # a compressed file: one whole unit, weighed by its stored size
+            return Measure(self._files[unit.path].listed_size or 1, cuttable=False)
+        return Measure(unit.stop - unit.start)
+
+    def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
+        if unit.stop is None or (lo, hi) == (0, unit.stop - unit.start):
+            return unit
+        return dataclasses.replace(unit, start=unit.start + lo, stop=unit.start + hi)
+
+    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        file = self._files[unit.path]
+        begin, row = unit.start, 0
+        if self._resume_at is not None and self._resume_at[1] <= start_row:
+            begin, row = self._resume_at
+        self._resume_at = None
+        self._block = (begin, row)  # where a retry re-opens, until the first block is read
+        stop = math.inf if unit.stop is None else unit.stop
+        with blocks.open_stream(file) as stream:
+            for offset, block in blocks.line_blocks(stream, begin, stop, self.block_bytes):
+                self._block = (offset, row)
+                batch, block = self._parse(file, offset, block)
+                if batch is not None and self.row_positions:
+                    batch = _with_positions(batch, blocks.row_starts(block, offset))
+                if batch is not None and row + batch.num_rows > start_row:
+                    yield batch.slice(max(0, start_row - row))
+                row += 0 if batch is None else batch.num_rows
+
+    def reopen(self) -> None:
+        super().reopen()
+        self._resume_at = self._block
+
+    def drop_position_hint(self) -> None:
+        self._block = self._resume_at = None
+
+    # -- state: (unit, row) plus the current block's byte offset ------------------------------------
+    def state_fields(self) -> dict[str, Spec]:
+        return {self.BLOCK_KEY: Optional(ListOf(Int(0), length=2))}
+
+    def check_state_fields(self, loaded: dict[str, Any], unit: WorkUnit | None) -> None:
+        block = loaded[self.BLOCK_KEY]
+        if block is not None:  # where the block holding `row` starts: within the unit, at or before `row`
+            start, stop = (0, -1) if unit is None else (unit.start, unit.stop)
+            load_value("JsonlReader", self.BLOCK_KEY, block[0], Int(start, stop))
+            load_value("JsonlReader", self.BLOCK_KEY, block[1], Int(0, loaded[self.ROW_KEY]))
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self._block = None
+        block = None if initial_state is None else initial_state[self.BLOCK_KEY]
+        self._resume_at = None if block is None else (int(block[0]), int(block[1]))
+
+    def state_values(self) -> dict[str, Any]:
+        block = self._block if self._reader is not None else self._resume_at
+        return {self.BLOCK_KEY: None if block is None else list(block)}
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _take_schema(self, files: list[FileRef]) -> None:
+        """Fix the schema from the first block that has rows (see the class docs)."""
+        for file in files:
+            first = self.retried(f"{file.name}: read the first block", self._first_block, file)
+            table = None if first is None else self._parse(file, 0, first[1], count=False)[0]
+            if table is None or table.num_rows == 0:
+                continue
+            sniffed = pa.schema([f.with_type(blocks.no_timestamps(f.type)) for f in table.schema])
+            names = self.columns or sniffed.names
+            fields = [sniffed.field(n) if n in sniffed.names else pa.field(n, pa.null()) for n in names]
+            self._schema = pa.schema(fields)
+            self._reference = f"the first block of {file.name}"
+            explicit = pa.schema([f for f in fields if not pa.types.is_null(f.type)])
+            unexpected = "infer" if len(explicit) < len(fields) else "ignore"  # infer the untyped keys
+            self._options = pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior=unexpected)
+            return
+
+    def _first_block(self, file: FileRef) -> tuple[int, bytes] | None:
+        try:
+            with blocks.open_stream(file) as stream:
+                return next(blocks.line_blocks(stream, 0, math.inf, self.block_bytes), None)
+        except (OSError, pa.ArrowException) as exc:
+            if is_transient(exc) or isinstance(exc, FileNotFoundError):
+                raise
+            raise DataError(f"{file.name}: cannot read the file ({exc}).") from exc
+
+    def _parse(self, file: FileRef, offset: int, block: bytes, *, count: bool = True) -> tuple[pa.RecordBatch | None, bytes]:
+        """``(rows, block)``: a bad line raises a ``DataError`` naming it, or with ``on_error="skip"`` is blanked.
+
+        A skipped line becomes spaces of the same length in the returned block (a blank line, which
+        is no row), so every other row keeps its byte offset and its row number, and a resumed read
+        skips it again. ``count``: count skips in the stats (not while the schema is sniffed at listing).
+        """
+        for _ in range(block.count(b"\n") + 1):
+            if not block or block.isspace():
+                return None, block
+            try:
+                return self._parse_block(file, offset, block), block
+            except _BadLine as bad:
+                if self.on_error == "raise":
+                    number = blocks.lines_before(file, offset) + bad.line + 1
+                    hint = "; pass on_error='skip' to read_jsonl to skip such lines (counted per file)"
+                    raise DataError(f"{file.name} line {number}: {bad.problem}{hint}.") from bad.__cause__
+                block = blocks.blank_line(block, bad.line)
+                if count:
+                    self.stats.record_skip(f"{BAD_ROW}:{file.name}", 1)
+        raise AssertionError("unreachable: every line of the block was blanked")
+
+    def _parse_block(self, file: FileRef, offset: int, block: bytes) -> pa.RecordBatch | None:
+        bad_byte = blocks.invalid_utf8(block)
+        if bad_byte is not None:
+            line, column = bad_byte
+            byte = block.split(b"\n", line + 1)[line][column]
+            raise _BadLine(line, f"invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); JSON Lines files "
+                                 "must be UTF-8 (re-encode the file, e.g. with iconv)")
+        try:
+            table = blocks.parse_block(block, self._options)
+        except pa.ArrowInvalid as exc:
+            first = blocks.lines_before(file, offset) + 1 if self.on_error == "raise" else 1  # only named on raise
+            line, problem = blocks.locate_error(block, self._options, exc, first_line=first)
+            typed = self._schema is not None and not problem.startswith("invalid JSON")
+            hint = f"; keys keep the types of {self._reference}" if typed else ""
+            raise _BadLine(line, f"{problem}{hint}") from exc
+        if table.num_rows == 0:
+            return None
+        batch = table.combine_chunks().to_batches()[0]
+        if self._schema is None:
+            return batch
+        where = f"{file.name} (block at byte {offset})"
+        return conform(batch, self._schema, where=where, reference=self._reference)
+
+
+class _BadLine(Exception):
+    """A line of a block that cannot be a row: its index in the block and what is wrong with it."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(problem)
+        self.line, self.problem = line, problem
+
+
+def _with_positions(batch: pa.RecordBatch, starts: object) -> pa.RecordBatch:
+    """``batch`` with each row's byte offset in the file; ``-1`` for all when they cannot be told apart."""
+    positions = pa.array(starts if len(starts) == batch.num_rows else [-1] * batch.num_rows, pa.int64())  # type: ignore[arg-type]
+    return batch.append_column(JsonlReader.POSITION_COLUMN, positions)

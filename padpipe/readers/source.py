@@ -1,0 +1,313 @@
+"""The shared reader machinery: work units, per-epoch unit order, sharding and exact positions.
+
+A reader lists its *work units* (a Parquet row group, an Arrow record batch, a JSONL byte range,
+an index range of a ``datasets.Dataset``) and reads one unit from a given row. This base class does
+the rest: lists once, orders units per epoch (shuffled by ``(seed, epoch)`` when asked), gives each
+consumer (rank x DataLoader worker) an equal share of that order (:mod:`padpipe.runtime.shares`: units
+are cut into row or byte ranges where shares would otherwise be uneven), and saves the position as
+``(unit, row)`` so resume reads from there instead of skipping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+from torchdata.nodes import BaseNode
+
+from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.shares import Measure, share
+from padpipe.state import Int, Spec, Str, StateMismatchError, check_state, load_value, make_state
+from padpipe.errors import DataError, positive
+from padpipe.readers.aligned import aligned_batches
+from padpipe.stats import PipelineStats
+
+DEFAULT_CHUNK_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """The smallest piece of input one consumer reads whole.
+
+    Attributes:
+        path: The file (or a label such as ``"<datasets.Dataset>"``).
+        index: Which unit of that file: row group, record batch, byte range or index range number.
+        num_rows: Rows in the unit when known from metadata, else ``None``.
+        start: Unit-specific start (byte offset for JSONL ranges, first index for datasets).
+        stop: Unit-specific end, exclusive.
+        first: First row of the unit this piece reads (a consumer's share may cut a unit).
+        last: Row of the unit this piece stops before; ``None``: the unit's end.
+    """
+
+    path: str
+    index: int
+    num_rows: int | None = None
+    start: int = 0
+    stop: int | None = None
+    first: int = 0
+    last: int | None = None
+
+
+class UnitSource(BaseNode[pa.RecordBatch]):
+    """Base class of all readers; subclasses implement ``list_units``, ``read_unit`` and ``describe``.
+
+    Args:
+        chunk_rows: Most rows per emitted record batch.
+        seed: When set, the unit order is shuffled per epoch with ``(seed, epoch)``; same on every
+            rank, so consumers still split the units exactly.
+        consumer: This reader's consumer slot; default: detected when the node is first reset.
+        stats: Counters to report into.
+    """
+
+    VERSION = 2
+    EPOCH_KEY = "epoch"
+    UNIT_KEY = "unit"
+    ROW_KEY = "row"
+    IDENTITY_KEY = "files"
+    cache: Any = None  # a token cache's reader hook (padpipe.token_cache.session), set by the pipeline builder
+
+    def __init__(
+        self,
+        *,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        seed: int | None = None,
+        consumer: Consumer | None = None,
+        stats: PipelineStats | None = None,
+    ) -> None:
+        super().__init__()
+        positive("chunk_rows", chunk_rows)
+        self.chunk_rows = chunk_rows
+        self.seed = seed
+        self.consumer = consumer
+        self.stats = stats or PipelineStats()
+        self._units: list[WorkUnit] | None = None
+        self._epoch = -1
+        self._order: list[WorkUnit] = []
+        self._unit = 0
+        self._row = 0
+        self._reader: Iterator[pa.RecordBatch] | None = None
+        self._override: tuple[int, list[WorkUnit]] | None = None  # (epoch, pieces): an elastic resume's share
+        self._stop_on_load = False
+        self._stop_at: int | None = None
+
+    # -- subclass hooks -------------------------------------------------------------------------
+    def list_units(self) -> list[WorkUnit]:
+        """All work units of the input, in a fixed natural order (called once, lazily)."""
+        raise NotImplementedError
+
+    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        """Record batches of ``unit`` from its row ``start_row`` on; errors should name ``unit.path``.
+
+        ``start_row`` counts from the whole unit's first row; the base class stops reading at a
+        piece's ``last`` row itself.
+        """
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Short description of the input for messages and fingerprints (paths, columns)."""
+        raise NotImplementedError
+
+    def drop_position_hint(self) -> None:
+        """Forget where in the current piece a resumed read may start (the token cache reads pieces in parts)."""
+
+    def measure(self, unit: WorkUnit) -> Measure:
+        """The unit's weight in the epoch and whether it can be cut: its rows when known, else whole."""
+        return Measure(unit.num_rows, cuttable=True) if unit.num_rows is not None else Measure(1, cuttable=False)
+
+    def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
+        """The part ``[lo, hi)`` (in :meth:`measure`'s weight) of ``unit``: by default rows ``lo`` to ``hi``."""
+        if unit.num_rows is None or (lo, hi) == (0, unit.num_rows):
+            return unit
+        return dataclasses.replace(unit, num_rows=hi - lo, first=unit.first + lo, last=unit.first + hi)
+
+    def fingerprint(self) -> str:
+        """What a state must have been saved from besides the listing (the ``input`` setting); default: :meth:`describe`."""
+        return self.describe()
+
+    def identity(self) -> str | None:
+        """The identity of what was listed (files with sizes and versions), saved and checked on resume; ``None``: none."""
+        return None
+
+    def check_identity(self, saved: str) -> None:
+        """Raise ``StateMismatchError`` unless ``saved`` (a state's identity) is this listing's :meth:`identity`."""
+        if saved != self.identity():
+            raise StateMismatchError(f"{type(self).__name__} state doesn't match this pipeline: the input changed.")
+
+    def state_fields(self) -> dict[str, Spec]:
+        """A subclass's own state keys (their values from :meth:`state_values`) and what each must be."""
+        return {}
+
+    def check_state_fields(self, loaded: dict[str, Any], unit: WorkUnit | None) -> None:
+        """Check a subclass's loaded fields against the position (``unit``: the unit being read, if any)."""
+
+    def state_values(self) -> dict[str, Any]:
+        """A subclass's own state values, saved with the position (see :meth:`state_fields`)."""
+        return {}
+
+    # -- BaseNode ---------------------------------------------------------------------------------
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if self.consumer is None:
+            self.consumer = Consumer.detect()
+        if self._units is None:
+            self._units = self.list_units()
+        self._reader, self._stop_at = None, None
+        if initial_state is None:
+            self._epoch += 1
+            self._unit, self._row = 0, 0
+            self._order = self._units_for_epoch(self._epoch)
+            return
+        stage = type(self).__name__
+        fields = {self.EPOCH_KEY: Int(0), self.UNIT_KEY: Int(0), self.ROW_KEY: Int(0), **self.state_fields()}
+        if self.identity() is not None:
+            fields[self.IDENTITY_KEY] = Str()
+
+        def check(loaded: dict[str, Any]) -> None:
+            if self.identity() is not None:
+                self.check_identity(loaded[self.IDENTITY_KEY])
+            order = self._units_for_epoch(loaded[self.EPOCH_KEY])
+            unit = load_value(stage, self.UNIT_KEY, loaded[self.UNIT_KEY], Int(0, len(order)))
+            load_value(stage, self.ROW_KEY, loaded[self.ROW_KEY], Int(0, order[unit].num_rows if unit < len(order) else 0))
+            self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
+
+        loaded = check_state(stage, initial_state, version=self.VERSION, settings=self._settings(), fields=fields,
+                             check=check)
+        self._epoch, self._unit, self._row = loaded[self.EPOCH_KEY], loaded[self.UNIT_KEY], loaded[self.ROW_KEY]
+        self._order = self._units_for_epoch(self._epoch)
+        if self._stop_on_load:
+            self._stop_at = self._unit + (0 if self._cut_here() else 1 if self._row else 0)
+
+    def next(self) -> pa.RecordBatch:
+        while True:
+            if self._stop_at is not None and self._unit >= self._stop_at:
+                raise StopIteration
+            if self._reader is None:
+                if self._unit >= len(self._order):
+                    raise StopIteration
+                self._reader = self._read(self._order[self._unit], self._row)
+            with self.stats.timer("read"):
+                batch = next(self._reader, None)
+            if batch is None:
+                self._unit, self._row, self._reader = self._unit + 1, 0, None
+                continue
+            if batch.num_rows == 0:
+                continue
+            self._row += batch.num_rows
+            self.stats.add("read.rows", batch.num_rows)
+            return batch
+
+    def get_state(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {self.EPOCH_KEY: self._epoch, self.UNIT_KEY: self._unit, self.ROW_KEY: self._row}
+        fields.update(self.state_values())
+        identity = self.identity()
+        if identity is not None:
+            fields[self.IDENTITY_KEY] = identity
+        return make_state(version=self.VERSION, settings=self._settings(), **fields)
+
+    # -- elastic resume (see padpipe.runtime.elastic) ---------------------------------------------------------
+    def stop_on_load(self) -> None:
+        """Read nothing new after the next ``reset(state)``: only what the rest of the graph holds comes out.
+
+        The current unit is cut at the saved row where rows can be cut (:meth:`rest_of_epoch` hands
+        the rest to others); otherwise (a byte range, a compressed file) it is read to its end first.
+        """
+        self._stop_on_load = True
+
+    def rest_of_epoch(self, state: dict[str, Any]) -> list[WorkUnit]:
+        """The pieces this consumer had not read when ``state`` was saved (not what :meth:`stop_on_load` reads).
+
+        Example:
+            >>> reader = pp.read_parquet(pp.examples.SAMPLE_PARQUET).build().source
+            >>> reader.reset(); _ = next(reader)
+            >>> [(u.index, u.first) for u in reader.rest_of_epoch(reader.state_dict())][:2]
+            [(0, 1024), (1, 0)]
+        """
+        if self.consumer is None:
+            self.consumer = Consumer.detect()
+        if self._units is None:
+            self._units = self.list_units()
+        order = self._units_for_epoch(state[self.EPOCH_KEY])
+        unit, row = state[self.UNIT_KEY], state[self.ROW_KEY]
+        if unit >= len(order):
+            return []
+        if row == 0:
+            return order[unit:]
+        current = order[unit]
+        if not self._cuttable_by_rows(current):
+            return order[unit + 1 :]
+        return [self.piece(current, row, current.num_rows), *order[unit + 1 :]]
+
+    def override_epoch(self, epoch: int, pieces: list[WorkUnit]) -> None:
+        """Read ``pieces`` in ``epoch`` instead of this consumer's share (the rest of an epoch, re-shared)."""
+        self._override = (epoch, list(pieces))
+
+    def _cut_here(self) -> bool:
+        return self._unit < len(self._order) and self._row > 0 and self._cuttable_by_rows(self._order[self._unit])
+
+    def _cuttable_by_rows(self, unit: WorkUnit) -> bool:
+        measure = self.measure(unit)
+        return unit.num_rows is not None and measure.cuttable and measure.weight == unit.num_rows
+
+    # -- helpers ------------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch being read (0 on the first pass)."""
+        return self._epoch
+
+    def _settings(self) -> dict[str, Any]:
+        assert self.consumer is not None  # set in reset, before any state is made or checked
+        return {
+            "input": self.fingerprint(),
+            "chunk_rows": self.chunk_rows,
+            "seed": self.seed,
+            "consumer": f"{self.consumer.index}/{self.consumer.count}",
+        }
+
+    def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
+        """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""
+        assert self._units is not None and self.consumer is not None
+        if self._override is not None and self._override[0] == epoch:
+            return list(self._override[1])
+        order = np.arange(len(self._units))
+        if self.seed is not None:
+            order = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(order)
+        units = [self._units[i] for i in order]
+        pieces = share([self.measure(u) for u in units], self.consumer.index, self.consumer.count)
+        return [self.piece(units[p.position], p.lo, p.hi) for p in pieces]
+
+    def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        """The piece's rows from ``start_row`` (from the token cache when one is on), cut at ``chunk_rows`` boundaries.
+
+        Boundaries fall where ``unit.first + row`` is a multiple of ``chunk_rows``
+        (:func:`~padpipe.readers.aligned.aligned_batches`), so a piece gives the same batches
+        whether its rows come from the file or from the cache, read whole or resumed.
+        """
+        if self.cache is not None:
+            rows = self.cache.rows(self, unit, start_row)
+        else:
+            rows = self.rows(unit, start_row)
+        yield from aligned_batches(rows, unit.first + start_row, self.chunk_rows)
+
+    def rows(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        """Wrap ``read_unit``: keep to the piece's rows (``start_row`` counts from its start), name the file in errors."""
+        left = None if unit.last is None else unit.last - unit.first - start_row
+        try:
+            for batch in self.read_unit(unit, unit.first + start_row):
+                if left is not None:
+                    if left <= 0:
+                        return
+                    batch, left = batch.slice(0, left), left - min(left, batch.num_rows)
+                yield batch
+        except DataError:
+            raise
+        except (OSError, pa.ArrowException, ValueError, EOFError) as exc:
+            if self._recoverable(exc):
+                raise
+            raise DataError(f"{unit.path}: cannot read unit {unit.index} from row {unit.first + start_row}: {exc}") from exc
+
+    def _recoverable(self, exc: BaseException) -> bool:
+        """Whether a read error is left to the subclass (retried, or a lost file) instead of a DataError."""
+        return False

@@ -1,0 +1,214 @@
+"""Run a pipeline in DataLoader worker processes, as one resumable node of the main process.
+
+:class:`WorkerProcesses` drives a ``torchdata`` ``StatefulDataLoader`` over the pipeline (each
+worker reads its own share: rank x worker) and yields the workers' batches in the loader's fixed
+round-robin order. The main process owns the epoch: workers are started for each epoch with the
+epoch set in the dataset they receive (no ``set_epoch`` needed, and no worker can drift into
+another epoch), and the state is the epoch plus the ``StatefulDataLoader``'s own state (each
+worker's exact position), so resume is exact.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+from torch.utils.data import IterableDataset
+from torchdata.nodes import BaseNode
+
+from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
+from padpipe.runtime.consumer import Consumer
+from padpipe.state import Bool, Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, make_state
+from padpipe.stats import PipelineStats, StatsSnapshot
+
+if TYPE_CHECKING:
+    from padpipe.pipeline import Pipeline
+
+
+class EpochShares(IterableDataset):
+    """The dataset each worker receives: the pipeline, this rank, and the epoch the main process set.
+
+    Args:
+        pipeline: The recipe (without the main-process stages such as ``to_cuda``).
+        consumer: The rank to read as; the worker slot is filled in each worker.
+    """
+
+    def __init__(self, pipeline: Pipeline, consumer: Consumer) -> None:
+        self.pipeline = pipeline
+        self.consumer = consumer
+        self.epoch = 0
+        self.plans: list[dict[str, Any]] | None = None  # per worker: where to start (an elastic resume's plan)
+
+    def __iter__(self) -> Iterator[Any]:
+        from torch.utils.data import get_worker_info
+
+        it = PipelineIterator(self.pipeline, self.epoch, consumer=self.consumer, managed=True, report_stats=True)
+        info = get_worker_info()
+        if self.plans is not None and info is not None:
+            it.load_state_dict(self.plans[info.id])
+        return it
+
+
+class WorkerProcesses(BaseNode[Any]):
+    """Yield a pipeline's batches read by ``num_workers`` worker processes of this rank.
+
+    Args:
+        pipeline: The recipe each worker builds (its share of this rank's share).
+        num_workers: Worker processes (at least 1).
+        consumer: The rank to read as; default: detected in this process on the first ``reset``.
+        ranks: Split between ranks when detecting (``Pipeline.shard("off")`` passes ``False``).
+        options: Further ``StatefulDataLoader`` keywords (``pin_memory``, ``prefetch_factor``,
+            ``multiprocessing_context``, ``timeout``).
+        stats: The main process's counters: the workers' counters (sent with their states) are
+            summed into its snapshots.
+
+    Example:
+        >>> pipe = pp.from_iterable([{"text": "a"}] * 4).tokenize(pp.examples.tokenizer()).batch(1).pad()
+        >>> node = WorkerProcesses(pipe, num_workers=2); node.reset()
+        >>> sum(1 for _ in node)
+        4
+    """
+
+    VERSION = 2
+    EPOCH_KEY = "epoch"
+    DONE_KEY = "done"
+    LOADER_KEY = "dataloader"
+    PLANS_KEY = "plans"
+
+    def __init__(self, pipeline: Pipeline, *, num_workers: int, consumer: Consumer | None = None,
+                 ranks: bool = True, options: dict[str, Any] | None = None,
+                 stats: PipelineStats | None = None) -> None:
+        super().__init__()
+        self.pipeline, self.num_workers, self.consumer, self.ranks = pipeline, num_workers, consumer, ranks
+        self.options = dict(options or {})
+        self.stats = stats or PipelineStats()
+        self._ended = PipelineStats().snapshot()  # the workers' counters of earlier epochs
+        self.stats.include(functools.partial(_workers_stats, weakref.ref(self)))  # no cycle: workers stop when dropped
+        self._loader: Any = None
+        self._it: Iterator[Any] | None = None
+        self._epoch = -1
+        self._done = False
+        self._plans: list[dict[str, Any]] | None = None
+
+    DONE = {"done": True}  # what :meth:`worker_graphs` gives for a worker whose share had all come out
+
+    @classmethod
+    def planned_state(cls, num_workers: int, epoch: int, plans: list[dict[str, Any]]) -> dict[str, Any]:
+        """The state of ``epoch`` with worker ``w`` starting from graph state ``plans[w]`` (an elastic plan)."""
+        return make_state(version=cls.VERSION, settings={"num_workers": num_workers},
+                          **{cls.EPOCH_KEY: epoch, cls.DONE_KEY: False, cls.LOADER_KEY: None,
+                             cls.PLANS_KEY: [{EPOCH_KEY: epoch, NODE_KEY: p} for p in plans]})
+
+    @classmethod
+    def worker_graphs(cls, state: dict[str, Any], num_workers: int) -> tuple[list[Any], int]:
+        """Each worker's graph state in a saved state (:attr:`DONE`; ``None``: not started), and the epoch.
+
+        Reads the ``StatefulDataLoader`` snapshot's per-worker states (the shape torchdata 0.11
+        saves, pinned by tests/runtime/test_workers_state.py).
+        """
+        epoch, loader = state[cls.EPOCH_KEY], state[cls.LOADER_KEY]
+        if state[cls.DONE_KEY]:
+            return [cls.DONE] * num_workers, epoch
+        if loader is None:
+            plans = state[cls.PLANS_KEY]
+            return ([None] * num_workers if plans is None else [p[NODE_KEY] for p in plans]), epoch
+        if loader.get("_steps_since_snapshot", 0):
+            raise StateMismatchError("elastic resume needs worker snapshots taken at every step (snapshot_every_n_steps=1).")
+        out = []
+        for w in range(num_workers):
+            worker = loader["_snapshot"]["_worker_snapshots"].get(f"worker_{w}") or {}
+            iterator = (worker.get("fetcher_state") or {}).get("dataset_iter_state")
+            out.append(None if iterator is None else iterator[NODE_KEY])
+        return out, epoch
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        if self._loader is None:
+            self._loader = self._make_loader()
+        if initial_state is None:
+            self._epoch, self._done, self._plans = self._epoch + 1, False, None
+            self._start(None)
+            return
+        fields = {self.EPOCH_KEY: Int(0), self.DONE_KEY: Bool(), self.LOADER_KEY: Optional(Plain()),
+                  self.PLANS_KEY: Optional(ListOf(Child(), length=self.num_workers))}
+        check_state("WorkerProcesses", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+        self._epoch, self._done = initial_state[self.EPOCH_KEY], initial_state[self.DONE_KEY]
+        loader_state = initial_state[self.LOADER_KEY]
+        self._plans = initial_state[self.PLANS_KEY] if loader_state is None else None
+        if not self._done:
+            self._start(loader_state)
+
+    def next(self) -> Any:
+        if self._it is None:
+            raise StopIteration
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._done = True
+            self.close()
+            raise
+
+    def get_state(self) -> dict[str, Any]:
+        loader_state = None if self._it is None else self._loader.state_dict()
+        plans = self._plans if loader_state is None else None
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings(),
+            **{self.EPOCH_KEY: self._epoch, self.DONE_KEY: self._done, self.LOADER_KEY: loader_state,
+               self.PLANS_KEY: plans},
+        )
+
+    def close(self) -> None:
+        """Stop this epoch's worker processes (they restart on the next ``reset``), keeping their counters."""
+        if self._it is not None:
+            self._ended = self._ended.merge(*self._live())
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        return {"num_workers": self.num_workers}
+
+    def _make_loader(self) -> Any:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        consumer = self.consumer
+        if consumer is None:  # ranks are known here, where the trainer set up torch.distributed
+            rank, world = Consumer.ranks() if self.ranks else (0, 1)
+            consumer = Consumer(rank=rank, world_size=world)
+        self._dataset = EpochShares(self.pipeline, consumer)
+        # the workers' base seed is drawn from this generator, never from torch's global one: starting an
+        # epoch leaves the trainer's random state (dropout) as it was, so a resumed run draws the same masks
+        self._generator = torch.Generator()
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+            return StatefulDataLoader(self._dataset, batch_size=None, num_workers=self.num_workers,
+                                      persistent_workers=False, generator=self._generator, **self.options)
+
+    def _live(self) -> list[StatsSnapshot]:
+        """The counters the running workers last sent (with their states)."""
+        if self._it is None:
+            return []
+        workers = self._loader.state_dict().get("_snapshot", {}).get("_worker_snapshots", {})
+        states = [(w.get("fetcher_state") or {}).get("dataset_iter_state") or {} for w in workers.values()]
+        return [StatsSnapshot(**state[STATS_KEY]) for state in states if STATS_KEY in state]
+
+    def _start(self, loader_state: dict[str, Any] | None) -> None:
+        """Start workers for ``self._epoch`` (forked or spawned with the epoch in their dataset)."""
+        self.stats.add("workers.epochs_started", 1)
+        self._dataset.epoch, self._dataset.plans = self._epoch, self._plans
+        self._generator.manual_seed(self._epoch)  # the same worker seeds for an epoch in every run
+        self._loader.load_state_dict(loader_state or {})
+        self._it = iter(self._loader)
+
+
+def _workers_stats(node: weakref.ref[WorkerProcesses]) -> StatsSnapshot:
+    """The counters of a node's workers: those of ended epochs and what the running ones last sent."""
+    alive = node()
+    return PipelineStats().snapshot() if alive is None else alive._ended.merge(*alive._live())

@@ -1,0 +1,464 @@
+"""Versioned, checked, plain-data node state: every stage saves its state with :func:`make_state`
+and loads it back with :func:`check_state`.
+
+A state is plain data: dicts with string keys, lists, ``str``/``int``/``float``/``bool``/``None``
+and ``torch`` tensors (buffers), so ``torch.load(..., weights_only=True)`` loads a checkpoint that
+holds one, and ``json`` can write one that holds no tensors. Each state carries
+
+* ``version``: the stage's state format; another version is rejected;
+* ``settings``: what resume depends on (seed, buffer size, batch policy, input); each must equal
+  the pipeline's own;
+* the stage's fields, each checked against a :class:`Spec` (type, range, length) before use;
+* ``checksum``: a CRC-32 over all of the above, so a value edited or corrupted after saving (even
+  to another value in range) is rejected instead of silently reading other rows. A nested state
+  or buffer (a dict with its own ``checksum``) counts by its checksum and checks itself.
+
+Every failure is a :class:`StateMismatchError` naming the stage and the key.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+VERSION_KEY = "version"
+SETTINGS_KEY = "settings"
+SOURCE_KEY = "source"
+CHECKSUM_KEY = "checksum"
+MISSING = "<missing>"
+
+
+class StateMismatchError(ValueError):
+    """A state dict does not belong to this pipeline (other version, seed, input or batch policy), or is corrupt."""
+
+
+class Invalid(Exception):
+    """Raised by :meth:`Spec.load` with what the value must be (internal; becomes a StateMismatchError)."""
+
+    def __init__(self, expected: str, found: str | None = None) -> None:
+        super().__init__(expected)
+        self.expected, self.found = expected, found
+
+
+# -- plain data -------------------------------------------------------------------------------------
+def plain(value: Any) -> Any:
+    """``value`` as plain state data: tuples become lists, numpy scalars and arrays become ints and tensors.
+
+    Raises ``TypeError`` for anything else that is not plain (a programming error in a stage).
+
+    Example:
+        >>> plain({"a": (1, np.int64(2)), "b": np.arange(2)})
+        {'a': [1, 2], 'b': tensor([0, 1])}
+    """
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.array(value, copy=True))
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, Mapping):
+        if CHECKSUM_KEY in value:  # sealed by make_state or seal: plain already
+            return value
+        return {_key(k): plain(v) for k, v in value.items()}
+    raise TypeError(f"state values must be plain data, but {type(value).__name__} {value!r:.80} is not.")
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"state keys must be strings, but {key!r} is a {type(key).__name__}.")
+    return key
+
+
+def checksum(value: Mapping[str, Any]) -> str:
+    """The CRC-32 of a state dict's values (its own ``checksum`` entry left out), as 8 hex digits.
+
+    Tensors count by dtype, shape and raw bytes (any dtype, ``bfloat16`` included); a nested dict that has a ``checksum`` counts by it.
+
+    Example:
+        >>> checksum({"epoch": 1}) == checksum({"epoch": 1}) != checksum({"epoch": 2})
+        True
+    """
+    crc = _walk({k: v for k, v in value.items() if k != CHECKSUM_KEY}, 0, top=True)
+    return f"{crc:08x}"
+
+
+def _walk(value: Any, crc: int, *, top: bool = False) -> int:
+    if isinstance(value, Mapping):
+        if not top and CHECKSUM_KEY in value:  # a sealed state or buffer: checked on its own
+            return zlib.crc32(b"C" + str(value[CHECKSUM_KEY]).encode(), crc)
+        crc = zlib.crc32(b"D%d" % len(value), crc)
+        for key in sorted(value, key=str):
+            crc = _walk(value[key], zlib.crc32(b"K" + str(key).encode(), crc))
+        return crc
+    if isinstance(value, (list, tuple)):
+        crc = zlib.crc32(b"L%d" % len(value), crc)
+        for item in value:
+            crc = _walk(item, crc)
+        return crc
+    if isinstance(value, torch.Tensor):
+        shape = tuple(value.shape) or (1,)  # a 0-d tensor counts as shape (1,), as in states saved before
+        crc = zlib.crc32(f"T{_dtype_tag(value.dtype)}{shape}".encode(), crc)
+        if not value.numel():
+            return crc
+        raw = value.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+        return zlib.crc32(memoryview(raw.numpy()), crc)
+    if value is None or isinstance(value, bool):
+        return zlib.crc32(repr(value).encode(), crc)
+    if isinstance(value, int):
+        return zlib.crc32(b"I%d" % value, crc)
+    if isinstance(value, float):
+        return zlib.crc32(b"F" + repr(value).encode(), crc)
+    if isinstance(value, str):
+        return zlib.crc32(b"S" + value.encode("utf-8", "surrogatepass"), crc)
+    return zlib.crc32(b"?" + type(value).__name__.encode(), crc)  # not plain: fails the type checks
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_tag(dtype: torch.dtype) -> str:
+    """NumPy's name of ``dtype`` (``'<i8'``, as states were always hashed), else torch's (``'torch.bfloat16'``)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype.str
+    except TypeError:  # no NumPy twin: bfloat16, float8, ...
+        return str(dtype)
+
+
+def seal(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` with its :func:`checksum` added under ``"checksum"`` (for buffers inside a state).
+
+    Example:
+        >>> seal({"n": 1})
+        {'n': 1, 'checksum': '...'}
+    """
+    out = dict(value)
+    out[CHECKSUM_KEY] = checksum(out)
+    return out
+
+
+def make_state(*, version: int, settings: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """Build a sealed state dict with the version and the settings to check on resume.
+
+    Example:
+        >>> make_state(version=1, settings={"seed": 0}, epoch=3)
+        {'version': 1, 'settings': {'seed': 0}, 'epoch': 3, 'checksum': '...'}
+    """
+    return seal({VERSION_KEY: version, SETTINGS_KEY: plain(settings), **plain(fields)})
+
+
+# -- specs ------------------------------------------------------------------------------------------
+class Spec:
+    """What one state value must be; :meth:`load` checks it and returns the value to use."""
+
+    def load(self, value: Any) -> Any:
+        """The value to use (an ``int``, a ``TokenChunk``, a numpy array, ...) or :class:`Invalid`."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Int(Spec):
+    """An ``int`` (not a ``bool``) in ``[lo, hi]`` (either end open when ``None``)."""
+
+    lo: int | None = None
+    hi: int | None = None
+
+    def load(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not _within(value, self.lo, self.hi):
+            raise Invalid(f"an int{_range(self.lo, self.hi)}")
+        return value
+
+
+@dataclass(frozen=True)
+class Bool(Spec):
+    """``True`` or ``False``."""
+
+    def load(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise Invalid("a bool")
+        return value
+
+
+@dataclass(frozen=True)
+class Str(Spec):
+    """A ``str``."""
+
+    def load(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise Invalid("a str")
+        return value
+
+
+@dataclass(frozen=True)
+class Optional(Spec):
+    """``None`` or what ``spec`` takes."""
+
+    spec: Spec
+
+    def load(self, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return self.spec.load(value)
+        except Invalid as exc:
+            raise Invalid(f"None or {exc.expected}", exc.found) from None
+
+
+@dataclass(frozen=True)
+class ListOf(Spec):
+    """A list (or tuple) of ``length`` items (any number when ``None``), each what ``item`` takes."""
+
+    item: Spec
+    length: int | None = None
+
+    def load(self, value: Any) -> list[Any]:
+        expected = f"a list of {'' if self.length is None else f'{self.length} '}items"
+        if not isinstance(value, (list, tuple)) or (self.length is not None and len(value) != self.length):
+            raise Invalid(expected)
+        out = []
+        for i, item in enumerate(value):
+            try:
+                out.append(self.item.load(item))
+            except Invalid as exc:
+                raise Invalid(f"{expected}, each {exc.expected}", f"{_show(item)} at index {i}") from None
+        return out
+
+
+@dataclass(frozen=True)
+class Array(Spec):
+    """A 1-D tensor of ``dtype`` (returned as a numpy array), with its length and values in range."""
+
+    dtype: torch.dtype
+    lo: int | None = None
+    hi: int | None = None
+    max_length: int | None = None
+    unique: bool = False
+
+    def load(self, value: Any) -> np.ndarray:
+        name = str(self.dtype).removeprefix("torch.")
+        longest = "" if self.max_length is None else f" of at most {self.max_length} values"
+        expected = f"a 1-D {name} tensor{longest}"
+        if not isinstance(value, torch.Tensor) or value.dtype != self.dtype or value.dim() != 1:
+            raise Invalid(expected)
+        if self.max_length is not None and len(value) > self.max_length:
+            raise Invalid(expected)
+        array = value.detach().cpu().numpy().copy()
+        if len(array) and (self.lo is not None or self.hi is not None):
+            low, high = int(array.min()), int(array.max())
+            if not (_within(low, self.lo, self.hi) and _within(high, self.lo, self.hi)):
+                raise Invalid(f"{expected} with values{_range(self.lo, self.hi)}", f"values from {low} to {high}")
+        if self.unique and len(np.unique(array)) != len(array):
+            raise Invalid(f"{expected} of distinct values", "a tensor with repeated values")
+        return array
+
+
+@dataclass(frozen=True)
+class Rng(Spec):
+    """A numpy ``PCG64`` generator state (``Generator.bit_generator.state``); loads a ``Generator``."""
+
+    def load(self, value: Any) -> np.random.Generator:
+        expected = "a PCG64 generator state"
+        if not isinstance(value, Mapping) or set(value) != {"bit_generator", "state", "has_uint32", "uinteger"}:
+            raise Invalid(expected)
+        inner = value["state"]
+        ok = (
+            value["bit_generator"] == "PCG64"
+            and isinstance(inner, Mapping)
+            and set(inner) == {"state", "inc"}
+            and all(_is_int(inner[k], 0, 2**128 - 1) for k in ("state", "inc"))
+            and _is_int(value["has_uint32"], 0, 1)
+            and _is_int(value["uinteger"], 0, 2**32 - 1)
+        )
+        if not ok:
+            raise Invalid(expected)
+        rng = np.random.default_rng()
+        try:
+            rng.bit_generator.state = {**value, "state": dict(inner)}
+        except (TypeError, ValueError):
+            raise Invalid(expected) from None
+        return rng
+
+
+@dataclass(frozen=True)
+class Child(Spec):
+    """A nested stage state (a dict; the stage it belongs to checks it when it is reset)."""
+
+    def load(self, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise Invalid("a state dict")
+        return value
+
+
+@dataclass(frozen=True)
+class Plain(Spec):
+    """Any plain data (a library's own state, such as ``datasets``'), checked by its owner."""
+
+    def load(self, value: Any) -> Any:
+        return value
+
+
+def _same(found: Any, expected: Any) -> bool:
+    """``found == expected`` for plain data, where a tensor equals nothing (and ``==`` on it never runs)."""
+    if isinstance(found, torch.Tensor) or isinstance(expected, torch.Tensor):
+        return False
+    if isinstance(found, Mapping) and isinstance(expected, Mapping):
+        return set(found) == set(expected) and all(_same(found[k], expected[k]) for k in expected)
+    if isinstance(found, (list, tuple)) and isinstance(expected, (list, tuple)):
+        return len(found) == len(expected) and all(_same(a, b) for a, b in zip(found, expected))
+    return type(found) is type(expected) and found == expected or (
+        isinstance(found, (int, float)) and isinstance(expected, (int, float))
+        and not isinstance(found, bool) and not isinstance(expected, bool) and found == expected
+    )
+
+
+def _is_int(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _within(value: int, lo: int | None, hi: int | None) -> bool:
+    return (lo is None or value >= lo) and (hi is None or value <= hi)
+
+
+def _range(lo: int | None, hi: int | None) -> str:
+    if lo is not None and hi is not None:
+        return f" from {lo} to {hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    return "" if hi is None else f" <= {hi}"
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A short repr for messages (tensors by dtype and shape)."""
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+# -- checking ---------------------------------------------------------------------------------------
+def invalid(stage: str, key: str, expected: str, found: Any) -> StateMismatchError:
+    """The error for a bad value under ``key``: "``stage`` state is invalid: 'key' must be ..., but is ... instead."
+
+    Example:
+        >>> invalid("ParquetReader", "unit", "an int from 0 to 6", -5)
+        StateMismatchError("ParquetReader state is invalid: 'unit' must be an int from 0 to 6, but is -5 instead.")
+    """
+    return StateMismatchError(f"{stage} state is invalid: {key!r} must be {expected}, but is {found} instead.")
+
+
+def load_value(stage: str, key: str, value: Any, spec: Spec) -> Any:
+    """``spec.load(value)``, its failure raised as a :class:`StateMismatchError` naming ``stage`` and ``key``.
+
+    For checks that depend on other loaded values (a row index against the unit's row count).
+
+    Example:
+        >>> load_value("shuffle", "chunk_rows", -1, Int(0))
+        Traceback (most recent call last):
+        ...
+        padpipe.state.StateMismatchError: shuffle state is invalid: 'chunk_rows' must be an int >= 0, but is -1 instead.
+    """
+    try:
+        return spec.load(value)
+    except Invalid as exc:
+        raise invalid(stage, key, exc.expected, exc.found if exc.found is not None else _show(value)) from None
+    except StateMismatchError as exc:  # a nested buffer's own check names what is wrong inside it
+        raise StateMismatchError(f"{stage} state is invalid: {key!r}: {exc}") from None
+
+
+def check_state(
+    stage: str,
+    state: Any,
+    *,
+    version: int,
+    settings: Mapping[str, Any],
+    fields: Mapping[str, Spec] | None = None,
+    check: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Check a state dict given to ``reset`` fully; return its fields as loaded by their specs.
+
+    Checks, in order: a dict with a ``version`` equal to ``version``; each of ``settings`` equal
+    to the saved one; with ``fields``, exactly these keys besides version, settings and checksum,
+    each taken by its :class:`Spec`; ``check``; the checksum. Everything else raises
+    :class:`StateMismatchError` naming ``stage`` and the key.
+
+    Args:
+        stage: Stage name for the message, e.g. ``"Bucketizer"``.
+        state: The state dict given to ``reset``.
+        version: The stage's current state format version.
+        settings: The settings that must match, as saved by :func:`make_state`.
+        fields: The stage's own keys and what each must be; ``None`` checks no fields.
+        check: Checks between loaded fields (a row index against its unit's rows), given the
+            loaded fields; raises with :func:`load_value` or :func:`invalid`.
+
+    Example:
+        >>> check_state("bucket", make_state(version=1, settings={"seed": 0}), version=1, settings={"seed": 1})
+        Traceback (most recent call last):
+        ...
+        padpipe.state.StateMismatchError: bucket state doesn't match this pipeline: setting 'seed' found 0 instead of 1.
+        >>> check_state("bucket", make_state(version=1, settings={}, pos=-1), version=1, settings={},
+        ...             fields={"pos": Int(0)})
+        Traceback (most recent call last):
+        ...
+        padpipe.state.StateMismatchError: bucket state is invalid: 'pos' must be an int >= 0, but is -1 instead.
+    """
+    if not isinstance(state, Mapping):
+        raise StateMismatchError(f"{stage} state must be a dict saved by padpipe, but is a {type(state).__name__} instead.")
+    if VERSION_KEY not in state:
+        raise StateMismatchError(f"{stage} state is not a padpipe state dict: found keys {sorted(state, key=str)!r}.")
+    if not _same(state[VERSION_KEY], version):
+        raise StateMismatchError(
+            f"{stage} state doesn't match this pipeline: version found {_show(state[VERSION_KEY])} instead of {version!r}."
+        )
+    saved = state.get(SETTINGS_KEY, {})
+    if not isinstance(saved, Mapping):
+        raise invalid(stage, SETTINGS_KEY, "a dict", _show(saved))
+    for key, expected in plain(settings).items():
+        found = saved.get(key, MISSING)
+        if not _same(found, expected):
+            raise StateMismatchError(
+                f"{stage} state doesn't match this pipeline: setting {key!r} found {_show(found, 300)} instead of {expected!r}."
+            )
+    loaded: dict[str, Any] = {}
+    if fields is not None:
+        own = {VERSION_KEY, SETTINGS_KEY, CHECKSUM_KEY}
+        for key in fields:
+            if key not in state:
+                raise StateMismatchError(f"{stage} state is invalid: key {key!r} is missing.")
+        extra = sorted(set(state) - set(fields) - own, key=str)
+        if extra:
+            raise StateMismatchError(f"{stage} state is invalid: unexpected key {extra[0]!r}.")
+    found_sum = state.get(CHECKSUM_KEY, MISSING)
+    if found_sum == MISSING:
+        raise StateMismatchError(f"{stage} state is invalid: key {CHECKSUM_KEY!r} is missing.")
+    if fields is not None:
+        for key, spec in fields.items():
+            loaded[key] = load_value(stage, key, state[key], spec)
+    if check is not None:
+        check(loaded)
+    expected_sum = checksum(state)
+    if found_sum != expected_sum:
+        raise StateMismatchError(
+            f"{stage} state is invalid: its checksum is {found_sum!r}, but its values give {expected_sum!r}; "
+            "it was changed after it was saved."
+        )
+    return loaded
+
+
+def unseal(what: str, value: Any, keys: Sequence[str]) -> Mapping[str, Any]:
+    """Check that ``value`` is a sealed dict with exactly ``keys`` (plus its checksum) and the right checksum.
+
+    Raises ``StateMismatchError`` with ``what`` in the message (the caller adds stage and key).
+
+    Example:
+        >>> unseal("a token chunk", seal({"ids": 1}), ["ids"])["ids"]
+        1
+    """
+    if not isinstance(value, Mapping) or set(value) != {*keys, CHECKSUM_KEY}:
+        raise StateMismatchError(f"expected {what} with keys {sorted(keys)!r} and a checksum, found {_show(value)}")
+    if value[CHECKSUM_KEY] != checksum(value):
+        raise StateMismatchError(f"{what}'s checksum doesn't match its values; it was changed after it was saved")
+    return value

@@ -1,0 +1,152 @@
+"""The rows a cached pipeline passes from its reader to ``tokenize``: source columns plus hidden token columns.
+
+With a token cache on, the reader emits every row with four hidden columns, whether it read the
+row's text from the source or its ids from the cache, so the shuffle buffer between them sees
+one schema and the same batch sizes as without a cache:
+
+* ``__padpipe_ids`` (list of the cache's id type): the ids of a cached row, null for a text row;
+* ``__padpipe_type_ids`` (list of int8, only for tokenizers that make them): likewise;
+* ``__padpipe_state`` (int8): :data:`TEXT` (tokenize it), :data:`CACHED`, or :data:`BAD` (a row
+  whose text was bad, dropped and counted as ``tokenize.bad_text`` as when it was tokenized);
+* ``__padpipe_ref`` (int64): where the row lives, ``unit << 40 | position`` (``unit`` numbers the
+  source unit in this process, ``position`` is its row number or JSONL byte offset), ``-1``
+  when it cannot be cached. ``tokenize`` keeps it on its chunks as far as the bucketizer, whose
+  state can then name rows instead of holding them.
+
+A segment file holds the same columns, with ``__padpipe_pos`` (the position) in place of the
+reference and the text columns as nulls.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
+from padpipe.readers.jsonl import JsonlReader
+
+IDS, TYPE_IDS, STATE, REF = "__padpipe_ids", "__padpipe_type_ids", "__padpipe_state", "__padpipe_ref"
+POS = JsonlReader.POSITION_COLUMN
+HIDDEN = (IDS, TYPE_IDS, STATE, REF, POS)
+TEXT, CACHED, BAD = 0, 1, 2
+UNIT_SHIFT = 40
+POSITION_MASK = (1 << UNIT_SHIFT) - 1
+
+
+def ids_type(vocab_size: int) -> pa.DataType:
+    """The smallest integer type every id of a ``vocab_size`` vocabulary fits.
+
+    Example:
+        >>> ids_type(30_522), ids_type(200), ids_type(128_256)
+        (DataType(uint16), DataType(uint8), DataType(int32))
+    """
+    if vocab_size <= 1 << 8:
+        return pa.uint8()
+    return pa.uint16() if vocab_size <= 1 << 16 else pa.int32()
+
+
+def refs(unit: int, positions: np.ndarray) -> pa.Array:
+    """References ``unit << 40 | position``; ``unit < 0`` (or a position ``< 0``) gives ``-1`` (not cacheable)."""
+    positions = np.asarray(positions, np.int64)
+    if unit < 0:
+        return pa.array(np.full(len(positions), -1, np.int64))
+    return pa.array(np.where(positions < 0, -1, (np.int64(unit) << UNIT_SHIFT) | positions))
+
+
+def split_refs(ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(units, positions)`` of references (``-1`` for both where a row has none).
+
+    Example:
+        >>> [a.tolist() for a in split_refs(np.array([(3 << 40) | 17, -1]))]
+        [[3, -1], [17, -1]]
+    """
+    ref = np.asarray(ref, np.int64)
+    none = ref < 0
+    return np.where(none, -1, ref >> UNIT_SHIFT), np.where(none, -1, ref & POSITION_MASK)
+
+
+def as_text_rows(batch: pa.RecordBatch, ref: pa.Array, id_type: pa.DataType, type_ids: bool) -> pa.RecordBatch:
+    """A source batch as rows still to tokenize: null hidden ids, state :data:`TEXT`, references ``ref``."""
+    n = batch.num_rows
+    if POS in batch.schema.names:
+        batch = batch.drop_columns([POS])
+    columns = {IDS: pa.nulls(n, pa.list_(id_type))}
+    if type_ids:
+        columns[TYPE_IDS] = pa.nulls(n, pa.list_(pa.int8()))
+    columns[STATE] = pa.array(np.zeros(n, np.int8))
+    columns[REF] = ref
+    for name, column in columns.items():
+        batch = batch.append_column(name, column)
+    return batch
+
+
+def as_cached_rows(table: pa.Table | pa.RecordBatch, unit: int) -> pa.RecordBatch:
+    """Rows of a segment file as reader rows: the position column becomes a reference into ``unit``."""
+    if isinstance(table, pa.Table):
+        batches = table.combine_chunks().to_batches()
+        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+    else:
+        batch = table
+    positions = batch.column(POS).to_numpy()
+    return batch.drop_columns([POS]).append_column(REF, refs(unit, positions))
+
+
+def lists(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    """Flat values split at ``offsets`` as an Arrow list array of ``value_type``."""
+    flat = pa.array(np.asarray(values).astype(value_type.to_pandas_dtype(), copy=False), value_type)
+    return pa.ListArray.from_arrays(pa.array(np.asarray(offsets, np.int32)), flat)
+
+
+def flat(column: pa.Array, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, offsets)`` of a non-null list array, offsets from 0, values as ``dtype``."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = column.offsets.to_numpy().astype(np.int64)
+    values = column.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    return values.astype(dtype), offsets - offsets[0]
+
+
+def chunk_of(rows: pa.RecordBatch, columns: dict[str, pa.Array]) -> TokenChunk:
+    """The cached rows ``rows`` (every state :data:`CACHED`) as a token chunk with ``columns``."""
+    ids, offsets = flat(rows.column(IDS), ID_DTYPE)
+    type_ids = None
+    if TYPE_IDS in rows.schema.names:
+        type_ids = flat(rows.column(TYPE_IDS), TYPE_ID_DTYPE)[0]
+    return TokenChunk(ids, offsets, type_ids, columns)
+
+
+def segment_rows(
+    rows: pa.RecordBatch, chunk: TokenChunk, fields: Sequence[str], id_type: pa.DataType, good: np.ndarray
+) -> pa.RecordBatch:
+    """What a segment file stores for freshly tokenized ``rows``: text nulled, ids, state, position.
+
+    ``good`` marks the rows ``chunk`` holds (in order); the others had bad text and are stored
+    as :data:`BAD` with no ids.
+    """
+    n = rows.num_rows
+    lengths = np.zeros(n, np.int64)
+    lengths[good] = chunk.lengths
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = rows.drop_columns([c for c in HIDDEN if c in rows.schema.names])
+    for name in fields:
+        i = out.schema.get_field_index(name)
+        out = out.set_column(i, out.schema.field(i), pa.nulls(n, out.schema.field(i).type))
+    out = out.append_column(IDS, lists(chunk.ids, offsets, id_type))
+    if chunk.type_ids is not None:
+        out = out.append_column(TYPE_IDS, lists(chunk.type_ids, offsets, pa.int8()))
+    out = out.append_column(STATE, pa.array(np.where(good, CACHED, BAD).astype(np.int8)))
+    positions = split_refs(rows.column(REF).to_numpy())[1]
+    return out.append_column(POS, pa.array(positions))
+
+
+def without_hidden(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` without the hidden columns."""
+    return batch.drop_columns([c for c in HIDDEN if c in batch.schema.names])
+
+
+def state_of(batch: pa.RecordBatch) -> np.ndarray:
+    """The rows' states (:data:`TEXT`, :data:`CACHED`, :data:`BAD`)."""
+    return pc.fill_null(batch.column(STATE), TEXT).to_numpy(zero_copy_only=False)

@@ -1,0 +1,182 @@
+"""Small states with a token cache: buffered rows the cache holds are saved as references, re-read on resume.
+
+The shuffle buffer and the bucketizer save their buffered rows in their states. With a cache on,
+rows carry a reference (``__padpipe_ref``: unit and position); when every row of a buffered batch
+is in a segment published (or read) in this process, its state is just the units' folders and
+each row's unit and position: 12 bytes a row instead of its ids and columns. On resume the rows
+are read back from the cache (the segments' checks apply) in the same order; a state whose rows
+are no longer in the cache is an error naming it. Batches that hold rows not yet in the cache
+(the pass that fills it) are saved whole, as without a cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from padpipe.state import Spec, StateMismatchError, seal, unseal
+from padpipe.chunks import TokenChunk, records_from_state, records_to_state
+from padpipe.token_cache import rows as cr
+from padpipe.readers.aligned import concat
+from padpipe.pipes.cut import truncate_rows
+
+CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY = "token_cache", "folders", "unit", "pos"
+KEYS = (CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY)
+
+
+def drop_ref(chunk: TokenChunk) -> TokenChunk:
+    """``chunk`` without its row references (what the bucketizer emits).
+
+    Example:
+        >>> drop_ref(TokenChunk.from_lists([[1]], {"__padpipe_ref": [7], "x": [1]})).columns.keys()
+        dict_keys(['x'])
+    """
+    if cr.REF not in chunk.columns:
+        return chunk
+    return TokenChunk(chunk.ids, chunk.offsets, chunk.type_ids, {k: v for k, v in chunk.columns.items() if k != cr.REF})
+
+
+def chunk_state(chunk: TokenChunk) -> dict[str, Any]:
+    """The state of buffered token rows: references when the cache holds them all, else the rows."""
+    ref = chunk.columns.get(cr.REF)
+    compact = None if ref is None else _references(ref)
+    return compact if compact is not None else chunk.to_state()
+
+
+class CachedChunk(Spec):
+    """A bucketizer buffer: a sealed token chunk, or references into the token cache (re-read, then cut to ``truncate_to``)."""
+
+    def __init__(self, truncate_to: int | None = None) -> None:
+        self.truncate_to = truncate_to
+
+    def load(self, value: Any) -> TokenChunk:
+        if not (isinstance(value, Mapping) and CACHE_KEY in value):
+            return TokenChunk.from_state(value)
+        from padpipe.pipes.tokenize import _pass_through
+
+        session, rows = _resolve(value)
+        columns = {**_pass_through(cr.without_hidden(rows), session.fields), cr.REF: rows.column(cr.REF)}
+        chunk = cr.chunk_of(rows, columns)
+        return chunk if self.truncate_to is None else truncate_rows(chunk, self.truncate_to)
+
+
+def records_state(batch: pa.RecordBatch) -> dict[str, Any]:
+    """The state of a buffered record batch: references when every row is a cached one the cache holds, else the rows."""
+    if cr.REF in batch.schema.names and not (cr.state_of(batch) == cr.TEXT).any():
+        compact = _references(batch.column(cr.REF))
+        if compact is not None:
+            return compact
+    return records_to_state(batch)
+
+
+class CachedRecords(Spec):
+    """A shuffle buffer segment: a sealed record batch, or references into the token cache (re-read)."""
+
+    def load(self, value: Any) -> pa.RecordBatch:
+        if isinstance(value, Mapping) and CACHE_KEY in value:
+            return _resolve(value)[1]
+        return records_from_state(value)
+
+
+def _references(ref: pa.Array) -> dict[str, Any] | None:
+    """The compact state of rows ``ref``, or ``None`` unless every row is in a segment known here."""
+    from padpipe.token_cache.session import covered, unit_folder
+
+    units, positions = cr.split_refs(ref.to_numpy(zero_copy_only=False))
+    if not len(units) or (units < 0).any():
+        return None
+    distinct, index = np.unique(units, return_inverse=True)
+    places = [unit_folder(int(u)) for u in distinct]
+    if len({key for key, _ in places}) != 1:
+        return None
+    if not all(covered(int(u), positions[units == u]) for u in distinct):
+        return None
+    return seal({
+        CACHE_KEY: places[0][0],
+        FOLDERS_KEY: [folder for _, folder in places],
+        UNIT_KEY: torch.from_numpy(index.astype(np.int32)),
+        POS_KEY: torch.from_numpy(positions.astype(np.int64)),
+    })
+
+
+def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
+    """``(session, rows)``: the referenced rows read back from the cache, in the saved order."""
+    from padpipe.token_cache.session import session_for, unit_number
+
+    state = unseal("token cache references", state, KEYS)
+    key, folders, index, positions = state[CACHE_KEY], state[FOLDERS_KEY], state[UNIT_KEY], state[POS_KEY]
+    if not (isinstance(key, str) and isinstance(folders, list) and all(isinstance(f, str) for f in folders)
+            and _vector(index, torch.int32) and _vector(positions, torch.int64) and len(index) == len(positions)
+            and len(index) and int(index.min()) >= 0 and int(index.max()) < len(folders)):
+        raise StateMismatchError("token cache references must be a cache name, its folders and one unit and position "
+                                 "per row (int32 and int64 tensors of one length)")
+    session = session_for(key)
+    if session is None:
+        raise StateMismatchError(
+            f"this state refers to rows in the token cache {key.split('|')[0]!r}, but this pipeline does not use it; "
+            "resume with the same tokenize(cache=...) settings."
+        )
+    for folder in folders:
+        _check_folder(session, folder)
+    index, positions = index.numpy().astype(np.int64), positions.numpy()
+    parts, places = [], []
+    for u, folder in enumerate(folders):
+        rows = np.flatnonzero(index == u)
+        uid = unit_number(key, folder)
+        for table, where in _rows_of(session, folder, uid, positions[rows]):
+            parts.append(cr.as_cached_rows(table, uid))
+            places.append(rows[where])
+    batch = concat(parts)
+    return session, batch.take(pa.array(np.argsort(np.concatenate(places), kind="stable")))
+
+
+def _rows_of(session: Any, folder: str, uid: int, wanted: np.ndarray) -> list[tuple[pa.Table, np.ndarray]]:
+    """The rows at positions ``wanted`` of one unit, segment by segment: ``(rows, their places in wanted)``."""
+    found = np.zeros(len(wanted), bool)
+    out = []
+    for segment in sorted(session.segments(folder), key=lambda s: s.lo - s.hi):  # widest first
+        inside = ~found & (wanted >= segment.lo) & (wanted < segment.hi)
+        if not inside.any():
+            continue
+        table = session.load(folder, segment, uid, kind=None)
+        if table is None:
+            continue
+        positions = table.column(cr.POS).to_numpy()
+        at = np.searchsorted(positions, wanted[inside])
+        hit = (at < len(positions)) & (positions[np.minimum(at, len(positions) - 1)] == wanted[inside])
+        places = np.flatnonzero(inside)[hit]
+        if len(places):
+            out.append((table.take(pa.array(at[hit])), places))
+            found[places] = True
+    if not found.all():
+        raise StateMismatchError(
+            f"this state refers to {int((~found).sum())} row(s) of {session.store.url(folder)!r} that the token cache "
+            "no longer holds (cleared or changed since); resume with the cache it was saved with, or from the start."
+        )
+    return out
+
+
+def _check_folder(session: Any, folder: str) -> None:
+    """Refuse a state's folder unless it is a unit folder of this cache and fingerprint, under its root."""
+    from padpipe.token_cache.store import UNIT_FOLDER, CacheError
+
+    problem = None
+    if not UNIT_FOLDER.match(folder) or not folder.startswith(f"{session.fingerprint}/"):
+        problem = f"expected '{session.fingerprint}/' and 20 hex digits, the folders this cache writes"
+    else:
+        try:
+            session.store.inside(folder)
+        except CacheError:
+            problem = "it resolves outside the cache (a link?)"
+    if problem:
+        raise StateMismatchError(
+            f"token cache references name the folder {folder!r}, which is not a unit folder of the token cache at "
+            f"{session.store.url()!r} ({problem}); this state was not made by this pipeline."
+        )
+
+
+def _vector(value: Any, dtype: torch.dtype) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == 1

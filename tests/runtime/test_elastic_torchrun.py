@@ -1,0 +1,120 @@
+"""Elastic resume under real ``torchrun`` (gloo, CPU): a run saved on R x W continues on R' x W' exactly.
+
+Each phase is one ``torch.distributed.run`` launch of tests/dist_scripts/elastic_run.py that serves
+four pipelines (bucketed, fixed batches, packed, a mix) at once: every rank takes a few steps with a
+barrier per step and saves its state; a later launch on another layout loads every saved rank's
+state and runs the rest of that epoch and the next. Checked per pipeline and layout change: the rows
+before the save plus those after it are the epoch exactly once (buffered rows included), every rank
+takes the same number of steps, equal steps drops nothing, and the next epoch is whole. One launch
+also saves again in the middle of its elastic epoch, and a third layout finishes that epoch.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch.distributed as dist
+
+import padpipe as pp
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the module fixture runs every launch (each bounded by its own timeout)
+
+SCRIPT = Path(__file__).parent.parent / "dist_scripts" / "elastic_run.py"
+ROWS, EXTRA = 900, 300
+WORDS = "the cat sat on a mat and then ran far away from the big dog".split()
+KINDS = ("bucket", "batch", "pack", "mix")
+SAVED = {(2, 1): 3, (1, 2): 5, (3, 1): 2, (4, 2): 2}  # the old layouts, and the steps each takes before saving
+CHANGES = [((2, 1), (3, 0)), ((2, 1), (3, 2)), ((1, 2), (4, 1)), ((3, 1), (2, 2)), ((4, 2), (3, 0))]
+TIMEOUT = 300
+
+
+def torchrun(ranks: int, workers: int, data: Path, tag: str, *extra: str) -> list[dict]:
+    """One launch; every rank's record. Killed whole (its process group) on timeout."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+               str(SCRIPT), str(data), str(data), tag, "--workers", str(workers), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun {tag} did not finish in {TIMEOUT} s (a hang?):\n{out[-2000:]}{err[-3000:]}")
+    assert proc.returncode == 0, f"torchrun {tag}:\n{out[-2000:]}{err[-5000:]}"
+    return [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def expected(kind: str, data: Path) -> collections.Counter:
+    """Every row of one epoch: ``rid`` values, or a packed pipeline's documents as token tuples."""
+    if kind != "pack":
+        return collections.Counter([*range(ROWS), *(range(10_000, 10_000 + EXTRA) if kind == "mix" else ())])
+    pipe = pp.read_parquet(str(data / "a.parquet")).tokenize(pp.examples.tokenizer(), max_length=48).batch(ROWS).pad()
+    batch = next(iter(pipe.loader()))
+    return collections.Counter(tuple(ids[m.bool()].tolist()) for ids, m in zip(batch["input_ids"], batch["attention_mask"]))
+
+
+def rows(records: list[dict], kind: str, part: str, epoch: int | None = None) -> collections.Counter:
+    steps = [s for r in records for s in (r[kind][part] if epoch is None else r[kind][part][epoch])]
+    return collections.Counter(tuple(row) if isinstance(row, list) else row for step in steps for row in step)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    data = tmp_path_factory.mktemp("elastic_torchrun")
+    for name, start, count in (("a", 0, ROWS), ("b", 10_000, EXTRA)):
+        texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + (i * 7) % 40)) for i in range(count)]
+        table = pa.table({"text": texts, "rid": list(range(start, start + count))})
+        pq.write_table(table, data / f"{name}.parquet", row_group_size=160)  # uneven: 5 groups of 160 and 1 of 100
+    out: dict = {"data": data}
+    for (ranks, workers), take in SAVED.items():
+        folder = data / f"saved-{ranks}x{workers}"
+        folder.mkdir()
+        out[ranks, workers] = torchrun(ranks, workers, data, f"old-{ranks}x{workers}", "--take", str(take),
+                                       "--save", str(folder), "--epochs", "-1")
+    for old, new in CHANGES:
+        extra = ["--load", str(data / f"saved-{old[0]}x{old[1]}")]
+        if (old, new) == ((2, 1), (3, 0)):  # save again two steps into the elastic epoch
+            (data / "saved-again").mkdir()
+            extra += ["--take", "2", "--save", str(data / "saved-again")]
+        out[old, new] = torchrun(*new, data, f"new-{old[0]}x{old[1]}-{new[0]}x{new[1]}", *extra)
+    out["again"] = torchrun(1, 2, data, "again-1x2", "--load", str(data / "saved-again"))
+    return out
+
+
+def check_resumed(before: collections.Counter, records: list[dict], kind: str, every: collections.Counter) -> None:
+    rest = rows(records, kind, "before") + rows(records, kind, "epochs", 0)
+    assert before + rest == every, "the saved epoch, before and after the change, has every row exactly once"
+    for epoch in range(2):
+        steps = [len(r[kind]["epochs"][epoch]) + (len(r[kind]["before"]) if epoch == 0 else 0) for r in records]
+        assert len(set(steps)) == 1, f"every rank takes the same number of steps (epoch {epoch}: {steps})"
+    assert rows(records, kind, "epochs", 1) == every, "the next epoch is whole"
+    assert [r[kind]["dropped"] for r in records] == [0] * len(records), "equal steps dropped no row"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("old", "new"), CHANGES, ids=[f"{a}x{b}-{c}x{d}" for (a, b), (c, d) in CHANGES])
+def test_elastic_resume_under_torchrun_reads_the_rest_of_the_epoch_exactly_once(runs, kind, old, new):
+    every = expected(kind, runs["data"])
+    before = rows(runs[old], kind, "before")
+    assert 0 < sum(before.values()) < sum(every.values())
+    check_resumed(before, runs[old, new], kind, every)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_torchrun_job_resized_twice_in_one_epoch_reads_every_row_once(runs, kind):
+    """2 x 1 -> 3 x 0 (saved two steps into the elastic epoch) -> 1 x 2."""
+    every = expected(kind, runs["data"])
+    before = rows(runs[2, 1], kind, "before") + rows(runs[(2, 1), (3, 0)], kind, "before")
+    check_resumed(before, runs["again"], kind, every)

@@ -1,0 +1,51 @@
+"""The shape of torchdata's StatefulDataLoader state that elastic resume reads (``WorkerProcesses.worker_graphs``).
+
+An elastic resume reads each worker's graph state out of the snapshot StatefulDataLoader saves. These
+tests pin that shape for the installed torchdata, so an upgrade that moves it fails here, by name,
+instead of resharing from a wrong position.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import padpipe as pp
+from padpipe.runtime.workers import WorkerProcesses
+
+
+@pytest.fixture
+def pipe() -> pp.Pipeline:
+    rows = [{"text": f"row {i} " * (1 + i % 5), "rid": i} for i in range(64)]
+    return pp.from_iterable(rows).tokenize(pp.examples.tokenizer(), max_length=16).batch(4).pad()
+
+
+def test_statefuldataloader_snapshot_holds_each_workers_iterator_state(pipe):
+    node = WorkerProcesses(pipe, num_workers=2)
+    node.reset()
+    for _ in range(3):
+        next(node)
+    loader = node.get_state()[WorkerProcesses.LOADER_KEY]
+    assert loader["_steps_since_snapshot"] == 0, "a snapshot at every step (snapshot_every_n_steps=1)"
+    workers = loader["_snapshot"]["_worker_snapshots"]
+    assert sorted(workers) == ["worker_0", "worker_1"]
+    for worker in workers.values():
+        iterator = worker["fetcher_state"]["dataset_iter_state"]
+        assert set(iterator) >= {"epoch", "node"}, "PipelineIterator.state_dict() as each worker saved it"
+    node.close()
+
+
+def test_worker_graphs_reads_every_workers_graph_and_the_epoch(pipe):
+    node = WorkerProcesses(pipe, num_workers=2)
+    node.reset()
+    for _ in range(3):
+        next(node)
+    state = pickle.loads(pickle.dumps(node.get_state()))
+    graphs, epoch = WorkerProcesses.worker_graphs(state, 2)
+    assert epoch == 0 and len(graphs) == 2 and all(isinstance(g, dict) and "version" in g for g in graphs)
+    for _ in node:
+        pass
+    done, _ = WorkerProcesses.worker_graphs(node.get_state(), 2)
+    assert done == [WorkerProcesses.DONE] * 2
+    node.close()
