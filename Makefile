@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench setup
+.PHONY: demo test test-fast bench setup lint
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	@echo "padpipe: installing into $(VENV), a few minutes (once; torch is large)..."
@@ -29,3 +29,8 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/throughput.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy

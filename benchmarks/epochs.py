@@ -21,8 +21,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,11 +36,13 @@ import padpipe as pp  # noqa: E402
 
 def padpipe_epochs(args: argparse.Namespace, tokenizer: Any, cache: str | None) -> list[dict[str, float]]:
     """Seconds and counts of each epoch of the padpipe pipeline (one loader, epoch after epoch)."""
-    pipe = (pp.read_parquet(args.data, columns=[args.field])
-            .shuffle(buffer_size=args.shuffle, seed=0)
-            .tokenize(tokenizer, fields=args.field, max_length=args.max_length, cache=cache)
-            .bucket(max_tokens=args.max_tokens)
-            .pad(pad_to_multiple_of=8))
+    pipe = (
+        pp.read_parquet(args.data, columns=[args.field])
+        .shuffle(buffer_size=args.shuffle, seed=0)
+        .tokenize(tokenizer, fields=args.field, max_length=args.max_length, cache=cache)
+        .bucket(max_tokens=args.max_tokens)
+        .pad(pad_to_multiple_of=8)
+    )
     loader = pipe.loader()
     out = []
     for _ in range(args.epochs):
@@ -49,9 +52,16 @@ def padpipe_epochs(args: argparse.Namespace, tokenizer: Any, cache: str | None) 
             first = first if first is not None else time.perf_counter() - start
             rows += len(batch["input_ids"])
         after = loader.stats()
-        out.append({"seconds": time.perf_counter() - start, "first": first or 0.0, "rows": rows,
-                    "efficiency": (after.real_tokens - before.real_tokens) / max(1, after.padded_tokens - before.padded_tokens),
-                    "hits": after.counters.get("cache.hit_rows", 0) - before.counters.get("cache.hit_rows", 0)})
+        out.append(
+            {
+                "seconds": time.perf_counter() - start,
+                "first": first or 0.0,
+                "rows": rows,
+                "efficiency": (after.real_tokens - before.real_tokens)
+                / max(1, after.padded_tokens - before.padded_tokens),
+                "hits": after.counters.get("cache.hit_rows", 0) - before.counters.get("cache.hit_rows", 0),
+            }
+        )
     return out
 
 
@@ -67,11 +77,21 @@ def hf_epochs(args: argparse.Namespace, tokenizer_file: str, workdir: str) -> li
     out = []
     start = time.perf_counter()
     ds = datasets.load_dataset("parquet", data_files=args.data, split="train", cache_dir=os.path.join(workdir, "hf"))
-    ds = ds.map(lambda b: tok(b[args.field], truncation=True, max_length=args.max_length), batched=True,
-                num_proc=2, remove_columns=ds.column_names)
+    ds = ds.map(
+        lambda b: tok(b[args.field], truncation=True, max_length=args.max_length),
+        batched=True,
+        num_proc=2,
+        remove_columns=ds.column_names,
+    )
     for epoch in range(args.epochs):
-        loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=2, collate_fn=collator,
-                            generator=torch.Generator().manual_seed(epoch))
+        loader = DataLoader(
+            ds,
+            batch_size=32,
+            shuffle=True,
+            num_workers=2,
+            collate_fn=collator,
+            generator=torch.Generator().manual_seed(epoch),
+        )
         if epoch:
             start = time.perf_counter()
         rows = real = padded = 0
@@ -120,20 +140,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict[str, float]]]
             texts = pp.read_parquet(args.data, columns=[args.field]).loader()
             texts = [t for b in texts for t in b.column(args.field).to_pylist()]
         tokenizer_file = long_docs.bert_sized_tokenizer(workdir, texts[:600])
-    tokenizer = long_docs.hf_tokenizer(tokenizer_file, args.max_length) if tokenizer_file.endswith(".json") else tokenizer_file
-    print(f"data: {args.data} ({args.docs if texts is not None else '?'} documents), tokenizer: {tokenizer_file}, "
-          f"max_length={args.max_length}, max_tokens={args.max_tokens}, shuffle={args.shuffle}, cores={os.cpu_count()}\n")
+    tokenizer = (
+        long_docs.hf_tokenizer(tokenizer_file, args.max_length) if tokenizer_file.endswith(".json") else tokenizer_file
+    )
+    print(
+        f"data: {args.data} ({args.docs if texts is not None else '?'} documents), tokenizer: {tokenizer_file}, "
+        f"max_length={args.max_length}, max_tokens={args.max_tokens}, shuffle={args.shuffle}, cores={os.cpu_count()}\n"
+    )
     pp.cache.clear(os.path.join(workdir, "token-cache"))  # a fresh cache: epoch 1 fills it
     results = {
         "padpipe": padpipe_epochs(args, tokenizer, None),
         "padpipe + token cache": padpipe_epochs(args, tokenizer, os.path.join(workdir, "token-cache")),
     }
     if not args.skip_hf:
-        results["HF map(num_proc=2) + DataCollatorWithPadding + DataLoader(2)"] = hf_epochs(args, tokenizer_file, workdir)
+        results["HF map(num_proc=2) + DataCollatorWithPadding + DataLoader(2)"] = hf_epochs(
+            args, tokenizer_file, workdir
+        )
     print(table(results))
     cached = results["padpipe + token cache"]
-    print(f"\nwith the cache: epoch 2 is {cached[0]['seconds'] / cached[1]['seconds']:.1f}x faster than epoch 1"
-          if len(cached) > 1 else "")
+    print(
+        f"\nwith the cache: epoch 2 is {cached[0]['seconds'] / cached[1]['seconds']:.1f}x faster than epoch 1"
+        if len(cached) > 1
+        else ""
+    )
     if not args.skip_hf:
         hf = results["HF map(num_proc=2) + DataCollatorWithPadding + DataLoader(2)"]
         total = sum(r["seconds"] for r in cached) / sum(r["seconds"] for r in hf)

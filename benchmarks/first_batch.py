@@ -1,4 +1,5 @@
-"""Time to first batch, padding efficiency and state size per shuffle and bucket buffer size, with and without eager buckets.
+"""Time to first batch, padding efficiency and state size per shuffle and bucket buffer size, with and without eager
+buckets.
 
 The pipeline of ``epochs.py`` (``read_parquet -> shuffle -> tokenize(max_length=512) ->
 bucket(max_tokens=16384) -> pad``) on the same generated long-tail documents. For each setting:
@@ -20,8 +21,9 @@ import pickle
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -33,15 +35,21 @@ import padpipe as pp  # noqa: E402
 SETTINGS = ["1000:256", "1000:1000", "1000:10000", "10000:10000"]  # shuffle buffer : bucket buffer
 
 
-def pipeline(args: argparse.Namespace, tokenizer: Any, shuffle: int, bucket: int, eager: bool, cache: str | None) -> pp.Pipeline:
-    return (pp.read_parquet(args.data, columns=[args.field])
-            .shuffle(buffer_size=shuffle, seed=0)
-            .tokenize(tokenizer, fields=args.field, max_length=args.max_length, cache=cache)
-            .bucket(max_tokens=args.max_tokens, buffer_size=bucket, eager=eager)
-            .pad(pad_to_multiple_of=8))
+def pipeline(
+    args: argparse.Namespace, tokenizer: Any, shuffle: int, bucket: int, eager: bool, cache: str | None
+) -> pp.Pipeline:
+    return (
+        pp.read_parquet(args.data, columns=[args.field])
+        .shuffle(buffer_size=shuffle, seed=0)
+        .tokenize(tokenizer, fields=args.field, max_length=args.max_length, cache=cache)
+        .bucket(max_tokens=args.max_tokens, buffer_size=bucket, eager=eager)
+        .pad(pad_to_multiple_of=8)
+    )
 
 
-def measure(args: argparse.Namespace, tokenizer: Any, shuffle: int, bucket: int, eager: bool, cache: str) -> dict[str, float]:
+def measure(
+    args: argparse.Namespace, tokenizer: Any, shuffle: int, bucket: int, eager: bool, cache: str
+) -> dict[str, float]:
     """One setting: first batch (no cache), efficiency, halfway state sizes, resume time (cache)."""
     loader = pipeline(args, tokenizer, shuffle, bucket, eager, None).loader()
     start = time.perf_counter()
@@ -57,8 +65,14 @@ def measure(args: argparse.Namespace, tokenizer: Any, shuffle: int, bucket: int,
     start = time.perf_counter()
     fresh.load_state_dict(pickle.loads(cached))
     next(iter(fresh))
-    return {"first": first, "efficiency": efficiency, "plain": len(plain), "cached": len(cached),
-            "resume": time.perf_counter() - start, "hits": cached_loader.stats().counters.get("cache.hit_rows", 0)}
+    return {
+        "first": first,
+        "efficiency": efficiency,
+        "plain": len(plain),
+        "cached": len(cached),
+        "resume": time.perf_counter() - start,
+        "hits": cached_loader.stats().counters.get("cache.hit_rows", 0),
+    }
 
 
 def _halfway(loader: Any, batches: int) -> bytes:
@@ -90,11 +104,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     tokenizer = long_docs.hf_tokenizer(path, args.max_length)
     cache = os.path.join(workdir, "token-cache")
     pp.cache.clear(cache)
-    for _ in pipeline(args, tokenizer, 1000, 1000, True, cache).loader():  # fill the cache once: it serves every setting
+    for _ in pipeline(
+        args, tokenizer, 1000, 1000, True, cache
+    ).loader():  # fill the cache once: it serves every setting
         pass
-    print(f"data: {args.data}, tokenizer: {path}, max_length={args.max_length}, max_tokens={args.max_tokens}, "
-          f"cores={os.cpu_count()}\n")
-    print("| shuffle buffer | bucket buffer | eager | 1st batch | padding eff. | state, no cache | state, token cache | resume (cache) |")
+    print(
+        f"data: {args.data}, tokenizer: {path}, max_length={args.max_length}, max_tokens={args.max_tokens}, "
+        f"cores={os.cpu_count()}\n"
+    )
+    print(
+        "| shuffle buffer | bucket buffer | eager | 1st batch | padding eff. | state, no cache | state, token cache | "
+        "resume (cache) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for setting in args.buffers:
@@ -102,8 +123,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         for eager in (False, True):
             r = measure(args, tokenizer, shuffle, bucket, eager, cache)
             rows.append({"shuffle": shuffle, "bucket": bucket, "eager": eager, **r})
-            print(f"| {shuffle:,} | {bucket:,} | {'yes' if eager else 'no'} | {r['first']:.2f} s | {r['efficiency']:.3f} | "
-                  f"{r['plain'] / 1e6:.2f} MB | {r['cached'] / 1e6:.3f} MB | {r['resume']:.2f} s |", flush=True)
+            print(
+                f"| {shuffle:,} | {bucket:,} | {'yes' if eager else 'no'} | {r['first']:.2f} s | "
+                f"{r['efficiency']:.3f} | "
+                f"{r['plain'] / 1e6:.2f} MB | {r['cached'] / 1e6:.3f} MB | {r['resume']:.2f} s |",
+                flush=True,
+            )
     return rows
 
 

@@ -40,14 +40,15 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
+from gpu_correctness import check_equal, check_split, check_varlen, check_workers, device_pipeline, to_device
 from torch import nn
 
 import padpipe as pp
-from gpu_correctness import check_equal, check_split, check_varlen, check_workers, device_pipeline, to_device
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 
 FIELDS = ("sentence1", "sentence2")
@@ -90,7 +91,11 @@ def copy_gbps(nbytes: int, pinned: bool, device: torch.device, seconds: float = 
 def check_copies(device: torch.device, batch_bytes: int) -> dict[str, Any]:
     sizes = {"batch": batch_bytes, "256MB": 256 * 2**20}
     return {
-        name: {"bytes": size, "pinned_gbps": copy_gbps(size, True, device), "pageable_gbps": copy_gbps(size, False, device)}
+        name: {
+            "bytes": size,
+            "pinned_gbps": copy_gbps(size, True, device),
+            "pageable_gbps": copy_gbps(size, False, device),
+        }
         for name, size in sizes.items()
     }
 
@@ -125,8 +130,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[tuple[dict[str, Any], bool]], *,
-          device: torch.device, move: Callable[[Any], Any] | None, warmup: int, steps: int) -> dict[str, Any]:
+def train(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[tuple[dict[str, Any], bool]],
+    *,
+    device: torch.device,
+    move: Callable[[Any], Any] | None,
+    warmup: int,
+    steps: int,
+) -> dict[str, Any]:
     """Time ``steps`` training steps after ``warmup``; each ends with ``loss.item()`` (see the module docs)."""
     cuda = device.type == "cuda"
     timed: list[tuple[float, float, Any, Any, bool]] = []
@@ -190,12 +203,16 @@ def feeds(pipe: pp.Pipeline, device: torch.device) -> dict[str, tuple[Callable[[
     }
 
 
-def check_stall(pipe: pp.Pipeline, device: torch.device, model: nn.Module, *, warmup: int,
-                steps: int) -> dict[str, Any]:
+def check_stall(
+    pipe: pp.Pipeline, device: torch.device, model: nn.Module, *, warmup: int, steps: int
+) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     staged = [(to_device(b, device), first) for (b, first), _ in zip(forever(pipe.loader()), range(warmup + steps))]
-    results = {"compute only (batches staged on device)": train(
-        model, optimizer, iter(staged), device=device, move=None, warmup=warmup, steps=steps)}
+    results = {
+        "compute only (batches staged on device)": train(
+            model, optimizer, iter(staged), device=device, move=None, warmup=warmup, steps=steps
+        )
+    }
     del staged
     for name, (make_loader, move) in feeds(pipe, device).items():
         batches = forever(make_loader())
@@ -208,8 +225,10 @@ def check_stall(pipe: pp.Pipeline, device: torch.device, model: nn.Module, *, wa
 def print_report(report: dict[str, Any]) -> None:
     eq = report["equal"]
     print(f"\n{report['device_name']}  torch {report['torch']}")
-    print(f"\n1. device batches == CPU batches: {eq['ok']} over {eq['batches']} batches; "
-          f"resume equal: {eq['resume_equal']}")
+    print(
+        f"\n1. device batches == CPU batches: {eq['ok']} over {eq['batches']} batches; "
+        f"resume equal: {eq['resume_equal']}"
+    )
     for name in ("split", "workers", "varlen"):
         row = report[name]
         print(f"   {name}: {row['ok']}  " + ", ".join(f"{k}={v}" for k, v in row.items() if k != "ok"))
@@ -219,14 +238,18 @@ def print_report(report: dict[str, Any]) -> None:
         print("\n2. host->device copy      bytes        pinned GB/s   pageable GB/s")
         for name, row in report["copies"].items():
             print(f"   {name:<20} {row['bytes']:>12,} {row['pinned_gbps']:>13.2f} {row['pageable_gbps']:>15.2f}")
-    print("\n3. input stall (ms: median/p95)                     step          wait    gpu wait   padded tok/s"
-          "   epoch-start steps")
+    print(
+        "\n3. input stall (ms: median/p95)                     step          wait    gpu wait   padded tok/s"
+        "   epoch-start steps"
+    )
     for name, row in report["stall"].items():
         gpu = "-" if row["gpu_wait_ms_median"] is None else f"{row['gpu_wait_ms_median']:.2f}"
         starts = ", ".join(f"{ms:.0f}" for ms in row["epoch_start_step_ms"]) or "-"
-        print(f"   {name:<46} {row['step_ms_median']:>6.2f}/{row['step_ms_p95']:<6.2f} "
-              f"{row['wait_ms_median']:>6.2f}/{row['wait_ms_p95']:<6.2f} {gpu:>8} {row['padded_tokens_per_s']:>14,.0f}"
-              f"   {starts}")
+        print(
+            f"   {name:<46} {row['step_ms_median']:>6.2f}/{row['step_ms_p95']:<6.2f} "
+            f"{row['wait_ms_median']:>6.2f}/{row['wait_ms_p95']:<6.2f} {gpu:>8} {row['padded_tokens_per_s']:>14,.0f}"
+            f"   {starts}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,8 @@ for ``.to_cuda(prefetch=2)``.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -74,7 +75,9 @@ def check_equal(pipe: pp.Pipeline, device: torch.device, max_batches: int | None
 
 
 def packed_pipeline(seq_len: int = 256, batch_size: int = 5) -> pp.Pipeline:
-    return pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer()).pack(seq_len, batch_size=batch_size)
+    return (
+        pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer()).pack(seq_len, batch_size=batch_size)
+    )
 
 
 def check_split(device: torch.device) -> dict[str, Any]:
@@ -85,14 +88,19 @@ def check_split(device: torch.device) -> dict[str, Any]:
     return {"ok": halves is not None and not problems, "problems": problems}
 
 
-def check_workers(pipe: pp.Pipeline, device: torch.device, model: torch.nn.Module,
-                  max_batches: int | None) -> dict[str, Any]:
+def check_workers(
+    pipe: pp.Pipeline, device: torch.device, model: torch.nn.Module, max_batches: int | None
+) -> dict[str, Any]:
     """``loader(num_workers=2)`` forked after ``model`` is on the device: the same batches as on the CPU."""
     expected = pipe.loader(num_workers=2, multiprocessing_context="fork")
     got = device_pipeline(pipe, device).loader(num_workers=2, multiprocessing_context="fork")
     batches, problems = compare(expected, got, device, max_batches or 40)
-    return {"ok": not problems, "batches": batches, "model_on": str(next(model.parameters()).device),
-            "problems": problems[:10]}
+    return {
+        "ok": not problems,
+        "batches": batches,
+        "model_on": str(next(model.parameters()).device),
+        "problems": problems[:10],
+    }
 
 
 def varlen_kernel() -> tuple[str, Callable[..., torch.Tensor]] | None:
@@ -128,6 +136,7 @@ def check_varlen(device: torch.device) -> dict[str, Any]:
     bounds, worst = cu.tolist(), 0.0
     for a, b in zip(bounds, bounds[1:]):
         ref = torch.nn.functional.scaled_dot_product_attention(
-            *(t[a:b].transpose(0, 1).float() for t in (q, k, v)), is_causal=True).transpose(0, 1)
+            *(t[a:b].transpose(0, 1).float() for t in (q, k, v)), is_causal=True
+        ).transpose(0, 1)
         worst = max(worst, float((out[a:b].float() - ref).abs().max()))
     return {"ok": worst < 2e-2, "kernel": kernel[0], "segments": len(bounds) - 1, "max_abs_error": worst}

@@ -24,11 +24,13 @@ ROWS = 20_000
 def pipeline():
     import padpipe as pp
 
-    return (pp.read_parquet(pp.examples.SAMPLE_PARQUET)
-            .shuffle(buffer_size=1000, seed=0)
-            .tokenize(pp.examples.TOKENIZER_JSON, fields=("sentence1", "sentence2"), max_length=128, num_threads=1)
-            .bucket(max_tokens=4096)
-            .pad(pad_to_multiple_of=8))
+    return (
+        pp.read_parquet(pp.examples.SAMPLE_PARQUET)
+        .shuffle(buffer_size=1000, seed=0)
+        .tokenize(pp.examples.TOKENIZER_JSON, fields=("sentence1", "sentence2"), max_length=128, num_threads=1)
+        .bucket(max_tokens=4096)
+        .pad(pad_to_multiple_of=8)
+    )
 
 
 def measure(name: str, make_epochs) -> list[dict]:
@@ -41,9 +43,15 @@ def measure(name: str, make_epochs) -> list[dict]:
             if not bool(batch.get("is_repeat", False)):
                 rids += batch["idx"].tolist()
         snap = stats()
-        out.append({"name": name, "steps": steps, "rids": rids,
-                    "split": snap.counters.get("equal_steps.split_batches", 0),
-                    "repeated": snap.counters.get("equal_steps.repeated_batches", 0)})
+        out.append(
+            {
+                "name": name,
+                "steps": steps,
+                "rids": rids,
+                "split": snap.counters.get("equal_steps.split_batches", 0),
+                "repeated": snap.counters.get("equal_steps.repeated_batches", 0),
+            }
+        )
     return out
 
 
@@ -61,6 +69,7 @@ def rank_main(out_dir: str) -> None:
             before = {}
             for _ in range(EPOCHS):
                 yield loader, lambda: _delta(loader.stats(), before)
+
         return run
 
     def dataloader_epochs(policy):
@@ -69,12 +78,15 @@ def rank_main(out_dir: str) -> None:
             for _ in range(EPOCHS):
                 stats = pp.PipelineStats()
                 yield pp.equal_steps(dl, policy, stats=stats), stats.snapshot
+
         return run
 
     results = []
-    for name, run in [("pipe.loader(num_workers=2)", loader_epochs("stop_first")),
-                      ("pp.equal_steps(DataLoader), stop_first", dataloader_epochs("stop_first")),
-                      ("pp.equal_steps(DataLoader), repeat", dataloader_epochs("repeat"))]:
+    for name, run in [
+        ("pipe.loader(num_workers=2)", loader_epochs("stop_first")),
+        ("pp.equal_steps(DataLoader), stop_first", dataloader_epochs("stop_first")),
+        ("pp.equal_steps(DataLoader), repeat", dataloader_epochs("repeat")),
+    ]:
         results.append(measure(name, run))
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(results, f)
@@ -98,13 +110,19 @@ def main() -> None:
         subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(2)]
     print(f"2 ranks x 2 workers, shipped sample ({ROWS:,} rows), bucket(max_tokens=4096), {EPOCHS} epochs\n")
-    print(f"{'loading':42} {'epoch':>5} {'steps r0/r1':>12} {'rows r0/r1':>13} {'split':>6} {'repeated':>8} {'held back':>10}")
+    print(
+        f"{'loading':42} {'epoch':>5} {'steps r0/r1':>12} {'rows r0/r1':>13} {'split':>6} {'repeated':>8} "
+        f"{'held back':>10}"
+    )
     for run in range(len(ranks[0])):
         for epoch in range(EPOCHS):
             r0, r1 = ranks[0][run][epoch], ranks[1][run][epoch]
             held = ROWS - len(set(r0["rids"]) | set(r1["rids"]))
-            print(f"{r0['name']:42} {epoch:>5} {r0['steps']:>5}/{r1['steps']:<6} {len(r0['rids']):>6}/{len(r1['rids']):<6}"
-                  f" {r0['split'] + r1['split']:>6} {r0['repeated'] + r1['repeated']:>8} {held:>5} ({held / ROWS:.2%})")
+            print(
+                f"{r0['name']:42} {epoch:>5} {r0['steps']:>5}/{r1['steps']:<6} "
+                f"{len(r0['rids']):>6}/{len(r1['rids']):<6}"
+                f" {r0['split'] + r1['split']:>6} {r0['repeated'] + r1['repeated']:>8} {held:>5} ({held / ROWS:.2%})"
+            )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def vocabulary(seed: int = 0) -> np.ndarray:
 
 
 def documents(n: int = 3183, median_words: int = 600, sigma: float = 1.0, seed: int = 0) -> list[str]:
-    """``n`` documents of log-normal length (median ``median_words`` words), Zipf-distributed words, with punctuation."""
+    """``n`` documents of log-normal length (median ``median_words`` words), Zipf-distributed words, with
+    punctuation."""
     rng = np.random.default_rng([seed, 2])
     words = vocabulary(seed)
     lengths = np.maximum(rng.lognormal(np.log(median_words), sigma, n).astype(int), 3)
@@ -77,5 +78,12 @@ def hf_tokenizer(path: str, max_length: int = 512):
     """The tokenizer as a ``transformers`` fast tokenizer (what the HF stack and padpipe are both given)."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_file=path, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_length)
+    return PreTrainedTokenizerFast(
+        tokenizer_file=path,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=max_length,
+    )

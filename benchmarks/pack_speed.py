@@ -47,8 +47,15 @@ def main() -> None:
     print(f"{args.docs} docs, {tokens} tokens, seq_len {args.seq_len}, batch_size {args.batch_size}")
     for buffer_size, block_mask in ((64, False), (256, False), (1024, False), (256, True)):
         stats = PipelineStats()
-        node = Packer(IterableWrapper(chunks), seq_len=args.seq_len, batch_size=args.batch_size,
-                      buffer_size=buffer_size, block_mask=block_mask, pad_id=0, stats=stats)
+        node = Packer(
+            IterableWrapper(chunks),
+            seq_len=args.seq_len,
+            batch_size=args.batch_size,
+            buffer_size=buffer_size,
+            block_mask=block_mask,
+            pad_id=0,
+            stats=stats,
+        )
         start = time.perf_counter()
         for i, _ in enumerate(node):
             if i == 50:  # median of 5 calls: a lone call may absorb one of Python's full GC passes
@@ -57,9 +64,11 @@ def main() -> None:
                 start += time.perf_counter() - t
         seconds = time.perf_counter() - start
         snap = stats.snapshot()
-        print(f"buffer {buffer_size:5d} block_mask {block_mask!s:5}: {args.docs / seconds:10,.0f} docs/s "
-              f"{tokens / seconds:13,.0f} tokens/s  efficiency {snap.padding_efficiency:.4f}  "
-              f"state_dict {state_ms:.2f} ms")
+        print(
+            f"buffer {buffer_size:5d} block_mask {block_mask!s:5}: {args.docs / seconds:10,.0f} docs/s "
+            f"{tokens / seconds:13,.0f} tokens/s  efficiency {snap.padding_efficiency:.4f}  "
+            f"state_dict {state_ms:.2f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def main() -> None:
         start = time.perf_counter()
         expected = rust.encode_batch(list(zip(firsts, seconds)))
         rust_s = time.perf_counter() - start
-        encoder = TextEncoder.load(pp.examples.tokenizer(), max_length=max_length, truncation=True, add_special_tokens=True)
+        encoder = TextEncoder.load(
+            pp.examples.tokenizer(), max_length=max_length, truncation=True, add_special_tokens=True
+        )
         start = time.perf_counter()
         chunk = encoder.encode(firsts, seconds)
         ours_s = time.perf_counter() - start

@@ -146,9 +146,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10,100", help="corpus sizes in GB, comma-separated")
     parser.add_argument("--text-gb", type=float, default=0.5, help="stop after this much text went through")
     parser.add_argument("--seconds", type=float, default=40.0, help="or after this long (after the first batch)")
-    parser.add_argument("--ttfb-runs", type=int, default=3, help="fresh runs per size for the median time to first batch")
-    parser.add_argument("--workdir", help="a folder of yours to keep the source in between runs "
-                        "(default: a new private temp folder, mkdtemp)")
+    parser.add_argument(
+        "--ttfb-runs", type=int, default=3, help="fresh runs per size for the median time to first batch"
+    )
+    parser.add_argument(
+        "--workdir",
+        help="a folder of yours to keep the source in between runs (default: a new private temp folder, mkdtemp)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     parser.add_argument("--row-bytes", type=float, help=argparse.SUPPRESS)
@@ -171,7 +175,10 @@ def main() -> None:
     row_bytes = source.stat().st_size / meta.num_rows
     print(f"source: {meta.num_rows} rows, {meta.num_row_groups} row groups, {row_bytes:.0f} bytes/row\n")
 
-    print("| corpus | files | row groups | listing (s) | time to first batch (s) | peak RSS (MiB) | rows/s | text MB/s | tokens/s | rows read |")
+    print(
+        "| corpus | files | row groups | listing (s) | time to first batch (s) | peak RSS (MiB) | rows/s | text MB/s "
+        "| tokens/s | rows read |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for size in [int(s) for s in args.sizes.split(",")]:
         folder = make_corpus(workdir, size, source)
@@ -192,9 +199,20 @@ def main() -> None:
 
 def _run(folder: Path, text_gb: float, seconds: float, row_bytes: float) -> dict:
     """One fresh subprocess running :func:`child`; its JSON result."""
-    command = [sys.executable, __file__, "--child", str(folder), "--text-gb", str(text_gb),
-               "--seconds", str(seconds), "--row-bytes", str(row_bytes)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(folder),
+        "--text-gb",
+        str(text_gb),
+        "--seconds",
+        str(seconds),
+        "--row-bytes",
+        str(row_bytes),
+    ]
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+
 
 if __name__ == "__main__":
     main()

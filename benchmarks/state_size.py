@@ -44,8 +44,12 @@ def token_chunks(rows: int, tokens: int, chunk_rows: int = 1024) -> list[TokenCh
 
 def text_batches(rows: int, chars: int, chunk_rows: int = 1024) -> list[pa.RecordBatch]:
     text = "x" * chars
-    return [pa.record_batch({"text": [text] * min(chunk_rows, rows - s), "id": list(range(s, s + min(chunk_rows, rows - s)))})
-            for s in range(0, rows, chunk_rows)]
+    return [
+        pa.record_batch(
+            {"text": [text] * min(chunk_rows, rows - s), "id": list(range(s, s + min(chunk_rows, rows - s)))}
+        )
+        for s in range(0, rows, chunk_rows)
+    ]
 
 
 def measure(name: str, node: Any, steps: int, buffered: str) -> None:
@@ -71,10 +75,13 @@ def main() -> None:
     parser.add_argument("--row-tokens", type=int, default=512, help="tokens per row in the bucket buffer")
     parser.add_argument("--seq-len", type=int, default=2048, help="packed row length")
     args = parser.parse_args()
-    print(f"{'stage (default buffer)':<46} {'buffered mid-epoch':>22} {'state':>10} {'state_dict':>12} {'torch.save':>12}")
+    print(
+        f"{'stage (default buffer)':<46} {'buffered mid-epoch':>22} {'state':>10} {'state_dict':>12} {'torch.save':>12}"
+    )
     bucket = Bucketizer(IterableWrapper(token_chunks(30_000, args.row_tokens)), batch_size=32)
-    measure(f"bucket(32), buffer_size=10,000, {args.row_tokens}-token rows", bucket, 1,
-            f"~10,000 rows x {args.row_tokens}")
+    measure(
+        f"bucket(32), buffer_size=10,000, {args.row_tokens}-token rows", bucket, 1, f"~10,000 rows x {args.row_tokens}"
+    )
     shuffle = ShuffleBuffer(IterableWrapper(text_batches(30_000, 500)), buffer_size=10_000)
     measure("shuffle(), buffer_size=10,000, 500-char texts", shuffle, 1, "10,000 rows + 1 chunk")
     pack = Packer(IterableWrapper(token_chunks(5_000, args.seq_len // 3)), seq_len=args.seq_len, batch_size=8, pad_id=0)

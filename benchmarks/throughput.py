@@ -20,8 +20,8 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +69,9 @@ def raw_tokenizer(path: str, max_length: int | None, fast: bool) -> Callable[[],
         tok.enable_truncation(max_length)
     table = pq.read_table(path, columns=list(FIELDS))
     chunks = [
-        list(zip(table.column(FIELDS[0]).slice(i, 1024).to_pylist(), table.column(FIELDS[1]).slice(i, 1024).to_pylist()))
+        list(
+            zip(table.column(FIELDS[0]).slice(i, 1024).to_pylist(), table.column(FIELDS[1]).slice(i, 1024).to_pylist())
+        )
         for i in range(0, table.num_rows, 1024)
     ]
     call = tok.encode_batch_fast if fast else tok.encode_batch
@@ -127,7 +129,9 @@ def collator_vs_pad(path: str, max_length: int, batch_size: int) -> tuple[float,
 
     tok = pp.examples.hf_tokenizer()
     rows = pq.read_table(path, columns=list(FIELDS)).slice(0, batch_size * 200)
-    enc = tok(rows.column(FIELDS[0]).to_pylist(), rows.column(FIELDS[1]).to_pylist(), truncation=True, max_length=max_length)
+    enc = tok(
+        rows.column(FIELDS[0]).to_pylist(), rows.column(FIELDS[1]).to_pylist(), truncation=True, max_length=max_length
+    )
     features = [{k: enc[k][i] for k in enc} for i in range(rows.num_rows)]
     batches = [features[i : i + batch_size] for i in range(0, len(features), batch_size)]
     collate = DataCollatorWithPadding(tok)
@@ -138,10 +142,18 @@ def collator_vs_pad(path: str, max_length: int, batch_size: int) -> tuple[float,
     chunk = TextEncoder.load(tok, max_length=max_length, truncation=True, add_special_tokens=True).encode(
         rows.column(FIELDS[0]).to_pylist(), rows.column(FIELDS[1]).to_pylist()
     )
-    pieces = [chunk.take(np.arange(i, min(i + batch_size, chunk.num_rows))) for i in range(0, chunk.num_rows, batch_size)]
+    pieces = [
+        chunk.take(np.arange(i, min(i + batch_size, chunk.num_rows))) for i in range(0, chunk.num_rows, batch_size)
+    ]
     padder = Padder(
-        _ListNode(pieces), pad_id=0, side="right", pad_to_multiple_of=None, pad_to_length=None,
-        label_pad_id=-100, dtype=torch.int64, stats=pp.PipelineStats(),
+        _ListNode(pieces),
+        pad_id=0,
+        side="right",
+        pad_to_multiple_of=None,
+        pad_to_length=None,
+        label_pad_id=-100,
+        dtype=torch.int64,
+        stats=pp.PipelineStats(),
     )
     start = time.perf_counter()
     for _ in padder:
@@ -205,17 +217,22 @@ def main() -> None:
         speeds = {}
         for name, (secs, tokens) in timings.items():
             speeds[name] = limit_s / secs
-            print(f"{name:<36} {secs:>8.2f} {tokens / secs:>12,.0f} {tokens / secs / limit:>7.2f} {limit_s / secs:>11.2f}")
+            print(
+                f"{name:<36} {secs:>8.2f} {tokens / secs:>12,.0f} {tokens / secs / limit:>7.2f} {limit_s / secs:>11.2f}"
+            )
 
         hf_pad, pp_pad = collator_vs_pad(path, args.max_length, args.batch_size)
-        print(f"\npadding 200 batches of {args.batch_size}: DataCollatorWithPadding {hf_pad * 1000:.1f} ms, "
-              f"padpipe pad {pp_pad * 1000:.1f} ms ({hf_pad / pp_pad:.0f}x)")
+        print(
+            f"\npadding 200 batches of {args.batch_size}: DataCollatorWithPadding {hf_pad * 1000:.1f} ms, "
+            f"padpipe pad {pp_pad * 1000:.1f} ms ({hf_pad / pp_pad:.0f}x)"
+        )
 
         print(f"\n{'strategy':<34} {'padding efficiency':>18}")
         from padpipe.demo import strategies
 
-        for name, pipe in strategies(base, max_length=args.max_length, batch_size=args.batch_size,
-                                     max_tokens=args.max_tokens).items():
+        for name, pipe in strategies(
+            base, max_length=args.max_length, batch_size=args.batch_size, max_tokens=args.max_tokens
+        ).items():
             loader = pipe.loader()
             for _ in loader:
                 pass

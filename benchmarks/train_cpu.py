@@ -21,7 +21,8 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -35,8 +36,15 @@ def model(vocab_size: int, max_length: int, seed: int) -> Any:
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=vocab_size, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=512, max_position_embeddings=max(512, max_length), num_labels=2)
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=512,
+        max_position_embeddings=max(512, max_length),
+        num_labels=2,
+    )
     return BertForSequenceClassification(config)
 
 
@@ -67,11 +75,20 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
         self.seconds += time.perf_counter() - start
         self.rows, self.steps, self.loss = self.rows + len(inputs["input_ids"]), self.steps + 1, float(loss.detach())
-        self.real, self.slots = self.real + int(inputs["attention_mask"].sum()), self.slots + inputs["input_ids"].numel()
+        self.real, self.slots = (
+            self.real + int(inputs["attention_mask"].sum()),
+            self.slots + inputs["input_ids"].numel(),
+        )
 
     def result(self) -> dict[str, float]:
-        return {"seconds": self.seconds, "rows": self.rows, "steps": self.steps, "rows_per_s": self.rows / self.seconds,
-                "efficiency": self.real / max(1, self.slots), "loss": self.loss}
+        return {
+            "seconds": self.seconds,
+            "rows": self.rows,
+            "steps": self.steps,
+            "rows_per_s": self.rows / self.seconds,
+            "efficiency": self.real / max(1, self.slots),
+            "loss": self.loss,
+        }
 
 
 def interleaved(runs: list[Run]) -> None:
@@ -82,12 +99,14 @@ def interleaved(runs: list[Run]) -> None:
 
 def padpipe_batches(args: argparse.Namespace) -> Any:
     fields = tuple(args.fields)
-    return (pp.read_parquet(args.data, columns=[*fields, "label"])
-            .shuffle(buffer_size=10_000, seed=args.seed)
-            .tokenize(args.tokenizer, fields=fields, max_length=args.max_length)
-            .bucket(max_tokens=args.max_tokens or 32 * args.max_length)
-            .pad(pad_to_multiple_of=8)
-            .loader())
+    return (
+        pp.read_parquet(args.data, columns=[*fields, "label"])
+        .shuffle(buffer_size=10_000, seed=args.seed)
+        .tokenize(args.tokenizer, fields=fields, max_length=args.max_length)
+        .bucket(max_tokens=args.max_tokens or 32 * args.max_length)
+        .pad(pad_to_multiple_of=8)
+        .loader()
+    )
 
 
 def hf_batches(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, float]:
@@ -97,18 +116,28 @@ def hf_batches(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, float]:
 
     start = time.perf_counter()
     ds = datasets.Dataset.from_parquet(args.data).select_columns([*args.fields, "label"])
-    ds = ds.map(lambda b: tokenizer(*[b[f] for f in args.fields], truncation=True, max_length=args.max_length),
-                batched=True, remove_columns=list(args.fields))
+    ds = ds.map(
+        lambda b: tokenizer(*[b[f] for f in args.fields], truncation=True, max_length=args.max_length),
+        batched=True,
+        remove_columns=list(args.fields),
+    )
     mapped = time.perf_counter() - start
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
-    loader = DataLoader(ds.rename_column("label", "labels"), batch_size=32, shuffle=True, collate_fn=collator,
-                        generator=torch.Generator().manual_seed(args.seed))
+    loader = DataLoader(
+        ds.rename_column("label", "labels"),
+        batch_size=32,
+        shuffle=True,
+        collate_fn=collator,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
     return loader, mapped
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=pp.examples.SAMPLE_PARQUET, help="Parquet file with the text fields and 'label'")
+    parser.add_argument(
+        "--data", default=pp.examples.SAMPLE_PARQUET, help="Parquet file with the text fields and 'label'"
+    )
     parser.add_argument("--fields", nargs="+", default=["sentence1", "sentence2"])
     parser.add_argument("--tokenizer", default=pp.examples.TOKENIZER_DIR, help="a tokenizer folder (AutoTokenizer)")
     parser.add_argument("--rows", type=int, default=5000, help="train on the first ROWS rows (0: all)")
@@ -122,28 +151,40 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     if args.rows:
-        import pyarrow.parquet as pq
         import tempfile
+
+        import pyarrow.parquet as pq
 
         path = os.path.join(tempfile.mkdtemp(prefix="padpipe-train-cpu-"), "rows.parquet")
         pq.write_table(pq.read_table(args.data).slice(0, args.rows), path)
         args.data = path
     vocab = len(tokenizer)
     loader, mapped = hf_batches(args, tokenizer)
-    runs = {"padpipe token-budget buckets": Run(model(vocab, args.max_length, args.seed), padpipe_batches(args)),
-            "HF map + DataCollatorWithPadding + DataLoader(32, shuffle)": Run(model(vocab, args.max_length, args.seed), loader)}
+    runs = {
+        "padpipe token-budget buckets": Run(model(vocab, args.max_length, args.seed), padpipe_batches(args)),
+        "HF map + DataCollatorWithPadding + DataLoader(32, shuffle)": Run(
+            model(vocab, args.max_length, args.seed), loader
+        ),
+    }
     interleaved(list(runs.values()))
     results = {name: run.result() for name, run in runs.items()}
-    print(f"data: {args.data}, fields {args.fields}, max_length={args.max_length}, "
-          f"max_tokens={args.max_tokens or 32 * args.max_length}, torch threads={args.threads}; one epoch each, "
-          "steps interleaved\n")
+    print(
+        f"data: {args.data}, fields {args.fields}, max_length={args.max_length}, "
+        f"max_tokens={args.max_tokens or 32 * args.max_length}, torch threads={args.threads}; one epoch each, "
+        "steps interleaved\n"
+    )
     print("| | rows | steps | seconds | rows/s | padding eff. |")
     print("|---|---|---|---|---|---|")
     for name, r in results.items():
-        print(f"| {name} | {r['rows']:,} | {r['steps']:,} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['efficiency']:.3f} |")
+        print(
+            f"| {name} | {r['rows']:,} | {r['steps']:,} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | "
+            f"{r['efficiency']:.3f} |"
+        )
     ours, theirs = results.values()
-    print(f"\npadpipe trains {ours['rows_per_s'] / theirs['rows_per_s']:.2f}x the rows/s "
-          f"(HF map beforehand: {mapped:.1f} s, not counted; padpipe tokenizes inside its epoch)")
+    print(
+        f"\npadpipe trains {ours['rows_per_s'] / theirs['rows_per_s']:.2f}x the rows/s "
+        f"(HF map beforehand: {mapped:.1f} s, not counted; padpipe tokenizes inside its epoch)"
+    )
     return results
 
 

@@ -3,7 +3,8 @@
     torchrun --standalone --nproc_per_node=2 examples/train_accelerate.py [PARQUET] [--max-steps N] [--log-every N]
     python examples/train_accelerate.py                          # one process; or: accelerate launch ...
 
-Needs Accelerate and ``transformers``: ``pip install 'padpipe[hf,accelerate]'``. Accelerate passes padpipe's loader through untouched: padpipe shards the data by rank and worker and
+Needs Accelerate and ``transformers``: ``pip install 'padpipe[hf,accelerate]'``. Accelerate passes padpipe's loader
+through untouched: padpipe shards the data by rank and worker and
 keeps steps equal across ranks. (``prepare(DataLoader(pipe))`` would shard it a second time; padpipe
 raises an error saying so.) Trains a tiny BERT for one epoch on MRPC-style Parquet files (default: the
 shipped sample), prints the loss every ``--log-every`` steps (main process) and each rank's steps
@@ -24,8 +25,12 @@ import padpipe as pp
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Accelerate on padpipe batches.")
-    parser.add_argument("data", nargs="?", default=pp.examples.SAMPLE_PARQUET,
-                        help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)")
+    parser.add_argument(
+        "data",
+        nargs="?",
+        default=pp.examples.SAMPLE_PARQUET,
+        help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)",
+    )
     parser.add_argument("--max-steps", type=int, help="stop after N steps (default: one epoch)")
     parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (default: 50)")
     return parser.parse_args()
@@ -34,13 +39,16 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     accelerator = Accelerator()
-    pipe = (pp.read_parquet(args.data)
-              .shuffle(buffer_size=2000, seed=0)
-              .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
-              .bucket(max_tokens=8192)
-              .pad(pad_to_multiple_of=8))  # add .to_cuda() to copy batches to the GPU ahead of use
-    model = BertForSequenceClassification(BertConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=64))
+    pipe = (
+        pp.read_parquet(args.data)
+        .shuffle(buffer_size=2000, seed=0)
+        .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
+        .bucket(max_tokens=8192)
+        .pad(pad_to_multiple_of=8)
+    )  # add .to_cuda() to copy batches to the GPU ahead of use
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = accelerator.prepare(model, optimizer, pipe.loader(num_workers=2))
 

@@ -26,8 +26,12 @@ import padpipe as pp
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Plain PyTorch DDP on padpipe batches.")
-    parser.add_argument("data", nargs="?", default=pp.examples.SAMPLE_PARQUET,
-                        help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)")
+    parser.add_argument(
+        "data",
+        nargs="?",
+        default=pp.examples.SAMPLE_PARQUET,
+        help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)",
+    )
     parser.add_argument("--max-steps", type=int, help="stop after N steps in all (default: two epochs)")
     parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (default: 50)")
     return parser.parse_args()
@@ -40,16 +44,19 @@ def main() -> None:
         dist.init_process_group("gloo")  # "nccl" on GPUs
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
-    pipe = (pp.read_parquet(args.data)
-              .shuffle(buffer_size=2000, seed=0)
-              .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
-              .bucket(max_tokens=8192)
-              .pad(pad_to_multiple_of=8))
+    pipe = (
+        pp.read_parquet(args.data)
+        .shuffle(buffer_size=2000, seed=0)
+        .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
+        .bucket(max_tokens=8192)
+        .pad(pad_to_multiple_of=8)
+    )
     loader = pipe.loader(num_workers=2)  # this rank's share, tokenized in 2 worker processes
 
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=64))
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    )
     if distributed:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -30,8 +30,11 @@ class Classifier(L.LightningModule):
     def __init__(self, pipe: pp.Pipeline, log_every: int) -> None:
         super().__init__()
         self.pipe, self.log_every = pipe, log_every
-        self.model = BertForSequenceClassification(BertConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2,
-                                                              num_attention_heads=2, intermediate_size=64))
+        self.model = BertForSequenceClassification(
+            BertConfig(
+                vocab_size=8000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+            )
+        )
 
     def train_dataloader(self) -> pp.PipelineLoader:
         return self.pipe.loader(num_workers=2)  # Lightning's checkpoints resume it exactly
@@ -41,7 +44,9 @@ class Classifier(L.LightningModule):
         loss = self.model(**batch).loss
         self.log("loss", loss, prog_bar=True)
         if self.trainer.is_global_zero and (self.global_step + 1) % self.log_every == 0:
-            print(f"epoch {self.current_epoch} step {self.global_step + 1}: loss {loss.item():.4f} (rank 0)", flush=True)
+            print(
+                f"epoch {self.current_epoch} step {self.global_step + 1}: loss {loss.item():.4f} (rank 0)", flush=True
+            )
         return loss
 
     def configure_optimizers(self):
@@ -50,8 +55,12 @@ class Classifier(L.LightningModule):
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Lightning on padpipe batches.")
-    parser.add_argument("data", nargs="?", default=pp.examples.SAMPLE_PARQUET,
-                        help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)")
+    parser.add_argument(
+        "data",
+        nargs="?",
+        default=pp.examples.SAMPLE_PARQUET,
+        help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)",
+    )
     parser.add_argument("output_dir", nargs="?", default="runs/lightning", help="checkpoints (default: runs/lightning)")
     parser.add_argument("--max-steps", type=int, default=-1, help="stop after N steps (default: two epochs)")
     parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (default: 50)")
@@ -60,16 +69,26 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    pipe = (pp.read_parquet(args.data)
-              .shuffle(buffer_size=2000, seed=0)
-              .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
-              .bucket(max_tokens=8192)
-              .pad(pad_to_multiple_of=8))
+    pipe = (
+        pp.read_parquet(args.data)
+        .shuffle(buffer_size=2000, seed=0)
+        .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
+        .bucket(max_tokens=8192)
+        .pad(pad_to_multiple_of=8)
+    )
     output_dir = args.output_dir
     devices = int(os.environ.get("WORLD_SIZE", 1))  # torchrun sets it; Lightning joins torchrun's processes
     checkpoints = ModelCheckpoint(dirpath=output_dir, filename="{step}", every_n_train_steps=50, save_last=True)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=2,
-                        max_steps=args.max_steps, callbacks=[checkpoints], logger=False, enable_progress_bar=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_epochs=2,
+        max_steps=args.max_steps,
+        callbacks=[checkpoints],
+        logger=False,
+        enable_progress_bar=False,
+    )
     last = os.path.join(output_dir, "last.ckpt")
     trainer.fit(Classifier(pipe, args.log_every), ckpt_path=last if os.path.exists(last) else None)
     rank = f"rank {trainer.global_rank}/{trainer.world_size}"

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
     from padpipe import examples
-    from padpipe.runtime.consumer import Consumer
-    from padpipe.state import StateMismatchError
     from padpipe.cache import TokenCache
     from padpipe.chunks import TokenChunk
     from padpipe.errors import DataError
@@ -31,8 +29,10 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.mix import mix
     from padpipe.pipeline import Pipeline
     from padpipe.readers.retry import Retry
+    from padpipe.runtime.consumer import Consumer
     from padpipe.runtime.equal_steps import equal_steps
     from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
+    from padpipe.state import StateMismatchError
     from padpipe.stats import PipelineStats, StatsSnapshot
 
 _HOMES = {

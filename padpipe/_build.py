@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
@@ -131,14 +132,19 @@ def pack(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
     return Packer(upstream, stats=ctx.stats, **options)
 
 
-def tokens(upstream: BaseNode, ctx: BuildContext, *, column: str, type_ids: str | None, max_length: int | None,
-           pad_id: int | None) -> BaseNode:
+def tokens(
+    upstream: BaseNode,
+    ctx: BuildContext,
+    *,
+    column: str,
+    type_ids: str | None,
+    max_length: int | None,
+    pad_id: int | None,
+) -> BaseNode:
     """Build the tokens stage (rows that already hold token ids), run inline; ``pad_id`` is for pad/pack."""
-    from padpipe.pipes.tokens import TokenColumns
-
-    from padpipe.pipes.threads import OrderedMapper
-
     from padpipe.pipes.first_chunks import FirstChunks
+    from padpipe.pipes.threads import OrderedMapper
+    from padpipe.pipes.tokens import TokenColumns
 
     fn = TokenColumns(column=column, type_ids=type_ids, max_length=max_length, stats=ctx.stats)
     settings = {"column": column, "type_ids": type_ids, "max_length": max_length}

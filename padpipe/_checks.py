@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from padpipe._optional import missing
 from padpipe.errors import DataError
@@ -89,7 +90,7 @@ def steps_missing(method: str, wanted: str, found: str) -> str:
     Example:
         >>> steps_missing("pad", "token batches", "records")
         '.pad() needs token batches as input, but this pipeline yields records here: add .tokenize(tokenizer, ...) and then .batch(n) or .bucket(...) before it.'
-    """
+    """  # noqa: E501
     message = f".{method}() needs {wanted} as input, but this pipeline yields {found} here"
     add = MISSING_STEPS.get((wanted, found))
     return f"{message}: add {add} before it." if add else f"{message}."
@@ -106,7 +107,7 @@ def check_budget(max_tokens: int | None, on_oversize: str, max_length: int | Non
         Traceback (most recent call last):
         ...
         ValueError: `max_tokens` must hold one row of max_length=512 tokens (the tokenize stage's truncation), but is 10 instead; raise it, lower max_length, or pass on_oversize='truncate' or 'drop'.
-    """
+    """  # noqa: E501
     if max_tokens is None or max_length is None or on_oversize != "raise" or max_tokens >= max_length:
         return
     raise ValueError(
@@ -127,7 +128,7 @@ def check_fields(pipe: Pipeline) -> None:
         Traceback (most recent call last):
         ...
         padpipe.errors.DataError: tokenize: text field 'text' is not in the data; expected one of the columns ['sentence1', 'sentence2', 'label', 'idx'].
-    """
+    """  # noqa: E501
     options = pipe.source.options
     available = _known_columns(pipe.source.name, options)
     if available is None:
@@ -144,7 +145,8 @@ def check_fields(pipe: Pipeline) -> None:
             for name in stage.options["fields"]:
                 if name not in names:
                     raise DataError(
-                        f"tokenize: text field {name!r} is not in the data; expected one of the columns {list(names)!r}."
+                        f"tokenize: text field {name!r} is not in the data; expected one of the columns "
+                        f"{list(names)!r}."
                     )
         if stage.name not in COLUMN_KEEPING_STAGES:
             return

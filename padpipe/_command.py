@@ -16,7 +16,8 @@ import logging
 import os
 import sys
 import textwrap
-from typing import Callable, Sequence, TextIO
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
 """Errors that mean bad input, not a bug: bad values, ``DataError``, missing files, missing packages."""

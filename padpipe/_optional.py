@@ -54,7 +54,7 @@ def missing(package: str, purpose: str) -> MissingDependencyError:
     Example:
         >>> str(missing("s3fs", "reading 's3://bucket/train.parquet'"))
         "reading 's3://bucket/train.parquet' needs the s3fs package, which is not installed: pip install 'padpipe[s3]' (or: pip install s3fs)"
-    """
+    """  # noqa: E501
     return MissingDependencyError(
         f"{purpose} needs the {package} package, which is not installed: {install_line(package)}", name=package
     )
@@ -77,7 +77,7 @@ def require(module: str, purpose: str) -> ModuleType:
         Traceback (most recent call last):
         ...
         padpipe._optional.MissingDependencyError: pp.frobnicate() needs the no_such_package package, which is not installed: pip install no_such_package
-    """
+    """  # noqa: E501
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:

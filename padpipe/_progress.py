@@ -17,8 +17,8 @@ from typing import Any, TextIO
 
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, check_state, make_state
 from padpipe.errors import check_bool
+from padpipe.state import SOURCE_KEY, check_state, make_state
 
 ENV = "PADPIPE_PROGRESS"
 LOG_EVERY_S = 10.0
@@ -74,8 +74,7 @@ class Progress:
         if self._on and _is_terminal(stream):
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit=f" {unit}", file=stream, leave=False,
-                             dynamic_ncols=True)
+            self._bar = tqdm(total=total, desc=desc, unit=f" {unit}", file=stream, leave=False, dynamic_ncols=True)
 
     def update(self, n: int) -> None:
         """Add ``n`` to the count."""

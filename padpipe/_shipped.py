@@ -46,8 +46,9 @@ def data_help() -> str:
         >>> data_help().startswith("'sample' is the shipped sentence pairs (")
         True
     """
-    return (f"'sample' is the shipped sentence pairs ({DATA['sample']}), 'corpus' the shipped documents "
-            f"({DATA['corpus']})")
+    return (
+        f"'sample' is the shipped sentence pairs ({DATA['sample']}), 'corpus' the shipped documents ({DATA['corpus']})"
+    )
 
 
 def tokenizer_help() -> str:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import fsspec.core
 
@@ -89,11 +90,14 @@ def check_recipe(source: Any, stages: Sequence[Any]) -> None:
         )
     other = [s.name for s in stages if s.name != "shuffle"]
     if other:
-        raise ValueError(f"`cache` needs tokenize() right after the reader (and shuffle()), but .{other[0]}() comes before it.")
+        raise ValueError(
+            f"`cache` needs tokenize() right after the reader (and shuffle()), but .{other[0]}() comes before it."
+        )
 
 
 def session(stages: Sequence[Any], stats: Any) -> Any:
-    """The cache session of a recipe whose ``tokenize`` stage has a cache, else ``None`` (used by ``Pipeline.build``)."""
+    """The cache session of a recipe whose ``tokenize`` stage has a cache, else ``None`` (used by
+    ``Pipeline.build``)."""
     from padpipe.token_cache.rows import ids_type
     from padpipe.token_cache.session import CacheSession, digest
 
@@ -105,10 +109,18 @@ def session(stages: Sequence[Any], stats: Any) -> Any:
     about = fingerprint_of(encoder, options)
     store = Store(cache.path, cache.storage_options)
     vocab_size = encoder._tokenizer.get_vocab_size(True)
-    result = CacheSession(store, digest(about), about, id_type=ids_type(vocab_size),
-                          type_ids=encoder.returns_token_type_ids, fields=options["fields"],
-                          on_write_error=cache.on_write_error, stats=stats, vocab_size=vocab_size,
-                          max_length=longest_row(encoder, options["append_eos"]))
+    result = CacheSession(
+        store,
+        digest(about),
+        about,
+        id_type=ids_type(vocab_size),
+        type_ids=encoder.returns_token_type_ids,
+        fields=options["fields"],
+        on_write_error=cache.on_write_error,
+        stats=stats,
+        vocab_size=vocab_size,
+        max_length=longest_row(encoder, options["append_eos"]),
+    )
     result.keep_ref = position + 1 < len(stages) and stages[position + 1].name == "bucket"
     return result
 
@@ -163,7 +175,9 @@ class CacheInfo:
     fingerprints: dict[str, dict[str, Any]]
 
     def __str__(self) -> str:
-        lines = [f"{self.path}: {self.files} files, {size_text(self.bytes)}, {len(self.fingerprints)} tokenizer setting(s)"]
+        lines = [
+            f"{self.path}: {self.files} files, {size_text(self.bytes)}, {len(self.fingerprints)} tokenizer setting(s)"
+        ]
         for name, about in sorted(self.fingerprints.items()):
             what = ", ".join(f"{k}={about[k]}" for k in ("max_length", "fields", "append_eos") if k in about)
             lines.append(f"  {name}: {what}")
@@ -183,7 +197,7 @@ def info(path: str, *, storage_options: dict[str, Any] | None = None) -> CacheIn
     if fs.exists(root):
         for name, detail in fs.find(root, detail=True).items():
             files, total = files + 1, total + int(detail.get("size") or 0)
-            parts = name[len(root):].strip("/").split("/")
+            parts = name[len(root) :].strip("/").split("/")
             if len(parts) == 2 and parts[1] == ABOUT:
                 try:
                     fingerprints[parts[0]] = json.loads(fs.cat_file(name))

@@ -9,17 +9,15 @@ saving chunks are vectorized; no stage loops over rows in Python.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from padpipe.state import StateMismatchError, seal, unseal
-from padpipe.state import Spec
-from dataclasses import dataclass
-from typing import Any
+from padpipe.state import Spec, StateMismatchError, seal, unseal
 
 ID_DTYPE = np.int32
 TYPE_ID_DTYPE = np.int8
@@ -124,7 +122,7 @@ class TokenChunk:
         offsets = np.zeros(sum(c.num_rows for c in chunks) + 1, dtype=np.int64)
         np.cumsum(np.concatenate([c.lengths for c in chunks]), out=offsets[1:])
         has_types = chunks[0].type_ids is not None
-        type_ids = np.concatenate([c.type_ids for c in chunks]) if has_types else None  # type: ignore[misc]
+        type_ids = np.concatenate([c.type_ids for c in chunks]) if has_types else None
         names = list(chunks[0].columns)
         columns = {n: pa.concat_arrays([_as_array(c.columns[n]) for c in chunks]) for n in names}
         return TokenChunk(ids, offsets, type_ids, columns)
@@ -159,12 +157,16 @@ class TokenChunk:
             >>> state["ids"], state["offsets"]
             (tensor([1, 2, 3], dtype=torch.int32), tensor([0, 2, 3]))
         """
-        return seal({
-            "ids": torch.from_numpy(np.array(self.ids, dtype=ID_DTYPE, copy=True)),
-            "offsets": torch.from_numpy(np.array(self.offsets, dtype=np.int64, copy=True)),
-            "type_ids": None if self.type_ids is None else torch.from_numpy(np.array(self.type_ids, TYPE_ID_DTYPE, copy=True)),
-            "columns": None if not self.columns else bytes_to_tensor(_columns_to_ipc(self.columns)),
-        })
+        return seal(
+            {
+                "ids": torch.from_numpy(np.array(self.ids, dtype=ID_DTYPE, copy=True)),
+                "offsets": torch.from_numpy(np.array(self.offsets, dtype=np.int64, copy=True)),
+                "type_ids": None
+                if self.type_ids is None
+                else torch.from_numpy(np.array(self.type_ids, TYPE_ID_DTYPE, copy=True)),
+                "columns": None if not self.columns else bytes_to_tensor(_columns_to_ipc(self.columns)),
+            }
+        )
 
     @staticmethod
     def from_state(state: Any) -> TokenChunk:
@@ -175,13 +177,14 @@ class TokenChunk:
             Traceback (most recent call last):
             ...
             padpipe.state.StateMismatchError: expected a token chunk with keys ['columns', 'ids', 'offsets', 'type_ids'] and a checksum, found {'ids': [1]}
-        """
+        """  # noqa: E501
         state = unseal("a token chunk", state, CHUNK_KEYS)
         ids = _tensor(state["ids"], torch.int32, "ids")
         offsets = _tensor(state["offsets"], torch.int64, "offsets")
         if not len(offsets) or offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 0).any():
             raise StateMismatchError(
-                f"a token chunk's offsets must rise from 0 to its {len(ids)} ids, but are {offsets[:4].tolist()}... instead"
+                f"a token chunk's offsets must rise from 0 to its {len(ids)} ids, but are {offsets[:4].tolist()}... "
+                f"instead"
             )
         type_ids = None if state["type_ids"] is None else _tensor(state["type_ids"], torch.int8, "type_ids")
         if type_ids is not None and len(type_ids) != len(ids):
@@ -201,7 +204,11 @@ RECORDS_KEYS = ("ipc",)
 
 def _tensor(value: Any, dtype: torch.dtype, name: str) -> np.ndarray:
     if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != 1:
-        found = f"a {value.dtype} tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)[:60]
+        found = (
+            f"a {value.dtype} tensor of shape {list(value.shape)}"
+            if isinstance(value, torch.Tensor)
+            else repr(value)[:60]
+        )
         raise StateMismatchError(f"a token chunk's {name!r} must be a 1-D {dtype} tensor, but is {found}")
     return _own_copy(value)
 
@@ -264,7 +271,11 @@ def record_batch_from_bytes(data: bytes | np.ndarray) -> pa.RecordBatch:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowException, ValueError, TypeError) as exc:
         raise StateMismatchError(f"a saved record batch is not readable Arrow IPC ({exc})") from None
-    return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+    return (
+        table.combine_chunks().to_batches()[0]
+        if table.num_rows
+        else pa.RecordBatch.from_pylist([], schema=table.schema)
+    )
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from padpipe import _command, _shipped
+
 
 def _at_least(text: str, minimum: int) -> int:
     try:
@@ -65,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["inspect", "data.parquet", "--tokenizer", "tok.json", "--all"]).sample is None
         True
     """
-    parser = _command.Parser(prog="padpipe", description="padpipe tools. Run 'padpipe COMMAND --help' for a command's options.")
+    parser = _command.Parser(
+        prog="padpipe", description="padpipe tools. Run 'padpipe COMMAND --help' for a command's options."
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_command.Parser)
     _add_inspect(commands)
     _add_cache(commands)
@@ -82,8 +85,12 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cache)
     p.add_argument("action", choices=("info", "clear"), help="info: print the size; clear: delete the cache")
     p.add_argument("path", metavar="PATH", help="the folder or fsspec URL given to tokenize(cache=...)")
-    p.add_argument("--storage-options", type=_storage_options, metavar="JSON",
-                   help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)")
+    p.add_argument(
+        "--storage-options",
+        type=_storage_options,
+        metavar="JSON",
+        help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)",
+    )
 
 
 def _add_inspect(commands: argparse._SubParsersAction) -> None:
@@ -99,45 +106,104 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         ),
     )
     p.set_defaults(run=_inspect)
-    p.add_argument("data", nargs="+", metavar="DATA",
-                   help="Parquet, Arrow IPC or JSONL (.gz/.zst) file(s), folder(s) (save_to_disk too), globs or "
-                        f"fsspec URLs; quote globs. {_shipped.data_help()}")
-    p.add_argument("--tokenizer", required=True, metavar="TOK",
-                   help="a tokenizer.json file, or a folder or name for transformers.AutoTokenizer (required); "
-                        f"{_shipped.tokenizer_help()}")
-    p.add_argument("--fields", type=_fields, metavar="A[,B]",
-                   help="the text field, or two for pairs (default: 'text', else the one or two string columns)")
-    p.add_argument("--max-length", type=_positive, metavar="N",
-                   help="truncation length (default: the tokenizer's model_max_length if any, else none)")
+    p.add_argument(
+        "data",
+        nargs="+",
+        metavar="DATA",
+        help="Parquet, Arrow IPC or JSONL (.gz/.zst) file(s), folder(s) (save_to_disk too), globs or "
+        f"fsspec URLs; quote globs. {_shipped.data_help()}",
+    )
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="TOK",
+        help="a tokenizer.json file, or a folder or name for transformers.AutoTokenizer (required); "
+        f"{_shipped.tokenizer_help()}",
+    )
+    p.add_argument(
+        "--fields",
+        type=_fields,
+        metavar="A[,B]",
+        help="the text field, or two for pairs (default: 'text', else the one or two string columns)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=_positive,
+        metavar="N",
+        help="truncation length (default: the tokenizer's model_max_length if any, else none)",
+    )
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--sample", type=_positive, default=20_000, metavar="N",
-                      help="rows to sample, spread over the input's files and row groups")
-    size.add_argument("--all", dest="sample", action="store_const", const=None,
-                      help="read every row: exact figures (default: --sample)")
-    p.add_argument("--batch-size", type=_positive, default=32, metavar="N",
-                   help="rows per batch of static, dynamic and bucket(batch_size)")
-    p.add_argument("--max-tokens", type=_positive, metavar="N",
-                   help="padded-token budget of bucket(max_tokens); the target for recommendations "
-                        "(default: batch size x max length)")
-    p.add_argument("--seq-len", type=_positive, metavar="N",
-                   help="packed row length of pack(seq_len); the target for recommendations "
-                        "(default: max length, else 2048)")
+    size.add_argument(
+        "--sample",
+        type=_positive,
+        default=20_000,
+        metavar="N",
+        help="rows to sample, spread over the input's files and row groups",
+    )
+    size.add_argument(
+        "--all",
+        dest="sample",
+        action="store_const",
+        const=None,
+        help="read every row: exact figures (default: --sample)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=32,
+        metavar="N",
+        help="rows per batch of static, dynamic and bucket(batch_size)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=_positive,
+        metavar="N",
+        help="padded-token budget of bucket(max_tokens); the target for recommendations "
+        "(default: batch size x max length)",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=_positive,
+        metavar="N",
+        help="packed row length of pack(seq_len); the target for recommendations (default: max length, else 2048)",
+    )
     p.add_argument("--buffer-size", type=_positive, default=10_000, metavar="N", help="bucket buffer (rows)")
     p.add_argument("--pack-buffer-size", type=_positive, default=256, metavar="N", help="packing buffer (documents)")
-    p.add_argument("--pad-to-multiple-of", type=_non_negative, default=8, metavar="N",
-                   help="padding multiple of the dynamic and bucket strategies (0: none)")
-    p.add_argument("--shuffle-buffer", type=_non_negative, default=10_000, metavar="N",
-                   help="with --all, the shuffle(buffer_size) modelled before tokenizing (0: file order)")
+    p.add_argument(
+        "--pad-to-multiple-of",
+        type=_non_negative,
+        default=8,
+        metavar="N",
+        help="padding multiple of the dynamic and bucket strategies (0: none)",
+    )
+    p.add_argument(
+        "--shuffle-buffer",
+        type=_non_negative,
+        default=10_000,
+        metavar="N",
+        help="with --all, the shuffle(buffer_size) modelled before tokenizing (0: file order)",
+    )
     p.add_argument("--seed", type=_non_negative, default=0, metavar="N", help="seed of the sample, shuffle and batches")
     p.add_argument("--threads", type=_positive, default=2, metavar="N", help="tokenizer threads")
-    p.add_argument("--storage-options", type=_storage_options, metavar="JSON",
-                   help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)")
-    p.add_argument("--chart", metavar="PNG",
-                   help="also write the chart to this PNG file; needs matplotlib (default: no chart)")
+    p.add_argument(
+        "--storage-options",
+        type=_storage_options,
+        metavar="JSON",
+        help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)",
+    )
+    p.add_argument(
+        "--chart", metavar="PNG", help="also write the chart to this PNG file; needs matplotlib (default: no chart)"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to this file (default: no JSON)")
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
-                   help="no progress bar (default: a bar on a terminal, log lines elsewhere; "
-                        "PADPIPE_PROGRESS=0 also turns it off)")
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no progress bar (default: a bar on a terminal, log lines elsewhere; "
+        "PADPIPE_PROGRESS=0 also turns it off)",
+    )
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import padpipe as pp
 from padpipe import _command, _shipped
@@ -100,8 +100,10 @@ def format_row(r: StrategyResult) -> str:
         >>> format_row(StrategyResult("dynamic (pad to batch max)", 625, 20000, 0.579, 13081, 970140, 0.021))
         'dynamic (pad to batch max)             625   20000    57.9%    13,081     970,140      21ms'
     """
-    return (f"{r.name:<34} {r.batches:>7} {r.rows:>7} {r.efficiency:>8.1%} {r.rows_per_s:>9,.0f} "
-            f"{r.tokens_per_s:>11,.0f} {r.first_batch_s * 1000:>7.0f}ms")
+    return (
+        f"{r.name:<34} {r.batches:>7} {r.rows:>7} {r.efficiency:>8.1%} {r.rows_per_s:>9,.0f} "
+        f"{r.tokens_per_s:>11,.0f} {r.first_batch_s * 1000:>7.0f}ms"
+    )
 
 
 PROG = "python -m padpipe.demo"
@@ -140,15 +142,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{_shipped.tokenizer_help()}",
     )
     parser.add_argument(
-        "--fields", nargs="+", metavar="FIELD",
+        "--fields",
+        nargs="+",
+        metavar="FIELD",
         help="one text column, or two for pairs (default: 'text', else the data's only one or two string columns)",
     )
     parser.add_argument("--max-length", type=int, default=128, metavar="N", help="truncate every row to N tokens")
-    parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="rows per batch (static, dynamic, bucketed)")
-    parser.add_argument("--max-tokens", type=int, default=4096, metavar="N", help="padded tokens per batch (token budget)")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, metavar="N", help="rows per batch (static, dynamic, bucketed)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=4096, metavar="N", help="padded tokens per batch (token budget)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
-    parser.add_argument("--chart", metavar="PNG", help="write the chart to this file (default: a new file in the temp "
-                        "folder, padpipe-demo-inspect-*.png); a symbolic link there is refused")
+    parser.add_argument(
+        "--chart",
+        metavar="PNG",
+        help="write the chart to this file (default: a new file in the temp "
+        "folder, padpipe-demo-inspect-*.png); a symbolic link there is refused",
+    )
     args = parser.parse_args(argv)
     _command.show_log_lines()
 
@@ -166,8 +178,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{HEADER}\n{'-' * len(HEADER)}", flush=True)
     for name, pipe in plans.items():
         print(format_row(measure(name, pipe)), flush=True)
-    report = pp.inspect(paths, tokenizer, fields=fields, max_length=args.max_length, sample=None,
-                        batch_size=args.batch_size, max_tokens=args.max_tokens, seed=args.seed)
+    report = pp.inspect(
+        paths,
+        tokenizer,
+        fields=fields,
+        max_length=args.max_length,
+        sample=None,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
     report = dataclasses.replace(report, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(f"\nThe same data through `padpipe inspect` (every strategy, no model):\n{report}")
     try:

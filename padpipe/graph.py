@@ -7,6 +7,7 @@ use it without importing each other.
 from __future__ import annotations
 
 from typing import Any
+
 from torchdata.nodes import BaseNode
 
 

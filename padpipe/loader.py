@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.graph import start_at_epoch
-from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, check_state, make_state
 from padpipe.integrations.lightning_fit import fit_driver
 from padpipe.runtime.elastic import LAYOUT_KEY
+from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, check_state, make_state
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
@@ -57,9 +58,16 @@ class PipelineLoader(Generic[T]):
     STEP_KEY = "step"  # batches returned in that epoch
     LOCKSTEP_KEY = "lockstep"  # whether ranks agreed each step (so every rank's state has the same step)
 
-    def __init__(self, root: BaseNode[T], stats: PipelineStats, *, settings: dict[str, Any] | None = None,
-                 layout: Callable[[], list[int]] | None = None,
-                 reshare: Callable[..., dict[str, Any]] | None = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        root: BaseNode[T],
+        stats: PipelineStats,
+        *,
+        settings: dict[str, Any] | None = None,
+        layout: Callable[[], list[int]] | None = None,
+        reshare: Callable[..., dict[str, Any]] | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         self.root = root
         self.device = device
         self._stats = stats
@@ -103,13 +111,22 @@ class PipelineLoader(Generic[T]):
         if self._pending is not None:
             return self._pending
         root = self.root.state_dict() if self._started else None
-        return make_state(version=self.VERSION, settings=self._settings,
-                          **{self.ROOT_KEY: root, self.FINISHED_KEY: self._finished, self.LAYOUT_KEY: self._layout(),
-                             self.EPOCH_KEY: self._epoch, self.STEP_KEY: self._step,
-                             self.LOCKSTEP_KEY: bool(getattr(self.root, "in_lockstep", False))})
+        return make_state(
+            version=self.VERSION,
+            settings=self._settings,
+            **{
+                self.ROOT_KEY: root,
+                self.FINISHED_KEY: self._finished,
+                self.LAYOUT_KEY: self._layout(),
+                self.EPOCH_KEY: self._epoch,
+                self.STEP_KEY: self._step,
+                self.LOCKSTEP_KEY: bool(getattr(self.root, "in_lockstep", False)),
+            },
+        )
 
-    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]], *,
-                        ahead: dict[int, list[Any]] | None = None) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any] | list[dict[str, Any]], *, ahead: dict[int, list[Any]] | None = None
+    ) -> None:
         """Continue from ``state`` at the next ``iter(loader)``.
 
         ``state`` is this rank's state, or a list of the states of every rank of a run saved with
@@ -126,9 +143,14 @@ class PipelineLoader(Generic[T]):
         if (driver := fit_driver(self)) is not None:  # from a Lightning checkpoint: every rank's state in one
             return driver.load_state_dict(state)
         states = list(state) if isinstance(state, (list, tuple)) else [state]
-        fields = {self.ROOT_KEY: Optional(Child()), self.FINISHED_KEY: Bool(),
-                  self.LAYOUT_KEY: ListOf(Int(0), length=3), self.EPOCH_KEY: Int(-1), self.STEP_KEY: Int(0),
-                  self.LOCKSTEP_KEY: Bool()}
+        fields = {
+            self.ROOT_KEY: Optional(Child()),
+            self.FINISHED_KEY: Bool(),
+            self.LAYOUT_KEY: ListOf(Int(0), length=3),
+            self.EPOCH_KEY: Int(-1),
+            self.STEP_KEY: Int(0),
+            self.LOCKSTEP_KEY: Bool(),
+        }
         for one in states:
             check_state("PipelineLoader", one, version=self.VERSION, settings=self._settings, fields=fields)
         states = one_checkpoint(states)
@@ -136,8 +158,10 @@ class PipelineLoader(Generic[T]):
         own = [s for s in states if s[self.LAYOUT_KEY] == layout]
         if own and states[0][self.LAYOUT_KEY][1:] == layout[1:]:
             if any(ahead.values() if ahead else ()):
-                raise ValueError("`ahead` batches are shared out only on another layout; on the same layout, yield "
-                                 "this rank's again before the loader's.")
+                raise ValueError(
+                    "`ahead` batches are shared out only on another layout; on the same layout, yield "
+                    "this rank's again before the loader's."
+                )
             self._pending = dict(own[0])
             return
         saved = states[0][self.LAYOUT_KEY]
@@ -148,8 +172,11 @@ class PipelineLoader(Generic[T]):
                 f"pass the states of all {saved[1]} saved ranks, loader.load_state_dict([state_rank0, ...]) "
                 "(docs/elastic.md)."
             )
-        carried = {self.EPOCH_KEY: states[0][self.EPOCH_KEY], self.STEP_KEY: states[0][self.STEP_KEY],
-                   self.LOCKSTEP_KEY: states[0][self.LOCKSTEP_KEY]}
+        carried = {
+            self.EPOCH_KEY: states[0][self.EPOCH_KEY],
+            self.STEP_KEY: states[0][self.STEP_KEY],
+            self.LOCKSTEP_KEY: states[0][self.LOCKSTEP_KEY],
+        }
         self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
 
     def set_epoch(self, epoch: int) -> None:
@@ -176,7 +203,6 @@ class PipelineLoader(Generic[T]):
         return self._stats.snapshot()
 
 
-
 def one_checkpoint(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``states`` sorted by rank, after checking they are one checkpoint of one run (``StateMismatchError`` if not).
 
@@ -187,24 +213,31 @@ def one_checkpoint(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
     layouts = {tuple(s[key][1:]) for s in states}
     if len(layouts) > 1:
         found = ", ".join(f"{r} ranks x {w} workers" for r, w in sorted(layouts))
-        raise StateMismatchError(f"PipelineLoader states come from different runs: saved on {found}; pass the states "
-                                 "of one checkpoint (every rank's, from one folder).")
+        raise StateMismatchError(
+            f"PipelineLoader states come from different runs: saved on {found}; pass the states "
+            "of one checkpoint (every rank's, from one folder)."
+        )
     ranks = [s[key][0] for s in states]
     twice = sorted({r for r in ranks if ranks.count(r) > 1})
     if twice:
-        raise StateMismatchError(f"PipelineLoader states hold rank {twice[0]} more than once (ranks {sorted(ranks)}): "
-                                 "pass each rank's state of one checkpoint once.")
+        raise StateMismatchError(
+            f"PipelineLoader states hold rank {twice[0]} more than once (ranks {sorted(ranks)}): "
+            "pass each rank's state of one checkpoint once."
+        )
     if any(r >= states[0][key][1] for r in ranks):
-        raise StateMismatchError(f"PipelineLoader states name ranks {sorted(ranks)}, but were saved by "
-                                 f"{states[0][key][1]} ranks.")
+        raise StateMismatchError(
+            f"PipelineLoader states name ranks {sorted(ranks)}, but were saved by {states[0][key][1]} ranks."
+        )
     states = sorted(states, key=lambda s: s[key][0])
     epoch, step = PipelineLoader.EPOCH_KEY, PipelineLoader.STEP_KEY
     where = [(s[epoch], s[step]) for s in states]
     lockstep = all(s[PipelineLoader.LOCKSTEP_KEY] for s in states)
     if len({e for e, _ in where}) > 1 or (lockstep and len(set(where)) > 1):
         found = ", ".join(f"rank {s[key][0]} at epoch {e} step {n}" for s, (e, n) in zip(states, where))
-        raise StateMismatchError(f"PipelineLoader states come from different checkpoints: {found}; pass the states "
-                                 "of one checkpoint (every rank's, saved at the same step).")
+        raise StateMismatchError(
+            f"PipelineLoader states come from different checkpoints: {found}; pass the states "
+            "of one checkpoint (every rank's, saved at the same step)."
+        )
     return states
 
 

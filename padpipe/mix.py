@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from padpipe.errors import check_seed, one_of, positive
 from padpipe.pipeline import RECORDS, TOKENS, Pipeline, Stage
@@ -63,7 +64,9 @@ def mix(
     outputs = {name: pipe.output for name, pipe in pipelines.items()}
     kinds = set(outputs.values())
     if len(kinds) != 1 or not kinds <= {RECORDS, TOKENS}:
-        raise ValueError(f"mix() needs pipelines that all yield records or all yield tokens, but they yield {outputs!r}.")
+        raise ValueError(
+            f"mix() needs pipelines that all yield records or all yield tokens, but they yield {outputs!r}."
+        )
     weights = check_weights(list(pipelines), {name: 1.0 for name in pipelines} if weights is None else weights)
     check_seed(seed)
     one_of("stop", stop, STOPS)

@@ -7,8 +7,9 @@ nothing is read or tokenized until :meth:`Pipeline.loader` (or iteration) builds
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import IterableDataset
@@ -17,19 +18,19 @@ from torchdata.nodes import BaseNode
 from padpipe import _build
 from padpipe._build import BuildContext, Stage
 from padpipe._checks import check_budget, check_fields, steps_missing
-from padpipe.runtime.consumer import Consumer
 from padpipe.cache import TokenCache, check_recipe
 from padpipe.cache import session as cache_session
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.loader import PipelineLoader
-from padpipe.pipes.cut import longest_row_allowed
-from padpipe.runtime.latch import FailureLatch
 from padpipe.pipes.bucket import check_bucket_options
+from padpipe.pipes.cut import longest_row_allowed
 from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
 from padpipe.pipes.pad import check_pad_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
+from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.latch import FailureLatch
 from padpipe.stats import PipelineStats
 
 # What a pipeline yields so far, in stage order.
@@ -225,7 +226,7 @@ class Pipeline(IterableDataset):
             'token batches'
         """
         self._expect("bucket", TOKENS)
-        options = {
+        options: dict[str, Any] = {
             "batch_size": batch_size,
             "max_tokens": max_tokens,
             "buffer_size": buffer_size,
@@ -281,7 +282,7 @@ class Pipeline(IterableDataset):
         budget = next((s.options["max_tokens"] for s in self.stages if s.name == "bucket"), None)
         if budget is not None:  # the bucket stage's budget must hold one padded row
             longest_row_allowed(budget, pad_to_multiple_of, pad_to_length)
-        options = {
+        options: dict[str, Any] = {
             "pad_id": pad_id,
             "side": side,
             "pad_to_multiple_of": pad_to_multiple_of,
@@ -347,7 +348,7 @@ class Pipeline(IterableDataset):
                 raise ValueError(self._no_tokenizer_pad_id("pack"))
             if pad_id is None:
                 raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
-        options = {
+        options: dict[str, Any] = {
             "seq_len": seq_len,
             "batch_size": batch_size,
             "buffer_size": buffer_size,
@@ -508,9 +509,18 @@ class Pipeline(IterableDataset):
         from padpipe.runtime.assemble import assemble_loader
 
         self._check_runnable()
-        return assemble_loader(self, num_workers=num_workers, consumer=consumer, equal_steps=equal_steps,
-                               options={"pin_memory": pin_memory, "prefetch_factor": prefetch_factor,
-                                        "multiprocessing_context": multiprocessing_context, "timeout": timeout})
+        return assemble_loader(
+            self,
+            num_workers=num_workers,
+            consumer=consumer,
+            equal_steps=equal_steps,
+            options={
+                "pin_memory": pin_memory,
+                "prefetch_factor": prefetch_factor,
+                "multiprocessing_context": multiprocessing_context,
+                "timeout": timeout,
+            },
+        )
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
         """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).
@@ -543,8 +553,8 @@ class Pipeline(IterableDataset):
         reads the next epoch; non-persistent workers start from the main process's epoch, so call
         :meth:`set_epoch` each epoch (as with ``DistributedSampler``).
         """
-        from padpipe.runtime.iterable import PipelineIterator
         from padpipe.integrations.guard import check_caller
+        from padpipe.runtime.iterable import PipelineIterator
 
         self._check_runnable()
         check_caller(self)  # fails under wrappers that shard again (Accelerate), warns for a bare Lightning resume
@@ -581,11 +591,16 @@ class Pipeline(IterableDataset):
 
     @staticmethod
     def _no_tokenizer_pad_id(method: str) -> str:
-        return (f"{method}() has no pad id: the rows entered as token ids through tokens(), with no tokenizer "
-                f"to take one from; pass `pad_id=` to {method}() or to tokens().")
+        return (
+            f"{method}() has no pad id: the rows entered as token ids through tokens(), with no tokenizer "
+            f"to take one from; pass `pad_id=` to {method}() or to tokens()."
+        )
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:
         if self.stages and self.stages[-1].name == "to_cuda":
-            raise ValueError(f"to_cuda() must be the last stage, but .{stage.name}() follows it: add it before .to_cuda().")
-        return dataclasses.replace(self, stages=self.stages + (stage,), output=output, _epoch=[0], _managed=[False],
-                                   **changes)
+            raise ValueError(
+                f"to_cuda() must be the last stage, but .{stage.name}() follows it: add it before .to_cuda()."
+            )
+        return dataclasses.replace(
+            self, stages=self.stages + (stage,), output=output, _epoch=[0], _managed=[False], **changes
+        )

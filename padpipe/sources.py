@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from padpipe import _build
 from padpipe._checks import check_sources
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 PathsLike = str | Sequence[str]
 
 
-def _start(name: str, reader: type, **options: Any) -> Pipeline:
+def _start(name: str, reader: type[Any], **options: Any) -> Pipeline:
     positive("chunk_rows", options.get("chunk_rows", 1))
     if "paths" in options:  # a file reader: local paths that name nothing fail now, not in the loader
         check_sources(options["paths"], reader.SUFFIXES)
@@ -64,8 +65,15 @@ def read_parquet(
     """
     from padpipe.readers.parquet import ParquetReader
 
-    return _start("read_parquet", ParquetReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
-                  storage_options=storage_options, **_file_options(retries, on_missing))
+    return _start(
+        "read_parquet",
+        ParquetReader,
+        paths=paths,
+        columns=columns,
+        chunk_rows=chunk_rows,
+        storage_options=storage_options,
+        **_file_options(retries, on_missing),
+    )
 
 
 def read_arrow(
@@ -92,8 +100,15 @@ def read_arrow(
     """
     from padpipe.readers.arrow import ArrowReader
 
-    return _start("read_arrow", ArrowReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
-                  storage_options=storage_options, **_file_options(retries, on_missing))
+    return _start(
+        "read_arrow",
+        ArrowReader,
+        paths=paths,
+        columns=columns,
+        chunk_rows=chunk_rows,
+        storage_options=storage_options,
+        **_file_options(retries, on_missing),
+    )
 
 
 def read_jsonl(
@@ -127,8 +142,16 @@ def read_jsonl(
     from padpipe.readers.jsonl import JsonlReader
 
     one_of("on_error", on_error, ("raise", "skip"))
-    return _start("read_jsonl", JsonlReader, paths=paths, columns=columns, chunk_rows=chunk_rows,
-                  storage_options=storage_options, on_error=on_error, **_file_options(retries, on_missing))
+    return _start(
+        "read_jsonl",
+        JsonlReader,
+        paths=paths,
+        columns=columns,
+        chunk_rows=chunk_rows,
+        storage_options=storage_options,
+        on_error=on_error,
+        **_file_options(retries, on_missing),
+    )
 
 
 def from_hf(

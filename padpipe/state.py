@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +80,8 @@ def _key(key: Any) -> str:
 def checksum(value: Mapping[str, Any]) -> str:
     """The CRC-32 of a state dict's values (its own ``checksum`` entry left out), as 8 hex digits.
 
-    Tensors count by dtype, shape and raw bytes (any dtype, ``bfloat16`` included); a nested dict that has a ``checksum`` counts by it.
+    Tensors count by dtype, shape and raw bytes (any dtype, ``bfloat16`` included); a nested dict that has a
+    ``checksum`` counts by it.
 
     Example:
         >>> checksum({"epoch": 1}) == checksum({"epoch": 1}) != checksum({"epoch": 2})
@@ -108,7 +110,7 @@ def _walk(value: Any, crc: int, *, top: bool = False) -> int:
         if not value.numel():
             return crc
         raw = value.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
-        return zlib.crc32(memoryview(raw.numpy()), crc)
+        return zlib.crc32(raw.numpy().data, crc)
     if value is None or isinstance(value, bool):
         return zlib.crc32(repr(value).encode(), crc)
     if isinstance(value, int):
@@ -120,7 +122,7 @@ def _walk(value: Any, crc: int, *, top: bool = False) -> int:
     return zlib.crc32(b"?" + type(value).__name__.encode(), crc)  # not plain: fails the type checks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dtype_tag(dtype: torch.dtype) -> str:
     """NumPy's name of ``dtype`` (``'<i8'``, as states were always hashed), else torch's (``'torch.bfloat16'``)."""
     try:
@@ -309,9 +311,16 @@ def _same(found: Any, expected: Any) -> bool:
         return set(found) == set(expected) and all(_same(found[k], expected[k]) for k in expected)
     if isinstance(found, (list, tuple)) and isinstance(expected, (list, tuple)):
         return len(found) == len(expected) and all(_same(a, b) for a, b in zip(found, expected))
-    return type(found) is type(expected) and found == expected or (
-        isinstance(found, (int, float)) and isinstance(expected, (int, float))
-        and not isinstance(found, bool) and not isinstance(expected, bool) and found == expected
+    return (
+        type(found) is type(expected)
+        and found == expected
+        or (
+            isinstance(found, (int, float))
+            and isinstance(expected, (int, float))
+            and not isinstance(found, bool)
+            and not isinstance(expected, bool)
+            and found == expected
+        )
     )
 
 
@@ -406,12 +415,15 @@ def check_state(
         padpipe.state.StateMismatchError: bucket state is invalid: 'pos' must be an int >= 0, but is -1 instead.
     """
     if not isinstance(state, Mapping):
-        raise StateMismatchError(f"{stage} state must be a dict saved by padpipe, but is a {type(state).__name__} instead.")
+        raise StateMismatchError(
+            f"{stage} state must be a dict saved by padpipe, but is a {type(state).__name__} instead."
+        )
     if VERSION_KEY not in state:
         raise StateMismatchError(f"{stage} state is not a padpipe state dict: found keys {sorted(state, key=str)!r}.")
     if not _same(state[VERSION_KEY], version):
         raise StateMismatchError(
-            f"{stage} state doesn't match this pipeline: version found {_show(state[VERSION_KEY])} instead of {version!r}."
+            f"{stage} state doesn't match this pipeline: version found {_show(state[VERSION_KEY])} instead of "
+            f"{version!r}."
         )
     saved = state.get(SETTINGS_KEY, {})
     if not isinstance(saved, Mapping):
@@ -420,7 +432,8 @@ def check_state(
         found = saved.get(key, MISSING)
         if not _same(found, expected):
             raise StateMismatchError(
-                f"{stage} state doesn't match this pipeline: setting {key!r} found {_show(found, 300)} instead of {expected!r}."
+                f"{stage} state doesn't match this pipeline: setting {key!r} found {_show(found, 300)} instead of "
+                f"{expected!r}."
             )
     loaded: dict[str, Any] = {}
     if fields is not None:

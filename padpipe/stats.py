@@ -29,9 +29,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
 
 OVERLAP = "stages overlap in threads, so shares may sum past 100%"
 """Why the stage times of ``str(stats)`` may add up to more than the wall time."""

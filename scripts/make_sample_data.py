@@ -61,10 +61,28 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 # test suites, GUI/IDE code, bundled data, codec boilerplate) or that are
 # platform-specific and would make the sample depend on the OS.
 SKIP_TOP = {
-    "antigravity", "this", "test", "idlelib", "turtledemo", "ensurepip",
-    "pydoc_data", "encodings", "lib2to3", "readline", "site", "sitecustomize",
-    "usercustomize", "msilib", "msvcrt", "winreg", "winsound", "nt", "_winapi",
-    "xxsubtype", "xxlimited", "xxlimited_35",
+    "antigravity",
+    "this",
+    "test",
+    "idlelib",
+    "turtledemo",
+    "ensurepip",
+    "pydoc_data",
+    "encodings",
+    "lib2to3",
+    "readline",
+    "site",
+    "sitecustomize",
+    "usercustomize",
+    "msilib",
+    "msvcrt",
+    "winreg",
+    "winsound",
+    "nt",
+    "_winapi",
+    "xxsubtype",
+    "xxlimited",
+    "xxlimited_35",
 }
 SKIP_PARTS = {"test", "tests", "idle_test", "testdata", "__pycache__", "__main__.py"}
 
@@ -72,6 +90,7 @@ SKIP_PARTS = {"test", "tests", "idle_test", "testdata", "__pycache__", "__main__
 # --------------------------------------------------------------------------
 # 1. Harvest docstrings
 # --------------------------------------------------------------------------
+
 
 def _public(name: str) -> bool:
     return not name.startswith("_") and not name.lower().startswith("test")
@@ -211,7 +230,7 @@ def clean_paragraphs(doc: str) -> list[str]:
         lines = block.split("\n")
         if not lines[0].strip() or lines[0][:1].isspace():
             continue  # indented block: literal code, parameter table, ...
-        if any(l.lstrip().startswith((">>>", "... ", "$ ", ".. ", "%", "#")) for l in lines):
+        if any(line.lstrip().startswith((">>>", "... ", "$ ", ".. ", "%", "#")) for line in lines):
             continue  # doctests, shell sessions, rst directives
         kept = []
         for i, line in enumerate(lines):
@@ -282,6 +301,7 @@ def build_groups(raw: dict[str, list[str]]):
 # 3. Sample passages with a long-tail length mix
 # --------------------------------------------------------------------------
 
+
 class Group:
     def __init__(self, name, sents):
         self.name = name
@@ -294,21 +314,22 @@ class Group:
 def passage_target(rng: random.Random, long_share: float) -> tuple[int, int, int]:
     """Return (target, lo, hi) word counts for one passage."""
     u = rng.random()
-    if u < long_share:                       # long: 200-600 words
+    if u < long_share:  # long: 200-600 words
         lo, hi = 200, 600
         t = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-    elif u < long_share + 0.16:              # medium: 40-200 words
+    elif u < long_share + 0.16:  # medium: 40-200 words
         lo, hi = 40, 200
         t = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-    else:                                    # short: 5-40 words, median ~13
+    else:  # short: 5-40 words, median ~13
         lo, hi = 5, 40
         t = int(round(rng.lognormvariate(math.log(13), 0.55)))
         t = min(max(t, lo), hi)
     return t, lo, hi
 
 
-def make_passage(rng, group: Group, target: int, lo: int, hi: int,
-                 start: int | None = None, sep: str = " ") -> tuple[str, int, int]:
+def make_passage(
+    rng, group: Group, target: int, lo: int, hi: int, start: int | None = None, sep: str = " "
+) -> tuple[str, int, int]:
     """Consecutive sentences of `group` from a random start until `target`
     words.  When that overshoots, cut back to the last sentence end inside
     [lo, soft_hi] (soft_hi ~ 1.6 x target, at most hi); failing that, hard-cut
@@ -322,8 +343,8 @@ def make_passage(rng, group: Group, target: int, lo: int, hi: int,
             start = rng.randrange(n)
             if group.lens[start] <= soft_hi:
                 break
-    pieces: list[str] = []   # words, with paragraph breaks marked
-    ends: list[int] = []     # word counts at sentence ends
+    pieces: list[str] = []  # words, with paragraph breaks marked
+    ends: list[int] = []  # word counts at sentence ends
     count = 0
     i = start
     while count < target and i - start < n:
@@ -350,8 +371,7 @@ def make_passage(rng, group: Group, target: int, lo: int, hi: int,
     return text, start, i - start
 
 
-def pick_group(rng, groups: list[Group], weights: list[float], min_words: int,
-               exclude: str | None = None) -> Group:
+def pick_group(rng, groups: list[Group], weights: list[float], min_words: int, exclude: str | None = None) -> Group:
     while True:
         g = rng.choices(groups, weights=weights, k=1)[0]
         if g.words >= min_words and g.name != exclude:
@@ -407,10 +427,10 @@ def make_docs(rng, groups: list[Group]):
     seen: dict[str, None] = {}
     for _ in range(N_DOCS):
         u = rng.random()
-        if u < 0.02:                                   # a few very long docs
+        if u < 0.02:  # a few very long docs
             lo, hi = 1000, 3000
             t = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-        else:                                          # lognormal, median ~90 words
+        else:  # lognormal, median ~90 words
             lo, hi = 12, 1000
             t = int(round(rng.lognormvariate(math.log(90), 0.85)))
             t = min(max(t, lo), hi)
@@ -428,6 +448,7 @@ def make_docs(rng, groups: list[Group]):
 # 4. Tokenizer
 # --------------------------------------------------------------------------
 
+
 def train_tokenizer(texts: list[str]):
     """Train a BERT-style WordPiece tokenizer with `tokenizers`, reproducibly.
 
@@ -443,14 +464,16 @@ def train_tokenizer(texts: list[str]):
     from tokenizers.models import WordPiece
 
     def configure(tok):
-        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                    strip_accents=None, lowercase=True)
+        tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+        )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
         return tok
 
-    tok = configure(Tokenizer(WordPiece(unk_token="[UNK]", continuing_subword_prefix="##",
-                                        max_input_chars_per_word=100)))
+    tok = configure(
+        Tokenizer(WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
+    )
     inner: dict[str, None] = {}
     alphabet: dict[str, None] = {}
     for t in texts:
@@ -470,8 +493,9 @@ def train_tokenizer(texts: list[str]):
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     vocab = tok.get_vocab(with_added_tokens=False)
 
-    tok = configure(Tokenizer(WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##",
-                                        max_input_chars_per_word=100)))
+    tok = configure(
+        Tokenizer(WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
+    )
     tok.add_special_tokens(SPECIAL_TOKENS)
     for i, t in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(t) == i, (t, tok.token_to_id(t))
@@ -493,8 +517,11 @@ def save_hf_folder(tok, folder: Path):
     assert [i for _, i in by_id] == list(range(len(by_id)))
     (folder / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
     special = {
-        "pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
-        "sep_token": "[SEP]", "mask_token": "[MASK]",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "mask_token": "[MASK]",
     }
     config = {
         "tokenizer_class": "BertTokenizer",
@@ -520,6 +547,7 @@ def _write_json(path: Path, obj):
 # 5. Writers
 # --------------------------------------------------------------------------
 
+
 def write_parquet(path: Path, s1, s2, labels):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -532,8 +560,7 @@ def write_parquet(path: Path, s1, s2, labels):
             "idx": pa.array(range(len(s1)), type=pa.int64()),
         }
     )
-    pq.write_table(table, str(path), row_group_size=ROW_GROUP_SIZE,
-                   compression="zstd", compression_level=19)
+    pq.write_table(table, str(path), row_group_size=ROW_GROUP_SIZE, compression="zstd", compression_level=19)
 
 
 def write_corpus(path: Path, docs):
@@ -590,6 +617,7 @@ so gives a different (but equally shaped) sample.
 # 6. Checks / statistics
 # --------------------------------------------------------------------------
 
+
 def _pct(sorted_vals, q):
     if not sorted_vals:
         return 0
@@ -611,26 +639,31 @@ def report(out: Path):
     def words(xs):
         return sorted(len(x.split()) for x in xs)
 
-    print(f"sample.parquet: {table.num_rows} rows, {pf.num_row_groups} row groups, "
-          f"label mean {sum(labels) / len(labels):.3f}")
+    print(
+        f"sample.parquet: {table.num_rows} rows, {pf.num_row_groups} row groups, "
+        f"label mean {sum(labels) / len(labels):.3f}"
+    )
     for name, xs in (("sentence1", s1), ("sentence2", s2)):
         w = words(xs)
         n = len(w)
         short = sum(5 <= v <= 40 for v in w) / n
         long_ = sum(200 <= v <= 600 for v in w) / n
-        print(f"  {name} words: p50={_pct(w, 50)} p90={_pct(w, 90)} p99={_pct(w, 99)} "
-              f"max={w[-1]}  share 5-40={short:.1%}  200-600={long_:.1%}  >600={sum(v > 600 for v in w)}")
+        print(
+            f"  {name} words: p50={_pct(w, 50)} p90={_pct(w, 90)} p99={_pct(w, 99)} "
+            f"max={w[-1]}  share 5-40={short:.1%}  200-600={long_:.1%}  >600={sum(v > 600 for v in w)}"
+        )
 
     enc = tok.encode_batch(list(zip(s1, s2)))
     lens = [len(e.ids) for e in enc]
     sl = sorted(lens)
     n = len(lens)
-    print(f"  pair tokens:  p50={_pct(sl, 50)} p90={_pct(sl, 90)} p99={_pct(sl, 99)} max={sl[-1]} "
-          f"mean={sum(lens) / n:.1f}  >128: {sum(v > 128 for v in lens) / n:.1%}  "
-          f">512: {sum(v > 512 for v in lens)}")
+    print(
+        f"  pair tokens:  p50={_pct(sl, 50)} p90={_pct(sl, 90)} p99={_pct(sl, 99)} max={sl[-1]} "
+        f"mean={sum(lens) / n:.1f}  >128: {sum(v > 128 for v in lens) / n:.1%}  "
+        f">512: {sum(v > 512 for v in lens)}"
+    )
     single = sorted(len(e.ids) for e in tok.encode_batch(s1))
-    print(f"  sentence1 tokens: p50={_pct(single, 50)} p90={_pct(single, 90)} "
-          f"p99={_pct(single, 99)} max={single[-1]}")
+    print(f"  sentence1 tokens: p50={_pct(single, 50)} p90={_pct(single, 90)} p99={_pct(single, 99)} max={single[-1]}")
 
     real128 = sum(min(v, 128) for v in lens)
     print(f"  padding waste, pad to max_length=128 (truncating): {1 - real128 / (n * 128):.1%}")
@@ -640,17 +673,18 @@ def report(out: Path):
     for bs in (32,):
         tot = 0
         for i in range(0, n, bs):
-            b = [min(v, 512) for v in lens[i:i + bs]]
+            b = [min(v, 512) for v in lens[i : i + bs]]
             tot += max(b) * len(b)
-        print(f"  padding waste, dynamic per-batch (bs={bs}, file order, trunc 512): "
-              f"{1 - real512 / tot:.1%}")
+        print(f"  padding waste, dynamic per-batch (bs={bs}, file order, trunc 512): {1 - real512 / tot:.1%}")
     print("  padding waste, each row to its own length:        0.0%")
 
     with gzip.open(out / "corpus.jsonl.gz", "rt", encoding="utf-8") as fh:
         docs = [json.loads(line) for line in fh]
     dl = sorted(len(e.ids) for e in tok.encode_batch([d["text"] for d in docs]))
-    print(f"corpus.jsonl.gz: {len(docs)} docs, tokens p50={_pct(dl, 50)} p90={_pct(dl, 90)} "
-          f"p99={_pct(dl, 99)} max={dl[-1]} total={sum(dl):,}")
+    print(
+        f"corpus.jsonl.gz: {len(docs)} docs, tokens p50={_pct(dl, 50)} p90={_pct(dl, 90)} "
+        f"p99={_pct(dl, 99)} max={dl[-1]} total={sum(dl):,}"
+    )
     unk = tok.token_to_id("[UNK]")
     n_unk = sum(e.ids.count(unk) for e in enc)
     print(f"tokenizer: vocab {tok.get_vocab_size()}, [UNK] rate on sample {n_unk / sum(lens):.4%}")
@@ -683,6 +717,7 @@ def check_transformers(out: Path):
     assert h["token_type_ids"] == r.type_ids == [0, 0, 0, 0, 1, 1, 1], (h["token_type_ids"], r.type_ids)
     # identical encodings on the whole sample (pairs and singles)
     import pyarrow.parquet as pq
+
     t = pq.read_table(str(out / "sample.parquet"))
     s1 = t.column("sentence1").to_pylist()
     s2 = t.column("sentence2").to_pylist()
@@ -691,11 +726,14 @@ def check_transformers(out: Path):
     hs = hf(s1, verbose=False)["input_ids"]
     rs = [e.ids for e in raw.encode_batch(s1)]
     assert hp == rp and hs == rs, "transformers and tokenizers disagree"
-    print(f"transformers {transformers.__version__}: AutoTokenizer -> {type(hf).__name__} "
-          f"(fast), encodings identical to tokenizers on {len(s1)} pairs")
+    print(
+        f"transformers {transformers.__version__}: AutoTokenizer -> {type(hf).__name__} "
+        f"(fast), encodings identical to tokenizers on {len(s1)} pairs"
+    )
 
 
 # --------------------------------------------------------------------------
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -708,9 +746,11 @@ def main(argv=None):
     raw = harvest()
     paragraphs, group_map = build_groups(raw)
     groups = [Group(n, s) for n, s in group_map.items()]
-    print(f"harvested {sum(len(v) for v in raw.values()):,} docstrings from {len(raw)} modules; "
-          f"{len(paragraphs):,} unique paragraphs "
-          f"({sum(len(p.split()) for p in paragraphs):,} words); {len(groups)} modules kept")
+    print(
+        f"harvested {sum(len(v) for v in raw.values()):,} docstrings from {len(raw)} modules; "
+        f"{len(paragraphs):,} unique paragraphs "
+        f"({sum(len(p.split()) for p in paragraphs):,} words); {len(groups)} modules kept"
+    )
 
     rng = random.Random(SEED)
     s1, s2, labels = make_pairs(rng, groups)
@@ -721,9 +761,16 @@ def main(argv=None):
     write_parquet(out / "sample.parquet", s1, s2, labels)
     write_corpus(out / "corpus.jsonl.gz", docs)
     (out / "README.md").write_text(
-        README.format(n_pairs=N_PAIRS, rg=ROW_GROUP_SIZE, n_vl=N_VERY_LONG, n_docs=N_DOCS,
-                      vocab=tok.get_vocab_size(), mml=MODEL_MAX_LENGTH, seed=SEED,
-                      pyver=f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"),
+        README.format(
+            n_pairs=N_PAIRS,
+            rg=ROW_GROUP_SIZE,
+            n_vl=N_VERY_LONG,
+            n_docs=N_DOCS,
+            vocab=tok.get_vocab_size(),
+            mml=MODEL_MAX_LENGTH,
+            seed=SEED,
+            pyver=f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}",
+        ),
         encoding="utf-8",
     )
     if not args.no_check:

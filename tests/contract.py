@@ -9,7 +9,8 @@ the following epochs are identical. ``check_loader_resume`` does the same throug
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -112,11 +113,15 @@ def check_loader_resume(make_loader: Callable[[], Any], *, epochs: int = 2, step
         epoch, taken, state = inside[k]
         fresh = make_loader()
         fresh.load_state_dict(pickle.loads(state))
-        assert [normalize(b) for b in fresh] == reference[epoch][taken:], f"resume after batch {k}: rest of epoch {epoch}"
+        assert [normalize(b) for b in fresh] == reference[epoch][taken:], (
+            f"resume after batch {k}: rest of epoch {epoch}"
+        )
         for later in range(epoch + 1, epochs):
             assert [normalize(b) for b in fresh] == reference[later], f"resume after batch {k}: epoch {later} differs"
     for epoch, state in enumerate(after[:-1]):
         fresh = make_loader()
         fresh.load_state_dict(pickle.loads(state))
         for later in range(epoch + 1, epochs):
-            assert [normalize(b) for b in fresh] == reference[later], f"resume after epoch {epoch}: epoch {later} differs"
+            assert [normalize(b) for b in fresh] == reference[later], (
+                f"resume after epoch {epoch}: epoch {later} differs"
+            )

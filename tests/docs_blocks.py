@@ -113,8 +113,11 @@ def parse(markdown: str, page: str) -> list[Block]:
             found[-1].output = text
         else:
             skip = NO_RUN.match(previous)
-            found.append(Block(page, start + 1, kind, text, no_run=skip.group(1) if skip else None,
-                               continues=previous == CONTINUES))
+            found.append(
+                Block(
+                    page, start + 1, kind, text, no_run=skip.group(1) if skip else None, continues=previous == CONTINUES
+                )
+            )
         previous = ""
     return found
 
@@ -229,8 +232,14 @@ def _shell(command: str, folder: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run(
-        ["bash", "-c", command], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=BLOCK_TIMEOUT, check=False,
+        ["bash", "-c", command],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=BLOCK_TIMEOUT,
+        check=False,
     )
 
 
@@ -257,7 +266,12 @@ def _run_module(module: str, args: list[str], folder: str) -> subprocess.Complet
     sys.argv = [module, *args]
     sys.modules.pop(module, None)  # as in a new interpreter, where an earlier block has not imported it
     try:
-        with _cwd(folder), _alarm(BLOCK_TIMEOUT), contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        with (
+            _cwd(folder),
+            _alarm(BLOCK_TIMEOUT),
+            contextlib.redirect_stdout(printed),
+            contextlib.redirect_stderr(printed),
+        ):
             runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)

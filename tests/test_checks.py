@@ -15,8 +15,11 @@ import padpipe as pp
 from padpipe.errors import DataError
 
 TOK = pp.examples.tokenizer()
-READERS = [(pp.read_parquet, ".parquet/.parq/.pq"), (pp.read_arrow, ".arrow/.arrows/.feather/.ipc"),
-           (pp.read_jsonl, ".jsonl/.ndjson/.json/.jsonl.gz")]
+READERS = [
+    (pp.read_parquet, ".parquet/.parq/.pq"),
+    (pp.read_arrow, ".arrow/.arrows/.feather/.ipc"),
+    (pp.read_jsonl, ".jsonl/.ndjson/.json/.jsonl.gz"),
+]
 
 
 @pytest.fixture
@@ -36,8 +39,11 @@ def test_read_raises_error_at_once_when_a_local_path_names_nothing(tmp_path: Pat
     with pytest.raises(FileNotFoundError, match=rf"^No such file or folder: {re.escape(repr(missing))}\.$"):
         read(missing)
     pattern = str(tmp_path / "data" / "train-*")
-    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(repr(pattern))} matches no files; expected at least one "
-                                                rf"{re.escape(suffixes)}"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^{re.escape(repr(pattern))} matches no files; expected at least one "
+        rf"{re.escape(suffixes)}",
+    ):
         read(pattern)
     (tmp_path / "empty" / "_hidden").mkdir(parents=True)
     (tmp_path / "empty" / "notes.txt").write_text("x")
@@ -100,7 +106,9 @@ def test_loader_raises_error_when_a_field_is_not_in_a_local_file(tmp_path: Path,
         pipe.loader()
     with pytest.raises(DataError, match=message):
         iter(pipe)
-    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: no column 'lable'; available columns: \['text', 'label'\]\.$"):
+    with pytest.raises(
+        DataError, match=rf"^{re.escape(str(path))}: no column 'lable'; available columns: \['text', 'label'\]\.$"
+    ):
         read(str(path), columns=["text", "lable"]).loader()
     columns_message = r"^tokenize: text field 'label2' is not in the data; expected one of the columns \['text'\]\.$"
     with pytest.raises(DataError, match=columns_message):  # columns= narrows what tokenize can see
@@ -111,7 +119,10 @@ def test_loader_raises_error_when_a_field_is_not_in_a_local_file(tmp_path: Path,
 def test_loader_raises_error_when_a_field_is_not_in_a_dataset() -> None:
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_dict({"sentence": ["a", "b"]})
-    with pytest.raises(DataError, match=r"^tokenize: text field 'text' is not in the data; expected one of the columns \['sentence'\]\.$"):
+    with pytest.raises(
+        DataError,
+        match=r"^tokenize: text field 'text' is not in the data; expected one of the columns \['sentence'\]\.$",
+    ):
         pp.from_hf(ds).tokenize(TOK).batch(2).pad().loader()
 
 
@@ -127,10 +138,16 @@ def test_field_check_passes_what_it_cannot_know(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "end, message",
     [
-        (lambda p: p, r"^This pipeline ends in tokens \(padpipe's internal TokenChunk objects\): add \.batch\(n\)\.pad\(\), "
-                      r"\.bucket\(\.\.\.\)\.pad\(\) or \.pack\(seq_len\) to get batches of tensors\.$"),
-        (lambda p: p.bucket(4), r"^This pipeline ends in token batches \(padpipe's internal TokenChunk objects\): "
-                                r"add \.pad\(\) to get batches of tensors\.$"),
+        (
+            lambda p: p,
+            r"^This pipeline ends in tokens \(padpipe's internal TokenChunk objects\): add \.batch\(n\)\.pad\(\), "
+            r"\.bucket\(\.\.\.\)\.pad\(\) or \.pack\(seq_len\) to get batches of tensors\.$",
+        ),
+        (
+            lambda p: p.bucket(4),
+            r"^This pipeline ends in token batches \(padpipe's internal TokenChunk objects\): "
+            r"add \.pad\(\) to get batches of tensors\.$",
+        ),
         (lambda p: p.batch(4), r"^This pipeline ends in token batches .*: add \.pad\(\) to get batches of tensors\.$"),
     ],
 )
@@ -149,24 +166,36 @@ def test_loader_still_yields_record_batches_and_tensors() -> None:
 
 
 # -- stages in the wrong order or that cannot fit, at the call ---------------------------------------
-@pytest.mark.parametrize("make, method, add", [
-    (lambda p: p.pad(), "pad", r"\.tokenize\(tokenizer, \.\.\.\) and then \.batch\(n\) or \.bucket\(\.\.\.\)"),
-    (lambda p: p.batch(8), "batch", r"\.tokenize\(tokenizer, \.\.\.\)"),
-    (lambda p: p.tokenize(TOK).pad(), "pad", r"\.batch\(n\) or \.bucket\(\.\.\.\)"),
-])
+@pytest.mark.parametrize(
+    "make, method, add",
+    [
+        (lambda p: p.pad(), "pad", r"\.tokenize\(tokenizer, \.\.\.\) and then \.batch\(n\) or \.bucket\(\.\.\.\)"),
+        (lambda p: p.batch(8), "batch", r"\.tokenize\(tokenizer, \.\.\.\)"),
+        (lambda p: p.tokenize(TOK).pad(), "pad", r"\.batch\(n\) or \.bucket\(\.\.\.\)"),
+    ],
+)
 def test_a_stage_before_its_input_names_the_stages_to_add(make, method, add) -> None:
     pipe = pp.from_iterable([{"text": "a b"}])
-    with pytest.raises(ValueError, match=rf"^\.{method}\(\) needs token(?:s| batches) as input, but this pipeline "
-                                         rf"yields (?:records|tokens) here: add {add} before it\.$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^\.{method}\(\) needs token(?:s| batches) as input, but this pipeline "
+        rf"yields (?:records|tokens) here: add {add} before it\.$",
+    ):
         make(pipe)
 
 
 def test_a_token_budget_that_cannot_hold_a_full_length_row_fails_when_the_pipeline_is_built() -> None:
     tokenized = pp.from_iterable([{"text": "a b"}]).tokenize(TOK, max_length=512)
-    with pytest.raises(ValueError, match=r"^`max_tokens` must hold one row of max_length=512 tokens \(the tokenize "
-                                         r"stage's truncation\), but is 10 instead; raise it, lower max_length, or pass "
-                                         r"on_oversize='truncate' or 'drop'\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`max_tokens` must hold one row of max_length=512 tokens \(the tokenize "
+        r"stage's truncation\), but is 10 instead; raise it, lower max_length, or pass "
+        r"on_oversize='truncate' or 'drop'\.$",
+    ):
         tokenized.bucket(max_tokens=10)
-    for fine in (tokenized.bucket(max_tokens=512), tokenized.bucket(max_tokens=10, on_oversize="truncate"),
-                 pp.from_iterable([{"text": "a b"}]).tokenize(TOK).bucket(max_tokens=10)):  # no max_length: data decides
+    for fine in (
+        tokenized.bucket(max_tokens=512),
+        tokenized.bucket(max_tokens=10, on_oversize="truncate"),
+        pp.from_iterable([{"text": "a b"}]).tokenize(TOK).bucket(max_tokens=10),
+    ):  # no max_length: data decides
         assert fine.output == "token batches"

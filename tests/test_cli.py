@@ -32,17 +32,27 @@ def run_main(capsys: pytest.CaptureFixture, argv: list[str]) -> tuple[int, str, 
     ("argv", "message"),
     [
         (["inspect", "missing.parquet", "--tokenizer", TOK], r"No such file or folder: 'missing\.parquet'\."),
-        (["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--fields", "sentence"],
-         r"sample\.parquet: no column 'sentence'; available columns: \['sentence1', 'sentence2', 'label', 'idx'\]\."),
+        (
+            ["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--fields", "sentence"],
+            r"sample\.parquet: no column 'sentence'; available columns: \['sentence1', 'sentence2', 'label', 'idx'\]\.",
+        ),
         (["inspect", pp.examples.SAMPLE_PARQUET], r"the following arguments are required: --tokenizer"),
-        (["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", "missing.json"],
-         r"Tokenizer 'missing\.json': no such file or folder\."),
-        (["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--sample", "0"],
-         r"argument --sample: expected a number of at least 1, got 0"),
-        (["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--sample", "5", "--all"],
-         r"argument --all: not allowed with argument --sample"),
-        (["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--fields", "a,b,c"],
-         r"argument --fields: expected one field or two separated by a comma, got 'a,b,c'"),
+        (
+            ["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", "missing.json"],
+            r"Tokenizer 'missing\.json': no such file or folder\.",
+        ),
+        (
+            ["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--sample", "0"],
+            r"argument --sample: expected a number of at least 1, got 0",
+        ),
+        (
+            ["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--sample", "5", "--all"],
+            r"argument --all: not allowed with argument --sample",
+        ),
+        (
+            ["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--fields", "a,b,c"],
+            r"argument --fields: expected one field or two separated by a comma, got 'a,b,c'",
+        ),
     ],
 )
 def test_cli_prints_one_line_and_exits_2_on_a_user_error(capsys, argv: list[str], message: str) -> None:
@@ -63,17 +73,36 @@ def test_cli_help_names_every_option_and_its_default(capsys) -> None:
         main(["inspect", "--help"])
     text = " ".join(capsys.readouterr().out.split()).split(" options: ", 1)[1]
     assert exit_info.value.code == 0
-    for option, default in [("--sample N", "(default: 20000)"), ("--batch-size N", "(default: 32)"),
-                            ("--buffer-size N", "(default: 10000)"), ("--pad-to-multiple-of N", "(default: 8)"),
-                            ("--seed N", "(default: 0)"), ("--max-length N", "default: the tokenizer's"),
-                            ("--chart PNG", "(default: no chart)"), ("--json FILE", "(default: no JSON)")]:
+    for option, default in [
+        ("--sample N", "(default: 20000)"),
+        ("--batch-size N", "(default: 32)"),
+        ("--buffer-size N", "(default: 10000)"),
+        ("--pad-to-multiple-of N", "(default: 8)"),
+        ("--seed N", "(default: 0)"),
+        ("--max-length N", "default: the tokenizer's"),
+        ("--chart PNG", "(default: no chart)"),
+        ("--json FILE", "(default: no JSON)"),
+    ]:
         assert option in text and default in text.split(option, 1)[1].split(" --", 1)[0], option
 
 
 def test_cli_inspect_prints_the_report_and_writes_json_and_chart(capsys, tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    argv = ["inspect", pp.examples.SAMPLE_PARQUET, "--tokenizer", TOK, "--max-length", "128", "--sample", "800",
-            "--json", str(tmp_path / "r.json"), "--chart", str(tmp_path / "r.png"), "--no-progress"]
+    argv = [
+        "inspect",
+        pp.examples.SAMPLE_PARQUET,
+        "--tokenizer",
+        TOK,
+        "--max-length",
+        "128",
+        "--sample",
+        "800",
+        "--json",
+        str(tmp_path / "r.json"),
+        "--chart",
+        str(tmp_path / "r.png"),
+        "--no-progress",
+    ]
     code, out, err = run_main(capsys, argv)
     assert code == 0 and err == ""
     assert out.startswith(f"padpipe inspect: {pp.examples.SAMPLE_PARQUET}\n")
@@ -85,11 +114,21 @@ def test_cli_inspect_prints_the_report_and_writes_json_and_chart(capsys, tmp_pat
 
 def test_python_m_padpipe_runs_the_command_line(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PADPIPE_PROGRESS": "0"}
-    ok = subprocess.run([sys.executable, "-m", "padpipe", "inspect", pp.examples.SAMPLE_JSONL, "--tokenizer", TOK,
-                         "--sample", "300"], capture_output=True, text=True, env=env, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "padpipe", "inspect", pp.examples.SAMPLE_JSONL, "--tokenizer", TOK, "--sample", "300"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert ok.returncode == 0 and ok.stderr == "" and "pack(seq_len=2048)" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "padpipe", "inspect", str(tmp_path), "--tokenizer", TOK],
-                         capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "padpipe", "inspect", str(tmp_path), "--tokenizer", TOK],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stdout == "" and ONE_LINE.match(bad.stderr), bad.stderr
 
 

@@ -24,8 +24,12 @@ CLIS = [demo, glue, pretrain]
 
 # -- the shared plumbing --------------------------------------------------------------------------
 def test_run_prints_a_user_error_as_one_line_and_returns_2(capsys: pytest.CaptureFixture) -> None:
-    for error in (ValueError("`seq_len` must be at least 2."), FileNotFoundError("No such file or folder: 'x'."),
-                  ImportError("x needs the datasets package")):
+    for error in (
+        ValueError("`seq_len` must be at least 2."),
+        FileNotFoundError("No such file or folder: 'x'."),
+        ImportError("x needs the datasets package"),
+    ):
+
         def main(argv: object, error: Exception = error) -> int:
             raise error
 
@@ -71,8 +75,14 @@ def test_parser_shows_defaults_that_are_set() -> None:
     parser.add_argument("--limit", type=int, help="a limit")
     parser.add_argument("--fast", action="store_true", help="go fast")
     text = re.sub(r"\s+", " ", parser.format_help())
-    for shown in ("usage: python -m x", "--seed SEED the seed (default: 0)", "fields (default: a b)",
-                  "where (default: the sample) --limit", "--limit LIMIT a limit --fast", "--fast go fast Errors"):
+    for shown in (
+        "usage: python -m x",
+        "--seed SEED the seed (default: 0)",
+        "fields (default: a b)",
+        "where (default: the sample) --limit",
+        "--limit LIMIT a limit --fast",
+        "--fast go fast Errors",
+    ):
         assert shown in text
 
 
@@ -113,23 +123,36 @@ def _parser_of(cli) -> argparse.ArgumentParser:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["padpipe.demo", "--data", "data/trian.parquet"],
-         r"python -m padpipe\.demo: error: No such file or folder: 'data/trian\.parquet'\."),
-        (["padpipe.recipes.glue", "--task", "mrpc", "--tokenizer", pp.examples.TOKENIZER_JSON, "--data", "mrpc"],
-         r"python -m padpipe\.recipes\.glue: error: glue: no such file or folder: 'mrpc'; expected a Parquet file or "
-         r"glob \(the split's rows\), a folder of Parquet files named by split \(train-\*\.parquet or "
-         r"train/\*\.parquet, there or in its mrpc/ subfolder\), or a save_to_disk folder \(dataset_dict\.json or "
-         r"state\.json\)\."),
-        (["padpipe.recipes.pretrain", "--data", pp.examples.SAMPLE_JSONL, "--tokenizer", pp.examples.TOKENIZER_JSON],
-         r"python -m padpipe\.recipes\.pretrain: error: --mode pack needs an EOS token between documents, but the "
-         r"tokenizer '.*tokenizer\.json' has none; name one of its tokens with --eos-token \(e\.g\. --eos-token "
-         r"'\[SEP\]'\), or use --mode bucket\."),
+        (
+            ["padpipe.demo", "--data", "data/trian.parquet"],
+            r"python -m padpipe\.demo: error: No such file or folder: 'data/trian\.parquet'\.",
+        ),
+        (
+            ["padpipe.recipes.glue", "--task", "mrpc", "--tokenizer", pp.examples.TOKENIZER_JSON, "--data", "mrpc"],
+            r"python -m padpipe\.recipes\.glue: error: glue: no such file or folder: 'mrpc'; expected a Parquet file or "
+            r"glob \(the split's rows\), a folder of Parquet files named by split \(train-\*\.parquet or "
+            r"train/\*\.parquet, there or in its mrpc/ subfolder\), or a save_to_disk folder \(dataset_dict\.json or "
+            r"state\.json\)\.",
+        ),
+        (
+            ["padpipe.recipes.pretrain", "--data", pp.examples.SAMPLE_JSONL, "--tokenizer", pp.examples.TOKENIZER_JSON],
+            r"python -m padpipe\.recipes\.pretrain: error: --mode pack needs an EOS token between documents, but the "
+            r"tokenizer '.*tokenizer\.json' has none; name one of its tokens with --eos-token \(e\.g\. --eos-token "
+            r"'\[SEP\]'\), or use --mode bucket\.",
+        ),
     ],
     ids=["demo", "glue", "pretrain"],
 )
 def test_a_user_mistake_prints_one_line_and_exits_with_2(args: list[str], message: str, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1"), check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1"),
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     assert re.fullmatch(message + "\n", done.stderr), done.stderr
     assert done.stdout == ""
@@ -139,8 +162,11 @@ def test_a_bad_option_prints_one_line_and_exits_with_2(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as done:
         glue.main(["--task", "mrcp", "--tokenizer", "x"])
     assert done.value.code == 2
-    assert re.fullmatch(r"python -m padpipe\.recipes\.glue: error: argument --task: invalid choice: 'mrcp' "
-                        r"\(choose from .*\) \(see python -m padpipe\.recipes\.glue --help\)\n", capsys.readouterr().err)
+    assert re.fullmatch(
+        r"python -m padpipe\.recipes\.glue: error: argument --task: invalid choice: 'mrcp' "
+        r"\(choose from .*\) \(see python -m padpipe\.recipes\.glue --help\)\n",
+        capsys.readouterr().err,
+    )
 
 
 # -- the demo reads any format ----------------------------------------------------------------------
@@ -167,14 +193,22 @@ def test_demo_reads_any_format_a_reader_reads(kind: str, tmp_path: Path, capsys:
         datasets = pytest.importorskip("datasets")
         data = tmp_path / "saved"
         datasets.Dataset(table).save_to_disk(str(data))
-    assert demo.main(["--data", str(data), "--fields", "text", "--max-length", "32", "--batch-size", "16",
-                      "--max-tokens", "256"]) == 0
+    assert (
+        demo.main(
+            ["--data", str(data), "--fields", "text", "--max-length", "32", "--batch-size", "16", "--max-tokens", "256"]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"data: {data}"
-    table = lines[lines.index(next(line for line in lines if line.startswith("strategy "))) + 2:][:4]
+    table = lines[lines.index(next(line for line in lines if line.startswith("strategy "))) + 2 :][:4]
     rows = {line[:34].strip(): line.split()[-5] for line in table}  # strategy -> rows
-    assert rows == {"static (pad to 32)": "120", "dynamic (pad to batch max)": "120",
-                    "bucketed (batch_size=16)": "120", "token budget (max_tokens=256)": "120"}
+    assert rows == {
+        "static (pad to 32)": "120",
+        "dynamic (pad to batch max)": "120",
+        "bucketed (batch_size=16)": "120",
+        "token budget (max_tokens=256)": "120",
+    }
 
 
 def test_demo_defaults_to_the_shipped_sample() -> None:

@@ -22,8 +22,9 @@ def write(path: Path, **columns: list) -> str:
 
 @pytest.fixture
 def docs(tmp_path: Path) -> str:
-    return write(tmp_path / "docs.parquet", body=[" ".join(["word"] * (1 + i % 30)) for i in range(90)],
-                 id=list(range(90)))
+    return write(
+        tmp_path / "docs.parquet", body=[" ".join(["word"] * (1 + i % 30)) for i in range(90)], id=list(range(90))
+    )
 
 
 def test_demo_prints_each_row_as_its_strategy_finishes_after_an_untimed_warm_up(docs, monkeypatch, capsys) -> None:
@@ -42,9 +43,13 @@ def test_demo_prints_each_row_as_its_strategy_finishes_after_an_untimed_warm_up(
     monkeypatch.setattr(demo, "measure", measure)
     monkeypatch.setattr(demo, "warm_up", warm_up)
     assert demo.main(["--data", docs, *SMALL]) == 0
-    assert events == ["warm up", "measure static (pad to 32) after 0 rows",
-                      "measure dynamic (pad to batch max) after 1 rows", "measure bucketed (batch_size=16) after 1 rows",
-                      "measure token budget (max_tokens=256) after 1 rows"]  # each row printed before the next runs
+    assert events == [
+        "warm up",
+        "measure static (pad to 32) after 0 rows",
+        "measure dynamic (pad to batch max) after 1 rows",
+        "measure bucketed (batch_size=16) after 1 rows",
+        "measure token budget (max_tokens=256) after 1 rows",
+    ]  # each row printed before the next runs
 
 
 def test_demo_finds_the_one_string_column_as_inspect_does(docs, capsys) -> None:
@@ -56,7 +61,10 @@ def test_demo_finds_the_one_string_column_as_inspect_does(docs, capsys) -> None:
 
 def test_demo_says_to_pass_fields_when_it_cannot_tell_them(tmp_path) -> None:
     path = write(tmp_path / "three.parquet", a=["x"], b=["y"], c=["z"])
-    with pytest.raises(DataError, match=rf"^{re.escape(path)}: no 'text' column and 3 string columns, not one or two; "
-                                        r"pass the text field\(s\) with --fields A \[B\], from the columns "
-                                        r"\['a', 'b', 'c'\]\.$"):
+    with pytest.raises(
+        DataError,
+        match=rf"^{re.escape(path)}: no 'text' column and 3 string columns, not one or two; "
+        r"pass the text field\(s\) with --fields A \[B\], from the columns "
+        r"\['a', 'b', 'c'\]\.$",
+    ):
         demo.main(["--data", path, *SMALL])

@@ -25,11 +25,25 @@ HELD_BACK = 0.01  # at most 1% of an epoch's rows may be held back by stop_first
 
 
 def torchrun(mode: str, data: Path, out: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(SCRIPT), mode, str(data), str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(SCRIPT),
+        mode,
+        str(data),
+        str(out),
+    ]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=450,
-                              env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=450,
+            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"torchrun {mode} did not finish in 450 s (a hang?):\n{exc.stdout!s:.3000}{exc.stderr!s:.3000}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -77,8 +91,10 @@ def test_loader_with_workers_under_ddp_takes_equal_steps_and_reads_every_row_at_
     check_epoch(records[0], total, exact=False)
     assert records[0][0]["rids"] != records[1][0]["rids"], "epochs differ"
     # stats accumulate over the loader's life: the second epoch's drops are the difference
-    second = [dict(r, skipped={"equal_steps.dropped_rows": r["skipped"].get("equal_steps.dropped_rows", 0) - c})
-              for r, c in zip(records[1], cumulative)]
+    second = [
+        dict(r, skipped={"equal_steps.dropped_rows": r["skipped"].get("equal_steps.dropped_rows", 0) - c})
+        for r, c in zip(records[1], cumulative)
+    ]
     check_epoch(second, total, exact=False)
 
 

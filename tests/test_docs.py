@@ -109,6 +109,7 @@ def test_a_block_fails_when_it_prints_something_else_or_names_what_it_never_defi
 def _git_status() -> str | None:
     if not (ROOT / ".git").exists():
         return None
-    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     return done.stdout if done.returncode == 0 else None

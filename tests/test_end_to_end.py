@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import datasets
 import pyarrow as pa

@@ -26,8 +26,9 @@ def run_elsewhere(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """``python -m ARGS`` from an empty folder outside the clone, off a terminal."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     env.pop("PADPIPE_PROGRESS", None)
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False
+    )
 
 
 def help_of(main, argv: list[str], capsys: pytest.CaptureFixture) -> str:
@@ -45,12 +46,17 @@ def test_shipped_names_are_the_installed_files_unless_a_path_of_that_name_is_her
     (tmp_path / "sample").mkdir()
     (tmp_path / "corpus").write_text("{}\n")
     assert (_shipped.data("sample"), _shipped.data("corpus"), _shipped.tokenizer("sample")) == (
-        "sample", "corpus", "sample")  # what the user named, here
+        "sample",
+        "corpus",
+        "sample",
+    )  # what the user named, here
 
 
-@pytest.mark.parametrize("main, argv", [(cli.main, ["inspect", "--help"]), (demo.main, ["--help"]),
-                                        (glue.main, ["--help"]), (pretrain.main, ["--help"])],
-                         ids=["inspect", "demo", "glue", "pretrain"])
+@pytest.mark.parametrize(
+    "main, argv",
+    [(cli.main, ["inspect", "--help"]), (demo.main, ["--help"]), (glue.main, ["--help"]), (pretrain.main, ["--help"])],
+    ids=["inspect", "demo", "glue", "pretrain"],
+)
 def test_every_help_prints_the_installed_paths_whole(main, argv: list[str], capsys: pytest.CaptureFixture) -> None:
     text = help_of(main, argv, capsys)
     words = text.split()
@@ -69,19 +75,37 @@ def test_recipe_help_shows_the_names_not_clone_paths(capsys: pytest.CaptureFixtu
 # -- inspect ------------------------------------------------------------------------------------------
 def test_inspect_all_writes_sampled_false_and_shows_the_names_as_typed(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["inspect", "corpus", "--tokenizer", "sample", "--all", "--json", "out.json", "--no-progress",
-                     "--max-length", "256"]) == 0
+    assert (
+        cli.main(
+            [
+                "inspect",
+                "corpus",
+                "--tokenizer",
+                "sample",
+                "--all",
+                "--json",
+                "out.json",
+                "--no-progress",
+                "--max-length",
+                "256",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert out.startswith("padpipe inspect: corpus\n  jsonl, 1 file, 1 unit; 5,000 rows (exact: every row read); "
-                          "read every row (shuffle buffer 10,000)\n  tokenizer sample; fields text; max_length 256\n")
+    assert out.startswith(
+        "padpipe inspect: corpus\n  jsonl, 1 file, 1 unit; 5,000 rows (exact: every row read); "
+        "read every row (shuffle buffer 10,000)\n  tokenizer sample; fields text; max_length 256\n"
+    )
     report = json.loads((tmp_path / "out.json").read_text())
     assert report["sampled"] is False and report["rows_inspected"] == 5000 and report["source"] == "corpus"
 
 
 @pytest.mark.slow
 def test_inspect_runs_from_any_folder_and_logs_its_progress_off_a_terminal(tmp_path) -> None:
-    done = run_elsewhere(tmp_path, "padpipe", "inspect", "sample", "--tokenizer", "sample", "--sample", "400",
-                         "--max-length", "64")
+    done = run_elsewhere(
+        tmp_path, "padpipe", "inspect", "sample", "--tokenizer", "sample", "--sample", "400", "--max-length", "64"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("padpipe inspect: sample\n  parquet, 1 file, 10 units; 20,000 rows")
     assert re.search(r"^inspect: reading a sample: 400 of 400 rows \(100%\), [\d.]+ s, done$", done.stderr, re.M)
@@ -90,25 +114,71 @@ def test_inspect_runs_from_any_folder_and_logs_its_progress_off_a_terminal(tmp_p
 
 @pytest.mark.slow
 def test_padpipe_help_starts_without_importing_torch(tmp_path) -> None:
-    code = ("import sys\nfrom padpipe import cli\ntry:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "cli.build_parser().format_help()\nprint('torch imported:', 'torch' in sys.modules)")
+    code = (
+        "import sys\nfrom padpipe import cli\ntry:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "cli.build_parser().format_help()\nprint('torch imported:', 'torch' in sys.modules)"
+    )
     done = run_elsewhere(tmp_path, "padpipe", "--help")
     assert done.returncode == 0 and "padpipe tools." in done.stdout, done.stderr
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    probe = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        check=False,
+    )
     assert probe.stdout.splitlines()[-1] == "torch imported: False", probe.stdout + probe.stderr
 
 
 # -- the recipes and the demo, by name, from any folder ----------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("args, first, line", [
-    (["padpipe.recipes.glue", "--task", "mrpc", "--tokenizer", "sample", "--data", "sample", "--split", "validation",
-      "--max-batches", "1"], "glue mrpc validation:", r"^1 batches, 32 rows, \d+ tokens in \d+ slots: .*\Z"),
-    (["padpipe.recipes.pretrain", "--data", "corpus", "--tokenizer", "sample", "--mode", "bucket", "--seq-len", "64",
-      "--max-batches", "1"], "pretrain bucket seq_len=64:", r"^1 batches, \d+ rows, \d+ tokens in \d+ slots: .*\Z"),
-    (["padpipe.demo", "--data", "corpus", "--max-length", "64", "--batch-size", "64", "--max-tokens", "4096"],
-     "data: corpus", r"^fields: \['text'\], max_length=64$"),  # found as inspect finds them
-], ids=["glue", "pretrain", "demo"])
+@pytest.mark.parametrize(
+    "args, first, line",
+    [
+        (
+            [
+                "padpipe.recipes.glue",
+                "--task",
+                "mrpc",
+                "--tokenizer",
+                "sample",
+                "--data",
+                "sample",
+                "--split",
+                "validation",
+                "--max-batches",
+                "1",
+            ],
+            "glue mrpc validation:",
+            r"^1 batches, 32 rows, \d+ tokens in \d+ slots: .*\Z",
+        ),
+        (
+            [
+                "padpipe.recipes.pretrain",
+                "--data",
+                "corpus",
+                "--tokenizer",
+                "sample",
+                "--mode",
+                "bucket",
+                "--seq-len",
+                "64",
+                "--max-batches",
+                "1",
+            ],
+            "pretrain bucket seq_len=64:",
+            r"^1 batches, \d+ rows, \d+ tokens in \d+ slots: .*\Z",
+        ),
+        (
+            ["padpipe.demo", "--data", "corpus", "--max-length", "64", "--batch-size", "64", "--max-tokens", "4096"],
+            "data: corpus",
+            r"^fields: \['text'\], max_length=64$",
+        ),  # found as inspect finds them
+    ],
+    ids=["glue", "pretrain", "demo"],
+)
 def test_the_documented_commands_run_from_any_folder(tmp_path, args: list[str], first: str, line: str) -> None:
     done = run_elsewhere(tmp_path, *args)
     assert done.returncode == 0, done.stderr

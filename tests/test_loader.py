@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import padpipe as pp
-from padpipe.runtime.workers import WorkerProcesses
 from padpipe.pipes.device import DevicePrefetcher
+from padpipe.runtime.workers import WorkerProcesses
 from tests.contract import check_loader_resume, normalize
 
 
@@ -23,11 +23,13 @@ def data(tmp_path_factory) -> str:
 
 
 def pipeline(path: str) -> pp.Pipeline:
-    return (pp.read_parquet(path, chunk_rows=100)
-            .shuffle(buffer_size=200, seed=3)
-            .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=64, num_threads=1)
-            .bucket(max_tokens=2048, buffer_size=200)
-            .pad())
+    return (
+        pp.read_parquet(path, chunk_rows=100)
+        .shuffle(buffer_size=200, seed=3)
+        .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=64, num_threads=1)
+        .bucket(max_tokens=2048, buffer_size=200)
+        .pad()
+    )
 
 
 def ids(batches) -> list[int]:
@@ -98,9 +100,12 @@ def test_loader_state_of_another_rank_count_asks_for_every_rank(data, monkeypatc
     next(iter(loader))
     state = loader.state_dict()
     monkeypatch.setenv("WORLD_SIZE", "3")
-    with pytest.raises(pp.StateMismatchError, match=r"^PipelineLoader state was saved by rank 0 of 2 with 2 workers, "
-                       r"but this loader is rank 0 of 3 with 0 workers: to resume on another layout, pass the states "
-                       r"of all 2 saved ranks, loader.load_state_dict\(\[state_rank0, \.\.\.\]\) \(docs/elastic\.md\)\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^PipelineLoader state was saved by rank 0 of 2 with 2 workers, "
+        r"but this loader is rank 0 of 3 with 0 workers: to resume on another layout, pass the states "
+        r"of all 2 saved ranks, loader.load_state_dict\(\[state_rank0, \.\.\.\]\) \(docs/elastic\.md\)\.$",
+    ):
         pipeline(data).loader().load_state_dict(state)
 
 

@@ -11,9 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def collected(*args: str) -> set[str]:
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
-                          capture_output=True, text=True, timeout=200, cwd=ROOT, check=False,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=ROOT,
+        check=False,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return {line for line in done.stdout.splitlines() if "::" in line}
 
@@ -35,4 +41,4 @@ def test_slow_marks_processes_torchrun_and_frameworks_and_nothing_else() -> None
 def test_the_slow_marker_is_registered() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert 'markers = ["slow: starts processes, torchrun or a training framework' in text
-    assert "test-fast: $(STAMP)\n\t$(PY) -m pytest -q -m \"not slow\"\n" in (ROOT / "Makefile").read_text()
+    assert 'test-fast: $(STAMP)\n\t$(PY) -m pytest -q -m "not slow"\n' in (ROOT / "Makefile").read_text()

@@ -42,16 +42,26 @@ def test_mix_works(tmp_path):
 def test_mix_splits_the_sub_pipelines_across_consumers(tmp_path):
     web = pp.read_parquet(parquet(tmp_path, "web", 0, 60, 8))
     code = pp.read_parquet(parquet(tmp_path, "code", 1000, 25, 5))
-    pipe = pp.mix({"web": web, "code": code}, weights={"web": 1, "code": 1}).tokenize(pp.examples.tokenizer()).batch(4).pad()
-    shares = [rids(pipe.loader(consumer=pp.Consumer(rank=r, world_size=2, worker=w, num_workers=2)))
-              for r in range(2) for w in range(2)]
+    pipe = (
+        pp.mix({"web": web, "code": code}, weights={"web": 1, "code": 1})
+        .tokenize(pp.examples.tokenizer())
+        .batch(4)
+        .pad()
+    )
+    shares = [
+        rids(pipe.loader(consumer=pp.Consumer(rank=r, world_size=2, worker=w, num_workers=2)))
+        for r in range(2)
+        for w in range(2)
+    ]
     assert all(shares) and sorted(sum(shares, [])) == list(range(60)) + list(range(1000, 1025))
 
 
 def test_mix_works_with_tokenized_pipelines():
     tok = pp.examples.tokenizer()
     a = pp.from_iterable(texts(0, 30)).tokenize(tok)
-    b = pp.from_iterable([{"question": t["text"], "rid": t["rid"]} for t in texts(500, 10)]).tokenize(tok, fields="question")
+    b = pp.from_iterable([{"question": t["text"], "rid": t["rid"]} for t in texts(500, 10)]).tokenize(
+        tok, fields="question"
+    )
     pipe = pp.mix({"a": a, "b": b}, weights={"a": 2, "b": 1}, chunk_rows=8).bucket(max_tokens=48).pad(pad_id=0)
     assert sorted(rids(pipe.loader())) == list(range(30)) + list(range(500, 510))
 
@@ -60,9 +70,15 @@ def test_mix_raises_error_when_arguments_are_bad():
     a, b = pp.from_iterable(texts(0, 4)), pp.from_iterable(texts(10, 4))
     with pytest.raises(ValueError, match=r"^`weights\['b'\]` must be a number greater than zero, but is -1 instead\.$"):
         pp.mix({"a": a, "b": b}, weights={"a": 1, "b": -1})
-    with pytest.raises(ValueError, match=r"^`weights` must have exactly the keys \['a', 'b'\], but misses \['b'\] and has extra \[\] instead\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`weights` must have exactly the keys \['a', 'b'\], but misses \['b'\] and has extra \[\] instead\.$",
+    ):
         pp.mix({"a": a, "b": b}, weights={"a": 1})
-    with pytest.raises(ValueError, match=r"^mix\(\) needs pipelines that all yield records or all yield tokens, but they yield \{'a': 'records', 'b': 'tokens'\}\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^mix\(\) needs pipelines that all yield records or all yield tokens, but they yield \{'a': 'records', 'b': 'tokens'\}\.$",
+    ):
         pp.mix({"a": a, "b": b.tokenize(pp.examples.tokenizer())}, weights={"a": 1, "b": 1})
     with pytest.raises(ValueError, match=r"^`stop` must be one of .*, but is 'never' instead\.$"):
         pp.mix({"a": a}, weights={"a": 1}, stop="never")

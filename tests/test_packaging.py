@@ -32,7 +32,9 @@ def test_the_package_is_typed_and_ships_its_data_once() -> None:
     assert (package / "py.typed").is_file()
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["padpipe"]
     assert "py.typed" in package_data
-    assert sorted(str(p.relative_to(package)) for p in package.rglob("tokenizer.json")) == ["data/tokenizer/tokenizer.json"]
+    assert sorted(str(p.relative_to(package)) for p in package.rglob("tokenizer.json")) == [
+        "data/tokenizer/tokenizer.json"
+    ]
     assert Path(pp.examples.TOKENIZER_JSON).is_file() and Path(pp.examples.TOKENIZER_DIR, "tokenizer.json").samefile(
         pp.examples.TOKENIZER_JSON
     )

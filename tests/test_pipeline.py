@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,11 @@ def _tokens() -> pp.Pipeline:
         (lambda p: p.bucket(2, drop_last=1), TypeError, r"^`drop_last` must be a bool, but is 1 instead\.$"),
         (lambda p: p.bucket(2, shuffle="no"), TypeError, r"^`shuffle` must be a bool, but is 'no' instead\.$"),
         (lambda p: p.batch(2).pad(pad_id=True), TypeError, r"^`pad_id` must be an int, but is True instead\.$"),
-        (lambda p: p.batch(2).pad(label_pad_id="x"), TypeError, r"^`label_pad_id` must be an int, but is 'x' instead\.$"),
+        (
+            lambda p: p.batch(2).pad(label_pad_id="x"),
+            TypeError,
+            r"^`label_pad_id` must be an int, but is 'x' instead\.$",
+        ),
     ],
 )
 def test_pipeline_raises_error_when_a_stage_argument_has_the_wrong_type(

@@ -69,8 +69,11 @@ def test_glue_eval_split_shows_progress_while_it_sorts(caplog) -> None:
     datasets = pytest.importorskip("datasets")
     from padpipe.recipes.glue import glue
 
-    dd = datasets.DatasetDict(validation=datasets.Dataset.from_dict(
-        {"sentence": ["a fine film", "bad", "not good at all"], "label": [1, 0, 0], "idx": [0, 1, 2]}))
+    dd = datasets.DatasetDict(
+        validation=datasets.Dataset.from_dict(
+            {"sentence": ["a fine film", "bad", "not good at all"], "label": [1, 0, 0], "idx": [0, 1, 2]}
+        )
+    )
     caplog.set_level(logging.INFO, logger="padpipe")
     shown = glue("sst2", "validation", pp.examples.tokenizer(), data=dd, progress=True)
     quiet = glue("sst2", "validation", pp.examples.tokenizer(), data=dd, progress=False)

@@ -45,13 +45,22 @@ def large(tmp_path_factory) -> str:
     return write_dataset(tmp_path_factory.mktemp("large") / "large.parquet", 1500, [100, 37, 180])
 
 
-def full(path: str, *, seed: int = 0, max_tokens: int | None = 256, batch_size: int | None = None,
-         chunk_rows: int = 8, buffer: int = 24) -> pp.Pipeline:
-    return (pp.read_parquet(path, chunk_rows=chunk_rows)
-            .shuffle(buffer_size=buffer, seed=seed)
-            .tokenize(pp.examples.TOKENIZER_JSON, fields="text", max_length=64)
-            .bucket(batch_size, max_tokens=max_tokens, buffer_size=buffer + 8)
-            .pad(pad_to_multiple_of=8))
+def full(
+    path: str,
+    *,
+    seed: int = 0,
+    max_tokens: int | None = 256,
+    batch_size: int | None = None,
+    chunk_rows: int = 8,
+    buffer: int = 24,
+) -> pp.Pipeline:
+    return (
+        pp.read_parquet(path, chunk_rows=chunk_rows)
+        .shuffle(buffer_size=buffer, seed=seed)
+        .tokenize(pp.examples.TOKENIZER_JSON, fields="text", max_length=64)
+        .bucket(batch_size, max_tokens=max_tokens, buffer_size=buffer + 8)
+        .pad(pad_to_multiple_of=8)
+    )
 
 
 def rids(batches) -> list[int]:
@@ -109,13 +118,28 @@ def mismatch(state_from: pp.Pipeline, resume_in: pp.Pipeline, **loader) -> None:
 
 
 def test_resume_raises_error_when_state_is_from_another_pipeline(small, large):
-    with pytest.raises(pp.StateMismatchError, match=r"^Bucketizer state doesn't match this pipeline: setting 'seed' found 1 instead of 2\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^Bucketizer state doesn't match this pipeline: setting 'seed' found 1 instead of 2\.$",
+    ):
         mismatch(full(small, seed=1), full(small, seed=2))
-    with pytest.raises(pp.StateMismatchError, match=r"^ParquetReader state doesn't match this pipeline: its files changed since the state was saved \(1 added: \S+/small\.parquet; 1 removed: \S+/large\.parquet\); resuming would read other rows\. Resume with the files as they were, or start a new run\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^ParquetReader state doesn't match this pipeline: its files changed since the state was saved \(1 added: \S+/small\.parquet; 1 removed: \S+/large\.parquet\); resuming would read other rows\. Resume with the files as they were, or start a new run\.$",
+    ):
         mismatch(full(large), full(small))
-    with pytest.raises(pp.StateMismatchError, match=r"^Bucketizer state doesn't match this pipeline: setting 'max_tokens' found 256 instead of 512\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^Bucketizer state doesn't match this pipeline: setting 'max_tokens' found 256 instead of 512\.$",
+    ):
         mismatch(full(small), full(small, max_tokens=512))
-    with pytest.raises(pp.StateMismatchError, match=r"^Bucketizer state doesn't match this pipeline: setting 'batch_size' found None instead of 8\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^Bucketizer state doesn't match this pipeline: setting 'batch_size' found None instead of 8\.$",
+    ):
         mismatch(full(small), full(small, max_tokens=None, batch_size=8))
-    with pytest.raises(pp.StateMismatchError, match=r"^PipelineLoader state doesn't match this pipeline: setting 'equal_steps' found 'off' instead of 'stop_first'\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^PipelineLoader state doesn't match this pipeline: setting 'equal_steps' found 'off' instead of 'stop_first'\.$",
+    ):
         mismatch(full(small), full(small), equal_steps="off")

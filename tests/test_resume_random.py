@@ -52,18 +52,36 @@ def pipelines(folder: str) -> dict[str, pp.Pipeline]:
     tok = pp.examples.TOKENIZER_JSON
     parquet = pp.read_parquet(os.path.join(folder, "*.parquet"), chunk_rows=32)
     return {
-        "shuffle_bucket_tokens": parquet.shuffle(buffer_size=100, seed=3).tokenize(tok, max_length=40)
-        .bucket(max_tokens=300, buffer_size=120).pad(pad_to_multiple_of=8),
-        "bucket_rows_prefetch": parquet.tokenize(tok, num_threads=3).bucket(12, buffer_size=64, drop_last=True)
-        .pad().prefetch(3),
-        "pack": pp.read_jsonl(os.path.join(folder, "docs.jsonl.gz"), chunk_rows=32).shuffle(buffer_size=80, seed=1)
-        .tokenize(tok, max_length=200).pack(128, batch_size=4, buffer_size=32),
-        "mix_cycle": pp.mix({"a": parquet.tokenize(tok, max_length=24),
-                             "b": pp.read_parquet(os.path.join(folder, "part-1.parquet"), chunk_rows=16)
-                             .tokenize(tok, max_length=24)},
-                            weights={"a": 2, "b": 1}, stop="cycle", seed=2, chunk_rows=20).batch(10).pad(),
-        "batch_one_thread": parquet.shuffle(buffer_size=50, seed=9).tokenize(tok, max_length=16, num_threads=1)
-        .batch(9).pad(),
+        "shuffle_bucket_tokens": parquet.shuffle(buffer_size=100, seed=3)
+        .tokenize(tok, max_length=40)
+        .bucket(max_tokens=300, buffer_size=120)
+        .pad(pad_to_multiple_of=8),
+        "bucket_rows_prefetch": parquet.tokenize(tok, num_threads=3)
+        .bucket(12, buffer_size=64, drop_last=True)
+        .pad()
+        .prefetch(3),
+        "pack": pp.read_jsonl(os.path.join(folder, "docs.jsonl.gz"), chunk_rows=32)
+        .shuffle(buffer_size=80, seed=1)
+        .tokenize(tok, max_length=200)
+        .pack(128, batch_size=4, buffer_size=32),
+        "mix_cycle": pp.mix(
+            {
+                "a": parquet.tokenize(tok, max_length=24),
+                "b": pp.read_parquet(os.path.join(folder, "part-1.parquet"), chunk_rows=16).tokenize(
+                    tok, max_length=24
+                ),
+            },
+            weights={"a": 2, "b": 1},
+            stop="cycle",
+            seed=2,
+            chunk_rows=20,
+        )
+        .batch(10)
+        .pad(),
+        "batch_one_thread": parquet.shuffle(buffer_size=50, seed=9)
+        .tokenize(tok, max_length=16, num_threads=1)
+        .batch(9)
+        .pad(),
     }
 
 
@@ -110,8 +128,14 @@ def results(tmp_path_factory) -> dict[str, tuple[list, list, list]]:
         inside = [s for s in states if s != boundary and s[1] < len(epochs[s[0]])]
         picked = [boundary] + random.Random(f"{SEED}-{name}").sample(inside, STATES_PER_PIPELINE - 1)
         plan[name] = (epochs, picked)
-        jobs += [{"pipeline": name, "state": os.path.join(folder, f"{name}-{e}-{k}.pt"),
-                  "passes": 3 if k == len(epochs[e]) else 2} for e, k in picked]
+        jobs += [
+            {
+                "pipeline": name,
+                "state": os.path.join(folder, f"{name}-{e}-{k}.pt"),
+                "passes": 3 if k == len(epochs[e]) else 2,
+            }
+            for e, k in picked
+        ]
     jobs_file = os.path.join(folder, "jobs.json")
     with open(jobs_file, "w") as f:
         json.dump(jobs, f)
@@ -124,7 +148,9 @@ def results(tmp_path_factory) -> dict[str, tuple[list, list, list]]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", ["batch_one_thread", "bucket_rows_prefetch", "mix_cycle", "pack", "shuffle_bucket_tokens"])
+@pytest.mark.parametrize(
+    "name", ["batch_one_thread", "bucket_rows_prefetch", "mix_cycle", "pack", "shuffle_bucket_tokens"]
+)
 def test_random_states_resume_exactly_in_a_fresh_process(results, name) -> None:
     epochs, picked, passes_per_state = results[name]
     assert all(len(e) >= 4 for e in epochs) and epochs[0] != epochs[1]

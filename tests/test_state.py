@@ -22,7 +22,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import padpipe as pp
-from padpipe.state import Array, Int, ListOf, Rng, StateMismatchError, check_state, checksum, load_value, make_state, plain
+from padpipe.state import (
+    Array,
+    Int,
+    ListOf,
+    Rng,
+    StateMismatchError,
+    check_state,
+    checksum,
+    load_value,
+    make_state,
+    plain,
+)
 from tests.contract import normalize
 
 WORDS = "alpha beta gamma delta the cat sat on a mat and ran far away over hills".split()
@@ -48,7 +59,8 @@ def pipelines(path: str) -> dict[str, pp.Pipeline]:
         "batch": tok(reader, num_threads=1).batch(7).pad(pad_to_multiple_of=8).prefetch(2),
         "pack": tok(reader.shuffle(buffer_size=40, seed=2)).pack(64, batch_size=2, buffer_size=16),
         "mix": pp.mix({"a": tok(reader), "b": tok(pp.read_parquet(path, chunk_rows=10))}, seed=4, chunk_rows=12)
-        .bucket(batch_size=5, buffer_size=30).pad(),
+        .bucket(batch_size=5, buffer_size=30)
+        .pad(),
         "jsonl": tok(pp.read_jsonl(pp.examples.SAMPLE_JSONL, chunk_rows=32), max_length=32).batch(16).pad(),
     }
 
@@ -78,19 +90,32 @@ def rest_of_epoch(batches) -> list[Any]:
 def test_check_state_raises_error_naming_the_stage_and_key() -> None:
     state = make_state(version=2, settings={"seed": 1}, unit=3, live=torch.arange(4))
     fields = {"unit": Int(0, 2), "live": Array(torch.int64)}
-    with pytest.raises(StateMismatchError, match=r"^reader state is invalid: 'unit' must be an int from 0 to 2, but is 3 instead\.$"):
+    with pytest.raises(
+        StateMismatchError, match=r"^reader state is invalid: 'unit' must be an int from 0 to 2, but is 3 instead\.$"
+    ):
         check_state("reader", state, version=2, settings={"seed": 1}, fields=fields)
     with pytest.raises(StateMismatchError, match=r"^reader state is invalid: key 'row' is missing\.$"):
         check_state("reader", state, version=2, settings={"seed": 1}, fields={**fields, "row": Int(0)})
     with pytest.raises(StateMismatchError, match=r"^reader state is invalid: unexpected key 'live'\.$"):
         check_state("reader", state, version=2, settings={"seed": 1}, fields={"unit": Int(0)})
-    with pytest.raises(StateMismatchError, match=r"^reader state must be a dict saved by padpipe, but is a list instead\.$"):
+    with pytest.raises(
+        StateMismatchError, match=r"^reader state must be a dict saved by padpipe, but is a list instead\.$"
+    ):
         check_state("reader", [1], version=2, settings={})
-    with pytest.raises(StateMismatchError, match=r"^reader state is invalid: 'live' must be a 1-D int64 tensor with values from 0 to 2, but is values from 0 to 3 instead\.$"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^reader state is invalid: 'live' must be a 1-D int64 tensor with values from 0 to 2, but is values from 0 to 3 instead\.$",
+    ):
         load_value("reader", "live", state["live"], Array(torch.int64, lo=0, hi=2))
-    with pytest.raises(StateMismatchError, match=r"^r state is invalid: 'x' must be a list of 2 items, each an int >= 0, but is -1 at index 1 instead\.$"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^r state is invalid: 'x' must be a list of 2 items, each an int >= 0, but is -1 at index 1 instead\.$",
+    ):
         load_value("r", "x", [1, -1], ListOf(Int(0), length=2))
-    with pytest.raises(StateMismatchError, match=r"^r state is invalid: 'rng' must be a PCG64 generator state, but is \{'a': 1\} instead\.$"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^r state is invalid: 'rng' must be a PCG64 generator state, but is \{'a': 1\} instead\.$",
+    ):
         load_value("r", "rng", {"a": 1}, Rng())
 
 
@@ -98,7 +123,10 @@ def test_check_state_raises_error_when_a_value_was_changed_in_range() -> None:
     state = make_state(version=2, settings={}, unit=1)
     edited = {**state, "unit": 2}
     assert check_state("reader", state, version=2, settings={}, fields={"unit": Int(0, 5)}) == {"unit": 1}
-    with pytest.raises(StateMismatchError, match=r"^reader state is invalid: its checksum is '[0-9a-f]{8}', but its values give '[0-9a-f]{8}'; it was changed after it was saved\.$"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^reader state is invalid: its checksum is '[0-9a-f]{8}', but its values give '[0-9a-f]{8}'; it was changed after it was saved\.$",
+    ):
         check_state("reader", edited, version=2, settings={}, fields={"unit": Int(0, 5)})
 
 
@@ -161,10 +189,22 @@ def resume(pipe: pp.Pipeline, state: dict) -> list[Any]:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda r: r.update(unit=-5), r"^ParquetReader state is invalid: 'unit' must be an int >= 0, but is -5 instead\.$"),
-        (lambda r: r.update(unit=10**6), r"^ParquetReader state is invalid: 'unit' must be an int from 0 to 12, but is 1000000 instead\.$"),
-        (lambda r: r.update(row=10**6), r"^ParquetReader state is invalid: 'row' must be an int from 0 to 25, but is 1000000 instead\.$"),
-        (lambda r: r.update(epoch="7"), r"^ParquetReader state is invalid: 'epoch' must be an int >= 0, but is '7' instead\.$"),
+        (
+            lambda r: r.update(unit=-5),
+            r"^ParquetReader state is invalid: 'unit' must be an int >= 0, but is -5 instead\.$",
+        ),
+        (
+            lambda r: r.update(unit=10**6),
+            r"^ParquetReader state is invalid: 'unit' must be an int from 0 to 12, but is 1000000 instead\.$",
+        ),
+        (
+            lambda r: r.update(row=10**6),
+            r"^ParquetReader state is invalid: 'row' must be an int from 0 to 25, but is 1000000 instead\.$",
+        ),
+        (
+            lambda r: r.update(epoch="7"),
+            r"^ParquetReader state is invalid: 'epoch' must be an int >= 0, but is '7' instead\.$",
+        ),
         (lambda r: r.pop("row"), r"^ParquetReader state is invalid: key 'row' is missing\.$"),
         (lambda r: r.update(row=r["row"] - 1), r"^ParquetReader state is invalid: its checksum is"),
     ],
@@ -172,7 +212,7 @@ def resume(pipe: pp.Pipeline, state: dict) -> list[Any]:
 def test_resume_raises_error_when_the_reader_state_is_corrupt(data, edit, message) -> None:
     pipe = pipelines(data)["bucket"]
     loader = pipe.loader()
-    it = run(loader, 3)
+    run(loader, 3)
     state = copy.deepcopy(loader.state_dict())
     edit(reader_state(state))
     with pytest.raises(StateMismatchError, match=message):
@@ -182,7 +222,7 @@ def test_resume_raises_error_when_the_reader_state_is_corrupt(data, edit, messag
 def test_resume_raises_error_when_a_buffer_is_cut(data) -> None:
     pipe = pipelines(data)["bucket"]
     loader = pipe.loader()
-    it = run(loader, 3)
+    run(loader, 3)
     state = copy.deepcopy(loader.state_dict())
     shuffle = state["root"]["source"]
     while "live" not in shuffle:  # down the chain of stages to the shuffle buffer's state
@@ -205,12 +245,18 @@ def replacements(value: Any) -> st.SearchStrategy:
     if isinstance(value, str):
         return st.one_of(st.just(value + "x"), st.just(value[:-1]), other)
     if isinstance(value, torch.Tensor) and value.numel():
+
         def bump(i: int) -> torch.Tensor:
             out = value.clone()
             out.view(-1)[i % value.numel()] += 1
             return out
-        return st.one_of(st.integers(0, value.numel() - 1).map(bump), st.just(value[:-1].clone()),
-                         st.just(value.to(torch.float32)), other)
+
+        return st.one_of(
+            st.integers(0, value.numel() - 1).map(bump),
+            st.just(value[:-1].clone()),
+            st.just(value.to(torch.float32)),
+            other,
+        )
     return other
 
 
@@ -270,12 +316,18 @@ def test_resume_is_exact_across_num_threads(data, saved_with, resumed_with) -> N
     ("saved_with", "resumed_with", "message"),
     [
         ({}, {"max_length": 32}, r"setting 'max_length' found 48 instead of 32\.$"),
-        ({"fields": ("text", "other")}, {"fields": ("other", "text")},
-         r"setting 'fields' found \['text', 'other'\] instead of \['other', 'text'\]\.$"),
+        (
+            {"fields": ("text", "other")},
+            {"fields": ("other", "text")},
+            r"setting 'fields' found \['text', 'other'\] instead of \['other', 'text'\]\.$",
+        ),
         ({}, {"add_special_tokens": False}, r"setting 'add_special_tokens' found True instead of False\.$"),
         ({}, {"truncation": False}, r"setting 'max_length' found 48 instead of None\.$"),
-        ({}, {"tokenizer": "one more token"},
-         r"setting 'tokenizer' found 'vocab=8000 sha1=[0-9a-f]{16}' instead of 'vocab=8001 sha1=[0-9a-f]{16}'\.$"),
+        (
+            {},
+            {"tokenizer": "one more token"},
+            r"setting 'tokenizer' found 'vocab=8000 sha1=[0-9a-f]{16}' instead of 'vocab=8001 sha1=[0-9a-f]{16}'\.$",
+        ),
     ],
 )
 def test_resume_raises_error_when_tokenize_settings_changed(data, saved_with, resumed_with, message) -> None:
@@ -283,16 +335,21 @@ def test_resume_raises_error_when_tokenize_settings_changed(data, saved_with, re
         resumed_with["tokenizer"] = pp.examples.tokenizer()
         resumed_with["tokenizer"].add_tokens(["zzzz"])
     loader = tokenized(data, **saved_with).loader()
-    it = run(loader, 2)
+    run(loader, 2)
     with pytest.raises(StateMismatchError, match=r"^tokenize state doesn't match this pipeline: " + message):
         resume(tokenized(data, **resumed_with), loader.state_dict())
 
 
 def test_resume_raises_error_when_chunk_rows_changed(data) -> None:
     loader = tokenized(data).loader()
-    it = run(loader, 2)
-    pipe = pp.read_parquet(data, chunk_rows=17).shuffle(buffer_size=64, seed=1).tokenize(TOK, max_length=48).batch(8).pad()
-    with pytest.raises(StateMismatchError, match=r"^ParquetReader state doesn't match this pipeline: setting 'chunk_rows' found 16 instead of 17\.$"):
+    run(loader, 2)
+    pipe = (
+        pp.read_parquet(data, chunk_rows=17).shuffle(buffer_size=64, seed=1).tokenize(TOK, max_length=48).batch(8).pad()
+    )
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^ParquetReader state doesn't match this pipeline: setting 'chunk_rows' found 16 instead of 17\.$",
+    ):
         resume(pipe, loader.state_dict())
 
 

@@ -70,5 +70,7 @@ def test_scale_benchmark_makes_a_new_private_workdir_unless_given_one(tmp_path, 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     first, second = scale.work_folder(None), scale.work_folder(None)
     assert first != second and first.parent == second.parent == tmp_path
-    assert all(stat.S_IMODE(os.lstat(f).st_mode) == 0o700 and f.name.startswith("padpipe-scale-") for f in (first, second))
+    assert all(
+        stat.S_IMODE(os.lstat(f).st_mode) == 0o700 and f.name.startswith("padpipe-scale-") for f in (first, second)
+    )
     assert scale.work_folder(str(tmp_path / "mine")) == tmp_path / "mine" and (tmp_path / "mine").is_dir()

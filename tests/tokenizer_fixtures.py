@@ -73,7 +73,11 @@ def wordpiece(**hf_options: Any) -> tuple[Tokenizer, Any]:
     )
     tok.decoder = decoders.WordPiece()
     options = dict(
-        unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
     )
     options.update(hf_options)
@@ -91,10 +95,16 @@ def bpe(**hf_options: Any) -> tuple[Tokenizer, Any]:
         vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(training_sentences(), trainer)
-    tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
+    tok.post_processor = processors.RobertaProcessing(
+        ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>"))
+    )
     tok.decoder = decoders.ByteLevel()
     options = dict(
-        bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
         model_input_names=["input_ids", "attention_mask"],
     )
     options.update(hf_options)

@@ -9,22 +9,32 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from torchdata.nodes import IterableWrapper
 
 from padpipe import _build
 from padpipe._progress import Progress
-from padpipe.runtime.consumer import Consumer
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.inspection import strategies
 from padpipe.inspection.report import InspectResult, Settings
-from padpipe.inspection.sample import READERS, Corpus, choose_fields, draw_sample, files_of, first_schema, make_reader, source_pipeline
+from padpipe.inspection.sample import (
+    READERS,
+    Corpus,
+    choose_fields,
+    draw_sample,
+    files_of,
+    first_schema,
+    make_reader,
+    source_pipeline,
+)
 from padpipe.inspection.strategies import StrategyResult
 from padpipe.pipeline import Pipeline
 from padpipe.pipes.pad import padded_length
 from padpipe.pipes.tokenize import tokenize_options
+from padpipe.runtime.consumer import Consumer
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
 
@@ -101,11 +111,19 @@ def inspect(
     """
     started = time.perf_counter()
     positive("sample", sample, allow_none=True)
-    for name, value in (("batch_size", batch_size), ("buffer_size", buffer_size),
-                        ("pack_buffer_size", pack_buffer_size), ("num_threads", num_threads)):
+    for name, value in (
+        ("batch_size", batch_size),
+        ("buffer_size", buffer_size),
+        ("pack_buffer_size", pack_buffer_size),
+        ("num_threads", num_threads),
+    ):
         positive(name, value)
-    for name, value in (("max_length", max_length), ("max_tokens", max_tokens), ("seq_len", seq_len),
-                        ("pad_to_multiple_of", pad_to_multiple_of)):
+    for name, value in (
+        ("max_length", max_length),
+        ("max_tokens", max_tokens),
+        ("seq_len", seq_len),
+        ("pad_to_multiple_of", pad_to_multiple_of),
+    ):
         positive(name, value, allow_none=True)
     if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
         raise ValueError(f"`shuffle_buffer` must be a non-negative int, but is {shuffle_buffer!r} instead.")
@@ -114,8 +132,16 @@ def inspect(
         raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
 
     pipe = source_pipeline(data, storage_options=storage_options)
-    options = tokenize_options(tokenizer, fields="text", max_length=None, truncation=False, add_special_tokens=True,
-                               num_threads=num_threads, on_error="skip", append_eos=False)
+    options = tokenize_options(
+        tokenizer,
+        fields="text",
+        max_length=None,
+        truncation=False,
+        add_special_tokens=True,
+        num_threads=num_threads,
+        on_error="skip",
+        append_eos=False,
+    )
     limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
     model_limit = limit if max_length is None else _model_limit(tokenizer)
     stats = PipelineStats()
@@ -144,27 +170,48 @@ def inspect(
     sampled = sample is not None and not (corpus is not None and corpus.exact and len(lengths) + skipped >= corpus.rows)
     if corpus is None:
         files = files_of(reader)
-        corpus = Corpus(len(lengths) + skipped, True, "every row read", len(units), len(units), len(files),
-                        sum(files.values()))
+        corpus = Corpus(
+            len(lengths) + skipped, True, "every row read", len(units), len(units), len(files), sum(files.values())
+        )
     stream = raw if limit is None else [np.minimum(part, limit) for part in raw]
 
     static_length = limit if limit is not None else int(lengths.max(initial=1))
-    longest = int(padded_length(np.array([static_length]), pad_to_multiple_of=pad_to_multiple_of,
-                                pad_to_length=None)[0])
+    longest = int(
+        padded_length(np.array([static_length]), pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)[0]
+    )
     max_tokens = max_tokens if max_tokens is not None else batch_size * longest
     seq_len = seq_len if seq_len is not None else max(2, limit or DEFAULT_SEQ_LEN)
-    settings = Settings(batch_size=batch_size, max_tokens=max_tokens, seq_len=seq_len,
-                        pack_batch_size=max(1, max_tokens // seq_len), buffer_size=buffer_size,
-                        pack_buffer_size=pack_buffer_size, pad_to_multiple_of=pad_to_multiple_of,
-                        static_length=static_length, shuffle_buffer=shuffle_buffer if sample is None else 0, seed=seed)
+    settings = Settings(
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        seq_len=seq_len,
+        pack_batch_size=max(1, max_tokens // seq_len),
+        buffer_size=buffer_size,
+        pack_buffer_size=pack_buffer_size,
+        pad_to_multiple_of=pad_to_multiple_of,
+        static_length=static_length,
+        shuffle_buffer=shuffle_buffer if sample is None else 0,
+        seed=seed,
+    )
     shuffled = sample is not None or shuffle_buffer > 0
     results, bucket_sweep, pack_sweep, budget_truncated = _compare(stream, settings, shuffled=shuffled)
     return InspectResult(
-        source=_describe(data), format=READERS[pipe.source.name], corpus=corpus, fields=fields,
-        tokenizer=_describe(tokenizer), max_length=limit, lengths=lengths, sampled=sampled,
-        skipped_rows=skipped, settings=settings,
-        strategies=results, bucket_sweep=bucket_sweep, pack_sweep=pack_sweep, budget_truncated=budget_truncated,
-        seconds=time.perf_counter() - started, model_max_length=model_limit,
+        source=_describe(data),
+        format=READERS[pipe.source.name],
+        corpus=corpus,
+        fields=fields,
+        tokenizer=_describe(tokenizer),
+        max_length=limit,
+        lengths=lengths,
+        sampled=sampled,
+        skipped_rows=skipped,
+        settings=settings,
+        strategies=results,
+        bucket_sweep=bucket_sweep,
+        pack_sweep=pack_sweep,
+        budget_truncated=budget_truncated,
+        seconds=time.perf_counter() - started,
+        model_max_length=model_limit,
     )
 
 
@@ -173,17 +220,20 @@ def _model_limit(tokenizer: Any) -> int | None:
     return TextEncoder.load(tokenizer, max_length=None, truncation=True, add_special_tokens=True).max_length
 
 
-def _compare(stream: list[np.ndarray], s: Settings, *, shuffled: bool) -> tuple[tuple[StrategyResult, ...], Sweep,
-                                                                              Sweep, int]:
+def _compare(
+    stream: list[np.ndarray], s: Settings, *, shuffled: bool
+) -> tuple[tuple[StrategyResult, ...], Sweep, Sweep, int]:
     """Every strategy on ``stream`` (in a random order when ``shuffled``), and the buffer sweeps."""
     if not stream:
         return (), (), (), 0
     rows = sum(len(part) for part in stream)
     multiple = s.pad_to_multiple_of
-    by_rows, _ = strategies.bucket(stream, batch_size=s.batch_size, buffer_size=s.buffer_size, seed=s.seed,
-                                   pad_to_multiple_of=multiple)
-    by_budget, truncated = strategies.bucket(stream, max_tokens=s.max_tokens, buffer_size=s.buffer_size,
-                                             seed=s.seed, pad_to_multiple_of=multiple)
+    by_rows, _ = strategies.bucket(
+        stream, batch_size=s.batch_size, buffer_size=s.buffer_size, seed=s.seed, pad_to_multiple_of=multiple
+    )
+    by_budget, truncated = strategies.bucket(
+        stream, max_tokens=s.max_tokens, buffer_size=s.buffer_size, seed=s.seed, pad_to_multiple_of=multiple
+    )
     packed = strategies.pack(stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=s.pack_buffer_size)
     results = (
         strategies.static(stream, batch_size=s.batch_size, length=s.static_length),
@@ -194,19 +244,28 @@ def _compare(stream: list[np.ndarray], s: Settings, *, shuffled: bool) -> tuple[
     )
     bucket_sweep = []
     for size in sorted({b for b in BUCKET_BUFFERS if b <= rows} | {min(s.buffer_size, rows)}):
-        result = by_budget if size == s.buffer_size else strategies.bucket(
-            stream, max_tokens=s.max_tokens, buffer_size=size, seed=s.seed, pad_to_multiple_of=multiple)[0]
+        result = (
+            by_budget
+            if size == s.buffer_size
+            else strategies.bucket(
+                stream, max_tokens=s.max_tokens, buffer_size=size, seed=s.seed, pad_to_multiple_of=multiple
+            )[0]
+        )
         bucket_sweep.append((size, result.efficiency))
     pack_sweep = []
     for size in sorted({b for b in PACK_BUFFERS if b <= rows} | {min(s.pack_buffer_size, rows)}):
-        result = packed if size == s.pack_buffer_size else strategies.pack(
-            stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=size)
+        result = (
+            packed
+            if size == s.pack_buffer_size
+            else strategies.pack(stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=size)
+        )
         pack_sweep.append((size, result.efficiency))
     return results, tuple(bucket_sweep), tuple(pack_sweep), truncated
 
 
-def _all_records(pipe: Pipeline, fields: tuple[str, ...], *, shuffle_buffer: int, seed: int,
-                 stats: PipelineStats) -> Any:
+def _all_records(
+    pipe: Pipeline, fields: tuple[str, ...], *, shuffle_buffer: int, seed: int, stats: PipelineStats
+) -> Any:
     """The record node of ``read(data)[.shuffle(shuffle_buffer, seed)]`` reading only ``fields``, every row."""
     source = dataclasses.replace(pipe.source, options={**pipe.source.options, "columns": list(fields)})
     records = Pipeline(source)
@@ -215,11 +274,13 @@ def _all_records(pipe: Pipeline, fields: tuple[str, ...], *, shuffle_buffer: int
     return records.build(consumer=Consumer(), stats=stats)
 
 
-def _tokenized_lengths(records: Any, options: dict[str, Any], stats: PipelineStats, *, total: int | None,
-                       progress: bool | None) -> list[np.ndarray]:
+def _tokenized_lengths(
+    records: Any, options: dict[str, Any], stats: PipelineStats, *, total: int | None, progress: bool | None
+) -> list[np.ndarray]:
     """Token lengths of every chunk padpipe's tokenize stage makes of ``records``, in order."""
-    context = _build.BuildContext(stats=stats, consumer=Consumer(), seed=None, pad_to_multiple_of=None,
-                                  pad_to_length=None)
+    context = _build.BuildContext(
+        stats=stats, consumer=Consumer(), seed=None, pad_to_multiple_of=None, pad_to_length=None
+    )
     node = _build.tokenize(records, context, **options)
     raw = []
     with Progress("inspect: tokenizing", total=total, enabled=progress) as bar:
@@ -250,4 +311,3 @@ def _describe(thing: Any) -> str:
         options = thing.source.options
         return str(options.get("paths", thing.source.name))
     return type(thing).__name__
-

@@ -31,17 +31,27 @@ def recommendations(result: InspectResult) -> list[str]:
     least = min(st.attention for st in result.strategies)
     fullest = result.best()
     lightest = min(result.strategies, key=lambda st: (st.attention, -st.efficiency))
-    out.append(f"least padding: {fullest.name} ({fullest.efficiency:.1%} of token slots are real tokens); "
-               f"least attention work: {lightest.name}.")
-    out.append(_plateau(f"bucket(max_tokens={s.max_tokens})", result.bucket_sweep,
-                        "a larger buffer only holds more rows and delays the first batch"))
+    out.append(
+        f"least padding: {fullest.name} ({fullest.efficiency:.1%} of token slots are real tokens); "
+        f"least attention work: {lightest.name}."
+    )
+    out.append(
+        _plateau(
+            f"bucket(max_tokens={s.max_tokens})",
+            result.bucket_sweep,
+            "a larger buffer only holds more rows and delays the first batch",
+        )
+    )
     out.append(_plateau(f"pack(seq_len={s.seq_len})", result.pack_sweep, "a larger buffer only costs packing time"))
-    waste = ", ".join(f"{st.name} {1 - st.efficiency:.1%} ({st.attention / least:.2f}x attention)"
-                      for st in result.strategies)
+    waste = ", ".join(
+        f"{st.name} {1 - st.efficiency:.1%} ({st.attention / least:.2f}x attention)" for st in result.strategies
+    )
     out.append(f"compute spent on padding: {waste}.")
     if result.budget_truncated:
-        out.append(f"{result.budget_truncated:,} rows are longer than max_tokens={s.max_tokens} allows: "
-                   "bucket(max_tokens) raises on them unless on_oversize='truncate' or 'drop'.")
+        out.append(
+            f"{result.budget_truncated:,} rows are longer than max_tokens={s.max_tokens} allows: "
+            "bucket(max_tokens) raises on them unless on_oversize='truncate' or 'drop'."
+        )
     return [line for line in out if line]
 
 
@@ -49,22 +59,28 @@ def _length_advice(result: InspectResult, dist: dict[str, float]) -> list[str]:
     """``max_length``: what it truncates and what would keep 99% of rows whole, never past the model's limit."""
     keep, limit, p99 = round_up(dist["p99"], 8), result.model_max_length, num(dist["p99"])
     if result.max_length is None:
-        return [f"no truncation: the longest row has {dist['max']:,} tokens; "
-                f"max_length={keep} would keep 99% of rows whole."]
+        return [
+            f"no truncation: the longest row has {dist['max']:,} tokens; "
+            f"max_length={keep} would keep 99% of rows whole."
+        ]
     out = [f"max_length={result.max_length} truncates {dist['truncated_share']:.1%} of rows; "]
     if limit is None or keep <= limit:
         out[0] += f"max_length={keep} would keep 99% of them whole (p99 is {p99} tokens)."
     elif result.max_length < limit:
         whole = float(np.mean(result.lengths <= limit))
-        out[0] += (f"max_length={limit}, the tokenizer's limit (model_max_length), would keep {whole:.1%} of them "
-                   f"whole (p99 is {p99} tokens).")
+        out[0] += (
+            f"max_length={limit}, the tokenizer's limit (model_max_length), would keep {whole:.1%} of them "
+            f"whole (p99 is {p99} tokens)."
+        )
     else:
         out[0] += f"p99 is {p99} tokens, past the tokenizer's limit of {limit} (model_max_length)."
     if dist["truncated_share"] > LONG_SHARE and len(result.fields) == 1:
-        out.append(f"long documents: {dist['truncated_share']:.1%} of rows are longer than max_length="
-                   f"{result.max_length}; pack(seq_len={result.max_length}, long_docs=\"split\") splits them "
-                   "across rows and keeps every token, where truncation drops "
-                   f"{_dropped(result.lengths, result.max_length):.1%} of the tokens.")
+        out.append(
+            f"long documents: {dist['truncated_share']:.1%} of rows are longer than max_length="
+            f'{result.max_length}; pack(seq_len={result.max_length}, long_docs="split") splits them '
+            "across rows and keeps every token, where truncation drops "
+            f"{_dropped(result.lengths, result.max_length):.1%} of the tokens."
+        )
     return out
 
 
@@ -82,10 +98,14 @@ def _plateau(name: str, sweep: tuple[tuple[int, float], ...], cost: str) -> str:
     enough_size, enough = next((b, e) for b, e in sweep if e >= best - PLATEAU)
     if enough_size == sweep[-1][0] and len(sweep) > 1:
         before_size, before = sweep[-2]
-        return (f"{name}: efficiency still grows at the largest buffer_size tried ({enough_size:,}: {enough:.1%}; "
-                f"{before_size:,}: {before:.1%}); try larger ones.")
-    return (f"{name}: efficiency stops improving at buffer_size={enough_size:,} ({enough:.1%}; the best measured is "
-            f"{best:.1%} at {best_size:,}); {cost}.")
+        return (
+            f"{name}: efficiency still grows at the largest buffer_size tried ({enough_size:,}: {enough:.1%}; "
+            f"{before_size:,}: {before:.1%}); try larger ones."
+        )
+    return (
+        f"{name}: efficiency stops improving at buffer_size={enough_size:,} ({enough:.1%}; the best measured is "
+        f"{best:.1%} at {best_size:,}); {cost}."
+    )
 
 
 def round_up(value: float, multiple: int) -> int:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from padpipe.inspection.sample import choose_fields, first_schema, make_reader, source_pipeline
 from padpipe.stats import PipelineStats
 
 
-def detect_fields(data: Any, fields: str | Sequence[str] | None = None, *, option: str = "the text field(s) to tokenize",
-                  storage_options: dict[str, Any] | None = None) -> tuple[str, ...]:
+def detect_fields(
+    data: Any,
+    fields: str | Sequence[str] | None = None,
+    *,
+    option: str = "the text field(s) to tokenize",
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[str, ...]:
     """``fields`` checked against ``data``'s columns, else ``text``, else its only one or two string columns.
 
     Reads the schema of the first rows only.

@@ -134,15 +134,19 @@ class InspectResult:
     # -- output -----------------------------------------------------------------------------------
     def table(self) -> str:
         """One row per strategy: efficiency, steps per epoch, tokens per step, attention vs the least."""
-        header = (f"{'strategy':<34} {'efficiency':>10} {'steps/epoch':>11} {'real tok/step':>13} "
-                  f"{'padded tok/step':>15} {'attention':>9}")
+        header = (
+            f"{'strategy':<34} {'efficiency':>10} {'steps/epoch':>11} {'real tok/step':>13} "
+            f"{'padded tok/step':>15} {'attention':>9}"
+        )
         lines = [header, "-" * len(header)]
         least = min((st.attention for st in self.strategies), default=0.0) or 1.0
         for st in self.strategies:
             per = st.batches or 1
-            lines.append(f"{st.name:<34} {st.efficiency:>10.1%} {self.steps_per_epoch(st):>11,} "
-                         f"{st.real_tokens / per:>13,.0f} {st.padded_tokens / per:>15,.0f} "
-                         f"{st.attention / least:>8.2f}x")
+            lines.append(
+                f"{st.name:<34} {st.efficiency:>10.1%} {self.steps_per_epoch(st):>11,} "
+                f"{st.real_tokens / per:>13,.0f} {st.padded_tokens / per:>15,.0f} "
+                f"{st.attention / least:>8.2f}x"
+            )
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -165,8 +169,11 @@ class InspectResult:
             lines.append(
                 f"  mean {dist['mean']:.1f}   p50 {_num(dist['p50'])}   p90 {_num(dist['p90'])}   "
                 f"p99 {_num(dist['p99'])}   max {dist['max']:,}"
-                + (f"   longer than {self.max_length}: {dist['truncated_share']:.1%} (truncated)"
-                   if self.max_length is not None else "")
+                + (
+                    f"   longer than {self.max_length}: {dist['truncated_share']:.1%} (truncated)"
+                    if self.max_length is not None
+                    else ""
+                )
             )
         multiple = "none" if s.pad_to_multiple_of is None else s.pad_to_multiple_of
         lines += [
@@ -180,12 +187,16 @@ class InspectResult:
         if self.sampled:
             lines.append(f"  steps/epoch: scaled from the sample to {c.rows:,} rows")
         if self.sampled and self.rows < s.buffer_size:
-            lines.append(f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, "
-                         "so the "
-                         "bucket figures are for a buffer of the whole sample (a lower bound): sample more rows")
+            lines.append(
+                f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, "
+                "so the "
+                "bucket figures are for a buffer of the whole sample (a lower bound): sample more rows"
+            )
         lines += ["", "efficiency by buffer size"]
-        for name, sweep in ((f"bucket(max_tokens={s.max_tokens})", self.bucket_sweep),
-                            (f"pack(seq_len={s.seq_len})", self.pack_sweep)):
+        for name, sweep in (
+            (f"bucket(max_tokens={s.max_tokens})", self.bucket_sweep),
+            (f"pack(seq_len={s.seq_len})", self.pack_sweep),
+        ):
             lines.append(f"  {name:<26} " + "  ".join(f"{b:,}: {e:.1%}" for b, e in sweep))
         lines += ["", "recommendations"]
         lines += [f"  - {line}" for line in self.recommendations()]
@@ -208,22 +219,41 @@ class InspectResult:
         strategies = []
         for st in self.strategies:
             per = st.batches or 1
-            strategies.append({
-                "name": st.name, "code": st.code, "efficiency": st.efficiency, "batches": st.batches,
-                "steps_per_epoch": self.steps_per_epoch(st), "rows": st.rows, "real_tokens": st.real_tokens,
-                "padded_tokens": st.padded_tokens, "real_tokens_per_step": st.real_tokens / per,
-                "padded_tokens_per_step": st.padded_tokens / per, "attention": st.attention,
-                "attention_vs_least": st.attention / least, "varlen_attention": st.varlen_attention,
-            })
+            strategies.append(
+                {
+                    "name": st.name,
+                    "code": st.code,
+                    "efficiency": st.efficiency,
+                    "batches": st.batches,
+                    "steps_per_epoch": self.steps_per_epoch(st),
+                    "rows": st.rows,
+                    "real_tokens": st.real_tokens,
+                    "padded_tokens": st.padded_tokens,
+                    "real_tokens_per_step": st.real_tokens / per,
+                    "padded_tokens_per_step": st.padded_tokens / per,
+                    "attention": st.attention,
+                    "attention_vs_least": st.attention / least,
+                    "varlen_attention": st.varlen_attention,
+                }
+            )
         return {
-            "source": self.source, "format": self.format, "fields": list(self.fields), "tokenizer": self.tokenizer,
-            "max_length": self.max_length, "model_max_length": self.model_max_length, "rows_inspected": self.rows,
+            "source": self.source,
+            "format": self.format,
+            "fields": list(self.fields),
+            "tokenizer": self.tokenizer,
+            "max_length": self.max_length,
+            "model_max_length": self.model_max_length,
+            "rows_inspected": self.rows,
             "sampled": self.sampled,
-            "skipped_rows": self.skipped_rows, "corpus": asdict(self.corpus), "lengths": self.distribution(),
-            "settings": asdict(self.settings), "strategies": strategies,
+            "skipped_rows": self.skipped_rows,
+            "corpus": asdict(self.corpus),
+            "lengths": self.distribution(),
+            "settings": asdict(self.settings),
+            "strategies": strategies,
             "bucket_buffer_sweep": [{"buffer_size": b, "efficiency": e} for b, e in self.bucket_sweep],
             "pack_buffer_sweep": [{"buffer_size": b, "efficiency": e} for b, e in self.pack_sweep],
-            "budget_truncated": self.budget_truncated, "recommendations": self.recommendations(),
+            "budget_truncated": self.budget_truncated,
+            "recommendations": self.recommendations(),
             "seconds": self.seconds,
         }
 

@@ -9,23 +9,24 @@ of at least :data:`SPREAD` units, so it is not the first rows of the first file.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import fsspec.core
 import numpy as np
 import pyarrow as pa
 
 from padpipe._progress import Progress
-from padpipe.runtime.consumer import Consumer
 from padpipe.errors import DataError
 from padpipe.pipeline import Pipeline
 from padpipe.readers import arrow, jsonl, parquet
 from padpipe.readers.paths import GLOB_CHARS, check_paths
 from padpipe.readers.schema import require_columns
 from padpipe.readers.source import UnitSource, WorkUnit
-from padpipe.stats import PipelineStats
+from padpipe.runtime.consumer import Consumer
 from padpipe.sources import read_arrow, read_jsonl, read_parquet
+from padpipe.stats import PipelineStats
 
 SPREAD = 32
 """A sample takes rows from at least this many units (all of them when there are fewer)."""
@@ -138,8 +139,9 @@ def first_schema(reader: UnitSource, units: Sequence[WorkUnit]) -> pa.Schema:
     raise DataError(f"{reader.describe()}: the input has no rows.")
 
 
-def choose_fields(schema: pa.Schema, fields: str | Sequence[str] | None, where: str, *,
-                  option: str = "the text field(s) to tokenize") -> tuple[str, ...]:
+def choose_fields(
+    schema: pa.Schema, fields: str | Sequence[str] | None, where: str, *, option: str = "the text field(s) to tokenize"
+) -> tuple[str, ...]:
     """The text fields to tokenize: ``fields`` checked against ``schema``, else ``text``, else its string columns.
 
     ``option`` says in the error how to name them (``"--fields A [B]"`` in a command line).
@@ -171,7 +173,12 @@ def choose_fields(schema: pa.Schema, fields: str | Sequence[str] | None, where: 
 
 
 def draw_sample(
-    reader: UnitSource, units: Sequence[WorkUnit], fields: Sequence[str], *, rows: int, seed: int,
+    reader: UnitSource,
+    units: Sequence[WorkUnit],
+    fields: Sequence[str],
+    *,
+    rows: int,
+    seed: int,
     progress: bool | None,
 ) -> tuple[pa.Table, Corpus]:
     """About ``rows`` rows (fewer if the input is smaller) in a random order, and the corpus size.
@@ -238,8 +245,7 @@ def _unit_bytes(reader: UnitSource, units: Sequence[WorkUnit]) -> list[float] | 
         per_file[unit.path] = per_file.get(unit.path, 0) + 1
     ranges = isinstance(reader, jsonl.JsonlReader)
     return [
-        float(u.stop - u.start) if ranges and u.stop is not None else files[u.path] / per_file[u.path]
-        for u in units
+        float(u.stop - u.start) if ranges and u.stop is not None else files[u.path] / per_file[u.path] for u in units
     ]
 
 
@@ -249,8 +255,15 @@ def files_of(reader: UnitSource) -> dict[str, int]:
     return {name: (ref[0] if isinstance(ref, tuple) else ref).size() for name, ref in listed.items()}
 
 
-def _corpus(reader: UnitSource, units: Sequence[WorkUnit], visited: int, read_rows: int, all_complete: bool,
-            full_rows: int, full_bytes: float) -> Corpus:
+def _corpus(
+    reader: UnitSource,
+    units: Sequence[WorkUnit],
+    visited: int,
+    read_rows: int,
+    all_complete: bool,
+    full_rows: int,
+    full_bytes: float,
+) -> Corpus:
     files = files_of(reader)
     total_bytes = sum(files.values())
     common = {"units": len(units), "units_read": visited, "files": len(files), "bytes": total_bytes}
@@ -260,8 +273,12 @@ def _corpus(reader: UnitSource, units: Sequence[WorkUnit], visited: int, read_ro
         return Corpus(read_rows, True, "every unit read", **common)
     if full_bytes > 0:
         estimate = round(full_rows / full_bytes * total_bytes)
-        return Corpus(max(estimate, read_rows), False, f"estimated from {full_rows:,} rows in {_size(full_bytes)} "
-                      f"of {_size(total_bytes)}", **common)
+        return Corpus(
+            max(estimate, read_rows),
+            False,
+            f"estimated from {full_rows:,} rows in {_size(full_bytes)} of {_size(total_bytes)}",
+            **common,
+        )
     estimate = math.ceil(read_rows / max(visited, 1) * len(units))
     return Corpus(estimate, False, "at least: rows per unit read times units (units read in part)", **common)
 
@@ -269,7 +286,7 @@ def _corpus(reader: UnitSource, units: Sequence[WorkUnit], visited: int, read_ro
 def _size(n: float) -> str:
     """``n`` bytes for people: ``"1.5 MB"``."""
     unit = "B"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
+    for unit in ("B", "KB", "MB", "GB", "TB"):  # noqa: B007 (the unit is read after the loop)
         if n < 1024:
             break
         n /= 1024

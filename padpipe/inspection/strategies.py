@@ -11,16 +11,16 @@ a stage's logic changes. Memory holds one stage buffer of ids, never the whole s
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 from torchdata.nodes import BaseNode, IterableWrapper
 
 from padpipe.chunks import ID_DTYPE, TokenChunk
 from padpipe.pipes.batch import FixedBatcher
-from padpipe.pipes.cut import longest_row_allowed
 from padpipe.pipes.bucket import Bucketizer
+from padpipe.pipes.cut import longest_row_allowed
 from padpipe.pipes.pack import Packer
 from padpipe.pipes.pad import padded_length
 from padpipe.stats import PipelineStats
@@ -76,15 +76,19 @@ class LengthChunks:
             yield TokenChunk(np.zeros(int(offsets[-1]), dtype=ID_DTYPE), offsets)
 
 
-def padded(name: str, code: str, node: BaseNode[TokenChunk], *, pad_to_multiple_of: int | None,
-           pad_to_length: int | None) -> StrategyResult:
+def padded(
+    name: str, code: str, node: BaseNode[TokenChunk], *, pad_to_multiple_of: int | None, pad_to_length: int | None
+) -> StrategyResult:
     """Run a batching node and pad each batch as ``pad(pad_to_multiple_of=..., pad_to_length=...)`` would."""
     batches = rows = real = slots = 0
     attention = 0.0
     for chunk in node:
         lengths = chunk.lengths
-        width = int(padded_length(np.array([lengths.max()]), pad_to_multiple_of=pad_to_multiple_of,
-                                  pad_to_length=pad_to_length)[0])
+        width = int(
+            padded_length(
+                np.array([lengths.max()]), pad_to_multiple_of=pad_to_multiple_of, pad_to_length=pad_to_length
+            )[0]
+        )
         batches, rows = batches + 1, rows + len(lengths)
         real, slots = real + int(lengths.sum()), slots + len(lengths) * width
         attention += len(lengths) * float(width) ** 2
@@ -94,12 +98,18 @@ def padded(name: str, code: str, node: BaseNode[TokenChunk], *, pad_to_multiple_
 def static(stream: Sequence[np.ndarray], *, batch_size: int, length: int) -> StrategyResult:
     """Batches of ``batch_size`` in arrival order, every row padded to ``length``."""
     node = FixedBatcher(IterableWrapper(LengthChunks(stream)), batch_size=batch_size)
-    return padded(f"static: pad to {length}", f".batch({batch_size}).pad(pad_to_length={length})", node,
-                  pad_to_multiple_of=None, pad_to_length=length)
+    return padded(
+        f"static: pad to {length}",
+        f".batch({batch_size}).pad(pad_to_length={length})",
+        node,
+        pad_to_multiple_of=None,
+        pad_to_length=length,
+    )
 
 
-def dynamic(stream: Sequence[np.ndarray], *, batch_size: int, pad_to_multiple_of: int | None,
-            shuffled: bool = True) -> StrategyResult:
+def dynamic(
+    stream: Sequence[np.ndarray], *, batch_size: int, pad_to_multiple_of: int | None, shuffled: bool = True
+) -> StrategyResult:
     """Batches of ``batch_size`` in arrival order (random when ``shuffled``), each padded to its longest row."""
     node = FixedBatcher(IterableWrapper(LengthChunks(stream)), batch_size=batch_size)
     code = f".batch({batch_size}).pad({_pad_args(pad_to_multiple_of)})"
@@ -107,8 +117,15 @@ def dynamic(stream: Sequence[np.ndarray], *, batch_size: int, pad_to_multiple_of
     return padded(name, code, node, pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)
 
 
-def bucket(stream: Sequence[np.ndarray], *, batch_size: int | None = None, max_tokens: int | None = None,
-           buffer_size: int, seed: int, pad_to_multiple_of: int | None) -> tuple[StrategyResult, int]:
+def bucket(
+    stream: Sequence[np.ndarray],
+    *,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    buffer_size: int,
+    seed: int,
+    pad_to_multiple_of: int | None,
+) -> tuple[StrategyResult, int]:
     """``bucket(batch_size | max_tokens)`` then ``pad``; also the rows cut to fit ``max_tokens``.
 
     Rows longer than the budget allows are truncated (``on_oversize="truncate"``, then part of the
@@ -120,9 +137,16 @@ def bucket(stream: Sequence[np.ndarray], *, batch_size: int | None = None, max_t
         if any(int(part.max(initial=0)) > limit for part in stream):
             oversize = ", on_oversize='truncate'"
     stats = PipelineStats()
-    node = Bucketizer(IterableWrapper(LengthChunks(stream)), batch_size=batch_size, max_tokens=max_tokens,
-                      buffer_size=buffer_size, seed=seed, on_oversize="truncate",
-                      pad_to_multiple_of=pad_to_multiple_of, stats=stats)
+    node = Bucketizer(
+        IterableWrapper(LengthChunks(stream)),
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        buffer_size=buffer_size,
+        seed=seed,
+        on_oversize="truncate",
+        pad_to_multiple_of=pad_to_multiple_of,
+        stats=stats,
+    )
     size = f"batch_size={batch_size}" if max_tokens is None else f"max_tokens={max_tokens}"
     code = f".bucket({size}, buffer_size={buffer_size}{oversize}).pad({_pad_args(pad_to_multiple_of)})"
     result = padded(f"bucket({size})", code, node, pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)
@@ -132,8 +156,14 @@ def bucket(stream: Sequence[np.ndarray], *, batch_size: int | None = None, max_t
 def pack(stream: Sequence[np.ndarray], *, seq_len: int, batch_size: int, buffer_size: int) -> StrategyResult:
     """``pack(seq_len, batch_size, buffer_size)``: rows of exactly ``seq_len`` tokens, best fit."""
     stats = PipelineStats()
-    node = Packer(IterableWrapper(LengthChunks(stream)), seq_len=seq_len, batch_size=batch_size,
-                  buffer_size=buffer_size, pad_id=0, stats=stats)
+    node = Packer(
+        IterableWrapper(LengthChunks(stream)),
+        seq_len=seq_len,
+        batch_size=batch_size,
+        buffer_size=buffer_size,
+        pad_id=0,
+        stats=stats,
+    )
     attention = varlen = 0.0
     for batch in node:
         attention += batch["input_ids"].shape[0] * float(seq_len) ** 2
@@ -141,8 +171,14 @@ def pack(stream: Sequence[np.ndarray], *, seq_len: int, batch_size: int, buffer_
         varlen += float((segments**2).sum())
     snap = stats.snapshot()
     return StrategyResult(
-        f"pack(seq_len={seq_len})", f".pack({seq_len}, batch_size={batch_size}, buffer_size={buffer_size})",
-        snap.batches, snap.rows, snap.real_tokens, snap.padded_tokens, attention, varlen,
+        f"pack(seq_len={seq_len})",
+        f".pack({seq_len}, batch_size={batch_size}, buffer_size={buffer_size})",
+        snap.batches,
+        snap.rows,
+        snap.real_tokens,
+        snap.padded_tokens,
+        attention,
+        varlen,
     )
 
 

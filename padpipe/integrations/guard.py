@@ -90,11 +90,15 @@ def _warn_lightning(dataloader: Any) -> None:
         return
     _warned.add(key)
     if stateful:
-        what = (f"a {type(dataloader).__name__} over a padpipe pipeline: Lightning saves its state one batch "
-                "late (it fetches a batch ahead), so a resumed run skips one batch")
+        what = (
+            f"a {type(dataloader).__name__} over a padpipe pipeline: Lightning saves its state one batch "
+            "late (it fetches a batch ahead), so a resumed run skips one batch"
+        )
     else:
-        what = ("a plain torch DataLoader over a padpipe pipeline: it saves no data position, so a run resumed "
-                "from a checkpoint starts the epoch again and repeats rows")
+        what = (
+            "a plain torch DataLoader over a padpipe pipeline: it saves no data position, so a run resumed "
+            "from a checkpoint starts the epoch again and repeats rows"
+        )
     warnings.warn(
         f"Lightning is training on {what}. For an exact resume, return `pipe.loader(...)` from "
         "`train_dataloader()` (Lightning's checkpoints then hold every rank's position after the batches trained).",

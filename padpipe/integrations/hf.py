@@ -29,8 +29,20 @@ transformers = require("transformers", "padpipe.hf")
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
 
 from padpipe.integrations.hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
+from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
+    _all_ranks,
+    _columns,
+    _count_rows,
+    _count_steps,
+    _EvalBatches,
+    _evaluation_model,
+    _merge,
+    _metrics,
+    _Outputs,
+    _rank_local_loss,
+    _rows,
+)
 from padpipe.integrations.hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
-from padpipe.integrations.hf_parts import _all_ranks, _columns, _count_rows, _count_steps, _EvalBatches, _evaluation_model, _merge, _metrics, _Outputs, _rank_local_loss, _rows  # noqa: E402  (the Trainer's batches, outputs and counts)
 
 check_hooks(transformers.Trainer, transformers.__version__)
 
@@ -120,8 +132,14 @@ class Trainer(transformers.Trainer):
         return _EvalBatches(loader, _columns(self, "test"))
 
     # -- training ---------------------------------------------------------------------------------
-    def _init_training_state(self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int,
-                             resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
+    def _init_training_state(
+        self,
+        max_steps: int,
+        num_update_steps_per_epoch: int,
+        num_train_epochs: int,
+        resume_from_checkpoint: str | None,
+        trial: Any,
+    ) -> tuple[int, int]:
         """On resume, the loader continues from its saved state and epoch, so ``Trainer`` skips no batches."""
         epochs, steps = super()._init_training_state(
             max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
@@ -189,8 +207,7 @@ class Trainer(transformers.Trainer):
         super().log(logs, start_time)
 
     # -- evaluation -------------------------------------------------------------------------------
-    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
-                metric_key_prefix: str = "test") -> Any:
+    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test") -> Any:
         """``Trainer.predict``; for a pipeline, predictions and ``label_ids`` are in row order."""
         output = super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
         if metric_key_prefix in self._eval_steps:
@@ -205,18 +222,27 @@ class Trainer(transformers.Trainer):
             )
         return output
 
-    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
-                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
         """``Trainer``'s loop, or for a pipeline: each rank its share, gathered once, put in row order."""
         if not isinstance(dataloader, _EvalBatches):
-            return super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
-                                           metric_key_prefix)
+            return super().evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
         args = self.args
         if args.batch_eval_metrics:
             raise ValueError("`batch_eval_metrics` must be False to evaluate a padpipe pipeline, but is True instead.")
         if not args.eval_do_concat_batches:
-            raise ValueError("`eval_do_concat_batches` must be True to evaluate a padpipe pipeline (its outputs come "
-                             "back as arrays in row order), but is False instead.")
+            raise ValueError(
+                "`eval_do_concat_batches` must be True to evaluate a padpipe pipeline (its outputs come "
+                "back as arrays in row order), but is False instead."
+            )
         if self.is_fsdp_enabled or self.is_deepspeed_enabled:
             raise NotImplementedError(
                 "evaluate()/predict() on a padpipe pipeline run on one device or under DDP; FSDP and DeepSpeed need "
@@ -228,13 +254,17 @@ class Trainer(transformers.Trainer):
         logger.info(f"***** Running {description} on a padpipe pipeline *****")
         self.callback_handler.eval_dataloader = dataloader
         main_input = getattr(self.model, "main_input_name", "input_ids")
-        outputs = _Outputs(keep_inputs="inputs" in args.include_for_metrics,
-                           keep_losses="loss" in args.include_for_metrics, accumulate=args.eval_accumulation_steps)
+        outputs = _Outputs(
+            keep_inputs="inputs" in args.include_for_metrics,
+            keep_losses="loss" in args.include_for_metrics,
+            accumulate=args.eval_accumulation_steps,
+        )
         with _rank_local_loss(args):
             for inputs, order in dataloader:
                 wanted = inputs.get(main_input)
-                loss, logits, labels = self.prediction_step(model, inputs, prediction_loss_only,
-                                                            ignore_keys=ignore_keys)
+                loss, logits, labels = self.prediction_step(
+                    model, inputs, prediction_loss_only, ignore_keys=ignore_keys
+                )
                 if logits is not None and self.preprocess_logits_for_metrics is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
                 outputs.add(_rows(inputs), order, loss, logits, labels, wanted)
@@ -245,8 +275,9 @@ class Trainer(transformers.Trainer):
         metrics = _metrics(merged, args, self.compute_metrics, metric_key_prefix)
         if hasattr(self, "model_preparation_time"):
             metrics[f"{metric_key_prefix}_model_preparation_time"] = self.model_preparation_time
-        return EvalLoopOutput(predictions=merged["preds"], label_ids=merged["labels"], metrics=metrics,
-                              num_samples=merged["rows"])
+        return EvalLoopOutput(
+            predictions=merged["preds"], label_ids=merged["labels"], metrics=metrics, num_samples=merged["rows"]
+        )
 
     # -- internals --------------------------------------------------------------------------------
     def _pipeline_loader(self, pipe: Pipeline, name: str, *, equal_steps: str) -> Any:

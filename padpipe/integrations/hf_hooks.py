@@ -18,13 +18,28 @@ logger = logging.getLogger("padpipe.hf")
 
 HOOKS: dict[str, tuple[str, ...]] = {
     # overridden: resume the loader, save its state, count rows, one pass per epoch, count real tokens
-    "_init_training_state": ("max_steps", "num_update_steps_per_epoch", "num_train_epochs", "resume_from_checkpoint",
-                             "trial"),
+    "_init_training_state": (
+        "max_steps",
+        "num_update_steps_per_epoch",
+        "num_train_epochs",
+        "resume_from_checkpoint",
+        "trial",
+    ),
     "_save_checkpoint": ("model", "trial"),
     "_finalize_training": ("trial", "num_train_samples", "start_time"),
-    "_run_epoch": ("model", "epoch", "train_dataloader", "steps_in_epoch", "num_update_steps_per_epoch", "trial",
-                   "ignore_keys_for_eval", "start_time", "resume_from_checkpoint", "epochs_trained",
-                   "steps_trained_in_current_epoch"),
+    "_run_epoch": (
+        "model",
+        "epoch",
+        "train_dataloader",
+        "steps_in_epoch",
+        "num_update_steps_per_epoch",
+        "trial",
+        "ignore_keys_for_eval",
+        "start_time",
+        "resume_from_checkpoint",
+        "epochs_trained",
+        "steps_trained_in_current_epoch",
+    ),
     "_track_num_input_tokens": ("inputs",),
     "get_batch_samples": ("epoch_iterator", "num_batches", "device"),
     "evaluation_loop": ("dataloader", "description", "prediction_loss_only", "ignore_keys", "metric_key_prefix"),
@@ -71,8 +86,13 @@ def turn_off_unused_loss_kwargs(trainer: Any, batch: dict[str, Any]) -> bool:
     """
     model, args = trainer.accelerator.unwrap_model(trainer.model), trainer.args
     scaled = args.gradient_accumulation_steps > 1 or (args.average_tokens_across_devices and args.world_size > 1)
-    if (not scaled or not trainer.model_accepts_loss_kwargs or trainer.compute_loss_func is not None
-            or trainer.label_smoother is not None or hasattr(model, "accepts_loss_kwargs")):
+    if (
+        not scaled
+        or not trainer.model_accepts_loss_kwargs
+        or trainer.compute_loss_func is not None
+        or trainer.label_smoother is not None
+        or hasattr(model, "accepts_loss_kwargs")
+    ):
         return False
     if not loss_ignores_items(trainer.model, trainer._prepare_inputs(dict(batch))):
         return False

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,11 +76,18 @@ class _Outputs:
     def local(self) -> dict[str, Any]:
         ordered = len(self.order) == self.steps and self.steps > 0
         return {
-            "rows": self.rows, "steps": self.steps, "loss_sum": self.loss_sum, "loss_rows": self.loss_rows,
-            "finite_sum": self.finite_sum, "finite_rows": self.finite_rows,
-            "order": np.concatenate(self.order) if ordered else None, "ordered": ordered or self.steps == 0,
-            "preds": self.preds.get_arrays(), "labels": self.labels.get_arrays(),
-            "inputs": self.inputs.get_arrays(), "losses": self.losses.get_arrays(),
+            "rows": self.rows,
+            "steps": self.steps,
+            "loss_sum": self.loss_sum,
+            "loss_rows": self.loss_rows,
+            "finite_sum": self.finite_sum,
+            "finite_rows": self.finite_rows,
+            "order": np.concatenate(self.order) if ordered else None,
+            "ordered": ordered or self.steps == 0,
+            "preds": self.preds.get_arrays(),
+            "labels": self.labels.get_arrays(),
+            "inputs": self.inputs.get_arrays(),
+            "losses": self.losses.get_arrays(),
         }
 
 
@@ -91,8 +99,10 @@ def _metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | None
     """
     metrics: dict[str, Any] = {}
     if compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
-        extra = {"losses": merged["losses"] if "loss" in args.include_for_metrics else None,
-                 "inputs": merged["inputs"] if "inputs" in args.include_for_metrics else None}
+        extra = {
+            "losses": merged["losses"] if "loss" in args.include_for_metrics else None,
+            "inputs": merged["inputs"] if "inputs" in args.include_for_metrics else None,
+        }
         metrics = compute_metrics(EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra))
     metrics = denumpify_detensorize(metrics)
     if args.logging_nan_inf_filter and merged["finite_rows"]:
@@ -192,8 +202,10 @@ def _columns(trainer: transformers.Trainer, description: str) -> Callable[[dict]
             logged = True
             dropped = [k for k in batch if k not in keep]
             if dropped:
-                logger.info(f"Columns of the {description} pipeline that `{type(trainer.model).__name__}.forward` does "
-                            f"not take are removed: {', '.join(dropped)}.")
+                logger.info(
+                    f"Columns of the {description} pipeline that `{type(trainer.model).__name__}.forward` does "
+                    f"not take are removed: {', '.join(dropped)}."
+                )
         return {k: v for k, v in batch.items() if k in keep}
 
     return select

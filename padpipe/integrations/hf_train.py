@@ -9,7 +9,8 @@ resume. :class:`TrainBatches` counts each pass's batches, rows and real tokens, 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -78,8 +79,9 @@ class TrainBatches:
     VERSION = 1
     LOADER_KEY, EPOCH_KEY, BATCHES_KEY, ENDED_KEY = "loader", "epoch", "batches", "ended"
 
-    def __init__(self, loader: Any, columns: Callable[[dict], dict],
-                 tokens: Callable[[dict], int] = lambda batch: 0) -> None:
+    def __init__(
+        self, loader: Any, columns: Callable[[dict], dict], tokens: Callable[[dict], int] = lambda batch: 0
+    ) -> None:
         self.loader, self._columns, self._tokens = loader, columns, tokens
         self.rows = 0
         self.epoch = 0  # the pass being read (or the next, once ``ended``): Trainer's epoch
@@ -110,15 +112,23 @@ class TrainBatches:
             self._peeked = self._next()
             if self._peeked is _END:  # the pass is over: resume with the next one
                 state = self.loader.state_dict()
-        return make_state(version=self.VERSION, settings={}, **{
-            self.LOADER_KEY: state, self.EPOCH_KEY: self.epoch, self.BATCHES_KEY: self.offset + self.read,
-            self.ENDED_KEY: self.ended})
+        return make_state(
+            version=self.VERSION,
+            settings={},
+            **{
+                self.LOADER_KEY: state,
+                self.EPOCH_KEY: self.epoch,
+                self.BATCHES_KEY: self.offset + self.read,
+                self.ENDED_KEY: self.ended,
+            },
+        )
 
     def load_state_dict(self, states: list[dict[str, Any]]) -> None:
         """Continue from the states of every saved rank (this rank's, or the elastic share of them all)."""
         fields = {self.LOADER_KEY: Child(), self.EPOCH_KEY: Int(0), self.BATCHES_KEY: Int(0), self.ENDED_KEY: Bool()}
-        loaded = [check_state("padpipe.hf.Trainer", s, version=self.VERSION, settings={}, fields=fields)
-                  for s in states]
+        loaded = [
+            check_state("padpipe.hf.Trainer", s, version=self.VERSION, settings={}, fields=fields) for s in states
+        ]
         self.loader.load_state_dict([s[self.LOADER_KEY] for s in loaded])
         first = loaded[0]
         self.ended = False

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from padpipe._optional import require
-from padpipe.state import ListOf, Plain, check_state, make_state
-from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.integrations.lightning_fit import all_ranks, ranks
 from padpipe.loader import PipelineLoader
+from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.state import ListOf, Plain, check_state, make_state
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
@@ -123,8 +124,9 @@ class LightningLoader:
         out with the rest of the epoch.
         """
         rank, world = ranks()
-        saved = check_state("LightningLoader", state, version=self.VERSION, settings={},
-                            fields={self.RANKS_KEY: ListOf(Plain())})[self.RANKS_KEY]
+        saved = check_state(
+            "LightningLoader", state, version=self.VERSION, settings={}, fields={self.RANKS_KEY: ListOf(Plain())}
+        )[self.RANKS_KEY]
         if len(saved) == world:
             mine = saved[rank]
             self.loader.load_state_dict(mine[self.LOADER_KEY])
@@ -154,8 +156,9 @@ class ExactResume(pl.Callback):
                 stacklevel=2,
             )
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         for loader in _loaders(trainer):
             loader.taken()
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import deque
+from collections.abc import Iterator
 from types import FrameType
-from typing import Any, Iterator
+from typing import Any
 
-from padpipe.state import Int, ListOf, Plain, StateMismatchError, check_state, invalid, make_state
 from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.state import Int, ListOf, Plain, StateMismatchError, check_state, invalid, make_state
 
 MAX_DEPTH = 16
 """Frames looked at above the loader's method (Lightning's fit loop is 5-7 above)."""
@@ -130,10 +131,11 @@ class FitDriver:
             return self._loaded
         own = self.loader.state_dict()
         ahead = self._ahead(own[type(self.loader).FINISHED_KEY])
-        recent = list(self._recent)[len(self._recent) - ahead:] if ahead else []
+        recent = list(self._recent)[len(self._recent) - ahead :] if ahead else []
         mine = {self.LOADER_KEY: own, self.AHEAD_KEY: [to_cpu(b) for b in recent + list(self._restored)]}
-        return make_state(version=self.VERSION, settings={}, **{self.EPOCH_KEY: self.epoch,
-                                                                self.RANKS_KEY: all_ranks(mine)})
+        return make_state(
+            version=self.VERSION, settings={}, **{self.EPOCH_KEY: self.epoch, self.RANKS_KEY: all_ranks(mine)}
+        )
 
     def load_state_dict(self, state: Any) -> None:
         """Restore this rank's share of ``state`` (on another number of ranks, every rank's: an elastic resume)."""
@@ -145,8 +147,14 @@ class FitDriver:
                 f"it is a LightningLoader's): expected keys ['epoch', 'ranks'], found {found}. Resume it with the "
                 f"train_dataloader() that saved it ({ADAPTER}), or from a checkpoint saved by this padpipe."
             )
-        saved = check_state(STAGE, state, version=self.VERSION, settings={}, check=self._check_ranks,
-                            fields={self.EPOCH_KEY: Int(0), self.RANKS_KEY: ListOf(Plain())})
+        saved = check_state(
+            STAGE,
+            state,
+            version=self.VERSION,
+            settings={},
+            check=self._check_ranks,
+            fields={self.EPOCH_KEY: Int(0), self.RANKS_KEY: ListOf(Plain())},
+        )
         rank, world = ranks()
         finished_key = type(self.loader).FINISHED_KEY
         if len(saved[self.RANKS_KEY]) == world:

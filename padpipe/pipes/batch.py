@@ -7,10 +7,9 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, Bool, Child, Int, Optional, check_state, load_value, make_state
-from padpipe.chunks import Chunk
-from padpipe.chunks import TokenChunk
+from padpipe.chunks import Chunk, TokenChunk
 from padpipe.errors import positive
+from padpipe.state import SOURCE_KEY, Bool, Child, Int, Optional, check_state, load_value, make_state
 from padpipe.stats import PipelineStats
 
 
@@ -65,14 +64,25 @@ class FixedBatcher(BaseNode[TokenChunk]):
             self.source.reset(None)
             self._exhausted = False
             return
-        fields = {SOURCE_KEY: Child(), self.PENDING_KEY: Optional(Chunk()), self.POS_KEY: Int(0), self.EXHAUSTED_KEY: Bool()}
+        fields = {
+            SOURCE_KEY: Child(),
+            self.PENDING_KEY: Optional(Chunk()),
+            self.POS_KEY: Int(0),
+            self.EXHAUSTED_KEY: Bool(),
+        }
 
         def check(loaded: dict[str, Any]) -> None:  # rows of the pending chunk before `pos` were emitted
             pending = loaded[self.PENDING_KEY]
-            load_value("FixedBatcher", self.POS_KEY, loaded[self.POS_KEY], Int(0, 0 if pending is None else pending.num_rows - 1))
+            load_value(
+                "FixedBatcher",
+                self.POS_KEY,
+                loaded[self.POS_KEY],
+                Int(0, 0 if pending is None else pending.num_rows - 1),
+            )
 
-        loaded = check_state("FixedBatcher", initial_state, version=self.VERSION, settings=self._settings(),
-                             fields=fields, check=check)
+        loaded = check_state(
+            "FixedBatcher", initial_state, version=self.VERSION, settings=self._settings(), fields=fields, check=check
+        )
         pending = loaded[self.PENDING_KEY]
         self.source.reset(initial_state[SOURCE_KEY])
         self._exhausted = loaded[self.EXHAUSTED_KEY]

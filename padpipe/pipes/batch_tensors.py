@@ -10,8 +10,8 @@ places get the same result.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 

@@ -8,18 +8,29 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, invalid, Array, Bool, Child, Int, Optional, Rng, check_state, load_value, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_seed, one_of, positive
-from padpipe.token_cache.state import CachedChunk, chunk_state, drop_ref
 from padpipe.pipes.cut import cut_by_budget, handle_oversize, longest_row_allowed
 from padpipe.pipes.pad import padded_length
+from padpipe.state import (
+    SOURCE_KEY,
+    Array,
+    Bool,
+    Child,
+    Int,
+    Optional,
+    Rng,
+    check_state,
+    invalid,
+    load_value,
+    make_state,
+)
 from padpipe.stats import PipelineStats
+from padpipe.token_cache.state import CachedChunk, chunk_state, drop_ref
 
 _RNG_STREAM = 0xB0C7  # keeps this stage's random stream apart from other stages seeded alike
 SPREAD = 0.98
 """An eager batch is final when every row of it pads to at least this share of its longest row."""
-
 
 
 def check_bucket_options(
@@ -189,13 +200,16 @@ class Bucketizer(BaseNode[TokenChunk]):
             ready, sizes, batch = loaded[self.READY_KEY], loaded[self.SIZES_KEY], loaded[self.BATCH_KEY]
             rows = 0 if ready is None else ready.num_rows
             if rows != int(sizes.sum()) or (ready is None) != (len(sizes) == 0):
-                raise invalid("Bucketizer", self.SIZES_KEY, f"batch sizes adding up to the {rows} ready rows", sizes.tolist())
+                raise invalid(
+                    "Bucketizer", self.SIZES_KEY, f"batch sizes adding up to the {rows} ready rows", sizes.tolist()
+                )
             load_value("Bucketizer", self.BATCH_KEY, batch, Int(0, max(len(sizes) - 1, 0)))
             emitted = int(sizes[:batch].sum())
             load_value("Bucketizer", self.POS_KEY, loaded[self.POS_KEY], Int(emitted, emitted))
 
-        loaded = check_state("Bucketizer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields,
-                             check=check)
+        loaded = check_state(
+            "Bucketizer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields, check=check
+        )
         self.source.reset(initial_state[SOURCE_KEY])
         self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
         self._exhausted, self._carry = loaded[self.EXHAUSTED_KEY], loaded[self.CARRY_KEY]
@@ -291,8 +305,9 @@ class Bucketizer(BaseNode[TokenChunk]):
                 left, order = order[n - spare :], order[: n - spare]
             sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
         else:
-            padded = padded_length(buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of,
-                                   pad_to_length=self.pad_to_length)
+            padded = padded_length(
+                buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
+            )
             sizes = cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
         if self.shuffle and len(sizes) > 1:
             perm = self._rng.permutation(len(sizes))
@@ -314,8 +329,9 @@ class Bucketizer(BaseNode[TokenChunk]):
     def _emit_final(self, buffer: TokenChunk) -> bool:
         """Make the batches of ``buffer`` that a bigger buffer could not improve ready; the rest waits."""
         order = np.argsort(buffer.lengths, kind="stable")
-        padded = padded_length(buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of,
-                               pad_to_length=self.pad_to_length)
+        padded = padded_length(
+            buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
+        )
         if self.batch_size is not None:
             sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
         else:

@@ -87,7 +87,9 @@ def longest_row_allowed(max_tokens: int, pad_to_multiple_of: int | None, pad_to_
     return max_tokens // multiple * multiple
 
 
-def handle_oversize(chunk: TokenChunk, limit: int, max_tokens: int | None, policy: str, stats: PipelineStats) -> TokenChunk:
+def handle_oversize(
+    chunk: TokenChunk, limit: int, max_tokens: int | None, policy: str, stats: PipelineStats
+) -> TokenChunk:
     """Apply ``policy`` (``"raise"``, ``"drop"``, ``"truncate"``) to rows longer than ``limit``.
 
     Drops are counted as ``bucket.oversize`` skips, truncations in the ``bucket.truncated`` counter.

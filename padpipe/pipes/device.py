@@ -12,19 +12,20 @@ up at its first reset, and it refuses to run in a ``DataLoader`` worker.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import get_worker_info
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.errors import positive
 from padpipe.pipes import device_backend
-from padpipe.pipes.packing import MASK_DTYPES
-from padpipe.pipes.threads import BackgroundProducer
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 from padpipe.pipes.device_backend import CudaBackend
+from padpipe.pipes.packing import MASK_DTYPES
+from padpipe.pipes.threads import BackgroundProducer
+from padpipe.state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.stats import PipelineStats
 
 NO_CUDA = (
@@ -38,8 +39,15 @@ IN_WORKER = (
 )
 
 
-def copy_to_cuda(batch: Any, *, device: torch.device, stream: Any, backend: CudaBackend,
-                 block_mask: torch.dtype | None, stats: PipelineStats) -> tuple[Any, Any]:
+def copy_to_cuda(
+    batch: Any,
+    *,
+    device: torch.device,
+    stream: Any,
+    backend: CudaBackend,
+    block_mask: torch.dtype | None,
+    stats: PipelineStats,
+) -> tuple[Any, Any]:
     """Runs in the prefetch thread: pin and copy ``batch`` on ``stream``; return it with an event.
 
     Each distinct tensor is pinned (unless it already is) and copied once; with ``block_mask``
@@ -120,7 +128,7 @@ class DevicePrefetcher(BaseNode[Any]):
         >>> batch = next(iter(pipe.to_cuda(prefetch=2).loader()))  # doctest: +SKIP
         >>> batch["input_ids"].device  # doctest: +SKIP
         device(type='cuda', index=0)
-    """
+    """  # noqa: E501
 
     VERSION = 2
 
@@ -139,8 +147,10 @@ class DevicePrefetcher(BaseNode[Any]):
         self.prefetch = prefetch
         self.device = _check_device(device)
         if block_mask is not None and (self.device is None or block_mask not in MASK_DTYPES):
-            raise ValueError(f"`block_mask` must be None or, with a CUDA device, one of {MASK_DTYPES}, but is "
-                             f"{block_mask} with device {self.device} instead.")
+            raise ValueError(
+                f"`block_mask` must be None or, with a CUDA device, one of {MASK_DTYPES}, but is "
+                f"{block_mask} with device {self.device} instead."
+            )
         self.block_mask = block_mask
         self.stats = stats or PipelineStats()
         self._producer: BackgroundProducer | None = None
@@ -161,7 +171,9 @@ class DevicePrefetcher(BaseNode[Any]):
         super().reset(initial_state)
         source_state = None
         if initial_state is not None:
-            check_state(type(self).__name__, initial_state, version=self.VERSION, settings={}, fields={SOURCE_KEY: Child()})
+            check_state(
+                type(self).__name__, initial_state, version=self.VERSION, settings={}, fields={SOURCE_KEY: Child()}
+            )
             source_state = initial_state[SOURCE_KEY]
         if self._producer is None:
             self._producer = BackgroundProducer(self.source, prefetch=self.prefetch, transfer=self._transfer())
@@ -191,8 +203,14 @@ class DevicePrefetcher(BaseNode[Any]):
             raise RuntimeError(IN_WORKER)
         self.device = device_backend.resolve_device(self.device, self._backend)
         stream = self._backend.new_stream(self.device)
-        return functools.partial(copy_to_cuda, device=self.device, stream=stream, backend=self._backend,
-                                 block_mask=self.block_mask, stats=self.stats)
+        return functools.partial(
+            copy_to_cuda,
+            device=self.device,
+            stream=stream,
+            backend=self._backend,
+            block_mask=self.block_mask,
+            stats=self.stats,
+        )
 
 
 def _check_device(device: str | int | torch.device | None) -> torch.device | None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, ContextManager, Iterator
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -41,7 +43,7 @@ class CudaBackend:
     def current_stream(self, device: torch.device) -> Any:
         return torch.cuda.current_stream(device)
 
-    def on_stream(self, device: torch.device, stream: Any) -> ContextManager[Any]:
+    def on_stream(self, device: torch.device, stream: Any) -> AbstractContextManager[Any]:
         """Make ``device`` and ``stream`` current in this thread for the copies issued inside."""
         stack = contextlib.ExitStack()
         stack.enter_context(torch.cuda.device(device))

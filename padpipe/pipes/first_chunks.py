@@ -71,5 +71,8 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
 
     def get_state(self) -> dict[str, Any]:
         held = None if self._held is None else records_state(self._held)
-        return make_state(version=self.VERSION, settings={},
-                          **{SOURCE_KEY: self.source.state_dict(), self.HELD_KEY: held, self.SENT_KEY: self._sent})
+        return make_state(
+            version=self.VERSION,
+            settings={},
+            **{SOURCE_KEY: self.source.state_dict(), self.HELD_KEY: held, self.SENT_KEY: self._sent},
+        )

@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
-from padpipe.graph import start_at_epoch
-from padpipe.state import SOURCE_KEY, Bool, Int, Invalid, ListOf, Optional, Plain, Rng, Spec, check_state, invalid, make_state
-from padpipe.chunks import Chunk, Records
-from padpipe.chunks import TokenChunk, records_to_state
+from padpipe.chunks import Chunk, Records, TokenChunk, records_to_state
 from padpipe.errors import DataError, check_seed, one_of, positive
+from padpipe.graph import start_at_epoch
 from padpipe.readers.schema import untag_source
+from padpipe.state import (
+    SOURCE_KEY,
+    Bool,
+    Int,
+    Invalid,
+    ListOf,
+    Optional,
+    Plain,
+    Rng,
+    Spec,
+    check_state,
+    invalid,
+    make_state,
+)
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0x313C  # keeps this stage's random stream apart from other stages seeded alike
@@ -34,7 +47,9 @@ def check_weights(names: list[str], weights: Mapping[str, float]) -> dict[str, f
         raise TypeError(f"`weights` must be a dict of name -> weight, but is {type(weights).__name__} instead.")
     missing, extra = [n for n in names if n not in weights], sorted(set(weights) - set(names), key=str)
     if missing or extra:
-        raise ValueError(f"`weights` must have exactly the keys {names!r}, but misses {missing!r} and has extra {extra!r} instead.")
+        raise ValueError(
+            f"`weights` must have exactly the keys {names!r}, but misses {missing!r} and has extra {extra!r} instead."
+        )
     for name in names:
         w = weights[name]
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not np.isfinite(w) or w <= 0:
@@ -82,8 +97,16 @@ class WeightedMixer(BaseNode[Item]):
     EPOCH_KEY, RNG_KEY, BUFFERS_KEY, STOPPED_KEY = "epoch", "rng", "buffers", "stopped"
     ACTIVE_KEY, SEEN_KEY, CYCLES_KEY, PASS_KEY = "active", "seen", "cycles", "pass_rows"
 
-    def __init__(self, sources: Mapping[str, BaseNode[Item]], *, weights: Mapping[str, float], seed: int = 0,
-                 stop: str = "all_exhausted", chunk_rows: int = 1024, stats: PipelineStats | None = None) -> None:
+    def __init__(
+        self,
+        sources: Mapping[str, BaseNode[Item]],
+        *,
+        weights: Mapping[str, float],
+        seed: int = 0,
+        stop: str = "all_exhausted",
+        chunk_rows: int = 1024,
+        stats: PipelineStats | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(sources, Mapping) or not sources:
             raise ValueError("`sources` must be a non-empty dict of name -> node.")
@@ -115,11 +138,19 @@ class WeightedMixer(BaseNode[Item]):
             return
         flags, counts = ListOf(Bool(), length=n), ListOf(Int(0), length=n)
         fields = {
-            SOURCE_KEY: Plain(), self.EPOCH_KEY: Int(0), self.RNG_KEY: Rng(),
-            self.BUFFERS_KEY: ListOf(Optional(Buffered()), length=n), self.STOPPED_KEY: Bool(),
-            self.ACTIVE_KEY: flags, self.SEEN_KEY: flags, self.CYCLES_KEY: counts, self.PASS_KEY: counts,
+            SOURCE_KEY: Plain(),
+            self.EPOCH_KEY: Int(0),
+            self.RNG_KEY: Rng(),
+            self.BUFFERS_KEY: ListOf(Optional(Buffered()), length=n),
+            self.STOPPED_KEY: Bool(),
+            self.ACTIVE_KEY: flags,
+            self.SEEN_KEY: flags,
+            self.CYCLES_KEY: counts,
+            self.PASS_KEY: counts,
         }
-        loaded = check_state("WeightedMixer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
+        loaded = check_state(
+            "WeightedMixer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields
+        )
         sources = initial_state[SOURCE_KEY]
         if not isinstance(sources, Mapping) or sorted(sources) != sorted(self.names):
             found = sorted(sources) if isinstance(sources, Mapping) else type(sources).__name__
@@ -156,8 +187,10 @@ class WeightedMixer(BaseNode[Item]):
                 self.EPOCH_KEY: self._epoch,
                 self.RNG_KEY: self._rng.bit_generator.state,
                 self.BUFFERS_KEY: [_to_state(_concat(b)) if b else None for b in self._buffers],
-                self.ACTIVE_KEY: list(self._active), self.SEEN_KEY: list(self._seen),
-                self.CYCLES_KEY: list(self._cycles), self.PASS_KEY: list(self._pass_rows),
+                self.ACTIVE_KEY: list(self._active),
+                self.SEEN_KEY: list(self._seen),
+                self.CYCLES_KEY: list(self._cycles),
+                self.PASS_KEY: list(self._pass_rows),
                 self.STOPPED_KEY: self._stopped,
             },
         )
@@ -233,15 +266,19 @@ class WeightedMixer(BaseNode[Item]):
         elif isinstance(item, TokenChunk):
             signature = ("tokens", tuple(sorted(item.columns)), item.type_ids is not None)
         else:
-            raise TypeError(f"mix: pipeline {self.names[k]!r} yields {type(item).__name__}; "
-                            f"expected pyarrow.RecordBatch or TokenChunk items.")
+            raise TypeError(
+                f"mix: pipeline {self.names[k]!r} yields {type(item).__name__}; "
+                f"expected pyarrow.RecordBatch or TokenChunk items."
+            )
         if self._signature is None:
             self._signature = (self.names[k], signature)
             self._columns = list(item.schema.names) if isinstance(item, pa.RecordBatch) else None
         elif signature != self._signature[1]:
             first, expected = self._signature
-            raise DataError(f"mix: pipeline {self.names[k]!r} yields {signature!r}; expected {expected!r} "
-                            f"as pipeline {first!r} does (select the same columns in every reader).")
+            raise DataError(
+                f"mix: pipeline {self.names[k]!r} yields {signature!r}; expected {expected!r} "
+                f"as pipeline {first!r} does (select the same columns in every reader)."
+            )
         if isinstance(item, pa.RecordBatch) and item.schema.names != self._columns:
             return item.select(self._columns)  # the first item's column order, so batches concatenate
         return item

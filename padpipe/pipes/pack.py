@@ -9,11 +9,10 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, Bool, Child, Int, ListOf, check_state, invalid, make_state
-from padpipe.chunks import Chunk
-from padpipe.chunks import TokenChunk
+from padpipe.chunks import Chunk, TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.pipes.packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
+from padpipe.state import SOURCE_KEY, Bool, Child, Int, ListOf, check_state, invalid, make_state
 from padpipe.stats import PipelineStats
 
 LONG_DOCS = ("split", "truncate", "drop")
@@ -211,8 +210,14 @@ class Packer(BaseNode[dict]):
             self.CLOSED_KEY: Int(0, last_row),
             self.EXHAUSTED_KEY: Bool(),
         }
-        loaded = check_state("pack", initial_state, version=self.VERSION, settings=self._settings(), fields=fields,
-                             check=self._check_loaded)
+        loaded = check_state(
+            "pack",
+            initial_state,
+            version=self.VERSION,
+            settings=self._settings(),
+            fields=fields,
+            check=self._check_loaded,
+        )
         pool, placed = loaded[self.POOL_KEY], loaded[self.PLACED_KEY]
         self.source.reset(initial_state[SOURCE_KEY])
         self._epoch = loaded[self.EPOCH_KEY]
@@ -268,12 +273,22 @@ class Packer(BaseNode[dict]):
         if pool.num_rows > self.buffer_size:
             raise invalid("pack", self.POOL_KEY, f"at most buffer_size={self.buffer_size} pieces", pool.num_rows)
         if len(rows) != placed.num_rows or rows != sorted(rows) or (rows and rows[-1] > closed):
-            raise invalid("pack", self.PLACED_ROWS_KEY, f"the row (<= {closed}, rising) of each of the "
-                          f"{placed.num_rows} placed pieces", rows[:8])
-        used = np.bincount(rows, weights=placed.lengths, minlength=self.batch_size) if rows else np.zeros(self.batch_size)
+            raise invalid(
+                "pack",
+                self.PLACED_ROWS_KEY,
+                f"the row (<= {closed}, rising) of each of the {placed.num_rows} placed pieces",
+                rows[:8],
+            )
+        used = (
+            np.bincount(rows, weights=placed.lengths, minlength=self.batch_size) if rows else np.zeros(self.batch_size)
+        )
         if used.max() > self.seq_len or (used[:closed] == 0).any():
-            raise invalid("pack", self.PLACED_KEY, f"closed rows of 1 to seq_len={self.seq_len} tokens",
-                          f"rows of {used[: closed + 1].astype(int).tolist()} tokens")
+            raise invalid(
+                "pack",
+                self.PLACED_KEY,
+                f"closed rows of 1 to seq_len={self.seq_len} tokens",
+                f"rows of {used[: closed + 1].astype(int).tolist()} tokens",
+            )
 
     def _settings(self) -> dict[str, Any]:
         names = ("seq_len", "batch_size", "buffer_size", "long_docs", "keep_tail")
@@ -339,10 +354,17 @@ class Packer(BaseNode[dict]):
         return True
 
     def _emit(self) -> dict:
-        out = assemble(self._placed, self._placed_rows, self._closed, seq_len=self.seq_len, pad_id=self.pad_id,
-                       position_offset=self.position_offset, label_pad_id=self.label_pad_id, mask_dtype=self.mask_dtype)
+        out = assemble(
+            self._placed,
+            self._placed_rows,
+            self._closed,
+            seq_len=self.seq_len,
+            pad_id=self.pad_id,
+            position_offset=self.position_offset,
+            label_pad_id=self.label_pad_id,
+            mask_dtype=self.mask_dtype,
+        )
         real = sum(len(p) for p in self._placed)
         self.stats.record_batch(rows=len(self._placed), real_tokens=real, padded_tokens=self._closed * self.seq_len)
         self._placed, self._placed_rows, self._closed, self._used = [], [], 0, 0
         return out
-

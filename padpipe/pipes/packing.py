@@ -7,7 +7,8 @@ or per row (the optional block mask copies one block per segment).
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -205,8 +206,12 @@ def _mask_parts(seq_len: int, dtype: torch.dtype) -> tuple[type, int, np.ndarray
     integer array of the same width and viewed as ``dtype`` at the end (no copy).
     """
     width = torch.empty(0, dtype=dtype).element_size()
-    storage, torch_storage = {1: (np.uint8, torch.uint8), 2: (np.int16, torch.int16),
-                              4: (np.int32, torch.int32), 8: (np.int64, torch.int64)}[width]
+    storage, torch_storage = {
+        1: (np.uint8, torch.uint8),
+        2: (np.int16, torch.int16),
+        4: (np.int32, torch.int32),
+        8: (np.int64, torch.int64),
+    }[width]
     allowed, masked = (True, False) if dtype == torch.bool else (0.0, torch.finfo(dtype).min)
     bits = torch.tensor([allowed, masked], dtype=dtype).view(torch_storage).tolist()
     block = np.where(np.tri(seq_len, dtype=bool), *np.array(bits, dtype=storage))

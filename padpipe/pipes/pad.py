@@ -9,9 +9,9 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, check_int, one_of, positive
+from padpipe.state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.stats import PipelineStats
 
 _ID_DTYPES = {torch.int64: np.int64, torch.int32: np.int32}
@@ -34,7 +34,6 @@ def padded_length(lengths: np.ndarray, *, pad_to_multiple_of: int | None, pad_to
     if pad_to_multiple_of is None:
         return lengths
     return -(-lengths // pad_to_multiple_of) * pad_to_multiple_of
-
 
 
 def check_pad_options(
@@ -149,8 +148,11 @@ class Padder(BaseNode[dict[str, Any]]):
                 f"pad: a row of {longest} tokens is longer than `pad_to_length`={self.pad_to_length}; "
                 "tokenize with max_length <= pad_to_length or raise pad_to_length."
             )
-        width = int(padded_length(np.array([longest]), pad_to_multiple_of=self.pad_to_multiple_of,
-                                  pad_to_length=self.pad_to_length)[0])
+        width = int(
+            padded_length(
+                np.array([longest]), pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
+            )[0]
+        )
         columns = np.arange(width, dtype=np.int64)
         if self.side == "right":
             mask = columns < lengths[:, None]

@@ -9,11 +9,11 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Rng, check_state, load_value, make_state
-from padpipe.token_cache.state import CachedRecords, records_state
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.readers.schema import castable, source_of, untag_source
+from padpipe.state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Rng, check_state, load_value, make_state
 from padpipe.stats import PipelineStats
+from padpipe.token_cache.state import CachedRecords, records_state
 
 _RNG_STREAM = 0x5A1F  # keeps this stage's random stream apart from other stages seeded alike
 
@@ -92,11 +92,16 @@ class ShuffleBuffer(BaseNode[pa.RecordBatch]):
 
         def check(loaded: dict[str, Any]) -> None:  # the live rows are rows of the segments
             rows = sum(s.num_rows for s in loaded[self.SEGMENTS_KEY])
-            load_value("ShuffleBuffer", self.LIVE_KEY, initial_state[self.LIVE_KEY],
-                       Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True))
+            load_value(
+                "ShuffleBuffer",
+                self.LIVE_KEY,
+                initial_state[self.LIVE_KEY],
+                Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True),
+            )
 
-        loaded = check_state("ShuffleBuffer", initial_state, version=self.VERSION, settings=self._settings(),
-                             fields=fields, check=check)
+        loaded = check_state(
+            "ShuffleBuffer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields, check=check
+        )
         self.source.reset(initial_state[SOURCE_KEY])
         self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
         self._set_buffer(loaded[self.SEGMENTS_KEY], list(initial_state[self.SEGMENTS_KEY]), loaded[self.LIVE_KEY])

@@ -21,9 +21,10 @@ import functools
 import queue
 import threading
 import weakref
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
 
@@ -253,8 +254,9 @@ class OrderedMapper(BaseNode[Any]):
         super().reset(initial_state)
         source_state = None
         if initial_state is not None:
-            check_state(self.stage, initial_state, version=self.VERSION, settings=self.settings,
-                        fields={SOURCE_KEY: Child()})
+            check_state(
+                self.stage, initial_state, version=self.VERSION, settings=self.settings, fields={SOURCE_KEY: Child()}
+            )
             source_state = initial_state[SOURCE_KEY]
         self._error = None
         if self.num_threads == 1:
@@ -263,8 +265,9 @@ class OrderedMapper(BaseNode[Any]):
         if self._producer is None:
             self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=f"padpipe-{self.stage}")
             transfer = functools.partial(_submit, self._pool, self.fn)  # holds no reference to this node
-            self._producer = BackgroundProducer(self.source, prefetch=2 * self.num_threads, transfer=transfer,
-                                                name=f"padpipe-{self.stage}-read")
+            self._producer = BackgroundProducer(
+                self.source, prefetch=2 * self.num_threads, transfer=transfer, name=f"padpipe-{self.stage}-read"
+            )
         for future in self._producer.close():
             future.cancel()  # read ahead for the old position: not needed
         self._producer.reset(source_state)

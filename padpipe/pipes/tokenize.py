@@ -7,7 +7,8 @@ so it keeps no state between calls and resume is the upstream reader's position.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,6 @@ from padpipe.tokenizer import TextEncoder
 ROW_ID_COLUMNS = ("idx", "id")
 """Columns whose value names a bad row in error messages, first found wins."""
 LABEL, LABELS = "label", "labels"
-
 
 
 def tokenize_options(
@@ -53,10 +53,18 @@ def tokenize_options(
     positive("num_threads", num_threads)
     one_of("on_error", on_error, ("raise", "skip"))
     check_bool("append_eos", append_eos)
-    encoder = TextEncoder.load(tokenizer, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens)
+    encoder = TextEncoder.load(
+        tokenizer, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens
+    )
     if append_eos and encoder.eos_id is None:
         raise ValueError("`append_eos=True` needs a tokenizer with an EOS token, but this one has none.")
-    return {"encoder": encoder, "fields": fields, "num_threads": num_threads, "on_error": on_error, "append_eos": append_eos}
+    return {
+        "encoder": encoder,
+        "fields": fields,
+        "num_threads": num_threads,
+        "on_error": on_error,
+        "append_eos": append_eos,
+    }
 
 
 class ChunkTokenizer:

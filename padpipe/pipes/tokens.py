@@ -74,7 +74,7 @@ class TokenColumns:
         >>> chunk = TokenColumns(max_length=2)(batch)
         >>> chunk.ids.tolist(), chunk.offsets.tolist(), chunk.columns["labels"].to_pylist()
         ([2, 7, 2, 3], [0, 2, 4], [1, 0])
-    """
+    """  # noqa: E501
 
     def __init__(
         self,
@@ -96,7 +96,9 @@ class TokenColumns:
             names = batch.schema.names
             for name in (self.column, self.type_ids):
                 if name is not None and name not in names:
-                    raise DataError(f"tokens: column {name!r} is not in the data; expected one of the columns {names!r}.")
+                    raise DataError(
+                        f"tokens: column {name!r} is not in the data; expected one of the columns {names!r}."
+                    )
             ids, offsets = _list_values(batch, self.column, ID_RANGE, "token ids")
             aligned: dict[str, np.ndarray] = {}  # flat per-token arrays, kept in step with the ids
             type_column = self.type_ids or (TYPE_IDS if TYPE_IDS in names else None)
@@ -120,8 +122,9 @@ class TokenColumns:
             self.stats.add("tokens.tokens", chunk.num_tokens)
             return chunk
 
-    def _aligned(self, batch: pa.RecordBatch, name: str, offsets: np.ndarray, bounds: tuple[int, int] | None,
-                 what: str) -> np.ndarray:
+    def _aligned(
+        self, batch: pa.RecordBatch, name: str, offsets: np.ndarray, bounds: tuple[int, int] | None, what: str
+    ) -> np.ndarray:
         values, own = _list_values(batch, name, bounds, what)
         bad = np.flatnonzero(own != offsets)
         if len(bad):  # the first row whose end differs is the first whose length does
@@ -145,8 +148,9 @@ def _where(batch: pa.RecordBatch, row: int) -> str:
     return f" of the chunk ({name}={batch.column(name)[row].as_py()!r})" if name else " of the chunk"
 
 
-def _list_values(batch: pa.RecordBatch, name: str, bounds: tuple[int, int] | None,
-                 what: str) -> tuple[np.ndarray, np.ndarray]:
+def _list_values(
+    batch: pa.RecordBatch, name: str, bounds: tuple[int, int] | None, what: str
+) -> tuple[np.ndarray, np.ndarray]:
     """The flat values and row offsets of list column ``name``, checked: no nulls, integers within ``bounds``.
 
     Booleans are taken too for the attention mask only.
@@ -177,8 +181,9 @@ def _list_values(batch: pa.RecordBatch, name: str, bounds: tuple[int, int] | Non
     return values, offsets
 
 
-def _select(keep: np.ndarray, ids: np.ndarray, offsets: np.ndarray,
-            aligned: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+def _select(
+    keep: np.ndarray, ids: np.ndarray, offsets: np.ndarray, aligned: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Keep the tokens where ``keep`` is true, in every per-token array; rows keep their order."""
     row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     new = np.zeros_like(offsets)

@@ -8,7 +8,7 @@ on batch sizes, so the same rows give the same batches from any source of them.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
@@ -36,7 +36,9 @@ def aligned_batches(batches: Iterable[pa.RecordBatch], origin: int, chunk_rows: 
         while batch.num_rows:
             room = chunk_rows - (row + held) % chunk_rows
             take = min(room, batch.num_rows)
-            part, batch = (batch, batch.slice(0, 0)) if take == batch.num_rows else (batch.slice(0, take), batch.slice(take))
+            part, batch = (
+                (batch, batch.slice(0, 0)) if take == batch.num_rows else (batch.slice(0, take), batch.slice(take))
+            )
             pending.append(part)
             held += take
             if take == room:

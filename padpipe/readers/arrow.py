@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc

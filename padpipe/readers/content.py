@@ -18,7 +18,8 @@ same footer, is not told apart: that is the documented limit.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 FULL_BYTES = 1 << 20
 EDGE_BYTES = 64 << 10

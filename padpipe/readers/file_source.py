@@ -22,21 +22,22 @@ object storage needs:
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
+from typing import Any, Literal, TypeVar
 
 import fsspec.core
 import pyarrow as pa
 import pyarrow.json as pj
 
-from padpipe.runtime.consumer import Consumer
-from padpipe.state import StateMismatchError
 from padpipe.errors import DataError, one_of
 from padpipe.readers.listing import SharedListing
 from padpipe.readers.paths import ChangedFileError, FileRef, FolderFiles, check_paths, expand_paths
 from padpipe.readers.retry import Attempts, Retry, call, is_transient
 from padpipe.readers.schema import check_columns, tag_source
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
+from padpipe.runtime.consumer import Consumer
+from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats
 
 LOST = (FileNotFoundError, ChangedFileError)
@@ -123,7 +124,9 @@ class FileSource(UnitSource):
         files = self.retried(f"listing {list(self.paths)!r}", lambda: expand_paths(self.paths, **options))
         threads = CONTENT_THREADS if all(f.is_local for f in files) else REMOTE_CONTENT_THREADS
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
-            files = list(pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files))
+            files = list(
+                pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files)
+            )
         self._identity = "\n".join(f.identity for f in files)
         return files
 
@@ -217,7 +220,8 @@ class FileSource(UnitSource):
             return tag_source(batch, unit.path, *self._where(unit, unit.first + self._row - batch.num_rows))
 
     def _where(self, unit: WorkUnit, row: int) -> tuple[int, str]:
-        """``(row, counted in what)`` of row ``row`` of ``unit``: a row of the file (``""``) where rows before it are known."""
+        """``(row, counted in what)`` of row ``row`` of ``unit``: a row of the file (``""``) where rows before it are
+        known."""
         if self._first_rows is None or self._first_rows[0] is not self._units:
             firsts: dict[tuple[str, int], int] = {}
             counted: dict[str, int | None] = {}
@@ -243,7 +247,9 @@ class FileSource(UnitSource):
         self._reader = None
         self.drop_handles()
         if self.on_missing == "raise":
-            found = str(exc) if isinstance(exc, ChangedFileError) else f"{unit.path}: vanished since it was listed ({exc})"
+            found = (
+                str(exc) if isinstance(exc, ChangedFileError) else f"{unit.path}: vanished since it was listed ({exc})"
+            )
             raise DataError(f"{found}; pass on_missing='skip' to skip such files.") from exc
         if unit.path not in self._lost:
             self._lost.add(unit.path)
@@ -263,15 +269,20 @@ def listing_to_plain(listing: tuple[list[WorkUnit], dict[str, Any]]) -> dict[str
     units, attrs = listing
     filesystems: list[tuple[Any, str]] = []
     plain_units = [[u.path, u.index, u.num_rows, u.start, u.stop] for u in units]
-    return {"units": plain_units, "attrs": {k: _to_plain(v, filesystems) for k, v in attrs.items()},
-            "filesystems": [url for _, url in filesystems]}
+    return {
+        "units": plain_units,
+        "attrs": {k: _to_plain(v, filesystems) for k, v in attrs.items()},
+        "filesystems": [url for _, url in filesystems],
+    }
 
 
 def listing_from_plain(data: Any, storage_options: dict[str, Any]) -> tuple[list[WorkUnit], dict[str, Any]]:
     """Inverse of :func:`listing_to_plain`; filesystems are made from their URLs and ``storage_options``."""
     filesystems = [fsspec.core.url_to_fs(url, **storage_options)[0] for url in data["filesystems"]]
-    units = [WorkUnit(str(p), int(i), None if n is None else int(n), int(a), None if b is None else int(b))
-             for p, i, n, a, b in data["units"]]
+    units = [
+        WorkUnit(str(p), int(i), None if n is None else int(n), int(a), None if b is None else int(b))
+        for p, i, n, a, b in data["units"]
+    ]
     return units, {str(k): _from_plain(v, filesystems) for k, v in data["attrs"].items()}
 
 
@@ -290,9 +301,11 @@ def _to_plain(value: Any, filesystems: list[tuple[Any, str]]) -> Any:
     if isinstance(value, pa.Schema):
         return {"t": "schema", "v": base64.b64encode(value.serialize().to_pybytes()).decode()}
     if isinstance(value, pj.ParseOptions):
-        options = {"explicit_schema": _to_plain(value.explicit_schema, filesystems),
-                   "unexpected_field_behavior": value.unexpected_field_behavior,
-                   "newlines_in_values": value.newlines_in_values}
+        options = {
+            "explicit_schema": _to_plain(value.explicit_schema, filesystems),
+            "unexpected_field_behavior": value.unexpected_field_behavior,
+            "newlines_in_values": value.newlines_in_values,
+        }
         return {"t": "parse_options", "v": options}
     raise TypeError(f"cannot share a listing that holds a {type(value).__name__}")
 
@@ -312,9 +325,11 @@ def _from_plain(data: Any, filesystems: list[Any]) -> Any:
     if kind == "schema":
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value)))
     if kind == "parse_options":
-        return pj.ParseOptions(explicit_schema=_from_plain(value["explicit_schema"], filesystems),
-                               unexpected_field_behavior=value["unexpected_field_behavior"],
-                               newlines_in_values=value["newlines_in_values"])
+        return pj.ParseOptions(
+            explicit_schema=_from_plain(value["explicit_schema"], filesystems),
+            unexpected_field_behavior=value["unexpected_field_behavior"],
+            newlines_in_values=value["newlines_in_values"],
+        )
     raise ValueError(f"unknown listing value kind {kind!r}")
 
 
@@ -337,8 +352,11 @@ def listing_change(saved: str, now: str, *, most: int = 3) -> str:
         if (size0, version0) == (size1, version1):
             what = f"content {content0 or '?'} -> {content1 or '?'}, same size and version"
         changed.append(f"{name} ({what})")
-    parts = [f"{len(items)} {label}: {_some(items, most)}"
-             for label, items in (("added", added), ("removed", removed), ("changed", changed)) if items]
+    parts = [
+        f"{len(items)} {label}: {_some(items, most)}"
+        for label, items in (("added", added), ("removed", removed), ("changed", changed))
+        if items
+    ]
     if not parts:
         return f"the same {len(after)} files in another order"
     return "; ".join(parts)

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe._optional import require
-from padpipe.runtime.consumer import Consumer
-from padpipe.state import Int, Plain, check_state, make_state
 from padpipe.errors import positive
 from padpipe.readers.schema import check_columns, require_columns
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
+from padpipe.runtime.consumer import Consumer
+from padpipe.state import Int, Plain, check_state, make_state
 from padpipe.stats import PipelineStats
 
 DATASET_LABEL = "<datasets.Dataset>"
@@ -195,8 +196,9 @@ class HFIterableReader(BaseNode[pa.RecordBatch]):
             self._epoch, self._batch = self._epoch + 1, 0
         else:
             fields = {self.EPOCH_KEY: Int(0), self.BATCH_KEY: Int(0), self.DATASET_KEY: Plain()}
-            loaded = check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(),
-                                 fields=fields)
+            loaded = check_state(
+                type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(), fields=fields
+            )
             self._epoch, self._batch, saved = loaded[self.EPOCH_KEY], loaded[self.BATCH_KEY], loaded[self.DATASET_KEY]
         stream, count = self.dataset, self.consumer.count
         self._step = count if stream.num_shards < count else 1

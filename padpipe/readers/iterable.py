@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
-from padpipe.runtime.consumer import Consumer
-from padpipe.state import Int, check_state, make_state
 from padpipe.errors import DataError, positive
 from padpipe.readers.schema import conform
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS
+from padpipe.runtime.consumer import Consumer
+from padpipe.state import Int, check_state, make_state
 from padpipe.stats import PipelineStats
 
 _END = object()
@@ -85,8 +85,9 @@ class IterableReader(BaseNode[pa.RecordBatch]):
             self._epoch, self._position = self._epoch + 1, 0
         else:
             fields = {self.EPOCH_KEY: Int(0), self.POSITION_KEY: Int(0)}
-            loaded = check_state(type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(),
-                                 fields=fields)
+            loaded = check_state(
+                type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(), fields=fields
+            )
             self._epoch, self._position = loaded[self.EPOCH_KEY], loaded[self.POSITION_KEY]
         if self._started and iter(self.iterable) is self.iterable:
             raise ValueError(

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterator, Literal, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.json as pj
 
-from padpipe.runtime.consumer import Consumer
-from padpipe.runtime.shares import Measure
-from padpipe.state import Int, ListOf, Optional, Spec, load_value
 from padpipe.errors import DataError, one_of, positive
 from padpipe.readers import jsonl_blocks as blocks
 from padpipe.readers.file_source import FileSource
@@ -20,6 +18,9 @@ from padpipe.readers.paths import FileRef
 from padpipe.readers.retry import Retry, is_transient
 from padpipe.readers.schema import conform
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, WorkUnit
+from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.shares import Measure
+from padpipe.state import Int, ListOf, Optional, Spec, load_value
 from padpipe.stats import PipelineStats
 
 BAD_ROW = "read.bad_row"
@@ -35,7 +36,8 @@ class JsonlReader(FileSource):
     *starts* in it), so one big file is still shared between consumers; a compressed file is one
     unit. JSONL row counts are unknown until read, so consumers' shares are balanced by bytes:
     each gets an equal stretch of the epoch's bytes (byte ranges are cut where needed), and row
-    counts differ as much as line lengths do; a compressed file goes whole to one consumer. The saved state also holds the byte offset of the current block, so a resumed reader
+    counts differ as much as line lengths do; a compressed file goes whole to one consumer. The saved state also holds
+    the byte offset of the current block, so a resumed reader
     seeks there (a compressed file is decompressed up to it, without parsing) and re-parses
     only that block; a read retried after a storage error re-opens the file the same way.
 
@@ -101,8 +103,16 @@ class JsonlReader(FileSource):
         on_error: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__(
-            paths=paths, columns=columns, chunk_rows=chunk_rows, storage_options=storage_options, seed=seed,
-            consumer=consumer, stats=stats, retries=retries, on_missing=on_missing, listing=listing,
+            paths=paths,
+            columns=columns,
+            chunk_rows=chunk_rows,
+            storage_options=storage_options,
+            seed=seed,
+            consumer=consumer,
+            stats=stats,
+            retries=retries,
+            on_missing=on_missing,
+            listing=listing,
         )
         positive("unit_bytes", unit_bytes)
         positive("block_bytes", block_bytes)
@@ -223,7 +233,9 @@ class JsonlReader(FileSource):
                 raise
             raise DataError(f"{file.name}: cannot read the file ({exc}).") from exc
 
-    def _parse(self, file: FileRef, offset: int, block: bytes, *, count: bool = True) -> tuple[pa.RecordBatch | None, bytes]:
+    def _parse(
+        self, file: FileRef, offset: int, block: bytes, *, count: bool = True
+    ) -> tuple[pa.RecordBatch | None, bytes]:
         """``(rows, block)``: a bad line raises a ``DataError`` naming it, or with ``on_error="skip"`` is blanked.
 
         A skipped line becomes spaces of the same length in the returned block (a blank line, which
@@ -250,8 +262,11 @@ class JsonlReader(FileSource):
         if bad_byte is not None:
             line, column = bad_byte
             byte = block.split(b"\n", line + 1)[line][column]
-            raise _BadLine(line, f"invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); JSON Lines files "
-                                 "must be UTF-8 (re-encode the file, e.g. with iconv)")
+            raise _BadLine(
+                line,
+                f"invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); JSON Lines files "
+                "must be UTF-8 (re-encode the file, e.g. with iconv)",
+            )
         try:
             table = blocks.parse_block(block, self._options)
         except pa.ArrowInvalid as exc:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -16,8 +16,14 @@ from padpipe.readers.paths import FileRef
 SCAN_BYTES = 1 << 16
 READ_AHEAD_BYTES = 8 << 20  # one range request per 8 MiB of a remote file
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-              float: "a number"}
+JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+}
 
 
 def compression_of(name: str) -> str | None:
@@ -150,15 +156,19 @@ def locate_error(block: bytes, options: pj.ParseOptions, exc: Exception, *, firs
     return rows[min(row, len(rows) - 1)] if rows else 0, _clean(str(exc))
 
 
-def _rarer_type(rows: list[int], values: list[dict], key: str, before: str, after: str, *, first_line: int) -> tuple[int, str]:
+def _rarer_type(
+    rows: list[int], values: list[dict], key: str, before: str, after: str, *, first_line: int
+) -> tuple[int, str]:
     """The first line of ``key``'s rarer type (ties: ``after``, the later one) and what is wrong with it."""
     kinds = [_json_kind(v.get(key)) for v in values]
     counts = {kind: kinds.count(kind) for kind in (before, after)}
     rare, common = (before, after) if counts[before] < counts[after] else (after, before)
     blamed = rows[kinds.index(rare)]
     other = first_line + rows[kinds.index(common)]
-    return blamed, (f"key {key!r} is {_article(rare)}, but {_article(common)} on {counts[common]} other line(s) "
-                    f"(first: line {other}); expected one type per key")
+    return blamed, (
+        f"key {key!r} is {_article(rare)}, but {_article(common)} on {counts[common]} other line(s) "
+        f"(first: line {other}); expected one type per key"
+    )
 
 
 def _json_kind(value: object) -> str:
@@ -254,4 +264,3 @@ def no_timestamps(type_: pa.DataType) -> pa.DataType:
         item = type_.value_field.with_type(no_timestamps(type_.value_type))
         return pa.list_(item) if pa.types.is_list(type_) else pa.large_list(item)
     return type_
-

@@ -37,7 +37,8 @@ import threading
 import uuid
 import warnings
 import weakref
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 try:
     import fcntl
@@ -171,8 +172,11 @@ def _private_folder(folder: str, *, create: bool) -> str | None:
     elif info.st_mode & 0o077:
         problem = f"others have access (mode {stat.S_IMODE(info.st_mode):o})"
     if problem:
-        warnings.warn(f"padpipe: not sharing file listings through {folder}: {problem}; each worker lists "
-                      "its files itself.", RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"padpipe: not sharing file listings through {folder}: {problem}; each worker lists its files itself.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
         return None
     return folder
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO
 
 import fsspec.core
 import pyarrow as pa
@@ -125,6 +126,7 @@ class FileRef:
         size = os.stat(self.path).st_size if self.is_local else int(fs.size(self.path))
         if self.is_local:
             with open(self.path, "rb") as handle:
+
                 def read(start: int, end: int) -> bytes:
                     handle.seek(start)
                     return handle.read(end - start)
@@ -160,8 +162,7 @@ class FileRef:
     def _check(self, size: int | None, version: str | None) -> None:
         if size is not None and self.listed_size is not None and size != self.listed_size:
             raise ChangedFileError(
-                f"{self.name}: is {size} bytes, but was {self.listed_size} bytes when it was listed; "
-                "it changed since"
+                f"{self.name}: is {size} bytes, but was {self.listed_size} bytes when it was listed; it changed since"
             )
         if version is not None and self.listed_version is not None and version != self.listed_version:
             raise ChangedFileError(

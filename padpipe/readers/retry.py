@@ -19,24 +19,46 @@ from __future__ import annotations
 import errno
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from padpipe.errors import DataError
 
 T = TypeVar("T")
 
 TRANSIENT_ERRNOS = frozenset(
-    {errno.EIO, errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE,
-     errno.EAGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN}
+    {
+        errno.EIO,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ECONNREFUSED,
+        errno.ETIMEDOUT,
+        errno.EPIPE,
+        errno.EAGAIN,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+    }
 )
 TRANSIENT_STATUS = frozenset({408, 425, 429})
 # Network errors of the storage clients that do not derive from ConnectionError/TimeoutError.
 TRANSIENT_NAMES = frozenset(
-    {"ClientConnectionError", "ClientPayloadError", "ServerDisconnectedError", "ServerTimeoutError",  # aiohttp
-     "HTTPClientError", "ConnectionClosedError", "EndpointConnectionError", "ReadTimeoutError",  # botocore
-     "ConnectTimeoutError", "IncompleteRead", "ResponseParserError", "ChunkedEncodingError",
-     "FSTimeoutError"}
+    {
+        "ClientConnectionError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",  # aiohttp
+        "HTTPClientError",
+        "ConnectionClosedError",
+        "EndpointConnectionError",
+        "ReadTimeoutError",  # botocore
+        "ConnectTimeoutError",
+        "IncompleteRead",
+        "ResponseParserError",
+        "ChunkedEncodingError",
+        "FSTimeoutError",
+    }
 )
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
 
@@ -123,7 +145,7 @@ class Attempts:
         Traceback (most recent call last):
         ...
         padpipe.errors.DataError: s3://b/a.jsonl: read: gave up after 2 attempts in 0.0 s (retries=1); last error: ConnectionResetError: reset
-    """
+    """  # noqa: E501
 
     def __init__(self, policy: Retry, *, sleep: Callable[[float], None] = time.sleep) -> None:
         self.policy = policy

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -102,7 +103,7 @@ def castable(found: pa.DataType, expected: pa.DataType) -> bool:
     Example:
         >>> castable(pa.int32(), pa.int64()), castable(pa.int64(), pa.string()), castable(pa.large_string(), pa.string())
         (True, False, True)
-    """
+    """  # noqa: E501
     t = pa.types
     if found == expected or t.is_null(found):
         return True

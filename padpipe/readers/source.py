@@ -11,18 +11,19 @@ are cut into row or byte ranges where shares would otherwise be uneven), and sav
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
-from padpipe.runtime.consumer import Consumer
-from padpipe.runtime.shares import Measure, share
-from padpipe.state import Int, Spec, Str, StateMismatchError, check_state, load_value, make_state
 from padpipe.errors import DataError, positive
 from padpipe.readers.aligned import aligned_batches
+from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.shares import Measure, share
+from padpipe.state import Int, Spec, StateMismatchError, Str, check_state, load_value, make_state
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
@@ -124,11 +125,13 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         return dataclasses.replace(unit, num_rows=hi - lo, first=unit.first + lo, last=unit.first + hi)
 
     def fingerprint(self) -> str:
-        """What a state must have been saved from besides the listing (the ``input`` setting); default: :meth:`describe`."""
+        """What a state must have been saved from besides the listing (the ``input`` setting); default:
+        :meth:`describe`."""
         return self.describe()
 
     def identity(self) -> str | None:
-        """The identity of what was listed (files with sizes and versions), saved and checked on resume; ``None``: none."""
+        """The identity of what was listed (files with sizes and versions), saved and checked on resume; ``None``:
+        none."""
         return None
 
     def check_identity(self, saved: str) -> None:
@@ -170,11 +173,14 @@ class UnitSource(BaseNode[pa.RecordBatch]):
                 self.check_identity(loaded[self.IDENTITY_KEY])
             order = self._units_for_epoch(loaded[self.EPOCH_KEY])
             unit = load_value(stage, self.UNIT_KEY, loaded[self.UNIT_KEY], Int(0, len(order)))
-            load_value(stage, self.ROW_KEY, loaded[self.ROW_KEY], Int(0, order[unit].num_rows if unit < len(order) else 0))
+            load_value(
+                stage, self.ROW_KEY, loaded[self.ROW_KEY], Int(0, order[unit].num_rows if unit < len(order) else 0)
+            )
             self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
 
-        loaded = check_state(stage, initial_state, version=self.VERSION, settings=self._settings(), fields=fields,
-                             check=check)
+        loaded = check_state(
+            stage, initial_state, version=self.VERSION, settings=self._settings(), fields=fields, check=check
+        )
         self._epoch, self._unit, self._row = loaded[self.EPOCH_KEY], loaded[self.UNIT_KEY], loaded[self.ROW_KEY]
         self._order = self._units_for_epoch(self._epoch)
         if self._stop_on_load:
@@ -292,7 +298,8 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         yield from aligned_batches(rows, unit.first + start_row, self.chunk_rows)
 
     def rows(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        """Wrap ``read_unit``: keep to the piece's rows (``start_row`` counts from its start), name the file in errors."""
+        """Wrap ``read_unit``: keep to the piece's rows (``start_row`` counts from its start), name the file in
+        errors."""
         left = None if unit.last is None else unit.last - unit.first - start_row
         try:
             for batch in self.read_unit(unit, unit.first + start_row):
@@ -306,7 +313,9 @@ class UnitSource(BaseNode[pa.RecordBatch]):
         except (OSError, pa.ArrowException, ValueError, EOFError) as exc:
             if self._recoverable(exc):
                 raise
-            raise DataError(f"{unit.path}: cannot read unit {unit.index} from row {unit.first + start_row}: {exc}") from exc
+            raise DataError(
+                f"{unit.path}: cannot read unit {unit.index} from row {unit.first + start_row}: {exc}"
+            ) from exc
 
     def _recoverable(self, exc: BaseException) -> bool:
         """Whether a read error is left to the subclass (retried, or a lost file) instead of a DataError."""

@@ -29,7 +29,11 @@ def describe(batch: dict[str, Any]) -> str:
 
 
 def run(
-    pipe: pp.Pipeline, *, max_batches: int | None, efficiency: str, eos_id: int | None = None,
+    pipe: pp.Pipeline,
+    *,
+    max_batches: int | None,
+    efficiency: str,
+    eos_id: int | None = None,
     out: TextIO | None = None,
 ) -> pp.StatsSnapshot:
     """Read up to ``max_batches`` batches (all of one epoch when ``None``) and print a summary.

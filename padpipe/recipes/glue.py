@@ -16,8 +16,9 @@ Run it from the command line (prints a few batch shapes and the padding efficien
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -169,8 +170,14 @@ def glue(
         shuffle, buffer = False, max(num_rows, 1)  # the whole split is sorted by length at once
     pipe = pipe.tokenize(tokenizer, fields=spec.fields, max_length=max_length)
     if split != "train" and progress is not False:  # the first batch waits for the whole split
-        pipe = pipe.add_stage("progress", progress_stage, output="tokens", desc=f"glue {task} {split}: sorting",
-                              total=num_rows, enabled=progress)
+        pipe = pipe.add_stage(
+            "progress",
+            progress_stage,
+            output="tokens",
+            desc=f"glue {task} {split}: sorting",
+            total=num_rows,
+            enabled=progress,
+        )
     pipe = pipe.bucket(batch_size, max_tokens=max_tokens, buffer_size=buffer, shuffle=shuffle, seed=seed)
     return pipe.pad(pad_to_multiple_of=pad_to_multiple_of)
 
@@ -233,13 +240,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         0
     """
     parser = _command.parser(PROG, DESCRIPTION)
-    parser.add_argument("--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}")
     parser.add_argument(
-        "--tokenizer", required=True, metavar="PATH",
+        "--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="PATH",
         help=f"a tokenizer.json file, a pretrained folder or a hub name; {_shipped.tokenizer_help()}",
     )
-    parser.add_argument("--data", metavar="PATH",
-                        help=f"where the split's rows are (see above); default: download. {_shipped.data_help()}")
+    parser.add_argument(
+        "--data",
+        metavar="PATH",
+        help=f"where the split's rows are (see above); default: download. {_shipped.data_help()}",
+    )
     parser.add_argument(
         "--split", default="train", help="the split: train, validation or test (mnli: validation_matched, ...)"
     )

@@ -12,8 +12,9 @@ import glob
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any
 
 import pyarrow as pa
 
@@ -30,7 +31,7 @@ LAYOUT = (
 )
 """What ``data`` may name on disk, for messages."""
 
-SplitRows = Union[Any, list]  # a datasets.Dataset, or a list of Parquet file paths
+SplitRows = Any | list  # a datasets.Dataset, or a list of Parquet file paths
 
 
 def find_split(data: Any, task: str, split: str) -> SplitRows:

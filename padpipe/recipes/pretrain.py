@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import padpipe as pp
 from padpipe import _command, _shipped
@@ -217,11 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _command.parser(PROG, DESCRIPTION)
     parser.add_argument(
-        "--data", required=True, nargs="+", metavar="PATH",
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="PATH",
         help=f"files, folders or globs of one corpus, all one format; {_shipped.data_help()}",
     )
     parser.add_argument(
-        "--tokenizer", required=True, metavar="PATH",
+        "--tokenizer",
+        required=True,
+        metavar="PATH",
         help=f"a tokenizer.json file, a pretrained folder or a hub name; {_shipped.tokenizer_help()}",
     )
     parser.add_argument(
@@ -229,8 +235,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="TOKEN",
         help="set the tokenizer's EOS token, for tokenizers without one (needs padpipe[hf])",
     )
-    parser.add_argument("--seq-len", type=int, default=2048, metavar="N", help="tokens per packed row; truncation length in bucket mode")
-    parser.add_argument("--mode", choices=("pack", "bucket"), default="pack", help="pack documents into rows, or bucket and pad them")
+    parser.add_argument(
+        "--seq-len", type=int, default=2048, metavar="N", help="tokens per packed row; truncation length in bucket mode"
+    )
+    parser.add_argument(
+        "--mode", choices=("pack", "bucket"), default="pack", help="pack documents into rows, or bucket and pad them"
+    )
     parser.add_argument("--batch-size", type=int, default=8, metavar="N", help="packed rows per batch (pack)")
     parser.add_argument(
         "--max-tokens", type=int, metavar="N", help="padded tokens per batch (bucket; default: seq-len x batch-size)"

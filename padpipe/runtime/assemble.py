@@ -13,20 +13,21 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._build import BuildContext
-from padpipe.runtime.consumer import Consumer
 from padpipe.errors import one_of
 from padpipe.loader import PipelineLoader
-from padpipe.runtime.latch import FailureLatch
+from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.runtime.elastic import loader_state
+from padpipe.runtime.latch import FailureLatch
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
 
 
-def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | None, equal_steps: str,
-                    options: dict[str, Any]) -> PipelineLoader:
+def assemble_loader(
+    pipe: Pipeline, *, num_workers: int, consumer: Consumer | None, equal_steps: str, options: dict[str, Any]
+) -> PipelineLoader:
     """The :class:`~padpipe.loader.PipelineLoader` of ``pipe`` (arguments as :meth:`Pipeline.loader`'s).
 
     Example:
@@ -37,8 +38,9 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
     one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
-    if num_workers == 0 and (options.get("pin_memory") or options.get("prefetch_factor") is not None
-                             or options.get("timeout")):
+    if num_workers == 0 and (
+        options.get("pin_memory") or options.get("prefetch_factor") is not None or options.get("timeout")
+    ):
         raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
     stats = PipelineStats()
     graph_pipe, last = _split_last(pipe)
@@ -50,29 +52,49 @@ def assemble_loader(pipe: Pipeline, *, num_workers: int, consumer: Consumer | No
     else:
         from padpipe.runtime.workers import WorkerProcesses
 
-        root = WorkerProcesses(graph_pipe, num_workers=num_workers, consumer=consumer,
-                               ranks=pipe.sharding == "auto", options={k: v for k, v in options.items() if v is not None},
-                               stats=stats)
+        root = WorkerProcesses(
+            graph_pipe,
+            num_workers=num_workers,
+            consumer=consumer,
+            ranks=pipe.sharding == "auto",
+            options={k: v for k, v in options.items() if v is not None},
+            stats=stats,
+        )
     if last is not None:  # a trailing prefetch / to_cuda runs in this process, on top of the graph or the workers
-        context = BuildContext(stats=stats, consumer=consumer, seed=pipe.seed, pad_to_multiple_of=None,
-                               pad_to_length=None)
+        context = BuildContext(
+            stats=stats, consumer=consumer, seed=pipe.seed, pad_to_multiple_of=None, pad_to_length=None
+        )
         root = FailureLatch(last.builder(root, context, **last.options))  # its failures stay failures too
     if equal_steps != "off":
         from padpipe.runtime.equal_steps import EqualSteps
 
         root = EqualSteps(root, policy=equal_steps, stats=stats, device=device)
-    settings: dict[str, Any] = {"equal_steps": equal_steps}  # the layout (ranks, workers) is checked apart: it may change
+    settings: dict[str, Any] = {
+        "equal_steps": equal_steps
+    }  # the layout (ranks, workers) is checked apart: it may change
 
     def layout() -> list[int]:
-        rank, ranks = (consumer.rank, consumer.world_size) if consumer is not None else (
-            Consumer.ranks() if pipe.sharding == "auto" else (0, 1))
+        rank, ranks = (
+            (consumer.rank, consumer.world_size)
+            if consumer is not None
+            else (Consumer.ranks() if pipe.sharding == "auto" else (0, 1))
+        )
         return [rank, ranks, num_workers]
 
-    def reshare(states: list[dict[str, Any]], mine: list[int], carried: dict[str, Any],
-                ahead: dict[int, list[Any]]) -> dict[str, Any]:
-        return loader_state(states, pipeline=graph_pipe, layout=mine, version=PipelineLoader.VERSION,
-                            settings=settings, policy=equal_steps, fields=carried, device_stage=last is not None,
-                            ahead=ahead)
+    def reshare(
+        states: list[dict[str, Any]], mine: list[int], carried: dict[str, Any], ahead: dict[int, list[Any]]
+    ) -> dict[str, Any]:
+        return loader_state(
+            states,
+            pipeline=graph_pipe,
+            layout=mine,
+            version=PipelineLoader.VERSION,
+            settings=settings,
+            policy=equal_steps,
+            fields=carried,
+            device_stage=last is not None,
+            ahead=ahead,
+        )
 
     return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare, device=device)
 

@@ -37,9 +37,9 @@ def readers(node: Any, state: Any = None) -> list[tuple[UnitSource, Any]]:
         >>> [type(r).__name__ for r, _ in readers(pp.read_parquet(pp.examples.SAMPLE_PARQUET).build())]
         ['ParquetReader']
     """
-    from padpipe.runtime.latch import FailureLatch
-    from padpipe.readers.source import UnitSource
     from padpipe.pipes.mix import WeightedMixer
+    from padpipe.readers.source import UnitSource
+    from padpipe.runtime.latch import FailureLatch
 
     if isinstance(node, FailureLatch):
         return readers(node.source, state)
@@ -47,8 +47,10 @@ def readers(node: Any, state: Any = None) -> list[tuple[UnitSource, Any]]:
         return [(node, state)]
     if isinstance(node, WeightedMixer):
         if node.stop != "all_exhausted":
-            raise StateMismatchError(f"elastic resume needs a mix that reads every row once (stop='all_exhausted'), "
-                                     f"but this one has stop={node.stop!r}.")
+            raise StateMismatchError(
+                f"elastic resume needs a mix that reads every row once (stop='all_exhausted'), "
+                f"but this one has stop={node.stop!r}."
+            )
         parts = state["source"] if state is not None else {}
         return [r for name, child in node.source_nodes.items() for r in readers(child, parts.get(name))]
     child = getattr(node, "source", None)
@@ -66,8 +68,10 @@ def override_readers(graph: BaseNode, epoch: int, pieces: list[list[dict[str, An
 
     mine = [reader for reader, _ in readers(graph)]
     if len(mine) != len(pieces):
-        raise StateMismatchError(f"ConsumerGraph state is invalid: the plan has pieces for {len(pieces)} readers, "
-                                 f"but this pipeline has {len(mine)}.")
+        raise StateMismatchError(
+            f"ConsumerGraph state is invalid: the plan has pieces for {len(pieces)} readers, "
+            f"but this pipeline has {len(mine)}."
+        )
     for reader, part in zip(mine, pieces):
         reader.override_epoch(epoch, [WorkUnit(**p) for p in part])
     return mine
@@ -98,19 +102,24 @@ class ConsumerGraph(BaseNode[Any]):
         self._batches: list[Any] = []
 
     @staticmethod
-    def planned(epoch: int, batches: list[Any], pieces: list[list[dict[str, Any]]],
-                fresh: dict[str, Any] | None = None) -> dict[str, Any]:
+    def planned(
+        epoch: int, batches: list[Any], pieces: list[list[dict[str, Any]]], fresh: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The state of a consumer that yields ``batches``, then reads ``pieces`` (per reader) in ``epoch``."""
-        return make_state(version=ConsumerGraph.VERSION, settings={},
-                          **{ELASTIC_KEY: {EPOCH: epoch, BATCHES: list(batches), PIECES: pieces, FRESH: fresh}})
+        return make_state(
+            version=ConsumerGraph.VERSION,
+            settings={},
+            **{ELASTIC_KEY: {EPOCH: epoch, BATCHES: list(batches), PIECES: pieces, FRESH: fresh}},
+        )
 
     @staticmethod
     def plan_of(state: dict[str, Any]) -> dict[str, Any] | None:
         """The elastic plan of a state (keys ``epoch``, ``batches``, ``pieces``, ``fresh``), checked; ``None``: none."""
         if not isinstance(state, dict) or ELASTIC_KEY not in state:
             return None
-        elastic = check_state("ConsumerGraph", state, version=ConsumerGraph.VERSION, settings={},
-                              fields={ELASTIC_KEY: Plain()})[ELASTIC_KEY]
+        elastic = check_state(
+            "ConsumerGraph", state, version=ConsumerGraph.VERSION, settings={}, fields={ELASTIC_KEY: Plain()}
+        )[ELASTIC_KEY]
         return _check_plan(elastic)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -141,8 +150,9 @@ def _check_plan(elastic: Any) -> dict[str, Any]:
     """The elastic plan of a state, each field checked (``StateMismatchError`` naming the bad one)."""
     stage, keys = "ConsumerGraph", {EPOCH, BATCHES, PIECES, FRESH}
     if not isinstance(elastic, dict) or set(elastic) != keys:
-        raise StateMismatchError(f"{stage} state is invalid: {ELASTIC_KEY!r} must be an elastic plan "
-                                 f"with keys {sorted(keys)}.")
+        raise StateMismatchError(
+            f"{stage} state is invalid: {ELASTIC_KEY!r} must be an elastic plan with keys {sorted(keys)}."
+        )
     load_value(stage, EPOCH, elastic[EPOCH], Int(0))
     load_value(stage, BATCHES, elastic[BATCHES], ListOf(Plain()))
     load_value(stage, PIECES, elastic[PIECES], ListOf(ListOf(Plain())))

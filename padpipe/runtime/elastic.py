@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.consumer_graph import BATCHES, EPOCH, FRESH, PIECES, ConsumerGraph, override_readers, readers
 from padpipe.runtime.shares import share
 from padpipe.state import StateMismatchError, make_state
-from padpipe.runtime.consumer_graph import BATCHES, EPOCH, FRESH, PIECES, ConsumerGraph, override_readers, readers
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -58,12 +58,17 @@ class OldConsumer:
 
     def consumer(self) -> Consumer:
         """Its slot, to build its graph as it was."""
-        return Consumer(rank=self.index // self.workers, world_size=self.count // self.workers,
-                        worker=self.index % self.workers, num_workers=self.workers)
+        return Consumer(
+            rank=self.index // self.workers,
+            world_size=self.count // self.workers,
+            worker=self.index % self.workers,
+            num_workers=self.workers,
+        )
 
 
-def old_consumer(index: int, count: int, workers: int, graph: dict[str, Any] | None,
-                 held: list[Any]) -> tuple[OldConsumer, int | None]:
+def old_consumer(
+    index: int, count: int, workers: int, graph: dict[str, Any] | None, held: list[Any]
+) -> tuple[OldConsumer, int | None]:
     """The old consumer of a :class:`ConsumerGraph` state (``None``: not started), and the epoch it was in."""
     plan = None if graph is None else ConsumerGraph.plan_of(graph)
     if plan is None:
@@ -71,8 +76,9 @@ def old_consumer(index: int, count: int, workers: int, graph: dict[str, Any] | N
     return OldConsumer(index, count, workers, plan[FRESH], plan[PIECES], (*held, *plan[BATCHES])), plan[EPOCH]
 
 
-def reshare(old: list[OldConsumer], *, pipeline: Pipeline, epoch: int, rank: int, ranks: int,
-            workers: int) -> list[dict[str, Any]]:
+def reshare(
+    old: list[OldConsumer], *, pipeline: Pipeline, epoch: int, rank: int, ranks: int, workers: int
+) -> list[dict[str, Any]]:
     """The :class:`ConsumerGraph` states of this rank's consumers (one per worker, or one) for the rest of ``epoch``.
 
     Args:
@@ -89,8 +95,11 @@ def reshare(old: list[OldConsumer], *, pipeline: Pipeline, epoch: int, rank: int
     rests: list[list[WorkUnit]] = [[] for _ in probe]
     for consumer in old:
         graph = pipeline.build(consumer=consumer.consumer(), stats=PipelineStats())
-        mine = (override_readers(graph, epoch, consumer.pieces) if consumer.pieces is not None
-                else [reader for reader, _ in readers(graph)])
+        mine = (
+            override_readers(graph, epoch, consumer.pieces)
+            if consumer.pieces is not None
+            else [reader for reader, _ in readers(graph)]
+        )
         states = [state for _, state in readers(graph, consumer.state)] if consumer.state is not None else None
         for k, reader in enumerate(mine):
             start = {"epoch": epoch, "unit": 0, "row": 0}  # not started: all of its share
@@ -155,9 +164,18 @@ def _epoch_of(graph: dict[str, Any]) -> int:
     return int(node["epoch"])
 
 
-def loader_state(states: list[dict[str, Any]], *, pipeline: Pipeline, layout: list[int], version: int,
-                 settings: dict[str, Any], policy: str, fields: dict[str, Any], device_stage: bool,
-                 ahead: dict[int, list[Any]] | None = None) -> dict[str, Any]:
+def loader_state(
+    states: list[dict[str, Any]],
+    *,
+    pipeline: Pipeline,
+    layout: list[int],
+    version: int,
+    settings: dict[str, Any],
+    policy: str,
+    fields: dict[str, Any],
+    device_stage: bool,
+    ahead: dict[int, list[Any]] | None = None,
+) -> dict[str, Any]:
     """A ``PipelineLoader`` state for this loader (``layout``) that continues the epoch of every rank's ``states``.
 
     Args:
@@ -172,9 +190,9 @@ def loader_state(states: list[dict[str, Any]], *, pipeline: Pipeline, layout: li
         ahead: Batches each old rank had taken from its loader but not trained on, by rank: they
             come first among that rank's held batches.
     """
-    from padpipe.runtime.workers import WorkerProcesses
     from padpipe.pipes.device import DevicePrefetcher
     from padpipe.runtime.equal_steps import EqualSteps
+    from padpipe.runtime.workers import WorkerProcesses
 
     readers(pipeline.build(consumer=Consumer()))  # can this pipeline be re-shared at all? (a clear error if not)
     _, _, workers = states[0][LAYOUT_KEY]
@@ -194,12 +212,15 @@ def loader_state(states: list[dict[str, Any]], *, pipeline: Pipeline, layout: li
         for worker, graph in enumerate(graphs):
             if graph is WorkerProcesses.DONE:
                 continue
-            consumer, at = old_consumer(rank * slots + worker, len(states) * slots, slots, graph,
-                                        held if worker == 0 else [])
+            consumer, at = old_consumer(
+                rank * slots + worker, len(states) * slots, slots, graph, held if worker == 0 else []
+            )
             old.append(consumer)
             epochs |= {at} - {None}
     if len(epochs) != 1:
-        raise StateMismatchError(f"elastic resume needs every rank saved in the same epoch, but found epochs {sorted(epochs)}.")
+        raise StateMismatchError(
+            f"elastic resume needs every rank saved in the same epoch, but found epochs {sorted(epochs)}."
+        )
     epoch = epochs.pop()
     rank, ranks, new_workers = layout
     plans = reshare([] if ended else old, pipeline=pipeline, epoch=epoch, rank=rank, ranks=ranks, workers=new_workers)

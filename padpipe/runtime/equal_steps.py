@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, Bool, Child, Int, ListOf, Optional, Plain, check_state, make_state
 from padpipe.errors import one_of
-from padpipe.runtime.batch_merge import merge_batches
 from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.runtime.batch_merge import merge_batches
+from padpipe.state import SOURCE_KEY, Bool, Child, Int, ListOf, Optional, Plain, check_state, make_state
 from padpipe.stats import PipelineStats
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,15 @@ class _Lockstep:
             held = len(self.held)
             capacity = sum(rows_of(b) or 1 for b in self.held) if self.exhausted else NO_LIMIT
             most, low, stuck, reading, done, low_capacity = self.sync.agree(
-                [held, -held, int(held == 0 and self.fresh == 0), int(not self.exhausted), int(self.exhausted), -capacity])
+                [
+                    held,
+                    -held,
+                    int(held == 0 and self.fresh == 0),
+                    int(not self.exhausted),
+                    int(self.exhausted),
+                    -capacity,
+                ]
+            )
             if self.policy == "stop_first" and done and reading and not self.tail:
                 self.tail = True  # a rank has read its epoch: every rank reads ahead to the tail, and all agree again
                 continue
@@ -238,7 +247,8 @@ class _Lockstep:
                 return
 
     def _merge_to(self, target: int) -> None:
-        """Join the two smallest neighbouring held batches until at most ``target`` are held (a rank with few rows left)."""
+        """Join the two smallest neighbouring held batches until at most ``target`` are held (a rank with few rows
+        left)."""
         while len(self.held) > max(target, 1):
             sizes = [rows_of(b) or 0 for b in self.held]
             pairs = sorted(range(len(self.held) - 1), key=lambda i: sizes[i] + sizes[i + 1])
@@ -260,7 +270,10 @@ class _Lockstep:
             self._logged = True
             logger.warning(
                 "equal_steps: this rank dropped its last %d batch(es) so that every rank stops at step %d "
-                "(counted in stats as %r; logged once).", len(items), self.steps, DROPPED,
+                "(counted in stats as %r; logged once).",
+                len(items),
+                self.steps,
+                DROPPED,
             )
 
 
@@ -309,8 +322,15 @@ class EqualSteps(BaseNode[Any]):
     START_KEY = "start"
     TAIL_KEY = "tail"
 
-    def __init__(self, source: BaseNode, *, policy: str = "stop_first", stats: PipelineStats | None = None,
-                 group: Any = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        source: BaseNode,
+        *,
+        policy: str = "stop_first",
+        stats: PipelineStats | None = None,
+        group: Any = None,
+        device: torch.device | None = None,
+    ) -> None:
         super().__init__()
         one_of("policy", policy, POLICIES)
         self.source, self.policy, self.group, self.device = source, policy, group, device
@@ -321,10 +341,21 @@ class EqualSteps(BaseNode[Any]):
     @classmethod
     def fresh_state(cls, policy: str, source: dict[str, Any]) -> dict[str, Any]:
         """The state of an epoch that goes on from ``source`` (its upstream state) with nothing held or counted."""
-        return make_state(version=cls.VERSION, settings={"policy": policy},
-                          **{SOURCE_KEY: source, cls.HELD_KEY: [], cls.EXHAUSTED_KEY: False, cls.STOPPED_KEY: False,
-                             cls.FRESH_KEY: 0, cls.STEPS_KEY: 0, cls.REPLAYING_KEY: False, cls.TAIL_KEY: False,
-                             cls.START_KEY: source if policy == "repeat" else None})
+        return make_state(
+            version=cls.VERSION,
+            settings={"policy": policy},
+            **{
+                SOURCE_KEY: source,
+                cls.HELD_KEY: [],
+                cls.EXHAUSTED_KEY: False,
+                cls.STOPPED_KEY: False,
+                cls.FRESH_KEY: 0,
+                cls.STEPS_KEY: 0,
+                cls.REPLAYING_KEY: False,
+                cls.TAIL_KEY: False,
+                cls.START_KEY: source if policy == "repeat" else None,
+            },
+        )
 
     @classmethod
     def parts(cls, state: dict[str, Any]) -> tuple[dict[str, Any], list[Any], bool]:
@@ -348,11 +379,18 @@ class EqualSteps(BaseNode[Any]):
             self._replaying = False
             self._start = self.source.state_dict() if self.policy == "repeat" and self._sync else None
             return
-        fields = {SOURCE_KEY: Child(), self.HELD_KEY: ListOf(Plain()), self.EXHAUSTED_KEY: Bool(),
-                  self.STOPPED_KEY: Bool(), self.FRESH_KEY: Int(0), self.STEPS_KEY: Int(0),
-                  self.REPLAYING_KEY: Bool(), self.START_KEY: Optional(Child()), self.TAIL_KEY: Bool()}
-        check_state("EqualSteps", initial_state, version=self.VERSION, settings={"policy": self.policy},
-                    fields=fields)
+        fields = {
+            SOURCE_KEY: Child(),
+            self.HELD_KEY: ListOf(Plain()),
+            self.EXHAUSTED_KEY: Bool(),
+            self.STOPPED_KEY: Bool(),
+            self.FRESH_KEY: Int(0),
+            self.STEPS_KEY: Int(0),
+            self.REPLAYING_KEY: Bool(),
+            self.START_KEY: Optional(Child()),
+            self.TAIL_KEY: Bool(),
+        }
+        check_state("EqualSteps", initial_state, version=self.VERSION, settings={"policy": self.policy}, fields=fields)
         self.source.reset(initial_state[SOURCE_KEY])
         step = self._step
         step.held = [to_device(b, self.device) for b in initial_state[self.HELD_KEY]]
@@ -400,8 +438,9 @@ class EqualSteps(BaseNode[Any]):
             return next(self.source)
 
 
-def equal_steps(iterable: Iterable[Any], policy: str = "stop_first", *, stats: PipelineStats | None = None,
-                group: Any = None) -> Iterator[Any]:
+def equal_steps(
+    iterable: Iterable[Any], policy: str = "stop_first", *, stats: PipelineStats | None = None, group: Any = None
+) -> Iterator[Any]:
     """One epoch of ``iterable`` with the same number of steps on every rank (all-reduce in this process).
 
     For ``DataLoader(pipe, batch_size=None, num_workers=N)``, whose workers cannot join the

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from torchdata.nodes import BaseNode
 
+from padpipe.graph import start_at_epoch
 from padpipe.runtime.consumer import Consumer
 from padpipe.stats import PipelineStats
-from padpipe.graph import start_at_epoch
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
@@ -38,8 +39,15 @@ class PipelineIterator(Iterator[Any]):
             :func:`padpipe.equal_steps`); if not, a multi-rank run warns once about the DDP hang.
     """
 
-    def __init__(self, pipeline: Pipeline, epoch: int, *, consumer: Consumer | None = None,
-                 managed: bool = False, report_stats: bool = False) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        epoch: int,
+        *,
+        consumer: Consumer | None = None,
+        managed: bool = False,
+        report_stats: bool = False,
+    ) -> None:
         self._pipeline = pipeline
         self._stats = PipelineStats()
         self._report_stats = report_stats

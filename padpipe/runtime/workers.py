@@ -13,14 +13,15 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
-from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
 from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
 from padpipe.state import Bool, Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, make_state
 from padpipe.stats import PipelineStats, StatsSnapshot
 
@@ -78,9 +79,16 @@ class WorkerProcesses(BaseNode[Any]):
     LOADER_KEY = "dataloader"
     PLANS_KEY = "plans"
 
-    def __init__(self, pipeline: Pipeline, *, num_workers: int, consumer: Consumer | None = None,
-                 ranks: bool = True, options: dict[str, Any] | None = None,
-                 stats: PipelineStats | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        num_workers: int,
+        consumer: Consumer | None = None,
+        ranks: bool = True,
+        options: dict[str, Any] | None = None,
+        stats: PipelineStats | None = None,
+    ) -> None:
         super().__init__()
         self.pipeline, self.num_workers, self.consumer, self.ranks = pipeline, num_workers, consumer, ranks
         self.options = dict(options or {})
@@ -98,9 +106,16 @@ class WorkerProcesses(BaseNode[Any]):
     @classmethod
     def planned_state(cls, num_workers: int, epoch: int, plans: list[dict[str, Any]]) -> dict[str, Any]:
         """The state of ``epoch`` with worker ``w`` starting from graph state ``plans[w]`` (an elastic plan)."""
-        return make_state(version=cls.VERSION, settings={"num_workers": num_workers},
-                          **{cls.EPOCH_KEY: epoch, cls.DONE_KEY: False, cls.LOADER_KEY: None,
-                             cls.PLANS_KEY: [{EPOCH_KEY: epoch, NODE_KEY: p} for p in plans]})
+        return make_state(
+            version=cls.VERSION,
+            settings={"num_workers": num_workers},
+            **{
+                cls.EPOCH_KEY: epoch,
+                cls.DONE_KEY: False,
+                cls.LOADER_KEY: None,
+                cls.PLANS_KEY: [{EPOCH_KEY: epoch, NODE_KEY: p} for p in plans],
+            },
+        )
 
     @classmethod
     def worker_graphs(cls, state: dict[str, Any], num_workers: int) -> tuple[list[Any], int]:
@@ -116,7 +131,9 @@ class WorkerProcesses(BaseNode[Any]):
             plans = state[cls.PLANS_KEY]
             return ([None] * num_workers if plans is None else [p[NODE_KEY] for p in plans]), epoch
         if loader.get("_steps_since_snapshot", 0):
-            raise StateMismatchError("elastic resume needs worker snapshots taken at every step (snapshot_every_n_steps=1).")
+            raise StateMismatchError(
+                "elastic resume needs worker snapshots taken at every step (snapshot_every_n_steps=1)."
+            )
         out = []
         for w in range(num_workers):
             worker = loader["_snapshot"]["_worker_snapshots"].get(f"worker_{w}") or {}
@@ -133,8 +150,12 @@ class WorkerProcesses(BaseNode[Any]):
             self._epoch, self._done, self._plans = self._epoch + 1, False, None
             self._start(None)
             return
-        fields = {self.EPOCH_KEY: Int(0), self.DONE_KEY: Bool(), self.LOADER_KEY: Optional(Plain()),
-                  self.PLANS_KEY: Optional(ListOf(Child(), length=self.num_workers))}
+        fields = {
+            self.EPOCH_KEY: Int(0),
+            self.DONE_KEY: Bool(),
+            self.LOADER_KEY: Optional(Plain()),
+            self.PLANS_KEY: Optional(ListOf(Child(), length=self.num_workers)),
+        }
         check_state("WorkerProcesses", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
         self._epoch, self._done = initial_state[self.EPOCH_KEY], initial_state[self.DONE_KEY]
         loader_state = initial_state[self.LOADER_KEY]
@@ -158,8 +179,12 @@ class WorkerProcesses(BaseNode[Any]):
         return make_state(
             version=self.VERSION,
             settings=self._settings(),
-            **{self.EPOCH_KEY: self._epoch, self.DONE_KEY: self._done, self.LOADER_KEY: loader_state,
-               self.PLANS_KEY: plans},
+            **{
+                self.EPOCH_KEY: self._epoch,
+                self.DONE_KEY: self._done,
+                self.LOADER_KEY: loader_state,
+                self.PLANS_KEY: plans,
+            },
         )
 
     def close(self) -> None:
@@ -188,8 +213,14 @@ class WorkerProcesses(BaseNode[Any]):
         self._generator = torch.Generator()
         with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13
             warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-            return StatefulDataLoader(self._dataset, batch_size=None, num_workers=self.num_workers,
-                                      persistent_workers=False, generator=self._generator, **self.options)
+            return StatefulDataLoader(
+                self._dataset,
+                batch_size=None,
+                num_workers=self.num_workers,
+                persistent_workers=False,
+                generator=self._generator,
+                **self.options,
+            )
 
     def _live(self) -> list[StatsSnapshot]:
         """The counters the running workers last sent (with their states)."""

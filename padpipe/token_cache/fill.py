@@ -20,12 +20,12 @@ import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.chunks import TokenChunk
-from padpipe.token_cache import rows as cr
-from padpipe.readers.aligned import concat
-from padpipe.token_cache.store import Segment
 from padpipe.pipes.tokenize import ChunkTokenizer, _as_text_column, _bad_rows, _pass_through
+from padpipe.readers.aligned import concat
+from padpipe.state import SOURCE_KEY, Child, check_state, make_state
+from padpipe.token_cache import rows as cr
+from padpipe.token_cache.store import Segment
 
 if TYPE_CHECKING:
     from padpipe.token_cache.session import CacheSession
@@ -105,7 +105,8 @@ class CacheFiller(BaseNode[TokenChunk]):
     """After the tokenize threads: pass the chunks on, hand fresh rows to the collector.
 
     Its state holds its source's (the tokenize stage's) and the cache's fingerprint, checked on
-    resume. ``reset`` checks that the location is writable; write errors from the writer thread are raised here (or counted, see
+    resume. ``reset`` checks that the location is writable; write errors from the writer thread are raised here (or
+    counted, see
     ``on_write_error``); at the end of an epoch it waits for the pending writes.
     """
 
@@ -123,8 +124,9 @@ class CacheFiller(BaseNode[TokenChunk]):
         if initial_state is None:
             self.source.reset(None)
             return
-        check_state("CacheFiller", initial_state, version=self.VERSION, settings=self._settings(),
-                    fields={SOURCE_KEY: Child()})
+        check_state(
+            "CacheFiller", initial_state, version=self.VERSION, settings=self._settings(), fields={SOURCE_KEY: Child()}
+        )
         self.source.reset(initial_state[SOURCE_KEY])
 
     def next(self) -> TokenChunk:
@@ -238,7 +240,9 @@ class Collector:
             return
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="padpipe-cache-writer")
-        self._writes.append(self._writer.submit(self.session.publish, pending.uid, pending.folder, pending.segment, table))
+        self._writes.append(
+            self._writer.submit(self.session.publish, pending.uid, pending.folder, pending.segment, table)
+        )
 
 
 def _segment_table(pending: _Pending, session: CacheSession) -> pa.Table | None:

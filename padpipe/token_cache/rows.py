@@ -19,7 +19,7 @@ reference and the text columns as nulls.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa

@@ -10,7 +10,8 @@ published for that unit so far:
   checked first, see :mod:`padpipe.token_cache.check`; a file that fails is counted as
   ``cache.bad_files``, deleted and tokenized again);
 * a stretch none covers is read from the source as text, tagged with its positions, and split into
-  segments of :data:`~padpipe.token_cache.walk.SEGMENT_ROWS` rows (aligned to multiples of it where rows are numbered), each
+  segments of :data:`~padpipe.token_cache.walk.SEGMENT_ROWS` rows (aligned to multiples of it where rows are numbered),
+  each
   announced to the :class:`~padpipe.token_cache.fill.Collector` once all its rows are out; the
   collector publishes a segment when all of its rows have been tokenized downstream.
 
@@ -26,18 +27,18 @@ import hashlib
 import json
 import os
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from padpipe.token_cache import rows as cr
+from padpipe.readers.source import UnitSource, WorkUnit
+from padpipe.stats import PipelineStats
 from padpipe.token_cache.check import Limits, segment_problem
 from padpipe.token_cache.fill import Collector
 from padpipe.token_cache.store import CacheError, Segment, Store
 from padpipe.token_cache.walk import BYTES, ROWS, Walk, span, unit_kind
-from padpipe.readers.source import UnitSource, WorkUnit
-from padpipe.stats import PipelineStats
 
 _VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated", "created")
 
@@ -65,9 +66,20 @@ class CacheSession:
         max_length: Most tokens a row can have (``None``: no limit); a longer row makes a bad file.
     """
 
-    def __init__(self, store: Store, fingerprint: str, about: dict[str, Any], *, id_type: pa.DataType,
-                 type_ids: bool, fields: tuple[str, ...], on_write_error: str, stats: PipelineStats,
-                 vocab_size: int, max_length: int | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: str,
+        about: dict[str, Any],
+        *,
+        id_type: pa.DataType,
+        type_ids: bool,
+        fields: tuple[str, ...],
+        on_write_error: str,
+        stats: PipelineStats,
+        vocab_size: int,
+        max_length: int | None,
+    ) -> None:
         self.store, self.fingerprint, self.about = store, fingerprint, about
         self.id_type, self.type_ids, self.fields = id_type, type_ids, fields
         self.limits = Limits(id_type, type_ids, vocab_size, max_length)
@@ -189,9 +201,16 @@ class CacheSession:
             if kind == BYTES and not hasattr(reader, "row_positions"):
                 self._units[key] = (-1, "")
             else:
-                identity = {"reader": type(reader).__name__, "input": reader.describe(), "kind": kind,
-                            "file": self._file_identity(reader, whole.path), "index": whole.index,
-                            "start": whole.start, "stop": whole.stop, "rows": whole.num_rows}
+                identity = {
+                    "reader": type(reader).__name__,
+                    "input": reader.describe(),
+                    "kind": kind,
+                    "file": self._file_identity(reader, whole.path),
+                    "index": whole.index,
+                    "start": whole.start,
+                    "stop": whole.stop,
+                    "rows": whole.num_rows,
+                }
                 folder = f"{self.fingerprint}/{digest(identity)}"
                 self._units[key] = (unit_number(self.key, folder), folder)
         if kind == BYTES:

@@ -11,17 +11,18 @@ are no longer in the cache is an error naming it. Batches that hold rows not yet
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from padpipe.state import Spec, StateMismatchError, seal, unseal
 from padpipe.chunks import TokenChunk, records_from_state, records_to_state
-from padpipe.token_cache import rows as cr
-from padpipe.readers.aligned import concat
 from padpipe.pipes.cut import truncate_rows
+from padpipe.readers.aligned import concat
+from padpipe.state import Spec, StateMismatchError, seal, unseal
+from padpipe.token_cache import rows as cr
 
 CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY = "token_cache", "folders", "unit", "pos"
 KEYS = (CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY)
@@ -47,7 +48,8 @@ def chunk_state(chunk: TokenChunk) -> dict[str, Any]:
 
 
 class CachedChunk(Spec):
-    """A bucketizer buffer: a sealed token chunk, or references into the token cache (re-read, then cut to ``truncate_to``)."""
+    """A bucketizer buffer: a sealed token chunk, or references into the token cache (re-read, then cut to
+    ``truncate_to``)."""
 
     def __init__(self, truncate_to: int | None = None) -> None:
         self.truncate_to = truncate_to
@@ -64,7 +66,8 @@ class CachedChunk(Spec):
 
 
 def records_state(batch: pa.RecordBatch) -> dict[str, Any]:
-    """The state of a buffered record batch: references when every row is a cached one the cache holds, else the rows."""
+    """The state of a buffered record batch: references when every row is a cached one the cache holds, else the
+    rows."""
     if cr.REF in batch.schema.names and not (cr.state_of(batch) == cr.TEXT).any():
         compact = _references(batch.column(cr.REF))
         if compact is not None:
@@ -94,12 +97,14 @@ def _references(ref: pa.Array) -> dict[str, Any] | None:
         return None
     if not all(covered(int(u), positions[units == u]) for u in distinct):
         return None
-    return seal({
-        CACHE_KEY: places[0][0],
-        FOLDERS_KEY: [folder for _, folder in places],
-        UNIT_KEY: torch.from_numpy(index.astype(np.int32)),
-        POS_KEY: torch.from_numpy(positions.astype(np.int64)),
-    })
+    return seal(
+        {
+            CACHE_KEY: places[0][0],
+            FOLDERS_KEY: [folder for _, folder in places],
+            UNIT_KEY: torch.from_numpy(index.astype(np.int32)),
+            POS_KEY: torch.from_numpy(positions.astype(np.int64)),
+        }
+    )
 
 
 def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
@@ -108,11 +113,21 @@ def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
 
     state = unseal("token cache references", state, KEYS)
     key, folders, index, positions = state[CACHE_KEY], state[FOLDERS_KEY], state[UNIT_KEY], state[POS_KEY]
-    if not (isinstance(key, str) and isinstance(folders, list) and all(isinstance(f, str) for f in folders)
-            and _vector(index, torch.int32) and _vector(positions, torch.int64) and len(index) == len(positions)
-            and len(index) and int(index.min()) >= 0 and int(index.max()) < len(folders)):
-        raise StateMismatchError("token cache references must be a cache name, its folders and one unit and position "
-                                 "per row (int32 and int64 tensors of one length)")
+    if not (
+        isinstance(key, str)
+        and isinstance(folders, list)
+        and all(isinstance(f, str) for f in folders)
+        and _vector(index, torch.int32)
+        and _vector(positions, torch.int64)
+        and len(index) == len(positions)
+        and len(index)
+        and int(index.min()) >= 0
+        and int(index.max()) < len(folders)
+    ):
+        raise StateMismatchError(
+            "token cache references must be a cache name, its folders and one unit and position "
+            "per row (int32 and int64 tensors of one length)"
+        )
     session = session_for(key)
     if session is None:
         raise StateMismatchError(

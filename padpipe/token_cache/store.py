@@ -125,7 +125,7 @@ class Store:
             Traceback (most recent call last):
             ...
             padpipe.token_cache.store.CacheError: token cache: '../../etc' is not a folder of the cache at '/tmp/c/padpipe-cache-v1'; refusing to use it.
-        """
+        """  # noqa: E501
         parts = folder.split("/")
         bad = not folder or folder.startswith(("/", "\\")) or any(p in ("", ".", "..") or "\\" in p for p in parts)
         path = self.path(folder)
@@ -133,7 +133,9 @@ class Store:
             root = os.path.realpath(self.path())
             bad = not os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep)
         if bad:
-            raise CacheError(f"token cache: {folder!r} is not a folder of the cache at {self.url()!r}; refusing to use it.")
+            raise CacheError(
+                f"token cache: {folder!r} is not a folder of the cache at {self.url()!r}; refusing to use it."
+            )
         return folder if relative else path
 
     # -- listing and reading ------------------------------------------------------------------------
@@ -198,7 +200,9 @@ class Store:
             else:
                 fs.pipe_file(target, bytes(memoryview(data)))
         except OSError as exc:
-            raise CacheError(f"token cache: cannot write to {self.url(folder)!r} ({type(exc).__name__}: {exc}).") from exc
+            raise CacheError(
+                f"token cache: cannot write to {self.url(folder)!r} ({type(exc).__name__}: {exc})."
+            ) from exc
 
     def remove(self, folder: str, segment: Segment) -> None:
         """Delete a segment file that failed its checks (best effort: another process may have replaced it)."""
@@ -228,7 +232,10 @@ class Store:
                 continue
             for entry in entries:
                 try:
-                    if entry.is_file(follow_symlinks=False) and now - entry.stat(follow_symlinks=False).st_mtime > older_than:
+                    if (
+                        entry.is_file(follow_symlinks=False)
+                        and now - entry.stat(follow_symlinks=False).st_mtime > older_than
+                    ):
                         os.remove(entry.path)
                         removed += 1
                 except OSError:  # another process swept it first
@@ -236,7 +243,8 @@ class Store:
         return removed
 
     def describe(self, folder: str, about: dict[str, Any]) -> None:
-        """Write ``folder/about.json`` (what a fingerprint stands for) unless it is there; checks the root is writable."""
+        """Write ``folder/about.json`` (what a fingerprint stands for) unless it is there; checks the root is
+        writable."""
         fs = self._filesystem()
         if fs.exists(self.path(folder, ABOUT)):
             return

@@ -10,14 +10,15 @@ of it where rows are numbered), each announced to the collector once all its row
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
+from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.token_cache import rows as cr
 from padpipe.token_cache.store import Segment
-from padpipe.readers.source import UnitSource, WorkUnit
 
 if TYPE_CHECKING:
     from padpipe.token_cache.session import CacheSession
@@ -29,8 +30,17 @@ ROWS, BYTES, WHOLE = "rows", "bytes", "whole"  # how a unit's positions are coun
 class Walk:
     """One piece's walk over its unit's segments and gaps (see the module docs)."""
 
-    def __init__(self, session: CacheSession, reader: UnitSource, unit: WorkUnit, whole: WorkUnit, kind: str,
-                 uid: int, folder: str, start_row: int) -> None:
+    def __init__(
+        self,
+        session: CacheSession,
+        reader: UnitSource,
+        unit: WorkUnit,
+        whole: WorkUnit,
+        kind: str,
+        uid: int,
+        folder: str,
+        start_row: int,
+    ) -> None:
         self.session, self.reader, self.unit, self.whole, self.kind = session, reader, unit, whole, kind
         self.uid, self.folder, self.start_row = uid, folder, start_row
         self.generation = session.collector.generation
@@ -123,7 +133,9 @@ class Walk:
             self._announce(seg_lo, position, ended, seg_rows, known)
         return position, ended
 
-    def _parts(self, batch: pa.RecordBatch, positions: np.ndarray, seg_rows: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    def _parts(
+        self, batch: pa.RecordBatch, positions: np.ndarray, seg_rows: int
+    ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
         """Cut a text batch where segments end: at multiples of SEGMENT_ROWS, or every SEGMENT_ROWS rows (JSONL)."""
         if not len(positions):
             return

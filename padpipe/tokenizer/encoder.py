@@ -11,19 +11,20 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from padpipe._optional import require
-from padpipe.tokenizer.prefix import cut, prefix_chars
-from padpipe.tokenizer.truncate import truncate_pairs
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.errors import positive
+from padpipe.tokenizer.prefix import cut, prefix_chars
+from padpipe.tokenizer.truncate import truncate_pairs
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.\-]{0,95}(/[A-Za-z0-9][\w.\-]{0,95})?")
 """A Hugging Face Hub repo id: ``name`` or ``org/name`` (what ``from_pretrained`` may look up online)."""
@@ -330,7 +331,7 @@ def _is_hub_name(name: str) -> bool:
     Example:
         >>> _is_hub_name("bert-base-uncased"), _is_hub_name("org/model.v2"), _is_hub_name("data/tok/"), _is_hub_name("tok.json")
         (True, True, False, False)
-    """
+    """  # noqa: E501
     return bool(HUB_NAME.fullmatch(name)) and ".." not in name and "--" not in name and not name.endswith(".json")
 
 

@@ -14,7 +14,8 @@ Pairs, left truncation and other tokenizers are always encoded whole.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 CHARS_PER_TOKEN = 8
 LOCAL_NORMALIZERS = {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Strip", "Prepend"}
@@ -31,7 +32,9 @@ def prefix_chars(tokenizer_json: str, max_length: int | None, truncation_side: s
     if max_length is None or truncation_side != "right":
         return None
     config = json.loads(tokenizer_json)
-    if not _local(config.get("normalizer"), normalizer=True) or not _local(config.get("pre_tokenizer"), normalizer=False):
+    if not _local(config.get("normalizer"), normalizer=True) or not _local(
+        config.get("pre_tokenizer"), normalizer=False
+    ):
         return None
     if config.get("pre_tokenizer") is None:  # the whole text is one piece: tokens may cross spaces
         return None
@@ -46,11 +49,17 @@ def _local(part: dict[str, Any] | None, *, normalizer: bool) -> bool:
         return True
     kind = part.get("type")
     if kind == "Sequence":
-        return all(_local(p, normalizer=normalizer) for p in part.get("normalizers" if normalizer else "pretokenizers", []))
+        return all(
+            _local(p, normalizer=normalizer) for p in part.get("normalizers" if normalizer else "pretokenizers", [])
+        )
     if normalizer:
         if kind == "Replace":  # a plain string of only spaces, or none: no match can straddle the cut
             pattern = part.get("pattern", {}).get("String")
-            return isinstance(pattern, str) and bool(pattern) and (pattern.isspace() or not any(c.isspace() for c in pattern))
+            return (
+                isinstance(pattern, str)
+                and bool(pattern)
+                and (pattern.isspace() or not any(c.isspace() for c in pattern))
+            )
         return kind in LOCAL_NORMALIZERS
     if kind == "ByteLevel":
         return bool(part.get("use_regex", True))

@@ -10,9 +10,9 @@ template stay, and each text keeps its first (``"right"``) or last (``"left"``) 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter
-from typing import Sequence
 
 import numpy as np
 
@@ -76,7 +76,9 @@ def truncate_pairs(
         keep |= mine & (position >= first_kept[row_of]) & (position < (first_kept + k)[row_of])
     # where the long rows' tokens sit in the flat batch
     starts = offsets[rows]
-    local = np.arange(int(row_lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(row_lengths) - row_lengths, row_lengths)
+    local = np.arange(int(row_lengths.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(row_lengths) - row_lengths, row_lengths
+    )
     mask = np.ones(int(offsets[-1]), dtype=bool)
     mask[np.repeat(starts, row_lengths) + local] = keep
     return mask, np.bincount(row_of[keep], minlength=len(rows))

@@ -15,8 +15,14 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PADPIPE_PR
 
 
 def run(script: str, *args: str) -> str:
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=ENV,
-                            capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -25,7 +31,11 @@ def run(script: str, *args: str) -> str:
 def test_epochs_benchmark_runs_and_reads_the_cache_after_epoch_one(tmp_path: Path) -> None:
     out = run("epochs.py", "--docs", "40", "--words", "120", "--epochs", "2", "--workdir", str(tmp_path))
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and " s |" in line}
-    assert set(rows) == {"padpipe", "padpipe + token cache", "HF map(num_proc=2) + DataCollatorWithPadding + DataLoader(2)"}
+    assert set(rows) == {
+        "padpipe",
+        "padpipe + token cache",
+        "HF map(num_proc=2) + DataCollatorWithPadding + DataLoader(2)",
+    }
     assert re.search(r"with the cache: epoch 2 is [\d.]+x faster than epoch 1", out)
     assert re.search(r"2 epochs, padpipe \+ cache / HF stack: [\d.]+x the time", out)
     assert re.search(r"token-cache: \d+ files, ", out)

@@ -33,7 +33,12 @@ def test_gpu_check_smoke_run_works_on_the_cpu(tmp_path: Path) -> None:
     assert "1. device batches == CPU batches: True over 8 batches; resume equal: True" in result.stdout
     for check in ("split: True", "workers: True", "varlen: None"):  # no varlen kernel runs on the CPU
         assert f"\n   {check}  " in result.stdout
-    for feed in ("compute only", "cpu + .cuda() in loop", ".prefetch(2) + .cuda() in loop",
-                 ".prefetch(2) + pin + non_blocking in loop", ".to_cuda(prefetch=2) [smoke: .prefetch(2)]"):
+    for feed in (
+        "compute only",
+        "cpu + .cuda() in loop",
+        ".prefetch(2) + .cuda() in loop",
+        ".prefetch(2) + pin + non_blocking in loop",
+        ".to_cuda(prefetch=2) [smoke: .prefetch(2)]",
+    ):
         assert f"\n   {feed}" in result.stdout
     assert not (tmp_path / "gpu_check.json").exists()  # a CPU run measures nothing, writes nothing

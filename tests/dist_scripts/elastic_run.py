@@ -40,7 +40,9 @@ def pipelines(data: str) -> dict[str, pp.Pipeline]:
 
     mix = pp.mix({"a": tokens(read("a")), "b": tokens(read("b"))}, weights={"a": 3, "b": 1}, seed=4, chunk_rows=40)
     return {
-        "bucket": tokens(read("a").shuffle(buffer_size=200, seed=1)).bucket(max_tokens=MAX_TOKENS, buffer_size=150).pad(),
+        "bucket": tokens(read("a").shuffle(buffer_size=200, seed=1))
+        .bucket(max_tokens=MAX_TOKENS, buffer_size=150)
+        .pad(),
         "batch": tokens(read("a").shuffle(buffer_size=200, seed=3)).batch(16).pad(),
         "pack": tokens(read("a").shuffle(buffer_size=200, seed=2)).pack(64, batch_size=4, buffer_size=40),
         "mix": mix.bucket(max_tokens=MAX_TOKENS, buffer_size=100).pad(),

@@ -30,11 +30,13 @@ SAVE_AT = 5
 
 
 def pipeline(path: str) -> pp.Pipeline:
-    return (pp.read_parquet(path)
-            .shuffle(buffer_size=1000, seed=0)
-            .tokenize(pp.examples.TOKENIZER_JSON, fields=("sentence1", "sentence2"), max_length=128, num_threads=1)
-            .bucket(max_tokens=4096)
-            .pad(pad_to_multiple_of=8))
+    return (
+        pp.read_parquet(path)
+        .shuffle(buffer_size=1000, seed=0)
+        .tokenize(pp.examples.TOKENIZER_JSON, fields=("sentence1", "sentence2"), max_length=128, num_threads=1)
+        .bucket(max_tokens=4096)
+        .pad(pad_to_multiple_of=8)
+    )
 
 
 def summary(batch: dict) -> list:
@@ -116,8 +118,11 @@ def main() -> None:
     if mode == "matrix":
         result = {
             "loader_ddp": {"uneven": run_loader_ddp(uneven), "sample": run_loader_ddp(sample)},
-            "dataloader": {f"{policy}-{'persistent' if p else 'fresh'}": run_dataloader(uneven, policy, p)
-                           for policy in ("stop_first", "repeat", "off") for p in (True, False)},
+            "dataloader": {
+                f"{policy}-{'persistent' if p else 'fresh'}": run_dataloader(uneven, policy, p)
+                for policy in ("stop_first", "repeat", "off")
+                for p in (True, False)
+            },
             "plain_rows": run_plain_dataloader(uneven),
             "saved": save_mid_epoch(uneven, state_file),
         }

@@ -24,7 +24,8 @@ def test_inspect_advice_stops_at_the_tokenizers_limit(long_docs: pp.InspectResul
     assert result.max_length == result.model_max_length == 512 and dist["p99"] > 512
     assert result.recommendations()[0] == (
         f"max_length=512 truncates {dist['truncated_share']:.1%} of rows; p99 is {dist['p99']:,.0f} tokens, past the "
-        "tokenizer's limit of 512 (model_max_length).")
+        "tokenizer's limit of 512 (model_max_length)."
+    )
     advised = [int(n) for line in result.recommendations() for n in re.findall(r"max_length=(\d+)", line)]
     assert advised and max(advised) == 512
 
@@ -36,7 +37,8 @@ def test_inspect_advice_below_the_limit_names_the_limit_and_what_it_keeps(docs: 
     assert result.recommendations()[0] == (
         f"max_length=128 truncates {result.distribution()['truncated_share']:.1%} of rows; max_length=512, the "
         f"tokenizer's limit (model_max_length), would keep {whole:.1%} of them whole (p99 is "
-        f"{result.distribution()['p99']:,.0f} tokens).")
+        f"{result.distribution()['p99']:,.0f} tokens)."
+    )
 
 
 def test_inspect_recommends_split_packing_for_long_documents(long_docs: pp.InspectResult) -> None:
@@ -44,21 +46,25 @@ def test_inspect_recommends_split_packing_for_long_documents(long_docs: pp.Inspe
     share, dropped = np.mean(lengths > 512), np.maximum(lengths - 512, 0).sum() / lengths.sum()
     assert share > 0.01
     assert long_docs.recommendations()[1] == (
-        f"long documents: {share:.1%} of rows are longer than max_length=512; pack(seq_len=512, long_docs=\"split\") "
-        f"splits them across rows and keeps every token, where truncation drops {dropped:.1%} of the tokens.")
+        f'long documents: {share:.1%} of rows are longer than max_length=512; pack(seq_len=512, long_docs="split") '
+        f"splits them across rows and keeps every token, where truncation drops {dropped:.1%} of the tokens."
+    )
 
 
 def test_inspect_advises_no_packing_for_pairs_or_short_rows() -> None:
-    pairs = pp.inspect(pp.examples.SAMPLE_PARQUET, pp.examples.TOKENIZER_JSON, max_length=128, sample=2000,
-                       progress=False)  # 25% truncated, but pairs
+    pairs = pp.inspect(
+        pp.examples.SAMPLE_PARQUET, pp.examples.TOKENIZER_JSON, max_length=128, sample=2000, progress=False
+    )  # 25% truncated, but pairs
     assert not any(line.startswith("long documents") for line in pairs.recommendations())
 
 
 def test_inspect_prints_percentiles_as_whole_tokens_with_thousands_separators(long_docs: pp.InspectResult) -> None:
     dist = long_docs.distribution()
     line = next(line for line in str(long_docs).splitlines() if line.startswith("  mean "))
-    assert line.startswith(f"  mean {dist['mean']:.1f}   p50 {dist['p50']:,.0f}   p90 {dist['p90']:,.0f}   "
-                           f"p99 {dist['p99']:,.0f}   max {dist['max']:,}")
+    assert line.startswith(
+        f"  mean {dist['mean']:.1f}   p50 {dist['p50']:,.0f}   p90 {dist['p90']:,.0f}   "
+        f"p99 {dist['p99']:,.0f}   max {dist['max']:,}"
+    )
 
 
 def test_a_sample_that_covers_the_whole_input_is_not_a_sample(docs: str) -> None:  # noqa: F811

@@ -56,8 +56,19 @@ def check_equals_real_passes(result: pp.InspectResult, base: pp.Pipeline) -> Non
 
 
 def test_inspect_all_equals_real_passes_of_every_strategy(pairs: str) -> None:
-    result = pp.inspect(pairs, TOK, max_length=128, sample=None, batch_size=32, max_tokens=2048, seq_len=256,
-                        buffer_size=1500, shuffle_buffer=1000, seed=3, progress=False)
+    result = pp.inspect(
+        pairs,
+        TOK,
+        max_length=128,
+        sample=None,
+        batch_size=32,
+        max_tokens=2048,
+        seq_len=256,
+        buffer_size=1500,
+        shuffle_buffer=1000,
+        seed=3,
+        progress=False,
+    )
     assert [s.code for s in result.strategies] == [
         ".batch(32).pad(pad_to_length=128)",
         ".batch(32).pad(pad_to_multiple_of=8)",
@@ -71,8 +82,17 @@ def test_inspect_all_equals_real_passes_of_every_strategy(pairs: str) -> None:
 
 
 def test_inspect_all_equals_real_passes_without_truncation_or_shuffle(docs: str) -> None:
-    result = pp.inspect(docs, TOK, sample=None, batch_size=16, seq_len=512, buffer_size=300, pad_to_multiple_of=None,
-                        shuffle_buffer=0, progress=False)
+    result = pp.inspect(
+        docs,
+        TOK,
+        sample=None,
+        batch_size=16,
+        seq_len=512,
+        buffer_size=300,
+        pad_to_multiple_of=None,
+        shuffle_buffer=0,
+        progress=False,
+    )
     assert result.max_length is None and result.fields == ("text",)
     assert result.strategies[1].name == "dynamic: batches of 16 in order"  # no shuffle: file order
     assert result.settings.static_length == int(result.lengths.max()) > 512  # pack splits the longest documents
@@ -85,10 +105,17 @@ def test_inspect_cuts_rows_to_a_small_budget_as_on_oversize_truncate_does(pairs:
     assert budget.code == ".bucket(max_tokens=96, buffer_size=1000, on_oversize='truncate').pad(pad_to_multiple_of=8)"
     assert result.budget_truncated == int((np.minimum(result.lengths, 128) > 96).sum()) > 0
     assert "rows are longer than max_tokens=96 allows" in str(result)
-    stats = real_pass(eval("base" + budget.code, {"base": pp.read_parquet(pairs).shuffle(10_000, seed=0).tokenize(
-        TOK, fields=PAIR, max_length=128)}))
-    assert (budget.batches, budget.real_tokens, budget.padded_tokens) == (stats.batches, stats.real_tokens,
-                                                                          stats.padded_tokens)
+    stats = real_pass(
+        eval(
+            "base" + budget.code,
+            {"base": pp.read_parquet(pairs).shuffle(10_000, seed=0).tokenize(TOK, fields=PAIR, max_length=128)},
+        )
+    )
+    assert (budget.batches, budget.real_tokens, budget.padded_tokens) == (
+        stats.batches,
+        stats.real_tokens,
+        stats.padded_tokens,
+    )
     assert stats.counters["bucket.truncated"] == result.budget_truncated
 
 
@@ -107,11 +134,11 @@ def test_inspect_lengths_are_the_tokenizers_and_percentiles_are_numpys(pairs: st
 
 
 def test_inspect_sample_is_within_tolerance_of_all_rows() -> None:
-    exact = pp.inspect(pp.examples.SAMPLE_PARQUET, TOK, max_length=128, sample=None, buffer_size=2048,
-                       progress=False)
+    exact = pp.inspect(pp.examples.SAMPLE_PARQUET, TOK, max_length=128, sample=None, buffer_size=2048, progress=False)
     for seed in (0, 1):
-        sampled = pp.inspect(pp.examples.SAMPLE_PARQUET, TOK, max_length=128, sample=5000, buffer_size=2048,
-                             seed=seed, progress=False)
+        sampled = pp.inspect(
+            pp.examples.SAMPLE_PARQUET, TOK, max_length=128, sample=5000, buffer_size=2048, seed=seed, progress=False
+        )
         assert sampled.sampled and sampled.rows == 5000 and sampled.corpus.rows == 20_000 and sampled.corpus.exact
         for a, b in zip(sampled.strategies, exact.strategies):
             assert abs(a.efficiency - b.efficiency) <= SAMPLE_TOLERANCE["efficiency"], (seed, a.name)
@@ -161,8 +188,10 @@ def test_inspect_reads_arrow_folders_and_reader_pipelines(tmp_path, docs: str) -
 def test_inspect_report_and_dict_name_every_figure(pairs: str) -> None:
     result = pp.inspect(pairs, TOK, max_length=128, sample=None, progress=False)
     text = str(result)
-    assert text.startswith(f"padpipe inspect: {pairs}\n  parquet, 1 file, 5 units; 3,000 rows (exact: every row "
-                           "read); read every row (shuffle buffer 10,000)\n")
+    assert text.startswith(
+        f"padpipe inspect: {pairs}\n  parquet, 1 file, 5 units; 3,000 rows (exact: every row "
+        "read); read every row (shuffle buffer 10,000)\n"
+    )
     for strategy in result.strategies:
         assert strategy.name in text
     assert "recommendations" in text and "efficiency stops improving at buffer_size=" in text
@@ -189,8 +218,11 @@ def test_inspect_chart_is_a_png_of_sensible_size(pairs: str, tmp_path) -> None:
         ({"sample": 0}, ValueError, r"^`sample` must be greater than zero, but is 0 instead\.$"),
         ({"max_length": 2, "fields": PAIR}, ValueError, r"^`max_length` must be at least 3 \(the tokenizer's special"),
         ({"shuffle_buffer": -1}, ValueError, r"^`shuffle_buffer` must be a non-negative int, but is -1 instead\.$"),
-        ({"fields": "label"}, pp.DataError,
-         r"pairs\.parquet: nothing to inspect in field\(s\) \['label'\]: all 3,000 rows read have no text there"),
+        (
+            {"fields": "label"},
+            pp.DataError,
+            r"pairs\.parquet: nothing to inspect in field\(s\) \['label'\]: all 3,000 rows read have no text there",
+        ),
     ],
 )
 def test_inspect_raises_error_when_an_argument_is_bad(pairs: str, kwargs: dict, error: type, message: str) -> None:

@@ -18,9 +18,11 @@ from tests.integrations.tiny import torchrun  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 ROWS = 2000
-FIX = (r"Fix: pass `pipe\.loader\(\.\.\.\)` to `accelerator\.prepare\(\.\.\.\)` instead \(Accelerate passes it "
-       r"through; padpipe shards by rank and worker and keeps steps equal across ranks\), or use "
-       r"`padpipe\.hf\.Trainer` with transformers' Trainer\.")
+FIX = (
+    r"Fix: pass `pipe\.loader\(\.\.\.\)` to `accelerator\.prepare\(\.\.\.\)` instead \(Accelerate passes it "
+    r"through; padpipe shards by rank and worker and keeps steps equal across ranks\), or use "
+    r"`padpipe\.hf\.Trainer` with transformers' Trainer\."
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +48,20 @@ def test_accelerate_loader_state_saved_per_rank_resumes_exactly(ranks):
     assert [rank["resumed"] for rank in ranks] == [True, True]
 
 
-@pytest.mark.parametrize("case, wrapper", [("dispatch", "DataLoaderDispatcher"), ("shard", "IterableDatasetShard"),
-                                           ("shard_in_workers", "IterableDatasetShard")])
+@pytest.mark.parametrize(
+    "case, wrapper",
+    [
+        ("dispatch", "DataLoaderDispatcher"),
+        ("shard", "IterableDatasetShard"),
+        ("shard_in_workers", "IterableDatasetShard"),
+    ],
+)
 def test_accelerate_prepare_of_a_dataloader_over_a_pipeline_fails_naming_the_fix(ranks, case, wrapper):
     for rank in ranks:
         message = rank["errors"][case]
         if case == "shard_in_workers":  # raised in a DataLoader worker, re-raised by the DataLoader
             assert message.startswith("Caught RuntimeError in DataLoader worker process")
-            message = message[message.index("RuntimeError: A padpipe") + len("RuntimeError: "):]
+            message = message[message.index("RuntimeError: A padpipe") + len("RuntimeError: ") :]
         assert message.startswith(f"A padpipe pipeline is read through accelerate's {wrapper} over 2 processes: ")
         assert re.search(FIX, message)
 
@@ -62,7 +70,11 @@ def test_accelerate_prepare_of_a_dataloader_is_fine_on_one_process():
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
-    pipe = (pp.from_iterable([{"text": f"row {i}", "i": i} for i in range(10)]).tokenize(pp.examples.tokenizer())
-              .batch(4).pad())
+    pipe = (
+        pp.from_iterable([{"text": f"row {i}", "i": i} for i in range(10)])
+        .tokenize(pp.examples.tokenizer())
+        .batch(4)
+        .pad()
+    )
     prepared = Accelerator(cpu=True).prepare(DataLoader(pipe, batch_size=None))
     assert sorted(i for batch in prepared for i in batch["i"].tolist()) == list(range(10))

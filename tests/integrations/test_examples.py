@@ -42,12 +42,21 @@ def test_ddp_example_under_torchrun_takes_equal_steps_over_every_row(parquet):
 @pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py", "train_hf_trainer.py"])
 def test_examples_stop_at_max_steps_log_every_n_steps_and_name_their_extra(script, parquet, tmp_path):
     if script != "train_ddp.py":
-        pytest.importorskip("accelerate" if "accelerate" in script else "lightning" if "lightning" in script else "datasets")
-    extra = {"train_ddp.py": "[hf]", "train_accelerate.py": "[hf,accelerate]", "train_lightning.py": "[hf,lightning]",
-             "train_hf_trainer.py": "[hf]"}[script]
+        pytest.importorskip(
+            "accelerate" if "accelerate" in script else "lightning" if "lightning" in script else "datasets"
+        )
+    extra = {
+        "train_ddp.py": "[hf]",
+        "train_accelerate.py": "[hf,accelerate]",
+        "train_lightning.py": "[hf,lightning]",
+        "train_hf_trainer.py": "[hf]",
+    }[script]
     assert f"pip install 'padpipe{extra}'" in (EXAMPLES / script).read_text()
-    data = [str(write_mrpc(tmp_path / "mrpc", train_rows=1200, val_rows=100)), str(tmp_path / "run")] if (
-        script == "train_hf_trainer.py") else [parquet] + ([str(tmp_path)] if script == "train_lightning.py" else [])
+    data = (
+        [str(write_mrpc(tmp_path / "mrpc", train_rows=1200, val_rows=100)), str(tmp_path / "run")]
+        if (script == "train_hf_trainer.py")
+        else [parquet] + ([str(tmp_path)] if script == "train_lightning.py" else [])
+    )
     out = run_script(EXAMPLES / script, *data, "--max-steps", "4", "--log-every", "2", processes=1).stdout
     if script == "train_hf_trainer.py":
         assert len(re.findall(r"'loss': ", out)) == 2, out  # the Trainer's own log lines, at steps 2 and 4

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def arguments(out, **changes) -> transformers.TrainingArguments:
-    options = dict(max_steps=4, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", logging_steps=100,
-                   seed=0)
+    options = dict(
+        max_steps=4, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", logging_steps=100, seed=0
+    )
     return transformers.TrainingArguments(str(out), **{**options, **changes})
 
 
@@ -37,9 +38,12 @@ def test_check_hooks_names_the_hook_that_changed():
         def _run_epoch(self, model, epoch):  # an upgrade that renamed the loop's arguments
             pass
 
-    with pytest.raises(ImportError, match=r"^padpipe\.hf needs transformers\.Trainer\._run_epoch\(model, epoch, "
-                                          r"train_dataloader, .*\(transformers 5\.24\), but transformers 9\.0 has "
-                                          r"_run_epoch\(model, epoch\) instead"):
+    with pytest.raises(
+        ImportError,
+        match=r"^padpipe\.hf needs transformers\.Trainer\._run_epoch\(model, epoch, "
+        r"train_dataloader, .*\(transformers 5\.24\), but transformers 9\.0 has "
+        r"_run_epoch\(model, epoch\) instead",
+    ):
         check_hooks(Changed, "9.0")
 
 
@@ -60,12 +64,18 @@ def test_the_no_length_loop_iterates_each_epoch_anew_and_steps_at_steps_in_epoch
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             ends.append(trainer._padpipe_train.read)
 
-    trainer = Spy(model=tiny_llama(), args=arguments(tmp_path, gradient_accumulation_steps=2), train_dataset=pipe,
-                  callbacks=[Ends()])
+    trainer = Spy(
+        model=tiny_llama(),
+        args=arguments(tmp_path, gradient_accumulation_steps=2),
+        train_dataset=pipe,
+        callbacks=[Ends()],
+    )
     trainer.train()
     assert steps == [(0, 8, 4), (1, 8, 4)], "transformers.Trainer._run_epoch: the loop without a length changed"
-    assert ends == [2, 3, 2, 3], ("transformers.Trainer._run_epoch no longer steps at `step + 1 == steps_in_epoch`: "
-                                  "a pass's short last window gets no optimizer step")
+    assert ends == [2, 3, 2, 3], (
+        "transformers.Trainer._run_epoch no longer steps at `step + 1 == steps_in_epoch`: "
+        "a pass's short last window gets no optimizer step"
+    )
 
 
 def test_a_resumed_epoch_reloads_the_rng_state_and_starts_at_the_epoch_padpipe_gives(tmp_path):
@@ -75,7 +85,8 @@ def test_a_resumed_epoch_reloads_the_rng_state_and_starts_at_the_epoch_padpipe_g
     Trainer(model=tiny_llama(), args=arguments(tmp_path / "run", save_strategy="epoch"), train_dataset=pipe).train()
     checkpoint = tmp_path / "run" / "checkpoint-3"
     assert (checkpoint / LOADER_STATE.format(rank=0)).is_file() and (checkpoint / "trainer_state.json").is_file(), (
-        "transformers.Trainer._save_checkpoint no longer saves into checkpoint-<global_step>")
+        "transformers.Trainer._save_checkpoint no longer saves into checkpoint-<global_step>"
+    )
     calls = []
 
     class Spy(Trainer):
@@ -90,7 +101,8 @@ def test_a_resumed_epoch_reloads_the_rng_state_and_starts_at_the_epoch_padpipe_g
     Spy(model=tiny_llama(), args=arguments(tmp_path / "resumed"), train_dataset=pipe).train(str(checkpoint))
     assert calls == [("epoch", 1), ("rng", str(checkpoint))], (
         "transformers.Trainer._init_training_state/_run_epoch: a resume no longer starts at the returned epoch "
-        "and reloads the RNG states when no batches are skipped")
+        "and reloads the RNG states when no batches are skipped"
+    )
 
 
 def test_get_batch_samples_takes_what_the_pass_has_and_tokens_are_tracked_per_batch(tmp_path):
@@ -109,26 +121,35 @@ def test_get_batch_samples_takes_what_the_pass_has_and_tokens_are_tracked_per_ba
 
     trainer._track_num_input_tokens = spy.__get__(trainer)
     metrics = trainer.train().metrics
-    assert seen and set(seen) == {Batch}, ("transformers.Trainer._track_num_input_tokens no longer gets the batches "
-                                           "get_batch_samples returned")
+    assert seen and set(seen) == {Batch}, (
+        "transformers.Trainer._track_num_input_tokens no longer gets the batches get_batch_samples returned"
+    )
     assert metrics["train_samples"] == trainer._padpipe_train.rows, (
-        "transformers.Trainer._finalize_training no longer logs train_runtime through Trainer.log")
+        "transformers.Trainer._finalize_training no longer logs train_runtime through Trainer.log"
+    )
 
 
 def test_num_items_are_gathered_only_while_average_tokens_across_devices_is_set():
     """``_get_num_items_in_batch`` reads ``args.average_tokens_across_devices`` at each call (padpipe's
     evaluation turns it off for the loop: ranks take different numbers of evaluation steps)."""
     gathered: list = []
-    fake = SimpleNamespace(model_accepts_loss_kwargs=True, compute_loss_func=None, _loss_shifts_labels=False,
-                           args=SimpleNamespace(average_tokens_across_devices=True, world_size=2, n_gpu=0),
-                           accelerator=SimpleNamespace(gather=lambda t: gathered.append(t) or t.repeat(2)),
-                           get_tp_size=lambda: 1, get_cp_size=lambda: 1, get_sp_size=lambda: 1)
+    fake = SimpleNamespace(
+        model_accepts_loss_kwargs=True,
+        compute_loss_func=None,
+        _loss_shifts_labels=False,
+        args=SimpleNamespace(average_tokens_across_devices=True, world_size=2, n_gpu=0),
+        accelerator=SimpleNamespace(gather=lambda t: gathered.append(t) or t.repeat(2)),
+        get_tp_size=lambda: 1,
+        get_cp_size=lambda: 1,
+        get_sp_size=lambda: 1,
+    )
     batches = [{"labels": torch.tensor([[1, 2, -100]])}]
     assert int(transformers.Trainer._get_num_items_in_batch(fake, batches, torch.device("cpu"))) == 4
     fake.args.average_tokens_across_devices = False
     assert int(transformers.Trainer._get_num_items_in_batch(fake, batches, torch.device("cpu"))) == 2
-    assert len(gathered) == 1, "transformers.Trainer._get_num_items_in_batch no longer reads " \
-                               "args.average_tokens_across_devices at each call"
+    assert len(gathered) == 1, (
+        "transformers.Trainer._get_num_items_in_batch no longer reads args.average_tokens_across_devices at each call"
+    )
 
 
 def test_wrap_model_for_evaluation_leaves_a_one_process_model_as_it_is(tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import warnings
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,13 @@ import padpipe as pp  # noqa: E402
 from padpipe.hf import LOADER_STATE, Trainer  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from tests.integrations.tiny import (  # noqa: E402
-    ROOT, TRAIN_ROWS, VAL_ROWS, bert_config, recording_bert, torchrun, write_mrpc,
+    ROOT,
+    TRAIN_ROWS,
+    VAL_ROWS,
+    bert_config,
+    recording_bert,
+    torchrun,
+    write_mrpc,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,8 +43,16 @@ def labels(mrpc: Path) -> np.ndarray:
 
 
 def arguments(out: Path, **changes) -> transformers.TrainingArguments:
-    options = dict(max_steps=12, learning_rate=1e-3, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no",
-                   logging_steps=100, seed=0)
+    options = dict(
+        max_steps=12,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=100,
+        seed=0,
+    )
     return transformers.TrainingArguments(str(out), **{**options, **changes})
 
 
@@ -78,8 +92,9 @@ def test_trainer_trains_on_padded_batches_as_they_are_and_counts_rows(mrpc, tmp_
     second = [i for step in epochs[1] for i in step["idx"]]
     assert len(set(second)) == len(second) and second[:50] != first[:50]  # the next epoch, reshuffled
     assert metrics["train_samples"] == len(first) + len(second)
-    assert metrics["train_samples_per_second"] == pytest.approx(metrics["train_samples"] / metrics["train_runtime"],
-                                                                rel=1e-3)
+    assert metrics["train_samples_per_second"] == pytest.approx(
+        metrics["train_samples"] / metrics["train_runtime"], rel=1e-3
+    )
 
 
 def test_trainer_evaluates_and_predicts_in_row_order_weighting_the_loss_by_rows(mrpc, tmp_path):
@@ -125,8 +140,9 @@ def test_trainer_removes_the_columns_the_model_does_not_take(mrpc, tmp_path):
     class Plain(transformers.BertForSequenceClassification):
         def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):
             seen.append(sorted(kwargs))
-            return super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                   labels=labels)
+            return super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=labels
+            )
 
     val = glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc, batch_size=100)
     trainer = Trainer(model=Plain(bert_config()), args=arguments(tmp_path), train_dataset=val)
@@ -139,59 +155,84 @@ def test_trainer_resumes_at_an_epoch_boundary_with_the_next_epoch(mrpc, tmp_path
     train = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=4096)
     first_epoch = sum(1 for _ in train.loader())
     full = recorder()
-    Trainer(model=full, args=arguments(tmp_path / "run", max_steps=first_epoch + 4, save_strategy="steps",
-                                       save_steps=first_epoch),
-            train_dataset=train).train()
+    Trainer(
+        model=full,
+        args=arguments(tmp_path / "run", max_steps=first_epoch + 4, save_strategy="steps", save_steps=first_epoch),
+        train_dataset=train,
+    ).train()
     checkpoint = tmp_path / "run" / f"checkpoint-{first_epoch}"
     assert (checkpoint / LOADER_STATE.format(rank=0)).is_file()
     resumed = recorder()
-    Trainer(model=resumed, args=arguments(tmp_path / "resumed", max_steps=first_epoch + 4),
-            train_dataset=train).train(resume_from_checkpoint=str(checkpoint))
+    Trainer(model=resumed, args=arguments(tmp_path / "resumed", max_steps=first_epoch + 4), train_dataset=train).train(
+        resume_from_checkpoint=str(checkpoint)
+    )
     assert len(resumed.steps) == 4
     assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in full.steps[first_epoch:]]
 
 
 def test_trainer_resume_needs_the_loader_state_in_the_checkpoint(mrpc, tmp_path):
     train = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=4096)
-    Trainer(model=recorder(), args=arguments(tmp_path, max_steps=2, save_strategy="steps", save_steps=2),
-            train_dataset=train).train()
+    Trainer(
+        model=recorder(),
+        args=arguments(tmp_path, max_steps=2, save_strategy="steps", save_steps=2),
+        train_dataset=train,
+    ).train()
     (tmp_path / "checkpoint-2" / LOADER_STATE.format(rank=0)).unlink()
     trainer = Trainer(model=recorder(), args=arguments(tmp_path, max_steps=3), train_dataset=train)
-    with pytest.raises(FileNotFoundError, match=r"^Checkpoint .*checkpoint-2 has no padpipe loader state "
-                                                r"\(padpipe_loader_<rank>\.pt\).*ignore_data_skip=True"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"^Checkpoint .*checkpoint-2 has no padpipe loader state "
+        r"\(padpipe_loader_<rank>\.pt\).*ignore_data_skip=True",
+    ):
         trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
 
 
 def test_trainer_rejects_a_pipeline_that_does_not_yield_tensors(mrpc, tmp_path):
-    tokens = pp.read_parquet(mrpc / "train-00000-of-00001.parquet").tokenize(pp.examples.tokenizer(),
-                                                                               fields="sentence1")
+    tokens = pp.read_parquet(mrpc / "train-00000-of-00001.parquet").tokenize(
+        pp.examples.tokenizer(), fields="sentence1"
+    )
     trainer = Trainer(model=recorder(), args=arguments(tmp_path), train_dataset=tokens)
-    with pytest.raises(ValueError, match=r"^`train_dataset` must be a pipeline that yields tensors \(ending in "
-                                         r"\.pad\(\) or \.pack\(\)\), but it yields tokens instead\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`train_dataset` must be a pipeline that yields tensors \(ending in "
+        r"\.pad\(\) or \.pack\(\)\), but it yields tokens instead\.$",
+    ):
         trainer.train()
 
 
 def test_trainer_leaves_other_datasets_to_transformers(tmp_path):
     rows = [{"input_ids": [2, 5, 6, 3], "attention_mask": [1, 1, 1, 1], "labels": i % 2} for i in range(16)]
     model = transformers.BertForSequenceClassification(bert_config())
-    trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=2, per_device_train_batch_size=4,
-                                                       remove_unused_columns=False),
-                      train_dataset=rows, eval_dataset=rows)
+    trainer = Trainer(
+        model=model,
+        args=arguments(tmp_path, max_steps=2, per_device_train_batch_size=4, remove_unused_columns=False),
+        train_dataset=rows,
+        eval_dataset=rows,
+    )
     assert isinstance(trainer.get_train_dataloader(), torch.utils.data.DataLoader)
     assert trainer.evaluate()["eval_samples_per_second"] > 0
     assert "eval_samples" not in trainer.evaluate()
 
 
-@pytest.mark.parametrize("module, package, extra", [("padpipe.hf", "transformers", "hf"),
-                                                    ("padpipe.integrations.lightning", "lightning", "lightning")])
+@pytest.mark.parametrize(
+    "module, package, extra",
+    [("padpipe.hf", "transformers", "hf"), ("padpipe.integrations.lightning", "lightning", "lightning")],
+)
 def test_an_adapter_without_its_framework_names_the_extra(module, package, extra):
     code = f"import sys; sys.modules[{package!r}] = None; import {module}"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (
         f"padpipe._optional.MissingDependencyError: {module} needs the {package} package, which is not installed: "
-        f"pip install 'padpipe[{extra}]' (or: pip install {package})")
+        f"pip install 'padpipe[{extra}]' (or: pip install {package})"
+    )
 
 
 # -- two processes ----------------------------------------------------------------------------------
@@ -246,11 +287,19 @@ def test_trainer_passes_packed_batches_with_hf_flash_attention_names(tmp_path):
     class Llama(transformers.LlamaForCausalLM):
         def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, **kwargs):
             seen.append(sorted(k for k in kwargs if k != "num_items_in_batch"))
-            return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                   labels=labels, **kwargs)
+            return super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels, **kwargs
+            )
 
-    config = transformers.LlamaConfig(vocab_size=8000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256)
+    config = transformers.LlamaConfig(
+        vocab_size=8000,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     packed = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer()).pack(128, batch_size=2)
     Trainer(model=Llama(config), args=arguments(tmp_path, max_steps=3), train_dataset=packed).train()
     assert seen == [["cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q", "seq_idx"]] * 3
@@ -258,11 +307,18 @@ def test_trainer_passes_packed_batches_with_hf_flash_attention_names(tmp_path):
 
 def test_trainer_warns_once_that_predictions_without_row_index_come_in_batch_order(mrpc, tmp_path):
     rows = pq.read_table(mrpc / "validation-00000-of-00001.parquet").to_pylist()
-    val = (pp.from_iterable(rows).tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
-           .bucket(32, buffer_size=400).pad())  # no row_index: batches grouped by length
+    val = (
+        pp.from_iterable(rows)
+        .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
+        .bucket(32, buffer_size=400)
+        .pad()
+    )  # no row_index: batches grouped by length
     trainer = Trainer(model=recorder(), args=arguments(tmp_path))
-    with pytest.warns(UserWarning, match=r"^predict\(\) on a padpipe pipeline whose batches have no `row_index` "
-                                         r"column returns predictions and label_ids in the pipeline's batch order"):
+    with pytest.warns(
+        UserWarning,
+        match=r"^predict\(\) on a padpipe pipeline whose batches have no `row_index` "
+        r"column returns predictions and label_ids in the pipeline's batch order",
+    ):
         out = trainer.predict(val)
     assert not np.array_equal(out.label_ids, labels(mrpc))  # the warning is true: not the rows' order
     with warnings.catch_warnings():
@@ -274,21 +330,32 @@ def test_trainer_warns_once_that_predictions_without_row_index_come_in_batch_ord
 def test_trainer_refuses_eval_batches_it_cannot_return_in_row_order(mrpc, tmp_path):
     val = glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc)
     trainer = Trainer(model=recorder(), args=arguments(tmp_path, eval_do_concat_batches=False), eval_dataset=val)
-    with pytest.raises(ValueError, match=r"^`eval_do_concat_batches` must be True to evaluate a padpipe pipeline "
-                                         r"\(its outputs come back as arrays in row order\), but is False instead\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`eval_do_concat_batches` must be True to evaluate a padpipe pipeline "
+        r"\(its outputs come back as arrays in row order\), but is False instead\.$",
+    ):
         trainer.evaluate()
 
 
 @pytest.mark.parametrize("accumulate, moves", [(None, 0), (2, 5)])
-def test_trainer_moves_eval_outputs_to_the_cpu_every_eval_accumulation_steps(mrpc, tmp_path, monkeypatch,
-                                                                             accumulate, moves):
+def test_trainer_moves_eval_outputs_to_the_cpu_every_eval_accumulation_steps(
+    mrpc, tmp_path, monkeypatch, accumulate, moves
+):
     val = glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc, batch_size=30)  # 11 batches
     calls = []
     original = transformers.trainer_pt_utils.EvalLoopContainer.to_cpu_and_numpy
-    monkeypatch.setattr(transformers.trainer_pt_utils.EvalLoopContainer, "to_cpu_and_numpy",
-                        lambda self: calls.append(id(self)) or original(self))
-    trainer = Trainer(model=recorder(), args=arguments(tmp_path, eval_accumulation_steps=accumulate),
-                      compute_metrics=accuracy, eval_dataset=val)
+    monkeypatch.setattr(
+        transformers.trainer_pt_utils.EvalLoopContainer,
+        "to_cpu_and_numpy",
+        lambda self: calls.append(id(self)) or original(self),
+    )
+    trainer = Trainer(
+        model=recorder(),
+        args=arguments(tmp_path, eval_accumulation_steps=accumulate),
+        compute_metrics=accuracy,
+        eval_dataset=val,
+    )
     assert trainer.evaluate()["eval_samples"] == VAL_ROWS
     assert len(calls) == 4 * moves + 4  # every 2 batches for each of the 4 containers, then once at the end
 
@@ -296,8 +363,9 @@ def test_trainer_moves_eval_outputs_to_the_cpu_every_eval_accumulation_steps(mrp
 def test_trainer_reports_a_nan_eval_loss_when_no_batch_loss_is_finite(mrpc, tmp_path):
     class Broken(transformers.BertForSequenceClassification):
         def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None):
-            out = super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                  labels=labels)
+            out = super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=labels
+            )
             out.loss = out.loss * float("nan")
             return out
 

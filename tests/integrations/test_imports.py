@@ -20,7 +20,13 @@ def test_padpipe_imports_and_runs_without_importing_a_framework():
         "assert len(list(pipe.loader())) == len(list(DataLoader(pipe, batch_size=None))) == 1\n"
         f"print(sorted(name for name in {FRAMEWORKS!r} if name in sys.modules))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]"

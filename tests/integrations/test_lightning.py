@@ -12,7 +12,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 L = pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
@@ -36,9 +35,17 @@ def mrpc(tmp_path_factory):
 
 
 def trainer(tmp_path, callbacks=(), **options) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                     enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-                     default_root_dir=tmp_path, callbacks=list(callbacks), **options)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        default_root_dir=tmp_path,
+        callbacks=list(callbacks),
+        **options,
+    )
 
 
 class Bare(Classifier):
@@ -67,24 +74,37 @@ def test_lightning_loader_resumes_a_mid_epoch_checkpoint_exactly(mrpc, tmp_path)
 
 def test_lightning_loader_without_exact_resume_fails_at_once(mrpc, tmp_path):
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
-    with pytest.raises(RuntimeError, match=r"^LightningLoader: the training loop took no batch from it: add "
-                                           r"`padpipe\.integrations\.lightning\.ExactResume\(\)` to "
-                                           r"`Trainer\(callbacks=\.\.\.\)`"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^LightningLoader: the training loop took no batch from it: add "
+        r"`padpipe\.integrations\.lightning\.ExactResume\(\)` to "
+        r"`Trainer\(callbacks=\.\.\.\)`",
+    ):
         trainer(tmp_path, max_steps=5).fit(Classifier(pipe, 0))
 
 
 def test_lightning_loader_needs_a_stateful_loader():
-    with pytest.raises(TypeError, match=r"^`loader` must have state_dict\(\) and load_state_dict\(\) \(e\.g\. "
-                                        r"pipe\.loader\(\)\), but is a list instead\.$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^`loader` must have state_dict\(\) and load_state_dict\(\) \(e\.g\. "
+        r"pipe\.loader\(\)\), but is a list instead\.$",
+    ):
         LightningLoader([])
 
 
-@pytest.mark.parametrize("make, says", [
-    (lambda pipe: DataLoader(pipe, batch_size=None), "a plain torch DataLoader over a padpipe pipeline: it saves no "
-                                                     "data position"),
-    (lambda pipe: StatefulDataLoader(pipe, batch_size=None), "a StatefulDataLoader over a padpipe pipeline: Lightning "
-                                                             "saves its state one batch late"),
-])
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (
+            lambda pipe: DataLoader(pipe, batch_size=None),
+            "a plain torch DataLoader over a padpipe pipeline: it saves no data position",
+        ),
+        (
+            lambda pipe: StatefulDataLoader(pipe, batch_size=None),
+            "a StatefulDataLoader over a padpipe pipeline: Lightning saves its state one batch late",
+        ),
+    ],
+)
 def test_lightning_warns_when_a_dataloader_reads_the_pipeline(mrpc, tmp_path, make, says):
     from padpipe.integrations import guard
 
@@ -99,8 +119,11 @@ def test_exact_resume_warns_without_a_padpipe_loader(mrpc, tmp_path):
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.warns(UserWarning, match=r"^ExactResume: the train dataloader is neither a LightningLoader nor a "
-                                             r"pipe\.loader\(\), so a resumed run will not continue exactly"):
+        with pytest.warns(
+            UserWarning,
+            match=r"^ExactResume: the train dataloader is neither a LightningLoader nor a "
+            r"pipe\.loader\(\), so a resumed run will not continue exactly",
+        ):
             trainer(tmp_path, [ExactResume()], max_steps=2).fit(Bare(pipe, lambda p: DataLoader(p, batch_size=None)))
 
 
@@ -125,8 +148,9 @@ def test_lightning_ddp_two_epochs_with_equal_steps_and_every_row_once(ranks):
         assert len(steps[0]) == len(steps[1]) > 0
         rows = [i for rank in steps for s in rank for i in s["idx"]]
         assert len(rows) == len(set(rows)) and len(rows) >= 0.96 * TRAIN_ROWS
-    assert [s["idx"] for s in ranks[0]["steps"] if s["epoch"] == 0] != \
-        [s["idx"] for s in ranks[0]["steps"] if s["epoch"] == 1]
+    assert [s["idx"] for s in ranks[0]["steps"] if s["epoch"] == 0] != [
+        s["idx"] for s in ranks[0]["steps"] if s["epoch"] == 1
+    ]
 
 
 def test_lightning_ddp_resumes_a_mid_epoch_checkpoint_exactly_on_every_rank(ranks):

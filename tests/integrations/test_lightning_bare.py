@@ -19,10 +19,10 @@ pytest.importorskip("transformers")
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import padpipe as pp  # noqa: E402
-from padpipe.state import StateMismatchError, make_state  # noqa: E402
 from padpipe.integrations import lightning_fit  # noqa: E402
 from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
+from padpipe.state import StateMismatchError, make_state  # noqa: E402
 from tests.integrations.scripts.lightning_bare_run import SAVE_EVERY, STOP_AT, Bare  # noqa: E402
 from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
 from tests.integrations.test_lightning import trainer  # noqa: E402
@@ -101,19 +101,28 @@ def test_bare_loader_after_max_steps_resumes_with_the_next_epoch_whole(pipe, ful
 def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
     checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
     trainer(tmp_path, [ExactResume(), checkpoints], max_steps=4).fit(Classifier(pipe, 0))  # LightningLoader
-    with pytest.raises(StateMismatchError, match=r"^Lightning is restoring pipe\.loader\(\) from a checkpoint whose "
-                                                 r"loader state was not saved by pipe\.loader\(\) under Lightning .*: "
-                                                 r"expected keys \['epoch', 'ranks'\], found \['checksum', 'ranks', "
-                                                 r"'settings', 'version'\]\. Resume it with the train_dataloader\(\) "
-                                                 r"that saved it \(padpipe\.integrations\.lightning\.LightningLoader"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^Lightning is restoring pipe\.loader\(\) from a checkpoint whose "
+        r"loader state was not saved by pipe\.loader\(\) under Lightning .*: "
+        r"expected keys \['epoch', 'ranks'\], found \['checksum', 'ranks', "
+        r"'settings', 'version'\]\. Resume it with the train_dataloader\(\) "
+        r"that saved it \(padpipe\.integrations\.lightning\.LightningLoader",
+    ):
         trainer(tmp_path, max_steps=8).fit(Bare(pipe, 0), ckpt_path=tmp_path / "step=4.ckpt")
 
 
-@pytest.mark.parametrize("entries, says", [
-    ([], r"'ranks' must be a list of every rank's state, but is \[\] instead\."),
-    ([{"loader": {}}], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is \['loader'\] instead\."),
-    (["x"], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is str instead\."),
-])
+@pytest.mark.parametrize(
+    "entries, says",
+    [
+        ([], r"'ranks' must be a list of every rank's state, but is \[\] instead\."),
+        (
+            [{"loader": {}}],
+            r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is \['loader'\] instead\.",
+        ),
+        (["x"], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is str instead\."),
+    ],
+)
 def test_bare_loader_refuses_a_crafted_lightning_state(pipe, entries, says):
     state = make_state(version=lightning_fit.FitDriver.VERSION, settings={}, epoch=0, ranks=entries)
     with pytest.raises(StateMismatchError, match=rf"^PipelineLoader \(under Lightning\) state is invalid: {says}$"):
@@ -131,10 +140,13 @@ def test_bare_loader_refuses_to_save_after_an_interrupted_fit(pipe, tmp_path):
     interrupted = trainer(tmp_path, max_epochs=1)
     with pytest.raises(ValueError, match="^step 4 fails$"):
         interrupted.fit(Fails(pipe, 0))
-    with pytest.raises(RuntimeError, match=r"^pipe\.loader\(\) under Lightning: a checkpoint saved after fit stopped "
-                                           r"inside epoch 0 \(interrupted\) cannot hold the batches Lightning had "
-                                           r"fetched ahead, so a resume would skip them; resume from a "
-                                           r"ModelCheckpoint saved during fit instead\.$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^pipe\.loader\(\) under Lightning: a checkpoint saved after fit stopped "
+        r"inside epoch 0 \(interrupted\) cannot hold the batches Lightning had "
+        r"fetched ahead, so a resume would skip them; resume from a "
+        r"ModelCheckpoint saved during fit instead\.$",
+    ):
         interrupted.save_checkpoint(tmp_path / "interrupted.ckpt")
 
 

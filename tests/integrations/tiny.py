@@ -38,8 +38,14 @@ def write_mrpc(folder: Path, train_rows: int = TRAIN_ROWS, val_rows: int = VAL_R
 def bert_config() -> Any:
     from transformers import BertConfig
 
-    return BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=128)
+    return BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
 
 
 def recording_bert(seed: int = 0) -> Any:
@@ -56,8 +62,13 @@ def recording_bert(seed: int = 0) -> Any:
             if self.training:
                 batch = digest(input_ids, attention_mask)
                 self.steps.append({"epoch": self.epoch, "idx": idx.tolist(), "batch": batch})
-            return super().forward(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                   labels=labels, **kwargs)
+            return super().forward(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                labels=labels,
+                **kwargs,
+            )
 
     torch.manual_seed(seed)
     return RecordingBert(bert_config())
@@ -90,12 +101,18 @@ def run_script(script: str | Path, *args: str, processes: int = 2, timeout: floa
     import pytest
 
     path = SCRIPTS / script if isinstance(script, str) else script
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
     command = [sys.executable, *launcher, str(path), *args]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-                          start_new_session=True) as process:  # its own process group: a timeout ends the ranks too
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True
+    ) as process:  # its own process group: a timeout ends the ranks too
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -122,8 +139,12 @@ def texts(rows: int) -> list[dict]:
 
 def packed(rows: int = 17, *, seq_len: int = 64, batch_size: int = 4, **options: Any) -> pp.Pipeline:
     """Documents packed into ``[batch_size, seq_len]`` rows, reshuffled every pass."""
-    return (pp.from_iterable(texts(rows)).shuffle(64, seed=0).tokenize(pp.examples.tokenizer())
-            .pack(seq_len, batch_size=batch_size, **options))
+    return (
+        pp.from_iterable(texts(rows))
+        .shuffle(64, seed=0)
+        .tokenize(pp.examples.tokenizer())
+        .pack(seq_len, batch_size=batch_size, **options)
+    )
 
 
 def tiny_llama(seed: int = 0) -> Any:
@@ -131,5 +152,14 @@ def tiny_llama(seed: int = 0) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
+    )

@@ -66,7 +66,9 @@ def test_batch_raises_error_when_an_argument_is_bad(kwargs: dict, error: type, m
 @pytest.mark.parametrize(("chunk_rows", "batch_size", "drop_last"), [(5, 4, False), (2, 3, True), (17, 17, False)])
 def test_batch_saves_and_restores_its_state(chunk_rows: int, batch_size: int, drop_last: bool) -> None:
     items = check_node_resume(
-        lambda: FixedBatcher(ListNode(token_chunks(LENGTHS * 2, chunk_rows)), batch_size=batch_size, drop_last=drop_last),
+        lambda: FixedBatcher(
+            ListNode(token_chunks(LENGTHS * 2, chunk_rows)), batch_size=batch_size, drop_last=drop_last
+        ),
         min_items=1,
     )
     rows = [r for _, _, _, cols in items[0] for r in cols["rid"]]

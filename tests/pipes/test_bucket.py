@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padpipe.state import StateMismatchError
 from padpipe.chunks import TokenChunk
 from padpipe.pipes.batch import FixedBatcher
 from padpipe.pipes.bucket import Bucketizer
 from padpipe.pipes.pad import Padder, padded_length
+from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats
 from tests.contract import check_node_resume
 from tests.pipes.nodes import ListNode, check_rows, token_chunks
@@ -127,7 +127,9 @@ def test_bucket_works_far_better_than_random_batches_on_long_tail_lengths() -> N
 
 def test_bucket_works_with_on_oversize_drop() -> None:
     stats = PipelineStats()
-    (batches,) = run(token_chunks([5, 30, 9, 31, 2], 2), max_tokens=30, pad_to_multiple_of=8, on_oversize="drop", stats=stats)
+    (batches,) = run(
+        token_chunks([5, 30, 9, 31, 2], 2), max_tokens=30, pad_to_multiple_of=8, on_oversize="drop", stats=stats
+    )
     assert sorted(r for b in batches for r in check_rows(b)) == [0, 2, 4]
     assert stats.snapshot().skipped == {"bucket.oversize": 2}
 
@@ -169,7 +171,11 @@ def test_bucket_works_with_drop_last() -> None:
         ({"max_tokens": 8, "drop_last": True}, ValueError, r"^`drop_last` needs `batch_size`: with `max_tokens`"),
         ({"batch_size": 2, "shuffle": None}, TypeError, r"^`shuffle` must be a bool, but is None instead\.$"),
         ({"batch_size": 2, "seed": -3}, ValueError, r"^`seed` must be a non-negative int, but is -3 instead\.$"),
-        ({"batch_size": 2, "on_oversize": "skip"}, ValueError, r"^`on_oversize` must be one of \('raise', 'drop', 'truncate'\)"),
+        (
+            {"batch_size": 2, "on_oversize": "skip"},
+            ValueError,
+            r"^`on_oversize` must be one of \('raise', 'drop', 'truncate'\)",
+        ),
         (
             {"max_tokens": 4, "pad_to_multiple_of": 8},
             ValueError,
@@ -189,7 +195,10 @@ def test_bucket_raises_error_when_an_argument_is_bad(kwargs: dict, error: type, 
 
 def test_bucket_raises_error_when_the_state_has_another_batch_policy() -> None:
     state = Bucketizer(ListNode(token_chunks(LENGTHS, 4)), max_tokens=64).state_dict()
-    with pytest.raises(StateMismatchError, match=r"^Bucketizer state doesn't match this pipeline: setting 'max_tokens' found 64 instead of 128\.$"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^Bucketizer state doesn't match this pipeline: setting 'max_tokens' found 64 instead of 128\.$",
+    ):
         Bucketizer(ListNode(token_chunks(LENGTHS, 4)), max_tokens=128).reset(state)
 
 

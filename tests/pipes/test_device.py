@@ -18,10 +18,10 @@ import torch
 from torchdata.nodes import BaseNode
 
 import padpipe as pp
-from padpipe.state import StateMismatchError, check_state, make_state
 from padpipe.errors import DataError
 from padpipe.pipeline import TENSORS, Pipeline, Stage
 from padpipe.pipes.device import DevicePrefetcher
+from padpipe.state import StateMismatchError, check_state, make_state
 from tests.contract import check_loader_resume, check_node_resume, normalize
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -76,7 +76,9 @@ class ToyBatches(BaseNode[dict]):
 
 def toy_pipeline(num_items: int) -> Pipeline:
     """A facade pipeline whose source already yields tensors, so .prefetch()/.to_cuda() apply."""
-    return Pipeline(Stage("toy", lambda upstream, ctx, **kw: ToyBatches(**kw), {"num_items": num_items}), output=TENSORS)
+    return Pipeline(
+        Stage("toy", lambda upstream, ctx, **kw: ToyBatches(**kw), {"num_items": num_items}), output=TENSORS
+    )
 
 
 def reference(num_items: int, epochs: int) -> list[list[Any]]:
@@ -183,7 +185,9 @@ def test_prefetch_thread_stops_when_the_node_is_collected() -> None:
 
 def test_prefetch_raises_error_when_state_is_not_its_own() -> None:
     node = DevicePrefetcher(ToyBatches(3), prefetch=2)
-    with pytest.raises(StateMismatchError, match=r"^DevicePrefetcher state doesn't match this pipeline: version found 9"):
+    with pytest.raises(
+        StateMismatchError, match=r"^DevicePrefetcher state doesn't match this pipeline: version found 9"
+    ):
         node.reset({"version": 9, "settings": {}, "source": None})
 
 

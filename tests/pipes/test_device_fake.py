@@ -39,7 +39,9 @@ def check_batch_calls(fake: FakeCuda, batch: Any, calls: list[tuple]) -> None:
     ids = {id(t) for t in iter_tensors(batch)}
     copies = [i for i, c in enumerate(calls) if c[0] == "copy" and id(c[2]) in ids]
     assert len(copies) == len(ids)  # every tensor copied once
-    pinned = [next(j for j in range(i - 1, -1, -1) if calls[j][0] == "pin" and calls[j][1] is calls[i][1]) for i in copies]
+    pinned = [
+        next(j for j in range(i - 1, -1, -1) if calls[j][0] == "pin" and calls[j][1] is calls[i][1]) for i in copies
+    ]
     assert all(j < i for j, i in zip(pinned, copies))  # pinned, then copied (the consumer's calls may come between)
     assert {calls[i][4].name for i in copies} == {"side:cuda:0"}  # on the side stream
     event_at = next(i for i in range(copies[-1], len(calls)) if calls[i][0] == "event")
@@ -47,7 +49,7 @@ def check_batch_calls(fake: FakeCuda, batch: Any, calls: list[tuple]) -> None:
     assert stream.name == "side:cuda:0"  # recorded on the side stream, after the batch's last copy
     waits = [i for i, c in enumerate(calls) if c[0] == "wait" and c[2] == event]
     assert len(waits) == 1 and calls[waits[0]][1].name == "consumer:cuda:0"  # the consumer waits before return
-    recorded = {id(c[1]) for c in calls[waits[0]:] if c[0] == "record" and c[2].name == "consumer:cuda:0"}
+    recorded = {id(c[1]) for c in calls[waits[0] :] if c[0] == "record" and c[2].name == "consumer:cuda:0"}
     assert recorded == ids  # every tensor is marked as used on the consumer's stream
 
 
@@ -105,15 +107,21 @@ def test_to_cuda_makes_no_cuda_call_before_the_loader_starts_nor_in_workers(fake
 @pytest.mark.timeout(120)
 def test_to_cuda_raises_error_when_it_runs_in_a_dataloader_worker(fake: FakeCuda) -> None:
     pipe = toy_pipeline(4).to_cuda()
-    with pytest.raises(RuntimeError, match=r"to_cuda\(\) must run in the main process, but it is running in a "
-                                           r"DataLoader worker: give the DataLoader the pipeline without \.to_cuda\(\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"to_cuda\(\) must run in the main process, but it is running in a "
+        r"DataLoader worker: give the DataLoader the pipeline without \.to_cuda\(\)",
+    ):
         next(iter(DataLoader(pipe, batch_size=None, num_workers=1, multiprocessing_context="fork")))
 
 
 def test_to_cuda_raises_error_when_a_stage_follows_it(fake: FakeCuda) -> None:
     pipe = toy_pipeline(3).to_cuda()
-    with pytest.raises(ValueError, match=r"^to_cuda\(\) must be the last stage, but \.prefetch\(\) follows it: "
-                                         r"add it before \.to_cuda\(\)\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^to_cuda\(\) must be the last stage, but \.prefetch\(\) follows it: "
+        r"add it before \.to_cuda\(\)\.$",
+    ):
         pipe.prefetch(4)
     with pytest.raises(ValueError, match=r"^to_cuda\(\) must be the last stage, but \.mine\(\) follows it"):
         pipe.add_stage("mine", lambda up, ctx: up, output="tensors")
@@ -122,11 +130,18 @@ def test_to_cuda_raises_error_when_a_stage_follows_it(fake: FakeCuda) -> None:
     assert toy_pipeline(3).prefetch(4).to_cuda().stages[-1].name == "to_cuda"
 
 
-@pytest.mark.parametrize(("local_rank", "devices", "current", "given", "expected"),
-                         [("1", 2, 0, "cuda", "cuda:1"), (None, 2, 1, "cuda", "cuda:1"), ("1", 2, 1, "cuda:0", "cuda:0"),
-                          ("3", 1, 0, "cuda", "cuda:0")])
-def test_to_cuda_copies_to_the_local_rank_device_by_default(monkeypatch, local_rank, devices, current, given,
-                                                            expected) -> None:
+@pytest.mark.parametrize(
+    ("local_rank", "devices", "current", "given", "expected"),
+    [
+        ("1", 2, 0, "cuda", "cuda:1"),
+        (None, 2, 1, "cuda", "cuda:1"),
+        ("1", 2, 1, "cuda:0", "cuda:0"),
+        ("3", 1, 0, "cuda", "cuda:0"),
+    ],
+)
+def test_to_cuda_copies_to_the_local_rank_device_by_default(
+    monkeypatch, local_rank, devices, current, given, expected
+) -> None:
     if local_rank is None:
         monkeypatch.delenv("LOCAL_RANK", raising=False)
     else:
@@ -142,18 +157,23 @@ def test_to_cuda_raises_error_when_local_rank_names_a_device_it_cannot_see(monke
     monkeypatch.setenv("LOCAL_RANK", "3")
     with device_backend.use(FakeCuda(devices=2)):
         node = DevicePrefetcher(ToyBatches(2), prefetch=1, device="cuda")
-        with pytest.raises(ValueError, match=r"^to_cuda\(\): LOCAL_RANK is 3 but this process sees 2 CUDA device\(s\); "
-                                             r"pass the device, e\.g\. \.to_cuda\('cuda:0'\)\.$"):
+        with pytest.raises(
+            ValueError,
+            match=r"^to_cuda\(\): LOCAL_RANK is 3 but this process sees 2 CUDA device\(s\); "
+            r"pass the device, e\.g\. \.to_cuda\('cuda:0'\)\.$",
+        ):
             node.reset(None)
-
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mask_dtype", [torch.bfloat16, torch.bool])
 def test_to_cuda_builds_the_block_mask_on_the_gpu_after_pack(fake: FakeCuda, mask_dtype: torch.dtype) -> None:
     rows = [{"text": " ".join(["word"] * (1 + i % 7))} for i in range(30)]
-    pipe = pp.from_iterable(rows).tokenize(pp.examples.tokenizer()).pack(16, batch_size=2, block_mask=True,
-                                                                          mask_dtype=mask_dtype)
+    pipe = (
+        pp.from_iterable(rows)
+        .tokenize(pp.examples.tokenizer())
+        .pack(16, batch_size=2, block_mask=True, mask_dtype=mask_dtype)
+    )
     expected = [normalize(b) for b in pipe.loader()]
     got = list(pipe.to_cuda().loader())
     assert [normalize(b) for b in got] == expected and len(expected) > 3
@@ -162,6 +182,9 @@ def test_to_cuda_builds_the_block_mask_on_the_gpu_after_pack(fake: FakeCuda, mas
 
 
 def test_prefetch_raises_error_when_block_mask_has_no_device() -> None:
-    with pytest.raises(ValueError, match=r"^`block_mask` must be None or, with a CUDA device, one of \(torch\.float32, "
-                                         r".*\), but is torch\.float32 with device None instead\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`block_mask` must be None or, with a CUDA device, one of \(torch\.float32, "
+        r".*\), but is torch\.float32 with device None instead\.$",
+    ):
         DevicePrefetcher(ToyBatches(2), prefetch=1, block_mask=torch.float32)

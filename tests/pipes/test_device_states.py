@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 import padpipe as pp
-from padpipe.state import checksum
 from padpipe.pipes import device_backend
-from padpipe.runtime import equal_steps as es
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
+from padpipe.runtime import equal_steps as es
 from padpipe.runtime.equal_steps import EqualSteps, StepSync, split_batch
+from padpipe.state import checksum
 from tests.contract import normalize
 from tests.pipes.fake_cuda import DeviceTensor, FakeCuda, on_device
 from tests.pipes.nodes import ListNode
@@ -93,8 +93,11 @@ def test_loader_resumes_a_to_cuda_pipeline_from_a_cpu_checkpoint(monkeypatch) ->
 def test_loader_state_holds_a_bf16_block_mask(monkeypatch) -> None:
     monkeypatch.setattr(es, "detect_sync", lambda group=None: OneRank())
     rows = [{"text": " ".join(["word"] * (1 + i % 7))} for i in range(40)]
-    pipe = pp.from_iterable(rows).tokenize(pp.examples.tokenizer()).pack(
-        16, batch_size=2, block_mask=True, mask_dtype=torch.bfloat16)
+    pipe = (
+        pp.from_iterable(rows)
+        .tokenize(pp.examples.tokenizer())
+        .pack(16, batch_size=2, block_mask=True, mask_dtype=torch.bfloat16)
+    )
     expected = [normalize(b) for b in pipe.loader()]
     loader = pipe.loader()
     batches = iter(loader)
@@ -180,8 +183,9 @@ def test_elastic_resume_of_a_to_cuda_pipeline_from_cpu_checkpoints(monkeypatch, 
     monkeypatch.setattr(es, "detect_sync", lambda group=None: OneRank())
 
     def loader(rank: int, ranks: int) -> Any:
-        pipe = pp.read_parquet(path, chunk_rows=10).tokenize(pp.examples.tokenizer()).bucket(max_tokens=64,
-                                                                                           buffer_size=30)
+        pipe = (
+            pp.read_parquet(path, chunk_rows=10).tokenize(pp.examples.tokenizer()).bucket(max_tokens=64, buffer_size=30)
+        )
         return pipe.pad().to_cuda().loader(consumer=pp.Consumer(rank=rank, world_size=ranks))
 
     with device_backend.use(FakeCuda()):

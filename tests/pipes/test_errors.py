@@ -77,8 +77,11 @@ def test_an_error_in_a_tokenize_thread_names_the_file(files) -> None:
 
 def test_a_dataloader_worker_error_names_the_file(files) -> None:
     pipe = pp.read_parquet(str(files / "none.parquet"), chunk_rows=20).tokenize(TOK).batch(8).pad()
-    with pytest.raises(DataError, match=r"at row 130 of \S+/none\.parquet \(idx=130; row 10 of the chunk\) is None; "
-                                        r"expected a string\."):
+    with pytest.raises(
+        DataError,
+        match=r"at row 130 of \S+/none\.parquet \(idx=130; row 10 of the chunk\) is None; "
+        r"expected a string\.",
+    ):
         for _ in DataLoader(pipe, batch_size=None, num_workers=2):
             pass
 
@@ -107,7 +110,10 @@ def test_a_pipeline_that_raised_raises_the_same_error_until_it_is_reset(files, t
         with pytest.raises(DataError) as again:
             next(node)
         assert again.value is first.value
-    with pytest.raises(RuntimeError, match=r"^the pipeline failed with DataError: tokenize: field 'text' .*; a state saved after that would not resume exactly\. Load a state saved before the error, or start a new epoch\.$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^the pipeline failed with DataError: tokenize: field 'text' .*; a state saved after that would not resume exactly\. Load a state saved before the error, or start a new epoch\.$",
+    ):
         node.state_dict()
     node.reset(None)  # a new epoch clears it
     assert normalize(next(node))["idx"][2] == list(range(8))
@@ -150,7 +156,13 @@ def test_a_state_saved_before_an_error_resumes_exactly_up_to_it(files, threads, 
 
 
 def test_on_error_skip_counts_what_it_drops(files) -> None:
-    loader = pp.read_parquet(str(files / "none.parquet"), chunk_rows=20).tokenize(TOK, on_error="skip").batch(8).pad().loader()
+    loader = (
+        pp.read_parquet(str(files / "none.parquet"), chunk_rows=20)
+        .tokenize(TOK, on_error="skip")
+        .batch(8)
+        .pad()
+        .loader()
+    )
     rows = [r for b in loader for r in b["idx"].tolist()]
     assert rows == [r for r in range(400) if r != 130]
     assert loader.stats().skipped == {"tokenize.bad_text": 1}
@@ -169,7 +181,10 @@ def test_a_loader_whose_state_was_rejected_stays_failed_until_a_good_state_or_a_
     reader["unit"] = 99
     fresh = pipe.loader()
     fresh.load_state_dict(bad)
-    with pytest.raises(pp.StateMismatchError, match=r"^ParquetReader state is invalid: 'unit' must be an int from 0 to 8, but is 99 instead\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^ParquetReader state is invalid: 'unit' must be an int from 0 to 8, but is 99 instead\.$",
+    ):
         iter(fresh)
     fresh.load_state_dict(good)
     assert [normalize(b) for b in fresh] == [normalize(b) for b in it]

@@ -30,8 +30,9 @@ def rows(base: int, n: int, size: int, *, shuffled: bool = False) -> ListNode:
 
 def mixer(na=2000, nb=300, *, stop="all_exhausted", weights=None, seed=0, chunk_rows=128, shuffled=False, stats=None):
     sources = {"a": rows(0, na, 7, shuffled=shuffled), "b": rows(B, nb, 50, shuffled=shuffled)}
-    return WeightedMixer(sources, weights=weights or {"a": 0.7, "b": 0.3}, seed=seed, stop=stop,
-                         chunk_rows=chunk_rows, stats=stats)
+    return WeightedMixer(
+        sources, weights=weights or {"a": 0.7, "b": 0.3}, seed=seed, stop=stop, chunk_rows=chunk_rows, stats=stats
+    )
 
 
 def ids(node) -> np.ndarray:
@@ -101,26 +102,40 @@ def test_mix_works_with_token_chunks():
 
 
 def test_mix_raises_error_when_weights_are_bad():
-    with pytest.raises(ValueError, match=r"^`weights\['b'\]` must be a number greater than zero, but is -0.5 instead\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`weights\['b'\]` must be a number greater than zero, but is -0.5 instead\.$"
+    ):
         mixer(weights={"a": 1.0, "b": -0.5})
     with pytest.raises(ValueError, match=r"^`weights\['a'\]` must be a number greater than zero, but is 0 instead\.$"):
         mixer(weights={"a": 0, "b": 1})
-    with pytest.raises(ValueError, match=r"^`weights` must have exactly the keys \['a', 'b'\], but misses \['b'\] and has extra \['c'\] instead\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`weights` must have exactly the keys \['a', 'b'\], but misses \['b'\] and has extra \['c'\] instead\.$",
+    ):
         mixer(weights={"a": 1, "c": 1})
-    with pytest.raises(ValueError, match=r"^`stop` must be one of \('all_exhausted', 'first_exhausted', 'cycle'\), but is 'never' instead\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`stop` must be one of \('all_exhausted', 'first_exhausted', 'cycle'\), but is 'never' instead\.$",
+    ):
         mixer(stop="never")
 
 
 def test_mix_raises_error_when_sources_yield_different_columns():
     other = ListNode([pa.record_batch({"j": [1, 2]})])
     node = WeightedMixer({"a": rows(0, 10, 5), "b": other}, weights={"a": 1, "b": 1}, chunk_rows=20)
-    with pytest.raises(pp.DataError, match=r"^mix: pipeline 'b' yields \('records', \('j',\)\); expected \('records', \('i',\)\) as pipeline 'a' does"):
+    with pytest.raises(
+        pp.DataError,
+        match=r"^mix: pipeline 'b' yields \('records', \('j',\)\); expected \('records', \('i',\)\) as pipeline 'a' does",
+    ):
         list(node)
 
 
 def test_mix_raises_error_when_state_has_other_weights():
     state = mixer().state_dict()
-    with pytest.raises(pp.StateMismatchError, match=r"^WeightedMixer state doesn't match this pipeline: setting 'weights' found \{'a': 0.7, 'b': 0.3\} instead of \{'a': 1.0, 'b': 1.0\}\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^WeightedMixer state doesn't match this pipeline: setting 'weights' found \{'a': 0.7, 'b': 0.3\} instead of \{'a': 1.0, 'b': 1.0\}\.$",
+    ):
         mixer(weights={"a": 1, "b": 1}).reset(state)
 
 

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from torchdata.nodes import BaseNode
 
 import padpipe as pp
-from padpipe.state import StateMismatchError, check_state, make_state
 from padpipe.chunks import TokenChunk
 from padpipe.pipes.pack import Packer
+from padpipe.state import StateMismatchError, check_state, make_state
 from padpipe.stats import PipelineStats
 from tests.contract import check_loader_resume, check_node_resume
 
@@ -69,8 +69,16 @@ def run(docs: list[list[int]], **options: Any) -> list[dict]:
     return list(Packer(ToyDocs(docs), **options))
 
 
-KEYS = ["cu_seq_lens_k", "cu_seq_lens_q", "input_ids", "labels", "max_length_k", "max_length_q", "position_ids",
-        "seq_idx"]
+KEYS = [
+    "cu_seq_lens_k",
+    "cu_seq_lens_q",
+    "input_ids",
+    "labels",
+    "max_length_k",
+    "max_length_q",
+    "position_ids",
+    "seq_idx",
+]
 
 
 def segments_of(batch: dict, pad_id: int = PAD) -> list[tuple[int, list[int]]]:
@@ -93,7 +101,9 @@ def check_layout(batch: dict, *, seq_len: int, position_offset: int = 0, pad_id:
     """Positions, labels, ``cu_seq_lens_*`` and ``max_length_*`` agree with ``seq_idx``, slot by slot."""
     assert sorted(batch) == KEYS
     ids, pos, seg, labels = (batch[k].numpy() for k in ("input_ids", "position_ids", "seq_idx", "labels"))
-    assert ids.shape[1] == seq_len and all(batch[k].dtype == torch.int64 for k in ("input_ids", "position_ids", "labels"))
+    assert ids.shape[1] == seq_len and all(
+        batch[k].dtype == torch.int64 for k in ("input_ids", "position_ids", "labels")
+    )
     assert batch["seq_idx"].dtype == torch.int32 and seg.shape == ids.shape
     segments, previous = [], -1
     for r in range(len(ids)):
@@ -131,8 +141,18 @@ def test_pack_works() -> None:
 def test_pack_works_with_padding_position_offset_and_a_short_last_batch() -> None:
     stats = PipelineStats()
     docs = [[1, 2, 3], [4, 5, 6], [7]]
-    batches = list(Packer(ToyDocs(docs), seq_len=4, batch_size=2, buffer_size=2, position_offset=2, pad_id=9,
-                          label_pad_id=-1, stats=stats))
+    batches = list(
+        Packer(
+            ToyDocs(docs),
+            seq_len=4,
+            batch_size=2,
+            buffer_size=2,
+            position_offset=2,
+            pad_id=9,
+            label_pad_id=-1,
+            stats=stats,
+        )
+    )
     assert [b["input_ids"].tolist() for b in batches] == [[[1, 2, 3, 7], [4, 5, 6, 9]]]
     assert batches[0]["position_ids"].tolist() == [[2, 3, 4, 2], [2, 3, 4, 2]]  # padding restarts too
     assert batches[0]["labels"].tolist() == [[-1, 2, 3, -1], [-1, 5, 6, -1]]
@@ -154,8 +174,13 @@ def test_pack_works_with_padding_position_offset_and_a_short_last_batch() -> Non
 )
 def test_pack_keeps_every_token_exactly_once(lengths, seq_len, batch_size, buffer_size, chunk_rows) -> None:
     docs = make_docs(lengths)
-    node = Packer(ToyDocs(docs, chunk_rows=chunk_rows), seq_len=seq_len, batch_size=batch_size,
-                  buffer_size=buffer_size, pad_id=PAD)
+    node = Packer(
+        ToyDocs(docs, chunk_rows=chunk_rows),
+        seq_len=seq_len,
+        batch_size=batch_size,
+        buffer_size=buffer_size,
+        pad_id=PAD,
+    )
     batches = list(node)
     for b in batches:
         check_layout(b, seq_len=seq_len)
@@ -239,8 +264,10 @@ def test_pack_fills_long_tail_rows_at_least_99_percent() -> None:
     batches = sum(1 for _ in node)
     seconds = time.perf_counter() - start
     snap = stats.snapshot()
-    print(f"packing efficiency {snap.padding_efficiency:.4f} over {batches} batches, "
-          f"{len(lengths) / seconds:,.0f} docs/s, {snap.real_tokens / seconds:,.0f} tokens/s")
+    print(
+        f"packing efficiency {snap.padding_efficiency:.4f} over {batches} batches, "
+        f"{len(lengths) / seconds:,.0f} docs/s, {snap.real_tokens / seconds:,.0f} tokens/s"
+    )
     assert snap.real_tokens == lengths.sum()
     assert snap.padding_efficiency >= 0.99
 
@@ -284,7 +311,9 @@ def test_pack_saves_and_restores_its_state(options: dict) -> None:
 def test_pack_raises_error_when_state_has_other_settings() -> None:
     node = Packer(ToyDocs(make_docs([3, 4])), seq_len=8, pad_id=PAD)
     state = node.state_dict()
-    with pytest.raises(StateMismatchError, match=r"^pack state doesn't match this pipeline: setting 'seq_len' found 8 instead of 4\.$"):
+    with pytest.raises(
+        StateMismatchError, match=r"^pack state doesn't match this pipeline: setting 'seq_len' found 8 instead of 4\.$"
+    ):
         Packer(ToyDocs(make_docs([3, 4])), seq_len=4, pad_id=PAD).reset(state)
 
 
@@ -294,16 +323,34 @@ def test_pack_raises_error_when_state_has_other_settings() -> None:
         (dict(seq_len=0), ValueError, r"^`seq_len` must be greater than zero, but is 0 instead\.$"),
         (dict(seq_len=1), ValueError, r"^`seq_len` must be at least 2, but is 1 instead\.$"),
         (dict(seq_len=8, batch_size=0), ValueError, r"^`batch_size` must be greater than zero, but is 0 instead\.$"),
-        (dict(seq_len=8, buffer_size=-1), ValueError, r"^`buffer_size` must be greater than zero, but is -1 instead\.$"),
-        (dict(seq_len=8, long_docs="wrap"), ValueError, r"^`long_docs` must be one of \('split', 'truncate', 'drop'\), but is 'wrap' instead\.$"),
-        (dict(seq_len=8, position_offset=-1), ValueError, r"^`position_offset` must be a non-negative int, but is -1 instead\.$"),
+        (
+            dict(seq_len=8, buffer_size=-1),
+            ValueError,
+            r"^`buffer_size` must be greater than zero, but is -1 instead\.$",
+        ),
+        (
+            dict(seq_len=8, long_docs="wrap"),
+            ValueError,
+            r"^`long_docs` must be one of \('split', 'truncate', 'drop'\), but is 'wrap' instead\.$",
+        ),
+        (
+            dict(seq_len=8, position_offset=-1),
+            ValueError,
+            r"^`position_offset` must be a non-negative int, but is -1 instead\.$",
+        ),
         (dict(seq_len=8, keep_tail=1), TypeError, r"^`keep_tail` must be a bool, but is 1 instead\.$"),
         (dict(seq_len=8, pad_id=None), TypeError, r"^`pad_id` must be an int, but is None instead\.$"),
-        (dict(seq_len=8, mask_dtype=torch.bool), ValueError,
-         r"^`mask_dtype` must be None without `block_mask=True`, but is torch\.bool instead\.$"),
-        (dict(seq_len=8, block_mask=True, mask_dtype=torch.int64), ValueError,
-         r"^`mask_dtype` must be one of \(torch\.float32, torch\.bfloat16, torch\.float16, torch\.float64, "
-         r"torch\.bool\), but is torch\.int64 instead\.$"),
+        (
+            dict(seq_len=8, mask_dtype=torch.bool),
+            ValueError,
+            r"^`mask_dtype` must be None without `block_mask=True`, but is torch\.bool instead\.$",
+        ),
+        (
+            dict(seq_len=8, block_mask=True, mask_dtype=torch.int64),
+            ValueError,
+            r"^`mask_dtype` must be one of \(torch\.float32, torch\.bfloat16, torch\.float16, torch\.float64, "
+            r"torch\.bool\), but is torch\.int64 instead\.$",
+        ),
     ],
 )
 def test_pack_raises_error_when_arguments_are_bad(options: dict, error: type, message: str) -> None:
@@ -317,7 +364,9 @@ def test_pack_raises_error_when_input_is_not_tokenized() -> None:
     from torchdata.nodes import IterableWrapper
 
     node = Packer(IterableWrapper([pa.record_batch({"text": ["a"]})]), seq_len=8, pad_id=PAD)
-    with pytest.raises(TypeError, match=r"^pack\(\) needs tokenized rows \(TokenChunk\) as input, but got RecordBatch\.$"):
+    with pytest.raises(
+        TypeError, match=r"^pack\(\) needs tokenized rows \(TokenChunk\) as input, but got RecordBatch\.$"
+    ):
         next(node)
 
 

@@ -35,8 +35,9 @@ EXACT = 1e-5
 def tiny_llama(attn_implementation: str) -> Any:
     torch.manual_seed(0)
     vocab = pp.examples.tokenizer().get_vocab_size()
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
-                                      attn_implementation=attn_implementation)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, attn_implementation=attn_implementation
+    )
     return transformers.LlamaForCausalLM(config).eval()
 
 
@@ -93,8 +94,9 @@ EXACT_CASES = [  # attention, pack options, model call options, model dtype
 
 
 @pytest.mark.parametrize(("attn", "options", "call", "dtype"), EXACT_CASES)
-def test_pack_gives_each_document_the_logits_and_loss_it_has_alone(attn: str, options: dict, call: dict,
-                                                                   dtype: torch.dtype) -> None:
+def test_pack_gives_each_document_the_logits_and_loss_it_has_alone(
+    attn: str, options: dict, call: dict, dtype: torch.dtype
+) -> None:
     model = tiny_llama(attn).to(dtype)
     assert model.config.use_cache is True  # the model's default config
     batches = packed_batches(**options)
@@ -109,8 +111,14 @@ def test_pack_gives_each_document_the_logits_and_loss_it_has_alone(attn: str, op
 def test_pack_mask_of_another_float_dtype_than_the_model_fails_loudly_in_sdpa() -> None:
     model = tiny_llama("sdpa")
     batch = packed_batches(block_mask=True, mask_dtype=torch.bfloat16)[0]
-    with torch.no_grad(), pytest.raises(RuntimeError, match=r"^Expected attn_mask dtype to be bool or float or to "
-                                                            r"match query dtype"):
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            RuntimeError,
+            match=r"^Expected attn_mask dtype to be bool or float or to "
+            r"match query dtype",
+        ),
+    ):
         model(**batch)
 
 
@@ -138,14 +146,26 @@ class ReferenceFlash:
         q, k, v = (x.transpose(0, 1) for x in (q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)))
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).transpose(0, 1)
 
-    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-               softmax_scale=None, causal=False):  # noqa: ANN001 (flash_attn_varlen_func's own signature)
+    def varlen(
+        self,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=False,
+    ):  # noqa: ANN001 (flash_attn_varlen_func's own signature)
         self.calls.append("varlen")
         bounds = cu_seqlens_q.tolist()
         assert cu_seqlens_q.dtype == torch.int32 and torch.equal(cu_seqlens_q, cu_seqlens_k)
         assert bounds[-1] == q.shape[0] and max_seqlen_q == max_seqlen_k == max(np.diff(bounds))
-        return torch.cat([self._attend(q[a:b], k[a:b], v[a:b], causal, softmax_scale)
-                          for a, b in zip(bounds, bounds[1:])])
+        return torch.cat(
+            [self._attend(q[a:b], k[a:b], v[a:b], causal, softmax_scale) for a, b in zip(bounds, bounds[1:])]
+        )
 
     def dense(self, q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):  # noqa: ANN001
         self.calls.append("dense")
@@ -156,22 +176,38 @@ class ReferenceFlash:
 def reference_flash(monkeypatch: pytest.MonkeyPatch) -> ReferenceFlash:
     """HF's flash-attention path (``transformers.modeling_flash_attention_utils``) on the reference kernels."""
     fa = pytest.importorskip("transformers.modeling_flash_attention_utils")
-    names = ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn",
-             "_unpad_fn", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn", "_lazy_define_process_function")
+    names = (
+        "_loaded_implementation",
+        "_flash_fn",
+        "_flash_varlen_fn",
+        "_flash_with_kvcache_fn",
+        "_pad_fn",
+        "_unpad_fn",
+        "_process_flash_kwargs_fn",
+        "_process_with_kvcache_kwargs_fn",
+        "_lazy_define_process_function",
+    )
     if not all(hasattr(fa, name) for name in names):
         pytest.skip("transformers' flash-attention internals changed; update this fixture")
     kernels = ReferenceFlash()
-    for name, value in [("_flash_fn", kernels.dense), ("_flash_varlen_fn", kernels.varlen),
-                        ("_flash_with_kvcache_fn", None), ("_pad_fn", fa._pad_input), ("_unpad_fn", fa._unpad_input),
-                        ("_process_flash_kwargs_fn", fa._lazy_define_process_function(kernels.varlen)),
-                        ("_process_with_kvcache_kwargs_fn", dict), ("_loaded_implementation", "flash_attention_2")]:
+    for name, value in [
+        ("_flash_fn", kernels.dense),
+        ("_flash_varlen_fn", kernels.varlen),
+        ("_flash_with_kvcache_fn", None),
+        ("_pad_fn", fa._pad_input),
+        ("_unpad_fn", fa._unpad_input),
+        ("_process_flash_kwargs_fn", fa._lazy_define_process_function(kernels.varlen)),
+        ("_process_with_kvcache_kwargs_fn", dict),
+        ("_loaded_implementation", "flash_attention_2"),
+    ]:
         monkeypatch.setattr(fa, name, value)
     return kernels
 
 
 @pytest.mark.parametrize("call", [{}, dict(use_cache=False)])
-def test_pack_batch_runs_hf_flash_attention_varlen_at_any_batch_size(reference_flash: ReferenceFlash,
-                                                                     call: dict) -> None:
+def test_pack_batch_runs_hf_flash_attention_varlen_at_any_batch_size(
+    reference_flash: ReferenceFlash, call: dict
+) -> None:
     model = tiny_llama("sdpa")
     batch = packed_batches()[0]
     assert len(batch["input_ids"]) == 3
@@ -214,8 +250,9 @@ def test_pack_batch_equals_data_collator_with_flattening_on_a_full_row() -> None
 
 def test_pack_batch_flattened_equals_data_collator_with_flattening_with_padding() -> None:
     docs = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17], [18]]
-    batch = next(Packer(IterableWrapper([TokenChunk.from_lists(docs)]), seq_len=8, batch_size=3, buffer_size=8,
-                        pad_id=0))
+    batch = next(
+        Packer(IterableWrapper([TokenChunk.from_lists(docs)]), seq_len=8, batch_size=3, buffer_size=8, pad_id=0)
+    )
     rows = batch["input_ids"].tolist()
     assert rows == [[11, 12, 13, 14, 15, 16, 17, 18], [4, 5, 6, 7, 8, 1, 2, 3], [9, 10, 0, 0, 0, 0, 0, 0]]
     # HF flattens the whole batch into one row; padpipe's padding run is one more segment
@@ -223,7 +260,7 @@ def test_pack_batch_flattened_equals_data_collator_with_flattening_with_padding(
     for key in ("input_ids", "position_ids", "seq_idx"):
         assert batch[key].dtype == hf[key].dtype and torch.equal(batch[key].reshape(1, -1), hf[key]), key
     for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
-        assert (torch.equal(batch[key], hf[key]) if key.startswith("cu") else batch[key] == hf[key]), key
+        assert torch.equal(batch[key], hf[key]) if key.startswith("cu") else batch[key] == hf[key], key
     labels = hf["labels"].reshape(3, 8)
     labels[2, 2:] = -100  # padding predicts nothing
     assert torch.equal(batch["labels"], labels)

@@ -66,7 +66,9 @@ def test_pad_works_like_padding_each_row(side: str, multiple: int | None) -> Non
 
 
 def test_pad_works_with_pad_to_length_and_int32() -> None:
-    out = collate(TokenChunk.from_lists([[5, 6], [7]]), pad_to_length=5, pad_to_multiple_of=4, dtype=torch.int32, pad_id=1)
+    out = collate(
+        TokenChunk.from_lists([[5, 6], [7]]), pad_to_length=5, pad_to_multiple_of=4, dtype=torch.int32, pad_id=1
+    )
     assert out["input_ids"].tolist() == [[5, 6, 1, 1, 1], [7, 1, 1, 1, 1]]
     assert out["input_ids"].dtype == torch.int32 and out["attention_mask"].dtype == torch.int64
 
@@ -136,7 +138,11 @@ def test_pad_raises_error_when_a_column_has_nulls() -> None:
     ("kwargs", "error", "message"),
     [
         ({"pad_id": None}, TypeError, r"^`pad_id` must be an int, but is None instead\.$"),
-        ({"pad_id": 0, "side": "up"}, ValueError, r"^`side` must be one of \('right', 'left'\), but is 'up' instead\.$"),
+        (
+            {"pad_id": 0, "side": "up"},
+            ValueError,
+            r"^`side` must be one of \('right', 'left'\), but is 'up' instead\.$",
+        ),
         ({"pad_id": 0, "pad_to_multiple_of": 0}, ValueError, r"^`pad_to_multiple_of` must be greater than zero"),
         ({"pad_id": 0, "pad_to_length": -1}, ValueError, r"^`pad_to_length` must be greater than zero"),
         ({"pad_id": 0, "label_pad_id": 1.5}, TypeError, r"^`label_pad_id` must be an int, but is 1\.5 instead\.$"),

@@ -6,16 +6,18 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from padpipe.state import StateMismatchError
 from padpipe.errors import DataError
 from padpipe.pipes.shuffle import ShuffleBuffer
+from padpipe.state import StateMismatchError
 from tests.contract import check_node_resume
 from tests.pipes.nodes import ListNode
 
 
 def record_batches(total: int, chunk: int) -> list[pa.RecordBatch]:
     return [
-        pa.record_batch({"rid": list(range(s, min(s + chunk, total))), "text": [f"t{i}" for i in range(s, min(s + chunk, total))]})
+        pa.record_batch(
+            {"rid": list(range(s, min(s + chunk, total))), "text": [f"t{i}" for i in range(s, min(s + chunk, total))]}
+        )
         for s in range(0, total, chunk)
     ]
 
@@ -87,7 +89,10 @@ def test_shuffle_works_when_a_later_batch_has_a_castable_schema() -> None:
 def test_shuffle_raises_error_when_a_batch_has_other_columns() -> None:
     first = pa.record_batch({"rid": [0], "text": ["t0"]})
     second = pa.record_batch({"other": [1]})
-    with pytest.raises(DataError, match=r"^shuffle: the rows of an input record batch have columns \['other'\], but the rows buffered before have \['rid', 'text'\]; expected the same columns in every input \(pass `columns=` to the reader\)\.$"):
+    with pytest.raises(
+        DataError,
+        match=r"^shuffle: the rows of an input record batch have columns \['other'\], but the rows buffered before have \['rid', 'text'\]; expected the same columns in every input \(pass `columns=` to the reader\)\.$",
+    ):
         run_epoch(ShuffleBuffer(ListNode([first, second]), buffer_size=4, seed=0))
 
 
@@ -112,13 +117,18 @@ def test_shuffle_raises_error_when_an_argument_is_bad(kwargs: dict, error: type,
 def test_shuffle_raises_error_when_the_state_has_another_seed() -> None:
     node = ShuffleBuffer(ListNode(record_batches(10, 5)), buffer_size=4, seed=1)
     state = node.state_dict()
-    with pytest.raises(StateMismatchError, match=r"^ShuffleBuffer state doesn't match this pipeline: setting 'seed' found 1 instead of 2\.$"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^ShuffleBuffer state doesn't match this pipeline: setting 'seed' found 1 instead of 2\.$",
+    ):
         ShuffleBuffer(ListNode(record_batches(10, 5)), buffer_size=4, seed=2).reset(state)
 
 
 @pytest.mark.parametrize(("total", "chunk", "buffer_size"), [(40, 5, 12), (30, 10, 3), (12, 4, 100)])
 def test_shuffle_saves_and_restores_its_state(total: int, chunk: int, buffer_size: int) -> None:
-    items = check_node_resume(lambda: ShuffleBuffer(ListNode(record_batches(total, chunk)), buffer_size=buffer_size, seed=5))
+    items = check_node_resume(
+        lambda: ShuffleBuffer(ListNode(record_batches(total, chunk)), buffer_size=buffer_size, seed=5)
+    )
     for epoch in items:
         assert sorted(r["rid"] for _, rows in epoch for r in rows) == list(range(total))
 
@@ -130,12 +140,16 @@ def test_shuffle_raises_error_naming_file_and_column_when_a_file_has_another_typ
     import padpipe as pp
 
     for i in range(3):
-        pq.write_table(pa.table({"text": [f"t{i}-{j}" for j in range(100)], "rid": range(100)}), tmp_path / f"g{i}.parquet")
+        pq.write_table(
+            pa.table({"text": [f"t{i}-{j}" for j in range(100)], "rid": range(100)}), tmp_path / f"g{i}.parquet"
+        )
     pq.write_table(pa.table({"text": pa.array(range(1000, 1100)), "rid": range(100)}), tmp_path / "g3.parquet")
     pipe = pp.read_parquet(str(tmp_path), chunk_rows=25).shuffle(buffer_size=150, seed=seed)
     pipe = pipe.tokenize(pp.examples.TOKENIZER_JSON).batch(8).pad()
-    pattern = (r"^shuffle: column 'text' is (int64|string) in the rows from \S+/g\d\.parquet, but (string|int64) in "
-               r"the rows buffered before; expected one type per column in every input\.$")
+    pattern = (
+        r"^shuffle: column 'text' is (int64|string) in the rows from \S+/g\d\.parquet, but (string|int64) in "
+        r"the rows buffered before; expected one type per column in every input\.$"
+    )
     with pytest.raises(DataError, match=pattern) as info:
         for _ in pipe.loader():
             pass
@@ -148,5 +162,8 @@ def test_shuffle_casts_within_a_kind_of_type_only() -> None:
     out = run_epoch(ShuffleBuffer(ListNode([first, second]), buffer_size=1, seed=0))
     assert sorted(r for b in out for r in b.column("n").to_pylist()) == [1, 2, 3, 4]
     floats = pa.record_batch({"text": ["e"], "n": pa.array([0.5])})
-    with pytest.raises(DataError, match=r"^shuffle: column 'n' is double in the rows of an input record batch, but int32 in the rows buffered before; expected one type per column in every input\.$"):
+    with pytest.raises(
+        DataError,
+        match=r"^shuffle: column 'n' is double in the rows of an input record batch, but int32 in the rows buffered before; expected one type per column in every input\.$",
+    ):
         run_epoch(ShuffleBuffer(ListNode([first, floats]), buffer_size=4, seed=0))

@@ -7,7 +7,6 @@ import traceback
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 import pytest
 from torchdata.nodes import Loader
 
@@ -60,8 +59,9 @@ def test_tokenize_works_with_trained_tokenizers(maker):
     pairs = fx.pairs()
     batch = pa.RecordBatch.from_pydict({"a": [p[0] for p in pairs], "b": [p[1] for p in pairs]})
     chunk = ChunkTokenizer(_encoder(tok, 12), fields=("a", "b"))(batch)
-    assert fx.chunk_rows(chunk) == fx.hf_rows(tok, batch.column("a").to_pylist(), batch.column("b").to_pylist(),
-                                             truncation=True, max_length=12)
+    assert fx.chunk_rows(chunk) == fx.hf_rows(
+        tok, batch.column("a").to_pylist(), batch.column("b").to_pylist(), truncation=True, max_length=12
+    )
     assert (chunk.type_ids is None) == ("token_type_ids" not in tok.model_input_names)
     assert chunk.columns == {}
 
@@ -77,7 +77,9 @@ def test_tokenize_keeps_both_label_and_labels_as_they_are(hf):
     batch = pa.RecordBatch.from_pydict({"text": ["a", "b"], "label": [1, 0], "labels": [[1], [2, 3]], "id": ["x", "y"]})
     chunk = ChunkTokenizer(_encoder(hf), fields=("text",))(batch)
     assert {k: v.to_pylist() for k, v in chunk.columns.items()} == {
-        "label": [1, 0], "labels": [[1], [2, 3]], "id": ["x", "y"]
+        "label": [1, 0],
+        "labels": [[1], [2, 3]],
+        "id": ["x", "y"],
     }
 
 
@@ -153,13 +155,17 @@ def test_tokenize_raises_error_when_arguments_are_bad(hf):
 
 def _rows(n=45):
     batch = _sample(n)
-    return [{"idx": r["idx"], "s1": r["sentence1"], "s2": r["sentence2"], "label": r["label"]} for r in batch.to_pylist()]
+    return [
+        {"idx": r["idx"], "s1": r["sentence1"], "s2": r["sentence2"], "label": r["label"]} for r in batch.to_pylist()
+    ]
 
 
 @pytest.mark.parametrize("num_threads", [1, 3])
 def test_tokenize_stage_in_a_pipeline_works(hf, num_threads):
     rows = _rows()
-    pipe = pp.from_iterable(rows, chunk_rows=8).tokenize(hf, fields=("s1", "s2"), max_length=40, num_threads=num_threads)
+    pipe = pp.from_iterable(rows, chunk_rows=8).tokenize(
+        hf, fields=("s1", "s2"), max_length=40, num_threads=num_threads
+    )
     if num_threads > 1:  # the recipe (and its encoder) travels to DataLoader workers by pickle
         pipe = pickle.loads(pickle.dumps(pipe))
     chunks = _chunks(pipe)

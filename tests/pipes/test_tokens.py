@@ -24,7 +24,7 @@ import padpipe as pp
 from padpipe.errors import DataError
 from padpipe.pipes.tokens import TokenColumns
 from padpipe.stats import PipelineStats
-from tests.contract import check_loader_resume, check_node_resume, normalize
+from tests.contract import check_loader_resume, check_node_resume
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 datasets = pytest.importorskip("datasets")
@@ -55,11 +55,13 @@ def equal_batches(a: list[dict], b: list[dict]) -> None:
 
 
 def test_tokens_works() -> None:
-    batch = pa.RecordBatch.from_pylist([
-        {"input_ids": [2, 7, 3], "token_type_ids": [0, 0, 1], "attention_mask": [1, 1, 1], "label": 1, "idx": 4},
-        {"input_ids": [], "token_type_ids": [], "attention_mask": [], "label": 0, "idx": 5},
-        {"input_ids": [2, 9], "token_type_ids": [0, 1], "attention_mask": [1, 1], "label": 1, "idx": 6},
-    ])
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {"input_ids": [2, 7, 3], "token_type_ids": [0, 0, 1], "attention_mask": [1, 1, 1], "label": 1, "idx": 4},
+            {"input_ids": [], "token_type_ids": [], "attention_mask": [], "label": 0, "idx": 5},
+            {"input_ids": [2, 9], "token_type_ids": [0, 1], "attention_mask": [1, 1], "label": 1, "idx": 6},
+        ]
+    )
     stats = PipelineStats()
     chunk = TokenColumns(stats=stats)(batch)
     assert chunk.ids.dtype == np.int32 and chunk.ids.tolist() == [2, 7, 3, 2, 9]
@@ -71,12 +73,14 @@ def test_tokens_works() -> None:
 
 
 def test_tokens_drops_earlier_padding_and_truncates_with_type_ids_and_token_labels() -> None:
-    batch = pa.RecordBatch.from_pydict({
-        "ids": [[0, 0, 5, 6, 7], [8, 9, 0, 0, 0], [1, 2, 3, 4, 5]],
-        "types": [[0, 0, 0, 1, 1], [0, 1, 0, 0, 0], [0, 0, 1, 1, 1]],
-        "attention_mask": [[0, 0, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]],
-        "labels": [[-100, -100, 15, 16, 17], [18, 19, -100, -100, -100], [11, 12, 13, 14, 15]],
-    })
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "ids": [[0, 0, 5, 6, 7], [8, 9, 0, 0, 0], [1, 2, 3, 4, 5]],
+            "types": [[0, 0, 0, 1, 1], [0, 1, 0, 0, 0], [0, 0, 1, 1, 1]],
+            "attention_mask": [[0, 0, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]],
+            "labels": [[-100, -100, 15, 16, 17], [18, 19, -100, -100, -100], [11, 12, 13, 14, 15]],
+        }
+    )
     chunk = TokenColumns(column="ids", type_ids="types", max_length=2)(batch)
     assert chunk.ids.tolist() == [5, 6, 8, 9, 1, 2] and chunk.offsets.tolist() == [0, 2, 4, 6]
     assert chunk.type_ids.tolist() == [0, 1, 0, 1, 0, 0]
@@ -87,8 +91,13 @@ def test_tokens_drops_earlier_padding_and_truncates_with_type_ids_and_token_labe
 @pytest.mark.parametrize("max_length", [None, 24])
 def test_tokens_bucket_and_pad_equal_tokenize_on_a_pretokenized_dataset(hf_tok, sample, max_length) -> None:
     def encode(rows: dict) -> dict:
-        return hf_tok(rows["sentence1"], rows["sentence2"], return_token_type_ids=True,
-                      truncation=max_length is not None, max_length=max_length)
+        return hf_tok(
+            rows["sentence1"],
+            rows["sentence2"],
+            return_token_type_ids=True,
+            truncation=max_length is not None,
+            max_length=max_length,
+        )
 
     mapped = sample.map(encode, batched=True, remove_columns=list(PAIRS))
     assert mapped.features["input_ids"].feature.dtype == "int32"
@@ -110,13 +119,17 @@ def test_tokens_pack_equals_tokenize_on_a_pretokenized_dataset(hf_tok, sample) -
 
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_tokens_drop_the_padding_of_a_padded_pretokenized_dataset(sample, side) -> None:
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=pp.examples.TOKENIZER_JSON, pad_token="[PAD]",
-                                               padding_side=side)
-    padded = sample.map(lambda rows: tok(rows["sentence1"], padding="longest"), batched=True, batch_size=100,
-                        remove_columns=list(PAIRS))
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=pp.examples.TOKENIZER_JSON, pad_token="[PAD]", padding_side=side
+    )
+    padded = sample.map(
+        lambda rows: tok(rows["sentence1"], padding="longest"), batched=True, batch_size=100, remove_columns=list(PAIRS)
+    )
     assert min(map(min, padded["attention_mask"])) == 0  # really padded
     got = list(pp.from_hf(padded, tokens="input_ids").batch(50).pad(pad_id=0).loader())
-    text = pp.from_hf(sample, columns=["sentence1", "label", "idx"]).tokenize(pp.examples.tokenizer(), fields="sentence1")
+    text = pp.from_hf(sample, columns=["sentence1", "label", "idx"]).tokenize(
+        pp.examples.tokenizer(), fields="sentence1"
+    )
     want = list(text.batch(50).pad().loader())
     for batch in want:
         del batch["token_type_ids"]  # the tokenizer behind .tokenize() makes them; this map did not
@@ -125,8 +138,9 @@ def test_tokens_drop_the_padding_of_a_padded_pretokenized_dataset(sample, side) 
 
 def write_token_files(tmp_path: Path) -> tuple[list[dict], Path, Path]:
     rows = [{"id": i, "input_ids": list(range(1, 2 + i % 5)), "label": i % 2} for i in range(23)]
-    table = pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.int64()), ("input_ids", pa.list_(pa.int32())),
-                                                         ("label", pa.int64())]))
+    table = pa.Table.from_pylist(
+        rows, schema=pa.schema([("id", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("label", pa.int64())])
+    )
     parquet = tmp_path / "tokens.parquet"
     pq.write_table(table, parquet, row_group_size=8)
     jsonl = tmp_path / "tokens.jsonl.gz"
@@ -169,34 +183,77 @@ def bad(**columns: Any) -> pa.RecordBatch:
 @pytest.mark.parametrize(
     ("batch", "options", "message"),
     [
-        (bad(text=["a"]), {}, r"^tokens: column 'input_ids' is not in the data; expected one of the columns "
-                              r"\['idx', 'text'\]\.$"),
-        (bad(input_ids=["1 2"]), {}, r"^tokens: column 'input_ids' has type string; expected a list of integers "
-                                     r"\(token ids\)\.$"),
-        (bad(input_ids=[[1.0, 2.0]]), {}, r"^tokens: column 'input_ids' has type list<item: double>; expected a list "
-                                          r"of integers \(token ids\)\.$"),
-        (bad(input_ids=[[1], None]), {}, r"^tokens: column 'input_ids' at row 1 of the chunk \(idx=11\) is None; "
-                                         r"expected a list of token ids\.$"),
-        (bad(input_ids=[[1], [2, None]]), {}, r"^tokens: column 'input_ids' at row 1 of the chunk \(idx=11\) holds a "
-                                              r"null; expected token ids in \[0, 2147483647\]\.$"),
-        (bad(input_ids=[[1], [3], [2, -1]]), {}, r"^tokens: column 'input_ids' at row 2 of the chunk \(idx=12\) holds "
-                                                 r"-1; expected token ids in \[0, 2147483647\]\.$"),
-        (bad(input_ids=[[2**31]]), {}, r"^tokens: column 'input_ids' at row 0 of the chunk \(idx=10\) holds "
-                                       r"2147483648; expected token ids in \[0, 2147483647\]\.$"),
-        (bad(input_ids=[[1]], token_type_ids=[[128]]), {},
-         r"^tokens: column 'token_type_ids' at row 0 of the chunk \(idx=10\) holds 128; expected token type ids in "
-         r"\[0, 127\]\.$"),
-        (bad(input_ids=[[1, 2], [3, 4]], attention_mask=[[1, 1], [1]]), {},
-         r"^tokens: column 'attention_mask' at row 1 of the chunk \(idx=11\) has 1 values but 'input_ids' has 2; "
-         r"expected one per token\.$"),
-        (bad(input_ids=[[1, 2]], attention_mask=[[1, 2]]), {},
-         r"^tokens: column 'attention_mask' at row 0 of the chunk \(idx=10\) holds 2; expected attention mask values "
-         r"in \[0, 1\]\.$"),
-        (bad(input_ids=[[1, 2]], labels=[[5]]), {},
-         r"^tokens: column 'labels' at row 0 of the chunk \(idx=10\) has 1 values but 'input_ids' has 2; expected "
-         r"one per token\.$"),
-        (bad(input_ids=[[1, 2]]), dict(type_ids="types"),
-         r"^tokens: column 'types' is not in the data; expected one of the columns \['idx', 'input_ids'\]\.$"),
+        (
+            bad(text=["a"]),
+            {},
+            r"^tokens: column 'input_ids' is not in the data; expected one of the columns "
+            r"\['idx', 'text'\]\.$",
+        ),
+        (
+            bad(input_ids=["1 2"]),
+            {},
+            r"^tokens: column 'input_ids' has type string; expected a list of integers "
+            r"\(token ids\)\.$",
+        ),
+        (
+            bad(input_ids=[[1.0, 2.0]]),
+            {},
+            r"^tokens: column 'input_ids' has type list<item: double>; expected a list "
+            r"of integers \(token ids\)\.$",
+        ),
+        (
+            bad(input_ids=[[1], None]),
+            {},
+            r"^tokens: column 'input_ids' at row 1 of the chunk \(idx=11\) is None; "
+            r"expected a list of token ids\.$",
+        ),
+        (
+            bad(input_ids=[[1], [2, None]]),
+            {},
+            r"^tokens: column 'input_ids' at row 1 of the chunk \(idx=11\) holds a "
+            r"null; expected token ids in \[0, 2147483647\]\.$",
+        ),
+        (
+            bad(input_ids=[[1], [3], [2, -1]]),
+            {},
+            r"^tokens: column 'input_ids' at row 2 of the chunk \(idx=12\) holds "
+            r"-1; expected token ids in \[0, 2147483647\]\.$",
+        ),
+        (
+            bad(input_ids=[[2**31]]),
+            {},
+            r"^tokens: column 'input_ids' at row 0 of the chunk \(idx=10\) holds "
+            r"2147483648; expected token ids in \[0, 2147483647\]\.$",
+        ),
+        (
+            bad(input_ids=[[1]], token_type_ids=[[128]]),
+            {},
+            r"^tokens: column 'token_type_ids' at row 0 of the chunk \(idx=10\) holds 128; expected token type ids in "
+            r"\[0, 127\]\.$",
+        ),
+        (
+            bad(input_ids=[[1, 2], [3, 4]], attention_mask=[[1, 1], [1]]),
+            {},
+            r"^tokens: column 'attention_mask' at row 1 of the chunk \(idx=11\) has 1 values but 'input_ids' has 2; "
+            r"expected one per token\.$",
+        ),
+        (
+            bad(input_ids=[[1, 2]], attention_mask=[[1, 2]]),
+            {},
+            r"^tokens: column 'attention_mask' at row 0 of the chunk \(idx=10\) holds 2; expected attention mask values "
+            r"in \[0, 1\]\.$",
+        ),
+        (
+            bad(input_ids=[[1, 2]], labels=[[5]]),
+            {},
+            r"^tokens: column 'labels' at row 0 of the chunk \(idx=10\) has 1 values but 'input_ids' has 2; expected "
+            r"one per token\.$",
+        ),
+        (
+            bad(input_ids=[[1, 2]]),
+            dict(type_ids="types"),
+            r"^tokens: column 'types' is not in the data; expected one of the columns \['idx', 'input_ids'\]\.$",
+        ),
     ],
 )
 def test_tokens_raises_error_when_the_data_is_bad(batch: pa.RecordBatch, options: dict, message: str) -> None:
@@ -220,13 +277,18 @@ def test_tokens_raises_error_when_arguments_are_bad(options: dict, error: type, 
 
 def test_tokens_pad_and_pack_ask_for_a_pad_id() -> None:
     pipe = pp.from_iterable([{"input_ids": [1, 2]}]).tokens()
-    with pytest.raises(ValueError, match=r"^pad\(\) has no pad id: the rows entered as token ids through tokens\(\), "
-                                         r"with no tokenizer to take one from; pass `pad_id=` to pad\(\) or to "
-                                         r"tokens\(\)\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^pad\(\) has no pad id: the rows entered as token ids through tokens\(\), "
+        r"with no tokenizer to take one from; pass `pad_id=` to pad\(\) or to "
+        r"tokens\(\)\.$",
+    ):
         pipe.batch(1).pad()
     with pytest.raises(ValueError, match=r"^pack\(\) has no pad id: .* pass `pad_id=` to pack\(\) or to tokens\(\)\.$"):
         pipe.pack(8)
-    with pytest.raises(ValueError, match=r"^\.tokens\(\) needs records as input, but this pipeline yields tokens here\.$"):
+    with pytest.raises(
+        ValueError, match=r"^\.tokens\(\) needs records as input, but this pipeline yields tokens here\.$"
+    ):
         pipe.tokens()
     with pytest.raises(TypeError, match=r"^`tokens` must be a column name, but is True instead\.$"):
         pp.from_hf(datasets.Dataset.from_dict({"input_ids": [[1]]}), tokens=True)

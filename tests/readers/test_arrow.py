@@ -107,7 +107,9 @@ def test_read_arrow_splits_units_between_consumers(tmp_path):
     for stream in (False, True):
         write(tmp_path / f"{stream}/one.arrow", table(0, 50), stream=stream, batch_rows=3)
         for seed in (None, 4):
-            check_split(lambda c: ArrowReader(paths=str(tmp_path / f"{stream}"), seed=seed, consumer=c), everything, "id")
+            check_split(
+                lambda c: ArrowReader(paths=str(tmp_path / f"{stream}"), seed=seed, consumer=c), everything, "id"
+            )
 
 
 def test_read_arrow_saves_and_restores_its_state(folder):
@@ -145,7 +147,10 @@ def test_read_arrow_raises_error_when_a_file_is_not_arrow_or_empty(tmp_path):
 def test_read_arrow_raises_error_when_given_a_saved_dataset_dict(tmp_path):
     ds = datasets.Dataset.from_dict({"id": [1, 2]})
     datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dd"))
-    with pytest.raises(DataError, match=r"^.*dd: is a saved DatasetDict, not one dataset; pass one split's folder, one of \['train', 'test'\]\.$"):
+    with pytest.raises(
+        DataError,
+        match=r"^.*dd: is a saved DatasetDict, not one dataset; pass one split's folder, one of \['train', 'test'\]\.$",
+    ):
         reader(tmp_path / "dd").reset()
     assert ids(epoch_batches(reader(tmp_path / "dd/test"))[0]) == [1, 2]
 

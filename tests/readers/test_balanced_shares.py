@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from padpipe import Consumer
-from padpipe.readers.hf import HFDatasetReader
 from padpipe.readers.arrow import ArrowReader
+from padpipe.readers.hf import HFDatasetReader
 from padpipe.readers.jsonl import JsonlReader
 from padpipe.readers.parquet import ParquetReader
 from tests.readers.checks import epoch_batches, rows
@@ -58,8 +58,11 @@ def shares(make, count: int, epoch: int = 0) -> list[list[int]]:
     """Row ids each of ``count`` consumers reads in ``epoch``."""
     out = []
     for index in range(count):
-        node = make(Consumer(rank=index // 2, world_size=(count + 1) // 2, worker=index % 2, num_workers=2)
-                    if count % 2 == 0 else Consumer(worker=index, num_workers=count))
+        node = make(
+            Consumer(rank=index // 2, world_size=(count + 1) // 2, worker=index % 2, num_workers=2)
+            if count % 2 == 0
+            else Consumer(worker=index, num_workers=count)
+        )
         out.append([r["rid"] for r in rows(epoch_batches(node, epoch + 1)[epoch])])
     return out
 
@@ -121,5 +124,8 @@ def test_read_parquet_resumes_exactly_inside_a_cut_row_group(tmp_path):
     from tests.contract import check_node_resume
 
     write_parquet(tmp_path / "d.parquet", (1001, 20))
-    check_node_resume(lambda: ParquetReader(paths=str(tmp_path / "d.parquet"), seed=4, chunk_rows=60,
-                                            consumer=Consumer(worker=1, num_workers=3)))
+    check_node_resume(
+        lambda: ParquetReader(
+            paths=str(tmp_path / "d.parquet"), seed=4, chunk_rows=60, consumer=Consumer(worker=1, num_workers=3)
+        )
+    )

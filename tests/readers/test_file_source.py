@@ -26,8 +26,9 @@ TOK = pp.examples.TOKENIZER_JSON
 
 def write(path, start: int, rows: int = 100) -> None:
     texts = [f"row {i} " + "word " * (i % 7) for i in range(start, start + rows)]
-    pq.write_table(pa.table({"text": texts, "rid": range(start, start + rows)}), path, row_group_size=25,
-                   compression="none")
+    pq.write_table(
+        pa.table({"text": texts, "rid": range(start, start + rows)}), path, row_group_size=25, compression="none"
+    )
 
 
 @pytest.fixture
@@ -40,8 +41,13 @@ def shards(tmp_path):
 
 
 def pipe(paths, seed: int = 1) -> pp.Pipeline:
-    return (pp.read_parquet(paths, chunk_rows=20).shuffle(buffer_size=60, seed=seed)
-            .tokenize(TOK, max_length=32).batch(16).pad())
+    return (
+        pp.read_parquet(paths, chunk_rows=20)
+        .shuffle(buffer_size=60, seed=seed)
+        .tokenize(TOK, max_length=32)
+        .batch(16)
+        .pad()
+    )
 
 
 def saved_state(paths) -> tuple[dict, list]:
@@ -65,14 +71,18 @@ SUFFIX = r"\); resuming would read other rows\. Resume with the files as they we
 def test_resume_raises_error_naming_an_added_file(shards) -> None:
     state, _ = saved_state(str(shards))
     write(shards / "s9.parquet", 900)
-    with pytest.raises(StateMismatchError, match=PREFIX + rf"1 added: {re.escape(str(shards / 's9.parquet'))}" + SUFFIX):
+    with pytest.raises(
+        StateMismatchError, match=PREFIX + rf"1 added: {re.escape(str(shards / 's9.parquet'))}" + SUFFIX
+    ):
         resume(str(shards), state)
 
 
 def test_resume_raises_error_naming_a_removed_file(shards) -> None:
     state, _ = saved_state(str(shards / "*.parquet"))
     (shards / "s2.parquet").unlink()
-    with pytest.raises(StateMismatchError, match=PREFIX + rf"1 removed: {re.escape(str(shards / 's2.parquet'))}" + SUFFIX):
+    with pytest.raises(
+        StateMismatchError, match=PREFIX + rf"1 removed: {re.escape(str(shards / 's2.parquet'))}" + SUFFIX
+    ):
         resume(str(shards / "*.parquet"), state)
 
 
@@ -87,7 +97,9 @@ def test_resume_raises_error_naming_a_changed_file(shards) -> None:
     write(shards / "s1.parquet", 100)  # the same bytes again, but written later
     stat = (shards / "s1.parquet").stat()
     os.utime(shards / "s1.parquet", (stat.st_atime, stat.st_mtime + 5))
-    with pytest.raises(StateMismatchError, match=PREFIX + rf"1 changed: \S+/s1\.parquet \(version [\d.]+ -> [\d.]+\)" + SUFFIX):
+    with pytest.raises(
+        StateMismatchError, match=PREFIX + r"1 changed: \S+/s1\.parquet \(version [\d.]+ -> [\d.]+\)" + SUFFIX
+    ):
         resume(str(shards), state)
 
 
@@ -118,8 +130,10 @@ def test_a_file_replaced_mid_epoch_by_one_of_the_same_size_is_detected(shards, o
     rids = next(it)["rid"].tolist()  # reads s0 only
     replace_with_same_size(shards / "s2.parquet")
     if on_missing == "raise":
-        pattern = (rf"^{re.escape(paths[2])}: has version [\d.]+ \(modification time or ETag\), but had [\d.]+ when it "
-                   r"was listed; it was replaced since; pass on_missing='skip' to skip such files\.$")
+        pattern = (
+            rf"^{re.escape(paths[2])}: has version [\d.]+ \(modification time or ETag\), but had [\d.]+ when it "
+            r"was listed; it was replaced since; pass on_missing='skip' to skip such files\.$"
+        )
         with pytest.raises(DataError, match=pattern):
             for batch in it:
                 rids += batch["rid"].tolist()

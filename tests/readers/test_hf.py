@@ -40,7 +40,9 @@ def test_from_hf_works_on_a_shuffled_and_selected_dataset(dataset):
 def test_from_hf_works_on_a_dataset_loaded_from_disk(dataset, tmp_path):
     dataset.save_to_disk(str(tmp_path / "saved"), num_shards=3)
     loaded = datasets.load_from_disk(str(tmp_path / "saved"))
-    assert rows(epoch_batches(HFDatasetReader(dataset=loaded, chunk_rows=7, consumer=Consumer()))[0]) == dataset.to_list()
+    assert (
+        rows(epoch_batches(HFDatasetReader(dataset=loaded, chunk_rows=7, consumer=Consumer()))[0]) == dataset.to_list()
+    )
 
 
 def test_from_hf_shuffles_units_per_epoch(dataset):
@@ -55,11 +57,18 @@ def test_from_hf_shuffles_units_per_epoch(dataset):
 
 def test_from_hf_splits_a_dataset_between_consumers(dataset):
     for seed in (None, 2):
-        check_split(lambda c: HFDatasetReader(dataset=dataset, chunk_rows=2, seed=seed, consumer=c), dataset.to_list(), "id", count=3)
+        check_split(
+            lambda c: HFDatasetReader(dataset=dataset, chunk_rows=2, seed=seed, consumer=c),
+            dataset.to_list(),
+            "id",
+            count=3,
+        )
 
 
 def test_from_hf_saves_and_restores_its_state(dataset):
-    check_node_resume(lambda: HFDatasetReader(dataset=dataset.select(range(20)), chunk_rows=3, seed=1, consumer=Consumer()))
+    check_node_resume(
+        lambda: HFDatasetReader(dataset=dataset.select(range(20)), chunk_rows=3, seed=1, consumer=Consumer())
+    )
 
 
 @pytest.fixture
@@ -78,7 +87,9 @@ def test_from_hf_works_on_an_iterable_dataset(stream, dataset):
 def test_from_hf_splits_an_iterable_dataset_between_consumers(stream, dataset):
     # 2 consumers: 2 shards each; 5 consumers: more than the 4 shards, so every 5th batch each
     for count in (2, 5):
-        check_split(lambda c: HFIterableReader(dataset=stream, chunk_rows=3, consumer=c), dataset.to_list(), "id", count)
+        check_split(
+            lambda c: HFIterableReader(dataset=stream, chunk_rows=3, consumer=c), dataset.to_list(), "id", count
+        )
 
 
 def test_from_hf_sets_the_epoch_of_an_iterable_dataset(stream):
@@ -92,28 +103,41 @@ def test_from_hf_sets_the_epoch_of_an_iterable_dataset(stream):
 
 def test_from_hf_saves_and_restores_the_state_of_an_iterable_dataset(stream):
     check_node_resume(lambda: HFIterableReader(dataset=stream, chunk_rows=4, consumer=Consumer()))
-    check_node_resume(lambda: HFIterableReader(dataset=stream, chunk_rows=4, consumer=Consumer(worker=1, num_workers=5)), min_items=1)
+    check_node_resume(
+        lambda: HFIterableReader(dataset=stream, chunk_rows=4, consumer=Consumer(worker=1, num_workers=5)), min_items=1
+    )
 
     def rows_of(shards):
         for i in (i for shard in shards for i in range(shard * 10, shard * 10 + 7)):
             yield {"id": i, "text": str(i)}
 
     generated = datasets.IterableDataset.from_generator(rows_of, gen_kwargs={"shards": [0, 1, 2]})
-    check_node_resume(lambda: HFIterableReader(dataset=generated, chunk_rows=4, consumer=Consumer(worker=1, num_workers=2)))
+    check_node_resume(
+        lambda: HFIterableReader(dataset=generated, chunk_rows=4, consumer=Consumer(worker=1, num_workers=2))
+    )
 
 
 def test_from_hf_raises_error_when_given_a_dataset_dict(dataset, stream):
-    with pytest.raises(ValueError, match=r"^`dataset` must be one split, but is a DatasetDict with splits \['train', 'test'\]; pass dataset\['train'\] instead\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`dataset` must be one split, but is a DatasetDict with splits \['train', 'test'\]; pass dataset\['train'\] instead\.$",
+    ):
         hf_reader(datasets.DatasetDict({"train": dataset, "test": dataset}), columns=None)
-    with pytest.raises(ValueError, match=r"^`dataset` must be one split, but is a IterableDatasetDict with splits \['validation'\]"):
+    with pytest.raises(
+        ValueError, match=r"^`dataset` must be one split, but is a IterableDatasetDict with splits \['validation'\]"
+    ):
         pp.from_hf(datasets.IterableDatasetDict({"validation": stream}))
 
 
 def test_from_hf_raises_error_when_given_something_else_or_a_missing_column(dataset, stream):
-    with pytest.raises(TypeError, match=r"^`dataset` must be a datasets.Dataset or datasets.IterableDataset, but is a list instead\.$"):
+    with pytest.raises(
+        TypeError, match=r"^`dataset` must be a datasets.Dataset or datasets.IterableDataset, but is a list instead\.$"
+    ):
         hf_reader([{"text": "a"}], columns=None)
     for ds, label in [(dataset, "Dataset"), (stream, "IterableDataset")]:
-        with pytest.raises(DataError, match=rf"^<datasets\.{label}>: no column 'txt'; available columns: \['id', 'text', 'label'\]\.$"):
+        with pytest.raises(
+            DataError, match=rf"^<datasets\.{label}>: no column 'txt'; available columns: \['id', 'text', 'label'\]\.$"
+        ):
             pp.from_hf(ds, columns=["txt"])
 
 

@@ -30,7 +30,12 @@ def test_from_iterable_works_on_any_reiterable():
 
 
 def test_from_iterable_keeps_one_schema_when_keys_drift():
-    items = [{"id": 0, "text": "a"}, {"id": 1, "note": "n"}, {"id": 2, "text": None}, {"id": 3, "text": "d", "extra": 1.5}]
+    items = [
+        {"id": 0, "text": "a"},
+        {"id": 1, "note": "n"},
+        {"id": 2, "text": None},
+        {"id": 3, "text": "d", "extra": 1.5},
+    ]
     batches = epoch_batches(reader(items, chunk_rows=2))[0]
     assert all(b.schema == batches[0].schema for b in batches)
     assert batches[0].schema.names == ["id", "text", "note"]
@@ -40,7 +45,9 @@ def test_from_iterable_keeps_one_schema_when_keys_drift():
 def test_from_iterable_splits_rows_between_consumers():
     check_split(lambda c: IterableReader(iterable=RECORDS, chunk_rows=4, consumer=c), RECORDS, "id")
     check_split(lambda c: IterableReader(iterable=RECORDS, chunk_rows=4, consumer=c), RECORDS, "id", count=3)
-    assert [r["id"] for r in rows(epoch_batches(reader(consumer=Consumer(worker=1, num_workers=3)))[0])] == list(range(1, 23, 3))
+    assert [r["id"] for r in rows(epoch_batches(reader(consumer=Consumer(worker=1, num_workers=3)))[0])] == list(
+        range(1, 23, 3)
+    )
 
 
 def test_from_iterable_saves_and_restores_its_state():
@@ -61,9 +68,11 @@ def test_from_iterable_raises_error_when_values_do_not_make_a_column():
 
 
 def test_from_iterable_raises_error_when_a_generator_is_read_twice():
-    node = reader(({"n": i} for i in range(3)))
+    node = reader({"n": i} for i in range(3))
     assert rows(epoch_batches(node)[0]) == [{"n": 0}, {"n": 1}, {"n": 2}]
-    with pytest.raises(ValueError, match=r"^from_iterable got a one-shot iterator \(such as a generator\), which cannot be read again"):
+    with pytest.raises(
+        ValueError, match=r"^from_iterable got a one-shot iterator \(such as a generator\), which cannot be read again"
+    ):
         node.reset(None)
 
 

@@ -102,8 +102,12 @@ def test_read_jsonl_shuffles_units_per_epoch(folder):
 
 def test_read_jsonl_splits_one_file_between_consumers(folder):
     for seed in (None, 1):
-        check_split(lambda c: JsonlReader(paths=str(folder / "a.jsonl"), unit_bytes=200, seed=seed, consumer=c),
-                    records(0, 40), "id", count=3)
+        check_split(
+            lambda c: JsonlReader(paths=str(folder / "a.jsonl"), unit_bytes=200, seed=seed, consumer=c),
+            records(0, 40),
+            "id",
+            count=3,
+        )
 
 
 def test_read_jsonl_saves_and_restores_its_state(folder):
@@ -129,9 +133,18 @@ SKIP_HINT = r"; pass on_error='skip' to read_jsonl to skip such lines \(counted 
 def test_read_jsonl_raises_error_naming_the_line_of_invalid_json(tmp_path):
     good = jsonl(records(0, 60)).decode().splitlines()
     for name, bad_line, problem in [
-        ("x.jsonl", '{"id": 1, "text": "unclosed}', r"invalid JSON: Unterminated string starting at \(column 19\)" + SKIP_HINT),
-        ("y.jsonl.gz", '[1, 2]', r"invalid JSON: expected an object, found an array" + SKIP_HINT),
-        ("z.jsonl", '{"id": "one", "text": "a", "label": 0}', r"key 'id' is a string, expected a number; keys keep the types of the first block of .*z\.jsonl" + SKIP_HINT),
+        (
+            "x.jsonl",
+            '{"id": 1, "text": "unclosed}',
+            r"invalid JSON: Unterminated string starting at \(column 19\)" + SKIP_HINT,
+        ),
+        ("y.jsonl.gz", "[1, 2]", r"invalid JSON: expected an object, found an array" + SKIP_HINT),
+        (
+            "z.jsonl",
+            '{"id": "one", "text": "a", "label": 0}',
+            r"key 'id' is a string, expected a number; keys keep the types of the first block of .*z\.jsonl"
+            + SKIP_HINT,
+        ),
     ]:
         lines = good[:47] + [bad_line] + good[47:]
         data = ("\n".join(lines) + "\n").encode()
@@ -173,8 +186,10 @@ def test_read_jsonl_raises_error_naming_the_line_of_bytes_that_are_not_utf8(tmp_
     lines[50] = b'{"id": 50, "text": "ab\xffcd", "label": 0}'
     (tmp_path / "bad.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     reader = JsonlReader(paths=str(tmp_path / "bad.jsonl"), block_bytes=block_bytes, consumer=Consumer())
-    pattern = (rf"^{re.escape(str(tmp_path / 'bad.jsonl'))} line 51: invalid UTF-8 \(byte 23 of the line is 0xff\); "
-               r"JSON Lines files must be UTF-8 \(re-encode the file, e.g. with iconv\)" + SKIP_HINT)
+    pattern = (
+        rf"^{re.escape(str(tmp_path / 'bad.jsonl'))} line 51: invalid UTF-8 \(byte 23 of the line is 0xff\); "
+        r"JSON Lines files must be UTF-8 \(re-encode the file, e.g. with iconv\)" + SKIP_HINT
+    )
     with pytest.raises(DataError, match=pattern):
         reader.reset()  # the first block is read when listing
         list(reader)
@@ -199,14 +214,21 @@ def test_read_jsonl_blames_line_1_for_a_wrong_type_on_line_1(tmp_path):
     recs = records(0, 30)
     recs[4]["text"] = 5  # the rarer type is blamed wherever it is
     (tmp_path / "fifth.jsonl").write_bytes(jsonl(recs))
-    assert first_error(tmp_path / "fifth.jsonl").startswith(f"{tmp_path / 'fifth.jsonl'} line 5: key 'text' is a number")
+    assert first_error(tmp_path / "fifth.jsonl").startswith(
+        f"{tmp_path / 'fifth.jsonl'} line 5: key 'text' is a number"
+    )
 
 
 def test_read_jsonl_raises_error_on_an_empty_file_as_parquet_does(tmp_path):
     (tmp_path / "empty.jsonl").write_bytes(b"")
     (tmp_path / "empty.parquet").write_bytes(b"")
-    assert first_error(tmp_path / "empty.jsonl") == f"{tmp_path / 'empty.jsonl'}: empty file (0 bytes); expected JSON Lines."
-    with pytest.raises(DataError, match=r"empty\.parquet: not a readable Parquet file \(Parquet file size is 0 bytes\)\.$"):
+    assert (
+        first_error(tmp_path / "empty.jsonl")
+        == f"{tmp_path / 'empty.jsonl'}: empty file (0 bytes); expected JSON Lines."
+    )
+    with pytest.raises(
+        DataError, match=r"empty\.parquet: not a readable Parquet file \(Parquet file size is 0 bytes\)\.$"
+    ):
         next(iter(pp.read_parquet(str(tmp_path / "empty.parquet")).loader()))
     (tmp_path / "blank.jsonl").write_bytes(b"\n  \n")  # lines, but no rows: nothing to read, as a 0-row Parquet file
     assert list(pp.read_jsonl(str(tmp_path / "blank.jsonl")).loader()) == []

@@ -56,7 +56,10 @@ def test_a_folder_others_can_use_is_not_used(shared, tmp_path) -> None:
     worker = worker_copy(shared)
     os.mkdir(worker.folder, 0o777)
     os.chmod(worker.folder, 0o777)  # as another user could make it
-    with pytest.warns(RuntimeWarning, match=r"^padpipe: not sharing file listings through \S+: others have access \(mode 777\); each worker lists its files itself\.$"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"^padpipe: not sharing file listings through \S+: others have access \(mode 777\); each worker lists its files itself\.$",
+    ):
         assert worker.get("key", lambda: [3]) == [3]
     assert os.listdir(worker.folder) == []
 
@@ -120,7 +123,10 @@ def test_dataloader_workers_list_once_and_the_folder_goes_at_exit(tmp_path) -> N
 
 
 def test_a_glob_that_matches_nothing_raises_one_clean_error(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"^'\S+/\*\.parquet' matches no files; expected at least one \.parquet/\.parq/\.pq file there\.$") as info:
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"^'\S+/\*\.parquet' matches no files; expected at least one \.parquet/\.parq/\.pq file there\.$",
+    ) as info:
         next(iter(pp.read_parquet(str(tmp_path / "*.parquet")).loader()))
     assert info.value.__context__ is None and info.value.__cause__ is None
 

@@ -24,11 +24,11 @@ import torch.utils.data
 import padpipe as pp
 from padpipe import Consumer, DataError
 from padpipe.readers import file_source, jsonl_blocks
-from padpipe.readers.listing import SharedListing
-from padpipe.readers.retry import Retry
 from padpipe.readers.arrow import ArrowReader
 from padpipe.readers.jsonl import JsonlReader
+from padpipe.readers.listing import SharedListing
 from padpipe.readers.parquet import ParquetReader
+from padpipe.readers.retry import Retry
 from tests.contract import check_loader_resume, check_node_resume
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,8 +37,14 @@ s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
 FAST = Retry(retries=2, backoff=0.01, max_backoff=0.02)
-ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true", "NO_PROXY": "127.0.0.1"}
+ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "NO_PROXY": "127.0.0.1",
+}
 
 
 def records(start, n):
@@ -155,8 +161,14 @@ def test_object_storage_retries_a_fault_in_the_middle_of_a_stream(s3, fmt, fault
 
 def test_object_storage_retries_from_the_current_row_inside_a_unit(s3, faults, monkeypatch):
     monkeypatch.setattr(jsonl_blocks, "READ_AHEAD_BYTES", 256)  # many small range requests per unit
-    reader = JsonlReader(paths="s3://bucket/jsonl/b.jsonl", storage_options=s3["options"], chunk_rows=7,
-                         block_bytes=200, consumer=Consumer(), retries=FAST)
+    reader = JsonlReader(
+        paths="s3://bucket/jsonl/b.jsonl",
+        storage_options=s3["options"],
+        chunk_rows=7,
+        block_bytes=200,
+        consumer=Consumer(),
+        retries=FAST,
+    )
     reader.reset()
     first = [next(reader) for _ in range(3)]  # 21 rows of the file's one unit
     faults.update(fail=1, times=1, calls=0)  # the next range request fails
@@ -170,10 +182,15 @@ def test_object_storage_raises_error_when_faults_persist(s3, fmt, faults):
     pipe = pipeline(s3, fmt, retries=FAST)
     assert read_all(pipe) == everything()  # listed; the pipeline keeps the listing
     faults.update(fail=1, times=10**9, calls=0)  # from now on every range request fails
-    first = {"parquet": "s3://bucket/pq/a.parquet", "jsonl": "s3://bucket/jsonl/a.jsonl.gz",
-             "arrow": "s3://bucket/arrow/a.arrow"}[fmt]
-    pattern = (rf"^{re.escape(first)}: cannot read unit 0 from row 0: gave up after 3 attempts in \d+\.\d s "
-               r"\(retries=2\); last error: ConnectionResetError: injected: connection reset by peer$")
+    first = {
+        "parquet": "s3://bucket/pq/a.parquet",
+        "jsonl": "s3://bucket/jsonl/a.jsonl.gz",
+        "arrow": "s3://bucket/arrow/a.arrow",
+    }[fmt]
+    pattern = (
+        rf"^{re.escape(first)}: cannot read unit 0 from row 0: gave up after 3 attempts in \d+\.\d s "
+        r"\(retries=2\); last error: ConnectionResetError: injected: connection reset by peer$"
+    )
     with pytest.raises(DataError, match=pattern):
         read_all(pipe)
 
@@ -185,10 +202,16 @@ def test_object_storage_raises_error_when_a_file_vanished_or_changed(s3):
     pipe = pp.read_parquet("s3://bucket/gone/", storage_options=s3["options"])
     assert len(read_all(pipe)) == 100  # listed now; the listing is kept by the pipeline
     fs.rm("bucket/gone/b.parquet")
-    with pytest.raises(DataError, match=r"^s3://bucket/gone/b\.parquet: vanished since it was listed \(.*\); pass on_missing='skip' to skip such files\.$"):
+    with pytest.raises(
+        DataError,
+        match=r"^s3://bucket/gone/b\.parquet: vanished since it was listed \(.*\); pass on_missing='skip' to skip such files\.$",
+    ):
         read_all(pipe)
     fs.pipe("bucket/gone/b.parquet", parquet_bytes(records(50, 60)))
-    with pytest.raises(DataError, match=r"^s3://bucket/gone/b\.parquet: is \d+ bytes, but was \d+ bytes when it was listed; it changed since; pass on_missing='skip'"):
+    with pytest.raises(
+        DataError,
+        match=r"^s3://bucket/gone/b\.parquet: is \d+ bytes, but was \d+ bytes when it was listed; it changed since; pass on_missing='skip'",
+    ):
         read_all(pipe)
 
 
@@ -227,8 +250,9 @@ def test_object_storage_streams_only_the_bytes_it_needs(s3, monkeypatch):
 def test_object_storage_saves_and_restores_its_state(s3):
     options = s3["options"]
     check_node_resume(
-        lambda: ParquetReader(paths="s3://bucket/pq/*.parquet", storage_options=options, chunk_rows=25, seed=3,
-                              consumer=Consumer()),
+        lambda: ParquetReader(
+            paths="s3://bucket/pq/*.parquet", storage_options=options, chunk_rows=25, seed=3, consumer=Consumer()
+        ),
         steps=[0, 1, 4, 7, 9],
     )
     check_loader_resume(pipeline(s3, "jsonl").loader, epochs=2, steps=[0, 5, 12, 17])
@@ -290,7 +314,9 @@ def test_local_files_raise_error_when_a_file_vanished_or_changed(tmp_path, fmt):
     path.unlink()
     reader = make()
     reader.reset()
-    pattern = rf"^{re.escape(str(path))}: vanished since it was listed \(.*\); pass on_missing='skip' to skip such files\.$"
+    pattern = (
+        rf"^{re.escape(str(path))}: vanished since it was listed \(.*\); pass on_missing='skip' to skip such files\.$"
+    )
     with pytest.raises(DataError, match=pattern):
         list(reader)
     path.write_bytes(data + b"\n")

@@ -88,11 +88,15 @@ def test_read_parquet_raises_error_when_a_column_is_missing(folder):
 def test_read_parquet_raises_error_when_a_file_is_not_parquet_or_truncated(folder, tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad/x.parquet").write_text("id,text\n1,hello\n")
-    with pytest.raises(DataError, match=rf"^{re.escape(str(tmp_path / 'bad/x.parquet'))}: not a readable Parquet file \("):
+    with pytest.raises(
+        DataError, match=rf"^{re.escape(str(tmp_path / 'bad/x.parquet'))}: not a readable Parquet file \("
+    ):
         reader(tmp_path / "bad").reset()
     data = (folder / "a.parquet").read_bytes()
     (tmp_path / "bad/x.parquet").write_bytes(data[: len(data) // 2])
-    with pytest.raises(DataError, match=rf"^{re.escape(str(tmp_path / 'bad/x.parquet'))}: not a readable Parquet file \("):
+    with pytest.raises(
+        DataError, match=rf"^{re.escape(str(tmp_path / 'bad/x.parquet'))}: not a readable Parquet file \("
+    ):
         reader(tmp_path / "bad").reset()
 
 

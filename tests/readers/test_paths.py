@@ -8,8 +8,16 @@ from padpipe.readers.paths import check_paths, expand_paths
 
 @pytest.fixture
 def tree(tmp_path):
-    for name in ["b.parquet", "a.parquet", "sub/c.parquet", "sub/deeper/d.parquet", "notes.txt", "_SUCCESS",
-                 ".hidden/e.parquet", "_tmp/f.parquet"]:
+    for name in [
+        "b.parquet",
+        "a.parquet",
+        "sub/c.parquet",
+        "sub/deeper/d.parquet",
+        "notes.txt",
+        "_SUCCESS",
+        ".hidden/e.parquet",
+        "_tmp/f.parquet",
+    ]:
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
@@ -27,7 +35,9 @@ def test_expand_paths_works_on_a_folder_recursively_sorted(tree):
 
 
 def test_expand_paths_works_on_files_globs_and_lists_in_the_order_given(tree):
-    files = expand_paths([str(tree / "sub/*.parquet"), str(tree / "notes.txt"), str(tree / "*.parquet")], suffixes=(".parquet",))
+    files = expand_paths(
+        [str(tree / "sub/*.parquet"), str(tree / "notes.txt"), str(tree / "*.parquet")], suffixes=(".parquet",)
+    )
     assert names(files) == [str(tree / n) for n in ["sub/c.parquet", "notes.txt", "a.parquet", "b.parquet"]]
     recursive = expand_paths([str(tree / "**/*.parquet")], suffixes=(".parquet",))
     assert str(tree / "sub/deeper/d.parquet") in names(recursive)
@@ -55,7 +65,10 @@ def test_expand_paths_raises_error_when_nothing_matches(tree):
     with pytest.raises(FileNotFoundError, match=r"^No such file or folder: '.*/missing\.parquet'\.$"):
         expand_paths([str(tree / "missing.parquet")], suffixes=(".parquet",))
     pattern = str(tree / "*.arrow")
-    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(repr(pattern))} matches no files; expected at least one \.arrow file there\.$"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^{re.escape(repr(pattern))} matches no files; expected at least one \.arrow file there\.$",
+    ):
         expand_paths([pattern], suffixes=(".arrow",))
     with pytest.raises(FileNotFoundError, match=r"matches no files; expected at least one \.jsonl/\.jsonl\.gz file"):
         expand_paths([str(tree / "sub")], suffixes=(".jsonl", ".jsonl.gz"))
@@ -65,5 +78,7 @@ def test_check_paths_raises_error_when_paths_is_not_paths():
     assert check_paths(["a", "b"]) == ("a", "b")
     with pytest.raises(TypeError, match=r"^`paths` must be a path, a glob or a list of them, but is 3 instead\.$"):
         check_paths(3)
-    with pytest.raises(ValueError, match=r"^`paths` must name at least one file, folder or glob, but is \(\) instead\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`paths` must name at least one file, folder or glob, but is \(\) instead\.$"
+    ):
         check_paths(())

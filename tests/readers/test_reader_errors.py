@@ -74,8 +74,10 @@ def test_read_jsonl_skips_a_bad_line_and_counts_it_for_its_file(tmp_path, bad, n
 @pytest.mark.parametrize("bad", list(BAD_LINES))
 def test_read_jsonl_raises_error_naming_the_file_and_line_of_a_bad_line(tmp_path, bad):
     path = write(tmp_path, bad)
-    pattern = (rf"^{re.escape(str(path))} line {BAD + 1}: {PROBLEMS[bad]}.*; pass on_error='skip' to read_jsonl to "
-               r"skip such lines \(counted per file\)\.$")
+    pattern = (
+        rf"^{re.escape(str(path))} line {BAD + 1}: {PROBLEMS[bad]}.*; pass on_error='skip' to read_jsonl to "
+        r"skip such lines \(counted per file\)\.$"
+    )
     with pytest.raises(pp.DataError, match=pattern):
         idx_of(read(path).loader())
 
@@ -122,16 +124,25 @@ def test_tokenize_error_on_a_none_text_names_the_file_and_its_row(tmp_path):
     parquet = tmp_path / "data.parquet"
     pq.write_table(pa.Table.from_pylist(rows), parquet, row_group_size=70)
     pipe = pp.read_parquet(str(parquet), chunk_rows=16).tokenize(TOK, fields="text").batch(8).pad()
-    with pytest.raises(pp.DataError, match=rf"^tokenize: field 'text' at row 210 of {re.escape(str(parquet))} "
-                                           r"\(idx=210; row \d+ of the chunk\) is None; expected a string\. "):
+    with pytest.raises(
+        pp.DataError,
+        match=rf"^tokenize: field 'text' at row 210 of {re.escape(str(parquet))} "
+        r"\(idx=210; row \d+ of the chunk\) is None; expected a string\. ",
+    ):
         list(pipe.loader())
     jsonl = tmp_path / "data.jsonl"
     jsonl.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows))
-    with pytest.raises(pp.DataError, match=r"^tokenize: field 'text' at row \d+ of its byte range from byte \d+ of "
-                                           rf"{re.escape(str(jsonl))} \(idx=210; row \d+ of the chunk\) is None"):
+    with pytest.raises(
+        pp.DataError,
+        match=r"^tokenize: field 'text' at row \d+ of its byte range from byte \d+ of "
+        rf"{re.escape(str(jsonl))} \(idx=210; row \d+ of the chunk\) is None",
+    ):
         list(read(jsonl).tokenize(TOK, fields="text").batch(8).pad().loader())
-    with pytest.raises(pp.DataError, match=rf"^tokenize: field 'text' at row 210 of {re.escape(str(jsonl))} "
-                                           r"\(idx=210; row \d+ of the chunk\) is None"):
+    with pytest.raises(
+        pp.DataError,
+        match=rf"^tokenize: field 'text' at row 210 of {re.escape(str(jsonl))} "
+        r"\(idx=210; row \d+ of the chunk\) is None",
+    ):
         list(read(jsonl, small_blocks=False).tokenize(TOK, fields="text").batch(8).pad().loader())
 
 
@@ -149,8 +160,11 @@ def test_tokenize_raises_or_skips_a_row_of_invalid_utf8_in_an_arrow_file(tmp_pat
     def pipe(on_error):
         return pp.read_arrow(str(path), chunk_rows=16).tokenize(TOK, fields="text", on_error=on_error, cache=where)
 
-    with pytest.raises(pp.DataError, match=rf"^tokenize: field 'text' at row 123 of {re.escape(str(path))} \(idx=123; "
-                                           r"row 11 of the chunk\) is not valid UTF-8; expected a string\. "):
+    with pytest.raises(
+        pp.DataError,
+        match=rf"^tokenize: field 'text' at row 123 of {re.escape(str(path))} \(idx=123; "
+        r"row 11 of the chunk\) is not valid UTF-8; expected a string\. ",
+    ):
         list(pipe("raise").batch(8).pad().loader())
     loader = pipe("skip").batch(8).pad().loader()
     got = [i for batch in loader for i in batch["idx"].tolist()]

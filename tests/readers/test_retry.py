@@ -18,11 +18,11 @@ from fsspec.implementations.memory import MemoryFile
 import padpipe as pp
 from padpipe import Consumer, DataError
 from padpipe.readers import file_source
-from padpipe.readers.listing import SharedListing
-from padpipe.readers.retry import Attempts, Retry, call, is_transient
 from padpipe.readers.arrow import ArrowReader
 from padpipe.readers.jsonl import JsonlReader
+from padpipe.readers.listing import SharedListing
 from padpipe.readers.parquet import ParquetReader
+from padpipe.readers.retry import Attempts, Retry, call, is_transient
 from tests.contract import check_node_resume
 
 pytestmark = pytest.mark.timeout(60)
@@ -94,8 +94,10 @@ def test_retry_raises_error_when_retries_run_out():
     attempts = Attempts(Retry(retries=2, backoff=0.0))
     attempts.failed(ConnectionResetError("reset"), "s3://b/a.parquet: read")
     attempts.failed(ConnectionResetError("reset"), "s3://b/a.parquet: read")
-    pattern = (r"^s3://b/a\.parquet: read: gave up after 3 attempts in \d+\.\d s \(retries=2\); "
-               r"last error: ConnectionResetError: reset$")
+    pattern = (
+        r"^s3://b/a\.parquet: read: gave up after 3 attempts in \d+\.\d s \(retries=2\); "
+        r"last error: ConnectionResetError: reset$"
+    )
     with pytest.raises(DataError, match=pattern):
         attempts.failed(ConnectionResetError("reset"), "s3://b/a.parquet: read")
 
@@ -104,7 +106,9 @@ def test_retry_raises_error_when_the_time_budget_is_spent():
     attempts = Attempts(Retry(retries=100, backoff=1.0, max_backoff=100.0, max_seconds=2.5), sleep=lambda s: None)
     attempts.failed(TimeoutError("slow"), "a.jsonl: read")  # waits ~1 s
     attempts.failed(TimeoutError("slow"), "a.jsonl: read")  # waits ~2 s: still within 2.5 s
-    with pytest.raises(DataError, match=r"^a\.jsonl: read: gave up after 3 attempts in .*(retries=100).*TimeoutError: slow$"):
+    with pytest.raises(
+        DataError, match=r"^a\.jsonl: read: gave up after 3 attempts in .*(retries=100).*TimeoutError: slow$"
+    ):
         attempts.failed(TimeoutError("slow"), "a.jsonl: read")  # the next wait (>= 3 s) passes the budget
 
 
@@ -115,7 +119,9 @@ def test_retry_raises_error_when_arguments_are_bad(tmp_path):
         Retry(backoff=-0.5)
     with pytest.raises(TypeError, match=r"^`retries` must be an int or a Retry, but is '3' instead\.$"):
         pp.read_parquet("x.parquet", retries="3")
-    with pytest.raises(ValueError, match=r"^`on_missing` must be one of \('raise', 'skip'\), but is 'ignore' instead\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`on_missing` must be one of \('raise', 'skip'\), but is 'ignore' instead\.$"
+    ):
         pp.read_jsonl("x.jsonl", on_missing="ignore")
     with pytest.raises(ValueError, match=r"^`on_missing` must be one of"):
         ParquetReader(paths="x.parquet", on_missing="warn")
@@ -162,8 +168,9 @@ def write_inputs(root):
 
 READERS = {
     "parquet": lambda root, **kw: ParquetReader(paths=f"memory://{root}/pq", chunk_rows=5, **kw),
-    "jsonl": lambda root, **kw: JsonlReader(paths=f"memory://{root}/jsonl", chunk_rows=5, unit_bytes=900,
-                                            block_bytes=300, **kw),
+    "jsonl": lambda root, **kw: JsonlReader(
+        paths=f"memory://{root}/jsonl", chunk_rows=5, unit_bytes=900, block_bytes=300, **kw
+    ),
     "arrow": lambda root, **kw: ArrowReader(paths=f"memory://{root}/arrow", chunk_rows=5, **kw),
 }
 
@@ -213,8 +220,10 @@ def test_readers_raise_error_when_reads_keep_failing(fmt, flaky_reads):
     reader.reset()  # lists
     flaky_reads.update(calls=0, fail=1, times=10**9)
     first = {"parquet": "pq/a.parquet", "jsonl": "jsonl/a.jsonl", "arrow": "arrow/a.arrow"}[fmt]
-    pattern = (rf"^memory:///fail_{fmt}/{re.escape(first)}: cannot read unit 0 from row 0: gave up after 3 attempts "
-               r"in \d+\.\d s \(retries=2\); last error: ConnectionResetError: injected$")
+    pattern = (
+        rf"^memory:///fail_{fmt}/{re.escape(first)}: cannot read unit 0 from row 0: gave up after 3 attempts "
+        r"in \d+\.\d s \(retries=2\); last error: ConnectionResetError: injected$"
+    )
     with pytest.raises(DataError, match=pattern):
         next(reader)
 

@@ -199,7 +199,9 @@ def test_glue_downloads_nyu_mll_glue_when_no_data_is_given(monkeypatch: pytest.M
 
 # -- errors ---------------------------------------------------------------------------------------
 def test_glue_raises_error_when_the_task_is_unknown() -> None:
-    with pytest.raises(ValueError, match=r"^`task` must be one of \('cola', 'sst2', .*'ax'\), but is 'mrcp' instead\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`task` must be one of \('cola', 'sst2', .*'ax'\), but is 'mrcp' instead\.$"
+    ):
         glue("mrcp", "train", TOKENIZER, data=make_dict("mrpc"))
 
 
@@ -210,7 +212,9 @@ def test_glue_raises_error_when_the_split_is_not_the_tasks() -> None:
         r"'test_mismatched'\) for GLUE task 'mnli', but is 'validation' instead\.$",
     ):
         glue("mnli", "validation", TOKENIZER, data=make_dict("mnli"))
-    with pytest.raises(ValueError, match=r"^`split` must be one of \('test',\) for GLUE task 'ax', but is 'train' instead\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`split` must be one of \('test',\) for GLUE task 'ax', but is 'train' instead\.$"
+    ):
         glue("ax", "train", TOKENIZER)
 
 
@@ -233,14 +237,20 @@ def test_glue_raises_error_when_a_parquet_field_is_missing(tmp_path: Path) -> No
 
 def test_glue_raises_error_when_the_data_lacks_the_split(tmp_path: Path) -> None:
     data = datasets.DatasetDict(train=make_split("rte", "train", 3))
-    with pytest.raises(DataError, match=r"^glue rte: the DatasetDict has no split 'validation'; found splits \['train'\]\.$"):
+    with pytest.raises(
+        DataError, match=r"^glue rte: the DatasetDict has no split 'validation'; found splits \['train'\]\.$"
+    ):
         glue("rte", "validation", TOKENIZER, data=data)
     data.save_to_disk(str(tmp_path / "saved"))
-    with pytest.raises(DataError, match=r"^glue rte: the saved DatasetDict '.*saved' has no split 'test'; found splits \['train'\]\.$"):
+    with pytest.raises(
+        DataError, match=r"^glue rte: the saved DatasetDict '.*saved' has no split 'test'; found splits \['train'\]\.$"
+    ):
         glue("rte", "test", TOKENIZER, data=tmp_path / "saved")
-    layout = (r"expected a Parquet file or glob \(the split's rows\), a folder of Parquet files named by split "
-              r"\(train-\*\.parquet or train/\*\.parquet, there or in its rte/ subfolder\), or a save_to_disk folder "
-              r"\(dataset_dict\.json or state\.json\)\.$")
+    layout = (
+        r"expected a Parquet file or glob \(the split's rows\), a folder of Parquet files named by split "
+        r"\(train-\*\.parquet or train/\*\.parquet, there or in its rte/ subfolder\), or a save_to_disk folder "
+        r"\(dataset_dict\.json or state\.json\)\.$"
+    )
     with pytest.raises(DataError, match=r"^glue rte: no 'train' split in '.*'; " + layout):
         glue("rte", "train", TOKENIZER, data=tmp_path)
     with pytest.raises(FileNotFoundError, match=r"^glue: no such file or folder: '.*nowhere'; " + layout):
@@ -256,11 +266,16 @@ def test_glue_raises_error_when_sizes_are_bad() -> None:
     data = make_dict("cola")
     with pytest.raises(ValueError, match=r"^Pass at most one of `batch_size` or `max_tokens` to glue\(\)\.$"):
         glue("cola", "train", TOKENIZER, data=data, batch_size=8, max_tokens=4096)
-    with pytest.raises(ValueError, match=r"^`max_tokens` must be at least 128 \(`max_length`=128 padded to a multiple of 8\)"):
+    with pytest.raises(
+        ValueError, match=r"^`max_tokens` must be at least 128 \(`max_length`=128 padded to a multiple of 8\)"
+    ):
         glue("cola", "train", TOKENIZER, data=data, max_tokens=100)
     with pytest.raises(ValueError, match=r"^`batch_size` must be greater than zero, but is 0 instead\.$"):
         glue("cola", "train", TOKENIZER, data=data, batch_size=0)
-    with pytest.raises(TypeError, match=r"^`data` must be None, a datasets\.DatasetDict or Dataset, or a local path, but is a list instead\.$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^`data` must be None, a datasets\.DatasetDict or Dataset, or a local path, but is a list instead\.$",
+    ):
         glue("cola", "train", TOKENIZER, data=[{"sentence": "a"}])
 
 
@@ -281,8 +296,19 @@ def test_glue_cli_prints_batch_shapes_and_padding_efficiency(tmp_path: Path, cap
 
 def test_glue_cli_runs_as_a_module(tmp_path: Path) -> None:
     write_parquet_export(tmp_path, make_dict("sst2", n=30), "{split}-00000-of-00001.parquet")
-    command = [sys.executable, "-m", "padpipe.recipes.glue", "--task", "sst2", "--tokenizer", pp.examples.TOKENIZER_JSON,
-               "--data", str(tmp_path), "--batch-size", "4"]
+    command = [
+        sys.executable,
+        "-m",
+        "padpipe.recipes.glue",
+        "--task",
+        "sst2",
+        "--tokenizer",
+        pp.examples.TOKENIZER_JSON,
+        "--data",
+        str(tmp_path),
+        "--batch-size",
+        "4",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

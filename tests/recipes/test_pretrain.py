@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 import zstandard
 from transformers import AutoTokenizer
 
@@ -31,7 +30,6 @@ DOCS = [
     " ".join(np.random.default_rng(i).choice(WORDS, size=int(np.random.default_rng(i).integers(1, 21))))
     for i in range(40)
 ]
-
 
 
 def ids(doc: str) -> list[int]:
@@ -56,9 +54,7 @@ def expected_segments(docs: list[str] = DOCS) -> Counter:
 
 def rows(batches: list[dict]) -> Counter:
     """The real tokens of padded batches, counted."""
-    return Counter(
-        tuple(r[m.bool()].tolist()) for b in batches for r, m in zip(b["input_ids"], b["attention_mask"])
-    )
+    return Counter(tuple(r[m.bool()].tolist()) for b in batches for r, m in zip(b["input_ids"], b["attention_mask"]))
 
 
 def write_corpus(path: Path, docs: list[str] = DOCS) -> Path:
@@ -87,14 +83,31 @@ def test_pretrain_works_in_pack_mode(tmp_path: Path) -> None:
     batches = list(pretrain(str(path), EOS_TOKENIZER, seq_len=128, batch_size=2).loader())
     assert all(b["input_ids"].shape == (2, 128) for b in batches[:-1])
     assert segments(batches) == expected_segments()  # every document once, followed by EOS
-    assert sorted(batches[0]) == ["cu_seq_lens_k", "cu_seq_lens_q", "input_ids", "labels", "max_length_k",
-                                  "max_length_q", "position_ids", "seq_idx"]
+    assert sorted(batches[0]) == [
+        "cu_seq_lens_k",
+        "cu_seq_lens_q",
+        "input_ids",
+        "labels",
+        "max_length_k",
+        "max_length_q",
+        "position_ids",
+        "seq_idx",
+    ]
 
 
 @pytest.mark.parametrize(
     "layout",
-    ["docs.jsonl", "docs.jsonl.gz", "docs.jsonl.zst", "docs.json", "docs.parquet", "docs.arrow",
-     "folder/", "glob/*.parquet", "saved/"],
+    [
+        "docs.jsonl",
+        "docs.jsonl.gz",
+        "docs.jsonl.zst",
+        "docs.json",
+        "docs.parquet",
+        "docs.arrow",
+        "folder/",
+        "glob/*.parquet",
+        "saved/",
+    ],
 )
 def test_pretrain_reads_every_format(tmp_path: Path, layout: str) -> None:
     if layout == "folder/":
@@ -121,7 +134,9 @@ def test_pretrain_shuffles_deterministically_for_a_seed(tmp_path: Path) -> None:
     path = str(write_corpus(tmp_path / "docs.parquet"))
 
     def order(seed: int) -> list[list[int]]:
-        return [b["input_ids"].flatten().tolist() for b in pretrain(path, EOS_TOKENIZER, seq_len=64, seed=seed).loader()]
+        return [
+            b["input_ids"].flatten().tolist() for b in pretrain(path, EOS_TOKENIZER, seq_len=64, seed=seed).loader()
+        ]
 
     assert order(0) == order(0)
     assert order(0) != order(1)
@@ -144,9 +159,18 @@ def test_pretrain_buckets_without_eos_when_the_tokenizer_has_none(tmp_path: Path
 
 # -- formats --------------------------------------------------------------------------------------
 def test_format_of_works(tmp_path: Path) -> None:
-    names = {"a.parquet": "parquet", "b.PQ": "parquet", "c.arrow": "arrow", "d.feather": "arrow",
-             "e.jsonl": "jsonl", "f.jsonl.gz": "jsonl", "g.jsonl.zst": "jsonl", "h.json": "jsonl",
-             "s3://bucket/x/*.json.gz": "jsonl", "data/*.parquet": "parquet"}
+    names = {
+        "a.parquet": "parquet",
+        "b.PQ": "parquet",
+        "c.arrow": "arrow",
+        "d.feather": "arrow",
+        "e.jsonl": "jsonl",
+        "f.jsonl.gz": "jsonl",
+        "g.jsonl.zst": "jsonl",
+        "h.json": "jsonl",
+        "s3://bucket/x/*.json.gz": "jsonl",
+        "data/*.parquet": "parquet",
+    }
     assert {name: format_of(name) for name in names} == names  # by name alone: no I/O
     write_corpus(tmp_path / "nested/deep/x.arrow")
     (tmp_path / "nested/_SUCCESS.parquet").write_bytes(b"")  # skipped: starts with "_"
@@ -194,7 +218,9 @@ def test_pretrain_raises_error_when_options_do_not_fit(tmp_path: Path) -> None:
     paths = [str(write_corpus(tmp_path / "a.parquet")), str(write_corpus(tmp_path / "b.jsonl"))]
     with pytest.raises(ValueError, match=r"^The paths of one corpus must share one format, but they are \{"):
         pretrain(paths, EOS_TOKENIZER)
-    with pytest.raises(ValueError, match=r"^`weights` must have one weight per corpus \['a', 'b'\], but has \['a'\]\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`weights` must have one weight per corpus \['a', 'b'\], but has \['a'\]\.$"
+    ):
         pretrain({"a": paths[0], "b": paths[1]}, EOS_TOKENIZER, weights={"a": 1.0})
 
 
@@ -207,7 +233,9 @@ def test_pretrain_hands_shuffled_corpora_by_name_to_pp_mix(tmp_path: Path, monke
 
     monkeypatch.setattr(pp, "mix", mix, raising=False)
     web, code = str(write_corpus(tmp_path / "web.jsonl")), str(write_corpus(tmp_path / "code.parquet"))
-    pipe = pretrain({"web": web, "code": [code]}, TOKENIZER, mode="bucket", seq_len=32, weights={"code": 1, "web": 3}, seed=7)
+    pipe = pretrain(
+        {"web": web, "code": [code]}, TOKENIZER, mode="bucket", seq_len=32, weights={"code": 1, "web": 3}, seed=7
+    )
     assert calls == [(["code", "web"], {"web": 3, "code": 1}, 7, {"web": "records", "code": "records"})]
     assert rows(list(pipe.loader())) == Counter(tuple(ids(doc)[:32]) for doc in DOCS)
 
@@ -226,8 +254,18 @@ def test_pretrain_mixes_corpora(tmp_path: Path, weights: dict | list) -> None:
 # -- command line ---------------------------------------------------------------------------------
 def test_pretrain_cli_prints_batch_shapes_and_efficiency(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = str(write_corpus(tmp_path / "docs.parquet"))
-    args = ["--data", path, "--tokenizer", pp.examples.TOKENIZER_JSON, "--seq-len", "32", "--mode", "bucket",
-            "--max-tokens", "128"]
+    args = [
+        "--data",
+        path,
+        "--tokenizer",
+        pp.examples.TOKENIZER_JSON,
+        "--seq-len",
+        "32",
+        "--mode",
+        "bucket",
+        "--max-tokens",
+        "128",
+    ]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "pretrain bucket seq_len=32:"
@@ -235,28 +273,57 @@ def test_pretrain_cli_prints_batch_shapes_and_efficiency(tmp_path: Path, capsys:
     assert re.match(r"^\d+ batches, 40 rows, \d+ tokens in \d+ slots: padding efficiency \d+\.\d%$", lines[-1])
 
 
-def test_pretrain_cli_counts_documents_not_the_pieces_of_split_ones(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture) -> None:
+def test_pretrain_cli_counts_documents_not_the_pieces_of_split_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     path = str(write_corpus(tmp_path / "docs.parquet"))
-    args = ["--data", path, "--tokenizer", pp.examples.TOKENIZER_JSON, "--eos-token", "[SEP]", "--seq-len", "8",
-            "--batch-size", "2"]
+    args = [
+        "--data",
+        path,
+        "--tokenizer",
+        pp.examples.TOKENIZER_JSON,
+        "--eos-token",
+        "[SEP]",
+        "--seq-len",
+        "8",
+        "--batch-size",
+        "2",
+    ]
     assert main(args) == 0
     pieces = sum(-(-(len(ids(doc)) + 1) // 8) for doc in DOCS)  # each document and its EOS, in rows of 8
     assert pieces > len(DOCS)
     last = capsys.readouterr().out.splitlines()[-1]
-    assert re.fullmatch(rf"\d+ batches, 40 documents \({pieces} pieces\), \d+ tokens in \d+ slots: packing efficiency "
-                        r"\d+\.\d%", last), last
+    assert re.fullmatch(
+        rf"\d+ batches, 40 documents \({pieces} pieces\), \d+ tokens in \d+ slots: packing efficiency "
+        r"\d+\.\d%",
+        last,
+    ), last
 
 
 def test_pretrain_cli_runs_as_a_module(tmp_path: Path) -> None:
     path = str(write_corpus(tmp_path / "docs.jsonl.gz"))
-    command = [sys.executable, "-m", "padpipe.recipes.pretrain", "--data", path, "--tokenizer",
-               pp.examples.TOKENIZER_DIR, "--eos-token", "[SEP]", "--seq-len", "64", "--batch-size", "2",
-               "--max-batches", "3"]
+    command = [
+        sys.executable,
+        "-m",
+        "padpipe.recipes.pretrain",
+        "--data",
+        path,
+        "--tokenizer",
+        pp.examples.TOKENIZER_DIR,
+        "--eos-token",
+        "[SEP]",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "2",
+        "--max-batches",
+        "3",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "pretrain pack seq_len=64:"
     assert re.match(r"^batch 0: input_ids \[2, 64\] int64, ", lines[1]) and "cu_seq_lens_q" in lines[1]
-    assert re.match(r"^3 batches, \d+ documents \(\d+ pieces\), \d+ tokens in 384 slots: packing efficiency \d+\.\d%$",
-                    lines[-1])
+    assert re.match(
+        r"^3 batches, \d+ documents \(\d+ pieces\), \d+ tokens in 384 slots: packing efficiency \d+\.\d%$", lines[-1]
+    )

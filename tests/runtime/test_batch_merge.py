@@ -10,8 +10,9 @@ from padpipe.runtime.equal_steps import split_batch
 
 
 def same(a: dict, b: dict) -> bool:
-    return set(a) == set(b) and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
-                                     for k in a)
+    return set(a) == set(b) and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+    )
 
 
 def rows(n: int) -> list[dict]:

@@ -37,23 +37,33 @@ def data(tmp_path_factory) -> dict[str, str]:
 
 
 def bucketed(data) -> pp.Pipeline:
-    return (pp.read_parquet(data["a"], chunk_rows=50).shuffle(buffer_size=200, seed=1)
-            .tokenize(pp.examples.tokenizer(), max_length=48, num_threads=1)
-            .bucket(max_tokens=MAX_TOKENS, buffer_size=150).pad())
+    return (
+        pp.read_parquet(data["a"], chunk_rows=50)
+        .shuffle(buffer_size=200, seed=1)
+        .tokenize(pp.examples.tokenizer(), max_length=48, num_threads=1)
+        .bucket(max_tokens=MAX_TOKENS, buffer_size=150)
+        .pad()
+    )
 
 
 def packed(data) -> pp.Pipeline:
-    return (pp.read_parquet(data["a"], chunk_rows=50).shuffle(buffer_size=200, seed=2)
-            .tokenize(pp.examples.tokenizer(), max_length=48, num_threads=1)
-            .pack(64, batch_size=4, buffer_size=40))
+    return (
+        pp.read_parquet(data["a"], chunk_rows=50)
+        .shuffle(buffer_size=200, seed=2)
+        .tokenize(pp.examples.tokenizer(), max_length=48, num_threads=1)
+        .pack(64, batch_size=4, buffer_size=40)
+    )
 
 
 def mixed(data) -> pp.Pipeline:
     tok = pp.examples.tokenizer()
     a = pp.read_parquet(data["a"], chunk_rows=50).tokenize(tok, max_length=48, num_threads=1)
     b = pp.read_parquet(data["b"], chunk_rows=50).tokenize(tok, max_length=48, num_threads=1)
-    return pp.mix({"a": a, "b": b}, weights={"a": 3, "b": 1}, seed=4, chunk_rows=40).bucket(max_tokens=MAX_TOKENS,
-                                                                                         buffer_size=100).pad()
+    return (
+        pp.mix({"a": a, "b": b}, weights={"a": 3, "b": 1}, seed=4, chunk_rows=40)
+        .bucket(max_tokens=MAX_TOKENS, buffer_size=100)
+        .pad()
+    )
 
 
 def rows_of(batch: dict) -> list:
@@ -72,7 +82,9 @@ def expected_rows(pipe_name: str, data) -> collections.Counter:
         return collections.Counter(total)
     pipe = pp.read_parquet(data["a"]).tokenize(pp.examples.tokenizer(), max_length=48, num_threads=1).batch(ROWS).pad()
     batch = next(iter(pipe.loader()))
-    return collections.Counter(tuple(ids[m.bool()].tolist()) for ids, m in zip(batch["input_ids"], batch["attention_mask"]))
+    return collections.Counter(
+        tuple(ids[m.bool()].tolist()) for ids, m in zip(batch["input_ids"], batch["attention_mask"])
+    )
 
 
 def loader(pipe: pp.Pipeline, rank: int, ranks: int, workers: int):
@@ -104,15 +116,18 @@ def resume_new(pipe: pp.Pipeline, states: list, ranks: int, workers: int, epochs
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 workers on 2 cores, on purpose
-@pytest.mark.parametrize(("name", "old", "new"), [
-    ("bucketed", (2, 2), (1, 3)),
-    ("bucketed", (2, 1), (4, 0)),
-    ("bucketed", (4, 2), (2, 2)),
-    ("packed", (2, 2), (1, 3)),
-    ("packed", (2, 1), (4, 1)),
-    ("mixed", (2, 1), (4, 0)),
-    ("mixed", (4, 0), (2, 2)),
-])
+@pytest.mark.parametrize(
+    ("name", "old", "new"),
+    [
+        ("bucketed", (2, 2), (1, 3)),
+        ("bucketed", (2, 1), (4, 0)),
+        ("bucketed", (4, 2), (2, 2)),
+        ("packed", (2, 2), (1, 3)),
+        ("packed", (2, 1), (4, 1)),
+        ("mixed", (2, 1), (4, 0)),
+        ("mixed", (4, 0), (2, 2)),
+    ],
+)
 def test_elastic_resume_yields_the_rest_of_the_epoch_exactly_once(data, name, old, new):
     pipe = {"bucketed": bucketed, "packed": packed, "mixed": mixed}[name](data)
     every = expected_rows(name, data)
@@ -165,8 +180,11 @@ def test_a_run_resized_twice_in_one_epoch_reads_every_row_once(data, name):
 def test_elastic_resume_asks_for_every_old_rank_once(data):
     pipe = bucketed(data)
     states, _ = save_old(pipe, 2, 0, take=1)
-    with pytest.raises(pp.StateMismatchError, match=r"^PipelineLoader states hold rank 0 more than once \(ranks \[0, 0\]\): "
-                       r"pass each rank's state of one checkpoint once\.$"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^PipelineLoader states hold rank 0 more than once \(ranks \[0, 0\]\): "
+        r"pass each rank's state of one checkpoint once\.$",
+    ):
         loader(pipe, 0, 3, 0).load_state_dict([states[0], states[0]])
     with pytest.raises(pp.StateMismatchError, match=r"pass the states of all 2 saved ranks"):
         loader(pipe, 0, 3, 0).load_state_dict([states[1]])
@@ -208,8 +226,8 @@ def test_elastic_resume_yields_the_batches_equal_steps_had_read_ahead(data, monk
 
 def test_lightning_loader_resumes_a_two_rank_checkpoint_on_one_rank(data):
     pytest.importorskip("lightning")
-    from padpipe.state import make_state
     from padpipe.integrations.lightning import LightningLoader
+    from padpipe.state import make_state
 
     pipe = bucketed(data)
     ranks, seen = [], collections.Counter()

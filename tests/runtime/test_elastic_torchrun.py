@@ -26,7 +26,10 @@ import torch.distributed as dist
 
 import padpipe as pp
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the module fixture runs every launch (each bounded by its own timeout)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+]  # the module fixture runs every launch (each bounded by its own timeout)
 
 SCRIPT = Path(__file__).parent.parent / "dist_scripts" / "elastic_run.py"
 ROWS, EXTRA = 900, 300
@@ -39,11 +42,24 @@ TIMEOUT = 300
 
 def torchrun(ranks: int, workers: int, data: Path, tag: str, *extra: str) -> list[dict]:
     """One launch; every rank's record. Killed whole (its process group) on timeout."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-               str(SCRIPT), str(data), str(data), tag, "--workers", str(workers), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        str(SCRIPT),
+        str(data),
+        str(data),
+        tag,
+        "--workers",
+        str(workers),
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -60,7 +76,9 @@ def expected(kind: str, data: Path) -> collections.Counter:
         return collections.Counter([*range(ROWS), *(range(10_000, 10_000 + EXTRA) if kind == "mix" else ())])
     pipe = pp.read_parquet(str(data / "a.parquet")).tokenize(pp.examples.tokenizer(), max_length=48).batch(ROWS).pad()
     batch = next(iter(pipe.loader()))
-    return collections.Counter(tuple(ids[m.bool()].tolist()) for ids, m in zip(batch["input_ids"], batch["attention_mask"]))
+    return collections.Counter(
+        tuple(ids[m.bool()].tolist()) for ids, m in zip(batch["input_ids"], batch["attention_mask"])
+    )
 
 
 def rows(records: list[dict], kind: str, part: str, epoch: int | None = None) -> collections.Counter:
@@ -81,8 +99,9 @@ def runs(tmp_path_factory) -> dict:
     for (ranks, workers), take in SAVED.items():
         folder = data / f"saved-{ranks}x{workers}"
         folder.mkdir()
-        out[ranks, workers] = torchrun(ranks, workers, data, f"old-{ranks}x{workers}", "--take", str(take),
-                                       "--save", str(folder), "--epochs", "-1")
+        out[ranks, workers] = torchrun(
+            ranks, workers, data, f"old-{ranks}x{workers}", "--take", str(take), "--save", str(folder), "--epochs", "-1"
+        )
     for old, new in CHANGES:
         extra = ["--load", str(data / f"saved-{old[0]}x{old[1]}")]
         if (old, new) == ((2, 1), (3, 0)):  # save again two steps into the elastic epoch

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pickle
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -100,7 +101,9 @@ def test_equal_steps_works(monkeypatch):
     assert stats[0].snapshot().skipped == stats[1].snapshot().skipped == {}
 
 
-@pytest.mark.parametrize("sizes", [[[8] * 10, [8] * 6], [[8] * 9, [16] * 4, [4] * 12], [[8] * 12, [8] * 9, [8] * 10, [6] * 13]])
+@pytest.mark.parametrize(
+    "sizes", [[[8] * 10, [8] * 6], [[8] * 9, [16] * 4, [4] * 12], [[8] * 12, [8] * 9, [8] * 10, [6] * 13]]
+)
 def test_equal_steps_evens_out_a_tail_of_several_batches_without_dropping(monkeypatch, sizes):
     """Ranks a few batches apart at the end (more than one halving can make up): the tail is read ahead and split."""
     stats = [PipelineStats() for _ in sizes]
@@ -135,8 +138,10 @@ def test_equal_steps_drops_what_cannot_be_split_or_joined_and_counts_it(monkeypa
 def test_equal_steps_repeats_the_epoch_until_the_last_rank_finishes(monkeypatch):
     stats = PipelineStats()
     sizes = [[3, 3, 3], [3] * 7]
-    nodes = [EqualSteps(ListNode(batches(r, sizes[r])), policy="repeat", stats=s)
-             for r, s in enumerate([stats, PipelineStats()])]
+    nodes = [
+        EqualSteps(ListNode(batches(r, sizes[r])), policy="repeat", stats=s)
+        for r, s in enumerate([stats, PipelineStats()])
+    ]
     result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 2) for r in range(2)])
     for epoch in range(2):
         assert [len(result[r][epoch]) for r in range(2)] == [7, 7]
@@ -149,8 +154,10 @@ def test_equal_steps_repeats_the_epoch_until_the_last_rank_finishes(monkeypatch)
 
 def test_equal_steps_stops_every_rank_when_one_has_nothing_to_repeat(monkeypatch):
     stats = PipelineStats()
-    nodes = [EqualSteps(ListNode(batches(0, [3, 3, 3])), policy="repeat", stats=stats),
-             EqualSteps(ListNode([]), policy="repeat")]
+    nodes = [
+        EqualSteps(ListNode(batches(0, [3, 3, 3])), policy="repeat", stats=stats),
+        EqualSteps(ListNode([]), policy="repeat"),
+    ]
     result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 1)[0] for r in range(2)])
     assert result == [[], []]
     assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 3, "equal_steps.dropped_rows": 9}
@@ -167,7 +174,9 @@ def test_equal_steps_passes_items_through_without_distributed():
 
 
 def test_equal_steps_raises_error_when_policy_is_unknown():
-    with pytest.raises(ValueError, match=r"^`policy` must be one of \('stop_first', 'repeat', 'off'\), but is 'all' instead\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`policy` must be one of \('stop_first', 'repeat', 'off'\), but is 'all' instead\.$"
+    ):
         EqualSteps(ListNode([1]), policy="all")
     with pytest.raises(ValueError, match=r"^`policy` must be one of .*, but is 'x' instead\.$"):
         pp.equal_steps([1], policy="x")
@@ -178,15 +187,23 @@ def test_equal_steps_raises_error_when_policy_is_unknown():
 def test_equal_steps_raises_error_when_state_has_another_policy():
     node = EqualSteps(ListNode([1]), policy="stop_first")
     node.reset()
-    with pytest.raises(pp.StateMismatchError, match=r"^EqualSteps state .*setting 'policy' found 'stop_first' instead of 'repeat'\.$"):
+    with pytest.raises(
+        pp.StateMismatchError, match=r"^EqualSteps state .*setting 'policy' found 'stop_first' instead of 'repeat'\.$"
+    ):
         EqualSteps(ListNode([1]), policy="repeat").reset(node.state_dict())
 
 
-@pytest.mark.parametrize(("policy", "sizes"), [("stop_first", [[4, 4, 4, 4], [4, 4]]),
-                                               ("stop_first", [[4, 4], [4, 4, 4, 4]]),
-                                               ("repeat", [[2, 2], [2, 2, 2, 2, 2]])])
+@pytest.mark.parametrize(
+    ("policy", "sizes"),
+    [
+        ("stop_first", [[4, 4, 4, 4], [4, 4]]),
+        ("stop_first", [[4, 4], [4, 4, 4, 4]]),
+        ("repeat", [[2, 2], [2, 2, 2, 2, 2]]),
+    ],
+)
 def test_equal_steps_saves_and_restores_its_state(monkeypatch, policy, sizes):
     """Both ranks save at every step; both resumed from step k continue exactly, over two epochs."""
+
     def make(rank: int) -> EqualSteps:
         return EqualSteps(ListNode(batches(rank, sizes[rank])), policy=policy)
 
@@ -206,6 +223,7 @@ def test_equal_steps_saves_and_restores_its_state(monkeypatch, policy, sizes):
     for epoch in range(2):
         assert len(ref[0][epoch][1]) == len(ref[1][epoch][1])  # equal steps
         for k in range(len(ref[0][epoch][1])):
+
             def resume(rank: int, epoch: int = epoch, k: int = k) -> list:
                 node = make(rank)
                 node.reset(pickle.loads(ref[rank][epoch][1][k]))
@@ -223,12 +241,22 @@ def test_equal_steps_saves_and_restores_its_state(monkeypatch, policy, sizes):
 
 def test_equal_steps_helper_works(monkeypatch):
     stats = PipelineStats()
-    result = run_ranks(monkeypatch, [lambda: list(pp.equal_steps(batches(0, [6, 6, 6]), stats=stats)),
-                                     lambda: list(pp.equal_steps(batches(1, [6])))])
+    result = run_ranks(
+        monkeypatch,
+        [
+            lambda: list(pp.equal_steps(batches(0, [6, 6, 6]), stats=stats)),
+            lambda: list(pp.equal_steps(batches(1, [6]))),
+        ],
+    )
     assert [len(b["rid"]) for b in result[1]] == [1, 2, 3]  # split to the other rank's 3 steps, rows in order
     assert [len(r) for r in result] == [3, 3] and stats.snapshot().skipped == {}
-    result = run_ranks(monkeypatch, [lambda: list(pp.equal_steps(batches(0, [2] * 12), "repeat", stats=stats)),
-                                     lambda: list(pp.equal_steps(batches(1, [2] * 2), "repeat"))])
+    result = run_ranks(
+        monkeypatch,
+        [
+            lambda: list(pp.equal_steps(batches(0, [2] * 12), "repeat", stats=stats)),
+            lambda: list(pp.equal_steps(batches(1, [2] * 2), "repeat")),
+        ],
+    )
     assert [len(r) for r in result] == [12, 12]
     assert [bool(b["is_repeat"]) for b in result[1]] == [False] * 2 + [True] * 10
     assert rids(result[1]) == list(range(1000, 1004))
@@ -236,6 +264,7 @@ def test_equal_steps_helper_works(monkeypatch):
 
 def test_equal_steps_helper_repeats_from_memory_not_by_iterating_again(monkeypatch):
     """A DataLoader with persistent workers starts its next epoch on a second iter(): never re-iterate."""
+
     class OneShot:
         def __init__(self, items):
             self.items, self.passes = items, 0
@@ -245,8 +274,10 @@ def test_equal_steps_helper_repeats_from_memory_not_by_iterating_again(monkeypat
             return iter(self.items)
 
     short = OneShot(batches(1, [2] * 3))
-    result = run_ranks(monkeypatch, [lambda: list(pp.equal_steps(batches(0, [2] * 20), "repeat")),
-                                     lambda: list(pp.equal_steps(short, "repeat"))])
+    result = run_ranks(
+        monkeypatch,
+        [lambda: list(pp.equal_steps(batches(0, [2] * 20), "repeat")), lambda: list(pp.equal_steps(short, "repeat"))],
+    )
     assert short.passes == 1
     assert [b["rid"][0].item() for b in result[1][3:6]] == [1000, 1002, 1004]
 

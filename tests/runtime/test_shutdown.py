@@ -78,8 +78,9 @@ SCRIPT = textwrap.dedent(
 def test_processes_that_abandon_broken_loaders_exit_cleanly(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "PYTHONFAULTHANDLER": "1"}
     for run in range(5):
-        done = subprocess.run([sys.executable, "-c", SCRIPT, "4"], capture_output=True, text=True, timeout=60,
-                              cwd=tmp_path, env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", SCRIPT, "4"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+        )
         assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", ""), f"run {run}"
 
 
@@ -123,6 +124,7 @@ THREADS_AT_EXIT = textwrap.dedent(
 @pytest.mark.timeout(60)
 def test_threads_of_abandoned_loaders_are_stopped_and_joined_at_exit(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    done = subprocess.run([sys.executable, "-c", THREADS_AT_EXIT], capture_output=True, text=True, timeout=50,
-                          cwd=tmp_path, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", THREADS_AT_EXIT], capture_output=True, text=True, timeout=50, cwd=tmp_path, env=env
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, "alive at exit: []\n", "")

@@ -39,8 +39,14 @@ def texts(word: str) -> list[str]:
 def write(path, word: str) -> None:
     rows = [{"idx": i, "text": t} for i, t in enumerate(texts(word))]
     if str(path).endswith(".parquet"):  # plain encoding, no statistics: the size is the text's length
-        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=70, compression="none",
-                       use_dictionary=False, write_statistics=False)
+        pq.write_table(
+            pa.Table.from_pylist(rows),
+            path,
+            row_group_size=70,
+            compression="none",
+            use_dictionary=False,
+            write_statistics=False,
+        )
     else:
         path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows))
 
@@ -54,7 +60,11 @@ def rewrite_keeping_size_and_mtime(path, word: str) -> None:
 
 
 def reader(path):
-    return pp.read_parquet(str(path), chunk_rows=16) if str(path).endswith(".parquet") else pp.read_jsonl(str(path), chunk_rows=16)
+    return (
+        pp.read_parquet(str(path), chunk_rows=16)
+        if str(path).endswith(".parquet")
+        else pp.read_jsonl(str(path), chunk_rows=16)
+    )
 
 
 def pipeline(path, cache=None, **tokenize):
@@ -96,8 +106,10 @@ def test_token_cache_raises_error_when_a_listed_file_is_rewritten_under_a_pipeli
     pipe = pipeline(path, cache)
     ids_by_row(pipe.loader())
     rewrite_keeping_size_and_mtime(path, "gamma")  # this pipeline keeps its listing: the old digest
-    pattern = (rf"^{re.escape(str(path))}: its content is not what it was when it was listed \(digest [0-9a-f]{{16}} "
-               r"-> [0-9a-f]{16}, although size and version are the same\); it was rewritten since; pass on_missing")
+    pattern = (
+        rf"^{re.escape(str(path))}: its content is not what it was when it was listed \(digest [0-9a-f]{{16}} "
+        r"-> [0-9a-f]{16}, although size and version are the same\); it was rewritten since; pass on_missing"
+    )
     with pytest.raises(pp.DataError, match=pattern):
         ids_by_row(pipe.loader())
 
@@ -118,8 +130,10 @@ def test_resume_raises_error_naming_a_file_rewritten_with_the_same_size_and_mtim
     state = mid_epoch_state(pipeline(path))
     rewrite_keeping_size_and_mtime(path, "gamma")
     fresh = pipeline(path).loader()  # a new run lists again
-    pattern = (rf"{stage} state doesn't match this pipeline: its files changed since the state was saved \(1 changed: "
-               rf"{re.escape(str(path))} \(content [0-9a-f]{{16}} -> [0-9a-f]{{16}}, same size and version\)\)")
+    pattern = (
+        rf"{stage} state doesn't match this pipeline: its files changed since the state was saved \(1 changed: "
+        rf"{re.escape(str(path))} \(content [0-9a-f]{{16}} -> [0-9a-f]{{16}}, same size and version\)\)"
+    )
     with pytest.raises(pp.StateMismatchError, match=pattern):
         fresh.load_state_dict(state)
         next(iter(fresh))
@@ -132,8 +146,10 @@ def test_resume_raises_error_when_a_file_is_rewritten_under_a_pipeline_that_list
     state = mid_epoch_state(pipe)
     rewrite_keeping_size_and_mtime(path, "gamma")
     loader = pipe.loader()  # the listing in memory still has the old digest
-    pattern = (rf"^ParquetReader state doesn't match this pipeline: {re.escape(str(path))}: its content is not what it "
-               r"was when it was listed .*; resuming would read other rows")
+    pattern = (
+        rf"^ParquetReader state doesn't match this pipeline: {re.escape(str(path))}: its content is not what it "
+        r"was when it was listed .*; resuming would read other rows"
+    )
     with pytest.raises(pp.StateMismatchError, match=pattern):
         loader.load_state_dict(state)
         next(iter(loader))
@@ -151,13 +167,17 @@ def test_content_digest_covers_small_files_whole_and_large_ones_by_their_ends(tm
     data = bytearray(line * (3 * FULL_BYTES // len(line)))
     path.write_bytes(bytes(data))
     before = digest(path)
-    for where, seen in ((100, True), (len(data) - 100, True), (len(data) // 2, False)):  # the middle: the documented limit
+    for where, seen in (
+        (100, True),
+        (len(data) - 100, True),
+        (len(data) // 2, False),
+    ):  # the middle: the documented limit
         changed = bytearray(data)
         changed[where] = ord("y")
         path.write_bytes(bytes(changed))
         assert (digest(path) != before) is seen, where
     small = tmp_path / "small.jsonl"
-    small.write_bytes(bytes(data[: FULL_BYTES]))
+    small.write_bytes(bytes(data[:FULL_BYTES]))
     first = digest(small)
     small.write_bytes(bytes(data[: FULL_BYTES // 2]) + b"y" + bytes(data[FULL_BYTES // 2 + 1 : FULL_BYTES]))
     assert digest(small) != first and EDGE_BYTES < FULL_BYTES // 2
@@ -221,13 +241,19 @@ def crafted(table, how: str) -> pa.Table:
     if how == "offsets not monotone":
         offsets = np.asarray(ids.offsets).copy()
         offsets[1], offsets[2] = offsets[2], offsets[1]
-        broken = pa.Array.from_buffers(ids.type, len(ids), [None, pa.py_buffer(offsets.astype(np.int32))],
-                                       children=[ids.values])
+        broken = pa.Array.from_buffers(
+            ids.type, len(ids), [None, pa.py_buffer(offsets.astype(np.int32))], children=[ids.values]
+        )
         return with_ids(table, broken)
     raise AssertionError(how)
 
 
-HOWS = ["id past the vocabulary", "row longer than max_length", "ids longer than their type ids", "offsets not monotone"]
+HOWS = [
+    "id past the vocabulary",
+    "row longer than max_length",
+    "ids longer than their type ids",
+    "offsets not monotone",
+]
 
 
 @pytest.mark.parametrize("how", HOWS)
@@ -277,8 +303,13 @@ def set_folders(state, folders) -> None:
 def referencing_state(tmp_path):
     path, cache = tmp_path / "data.parquet", str(tmp_path / "cache")
     write(path, "alpha")
-    pipe = (reader(path).shuffle(buffer_size=40, seed=3).tokenize(TOK, fields="text", cache=cache)
-            .bucket(max_tokens=512, buffer_size=60).pad())
+    pipe = (
+        reader(path)
+        .shuffle(buffer_size=40, seed=3)
+        .tokenize(TOK, fields="text", cache=cache)
+        .bucket(max_tokens=512, buffer_size=60)
+        .pad()
+    )
     ids_by_row(pipe.loader())  # fill
     loader = pipe.loader()
     it = iter(loader)
@@ -299,8 +330,12 @@ def test_resume_refuses_a_state_whose_cache_folders_lead_outside_the_cache(tmp_p
     bad = outside / "0-70-12-00000000.arrow"  # named as a segment, fails its checks: the old code deleted it
     bad.write_bytes(b"not a segment")
     fingerprint = real.parent.parent.name
-    folder = {"parent": "../../outside", "absolute": str(outside), "dot-dot inside": f"{fingerprint}/../../outside",
-              "linked unit folder": f"{fingerprint}/{'f' * 20}"}[attack]
+    folder = {
+        "parent": "../../outside",
+        "absolute": str(outside),
+        "dot-dot inside": f"{fingerprint}/../../outside",
+        "linked unit folder": f"{fingerprint}/{'f' * 20}",
+    }[attack]
     if attack == "linked unit folder":
         os.symlink(outside, real.parent.parent / ("f" * 20))
     set_folders(state, [folder])
@@ -309,8 +344,11 @@ def test_resume_refuses_a_state_whose_cache_folders_lead_outside_the_cache(tmp_p
     monkeypatch.setattr(_cache_store.os, "listdir", lambda p=".": touched.append(str(p)) or listdir(p))
     monkeypatch.setattr(_cache_store.pa, "memory_map", lambda p, *a: touched.append(str(p)) or memory_map(p, *a))
     loader = pipe.loader()
-    with pytest.raises(pp.StateMismatchError, match=rf"token cache references name the folder {re.escape(repr(folder))}, "
-                                                    r"which is not a unit folder of the token cache at '.*'"):
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=rf"token cache references name the folder {re.escape(repr(folder))}, "
+        r"which is not a unit folder of the token cache at '.*'",
+    ):
         loader.load_state_dict(state)
         next(iter(loader))
     assert not [p for p in touched if "outside" in p]
@@ -326,8 +364,11 @@ def test_token_cache_never_follows_a_unit_folder_linked_outside_the_cache(tmp_pa
     unit.rename(outside)
     (outside / "0-70-12-00000000.arrow").write_bytes(b"not a segment")
     os.symlink(outside, unit)
-    with pytest.raises(pp.cache.CacheError, match=rf"^token cache: '[0-9a-f]{{20}}/{unit.name}' is not a folder of the "
-                                                  r"cache at '.*'; refusing to use it\.$"):
+    with pytest.raises(
+        pp.cache.CacheError,
+        match=rf"^token cache: '[0-9a-f]{{20}}/{unit.name}' is not a folder of the "
+        r"cache at '.*'; refusing to use it\.$",
+    ):
         ids_by_row(pipeline(path, str(cache)).loader())
     assert (outside / "0-70-12-00000000.arrow").exists()
 
@@ -356,7 +397,9 @@ def test_resume_refuses_a_reader_state_that_names_other_files(tmp_path):
             if CHECKSUM_KEY in node:
                 node[CHECKSUM_KEY] = checksum(node)
     loader = pipeline(path).loader()
-    with pytest.raises(pp.StateMismatchError, match=r"1 added: .*data\.parquet; 1 removed: \.\./\.\./outside/secret\.parquet"):
+    with pytest.raises(
+        pp.StateMismatchError, match=r"1 added: .*data\.parquet; 1 removed: \.\./\.\./outside/secret\.parquet"
+    ):
         loader.load_state_dict(state)
         next(iter(loader))
 

@@ -31,7 +31,6 @@ from padpipe.token_cache import walk
 from padpipe.token_cache.store import FORMAT, Segment
 from tests.contract import normalize
 
-
 pytestmark = pytest.mark.timeout(120)
 
 ROWS = 300
@@ -79,10 +78,12 @@ KINDS = ["parquet", "arrow", "jsonl", "jsonl.gz", "dataset"]
 
 
 def stages(source, cache=None, **tokenize):
-    return (source.shuffle(buffer_size=40, seed=3)
-            .tokenize(pp.examples.tokenizer(), fields="text", max_length=64, cache=cache, **tokenize)
-            .bucket(max_tokens=512, buffer_size=60)
-            .pad(pad_to_multiple_of=8))
+    return (
+        source.shuffle(buffer_size=40, seed=3)
+        .tokenize(pp.examples.tokenizer(), fields="text", max_length=64, cache=cache, **tokenize)
+        .bucket(max_tokens=512, buffer_size=60)
+        .pad(pad_to_multiple_of=8)
+    )
 
 
 def epochs(loader, n):
@@ -168,7 +169,7 @@ def test_token_cache_resumes_exactly_anywhere_while_cut_points_move(tmp_path, ki
     for epoch, taken, state in states[1::3]:
         fresh = stages(source, cache=cache).loader(**slot)
         fresh.load_state_dict(pickle.loads(state))
-        assert epochs(fresh, 3 - epoch) == [reference[epoch][taken:]] + reference[epoch + 1:], (epoch, taken)
+        assert epochs(fresh, 3 - epoch) == [reference[epoch][taken:]] + reference[epoch + 1 :], (epoch, taken)
 
 
 def test_token_cache_keeps_states_small_and_resumes_from_references(tmp_path):
@@ -181,7 +182,7 @@ def test_token_cache_keeps_states_small_and_resumes_from_references(tmp_path):
         reference.append(normalize(batch))
         states.append(pickle.dumps(cached.state_dict()))
     sizes = [len(pickle.dumps(plain.state_dict()))]
-    for batch in plain:
+    for _batch in plain:
         sizes.append(len(pickle.dumps(plain.state_dict())))
     assert max(len(s) for s in states[:-1]) < max(sizes) / 2
     for k in (0, len(states) // 2, len(states) - 2):
@@ -200,7 +201,9 @@ def test_token_cache_resume_raises_error_when_the_cache_was_cleared(tmp_path):
     state = loader.state_dict()
     pp.cache.clear(cache)
     fresh = stages(source, cache=cache).loader()
-    with pytest.raises(pp.StateMismatchError, match=r"that the token cache no longer holds \(cleared or changed since\)"):
+    with pytest.raises(
+        pp.StateMismatchError, match=r"that the token cache no longer holds \(cleared or changed since\)"
+    ):
         fresh.load_state_dict(state)
         next(iter(fresh))
 
@@ -230,7 +233,7 @@ def test_token_cache_misses_when_the_tokenize_options_or_the_file_change(tmp_pat
     source = write(tmp_path, "parquet")
     cache = str(tmp_path / "cache")
     epochs(stages(source, cache=cache).loader(), 1)
-    other = (source.tokenize(pp.examples.tokenizer(), fields="text", max_length=32, cache=cache).batch(64).pad())
+    other = source.tokenize(pp.examples.tokenizer(), fields="text", max_length=32, cache=cache).batch(64).pad()
     loader = other.loader()
     epochs(loader, 1)
     assert counter(loader, "cache.hit_rows") == 0
@@ -267,9 +270,12 @@ def test_token_cache_raises_error_naming_an_unwritable_location(tmp_path):
     source = write(tmp_path, "parquet")
     (tmp_path / "a-file").write_text("not a folder")
     blocked = str(tmp_path / "a-file" / "cache")  # no one can make a folder under a file, root neither
-    with pytest.raises(CacheError, match=rf"^token cache: cannot write to '{re.escape(blocked)}/{FORMAT}/\w+' "
-                                         r"\((NotADirectoryError|FileExistsError): .*\); pass cache=pp.TokenCache\(path, "
-                                         r"on_write_error='skip'\) to go on without writing \(counted\)\.$"):
+    with pytest.raises(
+        CacheError,
+        match=rf"^token cache: cannot write to '{re.escape(blocked)}/{FORMAT}/\w+' "
+        r"\((NotADirectoryError|FileExistsError): .*\); pass cache=pp.TokenCache\(path, "
+        r"on_write_error='skip'\) to go on without writing \(counted\)\.$",
+    ):
         epochs(stages(source, cache=blocked).loader(), 1)
     loader = stages(source, cache=TokenCache(blocked, on_write_error="skip")).loader()
     assert epochs(loader, 1) == epochs(stages(source).loader(), 1)
@@ -287,8 +293,11 @@ def test_token_cache_raises_error_or_goes_on_when_the_disk_is_full(tmp_path, mon
         real(src, dst)
 
     monkeypatch.setattr(os, "replace", full)
-    with pytest.raises(CacheError, match=rf"^token cache: cannot write to '{re.escape(cache)}/{FORMAT}/\w+/\w+' "
-                                         r"\(OSError: \[Errno 28\] No space left on device\); pass"):
+    with pytest.raises(
+        CacheError,
+        match=rf"^token cache: cannot write to '{re.escape(cache)}/{FORMAT}/\w+/\w+' "
+        r"\(OSError: \[Errno 28\] No space left on device\); pass",
+    ):
         epochs(stages(source, cache=cache).loader(), 1)
     loader = stages(source, cache=TokenCache(cache, on_write_error="skip")).loader()
     assert epochs(loader, 2) == epochs(stages(source).loader(), 2)
@@ -339,13 +348,20 @@ def test_token_cache_stores_ids_in_the_smallest_type(tmp_path):
 
 def test_token_cache_raises_error_for_a_pipeline_it_cannot_key(tmp_path):
     tok = pp.examples.tokenizer()
-    with pytest.raises(ValueError, match=r"^`cache` needs a reader with work units .* starts with from_iterable\(\) instead\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`cache` needs a reader with work units .* starts with from_iterable\(\) instead\.$"
+    ):
         pp.from_iterable([{"text": "a"}]).tokenize(tok, cache=str(tmp_path))
     custom = write(tmp_path, "parquet").add_stage("same", lambda up, ctx: up, output="records")
-    with pytest.raises(ValueError, match=r"^`cache` needs tokenize\(\) right after the reader \(and shuffle\(\)\), "
-                                         r"but \.same\(\) comes before it\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^`cache` needs tokenize\(\) right after the reader \(and shuffle\(\)\), "
+        r"but \.same\(\) comes before it\.$",
+    ):
         custom.tokenize(tok, cache=str(tmp_path))
-    with pytest.raises(ValueError, match=r"^`on_write_error` must be one of \('raise', 'skip'\), but is 'warn' instead\.$"):
+    with pytest.raises(
+        ValueError, match=r"^`on_write_error` must be one of \('raise', 'skip'\), but is 'warn' instead\.$"
+    ):
         TokenCache(str(tmp_path), on_write_error="warn")
 
 
@@ -354,8 +370,10 @@ def test_token_cache_is_filled_by_concurrent_loaders_without_corruption(tmp_path
     cache = str(tmp_path / "cache")
     reference = epochs(stages(source).loader(), 1)
     results: list = []
-    threads = [threading.Thread(target=lambda: results.append(epochs(stages(source, cache=cache).loader(), 1)))
-               for _ in range(3)]  # the same segments written at once, renamed into place
+    threads = [
+        threading.Thread(target=lambda: results.append(epochs(stages(source, cache=cache).loader(), 1)))
+        for _ in range(3)
+    ]  # the same segments written at once, renamed into place
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -14,8 +14,11 @@ from padpipe.tokenizer import TextEncoder
 from tests import tokenizer_fixtures as fx
 
 KINDS = ("shipped", "wordpiece", "bpe")
-MAKERS = {"shipped": lambda **kw: fx.shipped() if not kw else (examples.tokenizer(), _shipped_hf(**kw)),
-          "wordpiece": fx.wordpiece, "bpe": fx.bpe}
+MAKERS = {
+    "shipped": lambda **kw: fx.shipped() if not kw else (examples.tokenizer(), _shipped_hf(**kw)),
+    "wordpiece": fx.wordpiece,
+    "bpe": fx.bpe,
+}
 
 
 def _shipped_hf(**options):
@@ -205,7 +208,9 @@ def test_encoder_raises_error_when_tokenizer_is_slow():
 
 
 def test_encoder_raises_error_when_tokenizer_is_unknown(tmp_path):
-    with pytest.raises(TypeError, match=r"^`tokenizer` must be a transformers fast tokenizer, .* but is int instead\.$"):
+    with pytest.raises(
+        TypeError, match=r"^`tokenizer` must be a transformers fast tokenizer, .* but is int instead\.$"
+    ):
         _load(3)
     with pytest.raises(FileNotFoundError, match=r"^Tokenizer '.*missing\.json': no such file or folder\.$"):
         _load(str(tmp_path / "missing.json"))
@@ -242,8 +247,16 @@ def test_encoder_truncates_long_pairs_as_the_rust_tokenizer_does():
 @pytest.mark.parametrize(
     "n1, n2, want",
     # the table of tokenizers' own truncate_encodings_longest_first test (max_length 7)
-    [(0, 8, (0, 7)), (2, 8, (2, 5)), (4, 4, (3, 4)), (4, 8, (3, 4)), (8, 0, (7, 0)), (8, 2, (5, 2)),
-     (8, 4, (4, 3)), (8, 8, (3, 4))],
+    [
+        (0, 8, (0, 7)),
+        (2, 8, (2, 5)),
+        (4, 4, (3, 4)),
+        (4, 8, (3, 4)),
+        (8, 0, (7, 0)),
+        (8, 2, (5, 2)),
+        (8, 4, (4, 3)),
+        (8, 8, (3, 4)),
+    ],
 )
 def test_pair_keep_lengths_works(n1, n2, want):
     from padpipe.tokenizer.truncate import pair_keep_lengths
@@ -262,7 +275,9 @@ def test_encoder_raises_error_at_once_when_a_path_names_nothing(name, monkeypatc
         raise AssertionError(f"from_pretrained({args}) was called")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", online)
-    with pytest.raises(FileNotFoundError, match=rf"^Tokenizer {re.escape(repr(name))}: no such file or folder\.$") as raised:
+    with pytest.raises(
+        FileNotFoundError, match=rf"^Tokenizer {re.escape(repr(name))}: no such file or folder\.$"
+    ) as raised:
         _load(name)
     assert raised.value.__cause__ is None and raised.value.__context__ is None
     from pathlib import Path
@@ -274,8 +289,10 @@ def test_encoder_raises_error_at_once_when_a_path_names_nothing(name, monkeypatc
 def test_encoder_takes_org_name_as_a_path_when_org_is_a_local_folder(tmp_path, monkeypatch):
     (tmp_path / "data").mkdir()
     monkeypatch.chdir(tmp_path)
-    message = (r"^Tokenizer 'data/tokenzier': no such file or folder \('data' is a local folder; for the hub name, "
-               r"pass AutoTokenizer\.from_pretrained\('data/tokenzier'\)\)\.$")
+    message = (
+        r"^Tokenizer 'data/tokenzier': no such file or folder \('data' is a local folder; for the hub name, "
+        r"pass AutoTokenizer\.from_pretrained\('data/tokenzier'\)\)\.$"
+    )
     with pytest.raises(FileNotFoundError, match=message):
         _load("data/tokenzier")
 

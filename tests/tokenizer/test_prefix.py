@@ -7,16 +7,37 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 import padpipe as pp
-from padpipe.tokenizer.prefix import CHARS_PER_TOKEN, cut, prefix_chars
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.prefix import CHARS_PER_TOKEN, cut, prefix_chars
 from tests import tokenizer_fixtures as fx
 
 
 def long_texts() -> list[str]:
     """Texts around and far past the cut, with every kind of space, punctuation and script at the boundary."""
     rng = np.random.default_rng(0)
-    pieces = ["cat", "dog,", "sat.", "ünïcödé", "東京", "😀", "1234567", "--", "[SEP]", "a\tb", "x\ny", "  ", "   ",
-              "don't", "naïve café", "(mat)", "!!", "\n\n", "qu'il", "\u00a0", "ok"]
+    pieces = [
+        "cat",
+        "dog,",
+        "sat.",
+        "ünïcödé",
+        "東京",
+        "😀",
+        "1234567",
+        "--",
+        "[SEP]",
+        "a\tb",
+        "x\ny",
+        "  ",
+        "   ",
+        "don't",
+        "naïve café",
+        "(mat)",
+        "!!",
+        "\n\n",
+        "qu'il",
+        "\u00a0",
+        "ok",
+    ]
     out = [" ".join(rng.choice(pieces, size=n)) for n in rng.integers(1, 400, size=120)]
     out += ["word " * 300, "x" * 5000, " " * 3000 + "late start", "a" + " " * 4000 + "b", "tail   " * 200]
     return out + fx.texts()
@@ -27,18 +48,21 @@ def unigram() -> Tokenizer:
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.train_from_iterator(fx.training_sentences(), trainers.UnigramTrainer(vocab_size=100, special_tokens=["<unk>"],
-                                                                             unk_token="<unk>"))
+    tok.train_from_iterator(
+        fx.training_sentences(), trainers.UnigramTrainer(vocab_size=100, special_tokens=["<unk>"], unk_token="<unk>")
+    )
     return tok
 
 
 def split_regex() -> Tokenizer:
     """A Llama-3-style tokenizer (regex Split, then byte-level without its regex): never cut."""
     tok, _ = fx.bpe()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(pattern=r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s+(?!\S)|\s+| ?\p{L}+", behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(pattern=r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s+(?!\S)|\s+| ?\p{L}+", behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     return tok
 
 

@@ -20,9 +20,13 @@ from tests.integrations.tiny import bert_config, digest, finish
 
 
 def pipeline(data: str) -> pp.Pipeline:
-    return (pp.read_parquet(data).shuffle(buffer_size=1000, seed=0)
-              .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
-              .bucket(max_tokens=1024).pad(pad_to_multiple_of=8))
+    return (
+        pp.read_parquet(data)
+        .shuffle(buffer_size=1000, seed=0)
+        .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
+        .bucket(max_tokens=1024)
+        .pad(pad_to_multiple_of=8)
+    )
 
 
 def train(accelerator: Accelerator, pipe: pp.Pipeline) -> tuple[bool, list[dict]]:
@@ -64,8 +68,10 @@ def misuse(pipe: pp.Pipeline) -> dict[str, str]:
     cases = {
         "dispatch": ({}, {"batch_size": None}),
         "shard": ({"dispatch_batches": False}, {"batch_size": 1, "collate_fn": lambda rows: rows[0]}),
-        "shard_in_workers": ({"dispatch_batches": False},
-                             {"batch_size": 1, "collate_fn": lambda rows: rows[0], "num_workers": 2}),
+        "shard_in_workers": (
+            {"dispatch_batches": False},
+            {"batch_size": 1, "collate_fn": lambda rows: rows[0], "num_workers": 2},
+        ),
     }
     errors = {}
     for name, (config, options) in cases.items():
@@ -83,8 +89,12 @@ def main(data: str, out: str) -> None:
     pipe = pipeline(data)
     passed_through, epochs = train(accelerator, pipe)
     rank = accelerator.process_index
-    result = {"passed_through": passed_through, "epochs": epochs, "resumed": resume(pipe, f"{out}/state{rank}.pt"),
-              "errors": misuse(pipe)}
+    result = {
+        "passed_through": passed_through,
+        "epochs": epochs,
+        "resumed": resume(pipe, f"{out}/state{rank}.pt"),
+        "errors": misuse(pipe),
+    }
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(result, f)
 

@@ -35,8 +35,17 @@ def run_hf(pipe: pp.Pipeline, phase: str, out: str, workers: int) -> list[dict]:
     model = recording_bert()
     model.epoch = -1
     steps = SAVE_AT if phase == "save" else SAVE_AT + MORE
-    args = TrainingArguments(f"{out}/hf", max_steps=steps, save_steps=SAVE_AT, learning_rate=1e-3, report_to=[],
-                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=workers, seed=0)
+    args = TrainingArguments(
+        f"{out}/hf",
+        max_steps=steps,
+        save_steps=SAVE_AT,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=workers,
+        seed=0,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=pipe, callbacks=[Epochs()])
     trainer.train(resume_from_checkpoint=f"{out}/hf/checkpoint-{SAVE_AT}" if phase == "resume" else None)
     return [{"epoch": s["epoch"], "idx": s["idx"]} for s in model.steps]
@@ -66,11 +75,20 @@ def run_lightning(pipe: pp.Pipeline, phase: str, out: str, workers: int) -> list
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    checkpoints = ModelCheckpoint(dirpath=f"{out}/lightning", filename="{step}", every_n_train_steps=SAVE_AT,
-                                  save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", devices=dist.get_world_size(), strategy="ddp", logger=False,
-                        max_steps=SAVE_AT if phase == "save" else SAVE_AT + MORE, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=out, callbacks=[ExactResume(), checkpoints])
+    checkpoints = ModelCheckpoint(
+        dirpath=f"{out}/lightning", filename="{step}", every_n_train_steps=SAVE_AT, save_top_k=-1
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=dist.get_world_size(),
+        strategy="ddp",
+        logger=False,
+        max_steps=SAVE_AT if phase == "save" else SAVE_AT + MORE,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+        callbacks=[ExactResume(), checkpoints],
+    )
     module = Classifier()
     trainer.fit(module, ckpt_path=f"{out}/lightning/step={SAVE_AT}.ckpt" if phase == "resume" else None)
     return module.steps

@@ -32,9 +32,19 @@ class Epochs(TrainerCallback):
 
 
 def arguments(out: str, workers: int, **options) -> TrainingArguments:
-    return TrainingArguments(out, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, logging_steps=10, learning_rate=1e-3,
-                             report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=workers, seed=0,
-                             **options)
+    return TrainingArguments(
+        out,
+        max_steps=MAX_STEPS,
+        save_steps=SAVE_STEPS,
+        logging_steps=10,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=workers,
+        seed=0,
+        **options,
+    )
 
 
 def accuracy(p) -> dict:
@@ -47,8 +57,11 @@ def reference(model, val: pp.Pipeline) -> list:
     model.eval()
     with torch.no_grad():
         for batch in val.loader(consumer=pp.Consumer(), equal_steps="off"):
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        token_type_ids=batch["token_type_ids"]).logits
+            out = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"],
+            ).logits
             logits.update(zip(batch["row_index"].tolist(), out.tolist()))
     return [logits[i] for i in range(len(logits))]
 
@@ -61,8 +74,9 @@ def main(data: str, out: str, workers: int) -> None:
     model = recording_bert()
     model.epoch = -1
     during = arguments(f"{out}/run", workers, eval_strategy="steps", eval_steps=25)  # evaluates inside train()
-    trainer = Trainer(model=model, args=during, train_dataset=train, eval_dataset=val,
-                      compute_metrics=accuracy, callbacks=[Epochs()])
+    trainer = Trainer(
+        model=model, args=during, train_dataset=train, eval_dataset=val, compute_metrics=accuracy, callbacks=[Epochs()]
+    )
     train_metrics = trainer.train().metrics
     dropped = trainer._padpipe_train.loader.stats().skipped.get("equal_steps.dropped_batches", 0)
     eval_metrics = trainer.evaluate()
@@ -72,19 +86,30 @@ def main(data: str, out: str, workers: int) -> None:
 
     resumed_model = recording_bert(seed=1)
     resumed_model.epoch = -1
-    resumed = Trainer(model=resumed_model, args=arguments(f"{out}/resumed", workers), train_dataset=train,
-                      callbacks=[Epochs()])
+    resumed = Trainer(
+        model=resumed_model, args=arguments(f"{out}/resumed", workers), train_dataset=train, callbacks=[Epochs()]
+    )
     resumed.train(resume_from_checkpoint=f"{out}/run/checkpoint-{RESUME_AT}")
     losses = [[(e["step"], e["loss"]) for e in t.state.log_history if "loss" in e] for t in (trainer, resumed)]
 
     with open(f"{out}/rank{dist.get_rank()}.json", "w") as f:
-        json.dump({
-            "steps": model.steps, "resumed_steps": resumed_model.steps, "dropped": dropped, "eval_steps": eval_steps,
-            "losses": losses[0], "resumed_losses": losses[1],
-            "train_metrics": train_metrics, "eval_metrics": eval_metrics, "test_metrics": prediction.metrics,
-            "predictions": np.asarray(prediction.predictions).tolist(), "reference": expected,
-            "label_ids": np.asarray(prediction.label_ids).tolist(),
-        }, f)
+        json.dump(
+            {
+                "steps": model.steps,
+                "resumed_steps": resumed_model.steps,
+                "dropped": dropped,
+                "eval_steps": eval_steps,
+                "losses": losses[0],
+                "resumed_losses": losses[1],
+                "train_metrics": train_metrics,
+                "eval_metrics": eval_metrics,
+                "test_metrics": prediction.metrics,
+                "predictions": np.asarray(prediction.predictions).tolist(),
+                "reference": expected,
+                "label_ids": np.asarray(prediction.label_ids).tolist(),
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -35,16 +35,26 @@ class Bare(Classifier):
 
 
 def trainer(out: str, *callbacks: L.Callback, **limits: int) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, enable_checkpointing=bool(callbacks), default_root_dir=out,
-                     callbacks=list(callbacks), **limits)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(callbacks),
+        default_root_dir=out,
+        callbacks=list(callbacks),
+        **limits,
+    )
 
 
 def main(data: str, out: str, workers: int) -> None:
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=data, max_tokens=2048)
     fits = {name: Bare(pipe, workers) for name in ("full", "resumed", "stopped", "after")}
-    checkpoints = ModelCheckpoint(dirpath=f"{out}/checkpoints", filename="{step}", every_n_train_steps=SAVE_EVERY,
-                                  save_top_k=-1)
+    checkpoints = ModelCheckpoint(
+        dirpath=f"{out}/checkpoints", filename="{step}", every_n_train_steps=SAVE_EVERY, save_top_k=-1
+    )
     trainer(f"{out}/full", checkpoints, max_epochs=2).fit(fits["full"])
     trainer(f"{out}/resumed", max_epochs=2).fit(fits["resumed"], ckpt_path=f"{out}/checkpoints/step={SAVE_EVERY}.ckpt")
     stopped = trainer(f"{out}/stopped", max_steps=STOP_AT)

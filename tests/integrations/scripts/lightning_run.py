@@ -37,8 +37,13 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         idx = batch.pop("idx")
-        self.steps.append({"epoch": self.current_epoch, "idx": idx.tolist(),
-                           "batch": digest(batch["input_ids"], batch["attention_mask"])})
+        self.steps.append(
+            {
+                "epoch": self.current_epoch,
+                "idx": idx.tolist(),
+                "batch": digest(batch["input_ids"], batch["attention_mask"]),
+            }
+        )
         return self.model(**batch).loss
 
     def configure_optimizers(self):
@@ -46,11 +51,20 @@ class Classifier(L.LightningModule):
 
 
 def trainer(out: str) -> L.Trainer:
-    checkpoints = ModelCheckpoint(dirpath=f"{out}/checkpoints", filename="{step}", every_n_train_steps=SAVE_EVERY,
-                                  save_top_k=-1)
-    return L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
-                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=out,
-                     callbacks=[ExactResume(), checkpoints])
+    checkpoints = ModelCheckpoint(
+        dirpath=f"{out}/checkpoints", filename="{step}", every_n_train_steps=SAVE_EVERY, save_top_k=-1
+    )
+    return L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+        callbacks=[ExactResume(), checkpoints],
+    )
 
 
 def main(data: str, out: str, workers: int) -> None:
