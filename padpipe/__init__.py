@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -85,11 +86,11 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """Load a public name (or the ``examples`` module) from its home on first use, then keep it here."""
-    if name == "examples":
-        value: Any = importlib.import_module("padpipe.examples")
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
+    """Load a public name, or a submodule (``pp.examples``, ``pp.cache``), on first use, then keep it here."""
+    if name in _HOMES:
+        value: Any = getattr(importlib.import_module(_HOMES[name]), name)
+    elif importlib.util.find_spec(f"padpipe.{name}") is not None:  # a submodule: pp.examples, pp.cache, pp.stats
+        value = importlib.import_module(f"padpipe.{name}")
     else:
         raise AttributeError(f"module 'padpipe' has no attribute {name!r}")
     globals()[name] = value
