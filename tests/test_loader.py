@@ -84,7 +84,8 @@ def test_loader_state_before_the_first_batch_starts_at_epoch_zero(data):
 
 def test_loader_with_workers_runs_a_trailing_prefetch_stage_in_this_process(data):
     loader = pipeline(data).prefetch(2).loader(num_workers=2, equal_steps="off")
-    assert isinstance(loader.root, DevicePrefetcher) and isinstance(loader.root.source, WorkerProcesses)
+    prefetcher = loader.root.source  # under the failure latch that keeps its errors
+    assert isinstance(prefetcher, DevicePrefetcher) and isinstance(prefetcher.source, WorkerProcesses)
     assert ids(loader) == list(range(600))
 
 
