@@ -15,7 +15,7 @@ import torch
 
 import padpipe as pp
 from padpipe.pipes.batch_tensors import map_tensors
-from padpipe.runtime.equal_steps import split_batch
+from padpipe.runtime.batch_cut import split_batch
 
 
 def device_pipeline(pipe: pp.Pipeline, device: torch.device) -> pp.Pipeline:

@@ -137,7 +137,7 @@ def even_out(batches: list[Any], ranks: int) -> list[Any]:
         >>> [len(b["x"]) for b in even_out([{"x": torch.arange(4)}, {"x": torch.arange(2)}], 3)]
         [2, 2, 2]
     """
-    from padpipe.runtime.equal_steps import rows_of, split_batch
+    from padpipe.runtime.batch_cut import rows_of, split_batch
 
     batches = list(batches)
     while len(batches) % ranks:

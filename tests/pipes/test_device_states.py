@@ -18,7 +18,10 @@ import padpipe as pp
 from padpipe.pipes import device_backend
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 from padpipe.runtime import equal_steps as es
-from padpipe.runtime.equal_steps import EqualSteps, StepSync, split_batch
+from padpipe.runtime import lockstep
+from padpipe.runtime.batch_cut import split_batch
+from padpipe.runtime.equal_steps import EqualSteps
+from padpipe.runtime.lockstep import StepSync
 from padpipe.state import checksum
 from tests.contract import normalize
 from tests.pipes.fake_cuda import DeviceTensor, FakeCuda, on_device
@@ -124,7 +127,7 @@ def test_checksum_counts_bf16_bytes_and_keeps_older_checksums() -> None:
 @pytest.fixture
 def one_rank_world(tmp_path, monkeypatch):
     """A real gloo world of one process (torch.distributed), torn down after the test."""
-    monkeypatch.setattr(es, "_GLOO", [])
+    monkeypatch.setattr(lockstep, "_GLOO", [])
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         yield

@@ -17,7 +17,8 @@ import torch
 
 import padpipe as pp
 from padpipe.runtime import equal_steps as es
-from padpipe.runtime.equal_steps import EqualSteps, split_batch
+from padpipe.runtime.batch_cut import split_batch
+from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.stats import PipelineStats
 from tests.contract import normalize
 from tests.pipes.nodes import ListNode

@@ -1,12 +1,11 @@
-"""merge_batches: the inverse of split_batch, for padded and packed batches as the stages make them."""
+"""split_batch and merge_batches, its inverse, for padded and packed batches as the stages make them."""
 
 from __future__ import annotations
 
 import torch
 
 import padpipe as pp
-from padpipe.runtime.batch_merge import merge_batches
-from padpipe.runtime.equal_steps import split_batch
+from padpipe.runtime.batch_cut import merge_batches, split_batch
 
 
 def same(a: dict, b: dict) -> bool:
