@@ -8,6 +8,16 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from padpipe.pipes.batch import FixedBatcher
+from padpipe.pipes.bucket import Bucketizer
+from padpipe.pipes.device import DevicePrefetcher
+from padpipe.pipes.first_chunks import FirstChunks
+from padpipe.pipes.pack import Packer
+from padpipe.pipes.pad import Padder
+from padpipe.pipes.shuffle import ShuffleBuffer
+from padpipe.pipes.threads import OrderedMapper
+from padpipe.pipes.tokenize import ChunkTokenizer
+from padpipe.pipes.tokens import TokenColumns
 from padpipe.runtime.consumer import Consumer
 from padpipe.stats import PipelineStats
 
@@ -35,8 +45,6 @@ class BuildContext:
 
 def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: int) -> BaseNode:
     """Build the row shuffle buffer."""
-    from padpipe.pipes.shuffle import ShuffleBuffer
-
     return ShuffleBuffer(upstream, buffer_size=buffer_size, seed=seed, stats=ctx.stats)
 
 
@@ -61,9 +69,6 @@ def tokenize(
     With a token ``cache`` (its session is ``ctx.cache``), the threads tokenize only the rows the
     cache does not hold, and a node after them collects the new rows for the cache.
     """
-    from padpipe.pipes.first_chunks import FirstChunks
-    from padpipe.pipes.threads import OrderedMapper
-    from padpipe.pipes.tokenize import ChunkTokenizer
 
     upstream = FirstChunks(upstream)  # the first rows of an epoch in small chunks: the first tokens come fast
     fn: Any = ChunkTokenizer(encoder, fields=fields, on_error=on_error, append_eos=append_eos, stats=ctx.stats)
@@ -83,15 +88,11 @@ def tokenize(
 
 def batch(upstream: BaseNode, ctx: BuildContext, *, batch_size: int, drop_last: bool) -> BaseNode:
     """Build the in-order fixed-size batcher."""
-    from padpipe.pipes.batch import FixedBatcher
-
     return FixedBatcher(upstream, batch_size=batch_size, drop_last=drop_last, stats=ctx.stats)
 
 
 def bucket(upstream: BaseNode, ctx: BuildContext, *, seed: int | None, **options: Any) -> BaseNode:
     """Build the length bucketizer; the padding rules come from the recipe's ``pad`` stage."""
-    from padpipe.pipes.bucket import Bucketizer
-
     seed = seed if seed is not None else (ctx.seed if ctx.seed is not None else 0)
     return Bucketizer(
         upstream,
@@ -105,15 +106,11 @@ def bucket(upstream: BaseNode, ctx: BuildContext, *, seed: int | None, **options
 
 def pad(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
     """Build the pad-collate stage."""
-    from padpipe.pipes.pad import Padder
-
     return Padder(upstream, stats=ctx.stats, **options)
 
 
 def prefetch(upstream: BaseNode, ctx: BuildContext, *, prefetch: int, device: Any, block_mask: Any = None) -> BaseNode:
     """Build the background prefetcher (and CUDA copier when ``device`` is set)."""
-    from padpipe.pipes.device import DevicePrefetcher
-
     return DevicePrefetcher(upstream, prefetch=prefetch, device=device, block_mask=block_mask, stats=ctx.stats)
 
 
@@ -127,8 +124,6 @@ def source(upstream: None, ctx: BuildContext, *, reader: type, **options: Any) -
 
 def pack(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
     """Build the sequence packer."""
-    from padpipe.pipes.pack import Packer
-
     return Packer(upstream, stats=ctx.stats, **options)
 
 
@@ -142,9 +137,6 @@ def tokens(
     pad_id: int | None,
 ) -> BaseNode:
     """Build the tokens stage (rows that already hold token ids), run inline; ``pad_id`` is for pad/pack."""
-    from padpipe.pipes.first_chunks import FirstChunks
-    from padpipe.pipes.threads import OrderedMapper
-    from padpipe.pipes.tokens import TokenColumns
 
     fn = TokenColumns(column=column, type_ids=type_ids, max_length=max_length, stats=ctx.stats)
     settings = {"column": column, "type_ids": type_ids, "max_length": max_length}

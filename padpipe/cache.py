@@ -20,6 +20,9 @@ from typing import Any
 import fsspec.core
 
 from padpipe.errors import one_of
+from padpipe.readers.source import UnitSource
+from padpipe.token_cache.rows import ids_type
+from padpipe.token_cache.session import CacheSession, digest
 from padpipe.token_cache.store import ABOUT, FORMAT, CacheError, Store
 
 __all__ = ["CacheError", "CacheInfo", "TokenCache", "clear", "info"]
@@ -80,8 +83,6 @@ def check_recipe(source: Any, stages: Sequence[Any]) -> None:
 
     The cache keys rows by the reader's work units, and the rows must reach ``tokenize`` unchanged.
     """
-    from padpipe.readers.source import UnitSource
-
     reader = source.options.get("reader")
     if not (isinstance(reader, type) and issubclass(reader, UnitSource)):
         raise ValueError(
@@ -98,8 +99,6 @@ def check_recipe(source: Any, stages: Sequence[Any]) -> None:
 def session(stages: Sequence[Any], stats: Any) -> Any:
     """The cache session of a recipe whose ``tokenize`` stage has a cache, else ``None`` (used by
     ``Pipeline.build``)."""
-    from padpipe.token_cache.rows import ids_type
-    from padpipe.token_cache.session import CacheSession, digest
 
     position = next((i for i, s in enumerate(stages) if s.name == "tokenize" and s.options.get("cache")), None)
     if position is None:

@@ -177,7 +177,7 @@ class PipelineLoader(Generic[T]):
             self.STEP_KEY: states[0][self.STEP_KEY],
             self.LOCKSTEP_KEY: states[0][self.LOCKSTEP_KEY],
         }
-        self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
+        self._pending = self._reshare(states, layout, carried, dict(ahead or {}), self.VERSION)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` read epoch ``epoch`` from its start (a loaded state not yet used is dropped).

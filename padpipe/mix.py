@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from padpipe.errors import check_seed, one_of, positive
 from padpipe.pipeline import RECORDS, TOKENS, Pipeline, Stage
+from padpipe.pipes.mix import STOPS, WeightedMixer, check_weights
 
 if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
@@ -54,8 +55,6 @@ def mix(
         >>> pipe = pp.mix({"web": web, "code": code}, weights={"web": 0.7, "code": 0.3}, seed=0)  # doctest: +SKIP
         >>> pipe.tokenize(tok).bucket(max_tokens=16384).pad().loader()  # doctest: +SKIP
     """
-    from padpipe.pipes.mix import STOPS, check_weights
-
     if not isinstance(pipelines, Mapping) or not pipelines:
         raise ValueError("`pipelines` must be a non-empty dict of name -> Pipeline.")
     for name, pipe in pipelines.items():
@@ -77,7 +76,5 @@ def mix(
 
 def _build_mix(upstream: None, ctx: BuildContext, *, pipelines: dict[str, Pipeline], **options: Any) -> BaseNode:
     """Build every sub-pipeline's graph for this consumer, into one mixer sharing the stats."""
-    from padpipe.pipes.mix import WeightedMixer
-
     sources = {name: pipe.build(consumer=ctx.consumer, stats=ctx.stats) for name, pipe in pipelines.items()}
     return WeightedMixer(sources, stats=ctx.stats, **options)

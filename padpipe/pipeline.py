@@ -21,6 +21,7 @@ from padpipe._checks import check_budget, check_fields, steps_missing
 from padpipe.cache import TokenCache, check_recipe
 from padpipe.cache import session as cache_session
 from padpipe.errors import check_bool, check_seed, one_of, positive
+from padpipe.integrations.guard import check_caller
 from padpipe.loader import PipelineLoader
 from padpipe.pipes.bucket import check_bucket_options
 from padpipe.pipes.cut import longest_row_allowed
@@ -29,7 +30,9 @@ from padpipe.pipes.pack import check_pack_options
 from padpipe.pipes.pad import check_pad_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
+from padpipe.runtime.assemble import assemble
 from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.iterable import PipelineIterator
 from padpipe.runtime.latch import FailureLatch
 from padpipe.stats import PipelineStats
 
@@ -506,10 +509,8 @@ class Pipeline(IterableDataset):
             >>> loader = pipe.loader(); n = sum(1 for _ in loader); loader.stats().rows
             1
         """
-        from padpipe.runtime.assemble import assemble_loader
-
         self._check_runnable()
-        return assemble_loader(
+        built = assemble(
             self,
             num_workers=num_workers,
             consumer=consumer,
@@ -520,6 +521,14 @@ class Pipeline(IterableDataset):
                 "multiprocessing_context": multiprocessing_context,
                 "timeout": timeout,
             },
+        )
+        return PipelineLoader(
+            built.root,
+            built.stats,
+            settings=built.settings,
+            layout=built.layout,
+            reshare=built.reshare,
+            device=built.device,
         )
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
@@ -546,6 +555,18 @@ class Pipeline(IterableDataset):
         """
         self._epoch[0] = epoch
 
+    def note_equal_steps(self) -> None:
+        """Note that :func:`padpipe.equal_steps` keeps the ranks' steps equal over this pipeline.
+
+        Called by ``pp.equal_steps(DataLoader(pipe, ...))``, before the workers start: their copies
+        of the pipeline then don't warn that ranks may take unequal steps.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> pipe.note_equal_steps()
+        """
+        self._managed[0] = True
+
     def __iter__(self) -> Iterator[Any]:
         """Read one epoch as this process's share (rank x DataLoader worker).
 
@@ -553,8 +574,6 @@ class Pipeline(IterableDataset):
         reads the next epoch; non-persistent workers start from the main process's epoch, so call
         :meth:`set_epoch` each epoch (as with ``DistributedSampler``).
         """
-        from padpipe.integrations.guard import check_caller
-        from padpipe.runtime.iterable import PipelineIterator
 
         self._check_runnable()
         check_caller(self)  # fails under wrappers that shard again (Accelerate), warns for a bare Lightning resume

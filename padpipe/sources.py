@@ -9,6 +9,13 @@ from padpipe import _build
 from padpipe._checks import check_sources
 from padpipe.errors import one_of, positive
 from padpipe.pipeline import Pipeline, Stage
+from padpipe.readers.arrow import ArrowReader
+from padpipe.readers.hf import hf_reader
+from padpipe.readers.iterable import IterableReader
+from padpipe.readers.jsonl import JsonlReader
+from padpipe.readers.listing import SharedListing
+from padpipe.readers.parquet import ParquetReader
+from padpipe.readers.retry import Retry
 
 if TYPE_CHECKING:
     from padpipe.readers.retry import Retry
@@ -25,8 +32,6 @@ def _start(name: str, reader: type[Any], **options: Any) -> Pipeline:
 
 def _file_options(retries: int | Retry, on_missing: str) -> dict[str, Any]:
     """Check the file readers' storage options at once; one listing shared by all loaders and workers."""
-    from padpipe.readers.listing import SharedListing
-    from padpipe.readers.retry import Retry
 
     Retry.of(retries)
     one_of("on_missing", on_missing, ("raise", "skip"))
@@ -63,8 +68,6 @@ def read_parquet(
         >>> next(iter(pipe.loader())).num_rows
         1024
     """
-    from padpipe.readers.parquet import ParquetReader
-
     return _start(
         "read_parquet",
         ParquetReader,
@@ -98,8 +101,6 @@ def read_arrow(
     Example:
         >>> pipe = pp.read_arrow("my_dataset/")  # doctest: +SKIP
     """
-    from padpipe.readers.arrow import ArrowReader
-
     return _start(
         "read_arrow",
         ArrowReader,
@@ -139,8 +140,6 @@ def read_jsonl(
         >>> sorted(next(iter(pipe.loader())).schema.names)
         ['id', 'text']
     """
-    from padpipe.readers.jsonl import JsonlReader
-
     one_of("on_error", on_error, ("raise", "skip"))
     return _start(
         "read_jsonl",
@@ -177,8 +176,6 @@ def from_hf(
         >>> next(iter(pp.from_hf(ds, tokens="input_ids").batch(2).pad(pad_id=0).loader()))["input_ids"].tolist()
         [[2, 7, 3], [2, 3, 0]]
     """
-    from padpipe.readers.hf import hf_reader
-
     if tokens is not None and not isinstance(tokens, str):
         raise TypeError(f"`tokens` must be a column name, but is {tokens!r} instead.")
     reader, options = hf_reader(dataset, columns=columns)
@@ -196,6 +193,4 @@ def from_iterable(iterable: Iterable[dict[str, Any]], *, chunk_rows: int = 1024)
         >>> next(iter(pp.from_iterable([{"text": "a"}, {"text": "b"}]).loader())).to_pylist()
         [{'text': 'a'}, {'text': 'b'}]
     """
-    from padpipe.readers.iterable import IterableReader
-
     return _start("from_iterable", IterableReader, iterable=iterable, chunk_rows=chunk_rows)

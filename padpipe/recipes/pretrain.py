@@ -27,6 +27,7 @@ from padpipe._optional import require
 from padpipe.errors import one_of, positive
 from padpipe.recipes import cli
 from padpipe.recipes.formats import read_corpus
+from padpipe.tokenizer import TextEncoder
 
 Sources = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any]
 
@@ -170,8 +171,6 @@ def _weights_by_name(corpora: dict[str, list[str]], weights: Any) -> dict[str, f
 
 def _special_ids(tokenizer: Any) -> tuple[int | None, int | None]:
     """The tokenizer's EOS and pad ids, as the tokenize stage will see them."""
-    from padpipe.tokenizer import TextEncoder
-
     encoder = TextEncoder.load(tokenizer, max_length=None, truncation=False, add_special_tokens=False)
     return encoder.eos_id, encoder.pad_id
 

@@ -1,38 +1,66 @@
 """Assemble a pipeline's loader: the stages in this process or in worker processes, equal steps, resume.
 
-:meth:`padpipe.Pipeline.loader` calls :func:`assemble_loader`; this module holds what it puts
-together so the facade stays a list of stages.
+:meth:`padpipe.Pipeline.loader` calls :func:`assemble` and hands the :class:`Assembly` to
+:class:`~padpipe.loader.PipelineLoader`; this module holds what it puts together so the facade stays
+a list of stages (and the runtime never imports the face).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._build import BuildContext
 from padpipe.errors import one_of
-from padpipe.loader import PipelineLoader
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.runtime.elastic import loader_state
+from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.latch import FailureLatch
+from padpipe.runtime.workers import WorkerProcesses
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
 
 
-def assemble_loader(
+@dataclass(frozen=True)
+class Assembly:
+    """What a :class:`~padpipe.loader.PipelineLoader` runs: the built graph and how it saves and re-shares.
+
+    Attributes:
+        root: The top node (equal steps, a trailing prefetch, worker processes or the consumer's graph).
+        stats: The counters its stages report into.
+        settings: What a loaded state must match.
+        layout: This run's ``[rank, ranks, workers]``, read when a state is saved.
+        reshare: Builds this run's state from every saved rank's (elastic resume), given those
+            states, this layout, the loader fields carried over, the batches fetched ahead and the
+            loader's state version.
+        device: The device of its batches (a ``to_cuda`` stage's) or ``None``.
+    """
+
+    root: BaseNode
+    stats: PipelineStats
+    settings: dict[str, Any]
+    layout: Callable[[], list[int]]
+    reshare: Callable[..., dict[str, Any]]
+    device: torch.device | None
+
+
+def assemble(
     pipe: Pipeline, *, num_workers: int, consumer: Consumer | None, equal_steps: str, options: dict[str, Any]
-) -> PipelineLoader:
-    """The :class:`~padpipe.loader.PipelineLoader` of ``pipe`` (arguments as :meth:`Pipeline.loader`'s).
+) -> Assembly:
+    """The :class:`Assembly` of ``pipe``'s loader (arguments as :meth:`Pipeline.loader`'s).
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
-        >>> type(assemble_loader(pipe, num_workers=0, consumer=None, equal_steps="off", options={}).root).__name__
+        >>> type(assemble(pipe, num_workers=0, consumer=None, equal_steps="off", options={}).root).__name__
         'ConsumerGraph'
     """
     one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
@@ -50,8 +78,6 @@ def assemble_loader(
             consumer = Consumer.detect(ranks=False)
         root: BaseNode = ConsumerGraph(graph_pipe, consumer, stats)
     else:
-        from padpipe.runtime.workers import WorkerProcesses
-
         root = WorkerProcesses(
             graph_pipe,
             num_workers=num_workers,
@@ -66,8 +92,6 @@ def assemble_loader(
         )
         root = FailureLatch(last.builder(root, context, **last.options))  # its failures stay failures too
     if equal_steps != "off":
-        from padpipe.runtime.equal_steps import EqualSteps
-
         root = EqualSteps(root, policy=equal_steps, stats=stats, device=device)
     settings: dict[str, Any] = {
         "equal_steps": equal_steps
@@ -82,13 +106,17 @@ def assemble_loader(
         return [rank, ranks, num_workers]
 
     def reshare(
-        states: list[dict[str, Any]], mine: list[int], carried: dict[str, Any], ahead: dict[int, list[Any]]
+        states: list[dict[str, Any]],
+        mine: list[int],
+        carried: dict[str, Any],
+        ahead: dict[int, list[Any]],
+        version: int,
     ) -> dict[str, Any]:
         return loader_state(
             states,
             pipeline=graph_pipe,
             layout=mine,
-            version=PipelineLoader.VERSION,
+            version=version,
             settings=settings,
             policy=equal_steps,
             fields=carried,
@@ -96,7 +124,7 @@ def assemble_loader(
             ahead=ahead,
         )
 
-    return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare, device=device)
+    return Assembly(root, stats, settings, layout, reshare, device)
 
 
 def _split_last(pipe: Pipeline) -> tuple[Pipeline, Any]:

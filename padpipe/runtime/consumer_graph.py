@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 from torchdata.nodes import BaseNode
 
 from padpipe.graph import start_at_epoch
+from padpipe.pipes.mix import WeightedMixer
+from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.latch import FailureLatch
 from padpipe.state import Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, load_value, make_state
 from padpipe.stats import PipelineStats
 
@@ -37,9 +40,6 @@ def readers(node: Any, state: Any = None) -> list[tuple[UnitSource, Any]]:
         >>> [type(r).__name__ for r, _ in readers(pp.read_parquet(pp.examples.SAMPLE_PARQUET).build())]
         ['ParquetReader']
     """
-    from padpipe.pipes.mix import WeightedMixer
-    from padpipe.readers.source import UnitSource
-    from padpipe.runtime.latch import FailureLatch
 
     if isinstance(node, FailureLatch):
         return readers(node.source, state)
@@ -64,8 +64,6 @@ def readers(node: Any, state: Any = None) -> list[tuple[UnitSource, Any]]:
 
 def override_readers(graph: BaseNode, epoch: int, pieces: list[list[dict[str, Any]]]) -> list[UnitSource]:
     """Make each reader of ``graph`` read ``pieces[k]`` (plain ``WorkUnit`` fields) in ``epoch``; the readers."""
-    from padpipe.readers.source import WorkUnit
-
     mine = [reader for reader, _ in readers(graph)]
     if len(mine) != len(pieces):
         raise StateMismatchError(

@@ -26,9 +26,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from padpipe.pipes.device import DevicePrefetcher
+from padpipe.runtime.batch_cut import rows_of, split_batch
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import BATCHES, EPOCH, FRESH, PIECES, ConsumerGraph, override_readers, readers
+from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.shares import share
+from padpipe.runtime.workers import WorkerProcesses
 from padpipe.state import StateMismatchError, make_state
 from padpipe.stats import PipelineStats
 
@@ -137,8 +141,6 @@ def even_out(batches: list[Any], ranks: int) -> list[Any]:
         >>> [len(b["x"]) for b in even_out([{"x": torch.arange(4)}, {"x": torch.arange(2)}], 3)]
         [2, 2, 2]
     """
-    from padpipe.runtime.batch_cut import rows_of, split_batch
-
     batches = list(batches)
     while len(batches) % ranks:
         sizes = [rows_of(b) or 0 for b in batches]
@@ -190,9 +192,6 @@ def loader_state(
         ahead: Batches each old rank had taken from its loader but not trained on, by rank: they
             come first among that rank's held batches.
     """
-    from padpipe.pipes.device import DevicePrefetcher
-    from padpipe.runtime.equal_steps import EqualSteps
-    from padpipe.runtime.workers import WorkerProcesses
 
     readers(pipeline.build(consumer=Consumer()))  # can this pipeline be re-shared at all? (a clear error if not)
     _, _, workers = states[0][LAYOUT_KEY]

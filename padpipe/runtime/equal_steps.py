@@ -216,7 +216,8 @@ def equal_steps(
 
 
 def _equal_steps(iterable: Iterable[Any], policy: str, stats: PipelineStats, group: Any) -> Iterator[Any]:
-    _mark_managed(iterable)
+    if callable(note := getattr(getattr(iterable, "dataset", None), "note_equal_steps", None)):
+        note()  # a DataLoader over a Pipeline: its workers then don't warn of uneven steps
     sync = detect_sync(group) if policy != "off" else None
     if sync is None:
         yield from (_mark(b, False) for b in iterable) if policy == "repeat" else iterable
@@ -237,12 +238,3 @@ def _equal_steps(iterable: Iterable[Any], policy: str, stats: PipelineStats, gro
             yield lockstep.step(pull, replay, lambda: it)
         except StopIteration:
             return
-
-
-def _mark_managed(iterable: Iterable[Any]) -> None:
-    """Tell a DataLoader's pipeline that steps are kept equal here (no hang warning in its workers)."""
-    from padpipe.pipeline import Pipeline
-
-    dataset = getattr(iterable, "dataset", None)
-    if isinstance(dataset, Pipeline):
-        dataset._managed[0] = True

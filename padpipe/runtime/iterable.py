@@ -11,6 +11,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.graph import start_at_epoch
 from padpipe.runtime.consumer import Consumer
+from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -65,7 +66,6 @@ class PipelineIterator(Iterator[Any]):
             consumer = Consumer.detect(ranks=self._pipeline.sharding == "auto")
         if not self._managed:
             warn_unequal_steps(consumer)
-        from padpipe.runtime.consumer_graph import ConsumerGraph
 
         node = ConsumerGraph(self._pipeline, consumer, self._stats)
         if self._pending is not None:

@@ -36,8 +36,8 @@ import pyarrow as pa
 from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.stats import PipelineStats
 from padpipe.token_cache.check import Limits, segment_problem
-from padpipe.token_cache.fill import Collector
-from padpipe.token_cache.store import CacheError, Segment, Store
+from padpipe.token_cache.fill import CachedTokenizer, CacheFiller, Collector
+from padpipe.token_cache.store import CacheError, Segment, Store, ipc_bytes
 from padpipe.token_cache.walk import BYTES, ROWS, Walk, span, unit_kind
 
 _VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated", "created")
@@ -100,14 +100,10 @@ class CacheSession:
     # -- hooks for the builders ----------------------------------------------------------------------
     def tokenizer(self, tokenize: Any) -> Any:
         """The tokenize stage's function with the cache: tokenize text rows, convert cached ones."""
-        from padpipe.token_cache.fill import CachedTokenizer
-
         return CachedTokenizer(tokenize, self)
 
     def filler(self, node: Any) -> Any:
         """The node after the tokenize threads that hands fresh rows to the collector."""
-        from padpipe.token_cache.fill import CacheFiller
-
         return CacheFiller(node, self)
 
     # -- the reader hook ----------------------------------------------------------------------------
@@ -152,8 +148,6 @@ class CacheSession:
 
     def publish(self, uid: int, folder: str, segment: Segment, rows: pa.Table) -> None:
         """Write a complete segment (called by the collector's writer thread)."""
-        from padpipe.token_cache.store import ipc_bytes
-
         if not self.writable:
             return
         try:

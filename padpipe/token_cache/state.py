@@ -20,9 +20,12 @@ import torch
 
 from padpipe.chunks import TokenChunk, records_from_state, records_to_state
 from padpipe.pipes.cut import truncate_rows
+from padpipe.pipes.tokenize import _pass_through
 from padpipe.readers.aligned import concat
 from padpipe.state import Spec, StateMismatchError, seal, unseal
 from padpipe.token_cache import rows as cr
+from padpipe.token_cache.session import covered, session_for, unit_folder, unit_number
+from padpipe.token_cache.store import UNIT_FOLDER, CacheError
 
 CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY = "token_cache", "folders", "unit", "pos"
 KEYS = (CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY)
@@ -57,7 +60,6 @@ class CachedChunk(Spec):
     def load(self, value: Any) -> TokenChunk:
         if not (isinstance(value, Mapping) and CACHE_KEY in value):
             return TokenChunk.from_state(value)
-        from padpipe.pipes.tokenize import _pass_through
 
         session, rows = _resolve(value)
         columns = {**_pass_through(cr.without_hidden(rows), session.fields), cr.REF: rows.column(cr.REF)}
@@ -86,8 +88,6 @@ class CachedRecords(Spec):
 
 def _references(ref: pa.Array) -> dict[str, Any] | None:
     """The compact state of rows ``ref``, or ``None`` unless every row is in a segment known here."""
-    from padpipe.token_cache.session import covered, unit_folder
-
     units, positions = cr.split_refs(ref.to_numpy(zero_copy_only=False))
     if not len(units) or (units < 0).any():
         return None
@@ -109,8 +109,6 @@ def _references(ref: pa.Array) -> dict[str, Any] | None:
 
 def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
     """``(session, rows)``: the referenced rows read back from the cache, in the saved order."""
-    from padpipe.token_cache.session import session_for, unit_number
-
     state = unseal("token cache references", state, KEYS)
     key, folders, index, positions = state[CACHE_KEY], state[FOLDERS_KEY], state[UNIT_KEY], state[POS_KEY]
     if not (
@@ -176,8 +174,6 @@ def _rows_of(session: Any, folder: str, uid: int, wanted: np.ndarray) -> list[tu
 
 def _check_folder(session: Any, folder: str) -> None:
     """Refuse a state's folder unless it is a unit folder of this cache and fingerprint, under its root."""
-    from padpipe.token_cache.store import UNIT_FOLDER, CacheError
-
     problem = None
     if not UNIT_FOLDER.match(folder) or not folder.startswith(f"{session.fingerprint}/"):
         problem = f"expected '{session.fingerprint}/' and 20 hex digits, the folders this cache writes"
