@@ -10,6 +10,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_seed, one_of, positive
+from padpipe.graph import EpochAware
 from padpipe.pipes.cut import cut_by_budget, handle_oversize, longest_row_allowed
 from padpipe.pipes.pad import padded_length
 from padpipe.state import (
@@ -68,7 +69,7 @@ def check_bucket_options(
     one_of("on_oversize", on_oversize, ("raise", "drop", "truncate"))
 
 
-class Bucketizer(BaseNode[TokenChunk]):
+class Bucketizer(EpochAware, BaseNode[TokenChunk]):
     """Group rows of similar length into batches, from a buffer of about ``buffer_size`` rows.
 
     Each buffer is sorted by length (stable) and cut into batches, either of ``batch_size`` rows

@@ -11,7 +11,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.chunks import Chunk, Records, TokenChunk, records_to_state
 from padpipe.errors import DataError, check_seed, one_of, positive
-from padpipe.graph import start_at_epoch
+from padpipe.graph import EpochAware, start_at_epoch
 from padpipe.readers.schema import untag_source
 from padpipe.state import (
     SOURCE_KEY,
@@ -57,7 +57,7 @@ def check_weights(names: list[str], weights: Mapping[str, float]) -> dict[str, f
     return {name: float(weights[name]) for name in names}
 
 
-class WeightedMixer(BaseNode[Item]):
+class WeightedMixer(EpochAware, BaseNode[Item]):
     """Interleave several sources row by row; each row's source is drawn with probability ~ weight.
 
     Every output item has ``chunk_rows`` rows (the epoch's last may have fewer), drawn i.i.d. from

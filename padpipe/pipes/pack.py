@@ -11,6 +11,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.chunks import Chunk, TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
+from padpipe.graph import EpochAware
 from padpipe.pipes.packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
 from padpipe.state import SOURCE_KEY, Bool, Child, Int, ListOf, check_state, invalid, make_state
 from padpipe.stats import PipelineStats
@@ -58,7 +59,7 @@ def check_pack_options(
     check_int("label_pad_id", label_pad_id)
 
 
-class Packer(BaseNode[dict]):
+class Packer(EpochAware, BaseNode[dict]):
     """Pack a stream of documents (one :class:`TokenChunk` row each) into ``[B, seq_len]`` batches.
 
     Documents longer than ``seq_len`` are first cut into pieces (see ``long_docs``). Up to

@@ -10,6 +10,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.errors import DataError, check_seed, positive
+from padpipe.graph import EpochAware
 from padpipe.readers.schema import castable, source_of, untag_source
 from padpipe.state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Rng, check_state, load_value, make_state
 from padpipe.stats import PipelineStats
@@ -18,7 +19,7 @@ from padpipe.token_cache.state import CachedRecords, records_state
 _RNG_STREAM = 0x5A1F  # keeps this stage's random stream apart from other stages seeded alike
 
 
-class ShuffleBuffer(BaseNode[pa.RecordBatch]):
+class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
     """Shuffle rows through a buffer of ``buffer_size`` rows, columnar (no per-row Python work).
 
     The first ``buffer_size`` rows fill the buffer. After that, every incoming record batch of

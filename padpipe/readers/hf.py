@@ -11,6 +11,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe._optional import require
 from padpipe.errors import positive
+from padpipe.graph import EpochAware
 from padpipe.readers.schema import check_columns, require_columns
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
 from padpipe.runtime.consumer import Consumer
@@ -127,7 +128,7 @@ class HFDatasetReader(UnitSource):
             begin = end
 
 
-class HFIterableReader(BaseNode[pa.RecordBatch]):
+class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
     """A streaming ``datasets.IterableDataset`` as record batches of ``chunk_rows`` rows.
 
     Reads ``dataset.with_format("arrow").iter(batch_size=chunk_rows)``. With several consumers,

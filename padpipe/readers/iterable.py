@@ -10,6 +10,7 @@ import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe.errors import DataError, positive
+from padpipe.graph import EpochAware
 from padpipe.readers.schema import conform
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS
 from padpipe.runtime.consumer import Consumer
@@ -19,7 +20,7 @@ from padpipe.stats import PipelineStats
 _END = object()
 
 
-class IterableReader(BaseNode[pa.RecordBatch]):
+class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
     """Dicts from ``iterable`` as record batches of ``chunk_rows`` rows.
 
     Every epoch calls ``iter(iterable)`` again, so pass a list or an object whose ``__iter__``

@@ -20,6 +20,7 @@ import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe.errors import DataError, positive
+from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.shares import Measure, share
@@ -52,7 +53,7 @@ class WorkUnit:
     last: int | None = None
 
 
-class UnitSource(BaseNode[pa.RecordBatch]):
+class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     """Base class of all readers; subclasses implement ``list_units``, ``read_unit`` and ``describe``.
 
     Args:

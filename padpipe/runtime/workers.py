@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
+from padpipe.graph import EpochAware
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
 from padpipe.state import Bool, Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, make_state
@@ -53,7 +54,7 @@ class EpochShares(IterableDataset):
         return it
 
 
-class WorkerProcesses(BaseNode[Any]):
+class WorkerProcesses(EpochAware, BaseNode[Any]):
     """Yield a pipeline's batches read by ``num_workers`` worker processes of this rank.
 
     Args:

@@ -7,12 +7,13 @@ from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
 
+from padpipe.graph import EpochAware
 from padpipe.state import check_state, make_state
 
 T = TypeVar("T")
 
 
-class ListNode(BaseNode[T], Generic[T]):
+class ListNode(EpochAware, BaseNode[T], Generic[T]):
     """Yield ``items`` (or ``items(epoch)`` when callable) once per epoch; state = (epoch, index).
 
     Example:
