@@ -14,6 +14,10 @@ holds one, and ``json`` can write one that holds no tensors. Each state carries
   or buffer (a dict with its own ``checksum``) counts by its checksum and checks itself.
 
 Every failure is a :class:`StateMismatchError` naming the stage and the key.
+
+A stage declares its state once, as a :class:`StateSchema` (its name, version and each key's
+:class:`Spec`); saving (:meth:`StateSchema.make`) and checking (:meth:`StateSchema.check`) both
+follow from that one declaration.
 """
 
 from __future__ import annotations
@@ -459,6 +463,85 @@ def check_state(
             "it was changed after it was saved."
         )
     return loaded
+
+
+class StateSchema:
+    """A stage's state, declared once: its name, version and what each of its keys must be.
+
+    :meth:`make` saves exactly these keys (another set is a programming error) and :meth:`check`
+    loads exactly these keys back, with every check :func:`check_state` makes. The loaded fields
+    read as attributes, so a key is spelled in the declaration and where it is used, never as a
+    separate constant.
+
+    Args:
+        stage: Stage name for messages, e.g. ``"Bucketizer"``.
+        version: The state format version; another version is refused.
+        **fields: Each key's :class:`Spec`.
+
+    Example:
+        >>> STATE = StateSchema("Count", 1, epoch=Int(0), pos=Int(0))
+        >>> saved = STATE.make({"seed": 0}, epoch=2, pos=5)
+        >>> loaded = STATE.check(saved, {"seed": 0}); loaded.epoch, loaded.pos
+        (2, 5)
+        >>> STATE.check(saved, {"seed": 1})
+        Traceback (most recent call last):
+        ...
+        padpipe.state.StateMismatchError: Count state doesn't match this pipeline: setting 'seed' found 0 instead of 1.
+    """
+
+    def __init__(self, stage: str, version: int, **fields: Spec) -> None:
+        for key, spec in fields.items():
+            if not isinstance(spec, Spec):
+                raise TypeError(f"state key {key!r} of {stage} must be declared with a Spec, but is {spec!r}.")
+        self.stage, self.version, self.fields = stage, version, dict(fields)
+
+    def make(self, settings: Mapping[str, Any], **values: Any) -> dict[str, Any]:
+        """The sealed state of these ``values`` (every declared key, no other) and ``settings``."""
+        if set(values) != set(self.fields):
+            missing, extra = sorted(set(self.fields) - set(values)), sorted(set(values) - set(self.fields))
+            raise TypeError(f"{self.stage} state: keys missing {missing}, undeclared {extra}.")
+        return make_state(version=self.version, settings=settings, **values)
+
+    def check(
+        self,
+        state: Any,
+        settings: Mapping[str, Any],
+        *,
+        specs: Mapping[str, Spec] | None = None,
+        check: Callable[[Loaded], None] | None = None,
+    ) -> Loaded:
+        """``state``'s fields as loaded by their specs, after every check of :func:`check_state`.
+
+        Args:
+            state: The state dict given to ``reset``.
+            settings: The settings that must match.
+            specs: Declared keys whose spec depends on this stage's settings (a buffer no longer
+                than its size), given here instead of the declared one.
+            check: Checks between loaded fields, as in :func:`check_state`.
+        """
+        unknown = sorted(set(specs or {}) - set(self.fields))
+        if unknown:
+            raise TypeError(f"{self.stage} state: specs given for undeclared keys {unknown}.")
+        fields = {**self.fields, **(specs or {})}
+        loaded = check_state(
+            self.stage,
+            state,
+            version=self.version,
+            settings=settings,
+            fields=fields,
+            check=None if check is None else lambda values: check(Loaded(values)),
+        )
+        return Loaded(loaded)
+
+
+class Loaded(dict):  # type: ignore[type-arg]
+    """The fields of a checked state: a dict whose keys also read as attributes (``loaded.epoch``)."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"no state field {key!r}; the fields are {sorted(self)}") from None
 
 
 def unseal(what: str, value: Any, keys: Sequence[str]) -> Mapping[str, Any]:

@@ -9,7 +9,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.chunks import Chunk, TokenChunk
 from padpipe.errors import positive
-from padpipe.state import SOURCE_KEY, Bool, Child, Int, Optional, check_state, load_value, make_state
+from padpipe.state import Bool, Child, Int, Loaded, Optional, StateSchema, load_value
 from padpipe.stats import PipelineStats
 
 
@@ -33,10 +33,9 @@ class FixedBatcher(BaseNode[TokenChunk]):
         [[1, 2], [3, 4], [5]]
     """
 
-    VERSION = 2
-    PENDING_KEY = "pending"
-    POS_KEY = "pos"
-    EXHAUSTED_KEY = "exhausted"
+    STATE = StateSchema(
+        "FixedBatcher", 2, source=Child(), pending=Optional(Chunk()), pos=Int(0), exhausted=Bool()
+    )  # pending: the chunk whose rows from `pos` on were not emitted yet
 
     def __init__(
         self,
@@ -64,30 +63,16 @@ class FixedBatcher(BaseNode[TokenChunk]):
             self.source.reset(None)
             self._exhausted = False
             return
-        fields = {
-            SOURCE_KEY: Child(),
-            self.PENDING_KEY: Optional(Chunk()),
-            self.POS_KEY: Int(0),
-            self.EXHAUSTED_KEY: Bool(),
-        }
 
-        def check(loaded: dict[str, Any]) -> None:  # rows of the pending chunk before `pos` were emitted
-            pending = loaded[self.PENDING_KEY]
-            load_value(
-                "FixedBatcher",
-                self.POS_KEY,
-                loaded[self.POS_KEY],
-                Int(0, 0 if pending is None else pending.num_rows - 1),
-            )
+        def check(loaded: Loaded) -> None:  # rows of the pending chunk before `pos` were emitted
+            last = 0 if loaded.pending is None else loaded.pending.num_rows - 1
+            load_value(self.STATE.stage, "pos", loaded.pos, Int(0, last))
 
-        loaded = check_state(
-            "FixedBatcher", initial_state, version=self.VERSION, settings=self._settings(), fields=fields, check=check
-        )
-        pending = loaded[self.PENDING_KEY]
-        self.source.reset(initial_state[SOURCE_KEY])
-        self._exhausted = loaded[self.EXHAUSTED_KEY]
-        self._pending, self._pos = pending, loaded[self.POS_KEY]
-        self._pending_state = initial_state[self.PENDING_KEY]
+        loaded = self.STATE.check(initial_state, self._settings(), check=check)
+        self.source.reset(loaded.source)
+        self._exhausted = loaded.exhausted
+        self._pending, self._pos = loaded.pending, loaded.pos
+        self._pending_state = initial_state["pending"]
 
     def next(self) -> TokenChunk:
         while True:
@@ -114,15 +99,12 @@ class FixedBatcher(BaseNode[TokenChunk]):
     def get_state(self) -> dict[str, Any]:
         if self._pending is not None and self._pending_state is None:
             self._pending_state = self._pending.to_state()  # once per input chunk, shared by later states
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{
-                SOURCE_KEY: self.source.state_dict(),
-                self.PENDING_KEY: self._pending_state,
-                self.POS_KEY: self._pos,
-                self.EXHAUSTED_KEY: self._exhausted,
-            },
+        return self.STATE.make(
+            self._settings(),
+            source=self.source.state_dict(),
+            pending=self._pending_state,
+            pos=self._pos,
+            exhausted=self._exhausted,
         )
 
     def _settings(self) -> dict[str, Any]:
