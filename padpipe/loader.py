@@ -10,8 +10,8 @@ from torchdata.nodes import BaseNode
 
 from padpipe.graph import start_at_epoch
 from padpipe.integrations.lightning_fit import fit_driver
-from padpipe.runtime.elastic import LAYOUT_KEY
-from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, check_state, make_state
+from padpipe.runtime.loader_state import LOADER_STATE
+from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
@@ -50,13 +50,7 @@ class PipelineLoader(Generic[T]):
         (1, 2)
     """
 
-    VERSION = 3
-    ROOT_KEY = "root"
-    FINISHED_KEY = "finished"
-    LAYOUT_KEY = LAYOUT_KEY
-    EPOCH_KEY = "epoch"  # the epoch of the last batch returned (-1: none yet)
-    STEP_KEY = "step"  # batches returned in that epoch
-    LOCKSTEP_KEY = "lockstep"  # whether ranks agreed each step (so every rank's state has the same step)
+    STATE = LOADER_STATE
 
     def __init__(
         self,
@@ -89,10 +83,10 @@ class PipelineLoader(Generic[T]):
         if (driver := fit_driver(self)) is not None:  # Lightning's fit loop: the epoch it runs next
             return driver.iterate()
         pending, self._pending = self._pending, None
-        if pending is not None and pending[self.ROOT_KEY] is not None:
-            self.root.reset(pending[self.ROOT_KEY])
-            self._epoch, self._step = pending[self.EPOCH_KEY], pending[self.STEP_KEY]
-            if pending[self.FINISHED_KEY]:
+        if pending is not None and pending["root"] is not None:
+            self.root.reset(pending["root"])
+            self._epoch, self._step = pending["epoch"], pending["step"]
+            if pending["finished"]:
                 self.root.reset(None)
                 self._epoch, self._step = self._epoch + 1, 0
         else:
@@ -111,17 +105,14 @@ class PipelineLoader(Generic[T]):
         if self._pending is not None:
             return self._pending
         root = self.root.state_dict() if self._started else None
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings,
-            **{
-                self.ROOT_KEY: root,
-                self.FINISHED_KEY: self._finished,
-                self.LAYOUT_KEY: self._layout(),
-                self.EPOCH_KEY: self._epoch,
-                self.STEP_KEY: self._step,
-                self.LOCKSTEP_KEY: bool(getattr(self.root, "in_lockstep", False)),
-            },
+        return self.STATE.make(
+            self._settings,
+            root=root,
+            finished=self._finished,
+            layout=self._layout(),
+            epoch=self._epoch,
+            step=self._step,
+            lockstep=bool(getattr(self.root, "in_lockstep", False)),
         )
 
     def load_state_dict(
@@ -143,20 +134,12 @@ class PipelineLoader(Generic[T]):
         if (driver := fit_driver(self)) is not None:  # from a Lightning checkpoint: every rank's state in one
             return driver.load_state_dict(state)
         states = list(state) if isinstance(state, (list, tuple)) else [state]
-        fields = {
-            self.ROOT_KEY: Optional(Child()),
-            self.FINISHED_KEY: Bool(),
-            self.LAYOUT_KEY: ListOf(Int(0), length=3),
-            self.EPOCH_KEY: Int(-1),
-            self.STEP_KEY: Int(0),
-            self.LOCKSTEP_KEY: Bool(),
-        }
         for one in states:
-            check_state("PipelineLoader", one, version=self.VERSION, settings=self._settings, fields=fields)
+            self.STATE.check(one, self._settings)
         states = one_checkpoint(states)
         layout = self._layout()
-        own = [s for s in states if s[self.LAYOUT_KEY] == layout]
-        if own and states[0][self.LAYOUT_KEY][1:] == layout[1:]:
+        own = [s for s in states if s["layout"] == layout]
+        if own and states[0]["layout"][1:] == layout[1:]:
             if any(ahead.values() if ahead else ()):
                 raise ValueError(
                     "`ahead` batches are shared out only on another layout; on the same layout, yield "
@@ -164,7 +147,7 @@ class PipelineLoader(Generic[T]):
                 )
             self._pending = dict(own[0])
             return
-        saved = states[0][self.LAYOUT_KEY]
+        saved = states[0]["layout"]
         if len(states) < saved[1] or self._reshare is None:
             raise StateMismatchError(
                 f"PipelineLoader state was saved by rank {saved[0]} of {saved[1]} with {saved[2]} workers, but this "
@@ -172,12 +155,8 @@ class PipelineLoader(Generic[T]):
                 f"pass the states of all {saved[1]} saved ranks, loader.load_state_dict([state_rank0, ...]) "
                 "(docs/elastic.md)."
             )
-        carried = {
-            self.EPOCH_KEY: states[0][self.EPOCH_KEY],
-            self.STEP_KEY: states[0][self.STEP_KEY],
-            self.LOCKSTEP_KEY: states[0][self.LOCKSTEP_KEY],
-        }
-        self._pending = self._reshare(states, layout, carried, dict(ahead or {}), self.VERSION)
+        carried = {key: states[0][key] for key in ("epoch", "step", "lockstep")}
+        self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` read epoch ``epoch`` from its start (a loaded state not yet used is dropped).
@@ -209,7 +188,7 @@ def one_checkpoint(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Each rank at most once, all saved with the same number of ranks and workers, in the same
     epoch, and, where ranks agreed every step (``torch.distributed``), at the same step.
     """
-    key = PipelineLoader.LAYOUT_KEY
+    key = "layout"
     layouts = {tuple(s[key][1:]) for s in states}
     if len(layouts) > 1:
         found = ", ".join(f"{r} ranks x {w} workers" for r, w in sorted(layouts))
@@ -229,9 +208,8 @@ def one_checkpoint(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"PipelineLoader states name ranks {sorted(ranks)}, but were saved by {states[0][key][1]} ranks."
         )
     states = sorted(states, key=lambda s: s[key][0])
-    epoch, step = PipelineLoader.EPOCH_KEY, PipelineLoader.STEP_KEY
-    where = [(s[epoch], s[step]) for s in states]
-    lockstep = all(s[PipelineLoader.LOCKSTEP_KEY] for s in states)
+    where = [(s["epoch"], s["step"]) for s in states]
+    lockstep = all(s["lockstep"] for s in states)
     if len({e for e, _ in where}) > 1 or (lockstep and len(set(where)) > 1):
         found = ", ".join(f"rank {s[key][0]} at epoch {e} step {n}" for s, (e, n) in zip(states, where))
         raise StateMismatchError(

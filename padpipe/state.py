@@ -509,6 +509,7 @@ class StateSchema:
         *,
         specs: Mapping[str, Spec] | None = None,
         check: Callable[[Loaded], None] | None = None,
+        stage: str | None = None,
     ) -> Loaded:
         """``state``'s fields as loaded by their specs, after every check of :func:`check_state`.
 
@@ -518,13 +519,14 @@ class StateSchema:
             specs: Declared keys whose spec depends on this stage's settings (a buffer no longer
                 than its size), given here instead of the declared one.
             check: Checks between loaded fields, as in :func:`check_state`.
+            stage: The name in messages, where a subclass shares this schema (default: the declared one).
         """
         unknown = sorted(set(specs or {}) - set(self.fields))
         if unknown:
             raise TypeError(f"{self.stage} state: specs given for undeclared keys {unknown}.")
         fields = {**self.fields, **(specs or {})}
         loaded = check_state(
-            self.stage,
+            stage or self.stage,
             state,
             version=self.version,
             settings=settings,

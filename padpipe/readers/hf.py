@@ -15,7 +15,7 @@ from padpipe.graph import EpochAware
 from padpipe.readers.schema import check_columns, require_columns
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
 from padpipe.runtime.consumer import Consumer
-from padpipe.state import Int, Plain, check_state, make_state
+from padpipe.state import Int, Plain, StateSchema
 from padpipe.stats import PipelineStats
 
 DATASET_LABEL = "<datasets.Dataset>"
@@ -157,10 +157,7 @@ class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         [[{'n': 0}, {'n': 1}], [{'n': 2}]]
     """
 
-    VERSION = 2
-    EPOCH_KEY = "epoch"
-    DATASET_KEY = "dataset"
-    BATCH_KEY = "batch"
+    STATE = StateSchema("HFIterableReader", 2, epoch=Int(0), batch=Int(0), dataset=Plain())  # dataset: its own state
 
     def __init__(
         self,
@@ -196,11 +193,8 @@ class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         if initial_state is None:
             self._epoch, self._batch = self._epoch + 1, 0
         else:
-            fields = {self.EPOCH_KEY: Int(0), self.BATCH_KEY: Int(0), self.DATASET_KEY: Plain()}
-            loaded = check_state(
-                type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(), fields=fields
-            )
-            self._epoch, self._batch, saved = loaded[self.EPOCH_KEY], loaded[self.BATCH_KEY], loaded[self.DATASET_KEY]
+            loaded = self.STATE.check(initial_state, self._settings(), stage=type(self).__name__)
+            self._epoch, self._batch, saved = loaded.epoch, loaded.batch, loaded.dataset
         stream, count = self.dataset, self.consumer.count
         self._step = count if stream.num_shards < count else 1
         if count > 1 and self._step == 1:
@@ -228,10 +222,8 @@ class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
                 return table.combine_chunks().to_batches()[0]
 
     def get_state(self) -> dict[str, Any]:
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{self.EPOCH_KEY: self._epoch, self.BATCH_KEY: self._batch, self.DATASET_KEY: self._stream.state_dict()},
+        return self.STATE.make(
+            self._settings(), epoch=self._epoch, batch=self._batch, dataset=self._stream.state_dict()
         )
 
     def _settings(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from padpipe.graph import EpochAware
 from padpipe.readers.schema import conform
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS
 from padpipe.runtime.consumer import Consumer
-from padpipe.state import Int, check_state, make_state
+from padpipe.state import Int, StateSchema
 from padpipe.stats import PipelineStats
 
 _END = object()
@@ -50,9 +50,7 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         [{'text': 'a', 'id': None}, {'text': 'b', 'id': 1}]
     """
 
-    VERSION = 2
-    EPOCH_KEY = "epoch"
-    POSITION_KEY = "position"
+    STATE = StateSchema("IterableReader", 2, epoch=Int(0), position=Int(0))  # position: items consumed, all consumers'
 
     def __init__(
         self,
@@ -85,11 +83,8 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         if initial_state is None:
             self._epoch, self._position = self._epoch + 1, 0
         else:
-            fields = {self.EPOCH_KEY: Int(0), self.POSITION_KEY: Int(0)}
-            loaded = check_state(
-                type(self).__name__, initial_state, version=self.VERSION, settings=self._settings(), fields=fields
-            )
-            self._epoch, self._position = loaded[self.EPOCH_KEY], loaded[self.POSITION_KEY]
+            loaded = self.STATE.check(initial_state, self._settings(), stage=type(self).__name__)
+            self._epoch, self._position = loaded.epoch, loaded.position
         if self._started and iter(self.iterable) is self.iterable:
             raise ValueError(
                 "from_iterable got a one-shot iterator (such as a generator), which cannot be read again for "
@@ -119,11 +114,7 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         return batch
 
     def get_state(self) -> dict[str, Any]:
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{self.EPOCH_KEY: self._epoch, self.POSITION_KEY: self._position},
-        )
+        return self.STATE.make(self._settings(), epoch=self._epoch, position=self._position)
 
     # -- helpers ------------------------------------------------------------------------------------
     def _mine(self, items: Iterator[Any], start: int) -> Iterator[tuple[int, Mapping[str, Any]]]:

@@ -40,8 +40,7 @@ class Assembly:
         settings: What a loaded state must match.
         layout: This run's ``[rank, ranks, workers]``, read when a state is saved.
         reshare: Builds this run's state from every saved rank's (elastic resume), given those
-            states, this layout, the loader fields carried over, the batches fetched ahead and the
-            loader's state version.
+            states, this layout, the loader fields carried over and the batches fetched ahead.
         device: The device of its batches (a ``to_cuda`` stage's) or ``None``.
     """
 
@@ -110,13 +109,11 @@ def assemble(
         mine: list[int],
         carried: dict[str, Any],
         ahead: dict[int, list[Any]],
-        version: int,
     ) -> dict[str, Any]:
         return loader_state(
             states,
             pipeline=graph_pipe,
             layout=mine,
-            version=version,
             settings=settings,
             policy=equal_steps,
             fields=carried,

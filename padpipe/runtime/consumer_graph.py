@@ -8,6 +8,7 @@ anywhere in that epoch holds both, so it resumes exactly, on this layout or on a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torchdata.nodes import BaseNode
@@ -17,15 +18,47 @@ from padpipe.pipes.mix import WeightedMixer
 from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.latch import FailureLatch
-from padpipe.state import Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, load_value, make_state
+from padpipe.state import Child, Int, Invalid, ListOf, Optional, Plain, Spec, StateMismatchError, StateSchema
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
     from padpipe.readers.source import UnitSource
 
-ELASTIC_KEY = "elastic"
-EPOCH, BATCHES, PIECES, FRESH = "epoch", "batches", "pieces", "fresh"
+
+@dataclass(frozen=True)
+class ElasticPlan:
+    """What a consumer of an elastic epoch does: yield ``batches``, then read ``pieces`` (per reader) in ``epoch``.
+
+    ``fresh`` is its graph's state once it started reading the pieces (``None`` before).
+    """
+
+    epoch: int
+    batches: list[Any]
+    pieces: list[list[dict[str, Any]]]
+    fresh: dict[str, Any] | None
+
+
+class _Plan(Spec):
+    """An :class:`ElasticPlan` saved as a dict, each of its fields checked."""
+
+    FIELDS = {
+        "epoch": Int(0),
+        "batches": ListOf(Plain()),
+        "pieces": ListOf(ListOf(Plain())),
+        "fresh": Optional(Child()),
+    }
+
+    def load(self, value: Any) -> ElasticPlan:
+        if not isinstance(value, dict) or set(value) != set(self.FIELDS):
+            raise Invalid(f"an elastic plan with keys {sorted(self.FIELDS)}")
+        loaded = {}
+        for key, spec in self.FIELDS.items():
+            try:
+                loaded[key] = spec.load(value[key])
+            except Invalid as exc:
+                raise Invalid(f"an elastic plan whose {key!r} is {exc.expected}", exc.found) from None
+        return ElasticPlan(**loaded)
 
 
 def readers(node: Any, state: Any = None) -> list[tuple[UnitSource, Any]]:
@@ -90,13 +123,13 @@ class ConsumerGraph(BaseNode[Any]):
         [[[2, 81, 3]]]
     """
 
-    VERSION = 2
+    STATE = StateSchema("ConsumerGraph", 2, elastic=_Plan())  # only in an elastic epoch: else the graph's own state
 
     def __init__(self, pipeline: Pipeline, consumer: Consumer | None, stats: PipelineStats) -> None:
         super().__init__()
         self.pipeline, self.consumer, self.stats = pipeline, consumer, stats
         self.source = pipeline.build(consumer=consumer, stats=stats)
-        self._plan: dict[str, Any] | None = None  # the elastic epoch and pieces, while in that epoch
+        self._plan: ElasticPlan | None = None  # the elastic epoch and pieces, while in that epoch
         self._batches: list[Any] = []
 
     @staticmethod
@@ -104,21 +137,14 @@ class ConsumerGraph(BaseNode[Any]):
         epoch: int, batches: list[Any], pieces: list[list[dict[str, Any]]], fresh: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """The state of a consumer that yields ``batches``, then reads ``pieces`` (per reader) in ``epoch``."""
-        return make_state(
-            version=ConsumerGraph.VERSION,
-            settings={},
-            **{ELASTIC_KEY: {EPOCH: epoch, BATCHES: list(batches), PIECES: pieces, FRESH: fresh}},
-        )
+        return ConsumerGraph.STATE.make({}, elastic=vars(ElasticPlan(epoch, list(batches), pieces, fresh)))
 
     @staticmethod
-    def plan_of(state: dict[str, Any]) -> dict[str, Any] | None:
-        """The elastic plan of a state (keys ``epoch``, ``batches``, ``pieces``, ``fresh``), checked; ``None``: none."""
-        if not isinstance(state, dict) or ELASTIC_KEY not in state:
+    def plan_of(state: dict[str, Any]) -> ElasticPlan | None:
+        """The elastic plan of a state, checked; ``None``: the state is the graph's own (no elastic epoch)."""
+        if not isinstance(state, dict) or "elastic" not in state:
             return None
-        elastic = check_state(
-            "ConsumerGraph", state, version=ConsumerGraph.VERSION, settings={}, fields={ELASTIC_KEY: Plain()}
-        )[ELASTIC_KEY]
-        return _check_plan(elastic)
+        return ConsumerGraph.STATE.check(state, {}).elastic
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -127,11 +153,11 @@ class ConsumerGraph(BaseNode[Any]):
         if plan is None:
             self.source.reset(initial_state)
             return
-        override_readers(self.source, plan[EPOCH], plan[PIECES])
-        self._plan, self._batches = {EPOCH: plan[EPOCH], PIECES: plan[PIECES]}, list(plan[BATCHES])
-        if plan[FRESH] is None:
-            start_at_epoch(self.source, plan[EPOCH])
-        self.source.reset(plan[FRESH])
+        override_readers(self.source, plan.epoch, plan.pieces)
+        self._plan, self._batches = plan, list(plan.batches)
+        if plan.fresh is None:
+            start_at_epoch(self.source, plan.epoch)
+        self.source.reset(plan.fresh)
 
     def next(self) -> Any:
         if self._batches:
@@ -141,18 +167,4 @@ class ConsumerGraph(BaseNode[Any]):
     def get_state(self) -> dict[str, Any]:
         if self._plan is None:
             return self.source.state_dict()
-        return self.planned(self._plan[EPOCH], self._batches, self._plan[PIECES], self.source.state_dict())
-
-
-def _check_plan(elastic: Any) -> dict[str, Any]:
-    """The elastic plan of a state, each field checked (``StateMismatchError`` naming the bad one)."""
-    stage, keys = "ConsumerGraph", {EPOCH, BATCHES, PIECES, FRESH}
-    if not isinstance(elastic, dict) or set(elastic) != keys:
-        raise StateMismatchError(
-            f"{stage} state is invalid: {ELASTIC_KEY!r} must be an elastic plan with keys {sorted(keys)}."
-        )
-    load_value(stage, EPOCH, elastic[EPOCH], Int(0))
-    load_value(stage, BATCHES, elastic[BATCHES], ListOf(Plain()))
-    load_value(stage, PIECES, elastic[PIECES], ListOf(ListOf(Plain())))
-    load_value(stage, FRESH, elastic[FRESH], Optional(Child()))
-    return dict(elastic)
+        return self.planned(self._plan.epoch, self._batches, self._plan.pieces, self.source.state_dict())

@@ -29,18 +29,17 @@ from typing import TYPE_CHECKING, Any
 from padpipe.pipes.device import DevicePrefetcher
 from padpipe.runtime.batch_cut import rows_of, split_batch
 from padpipe.runtime.consumer import Consumer
-from padpipe.runtime.consumer_graph import BATCHES, EPOCH, FRESH, PIECES, ConsumerGraph, override_readers, readers
+from padpipe.runtime.consumer_graph import ConsumerGraph, override_readers, readers
 from padpipe.runtime.equal_steps import EqualSteps
+from padpipe.runtime.loader_state import LOADER_STATE
 from padpipe.runtime.shares import share
 from padpipe.runtime.workers import WorkerProcesses
-from padpipe.state import StateMismatchError, make_state
+from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
     from padpipe.pipeline import Pipeline
     from padpipe.readers.source import WorkUnit
-
-LAYOUT_KEY = "layout"  # [rank, ranks, workers] of the loader that saved a state
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ def old_consumer(
     plan = None if graph is None else ConsumerGraph.plan_of(graph)
     if plan is None:
         return OldConsumer(index, count, workers, graph, None, tuple(held)), None if graph is None else _epoch_of(graph)
-    return OldConsumer(index, count, workers, plan[FRESH], plan[PIECES], (*held, *plan[BATCHES])), plan[EPOCH]
+    return OldConsumer(index, count, workers, plan.fresh, plan.pieces, (*held, *plan.batches)), plan.epoch
 
 
 def reshare(
@@ -171,7 +170,6 @@ def loader_state(
     *,
     pipeline: Pipeline,
     layout: list[int],
-    version: int,
     settings: dict[str, Any],
     policy: str,
     fields: dict[str, Any],
@@ -184,7 +182,6 @@ def loader_state(
         states: Every rank's loader state of the old layout (checked already), sorted by rank.
         pipeline: The recipe (without a trailing ``prefetch``/``to_cuda`` stage).
         layout: ``[rank, ranks, workers]`` of this loader.
-        version: The ``PipelineLoader`` state version.
         settings: The ``PipelineLoader`` settings.
         policy: The loader's equal-steps policy.
         fields: The loader's own fields to carry over (epoch and step counts).
@@ -194,9 +191,9 @@ def loader_state(
     """
 
     readers(pipeline.build(consumer=Consumer()))  # can this pipeline be re-shared at all? (a clear error if not)
-    _, _, workers = states[0][LAYOUT_KEY]
+    _, _, workers = states[0]["layout"]
     if all(s["root"] is None for s in states):  # saved before the first batch
-        return make_state(version=version, settings=settings, root=None, finished=False, layout=layout, **fields)
+        return LOADER_STATE.make(settings, root=None, finished=False, layout=layout, **fields)
     slots, old, epochs, ended = max(workers, 1), [], set(), all(s["finished"] for s in states)
     for rank, state in enumerate(states):
         source, held = state["root"], list((ahead or {}).get(rank, []))
@@ -228,4 +225,4 @@ def loader_state(
         root = DevicePrefetcher.state_around(root)
     if policy != "off":
         root = EqualSteps.fresh_state(policy, root)
-    return make_state(version=version, settings=settings, root=root, finished=ended, layout=layout, **fields)
+    return LOADER_STATE.make(settings, root=root, finished=ended, layout=layout, **fields)

@@ -19,7 +19,7 @@ from torchdata.nodes import BaseNode
 from padpipe.errors import one_of
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.lockstep import StepSync, _Lockstep, _mark, detect_sync
-from padpipe.state import SOURCE_KEY, Bool, Child, Int, ListOf, Optional, Plain, check_state, make_state
+from padpipe.state import Bool, Child, Int, ListOf, Optional, Plain, StateSchema
 from padpipe.stats import PipelineStats
 
 POLICIES = ("stop_first", "repeat", "off")
@@ -61,15 +61,19 @@ class EqualSteps(BaseNode[Any]):
         [{'x': 1, 'is_repeat': tensor(False)}]
     """
 
-    VERSION = 3
-    HELD_KEY = "held"
-    EXHAUSTED_KEY = "exhausted"
-    STOPPED_KEY = "stopped"
-    FRESH_KEY = "fresh"
-    STEPS_KEY = "steps"
-    REPLAYING_KEY = "replaying"
-    START_KEY = "start"
-    TAIL_KEY = "tail"
+    STATE = StateSchema(
+        "EqualSteps",
+        3,
+        source=Child(),
+        held=ListOf(Plain()),  # batches read ahead, not returned yet
+        exhausted=Bool(),
+        stopped=Bool(),
+        fresh=Int(0),
+        steps=Int(0),
+        replaying=Bool(),
+        start=Optional(Child()),  # the epoch's start state ("repeat" replays from it)
+        tail=Bool(),
+    )
 
     def __init__(
         self,
@@ -90,27 +94,23 @@ class EqualSteps(BaseNode[Any]):
     @classmethod
     def fresh_state(cls, policy: str, source: dict[str, Any]) -> dict[str, Any]:
         """The state of an epoch that goes on from ``source`` (its upstream state) with nothing held or counted."""
-        return make_state(
-            version=cls.VERSION,
-            settings={"policy": policy},
-            **{
-                SOURCE_KEY: source,
-                cls.HELD_KEY: [],
-                cls.EXHAUSTED_KEY: False,
-                cls.STOPPED_KEY: False,
-                cls.FRESH_KEY: 0,
-                cls.STEPS_KEY: 0,
-                cls.REPLAYING_KEY: False,
-                cls.TAIL_KEY: False,
-                cls.START_KEY: source if policy == "repeat" else None,
-            },
+        return cls.STATE.make(
+            {"policy": policy},
+            source=source,
+            held=[],
+            exhausted=False,
+            stopped=False,
+            fresh=0,
+            steps=0,
+            replaying=False,
+            tail=False,
+            start=source if policy == "repeat" else None,
         )
 
     @classmethod
     def parts(cls, state: dict[str, Any]) -> tuple[dict[str, Any], list[Any], bool]:
         """A saved state's upstream state, the batches it held read ahead, and whether its epoch had ended."""
-        ended = bool(state[cls.STOPPED_KEY] or state[cls.REPLAYING_KEY])
-        return state[SOURCE_KEY], list(state[cls.HELD_KEY]), ended
+        return state["source"], list(state["held"]), bool(state["stopped"] or state["replaying"])
 
     @property
     def in_lockstep(self) -> bool:
@@ -128,25 +128,17 @@ class EqualSteps(BaseNode[Any]):
             self._replaying = False
             self._start = self.source.state_dict() if self.policy == "repeat" and self._sync else None
             return
-        fields = {
-            SOURCE_KEY: Child(),
-            self.HELD_KEY: ListOf(Plain()),
-            self.EXHAUSTED_KEY: Bool(),
-            self.STOPPED_KEY: Bool(),
-            self.FRESH_KEY: Int(0),
-            self.STEPS_KEY: Int(0),
-            self.REPLAYING_KEY: Bool(),
-            self.START_KEY: Optional(Child()),
-            self.TAIL_KEY: Bool(),
-        }
-        check_state("EqualSteps", initial_state, version=self.VERSION, settings={"policy": self.policy}, fields=fields)
-        self.source.reset(initial_state[SOURCE_KEY])
+        loaded = self.STATE.check(initial_state, {"policy": self.policy})
+        self.source.reset(loaded.source)
         step = self._step
-        step.held = [to_device(b, self.device) for b in initial_state[self.HELD_KEY]]
-        step.exhausted, step.stopped = initial_state[self.EXHAUSTED_KEY], initial_state[self.STOPPED_KEY]
-        step.fresh, step.steps = initial_state[self.FRESH_KEY], initial_state[self.STEPS_KEY]
-        step.tail = initial_state[self.TAIL_KEY]
-        self._replaying, self._start = initial_state[self.REPLAYING_KEY], initial_state[self.START_KEY]
+        step.held = [to_device(b, self.device) for b in loaded.held]
+        step.exhausted, step.stopped, step.fresh, step.steps = (
+            loaded.exhausted,
+            loaded.stopped,
+            loaded.fresh,
+            loaded.steps,
+        )
+        step.tail, self._replaying, self._start = loaded.tail, loaded.replaying, loaded.start
 
     def next(self) -> Any:
         if self._sync is None:  # batches read ahead on another layout (an elastic resume) come first
@@ -156,20 +148,17 @@ class EqualSteps(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         step = self._step
-        return make_state(
-            version=self.VERSION,
-            settings={"policy": self.policy},
-            **{
-                SOURCE_KEY: self.source.state_dict(),
-                self.HELD_KEY: [to_cpu(b) for b in step.held],
-                self.EXHAUSTED_KEY: step.exhausted,
-                self.STOPPED_KEY: step.stopped,
-                self.FRESH_KEY: step.fresh,
-                self.STEPS_KEY: step.steps,
-                self.REPLAYING_KEY: self._replaying,
-                self.START_KEY: self._start,
-                self.TAIL_KEY: step.tail,
-            },
+        return self.STATE.make(
+            {"policy": self.policy},
+            source=self.source.state_dict(),
+            held=[to_cpu(b) for b in step.held],
+            exhausted=step.exhausted,
+            stopped=step.stopped,
+            fresh=step.fresh,
+            steps=step.steps,
+            replaying=self._replaying,
+            start=self._start,
+            tail=step.tail,
         )
 
     def _pull(self) -> Any:

@@ -23,7 +23,7 @@ from torchdata.nodes import BaseNode
 from padpipe.graph import EpochAware
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
-from padpipe.state import Bool, Child, Int, ListOf, Optional, Plain, StateMismatchError, check_state, make_state
+from padpipe.state import Bool, Child, Int, ListOf, Optional, Plain, StateMismatchError, StateSchema
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 if TYPE_CHECKING:
@@ -74,11 +74,14 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         4
     """
 
-    VERSION = 2
-    EPOCH_KEY = "epoch"
-    DONE_KEY = "done"
-    LOADER_KEY = "dataloader"
-    PLANS_KEY = "plans"
+    STATE = StateSchema(
+        "WorkerProcesses",
+        2,
+        epoch=Int(0),
+        done=Bool(),  # every worker's share had come out
+        dataloader=Optional(Plain()),  # the StatefulDataLoader's own state
+        plans=Optional(ListOf(Child())),  # each worker's start (an elastic plan) while no loader state exists
+    )
 
     def __init__(
         self,
@@ -107,15 +110,12 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
     @classmethod
     def planned_state(cls, num_workers: int, epoch: int, plans: list[dict[str, Any]]) -> dict[str, Any]:
         """The state of ``epoch`` with worker ``w`` starting from graph state ``plans[w]`` (an elastic plan)."""
-        return make_state(
-            version=cls.VERSION,
-            settings={"num_workers": num_workers},
-            **{
-                cls.EPOCH_KEY: epoch,
-                cls.DONE_KEY: False,
-                cls.LOADER_KEY: None,
-                cls.PLANS_KEY: [{EPOCH_KEY: epoch, NODE_KEY: p} for p in plans],
-            },
+        return cls.STATE.make(
+            {"num_workers": num_workers},
+            epoch=epoch,
+            done=False,
+            dataloader=None,
+            plans=[{EPOCH_KEY: epoch, NODE_KEY: p} for p in plans],
         )
 
     @classmethod
@@ -125,11 +125,11 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         Reads the ``StatefulDataLoader`` snapshot's per-worker states (the shape torchdata 0.11
         saves, pinned by tests/runtime/test_workers_state.py).
         """
-        epoch, loader = state[cls.EPOCH_KEY], state[cls.LOADER_KEY]
-        if state[cls.DONE_KEY]:
+        epoch, loader = state["epoch"], state["dataloader"]
+        if state["done"]:
             return [cls.DONE] * num_workers, epoch
         if loader is None:
-            plans = state[cls.PLANS_KEY]
+            plans = state["plans"]
             return ([None] * num_workers if plans is None else [p[NODE_KEY] for p in plans]), epoch
         if loader.get("_steps_since_snapshot", 0):
             raise StateMismatchError(
@@ -151,16 +151,10 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
             self._epoch, self._done, self._plans = self._epoch + 1, False, None
             self._start(None)
             return
-        fields = {
-            self.EPOCH_KEY: Int(0),
-            self.DONE_KEY: Bool(),
-            self.LOADER_KEY: Optional(Plain()),
-            self.PLANS_KEY: Optional(ListOf(Child(), length=self.num_workers)),
-        }
-        check_state("WorkerProcesses", initial_state, version=self.VERSION, settings=self._settings(), fields=fields)
-        self._epoch, self._done = initial_state[self.EPOCH_KEY], initial_state[self.DONE_KEY]
-        loader_state = initial_state[self.LOADER_KEY]
-        self._plans = initial_state[self.PLANS_KEY] if loader_state is None else None
+        plans = Optional(ListOf(Child(), length=self.num_workers))
+        loaded = self.STATE.check(initial_state, self._settings(), specs={"plans": plans})
+        self._epoch, self._done, loader_state = loaded.epoch, loaded.done, loaded.dataloader
+        self._plans = loaded.plans if loader_state is None else None
         if not self._done:
             self._start(loader_state)
 
@@ -177,15 +171,8 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
     def get_state(self) -> dict[str, Any]:
         loader_state = None if self._it is None else self._loader.state_dict()
         plans = self._plans if loader_state is None else None
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{
-                self.EPOCH_KEY: self._epoch,
-                self.DONE_KEY: self._done,
-                self.LOADER_KEY: loader_state,
-                self.PLANS_KEY: plans,
-            },
+        return self.STATE.make(
+            self._settings(), epoch=self._epoch, done=self._done, dataloader=loader_state, plans=plans
         )
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ def test_statefuldataloader_snapshot_holds_each_workers_iterator_state(pipe):
     node.reset()
     for _ in range(3):
         next(node)
-    loader = node.get_state()[WorkerProcesses.LOADER_KEY]
+    loader = node.get_state()["dataloader"]
     assert loader["_steps_since_snapshot"] == 0, "a snapshot at every step (snapshot_every_n_steps=1)"
     workers = loader["_snapshot"]["_worker_snapshots"]
     assert sorted(workers) == ["worker_0", "worker_1"]

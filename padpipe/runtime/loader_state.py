@@ -1,0 +1,21 @@
+"""The state a :class:`~padpipe.loader.PipelineLoader` saves, declared once for the loader and the elastic planner.
+
+Example:
+    >>> sorted(LOADER_STATE.fields)
+    ['epoch', 'finished', 'layout', 'lockstep', 'root', 'step']
+"""
+
+from __future__ import annotations
+
+from padpipe.state import Bool, Child, Int, ListOf, Optional, StateSchema
+
+LOADER_STATE = StateSchema(
+    "PipelineLoader",
+    3,
+    root=Optional(Child()),  # the graph's state (None: saved before the first batch)
+    finished=Bool(),  # the epoch's for loop had ended
+    layout=ListOf(Int(0), length=3),  # [rank, ranks, workers] of the loader that saved it
+    epoch=Int(-1),  # the epoch of the last batch returned (-1: none yet)
+    step=Int(0),  # batches returned in that epoch
+    lockstep=Bool(),  # whether ranks agreed each step (so every rank's state has the same step)
+)
