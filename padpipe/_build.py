@@ -118,7 +118,7 @@ def source(upstream: None, ctx: BuildContext, *, reader: type, **options: Any) -
     """Build a reader node; the shuffle seed and consumer slot come from the recipe (and the token cache, if any)."""
     node = reader(seed=ctx.seed, consumer=ctx.consumer, stats=ctx.stats, **options)
     if ctx.cache is not None:
-        node.cache = ctx.cache
+        node.use_token_cache(ctx.cache)
     return node
 
 

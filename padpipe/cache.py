@@ -107,7 +107,7 @@ def session(stages: Sequence[Any], stats: Any) -> Any:
     cache, encoder = options["cache"], options["encoder"]
     about = fingerprint_of(encoder, options)
     store = Store(cache.path, cache.storage_options)
-    vocab_size = encoder._tokenizer.get_vocab_size(True)
+    vocab_size = encoder.vocab_size
     result = CacheSession(
         store,
         digest(about),
@@ -131,7 +131,7 @@ def longest_row(encoder: Any, append_eos: bool) -> int | None:
     """
     if encoder.max_length is None:
         return None
-    added = encoder._tokenizer.num_special_tokens_to_add(True) if encoder.add_special_tokens else 0
+    added = encoder.special_tokens_added() if encoder.add_special_tokens else 0
     if encoder.max_length < added:
         return None
     return encoder.max_length + (1 if append_eos else 0)

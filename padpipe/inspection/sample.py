@@ -251,8 +251,7 @@ def _unit_bytes(reader: UnitSource, units: Sequence[WorkUnit]) -> list[float] | 
 
 def files_of(reader: UnitSource) -> dict[str, int]:
     """Each listed file's size in bytes (``{}`` for a reader of something else than files)."""
-    listed = getattr(reader, "_files", None) or {}
-    return {name: (ref[0] if isinstance(ref, tuple) else ref).size() for name, ref in listed.items()}
+    return {name: ref.size() for name, ref in reader.listed_files().items()}
 
 
 def _corpus(

@@ -106,6 +106,15 @@ class FileSource(UnitSource):
         self._first_rows: tuple[list[WorkUnit] | None, dict[tuple[str, int], int]] | None = None
 
     # -- subclass hooks -----------------------------------------------------------------------------
+    def file_of(self, path: str) -> Any:
+        """The listed file a unit at ``path`` is read from (``None`` before listing, or for no such file)."""
+        ref = self._files.get(path)
+        return ref[0] if isinstance(ref, tuple) else ref
+
+    def listed_files(self) -> dict[str, Any]:
+        """Each listed file by name (empty before listing)."""
+        return {name: ref[0] if isinstance(ref, tuple) else ref for name, ref in self._files.items()}
+
     def list_files(self) -> list[WorkUnit]:
         """List the input (I/O: glob, footers) and set the ``LISTING_ATTRS`` attributes."""
         raise NotImplementedError
@@ -183,8 +192,7 @@ class FileSource(UnitSource):
         after a listing this pipeline keeps in memory. Once per file per resume, never per batch.
         """
         for name in dict.fromkeys(u.path for u in self._order[self._unit :]):
-            ref = self._files.get(name)
-            ref = ref[0] if isinstance(ref, tuple) else ref
+            ref = self.file_of(name)
             if not isinstance(ref, FileRef):
                 continue
             try:

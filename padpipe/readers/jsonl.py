@@ -82,7 +82,7 @@ class JsonlReader(FileSource):
     BLOCK_KEY = "block"
     SUFFIXES = SUFFIXES
     POSITION_COLUMN = "__padpipe_pos"
-    row_positions = False  # the token cache sets it: add each row's byte offset as POSITION_COLUMN
+    row_positions = False  # add each row's byte offset as POSITION_COLUMN (record_row_positions)
     LISTING_ATTRS = ("_files", "_schema", "_reference", "_options")
 
     def __init__(
@@ -131,6 +131,11 @@ class JsonlReader(FileSource):
 
     def fingerprint(self) -> str:
         return f"{super().fingerprint()} unit_bytes={self.unit_bytes} block_bytes={self.block_bytes}"
+
+    def record_row_positions(self) -> bool:
+        """Add each row's byte offset as ``POSITION_COLUMN`` (blocks are cut by bytes, so the cache keys rows by it)."""
+        self.row_positions = True
+        return True
 
     def list_files(self) -> list[WorkUnit]:
         files = self.expand()

@@ -69,7 +69,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     UNIT_KEY = "unit"
     ROW_KEY = "row"
     IDENTITY_KEY = "files"
-    cache: Any = None  # a token cache's reader hook (padpipe.token_cache.session), set by the pipeline builder
+    cache: Any = None  # the token cache this reader reads through (use_token_cache), or None
 
     def __init__(
         self,
@@ -111,6 +111,37 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     def describe(self) -> str:
         """Short description of the input for messages and fingerprints (paths, columns)."""
         raise NotImplementedError
+
+    # -- the token cache's hooks ----------------------------------------------------------------
+    def use_token_cache(self, cache: Any) -> None:
+        """Read each piece through ``cache`` (a :class:`padpipe.token_cache.session.CacheSession`).
+
+        The pipeline builder calls it when the recipe has a token cache; the cache then asks for
+        the rows it misses with :meth:`read_unit` and knows the input by :meth:`listed_units` and
+        :meth:`file_of`.
+        """
+        self.cache = cache
+
+    def listed_units(self) -> list[WorkUnit]:
+        """The input's units, listed once (:meth:`list_units`) and kept for the reader's life."""
+        if self._units is None:
+            self._units = self.list_units()
+        return self._units
+
+    def file_of(self, path: str) -> Any:
+        """The listed file (a :class:`padpipe.readers.paths.FileRef`) a unit at ``path`` is read from; ``None`` here."""
+        return None
+
+    def listed_files(self) -> dict[str, Any]:
+        """Each listed file by name (a :class:`padpipe.readers.paths.FileRef`); ``{}`` for input that is not files."""
+        return {}
+
+    def record_row_positions(self) -> bool:
+        """Add each row's byte position to what :meth:`read_unit` yields, where units are cut by bytes.
+
+        The token cache asks for it to cache such units; ``False``: this reader cannot (nor needs to).
+        """
+        return False
 
     def drop_position_hint(self) -> None:
         """Forget where in the current piece a resumed read may start (the token cache reads pieces in parts)."""

@@ -182,7 +182,7 @@ class CacheSession:
 
     def _whole(self, reader: UnitSource, piece: WorkUnit) -> WorkUnit:
         """The listed unit a piece (of this epoch's share, or re-shared by an elastic resume) was cut from."""
-        units = reader._units or []
+        units = reader.listed_units()
         if self._listed is not units:
             self._by_index = {(u.path, u.index): u for u in units}
             self._listed = units
@@ -191,8 +191,9 @@ class CacheSession:
     def _unit(self, reader: UnitSource, whole: WorkUnit, kind: str) -> tuple[int, str]:
         """This process's number for ``whole`` and its folder (``-1`` when it cannot be cached)."""
         key = (whole.path, whole.index, whole.start)
+        cacheable = kind != BYTES or reader.record_row_positions()  # rows cut by bytes are keyed by position
         if key not in self._units:
-            if kind == BYTES and not hasattr(reader, "row_positions"):
+            if not cacheable:
                 self._units[key] = (-1, "")
             else:
                 identity = {
@@ -207,8 +208,6 @@ class CacheSession:
                 }
                 folder = f"{self.fingerprint}/{digest(identity)}"
                 self._units[key] = (unit_number(self.key, folder), folder)
-        if kind == BYTES:
-            reader.row_positions = True  # type: ignore[attr-defined]
         return self._units[key]
 
     def _file_identity(self, reader: UnitSource, path: str) -> str:
@@ -218,8 +217,7 @@ class CacheSession:
         rewritten with the same size and mtime after this pipeline listed it is a ``ChangedFileError``
         (the reader's ``on_missing`` applies), never a hit on the old ids.
         """
-        ref = getattr(reader, "_files", {}).get(path)
-        ref = ref[0] if isinstance(ref, tuple) else ref
+        ref = reader.file_of(path)
         if ref is None or not hasattr(ref, "fs"):
             return path
         if path not in self._versions:

@@ -238,6 +238,27 @@ class TextEncoder:
         type_ids = None if chunk.type_ids is None else chunk.type_ids[mask]
         return TokenChunk(chunk.ids[mask], offsets, type_ids)
 
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary size, added tokens included (token ids are below it).
+
+        Example:
+            >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=8, truncation=True, add_special_tokens=True)
+            >>> enc.vocab_size
+            8000
+        """
+        return self._tokenizer.get_vocab_size(True)
+
+    def special_tokens_added(self, pair: bool = True) -> int:
+        """How many special tokens a row gets (of a sentence pair when ``pair``), whatever ``add_special_tokens`` says.
+
+        Example:
+            >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=8, truncation=True, add_special_tokens=True)
+            >>> enc.special_tokens_added()
+            3
+        """
+        return self._tokenizer.num_special_tokens_to_add(pair)
+
     def fingerprint(self) -> str:
         """The tokenizer's identity, checked when a pipeline resumes: vocabulary size and a digest of its JSON.
 
