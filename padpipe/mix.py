@@ -12,7 +12,7 @@ from padpipe.pipes.mix import STOPS, WeightedMixer, check_weights
 if TYPE_CHECKING:
     from torchdata.nodes import BaseNode
 
-    from padpipe.pipeline import BuildContext
+    from padpipe._build import BuildContext
 
 
 def mix(

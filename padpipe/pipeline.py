@@ -7,7 +7,7 @@ nothing is read or tokenized until :meth:`Pipeline.loader` (or iteration) builds
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,13 +16,10 @@ from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
 from padpipe import _build
-from padpipe._build import BuildContext, Stage
-from padpipe._checks import check_budget, check_fields, steps_missing
+from padpipe._build import Stage
+from padpipe._checks import check_budget, steps_missing
 from padpipe.cache import TokenCache, check_recipe
-from padpipe.cache import session as cache_session
 from padpipe.errors import check_bool, check_seed, one_of, positive
-from padpipe.integrations.guard import check_caller
-from padpipe.loader import PipelineLoader
 from padpipe.pipes.bucket import check_bucket_options
 from padpipe.pipes.cut import longest_row_allowed
 from padpipe.pipes.device import cuda_device
@@ -30,18 +27,11 @@ from padpipe.pipes.pack import check_pack_options
 from padpipe.pipes.pad import check_pad_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
-from padpipe.runtime.assemble import assemble
-from padpipe.runtime.consumer import Consumer
-from padpipe.runtime.iterable import PipelineIterator
-from padpipe.runtime.latch import FailureLatch
-from padpipe.stats import PipelineStats
-
-# What a pipeline yields so far, in stage order.
-RECORDS, TOKENS, TOKEN_BATCHES, TENSORS = "records", "tokens", "token batches", "tensors"
+from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
 
 
 @dataclass(frozen=True, eq=False)
-class Pipeline(IterableDataset):
+class Pipeline(Runnable, IterableDataset):
     """A reusable recipe: a source and the stages after it.
 
     Build one with a reader (:func:`padpipe.read_parquet`, :func:`padpipe.read_arrow`,
@@ -438,158 +428,7 @@ class Pipeline(IterableDataset):
         one_of("output", output, (RECORDS, TOKENS, TOKEN_BATCHES, TENSORS))
         return self._add(Stage(name, builder, options), output)
 
-    # -- running ----------------------------------------------------------------------------------
-    def build(self, *, consumer: Consumer | None = None, stats: PipelineStats | None = None) -> BaseNode:
-        """Build a fresh node graph (advanced: most users call :meth:`loader`)."""
-        if consumer is None and self.sharding == "off":
-            consumer = Consumer.detect(ranks=False)
-        pad = next((s.options for s in self.stages if s.name == "pad"), {})
-        stats = stats or PipelineStats()
-        context = BuildContext(
-            stats=stats,
-            consumer=consumer,
-            seed=self.seed,
-            pad_to_multiple_of=pad.get("pad_to_multiple_of"),
-            pad_to_length=pad.get("pad_to_length"),
-            cache=cache_session(self.stages, stats),
-        )
-        node = self.source.builder(None, context, **self.source.options)
-        for stage in self.stages:
-            node = stage.builder(node, context, **stage.options)
-        return FailureLatch(node)  # after an error, the same error again until reset (never a silent skip)
-
-    def loader(
-        self,
-        num_workers: int = 0,
-        *,
-        consumer: Consumer | None = None,
-        equal_steps: Literal["stop_first", "repeat", "off"] = "stop_first",
-        pin_memory: bool = False,
-        prefetch_factor: int | None = None,
-        multiprocessing_context: Any = None,
-        timeout: float = 0,
-    ) -> PipelineLoader:
-        """The loader to iterate: one pass per epoch, in this process or in ``num_workers`` processes.
-
-        Supports ``state_dict()``/``load_state_dict()`` for exact mid-epoch resume (see
-        :class:`~padpipe.loader.PipelineLoader` for what a state taken at an epoch's end means)
-        and ``stats()``. Each ``iter(loader)`` is the next epoch; no ``set_epoch`` is needed.
-
-        With ``num_workers > 0`` the stages run in that many DataLoader worker processes (each
-        reads its share of this rank's share; tokenizing in parallel), started for each epoch
-        with the epoch set by this process, and their batches come back in a fixed round-robin
-        order, so runs are deterministic and resume is exact. A trailing ``to_cuda``/``prefetch``
-        stage runs here, in the main process.
-
-        Under ``torch.distributed``, every rank takes the same number of steps per epoch (token
-        budgets give ranks different batch counts, and DDP hangs when one stops early), at the cost
-        of one tiny all-reduce per step in this process (:class:`padpipe.runtime.equal_steps.EqualSteps`).
-
-        Args:
-            num_workers: Worker processes; ``0`` runs the stages here (tokenizing in threads).
-            consumer: This reader's rank slot (default: detected from ``torch.distributed``).
-            equal_steps: ``"stop_first"``: all ranks stop when the first runs out (the rest is
-                counted as ``equal_steps.dropped_batches``); ``"repeat"``: ranks that ran out
-                repeat their epoch's batches, marked ``"is_repeat"``; ``"off"``: unequal.
-            pin_memory: Pin worker batches in page-locked memory (``num_workers > 0``).
-            prefetch_factor: Batches each worker prepares ahead (``num_workers > 0``; default 2).
-            multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or a context.
-            timeout: Seconds to wait for a worker's batch before raising (0: no limit).
-
-        Raises:
-            ValueError: The pipeline ends after ``.tokenize()``, ``.batch()`` or ``.bucket()``
-                (internal token chunks): add ``.pad()`` or ``.pack()``. A pipeline that ends at
-                its reader (or ``.shuffle()``) yields ``pyarrow.RecordBatch`` es, which is fine.
-            DataError: A reader's ``columns`` or tokenize's ``fields`` is not in the data, where
-                that is cheap to know (a local Parquet footer or Arrow schema, a ``datasets``
-                dataset, ``columns=``).
-
-        Example:
-            >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
-            >>> loader = pipe.loader(); n = sum(1 for _ in loader); loader.stats().rows
-            1
-        """
-        self._check_runnable()
-        built = assemble(
-            self,
-            num_workers=num_workers,
-            consumer=consumer,
-            equal_steps=equal_steps,
-            options={
-                "pin_memory": pin_memory,
-                "prefetch_factor": prefetch_factor,
-                "multiprocessing_context": multiprocessing_context,
-                "timeout": timeout,
-            },
-        )
-        return PipelineLoader(
-            built.root,
-            built.stats,
-            settings=built.settings,
-            layout=built.layout,
-            reshare=built.reshare,
-            device=built.device,
-        )
-
-    def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
-        """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).
-
-        ``"off"`` is for frameworks that shard or dispatch batches themselves (e.g. Accelerate's
-        ``dispatch_batches``): every rank then reads the whole epoch, and DataLoader workers of one
-        rank still split it between them, so no row is read twice by one rank.
-
-        Example:
-            >>> pp.from_iterable([{"text": "a"}]).shard("off").sharding
-            'off'
-        """
-        one_of("mode", mode, ("auto", "off"))
-        return dataclasses.replace(self, sharding=mode, _epoch=[0], _managed=[False])
-
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch the next ``iter(pipe)`` reads (``IterableDataset`` use, as in HF datasets).
-
-        Each ``iter(pipe)`` then moves on by itself; loaders count their own epochs.
-
-        Example:
-            >>> pipe.set_epoch(3)  # doctest: +SKIP
-        """
-        self._epoch[0] = epoch
-
-    def note_equal_steps(self) -> None:
-        """Note that :func:`padpipe.equal_steps` keeps the ranks' steps equal over this pipeline.
-
-        Called by ``pp.equal_steps(DataLoader(pipe, ...))``, before the workers start: their copies
-        of the pipeline then don't warn that ranks may take unequal steps.
-
-        Example:
-            >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
-            >>> pipe.note_equal_steps()
-        """
-        self._managed[0] = True
-
-    def __iter__(self) -> Iterator[Any]:
-        """Read one epoch as this process's share (rank x DataLoader worker).
-
-        ``StatefulDataLoader`` saves and restores the iterator in every worker. Each ``iter(pipe)``
-        reads the next epoch; non-persistent workers start from the main process's epoch, so call
-        :meth:`set_epoch` each epoch (as with ``DistributedSampler``).
-        """
-
-        self._check_runnable()
-        check_caller(self)  # fails under wrappers that shard again (Accelerate), warns for a bare Lightning resume
-        return PipelineIterator(self, self._epoch[0], managed=self._managed[0])
-
     # -- internals --------------------------------------------------------------------------------
-    def _check_runnable(self) -> None:
-        """Fail before reading when the pipeline ends in internal token chunks or names a missing column."""
-        if self.output in (TOKENS, TOKEN_BATCHES):
-            add = ".pad()" if self.output == TOKEN_BATCHES else ".batch(n).pad(), .bucket(...).pad() or .pack(seq_len)"
-            raise ValueError(
-                f"This pipeline ends in {self.output} (padpipe's internal TokenChunk objects): add {add} "
-                "to get batches of tensors."
-            )
-        check_fields(self)
-
     def _expect(self, method: str, *kinds: str) -> None:
         if self.output not in kinds:
             raise ValueError(steps_missing(method, " or ".join(kinds), self.output))

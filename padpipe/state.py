@@ -536,7 +536,7 @@ class StateSchema:
         return Loaded(loaded)
 
 
-class Loaded(dict):  # type: ignore[type-arg]
+class Loaded(dict[str, Any]):
     """The fields of a checked state: a dict whose keys also read as attributes (``loaded.epoch``)."""
 
     def __getattr__(self, key: str) -> Any:
