@@ -30,17 +30,17 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # 
 
 from padpipe.integrations.hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
 from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
-    _all_ranks,
-    _columns,
-    _count_rows,
-    _count_steps,
-    _EvalBatches,
-    _evaluation_model,
-    _merge,
-    _metrics,
-    _Outputs,
-    _rank_local_loss,
-    _rows,
+    EvalBatches,
+    Outputs,
+    all_ranks,
+    column_filter,
+    count_rows,
+    count_steps,
+    eval_metrics,
+    evaluation_model,
+    merge_outputs,
+    rank_local_loss,
+    rows_in,
 )
 from padpipe.integrations.hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
 
@@ -113,7 +113,7 @@ class Trainer(transformers.Trainer):
         loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first")
         pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
         tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
-        self._padpipe_train = TrainBatches(loader, _columns(self, "training"), tokens)
+        self._padpipe_train = TrainBatches(loader, column_filter(self, "training"), tokens)
         return self._padpipe_train
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
@@ -122,14 +122,14 @@ class Trainer(transformers.Trainer):
         if not isinstance(dataset, Pipeline):
             return super().get_eval_dataloader(eval_dataset)
         loader = self._pipeline_loader(dataset, "eval_dataset", equal_steps="off")
-        return _EvalBatches(loader, _columns(self, "evaluation"))
+        return EvalBatches(loader, column_filter(self, "evaluation"))
 
     def get_test_dataloader(self, test_dataset: Any) -> Any:
         """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
         if not isinstance(test_dataset, Pipeline):
             return super().get_test_dataloader(test_dataset)
         loader = self._pipeline_loader(test_dataset, "test_dataset", equal_steps="off")
-        return _EvalBatches(loader, _columns(self, "test"))
+        return EvalBatches(loader, column_filter(self, "test"))
 
     # -- training ---------------------------------------------------------------------------------
     def _init_training_state(
@@ -200,10 +200,10 @@ class Trainer(transformers.Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """``Trainer.log``, with rows and batches counted for pipelines in the speed metrics."""
         if self._rows_trained is not None and "train_runtime" in logs:
-            _count_rows(logs, "train", self._rows_trained)
+            count_rows(logs, "train", self._rows_trained)
             self._rows_trained = None
         for prefix in [p for p in self._eval_steps if f"{p}_runtime" in logs]:
-            _count_steps(logs, prefix, self._eval_steps.pop(prefix))
+            count_steps(logs, prefix, self._eval_steps.pop(prefix))
         super().log(logs, start_time)
 
     # -- evaluation -------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ class Trainer(transformers.Trainer):
         """``Trainer.predict``; for a pipeline, predictions and ``label_ids`` are in row order."""
         output = super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
         if metric_key_prefix in self._eval_steps:
-            _count_steps(output.metrics, metric_key_prefix, self._eval_steps.pop(metric_key_prefix))
+            count_steps(output.metrics, metric_key_prefix, self._eval_steps.pop(metric_key_prefix))
         if self._unordered.pop(metric_key_prefix, False) and not self._warned_order:
             self._warned_order = True
             warnings.warn(
@@ -231,7 +231,7 @@ class Trainer(transformers.Trainer):
         metric_key_prefix: str = "eval",
     ) -> EvalLoopOutput:
         """``Trainer``'s loop, or for a pipeline: each rank its share, gathered once, put in row order."""
-        if not isinstance(dataloader, _EvalBatches):
+        if not isinstance(dataloader, EvalBatches):
             return super().evaluation_loop(
                 dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
             )
@@ -250,16 +250,16 @@ class Trainer(transformers.Trainer):
             )
         if prediction_loss_only is None:
             prediction_loss_only = args.prediction_loss_only
-        model = _evaluation_model(self)
+        model = evaluation_model(self)
         logger.info(f"***** Running {description} on a padpipe pipeline *****")
         self.callback_handler.eval_dataloader = dataloader
         main_input = getattr(self.model, "main_input_name", "input_ids")
-        outputs = _Outputs(
+        outputs = Outputs(
             keep_inputs="inputs" in args.include_for_metrics,
             keep_losses="loss" in args.include_for_metrics,
             accumulate=args.eval_accumulation_steps,
         )
-        with _rank_local_loss(args):
+        with rank_local_loss(args):
             for inputs, order in dataloader:
                 wanted = inputs.get(main_input)
                 loss, logits, labels = self.prediction_step(
@@ -267,12 +267,12 @@ class Trainer(transformers.Trainer):
                 )
                 if logits is not None and self.preprocess_logits_for_metrics is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels)
-                outputs.add(_rows(inputs), order, loss, logits, labels, wanted)
+                outputs.add(rows_in(inputs), order, loss, logits, labels, wanted)
                 self.control = self.callback_handler.on_prediction_step(args, self.state, self.control)
-        merged = _merge(_all_ranks(outputs.local()))
+        merged = merge_outputs(all_ranks(outputs.local()))
         self._eval_steps[metric_key_prefix] = merged["steps"]
         self._unordered[metric_key_prefix] = not merged["ordered"]
-        metrics = _metrics(merged, args, self.compute_metrics, metric_key_prefix)
+        metrics = eval_metrics(merged, args, self.compute_metrics, metric_key_prefix)
         if hasattr(self, "model_preparation_time"):
             metrics[f"{metric_key_prefix}_model_preparation_time"] = self.model_preparation_time
         return EvalLoopOutput(

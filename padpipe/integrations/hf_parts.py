@@ -25,7 +25,7 @@ FLASH_ATTENTION_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max
 """Packed-batch columns kept for a model whose ``forward`` takes ``**kwargs`` (HF's flash-attention names)."""
 
 
-class _EvalBatches:
+class EvalBatches:
     """Evaluation batches as ``(model inputs, row_index or None)``."""
 
     def __init__(self, loader: Any, columns: Callable[[dict], dict]) -> None:
@@ -37,7 +37,7 @@ class _EvalBatches:
             yield self._columns({k: v for k, v in batch.items() if k != ROW_INDEX}), order
 
 
-class _Outputs:
+class Outputs:
     """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows.
 
     Tensors stay where the model made them until ``eval_accumulation_steps`` batches have come (or the
@@ -91,7 +91,7 @@ class _Outputs:
         }
 
 
-def _metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | None, prefix: str) -> dict[str, Any]:
+def eval_metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | None, prefix: str) -> dict[str, Any]:
     """``compute_metrics`` of the merged outputs, the loss over rows and the row count, keys prefixed.
 
     With ``logging_nan_inf_filter`` the loss is over the batches with a finite loss when there are
@@ -114,7 +114,7 @@ def _metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | None
 
 
 @contextlib.contextmanager
-def _rank_local_loss(args: Any) -> Iterator[None]:
+def rank_local_loss(args: Any) -> Iterator[None]:
     """Each batch's loss from this rank alone: ranks take different numbers of evaluation steps, and
     ``average_tokens_across_devices`` would gather token counts across ranks at every step."""
     saved = args.average_tokens_across_devices
@@ -125,7 +125,7 @@ def _rank_local_loss(args: Any) -> Iterator[None]:
         args.average_tokens_across_devices = saved
 
 
-def _evaluation_model(trainer: transformers.Trainer) -> Any:
+def evaluation_model(trainer: transformers.Trainer) -> Any:
     """The model as ``Trainer.evaluation_loop`` prepares it (not DDP-wrapped: no collectives)."""
     model = trainer._wrap_model(trainer.model, training=False)
     if len(trainer.accelerator._models) == 0 and model is trainer.model:
@@ -141,7 +141,7 @@ def _evaluation_model(trainer: transformers.Trainer) -> Any:
     return model
 
 
-def _all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
+def all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -151,7 +151,7 @@ def _all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
     return parts
 
 
-def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_outputs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """All ranks' results in rank order, then sorted by ``row_index`` when every batch had one."""
     merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows", "finite_sum", "finite_rows")}
     merged["steps"] = max(p["steps"] for p in parts)
@@ -178,14 +178,14 @@ def _take(arrays: Any, order: np.ndarray) -> Any:
     return arrays[order]
 
 
-def _rows(batch: dict) -> int:
+def rows_in(batch: dict) -> int:
     ids = batch.get("input_ids")
     if isinstance(ids, torch.Tensor):
         return int(ids.shape[0])
     return int(find_batch_size(batch) or 0)
 
 
-def _columns(trainer: transformers.Trainer, description: str) -> Callable[[dict], dict]:
+def column_filter(trainer: transformers.Trainer, description: str) -> Callable[[dict], dict]:
     """Keep what ``model.forward`` takes (as ``remove_unused_columns`` does); log the rest once."""
     if not trainer.args.remove_unused_columns:
         return dict
@@ -211,14 +211,14 @@ def _columns(trainer: transformers.Trainer, description: str) -> Callable[[dict]
     return select
 
 
-def _count_rows(metrics: dict[str, Any], prefix: str, rows: int) -> None:
+def count_rows(metrics: dict[str, Any], prefix: str, rows: int) -> None:
     metrics[f"{prefix}_samples"] = rows
     runtime = metrics.get(f"{prefix}_runtime")
     if runtime:
         metrics[f"{prefix}_samples_per_second"] = round(rows / runtime, 3)
 
 
-def _count_steps(metrics: dict[str, Any], prefix: str, steps: int) -> None:
+def count_steps(metrics: dict[str, Any], prefix: str, steps: int) -> None:
     runtime = metrics.get(f"{prefix}_runtime")
     if runtime:
         metrics[f"{prefix}_steps_per_second"] = round(steps / runtime, 3)
