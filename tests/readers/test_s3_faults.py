@@ -1,0 +1,138 @@
+"""Retries under real faults: a local S3 server (moto) behind a proxy that answers 503 SlowDown or drops
+connections mid-object (tests/readers/s3_faults.py), all on 127.0.0.1, read through s3fs.
+
+The client's own retries are turned off (botocore ``total_max_attempts=1``, s3fs ``retries=1``), so
+every fault reaches padpipe's retry policy: each is retried once from where the read stood (no
+row lost or repeated, checked row by row), counted in ``stats()``, and a file that keeps failing
+ends the read with one line naming the file, what failed and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+
+import pytest
+import zstandard
+
+import padpipe as pp
+from padpipe.readers import jsonl_blocks
+from padpipe.readers.retry import Attempts, Retry
+from tests.readers.s3_faults import FaultProxy, Plan
+from tests.readers.test_object_storage import ENV, jsonl_bytes, parquet_bytes, records
+
+pytestmark = pytest.mark.timeout(120)
+
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+RESUMED = re.compile(r"^s3://\S+: cannot read unit (\d+) from row (\d+)$")
+FAST = Retry(retries=2, backoff=0.01, max_backoff=0.02)
+PATIENT = Retry(retries=4, backoff=0.01, max_backoff=0.02)  # more than the faults injected in a row
+
+
+def noisy(first: int, count: int) -> list[dict]:
+    """Rows with 40 random hex digits each, so that zstd cannot shrink a file to one read."""
+    return [
+        {"id": i, "text": f"doc {i}", "noise": f"{random.Random(i).getrandbits(160):040x}"}
+        for i in range(first, first + count)
+    ]
+
+
+FILES = {  # format: (reader, folder, [(name, first id, rows)], rows, encode, rows per batch)
+    "parquet": (
+        pp.read_parquet,
+        "pq",
+        [("a.parquet", 0, 130), ("b.parquet", 130, 70), ("c.parquet", 200, 100)],
+        records,
+        parquet_bytes,
+        16,
+    ),
+    "jsonl": (  # a and c hold 2 parse blocks of 2 MiB each: a fault can hit them after some of their rows came out
+        pp.read_jsonl,
+        "zst",
+        [("a.jsonl.zst", 0, 30_000), ("b.jsonl.zst", 30_000, 80), ("c.jsonl.zst", 30_080, 25_000)],
+        noisy,
+        lambda rows: zstandard.compress(jsonl_bytes(rows)),
+        4096,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A moto S3 server on 127.0.0.1 with three Parquet files (row groups of 40) and three JSONL.zst files."""
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in ENV.items():
+            env.setenv(name, value)
+        env.delenv("AWS_PROFILE", raising=False)
+        env.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs's own retry loop: one attempt
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        moto = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        moto.start()
+        host, port = moto.get_host_and_port()
+        upstream = f"http://{host}:{port}"
+        fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": upstream})
+        fs.mkdir("faults")
+        for _, folder, files, make, encode, _ in FILES.values():
+            for name, first, count in files:
+                fs.pipe(f"faults/{folder}/{name}", encode(make(first, count)))
+        yield upstream
+        moto.stop()
+
+
+def read(upstream: str, fmt: str, plan: Plan, **options) -> tuple[list[dict], pp.PipelineLoader]:
+    """Every row of ``fmt``'s files read through a :class:`FaultProxy` with ``plan``, and the loader."""
+    reader, folder, _, _, _, chunk_rows = FILES[fmt]
+    with FaultProxy(upstream, plan) as proxy:
+        storage = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": proxy.endpoint},
+            "config_kwargs": {"retries": {"total_max_attempts": 1}},  # botocore's own retries: off
+        }
+        loader = reader(f"s3://faults/{folder}/", storage_options=storage, chunk_rows=chunk_rows, **options).loader()
+        rows = [row for batch in loader for row in batch.to_pylist()]
+    return rows, loader
+
+
+def everything(fmt: str) -> list[dict]:
+    _, _, files, make, _, _ = FILES[fmt]
+    return [r for _, first, count in files for r in make(first, count)]
+
+
+@pytest.fixture(autouse=True)
+def small_reads(monkeypatch):
+    """JSONL files fetched 4 kB a request (not 8 MiB), so that faults hit them mid-file."""
+    monkeypatch.setattr(jsonl_blocks, "READ_AHEAD_BYTES", 4096)
+
+
+@pytest.fixture
+def retried(monkeypatch) -> list[str]:
+    """What each failed attempt was (``"<file>: cannot read unit U from row R"``, ...), as padpipe names it."""
+    seen: list[str] = []
+    failed = Attempts.failed
+
+    def spy(self, exc, what):
+        seen.append(what)
+        return failed(self, exc, what)
+
+    monkeypatch.setattr(Attempts, "failed", spy)
+    return seen
+
+
+@pytest.mark.parametrize("fmt", sorted(FILES))
+def test_s3_faults_are_retried_with_every_row_once_and_counted(server, fmt, retried):
+    clean = Plan()
+    assert read(server, fmt, clean)[0] == everything(fmt)
+    (a, a_reads), (b, _), (c, c_reads) = sorted(clean.reads.items())  # each file's reads in a clean pass
+    assert a_reads >= 4 and c_reads >= 4
+    faults = {(b, 0): "slowdown", (a, a_reads - 1): "drop", (c, c_reads // 2): "slowdown", (c, c_reads - 1): "drop"}
+    plan = Plan(faults)
+    rows, loader = read(server, fmt, plan, retries=PATIENT)
+    assert sorted((name, action) for action, name, _ in plan.injected) == sorted((k[0], v) for k, v in faults.items())
+    assert rows == everything(fmt), "every row exactly once, in order"
+    assert loader.stats().counters["read.retries"] == 4
+    resumed = [tuple(map(int, m.groups())) for m in map(RESUMED.match, retried) if m]
+    assert any(at != (0, 0) for at in resumed), f"a read retried after rows of its file came out: {retried}"
