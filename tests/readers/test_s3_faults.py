@@ -17,6 +17,7 @@ import pytest
 import zstandard
 
 import padpipe as pp
+from padpipe import DataError
 from padpipe.readers import jsonl_blocks
 from padpipe.readers.retry import Attempts, Retry
 from tests.readers.s3_faults import FaultProxy, Plan
@@ -82,7 +83,9 @@ def server():
         moto.stop()
 
 
-def read(upstream: str, fmt: str, plan: Plan, **options) -> tuple[list[dict], pp.PipelineLoader]:
+def read(
+    upstream: str, fmt: str, plan: Plan, *, num_workers: int = 0, **options
+) -> tuple[list[dict], pp.PipelineLoader]:
     """Every row of ``fmt``'s files read through a :class:`FaultProxy` with ``plan``, and the loader."""
     reader, folder, _, _, _, chunk_rows = FILES[fmt]
     with FaultProxy(upstream, plan) as proxy:
@@ -92,7 +95,8 @@ def read(upstream: str, fmt: str, plan: Plan, **options) -> tuple[list[dict], pp
             "client_kwargs": {"endpoint_url": proxy.endpoint},
             "config_kwargs": {"retries": {"total_max_attempts": 1}},  # botocore's own retries: off
         }
-        loader = reader(f"s3://faults/{folder}/", storage_options=storage, chunk_rows=chunk_rows, **options).loader()
+        pipe = reader(f"s3://faults/{folder}/", storage_options=storage, chunk_rows=chunk_rows, **options)
+        loader = pipe.loader(num_workers=num_workers)
         rows = [row for batch in loader for row in batch.to_pylist()]
     return rows, loader
 
@@ -106,6 +110,13 @@ def everything(fmt: str) -> list[dict]:
 def small_reads(monkeypatch):
     """JSONL files fetched 4 kB a request (not 8 MiB), so that faults hit them mid-file."""
     monkeypatch.setattr(jsonl_blocks, "READ_AHEAD_BYTES", 4096)
+
+
+def spread(clean: Plan) -> dict[tuple[str, int], str]:
+    """Four faults over a clean pass's reads: the first read of b, the middle of c, the last reads of a and c."""
+    (a, a_reads), (b, _), (c, c_reads) = sorted(clean.reads.items())
+    assert a_reads >= 4 and c_reads >= 4
+    return {(b, 0): "slowdown", (a, a_reads - 1): "drop", (c, c_reads // 2): "slowdown", (c, c_reads - 1): "drop"}
 
 
 @pytest.fixture
@@ -126,9 +137,7 @@ def retried(monkeypatch) -> list[str]:
 def test_s3_faults_are_retried_with_every_row_once_and_counted(server, fmt, retried):
     clean = Plan()
     assert read(server, fmt, clean)[0] == everything(fmt)
-    (a, a_reads), (b, _), (c, c_reads) = sorted(clean.reads.items())  # each file's reads in a clean pass
-    assert a_reads >= 4 and c_reads >= 4
-    faults = {(b, 0): "slowdown", (a, a_reads - 1): "drop", (c, c_reads // 2): "slowdown", (c, c_reads - 1): "drop"}
+    faults = spread(clean)
     plan = Plan(faults)
     rows, loader = read(server, fmt, plan, retries=PATIENT)
     assert sorted((name, action) for action, name, _ in plan.injected) == sorted((k[0], v) for k, v in faults.items())
@@ -136,3 +145,46 @@ def test_s3_faults_are_retried_with_every_row_once_and_counted(server, fmt, retr
     assert loader.stats().counters["read.retries"] == 4
     resumed = [tuple(map(int, m.groups())) for m in map(RESUMED.match, retried) if m]
     assert any(at != (0, 0) for at in resumed), f"a read retried after rows of its file came out: {retried}"
+
+
+@pytest.mark.parametrize("fmt", sorted(FILES))
+def test_s3_faults_in_dataloader_workers_are_retried_and_counted_in_the_loaders_stats(server, fmt):
+    clean = Plan()
+    expected, _ = read(server, fmt, clean, num_workers=2)
+    assert sorted(expected, key=lambda r: r["id"]) == everything(fmt)
+    plan = Plan(spread(clean))
+    rows, loader = read(server, fmt, plan, num_workers=2, retries=PATIENT)
+    assert len(plan.injected) == 4
+    assert rows == expected, "the same rows in the same order as without faults"
+    assert loader.stats().counters["read.retries"] == 4  # counted in the workers, summed in the loader
+
+
+FIRST_READ = {  # where the second file is first read: Parquet's footer at listing, a JSONL.zst file when reached
+    "parquet": "s3://faults/pq/b.parquet: read the footer",
+    "jsonl": "s3://faults/zst/b.jsonl.zst: cannot read unit 0 from row 0",
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FILES))
+def test_s3_raises_error_naming_the_file_when_the_store_keeps_answering_slowdown(server, fmt):
+    name = FILES[fmt][2][1][0]
+    pattern = (
+        rf"^{re.escape(FIRST_READ[fmt])}: gave up after 3 attempts in \d+\.\d s \(retries=2\); last error: "
+        r"OSError: \[Errno 16\] Please reduce your request rate\.; if the store is only busy, allow more with "
+        r"retries=pp\.Retry\(retries=\.\.\., max_seconds=\.\.\.\)\.$"
+    )
+    with pytest.raises(DataError, match=pattern):
+        read(server, fmt, Plan(always={name}), retries=FAST)
+
+
+@pytest.mark.parametrize("fmt", sorted(FILES))
+def test_s3_raises_error_naming_the_file_at_once_when_access_is_denied(server, fmt, retried):
+    name = FILES[fmt][2][1][0]
+    plan = Plan(deny={name})
+    pattern = (
+        rf"^{re.escape(FIRST_READ[fmt])}: access denied \(PermissionError: Access Denied\); "
+        r"check the credentials \(storage_options\) and the file's permissions\.$"
+    )
+    with pytest.raises(DataError, match=pattern):
+        read(server, fmt, plan, retries=FAST)
+    assert [action for action, _, _ in plan.injected] == ["deny"] and retried == [], "a refusal is not retried"
