@@ -102,3 +102,13 @@ def test_the_docs_show_the_commands_this_test_runs():
         assert re.search(rf"^{re.escape(command)}( &)?$", page, flags=re.MULTILINE), (
             f"docs/distributed.md shows {command}"
         )
+
+
+def test_a_launch_past_its_time_is_killed_with_every_process_it_started(tmp_path):
+    pids = [tmp_path / f"node{n}.pid" for n in range(2)]
+    commands = [["bash", "-c", f"sleep 60 & echo $! > {pid}; wait"] for pid in pids]  # a launcher and its rank
+    with pytest.raises(pytest.fail.Exception, match=r"^torchrun sleepers did not finish in 3 s \(a hang\?\):"):
+        run_launchers(commands, timeout=3, what="sleepers")
+    for pid in pids:
+        status = Path(f"/proc/{int(pid.read_text())}/status")
+        assert not status.exists() or "\nState:\tZ" in status.read_text(), "the rank was killed with its launcher"
