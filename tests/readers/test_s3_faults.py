@@ -1,10 +1,12 @@
 """Retries under real faults: a local S3 server (moto) behind a proxy that answers 503 SlowDown or drops
 connections mid-object (tests/readers/s3_faults.py), all on 127.0.0.1, read through s3fs.
 
-The client's own retries are turned off (botocore ``total_max_attempts=1``, s3fs ``retries=1``), so
-every fault reaches padpipe's retry policy: each is retried once from where the read stood (no
-row lost or repeated, checked row by row), counted in ``stats()``, and a file that keeps failing
-ends the read with one line naming the file, what failed and the fix.
+With the client's own retries off (botocore ``total_max_attempts=1``, s3fs ``retries=1``) every
+fault reaches padpipe's retry policy: each is retried once from where the read stood (no row lost
+or repeated, checked row by row, in this process and in DataLoader workers), counted in
+``stats()``, and a file that keeps failing, or that the store refuses, ends the read with one line
+naming the file, what failed and the fix. With the client's retries on (its defaults) the client
+absorbs the same faults first: the rows are the same and padpipe counts no retry.
 """
 
 from __future__ import annotations
@@ -84,17 +86,14 @@ def server():
 
 
 def read(
-    upstream: str, fmt: str, plan: Plan, *, num_workers: int = 0, **options
+    upstream: str, fmt: str, plan: Plan, *, num_workers: int = 0, client_retries: bool = False, **options
 ) -> tuple[list[dict], pp.PipelineLoader]:
     """Every row of ``fmt``'s files read through a :class:`FaultProxy` with ``plan``, and the loader."""
     reader, folder, _, _, _, chunk_rows = FILES[fmt]
     with FaultProxy(upstream, plan) as proxy:
-        storage = {
-            "key": "testing",
-            "secret": "testing",
-            "client_kwargs": {"endpoint_url": proxy.endpoint},
-            "config_kwargs": {"retries": {"total_max_attempts": 1}},  # botocore's own retries: off
-        }
+        storage: dict = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": proxy.endpoint}}
+        if not client_retries:
+            storage["config_kwargs"] = {"retries": {"total_max_attempts": 1}}  # botocore's own retries: off
         pipe = reader(f"s3://faults/{folder}/", storage_options=storage, chunk_rows=chunk_rows, **options)
         loader = pipe.loader(num_workers=num_workers)
         rows = [row for batch in loader for row in batch.to_pylist()]
@@ -157,6 +156,17 @@ def test_s3_faults_in_dataloader_workers_are_retried_and_counted_in_the_loaders_
     assert len(plan.injected) == 4
     assert rows == expected, "the same rows in the same order as without faults"
     assert loader.stats().counters["read.retries"] == 4  # counted in the workers, summed in the loader
+
+
+@pytest.mark.parametrize("fmt", sorted(FILES))
+def test_s3_faults_absorbed_by_the_clients_own_retries_leave_every_row_once(server, fmt, monkeypatch):
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 5)  # s3fs's default, and botocore's own retries on
+    clean = Plan()
+    assert read(server, fmt, clean, client_retries=True)[0] == everything(fmt)
+    plan = Plan(spread(clean))
+    rows, loader = read(server, fmt, plan, client_retries=True, retries=PATIENT)
+    assert len(plan.injected) == 4 and rows == everything(fmt)
+    assert loader.stats().counters.get("read.retries", 0) == 0  # padpipe counts only the faults that reach it
 
 
 FIRST_READ = {  # where the second file is first read: Parquet's footer at listing, a JSONL.zst file when reached
