@@ -223,13 +223,13 @@ def denied(what: str, exc: BaseException) -> DataError:
 
 
 def one_line(exc: BaseException) -> str:
-    """``str(exc)`` on one line (a storage client's message may span several), so an error stays one line.
+    """``str(exc)`` on one line, without a final period: a storage client's message may span several lines.
 
     Example:
         >>> one_line(OSError("Please reduce\\n  your request rate."))
-        'Please reduce your request rate.'
+        'Please reduce your request rate'
     """
-    return " ".join(str(exc).split())
+    return " ".join(str(exc).split()).rstrip(".")
 
 
 def _http_status(err: BaseException) -> int | None:

@@ -180,7 +180,7 @@ def test_s3_raises_error_naming_the_file_when_the_store_keeps_answering_slowdown
     name = FILES[fmt][2][1][0]
     pattern = (
         rf"^{re.escape(FIRST_READ[fmt])}: gave up after 3 attempts in \d+\.\d s \(retries=2\); last error: "
-        r"OSError: \[Errno 16\] Please reduce your request rate\.; if the store is only busy, allow more with "
+        r"OSError: \[Errno 16\] Please reduce your request rate; if the store is only busy, allow more with "
         r"retries=pp\.Retry\(retries=\.\.\., max_seconds=\.\.\.\)\.$"
     )
     with pytest.raises(DataError, match=pattern):
