@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import random
 import re
+from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 import zstandard
@@ -43,19 +45,34 @@ def noisy(first: int, count: int) -> list[dict]:
     ]
 
 
-FILES = {  # format: (reader, folder, [(name, first id, rows)], rows, encode, rows per batch)
-    "parquet": (
+class Corpus(NamedTuple):
+    """One format's files on the server: ``(name, first id, rows)`` each, made by ``make`` and ``encode``."""
+
+    read: Callable[..., pp.Pipeline]
+    folder: str
+    files: list[tuple[str, int, int]]
+    make: Callable[[int, int], list[dict]]
+    encode: Callable[[list[dict]], bytes]
+    chunk_rows: int
+
+    def rows(self) -> list[dict]:
+        """Every row, in file order."""
+        return [r for _, first, count in self.files for r in self.make(first, count)]
+
+
+FILES = {
+    "parquet": Corpus(
         pp.read_parquet,
         "pq",
         [("a.parquet", 0, 130), ("b.parquet", 130, 70), ("c.parquet", 200, 100)],
         records,
-        parquet_bytes,
+        parquet_bytes,  # row groups of 40
         16,
     ),
-    "jsonl": (  # a and c hold 2 parse blocks of 2 MiB each: a fault can hit them after some of their rows came out
+    "jsonl": Corpus(  # a holds 2 parse blocks of 2 MiB: a fault can hit it after some of its rows came out
         pp.read_jsonl,
         "zst",
-        [("a.jsonl.zst", 0, 30_000), ("b.jsonl.zst", 30_000, 80), ("c.jsonl.zst", 30_080, 25_000)],
+        [("a.jsonl.zst", 0, 30_000), ("b.jsonl.zst", 30_000, 80), ("c.jsonl.zst", 30_080, 8_000)],
         noisy,
         lambda rows: zstandard.compress(jsonl_bytes(rows)),
         4096,
@@ -78,9 +95,9 @@ def server():
         upstream = f"http://{host}:{port}"
         fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": upstream})
         fs.mkdir("faults")
-        for _, folder, files, make, encode, _ in FILES.values():
-            for name, first, count in files:
-                fs.pipe(f"faults/{folder}/{name}", encode(make(first, count)))
+        for corpus in FILES.values():
+            for name, first, count in corpus.files:
+                fs.pipe(f"faults/{corpus.folder}/{name}", corpus.encode(corpus.make(first, count)))
         yield upstream
         moto.stop()
 
@@ -89,20 +106,17 @@ def read(
     upstream: str, fmt: str, plan: Plan, *, num_workers: int = 0, client_retries: bool = False, **options
 ) -> tuple[list[dict], pp.PipelineLoader]:
     """Every row of ``fmt``'s files read through a :class:`FaultProxy` with ``plan``, and the loader."""
-    reader, folder, _, _, _, chunk_rows = FILES[fmt]
+    corpus = FILES[fmt]
     with FaultProxy(upstream, plan) as proxy:
         storage: dict = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": proxy.endpoint}}
         if not client_retries:
             storage["config_kwargs"] = {"retries": {"total_max_attempts": 1}}  # botocore's own retries: off
-        pipe = reader(f"s3://faults/{folder}/", storage_options=storage, chunk_rows=chunk_rows, **options)
+        pipe = corpus.read(
+            f"s3://faults/{corpus.folder}/", storage_options=storage, chunk_rows=corpus.chunk_rows, **options
+        )
         loader = pipe.loader(num_workers=num_workers)
         rows = [row for batch in loader for row in batch.to_pylist()]
     return rows, loader
-
-
-def everything(fmt: str) -> list[dict]:
-    _, _, files, make, _, _ = FILES[fmt]
-    return [r for _, first, count in files for r in make(first, count)]
 
 
 @pytest.fixture(autouse=True)
@@ -135,12 +149,12 @@ def retried(monkeypatch) -> list[str]:
 @pytest.mark.parametrize("fmt", sorted(FILES))
 def test_s3_faults_are_retried_with_every_row_once_and_counted(server, fmt, retried):
     clean = Plan()
-    assert read(server, fmt, clean)[0] == everything(fmt)
+    assert read(server, fmt, clean)[0] == FILES[fmt].rows()
     faults = spread(clean)
     plan = Plan(faults)
     rows, loader = read(server, fmt, plan, retries=PATIENT)
     assert sorted((name, action) for action, name, _ in plan.injected) == sorted((k[0], v) for k, v in faults.items())
-    assert rows == everything(fmt), "every row exactly once, in order"
+    assert rows == FILES[fmt].rows(), "every row exactly once, in order"
     assert loader.stats().counters["read.retries"] == 4
     resumed = [tuple(map(int, m.groups())) for m in map(RESUMED.match, retried) if m]
     assert any(at != (0, 0) for at in resumed), f"a read retried after rows of its file came out: {retried}"
@@ -150,7 +164,7 @@ def test_s3_faults_are_retried_with_every_row_once_and_counted(server, fmt, retr
 def test_s3_faults_in_dataloader_workers_are_retried_and_counted_in_the_loaders_stats(server, fmt):
     clean = Plan()
     expected, _ = read(server, fmt, clean, num_workers=2)
-    assert sorted(expected, key=lambda r: r["id"]) == everything(fmt)
+    assert sorted(expected, key=lambda r: r["id"]) == FILES[fmt].rows()
     plan = Plan(spread(clean))
     rows, loader = read(server, fmt, plan, num_workers=2, retries=PATIENT)
     assert len(plan.injected) == 4
@@ -162,10 +176,10 @@ def test_s3_faults_in_dataloader_workers_are_retried_and_counted_in_the_loaders_
 def test_s3_faults_absorbed_by_the_clients_own_retries_leave_every_row_once(server, fmt, monkeypatch):
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 5)  # s3fs's default, and botocore's own retries on
     clean = Plan()
-    assert read(server, fmt, clean, client_retries=True)[0] == everything(fmt)
+    assert read(server, fmt, clean, client_retries=True)[0] == FILES[fmt].rows()
     plan = Plan(spread(clean))
     rows, loader = read(server, fmt, plan, client_retries=True, retries=PATIENT)
-    assert len(plan.injected) == 4 and rows == everything(fmt)
+    assert len(plan.injected) == 4 and rows == FILES[fmt].rows()
     assert loader.stats().counters.get("read.retries", 0) == 0  # padpipe counts only the faults that reach it
 
 
@@ -177,7 +191,7 @@ FIRST_READ = {  # where the second file is first read: Parquet's footer at listi
 
 @pytest.mark.parametrize("fmt", sorted(FILES))
 def test_s3_raises_error_naming_the_file_when_the_store_keeps_answering_slowdown(server, fmt):
-    name = FILES[fmt][2][1][0]
+    name = FILES[fmt].files[1][0]
     pattern = (
         rf"^{re.escape(FIRST_READ[fmt])}: gave up after 3 attempts in \d+\.\d s \(retries=2\); last error: "
         r"OSError: \[Errno 16\] Please reduce your request rate; if the store is only busy, allow more with "
@@ -189,7 +203,7 @@ def test_s3_raises_error_naming_the_file_when_the_store_keeps_answering_slowdown
 
 @pytest.mark.parametrize("fmt", sorted(FILES))
 def test_s3_raises_error_naming_the_file_at_once_when_access_is_denied(server, fmt, retried):
-    name = FILES[fmt][2][1][0]
+    name = FILES[fmt].files[1][0]
     plan = Plan(deny={name})
     pattern = (
         rf"^{re.escape(FIRST_READ[fmt])}: access denied \(PermissionError: Access Denied\); "
