@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -72,8 +73,9 @@ def run_launchers(commands: list[list[str]], *, timeout: float, what: str) -> No
                 time.sleep(0.2)
         finally:
             running = [p for p in procs if p.poll() is None]
-            for p in running:
-                os.killpg(p.pid, signal.SIGKILL)
+            for p in procs:  # every process group, also of a launcher that exited: nothing it started outlives it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
             for p in procs:
                 p.wait()
             texts = []
