@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import padpipe as pp
+from padpipe import Consumer
 from padpipe.pipes.device import DevicePrefetcher
 from padpipe.runtime.workers import WorkerProcesses
 from tests.contract import check_loader_resume, normalize
@@ -108,6 +109,20 @@ def test_loader_state_of_another_rank_count_asks_for_every_rank(data, monkeypatc
         r"of all 2 saved ranks, loader.load_state_dict\(\[state_rank0, \.\.\.\]\) \(docs/elastic\.md\)\.$",
     ):
         pipeline(data).loader().load_state_dict(state)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_shares_by_global_rank_on_a_node_of_several(data, monkeypatch, num_workers):
+    """Node 1 of 2 under torchrun: global rank 3 of 4 reads its quarter, not local rank 1 of 2's half."""
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("GROUP_RANK", "1")
+    loader = pipeline(data).loader(num_workers=num_workers)
+    graph = pipeline(data).build(consumer=Consumer(rank=3, world_size=4))
+    graph.reset()
+    quarter = ids(graph)
+    assert len(quarter) == 150 and ids(loader) == quarter
+    assert loader.state_dict()["layout"] == [3, 4, num_workers]
 
 
 def test_loader_raises_error_when_options_need_workers(data):

@@ -110,7 +110,7 @@ class ArrowReader(FileSource):
         try:
             return self._list_units_of(file)
         except (pa.ArrowException, OSError, ValueError) as exc:
-            if isinstance(exc, DataError) or is_transient(exc) or isinstance(exc, FileNotFoundError):
+            if isinstance(exc, (DataError, FileNotFoundError, PermissionError)) or is_transient(exc):
                 raise
             raise DataError(f"{file.name}: not a readable Arrow IPC file or stream ({exc}).") from exc
 

@@ -234,7 +234,7 @@ class JsonlReader(FileSource):
             with blocks.open_stream(file) as stream:
                 return next(blocks.line_blocks(stream, 0, math.inf, self.block_bytes), None)
         except (OSError, pa.ArrowException) as exc:
-            if is_transient(exc) or isinstance(exc, FileNotFoundError):
+            if is_transient(exc) or isinstance(exc, (FileNotFoundError, PermissionError)):
                 raise
             raise DataError(f"{file.name}: cannot read the file ({exc}).") from exc
 

@@ -117,6 +117,6 @@ def _open(file: FileRef) -> tuple[Any, pq.ParquetFile]:
         return handle, pq.ParquetFile(handle, pre_buffer=not file.is_local)
     except (pa.ArrowException, OSError) as exc:
         handle.close()
-        if is_transient(exc) or isinstance(exc, FileNotFoundError):
+        if is_transient(exc) or isinstance(exc, (FileNotFoundError, PermissionError)):
             raise
         raise DataError(f"{file.name}: not a readable Parquet file ({exc}).") from exc

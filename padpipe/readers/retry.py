@@ -5,8 +5,9 @@ Object stores drop connections, time out and answer 5xx now and then; a reader t
 here: a *transient* error (see :func:`is_transient`) is retried after ``backoff``, ``2 *
 backoff``, ... (capped at ``max_backoff``, with jitter), until ``retries`` retries or
 ``max_seconds`` since the first failure are used up; then a :class:`DataError` names the file,
-the attempts and the last error. Errors about the data itself (corrupt file, missing column,
-missing file) are never retried.
+the attempts, the last error and the fix. Errors about the data itself (corrupt file, missing
+column, missing file) are never retried, nor is a read the store refused (access denied), which
+is a :class:`DataError` naming the file and the fix at once.
 
 Example:
     >>> policy = Retry.of(3)
@@ -61,6 +62,8 @@ TRANSIENT_NAMES = frozenset(
     }
 )
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+GIVE_UP_FIX = "if the store is only busy, allow more with retries=pp.Retry(retries=..., max_seconds=...)."
+DENIED_FIX = "check the credentials (storage_options) and the file's permissions."
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ class Attempts:
         >>> attempts.failed(ConnectionResetError("reset"), "s3://b/a.jsonl: read")
         Traceback (most recent call last):
         ...
-        padpipe.errors.DataError: s3://b/a.jsonl: read: gave up after 2 attempts in 0.0 s (retries=1); last error: ConnectionResetError: reset
+        padpipe.errors.DataError: s3://b/a.jsonl: read: gave up after 2 attempts in 0.0 s (retries=1); last error: ConnectionResetError: reset; if the store is only busy, allow more with retries=pp.Retry(retries=..., max_seconds=...).
     """  # noqa: E501
 
     def __init__(self, policy: Retry, *, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -169,7 +172,8 @@ class Attempts:
             count, self._count = self._count, 0
             raise DataError(
                 f"{what}: gave up after {count} attempts in {now - self._first:.1f} s "
-                f"(retries={self.policy.retries}); last error: {type(exc).__name__}: {exc}"
+                f"(retries={self.policy.retries}); last error: {type(exc).__name__}: {one_line(exc)}; "
+                f"{GIVE_UP_FIX}"
             ) from exc
         self._sleep(delay)
 
@@ -198,12 +202,34 @@ def call(
     while True:
         try:
             return fn(*args)
+        except PermissionError as exc:
+            raise denied(what, exc) from exc
         except Exception as exc:
             if not is_transient(exc):
                 raise
             attempts.failed(exc, what)
             if on_retry is not None:
                 on_retry()
+
+
+def denied(what: str, exc: BaseException) -> DataError:
+    """The error for a read the store refused (``PermissionError``, an HTTP 403): permanent, never retried.
+
+    Example:
+        >>> print(denied("s3://b/a.parquet: read the footer", PermissionError("Access Denied")))
+        s3://b/a.parquet: read the footer: access denied (PermissionError: Access Denied); check the credentials (storage_options) and the file's permissions.
+    """  # noqa: E501
+    return DataError(f"{what}: access denied ({type(exc).__name__}: {one_line(exc)}); {DENIED_FIX}")
+
+
+def one_line(exc: BaseException) -> str:
+    """``str(exc)`` on one line, without a final period: a storage client's message may span several lines.
+
+    Example:
+        >>> one_line(OSError("Please reduce\\n  your request rate."))
+        'Please reduce your request rate'
+    """
+    return " ".join(str(exc).split()).rstrip(".")
 
 
 def _http_status(err: BaseException) -> int | None:

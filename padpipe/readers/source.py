@@ -22,6 +22,7 @@ from torchdata.nodes import BaseNode
 from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
+from padpipe.readers.retry import denied
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.shares import Measure, share
 from padpipe.state import Int, Spec, StateMismatchError, Str, check_state, load_value, make_state
@@ -345,9 +346,10 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         except (OSError, pa.ArrowException, ValueError, EOFError) as exc:
             if self._recoverable(exc):
                 raise
-            raise DataError(
-                f"{unit.path}: cannot read unit {unit.index} from row {unit.first + start_row}: {exc}"
-            ) from exc
+            where = f"{unit.path}: cannot read unit {unit.index} from row {unit.first + start_row}"
+            if isinstance(exc, PermissionError):
+                raise denied(where, exc) from exc
+            raise DataError(f"{where}: {exc}") from exc
 
     def _recoverable(self, exc: BaseException) -> bool:
         """Whether a read error is left to the subclass (retried, or a lost file) instead of a DataError."""

@@ -9,7 +9,7 @@ docs/elastic.md says. Then it takes ``K`` steps (a ``dist.barrier()`` per step, 
 and saves its state to ``--save``, and (unless ``--epochs -1``) runs the rest of the epoch and ``N``
 more epochs.
 Each rank writes ``OUT/TAG-rank<R>.json``: per kind, the rows before the save or per epoch, the
-steps, and the rows equal steps dropped. tests/runtime/test_elastic_torchrun.py checks them.
+steps, the rows equal steps dropped and the loader's layout; and torchrun's rank variables. tests/runtime/test_elastic_torchrun.py checks them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch.distributed as dist
 import padpipe as pp
 
 MAX_TOKENS = 512
+ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")  # what torchrun set
 
 
 def pipelines(data: str) -> dict[str, pp.Pipeline]:
@@ -82,6 +83,7 @@ def run(kind: str, pipe: pp.Pipeline, args: argparse.Namespace, rank: int) -> di
     if args.epochs >= 0:  # the rest of the epoch (after the save, if any), then more epochs
         record["epochs"] = [steps(it)] + [steps(loader) for _ in range(args.epochs)]
     record["dropped"] = loader.stats().skipped.get("equal_steps.dropped_rows", 0)
+    record["layout"] = loader.state_dict()["layout"]  # [rank, ranks, workers] the loader read as
     return record
 
 
@@ -101,6 +103,7 @@ def main() -> None:
     rank = dist.get_rank()
     pipes = pipelines(args.data)
     result = {kind: run(kind, pipes[kind], args, rank) for kind in args.kinds.split(",")}
+    result["env"] = {name: os.environ.get(name) for name in ENV_NAMES}
     with open(os.path.join(args.out, f"{args.tag}-rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()

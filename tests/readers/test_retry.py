@@ -96,7 +96,8 @@ def test_retry_raises_error_when_retries_run_out():
     attempts.failed(ConnectionResetError("reset"), "s3://b/a.parquet: read")
     pattern = (
         r"^s3://b/a\.parquet: read: gave up after 3 attempts in \d+\.\d s \(retries=2\); "
-        r"last error: ConnectionResetError: reset$"
+        r"last error: ConnectionResetError: reset; if the store is only busy, allow more with "
+        r"retries=pp\.Retry\(retries=\.\.\., max_seconds=\.\.\.\)\.$"
     )
     with pytest.raises(DataError, match=pattern):
         attempts.failed(ConnectionResetError("reset"), "s3://b/a.parquet: read")
@@ -107,7 +108,8 @@ def test_retry_raises_error_when_the_time_budget_is_spent():
     attempts.failed(TimeoutError("slow"), "a.jsonl: read")  # waits ~1 s
     attempts.failed(TimeoutError("slow"), "a.jsonl: read")  # waits ~2 s: still within 2.5 s
     with pytest.raises(
-        DataError, match=r"^a\.jsonl: read: gave up after 3 attempts in .*(retries=100).*TimeoutError: slow$"
+        DataError,
+        match=r"^a\.jsonl: read: gave up after 3 attempts in .*(retries=100).*TimeoutError: slow; if the store is only busy",
     ):
         attempts.failed(TimeoutError("slow"), "a.jsonl: read")  # the next wait (>= 3 s) passes the budget
 
@@ -222,7 +224,8 @@ def test_readers_raise_error_when_reads_keep_failing(fmt, flaky_reads):
     first = {"parquet": "pq/a.parquet", "jsonl": "jsonl/a.jsonl", "arrow": "arrow/a.arrow"}[fmt]
     pattern = (
         rf"^memory:///fail_{fmt}/{re.escape(first)}: cannot read unit 0 from row 0: gave up after 3 attempts "
-        r"in \d+\.\d s \(retries=2\); last error: ConnectionResetError: injected$"
+        r"in \d+\.\d s \(retries=2\); last error: ConnectionResetError: injected; if the store is only busy, "
+        r"allow more with retries=pp\.Retry\(retries=\.\.\., max_seconds=\.\.\.\)\.$"
     )
     with pytest.raises(DataError, match=pattern):
         next(reader)

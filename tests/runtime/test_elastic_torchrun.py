@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,6 +21,7 @@ import pytest
 import torch.distributed as dist
 
 import padpipe as pp
+from tests.runtime.launchers import run_launchers, torchrun_command
 
 pytestmark = [
     pytest.mark.slow,
@@ -42,32 +39,18 @@ TIMEOUT = 300
 
 def torchrun(ranks: int, workers: int, data: Path, tag: str, *extra: str) -> list[dict]:
     """One launch; every rank's record. Killed whole (its process group) on timeout."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={ranks}",
-        str(SCRIPT),
-        str(data),
-        str(data),
-        tag,
-        "--workers",
-        str(workers),
-        *extra,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"torchrun {tag} did not finish in {TIMEOUT} s (a hang?):\n{out[-2000:]}{err[-3000:]}")
-    assert proc.returncode == 0, f"torchrun {tag}:\n{out[-2000:]}{err[-5000:]}"
+    command = torchrun_command(SCRIPT, str(data), str(data), tag, "--workers", str(workers), *extra, nproc=ranks)
+    run_launchers([command], timeout=TIMEOUT, what=tag)
     return [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def write_corpus(data: Path) -> Path:
+    """``a.parquet`` (rows ``rid`` 0..899) and ``b.parquet`` (10000..10299) in ``data``, the pipelines' input."""
+    for name, start, count in (("a", 0, ROWS), ("b", 10_000, EXTRA)):
+        texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + (i * 7) % 40)) for i in range(count)]
+        table = pa.table({"text": texts, "rid": list(range(start, start + count))})
+        pq.write_table(table, data / f"{name}.parquet", row_group_size=160)  # uneven: 5 groups of 160 and 1 of 100
+    return data
 
 
 def expected(kind: str, data: Path) -> collections.Counter:
@@ -90,11 +73,7 @@ def rows(records: list[dict], kind: str, part: str, epoch: int | None = None) ->
 def runs(tmp_path_factory) -> dict:
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    data = tmp_path_factory.mktemp("elastic_torchrun")
-    for name, start, count in (("a", 0, ROWS), ("b", 10_000, EXTRA)):
-        texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + (i * 7) % 40)) for i in range(count)]
-        table = pa.table({"text": texts, "rid": list(range(start, start + count))})
-        pq.write_table(table, data / f"{name}.parquet", row_group_size=160)  # uneven: 5 groups of 160 and 1 of 100
+    data = write_corpus(tmp_path_factory.mktemp("elastic_torchrun"))
     out: dict = {"data": data}
     for (ranks, workers), take in SAVED.items():
         folder = data / f"saved-{ranks}x{workers}"
