@@ -13,12 +13,13 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._build import BuildContext
-from padpipe.errors import one_of
+from padpipe.errors import check_bool, one_of, positive
 from padpipe.loader import PipelineLoader
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.runtime.elastic import loader_state
 from padpipe.runtime.latch import FailureLatch
+from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -26,7 +27,14 @@ if TYPE_CHECKING:
 
 
 def assemble_loader(
-    pipe: Pipeline, *, num_workers: int, consumer: Consumer | None, equal_steps: str, options: dict[str, Any]
+    pipe: Pipeline,
+    *,
+    num_workers: int,
+    consumer: Consumer | None,
+    equal_steps: str,
+    options: dict[str, Any],
+    accumulation_steps: int | None = None,
+    causal: bool = True,
 ) -> PipelineLoader:
     """The :class:`~padpipe.loader.PipelineLoader` of ``pipe`` (arguments as :meth:`Pipeline.loader`'s).
 
@@ -36,6 +44,10 @@ def assemble_loader(
         'ConsumerGraph'
     """
     one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
+    positive("accumulation_steps", accumulation_steps, allow_none=True)
+    check_bool("causal", causal)
+    if accumulation_steps is None and not causal:
+        raise ValueError("`causal` says how `accumulation_steps` counts loss tokens: set `accumulation_steps` too.")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
     if num_workers == 0 and (
@@ -72,6 +84,12 @@ def assemble_loader(
     settings: dict[str, Any] = {
         "equal_steps": equal_steps
     }  # the layout (ranks, workers) is checked apart: it may change
+    window = None if accumulation_steps is None else {"steps": accumulation_steps, "causal": causal}
+    if window is not None:  # on top, so that every rank's windows hold the same (equal) steps
+        root = LossTokens(
+            root, **window, across_ranks=pipe.sharding == "auto", lockstep=equal_steps != "off", device=device
+        )
+        settings["accumulation_steps"] = accumulation_steps
 
     def layout() -> list[int]:
         rank, ranks = (
@@ -94,6 +112,7 @@ def assemble_loader(
             fields=carried,
             device_stage=last is not None,
             ahead=ahead,
+            window=window,
         )
 
     return PipelineLoader(root, stats, settings=settings, layout=layout, reshare=reshare, device=device)
