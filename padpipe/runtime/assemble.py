@@ -47,7 +47,10 @@ def assemble_loader(
     positive("accumulation_steps", accumulation_steps, allow_none=True)
     check_bool("causal", causal)
     if accumulation_steps is None and not causal:
-        raise ValueError("`causal` says how `accumulation_steps` counts loss tokens: set `accumulation_steps` too.")
+        raise ValueError(
+            "`causal=False` says how `accumulation_steps` counts loss tokens, but `accumulation_steps` is None: "
+            "set it too."
+        )
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
     if num_workers == 0 and (

@@ -148,7 +148,13 @@ class LossTokens(BaseNode[Any]):
             self.ITEMS_KEY: Int(0),
             self.ENDED_KEY: Bool(),
         }
-        check_state("LossTokens", initial_state, version=self.VERSION, settings=_settings(self.steps, self.causal), fields=fields)
+        check_state(
+            "LossTokens",
+            initial_state,
+            version=self.VERSION,
+            settings=_settings(self.steps, self.causal),
+            fields=fields,
+        )
         self.source.reset(initial_state[SOURCE_KEY])
         self._window = [to_device(b, self.device) for b in initial_state[self.WINDOW_KEY]]
         self._items, self._ended = initial_state[self.ITEMS_KEY], initial_state[self.ENDED_KEY]
