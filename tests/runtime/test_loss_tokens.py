@@ -5,11 +5,14 @@ Two ranks summing their counts run under ``torchrun`` in tests/runtime/test_loss
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torchdata.nodes import IterableWrapper
 
 import padpipe as pp
+from padpipe import Consumer
 from padpipe.runtime.loss_tokens import LossTokens, label_tokens
 from padpipe.state import StateMismatchError
 from tests.contract import check_loader_resume, check_node_resume
@@ -156,3 +159,24 @@ def test_a_state_saved_with_other_accumulation_steps_is_refused():
             r"instead of 2\.$",
         ):
             pipe.loader(accumulation_steps=2).load_state_dict(loader.state_dict())
+
+
+def test_an_elastic_resume_inside_a_window_reads_every_row_once_and_starts_new_windows(tmp_path):
+    """2 ranks save inside their second window; 1 rank reads the rest (their windows' batches first), recounted."""
+    table = pa.Table.from_pylist([{**row, "rid": i} for i, row in enumerate(rows(40))])
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=10)
+    pipe = pp.read_parquet(str(tmp_path / "rows.parquet")).tokens(pad_id=0).batch(2).pad()
+    before, states = [], []
+    for rank in range(2):
+        loader = pipe.loader(consumer=Consumer(rank=rank, world_size=2), accumulation_steps=3)
+        it = iter(loader)
+        before += [next(it)["rid"].tolist() for _ in range(4)]  # inside the second window
+        states.append(loader.state_dict())
+    resumed = pipe.loader(consumer=Consumer(rank=0, world_size=1), accumulation_steps=3)
+    resumed.load_state_dict(states)
+    windows = windows_of(resumed, 3)
+    after = [b["rid"].tolist() for w in windows for b in w]
+    assert sorted(r for b in before + after for r in b) == list(range(40))
+    for window in windows:
+        counted = sum(int(b["labels"][..., 1:].ne(-100).sum()) for b in window)
+        assert [int(b["num_items_in_batch"]) for b in window] == [counted] * len(window)
