@@ -180,3 +180,14 @@ def test_an_elastic_resume_inside_a_window_reads_every_row_once_and_starts_new_w
     for window in windows:
         counted = sum(int(b["labels"][..., 1:].ne(-100).sum()) for b in window)
         assert [int(b["num_items_in_batch"]) for b in window] == [counted] * len(window)
+
+
+def test_a_transformers_causal_lm_divides_its_summed_loss_by_the_batch_num_items_in_batch(trainers):
+    """``model(**batch)`` passes the count to HF's loss: the docs' "transformers models take it themselves"."""
+    model = trainers[True].model
+    batch = next(iter(pipelines()["padded"].loader(accumulation_steps=3)))
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    summed = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1), reduction="sum"
+    )
+    torch.testing.assert_close(model(**batch).loss, summed / batch["num_items_in_batch"])
