@@ -87,10 +87,16 @@ def assemble_loader(
     settings: dict[str, Any] = {
         "equal_steps": equal_steps
     }  # the layout (ranks, workers) is checked apart: it may change
-    window = None if accumulation_steps is None else {"steps": accumulation_steps, "causal": causal}
-    if window is not None:  # on top, so that every rank's windows hold the same (equal) steps
+    window: dict[str, Any] | None = None
+    if accumulation_steps is not None:  # on top, so that every rank's windows hold the same (equal) steps
+        window = {"steps": accumulation_steps, "causal": causal}
         root = LossTokens(
-            root, **window, across_ranks=pipe.sharding == "auto", lockstep=equal_steps != "off", device=device
+            root,
+            steps=accumulation_steps,
+            causal=causal,
+            across_ranks=pipe.sharding == "auto",
+            lockstep=equal_steps != "off",
+            device=device,
         )
         settings["accumulation_steps"] = accumulation_steps
 

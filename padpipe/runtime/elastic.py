@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from padpipe.runtime.consumer import Consumer
-from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.runtime.consumer_graph import BATCHES, EPOCH, FRESH, PIECES, ConsumerGraph, override_readers, readers
+from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.runtime.shares import share
 from padpipe.state import StateMismatchError, make_state
 from padpipe.stats import PipelineStats

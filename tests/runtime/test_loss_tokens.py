@@ -76,7 +76,7 @@ def test_num_items_in_batch_is_hf_trainers_own_count_of_the_window(trainers, kin
     trainer = trainers[causal]
     assert trainer._loss_shifts_labels is causal  # HF shifts for the causal LM only
     loader = pipelines()[kind].loader(accumulation_steps=3, causal=causal)
-    for epoch in range(2):  # windows start again with each epoch
+    for _ in range(2):  # two epochs: windows start again with each
         windows = windows_of(loader, 3)
         assert len(windows[-1]) < 3, "the epoch's last window is short"
         for window in windows:
