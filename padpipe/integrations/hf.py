@@ -71,7 +71,9 @@ class Trainer(transformers.Trainer):
       apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
       Without a length, training needs ``max_steps`` (as for any iterable dataset); each pass
       over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized loader: the
-      last accumulation window of a pass is short and gets its own optimizer step.
+      last accumulation window of a pass is short and gets its own optimizer step. Its
+      ``num_items_in_batch`` comes from the loader (``accumulation_steps``), counted as ``Trainer``
+      counts it, where ``Trainer`` would sum it over the ranks and divide it by nothing.
     - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
       ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
       ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.

@@ -209,11 +209,12 @@ def loader_items(trainer: Any, batches: list[Any], device: Any) -> torch.Tensor 
     """The loader's count of ``batches`` (one window) where HF would count it, on ``device``; else ``None``.
 
     Example:
-        >>> class Args: average_tokens_across_devices, world_size, n_gpu = True, 1, 1
-        >>> class Hf: args, model_accepts_loss_kwargs, compute_loss_func = Args(), True, None
-        ...     get_tp_size = get_cp_size = get_sp_size = lambda self: 1
+        >>> from types import SimpleNamespace as Fake
+        >>> args, one = Fake(average_tokens_across_devices=True, world_size=1, n_gpu=1), lambda: 1
+        >>> hf = Fake(args=args, model_accepts_loss_kwargs=True, compute_loss_func=None, get_tp_size=one,
+        ...           get_cp_size=one, get_sp_size=one)
         >>> batch = Batch(labels=torch.tensor([[1, 2]])); batch.loss_items = torch.tensor(7)
-        >>> loader_items(Hf(), [batch], "cpu")
+        >>> loader_items(hf, [batch], "cpu")
         tensor(7)
     """
     if not batches or not all(isinstance(b, Batch) and b.loss_items is not None for b in batches):
