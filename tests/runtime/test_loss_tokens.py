@@ -191,3 +191,8 @@ def test_a_transformers_causal_lm_divides_its_summed_loss_by_the_batch_num_items
         logits.reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1), reduction="sum"
     )
     torch.testing.assert_close(model(**batch).loss, summed / batch["num_items_in_batch"])
+
+
+def test_a_loader_with_worker_processes_resumes_inside_a_window():
+    pipe = pipelines()["packed"]
+    check_loader_resume(lambda: pipe.loader(num_workers=2, accumulation_steps=3), epochs=1, steps=[1, 4])
