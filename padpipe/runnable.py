@@ -75,6 +75,8 @@ class Runnable:
         prefetch_factor: int | None = None,
         multiprocessing_context: Any = None,
         timeout: float = 0,
+        accumulation_steps: int | None = None,
+        causal: bool = True,
     ) -> PipelineLoader:
         """The loader to iterate: one pass per epoch, in this process or in ``num_workers`` processes.
 
@@ -102,6 +104,14 @@ class Runnable:
             prefetch_factor: Batches each worker prepares ahead (``num_workers > 0``; default 2).
             multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or a context.
             timeout: Seconds to wait for a worker's batch before raising (0: no limit).
+            accumulation_steps: Batches per optimizer step (gradient accumulation): every batch
+                gets ``num_items_in_batch``, a 0-d ``int64`` tensor, the label tokens (not
+                ``-100``) of its step's window of that many batches (the last of an epoch
+                shorter), summed over all ranks, as HF ``Trainer`` counts them: divide a summed
+                loss by it (``torch.distributed``: one all-reduce per window; see
+                docs/training.md). ``None``: no count.
+            causal: With ``accumulation_steps``, count ``labels[..., 1:]`` as for a causal-LM
+                loss (the default); ``False``: every label (masked LM, classification).
 
         Raises:
             ValueError: The pipeline ends after ``.tokenize()``, ``.batch()`` or ``.bucket()``
@@ -122,6 +132,8 @@ class Runnable:
             num_workers=num_workers,
             consumer=consumer,
             equal_steps=equal_steps,
+            accumulation_steps=accumulation_steps,
+            causal=causal,
             options={
                 "pin_memory": pin_memory,
                 "prefetch_factor": prefetch_factor,

@@ -536,14 +536,25 @@ class StateSchema:
         return Loaded(loaded)
 
 
-class Loaded(dict[str, Any]):
-    """The fields of a checked state: a dict whose keys also read as attributes (``loaded.epoch``)."""
+class Loaded:
+    """The fields of a checked state, read as attributes (``loaded.epoch``) or by key (``loaded["epoch"]``).
+
+    Not a dict, so a field may have any name (``items``, ``keys``) without meeting a dict method.
+    """
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        self._fields = dict(fields)
 
     def __getattr__(self, key: str) -> Any:
         try:
-            return self[key]
+            return self._fields[key]
         except KeyError:
-            raise AttributeError(f"no state field {key!r}; the fields are {sorted(self)}") from None
+            raise AttributeError(f"no state field {key!r}; the fields are {sorted(self._fields)}") from None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._fields[key]
 
 
 def unseal(what: str, value: Any, keys: Sequence[str]) -> Mapping[str, Any]:

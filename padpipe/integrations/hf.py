@@ -42,7 +42,14 @@ from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batche
     rank_local_loss,
     rows_in,
 )
-from padpipe.integrations.hf_train import Batch, PassLength, TrainBatches, real_tokens  # noqa: E402
+from padpipe.integrations.hf_train import (  # noqa: E402
+    Batch,
+    PassLength,
+    TrainBatches,
+    counts_as_hf,
+    loader_items,
+    real_tokens,
+)
 
 check_hooks(transformers.Trainer, transformers.__version__)
 
@@ -64,7 +71,9 @@ class Trainer(transformers.Trainer):
       apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
       Without a length, training needs ``max_steps`` (as for any iterable dataset); each pass
       over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized loader: the
-      last accumulation window of a pass is short and gets its own optimizer step.
+      last accumulation window of a pass is short and gets its own optimizer step. Its
+      ``num_items_in_batch`` comes from the loader (``accumulation_steps``), counted as ``Trainer``
+      counts it, where ``Trainer`` would sum it over the ranks and divide it by nothing.
     - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
       ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
       ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
@@ -110,7 +119,8 @@ class Trainer(transformers.Trainer):
         if not isinstance(self.train_dataset, Pipeline):
             self._padpipe_train = None
             return super().get_train_dataloader()
-        loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first")
+        steps = self.args.gradient_accumulation_steps if counts_as_hf(self) else None  # the loader counts the windows
+        loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first", steps=steps)
         pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
         tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
         self._padpipe_train = TrainBatches(loader, column_filter(self, "training"), tokens)
@@ -173,6 +183,11 @@ class Trainer(transformers.Trainer):
             if turn_off_unused_loss_kwargs(self, batches[0]):
                 items = self._get_num_items_in_batch(batches, device)
         return batches, items
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: Any) -> Any:
+        """The loader's count of a pipeline's window (read ahead, summed over the ranks), else ``Trainer``'s."""
+        items = loader_items(self, batch_samples, device)
+        return items if items is not None else super()._get_num_items_in_batch(batch_samples, device)
 
     def _track_num_input_tokens(self, inputs: Any) -> None:
         """A pipeline batch's real tokens, padded or packed, whether the setting is ``"all"`` or ``"non_padding"``."""
@@ -280,7 +295,7 @@ class Trainer(transformers.Trainer):
         )
 
     # -- internals --------------------------------------------------------------------------------
-    def _pipeline_loader(self, pipe: Pipeline, name: str, *, equal_steps: str) -> Any:
+    def _pipeline_loader(self, pipe: Pipeline, name: str, *, equal_steps: str, steps: int | None = None) -> Any:
         if pipe.output != TENSORS:
             raise ValueError(
                 f"`{name}` must be a pipeline that yields tensors (ending in .pad() or .pack()), but it yields "
@@ -294,6 +309,8 @@ class Trainer(transformers.Trainer):
                 "prefetch_factor": args.dataloader_prefetch_factor,
                 "multiprocessing_context": args.dataloader_multiprocessing_context,
             }
+        if steps is not None:  # num_items_in_batch of each window, as HF counts it
+            options.update(accumulation_steps=steps, causal=self._loss_shifts_labels)
         return pipe.loader(equal_steps=equal_steps, **options)
 
     def _eval_dataset(self, eval_dataset: Any) -> Any:

@@ -43,9 +43,9 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "_track_num_input_tokens": ("inputs",),
     "get_batch_samples": ("epoch_iterator", "num_batches", "device"),
     "evaluation_loop": ("dataloader", "description", "prediction_loss_only", "ignore_keys", "metric_key_prefix"),
+    "_get_num_items_in_batch": ("batch_samples", "device"),  # the loader's count of a window, else HF's
     # called
     "_wrap_model": ("model", "training", "dataloader"),
-    "_get_num_items_in_batch": ("batch_samples", "device"),
     "_get_output_dir": ("trial",),
     "_set_signature_columns_if_needed": (),
     "_prepare_inputs": ("inputs",),

@@ -14,15 +14,18 @@ from typing import Any
 
 import torch
 
+from padpipe.runtime.loss_tokens import ITEMS_KEY
 from padpipe.state import Bool, Child, Int, check_state, make_state
 
 _END = object()
 
 
 class Batch(dict):
-    """A training batch for the model, with the real tokens of the batch padpipe made (``tokens``)."""
+    """A training batch for the model, with the real tokens of the batch padpipe made (``tokens``) and the
+    loader's ``num_items_in_batch`` of its accumulation window (``loss_items``; ``None`` when not counted)."""
 
     tokens: int = 0
+    loss_items: torch.Tensor | None = None
 
 
 class PassLength(int):
@@ -101,8 +104,8 @@ class TrainBatches:
         while (batch := self._next()) is not _END:
             self.read += 1
             self.rows += _rows(batch)
-            out = Batch(self._columns(batch))
-            out.tokens = self._tokens(batch)
+            out = Batch(self._columns({k: v for k, v in batch.items() if k != ITEMS_KEY}))
+            out.tokens, out.loss_items = self._tokens(batch), batch.get(ITEMS_KEY)
             yield out
 
     def state_dict(self) -> dict[str, Any]:
@@ -187,3 +190,35 @@ def real_tokens(pad_id: int | None, label_pad_id: int) -> Callable[[dict], int]:
         return int(ids.numel())
 
     return count
+
+
+def counts_as_hf(trainer: Any) -> bool:
+    """Whether the loader's ``num_items_in_batch`` is what ``Trainer._get_num_items_in_batch`` would compute.
+
+    It is when HF sums the count over the ranks too (``average_tokens_across_devices``, or one
+    process) and divides it by nothing (no ``DataParallel``, no tensor, context or sequence
+    parallelism): then the loader counts each window, ``gradient_accumulation_steps`` batches of
+    one pass (the last one short), as HF's loop reads it.
+    """
+    args = trainer.args
+    split = trainer.get_tp_size() * trainer.get_cp_size() * trainer.get_sp_size()
+    return (args.average_tokens_across_devices or args.world_size == 1) and args.n_gpu <= 1 and split == 1
+
+
+def loader_items(trainer: Any, batches: list[Any], device: Any) -> torch.Tensor | None:
+    """The loader's count of ``batches`` (one window) where HF would count it, on ``device``; else ``None``.
+
+    Example:
+        >>> from types import SimpleNamespace as Fake
+        >>> args, one = Fake(average_tokens_across_devices=True, world_size=1, n_gpu=1), lambda: 1
+        >>> hf = Fake(args=args, model_accepts_loss_kwargs=True, compute_loss_func=None, get_tp_size=one,
+        ...           get_cp_size=one, get_sp_size=one)
+        >>> batch = Batch(labels=torch.tensor([[1, 2]])); batch.loss_items = torch.tensor(7)
+        >>> loader_items(hf, [batch], "cpu")
+        tensor(7)
+    """
+    if not batches or not all(isinstance(b, Batch) and b.loss_items is not None for b in batches):
+        return None
+    if "labels" not in batches[0] or not (trainer.model_accepts_loss_kwargs or trainer.compute_loss_func is not None):
+        return None  # HF counts nothing either: the caller asks HF
+    return batches[0].loss_items.to(device) if counts_as_hf(trainer) else None

@@ -17,12 +17,13 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._build import BuildContext
-from padpipe.errors import one_of
+from padpipe.errors import check_bool, one_of, positive
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.runtime.elastic import loader_state
 from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.latch import FailureLatch
+from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.runtime.workers import WorkerProcesses
 from padpipe.stats import PipelineStats
 
@@ -53,7 +54,14 @@ class Assembly:
 
 
 def assemble(
-    pipe: Pipeline, *, num_workers: int, consumer: Consumer | None, equal_steps: str, options: dict[str, Any]
+    pipe: Pipeline,
+    *,
+    num_workers: int,
+    consumer: Consumer | None,
+    equal_steps: str,
+    options: dict[str, Any],
+    accumulation_steps: int | None = None,
+    causal: bool = True,
 ) -> Assembly:
     """The :class:`Assembly` of ``pipe``'s loader (arguments as :meth:`Pipeline.loader`'s).
 
@@ -63,6 +71,13 @@ def assemble(
         'ConsumerGraph'
     """
     one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
+    positive("accumulation_steps", accumulation_steps, allow_none=True)
+    check_bool("causal", causal)
+    if accumulation_steps is None and not causal:
+        raise ValueError(
+            "`causal=False` says how `accumulation_steps` counts loss tokens, but `accumulation_steps` is None: "
+            "set it too."
+        )
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
     if num_workers == 0 and (
@@ -95,6 +110,18 @@ def assemble(
     settings: dict[str, Any] = {
         "equal_steps": equal_steps
     }  # the layout (ranks, workers) is checked apart: it may change
+    window: dict[str, Any] | None = None
+    if accumulation_steps is not None:  # on top, so that every rank's windows hold the same (equal) steps
+        window = {"steps": accumulation_steps, "causal": causal}
+        root = LossTokens(
+            root,
+            steps=accumulation_steps,
+            causal=causal,
+            across_ranks=pipe.sharding == "auto",
+            lockstep=equal_steps != "off",
+            device=device,
+        )
+        settings["accumulation_steps"] = accumulation_steps
 
     def layout() -> list[int]:
         rank, ranks = (
@@ -119,6 +146,7 @@ def assemble(
             fields=carried,
             device_stage=last is not None,
             ahead=ahead,
+            window=window,
         )
 
     return Assembly(root, stats, settings, layout, reshare, device)

@@ -32,6 +32,7 @@ from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import ConsumerGraph, override_readers, readers
 from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.loader_state import LOADER_STATE
+from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.runtime.shares import share
 from padpipe.runtime.workers import WorkerProcesses
 from padpipe.state import StateMismatchError
@@ -175,6 +176,7 @@ def loader_state(
     fields: dict[str, Any],
     device_stage: bool,
     ahead: dict[int, list[Any]] | None = None,
+    window: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ``PipelineLoader`` state for this loader (``layout``) that continues the epoch of every rank's ``states``.
 
@@ -188,6 +190,9 @@ def loader_state(
         device_stage: Whether a trailing ``prefetch``/``to_cuda`` stage runs above the graphs.
         ahead: Batches each old rank had taken from its loader but not trained on, by rank: they
             come first among that rank's held batches.
+        window: The settings of a :class:`~padpipe.runtime.loss_tokens.LossTokens` stage on top
+            (``accumulation_steps``): the batches of its window not given out are held next, and the
+            new layout starts a new window.
     """
 
     readers(pipeline.build(consumer=Consumer()))  # can this pipeline be re-shared at all? (a clear error if not)
@@ -197,6 +202,9 @@ def loader_state(
     slots, old, epochs, ended = max(workers, 1), [], set(), all(s["finished"] for s in states)
     for rank, state in enumerate(states):
         source, held = state["root"], list((ahead or {}).get(rank, []))
+        if window is not None:
+            source, rest = LossTokens.parts(source)
+            held += rest
         if policy != "off":
             source, read_ahead, stopped = EqualSteps.parts(source)
             held += read_ahead
@@ -225,4 +233,6 @@ def loader_state(
         root = DevicePrefetcher.state_around(root)
     if policy != "off":
         root = EqualSteps.fresh_state(policy, root)
+    if window is not None:
+        root = LossTokens.fresh_state(window["steps"], window["causal"], root)
     return LOADER_STATE.make(settings, root=root, finished=ended, layout=layout, **fields)

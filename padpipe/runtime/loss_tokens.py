@@ -1,0 +1,198 @@
+"""Loss-token counts for gradient accumulation: ``num_items_in_batch`` of each optimizer step's window.
+
+With a loss summed over tokens and divided by the label tokens of the whole optimizer step (its
+``k`` accumulated batches on every rank), the accumulated gradient is the gradient of the mean
+loss over all of those tokens, however unevenly they fall into batches and ranks. Trainers
+re-derive that count from batches they read ahead; :class:`LossTokens` reads the window ahead
+itself, counts its label tokens as HF ``Trainer`` does, sums them over the ranks in one
+all-reduce per window and gives every batch of the window the total.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torchdata.nodes import BaseNode
+
+from padpipe.errors import check_bool, positive
+from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.runtime.lockstep import REPEAT_KEY, StepSync, detect_sync
+from padpipe.state import Bool, Child, Int, ListOf, Plain, StateSchema
+
+ITEMS_KEY = "num_items_in_batch"
+IGNORE_INDEX = -100  # the label HF's losses leave out
+
+
+def label_tokens(batch: Any, *, causal: bool = True) -> int:
+    """The label tokens of one batch that a loss counts, as HF ``Trainer._get_num_items_in_batch`` counts them.
+
+    ``shift_labels`` when the batch has it, else ``labels[..., 1:]`` for a causal-LM loss (its
+    first position predicts nothing) or ``labels`` (masked LM, classification), each without the
+    ``-100`` entries. A packed row's document starts are ``-100`` already (``.pack()``), so no
+    token is counted across a document boundary. A batch marked as a repeat (``equal_steps="repeat"``,
+    whose loss is zeroed) counts 0.
+
+    Example:
+        >>> label_tokens({"labels": torch.tensor([[-100, 5, 6, -100], [7, 8, -100, -100]])})
+        3
+        >>> label_tokens({"labels": torch.tensor([1, 0, 1])}, causal=False)
+        3
+    """
+    if not isinstance(batch, dict) or ("labels" not in batch and "shift_labels" not in batch):
+        found = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise ValueError(
+            f"`accumulation_steps` counts the loss tokens of each batch's `labels`, but a batch has none: "
+            f"expected a dict with `labels`, found {found} instead."
+        )
+    repeat = batch.get(REPEAT_KEY)
+    if isinstance(repeat, torch.Tensor) and bool(repeat):
+        return 0
+    if "shift_labels" in batch:
+        labels = batch["shift_labels"]
+    else:
+        labels = batch["labels"][..., 1:] if causal else batch["labels"]
+    return int(labels.ne(IGNORE_INDEX).sum())
+
+
+class LossTokens(BaseNode[Any]):
+    """Give every batch ``num_items_in_batch``: the loss tokens of its optimizer step's window on all ranks.
+
+    Each window is the next ``steps`` batches of the epoch (the last one shorter); the count is
+    :func:`label_tokens` summed over the window and, under ``torch.distributed`` with ranks that
+    share the data, over every rank (one all-reduce of one int per window, on the CPU). The value
+    is a 0-d ``int64`` tensor on the batch's ``labels`` device. Ranks must take equal steps (the
+    stage sits above :class:`~padpipe.runtime.equal_steps.EqualSteps`), so every rank's windows
+    hold the same steps.
+
+    The state holds the upstream state after the window was read, the window's batches not yet
+    given out (on the CPU; back to ``device`` on resume) and its count, so resume at any step of a
+    window gives the same batches and counts without another all-reduce.
+
+    Args:
+        source: The node below (equal steps, or the graph).
+        steps: Batches per optimizer step (gradient accumulation steps), ``>= 1``.
+        causal: Count ``labels[..., 1:]`` (a causal-LM loss, HF's rule) rather than ``labels``.
+        across_ranks: Sum the count over the ranks (``False``: every rank reads all the data and
+            a framework splits it, ``shard("off")``).
+        lockstep: Whether ranks take equal steps; without them several ranks are refused.
+        group: The process group to sum in (default: the whole world).
+        device: Where upstream batches are (a ``to_cuda`` stage's), for batches restored from a state.
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> batches = [{"labels": torch.tensor([[-100, 1, 2]])}, {"labels": torch.tensor([[-100, 3, -100]])}]
+        >>> [int(b["num_items_in_batch"]) for b in LossTokens(IterableWrapper(batches), steps=2)]
+        [3, 3]
+    """
+
+    STATE = StateSchema(
+        "LossTokens",
+        1,
+        source=Child(),
+        window=ListOf(Plain()),  # the window's batches not yet given out
+        items=Int(0),  # the window's loss tokens over all ranks
+        ended=Bool(),  # whether the source's epoch has ended
+    )
+
+    def __init__(
+        self,
+        source: BaseNode,
+        *,
+        steps: int,
+        causal: bool = True,
+        across_ranks: bool = True,
+        lockstep: bool = True,
+        group: Any = None,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        positive("accumulation_steps", steps)
+        check_bool("causal", causal)
+        self.source, self.steps, self.causal = source, steps, causal
+        self.across_ranks, self.lockstep, self.group, self.device = across_ranks, lockstep, group, device
+        self._sync: StepSync | None = None
+        self._detected = False
+        self._window: list[Any] = []
+        self._items, self._ended = 0, False
+
+    @classmethod
+    def fresh_state(cls, steps: int, causal: bool, source: dict[str, Any]) -> dict[str, Any]:
+        """The state of a stage that goes on from ``source`` (its upstream state) with no window read yet."""
+        return cls._state(steps, causal, source, [], 0, False)
+
+    @classmethod
+    def parts(cls, state: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        """A saved state's upstream state and the window's batches it had not given out."""
+        return state["source"], list(state["window"])
+
+    @property
+    def in_lockstep(self) -> bool:
+        """Whether steps are agreed with other ranks (the stage below's)."""
+        return bool(getattr(self.source, "in_lockstep", False))
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if not self._detected:
+            self._sync = detect_sync(self.group) if self.across_ranks else None
+            self._detected = True
+            if self._sync is not None and not self.lockstep:
+                raise ValueError(
+                    "`accumulation_steps` sums each window's loss tokens over the ranks, so every rank must take "
+                    "the same steps: `equal_steps` must be 'stop_first' or 'repeat' under torch.distributed, but "
+                    "is 'off' instead."
+                )
+        if initial_state is None:
+            self.source.reset(None)
+            self._window, self._items, self._ended = [], 0, False
+            return
+        loaded = self.STATE.check(initial_state, _settings(self.steps, self.causal))
+        self.source.reset(loaded.source)
+        self._window = [to_device(b, self.device) for b in loaded.window]
+        self._items, self._ended = loaded.items, loaded.ended
+
+    def next(self) -> Any:
+        if not self._window:
+            self._read_window()
+        batch = self._window.pop(0)
+        return {**batch, ITEMS_KEY: torch.tensor(self._items, dtype=torch.int64, device=_device_of(batch))}
+
+    def get_state(self) -> dict[str, Any]:
+        window = [to_cpu(b) for b in self._window]
+        return self._state(self.steps, self.causal, self.source.state_dict(), window, self._items, self._ended)
+
+    def _read_window(self) -> None:
+        """Read the next window (``StopIteration`` when the epoch has none left) and count it over the ranks."""
+        while not self._ended and len(self._window) < self.steps:
+            try:
+                self._window.append(next(self.source))
+            except StopIteration:
+                self._ended = True
+        if not self._window:  # every rank ends here at the same step: equal steps
+            raise StopIteration
+        local = sum(label_tokens(b, causal=self.causal) for b in self._window)
+        self._items = local if self._sync is None else _sum(self._sync, local)
+
+    @classmethod
+    def _state(
+        cls, steps: int, causal: bool, source: dict[str, Any], window: list[Any], items: int, ended: bool
+    ) -> dict[str, Any]:
+        return cls.STATE.make(_settings(steps, causal), source=source, window=window, items=items, ended=ended)
+
+
+def _device_of(batch: dict[str, Any]) -> torch.device:
+    labels = batch.get("shift_labels", batch.get("labels"))
+    return labels.device if isinstance(labels, torch.Tensor) else torch.device("cpu")
+
+
+def _settings(steps: int, causal: bool) -> dict[str, Any]:
+    return {"steps": steps, "causal": causal}
+
+
+def _sum(sync: StepSync, local: int) -> int:
+    """``local`` summed over ``sync``'s group (a CPU tensor where the group takes one, as equal steps does)."""
+    import torch.distributed as dist
+
+    total = torch.tensor([local], dtype=torch.int64, device=sync.device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=sync.group)
+    return int(total.item())
