@@ -310,7 +310,14 @@ class Trainer(transformers.Trainer):
                 "multiprocessing_context": args.dataloader_multiprocessing_context,
             }
         if steps is not None:  # num_items_in_batch of each window, as HF counts it
-            options.update(accumulation_steps=steps, causal=self._loss_shifts_labels)
+            shifts = getattr(self, "_loss_shifts_labels", None)  # set by Trainer.__init__ (transformers 5.24)
+            if not isinstance(shifts, bool):
+                raise ImportError(
+                    "padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__, "
+                    f"transformers 5.24), but found {shifts!r} instead: install the transformers version padpipe "
+                    "was tested with (pip install 'transformers==5.24.*') or a padpipe release for yours."
+                )
+            options.update(accumulation_steps=steps, causal=shifts)
         return pipe.loader(equal_steps=equal_steps, **options)
 
     def _eval_dataset(self, eval_dataset: Any) -> Any:

@@ -49,3 +49,11 @@ def test_trainer_counts_with_hf_where_hf_would_not_sum_over_the_ranks_alike(tmp_
     assert not counts_as_hf(trainer)
     batch = next(iter(trainer.get_train_dataloader()))
     assert isinstance(batch, Batch) and batch.loss_items is None  # the loader counts nothing; HF counts
+
+
+def test_trainer_refuses_naming_the_attribute_when_a_release_drops_loss_shifts_labels(tmp_path):
+    trainer = Trainer(model=tiny_llama(), args=arguments(tmp_path), train_dataset=packed())
+    assert isinstance(trainer._loss_shifts_labels, bool)  # what transformers 5.24 sets in Trainer.__init__
+    del trainer._loss_shifts_labels
+    with pytest.raises(ImportError, match=r"^padpipe\.hf needs transformers\.Trainer's `_loss_shifts_labels`"):
+        trainer.get_train_dataloader()
