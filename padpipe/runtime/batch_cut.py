@@ -33,7 +33,9 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     rows = rows_of(batch)
     if rows is None or rows < 2:
         return None
-    cut, first, second = rows // 2, {}, {}
+    cut = rows // 2
+    first: dict[str, Any] = {}
+    second: dict[str, Any] = {}
     for key, value in batch.items():
         if key in PACKED_KEYS:
             continue
@@ -112,7 +114,9 @@ def _merge_packed(first: dict[str, Any], second: dict[str, Any], merged: dict[st
     """Segment boundaries of the joined rows (the second's shifted past the first's tokens); ``False`` if not packed."""
     a, b = first["cu_seq_lens_q"], second["cu_seq_lens_q"]
     ids = first.get("input_ids")
-    if not all(isinstance(t, torch.Tensor) for t in (a, b, ids)) or ids.dim() != 2:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(ids, torch.Tensor)):
+        return False
+    if ids.dim() != 2:
         return False
     bounds = torch.cat([a, b[1:].to(a.device) + int(a[-1])])
     merged["cu_seq_lens_q"] = merged["cu_seq_lens_k"] = bounds

@@ -157,7 +157,7 @@ def even_out(batches: list[Any], ranks: int) -> list[Any]:
 
 def _epoch_of(graph: dict[str, Any]) -> int:
     """The epoch of a graph state (its first reader's)."""
-    node = graph
+    node: Any = graph
     while isinstance(node, dict) and "unit" not in node:
         inner = node.get("source")
         node = next(iter(inner.values())) if isinstance(inner, dict) and "version" not in inner else inner
@@ -199,7 +199,8 @@ def loader_state(
     _, _, workers = states[0]["layout"]
     if all(s["root"] is None for s in states):  # saved before the first batch
         return LOADER_STATE.make(settings, root=None, finished=False, layout=layout, **fields)
-    slots, old, epochs, ended = max(workers, 1), [], set(), all(s["finished"] for s in states)
+    slots, old, ended = max(workers, 1), [], all(s["finished"] for s in states)
+    epochs: set[int] = set()
     for rank, state in enumerate(states):
         source, held = state["root"], list((ahead or {}).get(rank, []))
         if window is not None:
@@ -212,7 +213,7 @@ def loader_state(
         if device_stage:
             source = DevicePrefetcher.source_of(source)
         graphs, epoch = ([source], None) if workers == 0 else WorkerProcesses.worker_graphs(source, workers)
-        epochs |= {epoch} - {None}
+        epochs |= set() if epoch is None else {epoch}
         for worker, graph in enumerate(graphs):
             if graph is WorkerProcesses.DONE:
                 continue
@@ -220,7 +221,7 @@ def loader_state(
                 rank * slots + worker, len(states) * slots, slots, graph, held if worker == 0 else []
             )
             old.append(consumer)
-            epochs |= {at} - {None}
+            epochs |= set() if at is None else {at}
     if len(epochs) != 1:
         raise StateMismatchError(
             f"elastic resume needs every rank saved in the same epoch, but found epochs {sorted(epochs)}."

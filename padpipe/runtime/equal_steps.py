@@ -211,7 +211,8 @@ def _equal_steps(iterable: Iterable[Any], policy: str, stats: PipelineStats, gro
     if sync is None:
         yield from (_mark(b, False) for b in iterable) if policy == "repeat" else iterable
         return
-    it, lockstep, first = iter(iterable), _Lockstep(policy, sync, stats), []
+    it, lockstep = iter(iterable), _Lockstep(policy, sync, stats)
+    first: list[Any] = []
 
     def pull() -> Any:
         item = next(it, None)
