@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from torchdata.nodes import BaseNode
 
 from padpipe.errors import check_bool
-from padpipe.state import SOURCE_KEY, check_state, make_state
+from padpipe.state import Child, StateSchema
 
 ENV = "PADPIPE_PROGRESS"
 LOG_EVERY_S = 10.0
@@ -142,7 +142,7 @@ class ProgressNode(BaseNode[Any]):
         [2]
     """
 
-    VERSION = 1
+    STATE = StateSchema("progress", 1, source=Child())
 
     def __init__(self, source: BaseNode, *, desc: str, total: int | None = None, enabled: bool | None = None) -> None:
         super().__init__()
@@ -159,8 +159,7 @@ class ProgressNode(BaseNode[Any]):
         if initial_state is None:
             self.source.reset(None)
             return
-        check_state("progress", initial_state, version=self.VERSION, settings={})
-        self.source.reset(initial_state[SOURCE_KEY])
+        self.source.reset(self.STATE.check(initial_state, {}).source)
 
     def next(self) -> Any:
         try:
@@ -179,7 +178,7 @@ class ProgressNode(BaseNode[Any]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        return make_state(version=self.VERSION, settings={}, **{SOURCE_KEY: self.source.state_dict()})
+        return self.STATE.make({}, source=self.source.state_dict())
 
     def _end_bar(self) -> None:
         if self._bar is not None:

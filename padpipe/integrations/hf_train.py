@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from padpipe.runtime.loss_tokens import ITEMS_KEY
-from padpipe.state import Bool, Child, Int, check_state, make_state
+from padpipe.state import Bool, Child, Int, StateSchema
 
 _END = object()
 
@@ -79,8 +79,7 @@ class TrainBatches:
         ([['input_ids']], 2, 1, True)
     """
 
-    VERSION = 1
-    LOADER_KEY, EPOCH_KEY, BATCHES_KEY, ENDED_KEY = "loader", "epoch", "batches", "ended"
+    STATE = StateSchema("padpipe.hf.Trainer", 1, loader=Child(), epoch=Int(0), batches=Int(0), ended=Bool())
 
     def __init__(
         self, loader: Any, columns: Callable[[dict], dict], tokens: Callable[[dict], int] = lambda batch: 0
@@ -115,28 +114,16 @@ class TrainBatches:
             self._peeked = self._next()
             if self._peeked is _END:  # the pass is over: resume with the next one
                 state = self.loader.state_dict()
-        return make_state(
-            version=self.VERSION,
-            settings={},
-            **{
-                self.LOADER_KEY: state,
-                self.EPOCH_KEY: self.epoch,
-                self.BATCHES_KEY: self.offset + self.read,
-                self.ENDED_KEY: self.ended,
-            },
-        )
+        return self.STATE.make({}, loader=state, epoch=self.epoch, batches=self.offset + self.read, ended=self.ended)
 
     def load_state_dict(self, states: list[dict[str, Any]]) -> None:
         """Continue from the states of every saved rank (this rank's, or the elastic share of them all)."""
-        fields = {self.LOADER_KEY: Child(), self.EPOCH_KEY: Int(0), self.BATCHES_KEY: Int(0), self.ENDED_KEY: Bool()}
-        loaded = [
-            check_state("padpipe.hf.Trainer", s, version=self.VERSION, settings={}, fields=fields) for s in states
-        ]
-        self.loader.load_state_dict([s[self.LOADER_KEY] for s in loaded])
+        loaded = [self.STATE.check(s, {}) for s in states]
+        self.loader.load_state_dict([s.loader for s in loaded])
         first = loaded[0]
         self.ended = False
-        self.epoch = first[self.EPOCH_KEY] + first[self.ENDED_KEY]
-        self.offset = 0 if first[self.ENDED_KEY] else first[self.BATCHES_KEY]
+        self.epoch = first.epoch + first.ended
+        self.offset = 0 if first.ended else first.batches
         self._started = self._resumed = True
 
     def _next(self) -> Any:

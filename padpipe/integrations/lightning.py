@@ -33,7 +33,7 @@ from padpipe._optional import require
 from padpipe.integrations.lightning_fit import all_ranks, ranks
 from padpipe.loader import PipelineLoader
 from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.state import ListOf, Plain, check_state, make_state
+from padpipe.state import ListOf, Plain, StateSchema
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
@@ -71,10 +71,9 @@ class LightningLoader:
         [torch.Size([1, 4])]
     """
 
-    VERSION = 2
-    LOADER_KEY = "loader"
-    AHEAD_KEY = "ahead"
-    RANKS_KEY = "ranks"
+    STATE = StateSchema(
+        "LightningLoader", 2, ranks=ListOf(Plain())
+    )  # ranks: per rank, {"loader": its loader state, "ahead": its batches fetched and not trained}
 
     def __init__(self, loader: Any) -> None:
         if not (callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))):
@@ -113,8 +112,8 @@ class LightningLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's loader state and its batches fetched but not trained yet (a collective under DDP)."""
-        mine = {self.LOADER_KEY: self.loader.state_dict(), self.AHEAD_KEY: [to_cpu(b) for b in self._ahead]}
-        return make_state(version=self.VERSION, settings={}, **{self.RANKS_KEY: all_ranks(mine)})
+        mine = {"loader": self.loader.state_dict(), "ahead": [to_cpu(b) for b in self._ahead]}
+        return self.STATE.make({}, ranks=all_ranks(mine))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume this rank's share from ``state`` at the next ``iter()``.
@@ -124,16 +123,14 @@ class LightningLoader:
         out with the rest of the epoch.
         """
         rank, world = ranks()
-        saved = check_state(
-            "LightningLoader", state, version=self.VERSION, settings={}, fields={self.RANKS_KEY: ListOf(Plain())}
-        )[self.RANKS_KEY]
+        saved = self.STATE.check(state, {}).ranks
         if len(saved) == world:
             mine = saved[rank]
-            self.loader.load_state_dict(mine[self.LOADER_KEY])
-            self._restored = list(mine[self.AHEAD_KEY])
+            self.loader.load_state_dict(mine["loader"])
+            self._restored = list(mine["ahead"])
         else:  # the batches fetched ahead are shared out with the rest of the epoch: equal steps on every rank
-            ahead = {r: list(one[self.AHEAD_KEY]) for r, one in enumerate(saved)}
-            self.loader.load_state_dict([r[self.LOADER_KEY] for r in saved], ahead=ahead)
+            ahead = {r: list(one["ahead"]) for r, one in enumerate(saved)}
+            self.loader.load_state_dict([r["loader"] for r in saved], ahead=ahead)
             self._restored = []
         self._resumed = True
 

@@ -20,12 +20,11 @@ from types import FrameType
 from typing import Any
 
 from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.state import Int, ListOf, Plain, StateMismatchError, check_state, invalid, make_state
+from padpipe.state import Int, ListOf, Loaded, Plain, StateMismatchError, StateSchema, invalid
 
 MAX_DEPTH = 16
 """Frames looked at above the loader's method (Lightning's fit loop is 5-7 above)."""
 
-STAGE = "PipelineLoader (under Lightning)"
 ADAPTER = "padpipe.integrations.lightning.LightningLoader(pipe.loader(...)) with the ExactResume() callback"
 _COMBINED = ("lightning.pytorch.utilities.combined_loader", "pytorch_lightning.utilities.combined_loader")
 _LOOPS = ("lightning.pytorch.loops.", "pytorch_lightning.loops.")
@@ -90,11 +89,9 @@ class FitDriver:
             called from here as they are outside Lightning).
     """
 
-    VERSION = 1
-    EPOCH_KEY = "epoch"
-    RANKS_KEY = "ranks"
-    LOADER_KEY = "loader"
-    AHEAD_KEY = "ahead"
+    STATE = StateSchema(
+        "PipelineLoader (under Lightning)", 1, epoch=Int(0), ranks=ListOf(Plain())
+    )  # ranks: per rank, {"loader": its loader state, "ahead": its batches fetched and not trained}
 
     def __init__(self, loader: Any) -> None:
         self._loader = weakref.ref(loader)  # the loader keys its driver: a strong reference would keep both alive
@@ -132,51 +129,42 @@ class FitDriver:
         own = self.loader.state_dict()
         ahead = self._ahead(own[type(self.loader).FINISHED_KEY])
         recent = list(self._recent)[len(self._recent) - ahead :] if ahead else []
-        mine = {self.LOADER_KEY: own, self.AHEAD_KEY: [to_cpu(b) for b in recent + list(self._restored)]}
-        return make_state(
-            version=self.VERSION, settings={}, **{self.EPOCH_KEY: self.epoch, self.RANKS_KEY: all_ranks(mine)}
-        )
+        mine = {"loader": own, "ahead": [to_cpu(b) for b in recent + list(self._restored)]}
+        return self.STATE.make({}, epoch=self.epoch, ranks=all_ranks(mine))
 
     def load_state_dict(self, state: Any) -> None:
         """Restore this rank's share of ``state`` (on another number of ranks, every rank's: an elastic resume)."""
-        if not isinstance(state, dict) or self.RANKS_KEY not in state or self.EPOCH_KEY not in state:
+        if not isinstance(state, dict) or not set(self.STATE.fields) <= set(state):
             found = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise StateMismatchError(
                 f"Lightning is restoring pipe.loader() from a checkpoint whose loader state was not saved by "
                 f"pipe.loader() under Lightning (an older padpipe's state is one batch past the trained steps, or "
-                f"it is a LightningLoader's): expected keys ['epoch', 'ranks'], found {found}. Resume it with the "
-                f"train_dataloader() that saved it ({ADAPTER}), or from a checkpoint saved by this padpipe."
+                f"it is a LightningLoader's): expected keys {sorted(self.STATE.fields)}, found {found}. Resume it "
+                f"with the train_dataloader() that saved it ({ADAPTER}), or from a checkpoint saved by this padpipe."
             )
-        saved = check_state(
-            STAGE,
-            state,
-            version=self.VERSION,
-            settings={},
-            check=self._check_ranks,
-            fields={self.EPOCH_KEY: Int(0), self.RANKS_KEY: ListOf(Plain())},
-        )
+        saved = self.STATE.check(state, {}, check=self._check_ranks)
         rank, world = ranks()
         finished_key = type(self.loader).FINISHED_KEY
-        if len(saved[self.RANKS_KEY]) == world:
-            mine = saved[self.RANKS_KEY][rank]
-            self.loader.load_state_dict(mine[self.LOADER_KEY])
-            restored, finished = mine[self.AHEAD_KEY], mine[self.LOADER_KEY][finished_key]
+        if len(saved.ranks) == world:
+            mine = saved.ranks[rank]
+            self.loader.load_state_dict(mine["loader"])
+            restored, finished = mine["ahead"], mine["loader"][finished_key]
         else:  # the batches fetched ahead are shared out with the rest of the epoch: equal steps on every rank
-            every = saved[self.RANKS_KEY]
-            ahead = {r: list(one[self.AHEAD_KEY]) for r, one in enumerate(every)}
-            self.loader.load_state_dict([one[self.LOADER_KEY] for one in every], ahead=ahead)
-            restored, finished = [], all(one[self.LOADER_KEY][finished_key] for one in every)
+            every = saved.ranks
+            ahead = {r: list(one["ahead"]) for r, one in enumerate(every)}
+            self.loader.load_state_dict([one["loader"] for one in every], ahead=ahead)
+            restored, finished = [], all(one["loader"][finished_key] for one in every)
         self._restored = deque(to_device(b, getattr(self.loader, "device", None)) for b in restored)
-        self._loaded, self._loaded_at = state, (saved[self.EPOCH_KEY], finished)
+        self._loaded, self._loaded_at = state, (saved.epoch, finished)
 
-    def _check_ranks(self, loaded: dict[str, Any]) -> None:
-        keys = {self.LOADER_KEY, self.AHEAD_KEY}
-        for r, one in enumerate(loaded[self.RANKS_KEY]):
-            if not isinstance(one, dict) or set(one) != keys or not isinstance(one[self.AHEAD_KEY], list):
+    def _check_ranks(self, loaded: Loaded) -> None:
+        stage, keys = self.STATE.stage, {"loader", "ahead"}
+        for r, one in enumerate(loaded.ranks):
+            if not isinstance(one, dict) or set(one) != keys or not isinstance(one["ahead"], list):
                 found = sorted(one) if isinstance(one, dict) else type(one).__name__
-                raise invalid(STAGE, f"{self.RANKS_KEY}[{r}]", f"a dict with keys {sorted(keys)}", found)
-        if not loaded[self.RANKS_KEY]:
-            raise invalid(STAGE, self.RANKS_KEY, "a list of every rank's state", "[]")
+                raise invalid(stage, f"ranks[{r}]", f"a dict with keys {sorted(keys)}", found)
+        if not loaded.ranks:
+            raise invalid(stage, "ranks", "a list of every rank's state", "[]")
 
     def _ahead(self, finished: bool) -> int:
         """How many of the batches yielded Lightning has fetched and not trained yet."""

@@ -13,19 +13,7 @@ from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.graph import EpochAware
 from padpipe.pipes.cut import cut_by_budget, handle_oversize, longest_row_allowed
 from padpipe.pipes.pad import padded_length
-from padpipe.state import (
-    SOURCE_KEY,
-    Array,
-    Bool,
-    Child,
-    Int,
-    Optional,
-    Rng,
-    check_state,
-    invalid,
-    load_value,
-    make_state,
-)
+from padpipe.state import Array, Bool, Child, Int, Loaded, Optional, Rng, StateSchema, invalid, load_value
 from padpipe.stats import PipelineStats
 from padpipe.token_cache.state import CachedChunk, chunk_state, drop_ref
 
@@ -121,16 +109,20 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
         [[1, 1, 2], [3], [4], [5]]
     """
 
-    VERSION = 3
-    EPOCH_KEY = "epoch"
-    RNG_KEY = "rng"
-    EXHAUSTED_KEY = "exhausted"
-    SEEN_KEY = "seen"
-    CARRY_KEY = "carry"
-    READY_KEY = "ready"
-    SIZES_KEY = "sizes"
-    BATCH_KEY = "batch"
-    POS_KEY = "pos"
+    STATE = StateSchema(
+        "Bucketizer",
+        3,
+        source=Child(),
+        epoch=Int(0),
+        rng=Rng(),
+        exhausted=Bool(),
+        seen=Int(0),
+        carry=Optional(CachedChunk()),  # rows in a token cache: references, re-read
+        ready=Optional(CachedChunk()),  # both cut to the longest row allowed when truncating (specs in reset)
+        sizes=Array(torch.int64, lo=1),
+        batch=Int(0),
+        pos=Int(0),
+    )
 
     def __init__(
         self,
@@ -184,40 +176,27 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
             self._set_ready(None, np.zeros(0, np.int64))
             return
         cut = self._limit if self.on_oversize == "truncate" else None  # rows re-read from a token cache
-        fields = {
-            SOURCE_KEY: Child(),
-            self.EPOCH_KEY: Int(0),
-            self.RNG_KEY: Rng(),
-            self.EXHAUSTED_KEY: Bool(),
-            self.SEEN_KEY: Int(0),
-            self.CARRY_KEY: Optional(CachedChunk(cut)),  # rows in a token cache: references, re-read
-            self.READY_KEY: Optional(CachedChunk(cut)),
-            self.SIZES_KEY: Array(torch.int64, lo=1),
-            self.BATCH_KEY: Int(0),
-            self.POS_KEY: Int(0),
-        }
+        specs = {"carry": Optional(CachedChunk(cut)), "ready": Optional(CachedChunk(cut))}
 
-        def check(loaded: dict[str, Any]) -> None:  # the ready rows are cut into `sizes`; `batch` of them were emitted
-            ready, sizes, batch = loaded[self.READY_KEY], loaded[self.SIZES_KEY], loaded[self.BATCH_KEY]
+        def check(loaded: Loaded) -> None:  # the ready rows are cut into `sizes`; `batch` of them were emitted
+            ready, sizes, batch = loaded.ready, loaded.sizes, loaded.batch
             rows = 0 if ready is None else ready.num_rows
             if rows != int(sizes.sum()) or (ready is None) != (len(sizes) == 0):
                 raise invalid(
-                    "Bucketizer", self.SIZES_KEY, f"batch sizes adding up to the {rows} ready rows", sizes.tolist()
+                    self.STATE.stage, "sizes", f"batch sizes adding up to the {rows} ready rows", sizes.tolist()
                 )
-            load_value("Bucketizer", self.BATCH_KEY, batch, Int(0, max(len(sizes) - 1, 0)))
+            load_value(self.STATE.stage, "batch", batch, Int(0, max(len(sizes) - 1, 0)))
             emitted = int(sizes[:batch].sum())
-            load_value("Bucketizer", self.POS_KEY, loaded[self.POS_KEY], Int(emitted, emitted))
+            load_value(self.STATE.stage, "pos", loaded.pos, Int(emitted, emitted))
 
-        loaded = check_state(
-            "Bucketizer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields, check=check
-        )
-        self.source.reset(initial_state[SOURCE_KEY])
-        self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
-        self._exhausted, self._carry = loaded[self.EXHAUSTED_KEY], loaded[self.CARRY_KEY]
-        self._seen = loaded[self.SEEN_KEY]
-        self._set_ready(loaded[self.READY_KEY], loaded[self.SIZES_KEY])
-        self._batch, self._pos = loaded[self.BATCH_KEY], loaded[self.POS_KEY]
-        self._carry_state, self._ready_state = initial_state[self.CARRY_KEY], initial_state[self.READY_KEY]
+        loaded = self.STATE.check(initial_state, self._settings(), specs=specs, check=check)
+        self.source.reset(loaded.source)
+        self._epoch, self._rng = loaded.epoch, loaded.rng
+        self._exhausted, self._carry = loaded.exhausted, loaded.carry
+        self._seen = loaded.seen
+        self._set_ready(loaded.ready, loaded.sizes)
+        self._batch, self._pos = loaded.batch, loaded.pos
+        self._carry_state, self._ready_state = initial_state["carry"], initial_state["ready"]
 
     def next(self) -> TokenChunk:
         while self._ready is None:
@@ -238,21 +217,18 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
             self._carry_state = chunk_state(self._carry)
         if self._ready is not None and self._ready_state is None:
             self._ready_state = chunk_state(self._ready)
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{
-                SOURCE_KEY: self.source.state_dict(),
-                self.EPOCH_KEY: self._epoch,
-                self.RNG_KEY: self._rng.bit_generator.state,
-                self.EXHAUSTED_KEY: self._exhausted,
-                self.SEEN_KEY: self._seen,
-                self.CARRY_KEY: self._carry_state,
-                self.READY_KEY: self._ready_state,
-                self.SIZES_KEY: self._sizes,
-                self.BATCH_KEY: self._batch,
-                self.POS_KEY: self._pos,
-            },
+        return self.STATE.make(
+            self._settings(),
+            source=self.source.state_dict(),
+            epoch=self._epoch,
+            rng=self._rng.bit_generator.state,
+            exhausted=self._exhausted,
+            seen=self._seen,
+            carry=self._carry_state,
+            ready=self._ready_state,
+            sizes=self._sizes,
+            batch=self._batch,
+            pos=self._pos,
         )
 
     # -- buffer -------------------------------------------------------------------------------------

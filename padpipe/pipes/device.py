@@ -25,7 +25,7 @@ from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 from padpipe.pipes.device_backend import CudaBackend
 from padpipe.pipes.packing import MASK_DTYPES
 from padpipe.pipes.threads import BackgroundProducer
-from padpipe.state import SOURCE_KEY, Child, check_state, make_state
+from padpipe.state import Child, StateSchema
 from padpipe.stats import PipelineStats
 
 NO_CUDA = (
@@ -130,7 +130,7 @@ class DevicePrefetcher(BaseNode[Any]):
         device(type='cuda', index=0)
     """  # noqa: E501
 
-    VERSION = 2
+    STATE = StateSchema("DevicePrefetcher", 2, source=Child())
 
     def __init__(
         self,
@@ -159,22 +159,18 @@ class DevicePrefetcher(BaseNode[Any]):
     @classmethod
     def state_around(cls, source: dict[str, Any]) -> dict[str, Any]:
         """This stage's state over its upstream state ``source`` (an elastic plan builds it)."""
-        return make_state(version=cls.VERSION, settings={}, **{SOURCE_KEY: source})
+        return cls.STATE.make({}, source=source)
 
     @classmethod
     def source_of(cls, state: dict[str, Any]) -> dict[str, Any]:
         """The upstream state inside a saved state, checked."""
-        check_state(cls.__name__, state, version=cls.VERSION, settings={}, fields={SOURCE_KEY: Child()})
-        return state[SOURCE_KEY]
+        return cls.STATE.check(state, {}).source
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         source_state = None
         if initial_state is not None:
-            check_state(
-                type(self).__name__, initial_state, version=self.VERSION, settings={}, fields={SOURCE_KEY: Child()}
-            )
-            source_state = initial_state[SOURCE_KEY]
+            source_state = self.STATE.check(initial_state, {}).source
         if self._producer is None:
             self._producer = BackgroundProducer(self.source, prefetch=self.prefetch, transfer=self._transfer())
         self._producer.reset(source_state)
@@ -193,7 +189,7 @@ class DevicePrefetcher(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         assert self._producer is not None  # BaseNode resets before the first get_state()
-        return make_state(version=self.VERSION, settings={}, **{SOURCE_KEY: self._producer.state()})
+        return self.STATE.make({}, source=self._producer.state())
 
     def _transfer(self) -> Callable[[Any], Any] | None:
         """The thread's transfer function; CUDA set-up happens here, on the first reset."""

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
-from padpipe.state import SOURCE_KEY, Child, Int, Optional, check_state, make_state
+from padpipe.state import Child, Int, Optional, StateSchema
 from padpipe.token_cache.state import CachedRecords, records_state
 
 FIRST_ROWS = 32
@@ -37,9 +37,9 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
         [32, 64, 128, 256, 512, 108]
     """
 
-    VERSION = 1
-    SENT_KEY = "sent"
-    HELD_KEY = "held"
+    STATE = StateSchema(
+        "FirstChunks", 1, source=Child(), held=Optional(CachedRecords()), sent=Int(0)
+    )  # held: the rest of a cut batch; sent: rows passed on this epoch
 
     def __init__(self, source: BaseNode[pa.RecordBatch]) -> None:
         super().__init__()
@@ -53,10 +53,9 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
             self.source.reset(None)
             self._held, self._sent = None, 0
             return
-        fields = {SOURCE_KEY: Child(), self.HELD_KEY: Optional(CachedRecords()), self.SENT_KEY: Int(0)}
-        loaded = check_state("FirstChunks", initial_state, version=self.VERSION, settings={}, fields=fields)
-        self.source.reset(initial_state[SOURCE_KEY])
-        self._held, self._sent = loaded[self.HELD_KEY], loaded[self.SENT_KEY]
+        loaded = self.STATE.check(initial_state, {})
+        self.source.reset(loaded.source)
+        self._held, self._sent = loaded.held, loaded.sent
 
     def next(self) -> pa.RecordBatch:
         batch = self._held if self._held is not None else next(self.source)
@@ -71,8 +70,4 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
 
     def get_state(self) -> dict[str, Any]:
         held = None if self._held is None else records_state(self._held)
-        return make_state(
-            version=self.VERSION,
-            settings={},
-            **{SOURCE_KEY: self.source.state_dict(), self.HELD_KEY: held, self.SENT_KEY: self._sent},
-        )
+        return self.STATE.make({}, source=self.source.state_dict(), held=held, sent=self._sent)

@@ -13,20 +13,7 @@ from padpipe.chunks import Chunk, Records, TokenChunk, records_to_state
 from padpipe.errors import DataError, check_seed, one_of, positive
 from padpipe.graph import EpochAware, start_at_epoch
 from padpipe.readers.schema import untag_source
-from padpipe.state import (
-    SOURCE_KEY,
-    Bool,
-    Int,
-    Invalid,
-    ListOf,
-    Optional,
-    Plain,
-    Rng,
-    Spec,
-    check_state,
-    invalid,
-    make_state,
-)
+from padpipe.state import Bool, Int, Invalid, ListOf, Optional, Plain, Rng, Spec, StateSchema, invalid
 from padpipe.stats import PipelineStats
 
 _RNG_STREAM = 0x313C  # keeps this stage's random stream apart from other stages seeded alike
@@ -55,6 +42,16 @@ def check_weights(names: list[str], weights: Mapping[str, float]) -> dict[str, f
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not np.isfinite(w) or w <= 0:
             raise ValueError(f"`weights[{name!r}]` must be a number greater than zero, but is {w!r} instead.")
     return {name: float(weights[name]) for name in names}
+
+
+class Buffered(Spec):
+    """A source's buffered rows in a mixer state: ``{"tokens": chunk}`` or ``{"records": batch}``."""
+
+    def load(self, value: Any) -> Item:
+        if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in ("tokens", "records"):
+            raise Invalid("a dict {'tokens': chunk} or {'records': record batch}")
+        kind, data = next(iter(value.items()))
+        return Chunk().load(data) if kind == "tokens" else Records().load(data)
 
 
 class WeightedMixer(EpochAware, BaseNode[Item]):
@@ -93,9 +90,19 @@ class WeightedMixer(EpochAware, BaseNode[Item]):
         [0, 1, 2, 10, 11]
     """
 
-    VERSION = 2
-    EPOCH_KEY, RNG_KEY, BUFFERS_KEY, STOPPED_KEY = "epoch", "rng", "buffers", "stopped"
-    ACTIVE_KEY, SEEN_KEY, CYCLES_KEY, PASS_KEY = "active", "seen", "cycles", "pass_rows"
+    STATE = StateSchema(
+        "WeightedMixer",
+        2,
+        source=Plain(),  # {name: that pipeline's state}, checked in reset
+        epoch=Int(0),
+        rng=Rng(),
+        buffers=ListOf(Optional(Buffered())),  # this and the lists below: one per source, in `names` order
+        stopped=Bool(),
+        active=ListOf(Bool()),
+        seen=ListOf(Bool()),
+        cycles=ListOf(Int(0)),
+        pass_rows=ListOf(Int(0)),
+    )
 
     def __init__(
         self,
@@ -137,31 +144,25 @@ class WeightedMixer(EpochAware, BaseNode[Item]):
             self._cycles, self._pass_rows, self._stopped = [0] * n, [0] * n, False
             return
         flags, counts = ListOf(Bool(), length=n), ListOf(Int(0), length=n)
-        fields = {
-            SOURCE_KEY: Plain(),
-            self.EPOCH_KEY: Int(0),
-            self.RNG_KEY: Rng(),
-            self.BUFFERS_KEY: ListOf(Optional(Buffered()), length=n),
-            self.STOPPED_KEY: Bool(),
-            self.ACTIVE_KEY: flags,
-            self.SEEN_KEY: flags,
-            self.CYCLES_KEY: counts,
-            self.PASS_KEY: counts,
+        specs = {
+            "buffers": ListOf(Optional(Buffered()), length=n),
+            "active": flags,
+            "seen": flags,
+            "cycles": counts,
+            "pass_rows": counts,
         }
-        loaded = check_state(
-            "WeightedMixer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields
-        )
-        sources = initial_state[SOURCE_KEY]
+        loaded = self.STATE.check(initial_state, self._settings(), specs=specs)
+        sources = loaded.source
         if not isinstance(sources, Mapping) or sorted(sources) != sorted(self.names):
             found = sorted(sources) if isinstance(sources, Mapping) else type(sources).__name__
-            raise invalid("WeightedMixer", SOURCE_KEY, f"a dict of the states of {self.names!r}", found)
+            raise invalid(self.STATE.stage, "source", f"a dict of the states of {self.names!r}", found)
         for name, node in self.source_nodes.items():
             node.reset(sources[name])
-        self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
-        self._buffers = [[] if b is None else [b] for b in loaded[self.BUFFERS_KEY]]
-        self._active, self._seen = loaded[self.ACTIVE_KEY], loaded[self.SEEN_KEY]
-        self._cycles, self._pass_rows = loaded[self.CYCLES_KEY], loaded[self.PASS_KEY]
-        self._stopped = loaded[self.STOPPED_KEY]
+        self._epoch, self._rng = loaded.epoch, loaded.rng
+        self._buffers = [[] if b is None else [b] for b in loaded.buffers]
+        self._active, self._seen = loaded.active, loaded.seen
+        self._cycles, self._pass_rows = loaded.cycles, loaded.pass_rows
+        self._stopped = loaded.stopped
 
     def next(self) -> Item:
         if self._stopped:
@@ -179,20 +180,17 @@ class WeightedMixer(EpochAware, BaseNode[Item]):
             return untag_source(out) if isinstance(out, pa.RecordBatch) else out  # rows of several sources
 
     def get_state(self) -> dict[str, Any]:
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{
-                SOURCE_KEY: {name: node.state_dict() for name, node in self.source_nodes.items()},
-                self.EPOCH_KEY: self._epoch,
-                self.RNG_KEY: self._rng.bit_generator.state,
-                self.BUFFERS_KEY: [_to_state(_concat(b)) if b else None for b in self._buffers],
-                self.ACTIVE_KEY: list(self._active),
-                self.SEEN_KEY: list(self._seen),
-                self.CYCLES_KEY: list(self._cycles),
-                self.PASS_KEY: list(self._pass_rows),
-                self.STOPPED_KEY: self._stopped,
-            },
+        return self.STATE.make(
+            self._settings(),
+            source={name: node.state_dict() for name, node in self.source_nodes.items()},
+            epoch=self._epoch,
+            rng=self._rng.bit_generator.state,
+            buffers=[_to_state(_concat(b)) if b else None for b in self._buffers],
+            active=list(self._active),
+            seen=list(self._seen),
+            cycles=list(self._cycles),
+            pass_rows=list(self._pass_rows),
+            stopped=self._stopped,
         )
 
     # -- drawing ------------------------------------------------------------------------------------
@@ -306,13 +304,3 @@ def _to_state(item: Item) -> dict[str, Any]:
     if isinstance(item, TokenChunk):
         return {"tokens": item.to_state()}
     return {"records": records_to_state(item)}
-
-
-class Buffered(Spec):
-    """A source's buffered rows in a mixer state: ``{"tokens": chunk}`` or ``{"records": batch}``."""
-
-    def load(self, value: Any) -> Item:
-        if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in ("tokens", "records"):
-            raise Invalid("a dict {'tokens': chunk} or {'records': record batch}")
-        kind, data = next(iter(value.items()))
-        return Chunk().load(data) if kind == "tokens" else Records().load(data)

@@ -13,7 +13,7 @@ from padpipe.chunks import Chunk, TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.graph import EpochAware
 from padpipe.pipes.packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
-from padpipe.state import SOURCE_KEY, Bool, Child, Int, ListOf, check_state, invalid, make_state
+from padpipe.state import Bool, Child, Int, ListOf, Loaded, StateSchema, invalid
 from padpipe.stats import PipelineStats
 
 LONG_DOCS = ("split", "truncate", "drop")
@@ -144,14 +144,18 @@ class Packer(EpochAware, BaseNode[dict]):
         ([[0, 0, 0, 1, 1, 2]], [0, 3, 5, 6], 3)
     """
 
-    VERSION = 2
-    EPOCH_KEY = "epoch"
-    INCOMING_KEY = "incoming"
-    POOL_KEY = "pool"
-    PLACED_KEY = "placed"
-    PLACED_ROWS_KEY = "placed_rows"
-    CLOSED_KEY = "closed_rows"
-    EXHAUSTED_KEY = "exhausted"
+    STATE = StateSchema(
+        "pack",
+        2,
+        source=Child(),
+        epoch=Int(0),
+        incoming=Chunk(),  # pieces pulled but not yet pooled
+        pool=Chunk(),  # in arrival order
+        placed=Chunk(),  # pieces of the batch being built, in row order
+        placed_rows=ListOf(Int(0)),  # the batch row of each placed piece (< batch_size: specs in reset)
+        closed_rows=Int(0),  # rows of that batch already closed
+        exhausted=Bool(),
+    )
 
     def __init__(
         self,
@@ -201,35 +205,19 @@ class Packer(EpochAware, BaseNode[dict]):
             self.source.reset(None)
             return
         last_row = self.batch_size - 1
-        fields = {
-            SOURCE_KEY: Child(),
-            self.EPOCH_KEY: Int(0),
-            self.INCOMING_KEY: Chunk(),
-            self.POOL_KEY: Chunk(),
-            self.PLACED_KEY: Chunk(),
-            self.PLACED_ROWS_KEY: ListOf(Int(0, last_row)),
-            self.CLOSED_KEY: Int(0, last_row),
-            self.EXHAUSTED_KEY: Bool(),
-        }
-        loaded = check_state(
-            "pack",
-            initial_state,
-            version=self.VERSION,
-            settings=self._settings(),
-            fields=fields,
-            check=self._check_loaded,
-        )
-        pool, placed = loaded[self.POOL_KEY], loaded[self.PLACED_KEY]
-        self.source.reset(initial_state[SOURCE_KEY])
-        self._epoch = loaded[self.EPOCH_KEY]
-        self._incoming = loaded[self.INCOMING_KEY]
+        specs = {"placed_rows": ListOf(Int(0, last_row)), "closed_rows": Int(0, last_row)}
+        loaded = self.STATE.check(initial_state, self._settings(), specs=specs, check=self._check_loaded)
+        pool, placed = loaded.pool, loaded.placed
+        self.source.reset(loaded.source)
+        self._epoch = loaded.epoch
+        self._incoming = loaded.incoming
         for i in range(pool.num_rows):  # in arrival order: ties resolve as before
             self._add_to_pool(pool.row(i))
         self._placed = [placed.row(i) for i in range(placed.num_rows)]
-        self._placed_rows = loaded[self.PLACED_ROWS_KEY]
-        self._closed = loaded[self.CLOSED_KEY]
+        self._placed_rows = loaded.placed_rows
+        self._closed = loaded.closed_rows
         self._used = sum(len(p) for p, r in zip(self._placed, self._placed_rows) if r == self._closed)
-        self._exhausted = loaded[self.EXHAUSTED_KEY]
+        self._exhausted = loaded.exhausted
 
     def next(self) -> dict:
         while self._closed < self.batch_size:
@@ -247,36 +235,33 @@ class Packer(EpochAware, BaseNode[dict]):
     def get_state(self) -> dict[str, Any]:
         start = int(self._incoming.offsets[self._in_pos])
         incoming = TokenChunk(self._incoming.ids[start:], self._incoming.offsets[self._in_pos :] - start)
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{
-                SOURCE_KEY: self.source.state_dict(),
-                self.EPOCH_KEY: self._epoch,
-                self.INCOMING_KEY: incoming.to_state(),
-                self.POOL_KEY: pieces_to_chunk(list(self._store.values())).to_state(),  # dict order = arrival
-                self.PLACED_KEY: pieces_to_chunk(self._placed).to_state(),
-                self.PLACED_ROWS_KEY: list(self._placed_rows),
-                self.CLOSED_KEY: self._closed,
-                self.EXHAUSTED_KEY: self._exhausted,
-            },
+        return self.STATE.make(
+            self._settings(),
+            source=self.source.state_dict(),
+            epoch=self._epoch,
+            incoming=incoming.to_state(),
+            pool=pieces_to_chunk(list(self._store.values())).to_state(),  # dict order = arrival
+            placed=pieces_to_chunk(self._placed).to_state(),
+            placed_rows=list(self._placed_rows),
+            closed_rows=self._closed,
+            exhausted=self._exhausted,
         )
 
     # -- internals --------------------------------------------------------------------------------
-    def _check_loaded(self, loaded: dict[str, Any]) -> None:
+    def _check_loaded(self, loaded: Loaded) -> None:
         """Pieces fit ``seq_len``, the pool ``buffer_size``; placed pieces fill closed rows of the batch."""
-        pool, placed, rows = loaded[self.POOL_KEY], loaded[self.PLACED_KEY], loaded[self.PLACED_ROWS_KEY]
-        closed = loaded[self.CLOSED_KEY]
-        for key in (self.INCOMING_KEY, self.POOL_KEY, self.PLACED_KEY):
+        pool, placed, rows, closed = loaded.pool, loaded.placed, loaded.placed_rows, loaded.closed_rows
+        stage = self.STATE.stage
+        for key in ("incoming", "pool", "placed"):
             chunk = loaded[key]
             if chunk.num_rows and int(chunk.lengths.max()) > self.seq_len:
-                raise invalid("pack", key, f"pieces of at most seq_len={self.seq_len} tokens", "a longer piece")
+                raise invalid(stage, key, f"pieces of at most seq_len={self.seq_len} tokens", "a longer piece")
         if pool.num_rows > self.buffer_size:
-            raise invalid("pack", self.POOL_KEY, f"at most buffer_size={self.buffer_size} pieces", pool.num_rows)
+            raise invalid(stage, "pool", f"at most buffer_size={self.buffer_size} pieces", pool.num_rows)
         if len(rows) != placed.num_rows or rows != sorted(rows) or (rows and rows[-1] > closed):
             raise invalid(
-                "pack",
-                self.PLACED_ROWS_KEY,
+                stage,
+                "placed_rows",
                 f"the row (<= {closed}, rising) of each of the {placed.num_rows} placed pieces",
                 rows[:8],
             )
@@ -285,8 +270,8 @@ class Packer(EpochAware, BaseNode[dict]):
         )
         if used.max() > self.seq_len or (used[:closed] == 0).any():
             raise invalid(
-                "pack",
-                self.PLACED_KEY,
+                stage,
+                "placed",
                 f"closed rows of 1 to seq_len={self.seq_len} tokens",
                 f"rows of {used[: closed + 1].astype(int).tolist()} tokens",
             )

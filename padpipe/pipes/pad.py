@@ -11,7 +11,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, check_int, one_of, positive
-from padpipe.state import SOURCE_KEY, Child, check_state, make_state
+from padpipe.state import Child, StateSchema
 from padpipe.stats import PipelineStats
 
 _ID_DTYPES = {torch.int64: np.int64, torch.int32: np.int32}
@@ -90,7 +90,7 @@ class Padder(BaseNode[dict[str, Any]]):
         ([[5, 6, 7], [0, 0, 8]], [[1, 1, 1], [0, 0, 1]], [1, 0])
     """
 
-    VERSION = 2
+    STATE = StateSchema("Padder", 2, source=Child())
 
     def __init__(
         self,
@@ -127,8 +127,7 @@ class Padder(BaseNode[dict[str, Any]]):
         if initial_state is None:
             self.source.reset(None)
             return
-        check_state("Padder", initial_state, version=self.VERSION, settings={}, fields={SOURCE_KEY: Child()})
-        self.source.reset(initial_state[SOURCE_KEY])
+        self.source.reset(self.STATE.check(initial_state, {}).source)
 
     def next(self) -> dict[str, Any]:
         chunk = next(self.source)
@@ -136,7 +135,7 @@ class Padder(BaseNode[dict[str, Any]]):
             return self._collate(chunk)
 
     def get_state(self) -> dict[str, Any]:
-        return make_state(version=self.VERSION, settings={}, **{SOURCE_KEY: self.source.state_dict()})
+        return self.STATE.make({}, source=self.source.state_dict())
 
     # -- collate ------------------------------------------------------------------------------------
     def _collate(self, chunk: TokenChunk) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from torchdata.nodes import BaseNode
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.schema import castable, source_of, untag_source
-from padpipe.state import SOURCE_KEY, Array, Bool, Child, Int, ListOf, Rng, check_state, load_value, make_state
+from padpipe.state import Array, Bool, Child, Int, ListOf, Loaded, Rng, StateSchema, load_value
 from padpipe.stats import PipelineStats
 from padpipe.token_cache.state import CachedRecords, records_state
 
@@ -45,13 +45,17 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     """
 
-    VERSION = 2
-    EPOCH_KEY = "epoch"
-    RNG_KEY = "rng"
-    SEGMENTS_KEY = "segments"
-    LIVE_KEY = "live"
-    EXHAUSTED_KEY = "exhausted"
-    CHUNK_KEY = "chunk_rows"
+    STATE = StateSchema(
+        "ShuffleBuffer",
+        2,
+        source=Child(),
+        epoch=Int(0),
+        rng=Rng(),
+        segments=ListOf(CachedRecords()),  # rows in a token cache: references, re-read
+        live=Array(torch.int64, lo=0, unique=True),  # the buffered rows, numbered across the segments
+        exhausted=Bool(),
+        chunk_rows=Int(0),
+    )
 
     def __init__(
         self,
@@ -81,33 +85,23 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
             self._set_buffer([], [], np.zeros(0, np.int64))
             self._exhausted, self._chunk_rows = False, 0
             return
-        fields = {
-            SOURCE_KEY: Child(),
-            self.EPOCH_KEY: Int(0),
-            self.RNG_KEY: Rng(),
-            self.SEGMENTS_KEY: ListOf(CachedRecords()),  # rows in a token cache: references, re-read
-            self.LIVE_KEY: Array(torch.int64, lo=0, max_length=self.buffer_size, unique=True),
-            self.EXHAUSTED_KEY: Bool(),
-            self.CHUNK_KEY: Int(0),
-        }
+        specs = {"live": Array(torch.int64, lo=0, max_length=self.buffer_size, unique=True)}
 
-        def check(loaded: dict[str, Any]) -> None:  # the live rows are rows of the segments
-            rows = sum(s.num_rows for s in loaded[self.SEGMENTS_KEY])
+        def check(loaded: Loaded) -> None:  # the live rows are rows of the segments
+            rows = sum(s.num_rows for s in loaded.segments)
             load_value(
-                "ShuffleBuffer",
-                self.LIVE_KEY,
-                initial_state[self.LIVE_KEY],
+                self.STATE.stage,
+                "live",
+                initial_state["live"],
                 Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True),
             )
 
-        loaded = check_state(
-            "ShuffleBuffer", initial_state, version=self.VERSION, settings=self._settings(), fields=fields, check=check
-        )
-        self.source.reset(initial_state[SOURCE_KEY])
-        self._epoch, self._rng = loaded[self.EPOCH_KEY], loaded[self.RNG_KEY]
-        self._set_buffer(loaded[self.SEGMENTS_KEY], list(initial_state[self.SEGMENTS_KEY]), loaded[self.LIVE_KEY])
-        self._exhausted = loaded[self.EXHAUSTED_KEY]
-        self._chunk_rows = loaded[self.CHUNK_KEY]
+        loaded = self.STATE.check(initial_state, self._settings(), specs=specs, check=check)
+        self.source.reset(loaded.source)
+        self._epoch, self._rng = loaded.epoch, loaded.rng
+        self._set_buffer(loaded.segments, list(initial_state["segments"]), loaded.live)
+        self._exhausted = loaded.exhausted
+        self._chunk_rows = loaded.chunk_rows
 
     def next(self) -> pa.RecordBatch:
         while not self._exhausted:
@@ -133,18 +127,15 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         for i, data in enumerate(self._segment_states):
             if data is None:  # saved once per segment, then shared by every later state
                 self._segment_states[i] = records_state(self._segments[i])  # cached rows: references
-        return make_state(
-            version=self.VERSION,
-            settings=self._settings(),
-            **{
-                SOURCE_KEY: self.source.state_dict(),
-                self.EPOCH_KEY: self._epoch,
-                self.RNG_KEY: self._rng.bit_generator.state,
-                self.SEGMENTS_KEY: list(self._segment_states),
-                self.LIVE_KEY: self._live[: self._count],  # copied into the state
-                self.EXHAUSTED_KEY: self._exhausted,
-                self.CHUNK_KEY: self._chunk_rows,
-            },
+        return self.STATE.make(
+            self._settings(),
+            source=self.source.state_dict(),
+            epoch=self._epoch,
+            rng=self._rng.bit_generator.state,
+            segments=list(self._segment_states),
+            live=self._live[: self._count],  # copied into the state
+            exhausted=self._exhausted,
+            chunk_rows=self._chunk_rows,
         )
 
     # -- buffer -------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 from torchdata.nodes import BaseNode
 
 from padpipe.runtime.shutdown import register_thread
-from padpipe.state import SOURCE_KEY, Child, check_state, make_state
+from padpipe.state import Child, StateSchema
 
 T = TypeVar("T")
 
@@ -238,14 +238,13 @@ class OrderedMapper(BaseNode[Any]):
         [0, 1, 4, 9, 16]
     """
 
-    VERSION = 2
-
     def __init__(
         self, source: BaseNode, fn: Callable[[Any], Any], *, num_threads: int, stage: str, settings: Mapping[str, Any]
     ) -> None:
         super().__init__()
         self.source, self.fn, self.num_threads, self.stage = source, fn, num_threads, stage
         self.settings = dict(settings)
+        self.STATE = StateSchema(stage, 2, source=Child())  # per node: its messages name the stage it runs
         self._producer: BackgroundProducer | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._error: BaseException | None = None
@@ -254,10 +253,7 @@ class OrderedMapper(BaseNode[Any]):
         super().reset(initial_state)
         source_state = None
         if initial_state is not None:
-            check_state(
-                self.stage, initial_state, version=self.VERSION, settings=self.settings, fields={SOURCE_KEY: Child()}
-            )
-            source_state = initial_state[SOURCE_KEY]
+            source_state = self.STATE.check(initial_state, self.settings).source
         self._error = None
         if self.num_threads == 1:
             self.source.reset(source_state)
@@ -287,4 +283,4 @@ class OrderedMapper(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         source = self.source.state_dict() if self._producer is None else self._producer.state()
-        return make_state(version=self.VERSION, settings=self.settings, **{SOURCE_KEY: source})
+        return self.STATE.make(self.settings, source=source)

@@ -22,7 +22,7 @@ import padpipe as pp  # noqa: E402
 from padpipe.integrations import lightning_fit  # noqa: E402
 from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
-from padpipe.state import StateMismatchError, make_state  # noqa: E402
+from padpipe.state import StateMismatchError  # noqa: E402
 from tests.integrations.scripts.lightning_bare_run import SAVE_EVERY, STOP_AT, Bare  # noqa: E402
 from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
 from tests.integrations.test_lightning import trainer  # noqa: E402
@@ -124,7 +124,7 @@ def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
     ],
 )
 def test_bare_loader_refuses_a_crafted_lightning_state(pipe, entries, says):
-    state = make_state(version=lightning_fit.FitDriver.VERSION, settings={}, epoch=0, ranks=entries)
+    state = lightning_fit.FitDriver.STATE.make({}, epoch=0, ranks=entries)
     with pytest.raises(StateMismatchError, match=rf"^PipelineLoader \(under Lightning\) state is invalid: {says}$"):
         lightning_fit.FitDriver(pipe.loader()).load_state_dict(state)
 

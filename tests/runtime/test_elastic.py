@@ -227,7 +227,6 @@ def test_elastic_resume_yields_the_batches_equal_steps_had_read_ahead(data, monk
 def test_lightning_loader_resumes_a_two_rank_checkpoint_on_one_rank(data):
     pytest.importorskip("lightning")
     from padpipe.integrations.lightning import LightningLoader
-    from padpipe.state import make_state
 
     pipe = bucketed(data)
     ranks, seen = [], collections.Counter()
@@ -237,8 +236,8 @@ def test_lightning_loader_resumes_a_two_rank_checkpoint_on_one_rank(data):
         for _ in range(2):
             seen.update(rows_of(next(it)))
         ahead = next(it)  # fetched by Lightning's loop, not trained: it comes again after the resume
-        ranks.append({LightningLoader.LOADER_KEY: old.state_dict(), LightningLoader.AHEAD_KEY: [ahead]})
-    state = make_state(version=LightningLoader.VERSION, settings={}, **{LightningLoader.RANKS_KEY: ranks})
+        ranks.append({"loader": old.state_dict(), "ahead": [ahead]})
+    state = LightningLoader.STATE.make({}, ranks=ranks)
     new = LightningLoader(pipe.loader())
     new.load_state_dict(pickle.loads(pickle.dumps(state)))
     rest = collections.Counter()
