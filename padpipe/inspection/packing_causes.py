@@ -72,7 +72,8 @@ def diagnose(
     attn = attention_of(model) or "unknown"
     flash = "flash" in attn
     mask = inputs.get("attention_mask")
-    mask_4d = isinstance(mask, torch.Tensor) and mask.dim() == 4
+    mask = mask if isinstance(mask, torch.Tensor) else None
+    mask_4d = mask is not None and mask.dim() == 4
     causal = is_causal(model)
     block = "4-D attention_mask (pack(block_mask=True))"
     if mask_4d and flash:
@@ -81,14 +82,14 @@ def diagnose(
             f"a {block} goes to attn_implementation={attn!r}, whose flash path takes a 2-D padding mask only",
             "pack without block_mask: flash-attention reads cu_seq_lens_q/k and max_length_q/k",
         )
-    if mask_4d and mask.dtype == torch.bool and attn == "eager":
+    if mask is not None and mask_4d and mask.dtype == torch.bool and attn == "eager":
         return Cause(
             "bool_mask_eager",
             "a bool 4-D attention_mask goes to attn_implementation='eager', which adds the mask to the scores, "
             "so True and False mask nothing",
             "pack(block_mask=True) with the default float mask_dtype, or attn_implementation='sdpa'",
         )
-    if mask_4d and causal is False and _masks_the_future(mask, documents):
+    if mask is not None and mask_4d and causal is False and _masks_the_future(mask, documents):
         return Cause(
             "causal_mask_on_encoder",
             f"a causal {block} goes to a bidirectional model ({type(model).__name__}): each token sees only the "
@@ -97,11 +98,10 @@ def diagnose(
             "(bool, for sdpa), or use flash-attention with the default batch",
         )
     if "position_ids" not in inputs and causal is not False:
-        dropped = " (the batch has them; they were dropped before the model)" if "position_ids" in batch else ""
+        how = " (the batch has them; they were dropped before the model)" if "position_ids" in batch else ""
         return Cause(
             "position_ids_missing",
-            f"the model gets no position_ids{dropped}, so positions run on across documents and HF finds no "
-            "packed rows",
+            f"the model gets no position_ids{how}, so positions run on across documents and HF finds no packed rows",
             "pass the position_ids pack() makes to the model",
         )
     wrong = _positions_not_restarting(inputs.get("position_ids"), documents)
@@ -111,7 +111,7 @@ def diagnose(
             f"position_ids do not restart at each document: {wrong}",
             "give the model the position_ids pack() makes, unchanged",
         )
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+    if mask is not None and mask.dim() == 2:
         return Cause(
             "mask_2d",
             "the packed batch carries a 2-D attention_mask: HF then reads packed rows neither from position_ids "
@@ -122,9 +122,7 @@ def diagnose(
     missing = [k for k in FLASH_KWARGS if k not in inputs]
     if flash and missing and rows > 1:
         dropped = [k for k in missing if k in batch]
-        how = (
-            f" ({', '.join(dropped)} dropped before the model, as remove_unused_columns=True does)" if dropped else ""
-        )
+        how = f" ({', '.join(dropped)} dropped before the model, as remove_unused_columns=True does)" if dropped else ""
         return Cause(
             "flash_kwargs_missing",
             f"attn_implementation={attn!r} gets no {', '.join(missing)}{how}, so on a batch of {rows} rows HF runs "

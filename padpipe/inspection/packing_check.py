@@ -59,17 +59,20 @@ class PackingReport:
 
     @property
     def verdict(self) -> str:
-        wrong = sum(not d.exact for d in self.documents)
+        wrong, diff = sum(not d.exact for d in self.documents), f"{self.max_abs_diff:.1e}"
         if not wrong:
-            return f"exact: {len(self.documents)} documents get their own logits (max abs difference {self.max_abs_diff:.1e})"
-        return f"wrong: {wrong} of {len(self.documents)} documents see others (max abs difference {self.max_abs_diff:.1e})"
+            return f"exact: {len(self.documents)} documents get their own logits (max abs difference {diff})"
+        return f"wrong: {wrong} of {len(self.documents)} documents see others (max abs difference {diff})"
 
     def __str__(self) -> str:
         head = (
             f"check_packing: attn_implementation={self.attn_implementation!r}, use_cache={self.use_cache}, "
             f"dtype={self.dtype}, tolerance atol={self.atol:.0e} + rtol={self.rtol:.0e} x |logits|"
         )
-        lines = [f"  {d.document}: max abs difference {d.max_abs_diff:.1e}{'' if d.exact else '  WRONG'}" for d in self.documents]
+        lines = [
+            f"  {d.document}: max abs difference {d.max_abs_diff:.1e}{'' if d.exact else '  WRONG'}"
+            for d in self.documents
+        ]
         return "\n".join([head, *lines, self.verdict])
 
 
@@ -130,7 +133,9 @@ def check_packing(
     """
     positive("max_documents", max_documents)
     positive("max_batches", max_batches)
-    read = [dict(batches)] if isinstance(batches, Mapping) else [dict(b) for b in itertools.islice(batches, max_batches)]
+    read = (
+        [dict(batches)] if isinstance(batches, Mapping) else [dict(b) for b in itertools.islice(batches, max_batches)]
+    )
     if not read:
         raise ValueError("check_packing: `batches` holds no batch; expected at least one packed batch.")
     select = columns if columns is not None else dict
@@ -158,7 +163,9 @@ def check_packing(
                     cause = diagnose(model, batch, given, found[number])
                     if cause is None:
                         raise
-                    raise PackingError(_message(cause, f"the packed forward failed ({exc!r:.160})"), cause, None) from exc
+                    raise PackingError(
+                        _message(cause, f"the packed forward failed ({exc!r:.160})"), cause, None
+                    ) from exc
                 for d in docs:
                     alone = _logits(model(input_ids=batch["input_ids"][d.row, d.start : d.end][None].to(device)))[0]
                     diff = (packed[d.row, d.start : d.end].float() - alone.float()).abs().max().item()
@@ -173,7 +180,8 @@ def check_packing(
     cause = diagnose(model, read[number], inputs[number], found[number])
     what = (
         f"{sum(not d.exact for d in checks)} of {len(checks)} documents get other logits packed than alone, "
-        f"worst at {worst.document}: max abs difference {worst.max_abs_diff:.1e}, expected at most {worst.tolerance:.1e}"
+        f"worst at {worst.document}: max abs difference {worst.max_abs_diff:.1e}, "
+        f"expected at most {worst.tolerance:.1e}"
     )
     raise PackingError(_message(cause, what), cause, report)
 

@@ -39,7 +39,8 @@ def find_documents(batch: Mapping[str, Any], number: int, *, pad_id: int | None 
         pad_id: The padding id, used only when the batch has no ``labels``.
 
     Example:
-        >>> batch = {"input_ids": torch.tensor([[5, 6, 7, 8, 0, 0]]), "position_ids": torch.tensor([[0, 1, 0, 1, 0, 1]]),
+        >>> batch = {"input_ids": torch.tensor([[5, 6, 7, 8, 0, 0]]),
+        ...          "position_ids": torch.tensor([[0, 1, 0, 1, 0, 1]]),
         ...          "labels": torch.tensor([[-100, 6, -100, 8, -100, -100]])}
         >>> [str(d) for d in find_documents(batch, 0)]
         ['batch 0, row 0, tokens 0:2', 'batch 0, row 0, tokens 2:4']
