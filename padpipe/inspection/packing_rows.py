@@ -72,7 +72,7 @@ def choose(documents: list[Document], limit: int) -> list[Document]:
     Example:
         >>> docs = [Document(0, 0, 0, 4), Document(0, 0, 4, 6), Document(0, 1, 0, 5)]
         >>> [str(d) for d in choose(docs, 2)]
-        ['batch 0, row 0, tokens 4:6', 'batch 0, row 0, tokens 0:4']
+        ['batch 0, row 0, tokens 0:4', 'batch 0, row 0, tokens 4:6']
     """
     later = [d for d in documents if d.start > 0]
     first = [d for d in documents if d.start == 0]
