@@ -122,3 +122,29 @@ def test_trainer_checks_packing_with_the_columns_the_model_gets(tmp_path) -> Non
 def test_trainer_check_packing_must_be_a_bool(tmp_path) -> None:
     with pytest.raises(TypeError, match=r"^`check_packing` must be a bool, but is 'no' instead\.$"):
         Trainer(model=llama(), args=arguments(tmp_path), train_dataset=packed(), check_packing="no")
+
+
+def test_guard_checks_on_rank_zero_only_and_not_under_fsdp(caplog) -> None:
+    from types import SimpleNamespace
+
+    from padpipe.integrations.hf_packing import guard_columns
+
+    class Leaky(torch.nn.Module):  # every call would fail the check: only calls that happen count
+        calls = 0
+
+        def forward(self, **inputs):
+            Leaky.calls += 1
+            return torch.randn(*inputs["input_ids"].shape, 3)
+
+    batch = next(iter(packed().loader()))
+    for rank, fsdp in ((1, False), (0, True)):
+        trainer = SimpleNamespace(
+            model=Leaky(), args=SimpleNamespace(process_index=rank), is_fsdp_enabled=fsdp, is_deepspeed_enabled=False
+        )
+        select = guard_columns(trainer, dict)
+        with caplog.at_level(logging.WARNING, logger="padpipe.hf"):
+            assert sorted(select(batch)) == sorted(batch)
+    assert Leaky.calls == 0
+    assert [r.getMessage()[:60] for r in caplog.records] == [
+        "padpipe.hf.Trainer does not check packing under FSDP or Deep"
+    ]
