@@ -127,7 +127,8 @@ def check_packing(
         >>> config = transformers.LlamaConfig(vocab_size=8000, hidden_size=32, num_hidden_layers=2,
         ...                                   attn_implementation="sdpa", use_cache=False)
         >>> model = transformers.LlamaForCausalLM(config)
-        >>> pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer()).pack(64, batch_size=2)
+        >>> tokens = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer(), max_length=16)
+        >>> pipe = tokens.pack(64, batch_size=2)  # 4 or more documents a row
         >>> pp.check_packing(model, pipe.loader()).exact
         True
     """
@@ -142,6 +143,10 @@ def check_packing(
     pad_id = getattr(getattr(model, "config", None), "pad_token_id", None)
     found = [find_documents(b, i, pad_id=pad_id) for i, b in enumerate(read)]
     chosen = choose([d for docs in found for d in docs], max_documents)
+    if not chosen:
+        raise ValueError(
+            f"check_packing: the batches read ({len(read)}) hold padding only; expected packed rows with documents."
+        )
     parameter = next(iter(model.parameters()), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     dtype = parameter.dtype if parameter is not None else torch.float32

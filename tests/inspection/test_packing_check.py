@@ -249,5 +249,10 @@ def test_check_packing_raises_error_when_batches_cannot_show_documents() -> None
         pp.check_packing(model, [])
     with pytest.raises(ValueError, match=r"^check_packing: batch 0 has no seq_idx, cu_seq_lens_q or position_ids"):
         pp.check_packing(model, {"input_ids": torch.ones(1, 4, dtype=torch.long)})
+    padding = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "labels": torch.full((1, 4), -100)}
+    with pytest.raises(
+        ValueError, match=r"^check_packing: the batches read \(1\) hold padding only; expected packed rows"
+    ):
+        pp.check_packing(model, {**padding, "position_ids": torch.arange(4)[None]})
     with pytest.raises(ValueError, match=r"^`max_documents` must be greater than zero, but is 0 instead\.$"):
         pp.check_packing(model, batches(1), max_documents=0)
