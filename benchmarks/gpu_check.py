@@ -6,7 +6,8 @@
    split of a packed batch on the GPU equals the CPU split; ``loader(num_workers=2)`` forked after
    the model is on the GPU gives the same batches; a packed batch through a real varlen
    flash-attention kernel (``flash_attn``, else torch's ``varlen_attn``) equals attention over
-   each document alone.
+   each document alone; ``pp.check_packing`` on a tiny bf16 Llama with the GPU's sdpa and
+   ``flash_attention_2`` kernels gives the verdicts docs/packing.md states (benchmarks/gpu_packing.py).
 2. Host-to-device copy speed (GB/s), pinned vs pageable memory, for a batch-sized buffer and a
    256 MB one.
 3. Input stall of a small model's training step (4-layer ``TransformerEncoder``, ``d_model``
@@ -46,6 +47,7 @@ from typing import Any
 
 import torch
 from gpu_correctness import check_equal, check_split, check_varlen, check_workers, device_pipeline, to_device
+from gpu_packing import check_model_packing
 from torch import nn
 
 import padpipe as pp
@@ -229,7 +231,7 @@ def print_report(report: dict[str, Any]) -> None:
         f"\n1. device batches == CPU batches: {eq['ok']} over {eq['batches']} batches; "
         f"resume equal: {eq['resume_equal']}"
     )
-    for name in ("split", "workers", "varlen"):
+    for name in ("split", "workers", "varlen", "packing"):
         row = report[name]
         print(f"   {name}: {row['ok']}  " + ", ".join(f"{k}={v}" for k, v in row.items() if k != "ok"))
     for problem in eq["problems"]:
@@ -278,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     model = TinyEncoder(pp.examples.tokenizer().get_vocab_size(), d_model, layers=4).to(device)
     report["workers"] = check_workers(pipe, device, model, max_batches)
     report["varlen"] = check_varlen(device)
+    report["packing"] = check_model_packing(device)
     if device.type == "cuda":
         first = next(iter(pipe.loader()))
         report["copies"] = check_copies(device, sum(t.nbytes for t in iter_tensors(first)))
@@ -289,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
-    checks = [report[k]["ok"] for k in ("equal", "split", "workers", "varlen")] + [report["equal"]["resume_equal"]]
+    checks = [report[k]["ok"] for k in ("equal", "split", "workers", "varlen", "packing")] + [
+        report["equal"]["resume_equal"]
+    ]
     return 1 if False in checks else 0
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.chunks import TokenChunk
     from padpipe.errors import DataError
     from padpipe.inspection import InspectResult, inspect
+    from padpipe.inspection.packing_check import PackingError, PackingReport, check_packing
     from padpipe.loader import PipelineLoader
     from padpipe.mix import mix
     from padpipe.pipeline import Pipeline
@@ -41,6 +42,8 @@ _HOMES = {
     "DataError": "padpipe.errors",
     "InspectResult": "padpipe.inspection",
     "Pipeline": "padpipe.pipeline",
+    "PackingError": "padpipe.inspection.packing_check",
+    "PackingReport": "padpipe.inspection.packing_check",
     "PipelineLoader": "padpipe.loader",
     "PipelineStats": "padpipe.stats",
     "Retry": "padpipe.readers.retry",
@@ -48,6 +51,7 @@ _HOMES = {
     "StatsSnapshot": "padpipe.stats",
     "TokenCache": "padpipe.cache",
     "TokenChunk": "padpipe.chunks",
+    "check_packing": "padpipe.inspection.packing_check",
     "equal_steps": "padpipe.runtime.equal_steps",
     "from_hf": "padpipe.sources",
     "from_iterable": "padpipe.sources",
@@ -64,6 +68,8 @@ __all__ = [
     "Consumer",
     "DataError",
     "InspectResult",
+    "PackingError",
+    "PackingReport",
     "Pipeline",
     "PipelineLoader",
     "PipelineStats",
@@ -72,6 +78,7 @@ __all__ = [
     "StatsSnapshot",
     "TokenCache",
     "TokenChunk",
+    "check_packing",
     "equal_steps",
     "examples",
     "from_hf",

@@ -2,7 +2,9 @@
 
 ``padpipe inspect DATA --tokenizer TOK`` prints the token-length distribution of a corpus and what
 every batching strategy costs on it (see :func:`padpipe.inspect`); ``padpipe cache info PATH`` and
-``padpipe cache clear PATH`` size and delete a token cache (see :mod:`padpipe.cache`). A user error
+``padpipe cache clear PATH`` size and delete a token cache (see :mod:`padpipe.cache`);
+``padpipe check-packing MODEL --data DATA`` checks that a model reads packed rows right (see
+:func:`padpipe.check_packing`; exit status 1 when it does not). A user error
 (a missing file, an unknown field, no tokenizer, a bad option) prints one line and exits with status 2.
 
 ``sample`` (and ``corpus``) as DATA and ``sample`` as the tokenizer name the files shipped inside
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_command.Parser)
     _add_inspect(commands)
     _add_cache(commands)
+    _add_check_packing(commands)
     return parser
 
 
@@ -204,6 +207,50 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         help="no progress bar (default: a bar on a terminal, log lines elsewhere; "
         "PADPIPE_PROGRESS=0 also turns it off)",
     )
+
+
+def _add_check_packing(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "check-packing",
+        help="check that a model gives each packed document the logits it has alone",
+        formatter_class=_command.HelpFormatter,
+        description=(
+            "Pack documents of DATA as pack() does, run MODEL (as configured, or as the options say) on a few\n"
+            "packed batches and on each of a handful of their documents alone, and compare the logits.\n"
+            "Exit status 1 names the cause (use_cache, missing flash-attention kwargs, a mask of the wrong kind)."
+        ),
+    )
+    p.set_defaults(run=_check_packing)
+    p.add_argument("model", metavar="MODEL", help="a model folder (with or without weights) or a config.json")
+    p.add_argument(
+        "--data", required=True, metavar="DATA", help=f"a Parquet, Arrow or JSONL file; {_shipped.data_help()}"
+    )
+    p.add_argument("--tokenizer", metavar="TOK", help="tokenizer (default: the MODEL folder's)")
+    p.add_argument("--field", default="text", help="the text column")
+    p.add_argument("--seq-len", type=_positive, default=256, metavar="N", help="packed row length")
+    p.add_argument(
+        "--max-length", type=_positive, metavar="N", help="documents cut to this length (default: seq-len // 4)"
+    )
+    p.add_argument("--batch-size", type=_positive, default=2, metavar="N", help="rows per packed batch")
+    p.add_argument("--block-mask", action="store_true", help="pack with block_mask=True (a 4-D mask)")
+    p.add_argument(
+        "--mask-dtype",
+        choices=("float32", "bfloat16", "float16", "bool"),
+        help="the block mask's dtype (default: float32)",
+    )
+    p.add_argument(
+        "--attn-implementation", metavar="NAME", help="eager, sdpa, flash_attention_2 ... (default: MODEL's)"
+    )
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="model dtype (default: MODEL's)")
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--use-cache", choices=("true", "false"), help="set config.use_cache (default: MODEL's)")
+    p.add_argument("--max-documents", type=_positive, default=8, metavar="N", help="documents run alone")
+
+
+def _check_packing(args: argparse.Namespace) -> int:
+    from padpipe.inspection.packing_command import run
+
+    return run(args)
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -28,7 +28,9 @@ transformers = require("transformers", "padpipe.hf")
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
 
+from padpipe.errors import check_bool  # noqa: E402
 from padpipe.integrations.hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
+from padpipe.integrations.hf_packing import guard_columns  # noqa: E402
 from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
     EvalBatches,
     Outputs,
@@ -83,6 +85,11 @@ class Trainer(transformers.Trainer):
       columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
       batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``) are kept when ``forward`` takes
       ``**kwargs``.
+    - Before training on a packed pipeline, the first batch is checked in the model
+      (:func:`padpipe.check_packing`, on rank 0): ``use_cache=False`` goes to the training forward
+      of an ``eager``/``sdpa`` model whose ``use_cache=True`` would let attention cross documents,
+      and any other leak raises :class:`padpipe.PackingError` naming the cause and the fix, before
+      the first step. ``check_packing=False`` turns this off.
     - ``evaluate()`` and ``predict()`` read every row exactly once; predictions and ``label_ids``
       come back in the split's row order when batches carry ``row_index`` (``glue()`` eval
       splits do), gathered across ranks. The loss is the mean over rows;
@@ -104,8 +111,10 @@ class Trainer(transformers.Trainer):
         (408, 2)
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, check_packing: bool = True, **kwargs: Any) -> None:
+        check_bool("check_packing", check_packing)
         super().__init__(*args, **kwargs)
+        self._check_packing = check_packing
         self._padpipe_train: TrainBatches | None = None
         self._rows_trained: int | None = None
         self._eval_steps: dict[str, int] = {}
@@ -123,7 +132,10 @@ class Trainer(transformers.Trainer):
         loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first", steps=steps)
         pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
         tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
-        self._padpipe_train = TrainBatches(loader, column_filter(self, "training"), tokens)
+        columns = column_filter(self, "training")
+        if pack and self._check_packing:
+            columns = guard_columns(self, columns)
+        self._padpipe_train = TrainBatches(loader, columns, tokens)
         return self._padpipe_train
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:

@@ -172,23 +172,21 @@ class ReferenceFlash:
         return torch.stack([self._attend(q[i], k[i], v[i], causal, softmax_scale) for i in range(len(q))])
 
 
-@pytest.fixture
-def reference_flash(monkeypatch: pytest.MonkeyPatch) -> ReferenceFlash:
-    """HF's flash-attention path (``transformers.modeling_flash_attention_utils``) on the reference kernels."""
-    fa = pytest.importorskip("transformers.modeling_flash_attention_utils")
-    names = (
-        "_loaded_implementation",
-        "_flash_fn",
-        "_flash_varlen_fn",
-        "_flash_with_kvcache_fn",
-        "_pad_fn",
-        "_unpad_fn",
-        "_process_flash_kwargs_fn",
-        "_process_with_kvcache_kwargs_fn",
-        "_lazy_define_process_function",
-    )
-    if not all(hasattr(fa, name) for name in names):
-        pytest.skip("transformers' flash-attention internals changed; update this fixture")
+FLASH_NAMES = (
+    "_loaded_implementation",
+    "_flash_fn",
+    "_flash_varlen_fn",
+    "_flash_with_kvcache_fn",
+    "_pad_fn",
+    "_unpad_fn",
+    "_process_flash_kwargs_fn",
+    "_process_with_kvcache_kwargs_fn",
+    "_lazy_define_process_function",
+)
+
+
+def install_reference_flash(fa: Any, setattr: Any) -> ReferenceFlash:
+    """Point HF's flash-attention module ``fa`` at the reference kernels, with ``setattr`` (to undo it later)."""
     kernels = ReferenceFlash()
     for name, value in [
         ("_flash_fn", kernels.dense),
@@ -200,8 +198,17 @@ def reference_flash(monkeypatch: pytest.MonkeyPatch) -> ReferenceFlash:
         ("_process_with_kvcache_kwargs_fn", dict),
         ("_loaded_implementation", "flash_attention_2"),
     ]:
-        monkeypatch.setattr(fa, name, value)
+        setattr(fa, name, value)
     return kernels
+
+
+@pytest.fixture
+def reference_flash(monkeypatch: pytest.MonkeyPatch) -> ReferenceFlash:
+    """HF's flash-attention path (``transformers.modeling_flash_attention_utils``) on the reference kernels."""
+    fa = pytest.importorskip("transformers.modeling_flash_attention_utils")
+    if not all(hasattr(fa, name) for name in FLASH_NAMES):
+        pytest.skip("transformers' flash-attention internals changed; update this fixture")
+    return install_reference_flash(fa, monkeypatch.setattr)
 
 
 @pytest.mark.parametrize("call", [{}, dict(use_cache=False)])

@@ -1,0 +1,88 @@
+"""``padpipe.hf.Trainer``'s packing guard: a packed pipeline never trains a model that reads it wrong.
+
+On the first packed training batch, :func:`guard_columns` fixes what it safely can (it passes
+``use_cache=False`` to the training forward of an ``eager``/``sdpa`` model that would otherwise
+attend across documents, on every rank alike) and then, on rank 0, runs
+:func:`padpipe.check_packing` on that batch exactly as the model will get it. Where a document
+still sees another it raises :class:`padpipe.PackingError` before the first optimizer step, naming
+the cause and the fix. ``Trainer(check_packing=False)`` turns the guard off.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from padpipe.inspection.packing_causes import attention_of, is_causal, use_cache_of
+from padpipe.inspection.packing_check import PackingError, check_packing
+
+logger = logging.getLogger("padpipe.hf")
+
+OFF = "Pass `check_packing=False` to padpipe.hf.Trainer to train anyway."
+
+
+def guard_columns(trainer: Any, columns: Callable[[dict], dict]) -> Callable[[dict], dict]:
+    """``columns`` (the training column filter), checked on the first batch and fixed where that is safe.
+
+    Args:
+        trainer: The ``padpipe.hf.Trainer`` (its ``model``, ``args`` and ``accelerator``).
+        columns: What the model is given of a batch as the loader yields it.
+
+    Returns:
+        The filter to use for every training batch: ``columns``, plus ``use_cache=False`` where
+        that fixes the model's packing.
+
+    Example:
+        >>> select = guard_columns(trainer, _columns(trainer, "training"))  # doctest: +SKIP
+        >>> model(**select(batch))  # the first call checks the packing in this model  # doctest: +SKIP
+    """
+    extra: dict[str, Any] = {}
+    checked = False
+
+    def select(batch: dict) -> dict:
+        nonlocal checked
+        if not checked:
+            checked = True
+            extra.update(_safe_fixes(trainer.model, columns(batch)))
+            _check_on_rank_zero(trainer, batch, lambda b: {**columns(b), **extra})
+        return {**columns(batch), **extra}
+
+    return select
+
+
+def _safe_fixes(model: Any, inputs: dict) -> dict[str, Any]:
+    """``{"use_cache": False}`` for a causal ``eager``/``sdpa`` model that would look for packed rows with a cache."""
+    attn = attention_of(model)
+    if attn is None or "flash" in attn or inputs.get("attention_mask") is not None:  # a 4-D mask needs no fix
+        return {}
+    if is_causal(model) is not True or not use_cache_of(model, inputs) or not _takes(model, "use_cache"):
+        return {}
+    logger.warning(
+        f"padpipe.hf.Trainer passes use_cache=False to {type(model).__name__}'s training forward: with "
+        f"use_cache=True and attn_implementation={attn!r}, HF looks for packed rows in position_ids only without "
+        "a cache, so attention would cross documents (model.config.use_cache is left as it is)."
+    )
+    return {"use_cache": False}
+
+
+def _check_on_rank_zero(trainer: Any, batch: dict, columns: Callable[[dict], dict]) -> None:
+    if trainer.args.process_index != 0:
+        return
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:  # a forward on one rank would wait for the others
+        logger.warning(
+            "padpipe.hf.Trainer does not check packing under FSDP or DeepSpeed: run pp.check_packing(model, "
+            "pipe.loader()) on the model before it is sharded."
+        )
+        return
+    try:
+        report = check_packing(trainer.model, [batch], columns=columns)
+    except PackingError as exc:
+        raise PackingError(f"padpipe.hf.Trainer: {exc} {OFF}", exc.cause, exc.report) from exc
+    logger.info(f"padpipe.hf.Trainer: packing in the model checked on the first batch: {report.verdict}")
+
+
+def _takes(model: Any, name: str) -> bool:
+    parameters = inspect.signature(model.forward).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -1,0 +1,258 @@
+"""``pp.check_packing`` on tiny HF models built from configs: exact where packing is, each known cause named.
+
+Causal LMs (Llama, Qwen2) and a BERT masked LM, CPU ``eager`` and ``sdpa``; the flash-attention path
+runs HF's own flash code with the suite's reference varlen kernel (tests/pipes/test_pack_hf.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import itertools
+import json
+import os
+from typing import Any
+
+import pytest
+import torch
+
+import padpipe as pp
+from tests.pipes.test_pack_hf import ReferenceFlash, reference_flash  # noqa: F401 (a fixture)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+SEQ_LEN = 64
+VOCAB = 8000
+
+
+def causal_lm(kind: str = "llama", attn: str = "sdpa", **config: Any) -> Any:
+    torch.manual_seed(0)
+    make = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[kind]
+    options = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    options.update(num_attention_heads=4, num_key_value_heads=2, attn_implementation=attn)
+    return make[1](make[0](**options, **config))
+
+
+def masked_lm(attn: str = "sdpa") -> Any:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    config._attn_implementation = attn
+    return transformers.BertForMaskedLM(config)
+
+
+def batches(n: int = 2, **options: Any) -> list[dict]:
+    """Shipped-corpus documents of 3 to 27 words, packed into 2 rows of 64 tokens: several documents a row."""
+    return [dict(b) for b in _packed(n, tuple(sorted(options.items())))]
+
+
+@functools.cache
+def _packed(n: int, options: tuple) -> list[dict]:
+    with gzip.open(pp.examples.SAMPLE_JSONL, "rt") as f:
+        texts = [json.loads(line)["text"].split() for line in itertools.islice(f, 40)]
+    rows = [{"text": " ".join(words[: 3 + 7 * i % 25])} for i, words in enumerate(texts)]
+    pipe = pp.from_iterable(rows).tokenize(pp.examples.tokenizer(), max_length=SEQ_LEN, num_threads=1)
+    return list(itertools.islice(pipe.pack(SEQ_LEN, batch_size=2, buffer_size=16, **dict(options)).loader(), n))
+
+
+def bidirectional_mask(batch: dict) -> dict:
+    seq_idx = batch["seq_idx"]
+    return {**batch, "attention_mask": seq_idx[:, None, :, None] == seq_idx[:, None, None, :]}
+
+
+def without(*keys: str):
+    return lambda batch: {k: v for k, v in batch.items() if k not in keys}
+
+
+EXACT = [  # model, its packed batches
+    (lambda: causal_lm("llama", "sdpa", use_cache=False), lambda: batches()),
+    (lambda: causal_lm("llama", "eager"), lambda: batches(block_mask=True)),
+    (lambda: causal_lm("qwen2", "sdpa"), lambda: batches(block_mask=True, mask_dtype=torch.bool)),
+    (lambda: causal_lm("qwen2", "eager", use_cache=False), lambda: batches()),
+    (lambda: causal_lm("llama", "sdpa").to(torch.bfloat16), lambda: batches(block_mask=True)),
+    (lambda: masked_lm("sdpa"), lambda: [bidirectional_mask(b) for b in batches()]),
+]
+
+
+@pytest.mark.parametrize(("model", "packed"), EXACT)
+def test_check_packing_works_where_packing_is_exact(model, packed) -> None:
+    model = model().train()
+    report = pp.check_packing(model, packed())
+    assert report.exact and len(report.documents) == 8
+    assert sum(d.document.start > 0 for d in report.documents) == 5  # every document after another in its row
+    assert report.max_abs_diff <= report.atol and model.training  # training mode restored
+    assert report.verdict.startswith("exact: 8 documents get their own logits")
+
+
+def test_check_packing_reports_each_document_and_the_settings() -> None:
+    model = causal_lm("llama", "sdpa", use_cache=False)
+    report = pp.check_packing(model, iter(batches(3)), max_documents=3, max_batches=1)
+    assert [str(d.document) for d in report.documents] == [
+        "batch 0, row 0, tokens 38:62",
+        "batch 0, row 1, tokens 36:58",
+        "batch 0, row 1, tokens 58:64",
+    ]
+    assert (report.attn_implementation, report.use_cache, report.dtype) == ("sdpa", False, "torch.float32")
+    assert (report.atol, report.rtol) == (1e-5, 1e-4)
+    assert str(report).splitlines()[0] == (
+        "check_packing: attn_implementation='sdpa', use_cache=False, dtype=torch.float32, "
+        "tolerance atol=1e-05 + rtol=1e-04 x |logits|"
+    )
+
+
+def test_check_packing_leaves_random_states_as_they_were() -> None:
+    model, packed = causal_lm("llama", "sdpa", use_cache=False), batches(1)
+    state = torch.random.get_rng_state()
+    pp.check_packing(model, packed)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+WORST = r"^check_packing: \d+ of \d+ documents get other logits packed than alone, worst at batch \d, row \d, "
+WORST += r"tokens \d+:\d+: max abs difference \S+, expected at most \S+; cause "
+
+
+def arange_positions(batch: dict) -> dict:
+    return {**batch, "position_ids": torch.arange(SEQ_LEN).expand(2, SEQ_LEN).clone()}
+
+
+def with_2d_mask(batch: dict) -> dict:
+    return {**batch, "attention_mask": torch.ones(2, SEQ_LEN, dtype=torch.long)}
+
+
+CAUSES = [  # model, pack options, batch change, columns, message after the common head
+    (
+        lambda: causal_lm("llama", "sdpa"),
+        {},
+        None,
+        None,
+        r"\[use_cache\]: use_cache=True with attn_implementation='sdpa' and no 4-D mask: HF looks for packed rows "
+        r"in position_ids only when there is no cache\. Fix: set model\.config\.use_cache = False",
+    ),
+    (
+        lambda: causal_lm("qwen2", "eager"),
+        {},
+        None,
+        None,
+        r"\[use_cache\]: use_cache=True with attn_implementation='eager'",
+    ),
+    (
+        lambda: causal_lm("llama", "eager"),
+        dict(block_mask=True, mask_dtype=torch.bool),
+        None,
+        None,
+        r"\[bool_mask_eager\]: a bool 4-D attention_mask goes to attn_implementation='eager'.*Fix: "
+        r"pack\(block_mask=True\) with the default float mask_dtype",
+    ),
+    (
+        lambda: causal_lm("llama", "sdpa", use_cache=False),
+        {},
+        arange_positions,
+        None,
+        r"\[position_ids_not_restarting\]: position_ids do not restart at each document: at batch 1, row 0, "
+        r"tokens 36:59 \(column 36\) expected 0, found 36 \(positions \[36, 37, 38, 39, 40, 41\] \.\.\.\)\. Fix: "
+        r"give the model the position_ids pack\(\) makes, unchanged\.$",
+    ),
+    (
+        lambda: causal_lm("llama", "sdpa", use_cache=False),
+        {},
+        None,
+        without("position_ids"),
+        r"\[position_ids_missing\]: the model gets no position_ids \(the batch has them; they were dropped before "
+        r"the model\)",
+    ),
+    (
+        lambda: causal_lm("llama", "sdpa", use_cache=False),
+        {},
+        with_2d_mask,
+        None,
+        r"\[mask_2d\]: the packed batch carries a 2-D attention_mask.*Fix: drop attention_mask",
+    ),
+    (
+        lambda: masked_lm("sdpa"),
+        {},
+        None,
+        None,
+        r"\[encoder_without_mask\]: a bidirectional model \(BertForMaskedLM, attn_implementation='sdpa'\) reads "
+        r"packed rows without a mask",
+    ),
+    (
+        lambda: masked_lm("eager"),
+        dict(block_mask=True),
+        None,
+        None,
+        r"\[causal_mask_on_encoder\]: a causal 4-D attention_mask \(pack\(block_mask=True\)\) goes to a "
+        r"bidirectional model \(BertForMaskedLM\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("model", "options", "change", "columns", "message"), CAUSES)
+def test_check_packing_raises_error_naming_the_cause(model, options, change, columns, message) -> None:
+    packed = [change(b) if change else b for b in batches(**options)]
+    with pytest.raises(pp.PackingError, match=WORST + message) as caught:
+        pp.check_packing(model(), packed, columns=columns)
+    report = caught.value.report
+    assert caught.value.cause.key == message[2:].split("\\]")[0]
+    assert not report.exact and report.max_abs_diff > 1e-3 and report.verdict.startswith("wrong: ")
+
+
+def test_check_packing_passes_on_hf_flash_attention_with_the_varlen_kwargs(
+    reference_flash: ReferenceFlash,  # noqa: F811 (the fixture imported above)
+) -> None:
+    for model in (causal_lm("llama", "sdpa"), masked_lm("sdpa")):
+        model.config._attn_implementation = "flash_attention_2"
+        reference_flash.calls.clear()
+        report = pp.check_packing(model, batches(), max_documents=4)
+        assert report.exact and report.attn_implementation == "flash_attention_2"
+        assert reference_flash.calls.count("varlen") == 2 * 2  # two packed batches, two layers each
+
+
+def test_check_packing_names_flash_kwargs_dropped_by_a_column_filter(
+    reference_flash: ReferenceFlash,  # noqa: F811 (the fixture imported above)
+) -> None:
+    model = causal_lm("llama", "sdpa")
+    model.config._attn_implementation = "flash_attention_2"
+    dropped = without("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+    message = (
+        r"\[flash_kwargs_missing\]: attn_implementation='flash_attention_2' gets no cu_seq_lens_q, cu_seq_lens_k, "
+        r"max_length_q, max_length_k \(cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k dropped before the "
+        r"model, as remove_unused_columns=True does\), so on a batch of 2 rows HF runs the dense kernel over whole "
+        r"rows\. Fix: keep those keys: TrainingArguments\(remove_unused_columns=False\), or padpipe\.hf\.Trainer"
+    )
+    with pytest.raises(pp.PackingError, match=WORST + message):
+        pp.check_packing(model, batches(), columns=dropped)
+
+
+def test_check_packing_names_a_4d_mask_given_to_flash_attention(
+    reference_flash: ReferenceFlash,  # noqa: F811 (the fixture imported above)
+) -> None:
+    model = causal_lm("llama", "sdpa")
+    model.config._attn_implementation = "flash_attention_2"
+    message = (
+        r"^check_packing: the packed forward failed \(IndexError\(.*\); cause \[flash_4d_mask\]: a 4-D "
+        r"attention_mask \(pack\(block_mask=True\)\) goes to attn_implementation='flash_attention_2', whose flash "
+        r"path takes a 2-D padding mask only\. Fix: pack without block_mask"
+    )
+    with pytest.raises(pp.PackingError, match=message) as caught:
+        pp.check_packing(model, batches(block_mask=True))
+    assert caught.value.report is None and isinstance(caught.value.__cause__, IndexError)
+
+
+def test_check_packing_raises_error_when_batches_cannot_show_documents() -> None:
+    model = causal_lm()
+    with pytest.raises(ValueError, match=r"^check_packing: `batches` holds no batch; expected at least one"):
+        pp.check_packing(model, [])
+    with pytest.raises(ValueError, match=r"^check_packing: batch 0 has no seq_idx, cu_seq_lens_q or position_ids"):
+        pp.check_packing(model, {"input_ids": torch.ones(1, 4, dtype=torch.long)})
+    padding = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "labels": torch.full((1, 4), -100)}
+    with pytest.raises(
+        ValueError, match=r"^check_packing: the batches read \(1\) hold padding only; expected packed rows"
+    ):
+        pp.check_packing(model, {**padding, "position_ids": torch.arange(4)[None]})
+    with pytest.raises(ValueError, match=r"^`max_documents` must be greater than zero, but is 0 instead\.$"):
+        pp.check_packing(model, batches(1), max_documents=0)

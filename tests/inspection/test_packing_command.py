@@ -1,0 +1,66 @@
+"""``padpipe check-packing MODEL --data DATA``: a local model folder or config, exit 0 when exact, 1 with the cause."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from padpipe.cli import main
+from padpipe.inspection.packing_command import load_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+def llama_config(**changes) -> transformers.LlamaConfig:
+    options = dict(vocab_size=8000, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    return transformers.LlamaConfig(**{**options, **changes})
+
+
+def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    code = main(["check-packing", *argv, "--data", "corpus", "--tokenizer", "sample", "--seq-len", "64"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_packing_command_passes_a_model_that_packs_exactly(tmp_path, capsys) -> None:
+    torch.manual_seed(0)
+    saved = transformers.LlamaForCausalLM(llama_config(use_cache=False))
+    saved.save_pretrained(tmp_path)  # weights and config
+    loaded = load_model(str(tmp_path), attn_implementation="eager", dtype=None, device="cpu")
+    assert loaded.config._attn_implementation == "eager"
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), loaded.state_dict().values()))
+    code, out, err = run(capsys, str(tmp_path), "--attn-implementation", "eager")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("check_packing: attn_implementation='eager', use_cache=False, dtype=torch.float32")
+    assert re.fullmatch(r"exact: 8 documents get their own logits \(max abs difference \S+\)", lines[-1])
+    assert len(lines) == 10
+
+
+def test_check_packing_command_exits_1_naming_the_cause(tmp_path, capsys) -> None:
+    config = tmp_path / "config.json"
+    llama_config(attn_implementation="sdpa").to_json_file(config)  # a config only: random weights
+    code, out, err = run(capsys, str(config))
+    assert code == 1 and out.splitlines()[-1].startswith("wrong: ")
+    assert re.match(
+        r"^padpipe check-packing: check_packing: \d+ of 8 documents get other logits packed than alone, .*; "
+        r"cause \[use_cache\]: use_cache=True with attn_implementation='sdpa' and no 4-D mask",
+        err,
+    )
+    code, out, err = run(capsys, str(config), "--use-cache", "false")
+    assert code == 0
+    code, out, err = run(capsys, str(config), "--block-mask")
+    assert code == 0
+
+
+def test_check_packing_command_prints_one_line_on_a_missing_model(tmp_path, capsys) -> None:
+    code, out, err = run(capsys, str(tmp_path / "missing"))
+    assert code == 2 and out == ""
+    assert err == (
+        f"padpipe check-packing: error: check-packing: MODEL '{tmp_path / 'missing'}': no such file or folder; "
+        "expected a model folder or a config.json.\n"
+    )
