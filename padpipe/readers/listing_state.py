@@ -14,7 +14,7 @@ Example:
     >>> listing_difference(saved, "b\\t2\\tv1", "b\\t2\\tv1\\na\\t1\\tv1")
     'the same 2 files in another order'
     >>> listing_difference(saved, "b\\t2\\tv1", "a\\t1\\tv1\\nb\\t3\\tv2")
-    'the same 2 file names, but a size, version or content changed; the file being read changed: b (2 -> 3 bytes)'
+    'the same file names, but a size, version or content changed; the file being read changed: b (2 -> 3 bytes)'
 """
 
 from __future__ import annotations
@@ -80,10 +80,11 @@ def refuse_old_state(stage: str, state: Any, version: int) -> None:
     """Refuse a version 2 file reader state (it held every file's identity) with a message that says so.
 
     Example:
-        >>> refuse_old_state("ParquetReader", {"version": 2, "files": "a\t1\tv1"}, 3)
-        Traceback (most recent call last):
-        ...
-        padpipe.state.StateMismatchError: ParquetReader state doesn't match this pipeline: version found 2 instead of 3 (a version 2 state lists every file; this padpipe saves a digest of the listing instead). Resume it with the padpipe version that saved it, or start a new run.
+        >>> try:
+        ...     refuse_old_state("ParquetReader", {"version": 2, "files": "a.parquet\\t10\\t1.0"}, 3)
+        ... except pp.StateMismatchError as exc:
+        ...     print(str(exc)[:80])
+        ParquetReader state doesn't match this pipeline: version found 2 instead of 3 (a
     """
     if isinstance(state, Mapping) and state.get(VERSION_KEY) == 2 and isinstance(state.get(FILES_KEY), str):
         raise StateMismatchError(
@@ -115,13 +116,13 @@ def listing_difference(saved: ListingDigest, saved_file: str, identity: str) -> 
     if now == saved:
         return None
     if now.unordered == saved.unordered:
-        return f"the same {now.count} files in another order"
+        return f"the same {_files(now.count)} in another order"
     if now.names == saved.names:
-        words = f"the same {now.count} file names, but a size, version or content changed"
+        words = f"the same file name{'s' if now.count > 1 else ''}, but a size, version or content changed"
     elif now.count != saved.count:
-        words = f"{saved.count} files when saved, {now.count} now: files were added or removed"
+        words = f"{_files(saved.count)} when saved, {now.count} now: files were added or removed"
     else:
-        words = f"{now.count} files as when saved, but other names: files were renamed, or added and removed"
+        words = f"{_files(now.count)} as when saved, but other names: files were renamed, or added and removed"
     if saved_file:
         name = saved_file.split("\t", 1)[0]
         line = line_of(identity, name)
@@ -132,6 +133,10 @@ def listing_difference(saved: ListingDigest, saved_file: str, identity: str) -> 
         else:
             words += f"; the file being read, {name}, is unchanged"
     return words
+
+
+def _files(count: int) -> str:
+    return f"{count} file" if count == 1 else f"{count} files"
 
 
 def _change(before: str, after: str) -> str:
