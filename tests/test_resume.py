@@ -125,7 +125,7 @@ def test_resume_raises_error_when_state_is_from_another_pipeline(small, large):
         mismatch(full(small, seed=1), full(small, seed=2))
     with pytest.raises(
         pp.StateMismatchError,
-        match=r"^ParquetReader state doesn't match this pipeline: its files changed since the state was saved \(1 added: \S+/small\.parquet; 1 removed: \S+/large\.parquet\); resuming would read other rows\. Resume with the files as they were, or start a new run\.$",
+        match=r"^ParquetReader state doesn't match this pipeline: its files changed since the state was saved \(1 file as when saved, but other names: files were renamed, or added and removed; the file being read, \S+/large\.parquet, is no longer listed\); resuming would read other rows\. Resume with the files as they were, or start a new run\.$",
     ):
         mismatch(full(large), full(small))
     with pytest.raises(

@@ -12,9 +12,10 @@ object storage needs:
 * a file that vanished, or changed size or version (modification time, ETag) since it was listed
   is a ``DataError`` naming it, or with ``on_missing="skip"`` is skipped (rest of it) and counted as
   ``read.missing_file``; resume stays exact because the position moves past it like past any unit;
-* a state records the identity of the listing (each file's name, size and version); resuming it
-  where the listing differs is a ``StateMismatchError`` naming the files added, removed or changed
-  (listing the same files as a folder, a glob or a list is the same input);
+* a state records a digest of the listing (each file's name, size and version) and the file being
+  read, never the file list (:mod:`padpipe.readers.listing_state`); resuming it where the listing
+  differs is a ``StateMismatchError`` saying how (listing the same files as a folder, a glob or a
+  list is the same input);
 * every record batch carries the file it came from in its schema metadata, so later stages can
   name it in their errors.
 """
@@ -32,6 +33,7 @@ import pyarrow.json as pj
 
 from padpipe.errors import DataError, one_of
 from padpipe.readers.listing import SharedListing
+from padpipe.readers.listing_state import ListingDigest, listing_difference, refuse_old_state
 from padpipe.readers.paths import ChangedFileError, FileRef, FolderFiles, check_paths, expand_paths
 from padpipe.readers.retry import Attempts, Retry, call, is_transient
 from padpipe.readers.schema import check_columns, tag_source
@@ -72,6 +74,7 @@ class FileSource(UnitSource):
         0
     """
 
+    VERSION = 3  # 3: the listing as a digest (2 held every file's identity)
     SUFFIXES: tuple[str, ...] = ()
     LISTING_ATTRS: tuple[str, ...] = ("_files",)  # what list_files sets besides the units
 
@@ -169,16 +172,17 @@ class FileSource(UnitSource):
     def identity(self) -> str | None:
         return self._identity
 
-    def check_identity(self, saved: str) -> None:
-        if saved == self._identity:
+    def check_identity(self, saved: ListingDigest, saved_file: str) -> None:
+        difference = listing_difference(saved, saved_file, self._identity)
+        if difference is None:
             return
         raise StateMismatchError(
             f"{type(self).__name__} state doesn't match this pipeline: its files changed since the state was saved "
-            f"({listing_change(saved, self._identity)}); resuming would read other rows. Resume with the files as "
-            "they were, or start a new run."
+            f"({difference}); resuming would read other rows. Resume with the files as they were, or start a new run."
         )
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        refuse_old_state(type(self).__name__, initial_state, self.VERSION)
         super().reset(initial_state)
         self._attempts.succeeded()
         self.drop_handles()
@@ -339,45 +343,3 @@ def _from_plain(data: Any, filesystems: list[Any]) -> Any:
             newlines_in_values=value["newlines_in_values"],
         )
     raise ValueError(f"unknown listing value kind {kind!r}")
-
-
-def listing_change(saved: str, now: str, *, most: int = 3) -> str:
-    """How the listing ``now`` differs from ``saved`` (identities of :class:`FileRef`), in words.
-
-    Example:
-        >>> listing_change("a\\t1\\tv1\\nb\\t2\\tv1", "a\\t1\\tv2\\nc\\t3\\tv1")
-        '1 added: c; 1 removed: b; 1 changed: a (version v1 -> v2)'
-        >>> listing_change("a\\t1\\tv1\\tc0ffee", "a\\t1\\tv1\\tbadbed")
-        '1 changed: a (content c0ffee -> badbed, same size and version)'
-    """
-    before, after = _entries(saved), _entries(now)
-    added = [n for n in after if n not in before]
-    removed = [n for n in before if n not in after]
-    changed = []
-    for name in (n for n in after if n in before and after[n] != before[n]):
-        (size0, version0, content0), (size1, version1, content1) = before[name], after[name]
-        what = f"{size0} -> {size1} bytes" if size0 != size1 else f"version {version0} -> {version1}"
-        if (size0, version0) == (size1, version1):
-            what = f"content {content0 or '?'} -> {content1 or '?'}, same size and version"
-        changed.append(f"{name} ({what})")
-    parts = [
-        f"{len(items)} {label}: {_some(items, most)}"
-        for label, items in (("added", added), ("removed", removed), ("changed", changed))
-        if items
-    ]
-    if not parts:
-        return f"the same {len(after)} files in another order"
-    return "; ".join(parts)
-
-
-def _entries(identity: str) -> dict[str, tuple[str, str, str]]:
-    out = {}
-    for line in identity.split("\n") if identity else ():
-        name, size, version, content = (line.split("\t") + ["", "", ""])[:4]
-        out[name] = (size, version, content)
-    return out
-
-
-def _some(items: list[str], most: int) -> str:
-    shown = ", ".join(items[:most])
-    return shown if len(items) <= most else f"{shown} and {len(items) - most} more"

@@ -258,6 +258,8 @@ def expand_paths(
 
 
 def _ref(fs: AbstractFileSystem, path: str, info: dict[str, Any] | None) -> FileRef:
+    if info is not None and info.get("islink"):  # a folder search or glob gives a link's own mtime: use its target's
+        info = fs.info(path)
     size = None if info is None else info.get("size")
     version = None if info is None else file_version(info)
     content = None if strong_version(info) else TO_MEASURE

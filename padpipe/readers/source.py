@@ -22,10 +22,11 @@ from torchdata.nodes import BaseNode
 from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
+from padpipe.readers.listing_state import FILE_KEY, DigestSpec, ListingDigest, line_of
 from padpipe.readers.retry import denied
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.shares import Measure, share
-from padpipe.state import Int, Spec, StateMismatchError, Str, check_state, load_value, make_state
+from padpipe.state import Int, Spec, StateMismatchError, Str, check_state, invalid, load_value, make_state
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
@@ -167,9 +168,10 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         none."""
         return None
 
-    def check_identity(self, saved: str) -> None:
-        """Raise ``StateMismatchError`` unless ``saved`` (a state's identity) is this listing's :meth:`identity`."""
-        if saved != self.identity():
+    def check_identity(self, saved: ListingDigest, saved_file: str) -> None:
+        """Raise ``StateMismatchError`` unless ``saved`` (a state's listing digest) is this listing's; ``saved_file``:
+        the state's line of the file it was reading."""
+        if saved != ListingDigest.of(self.identity() or ""):
             raise StateMismatchError(f"{type(self).__name__} state doesn't match this pipeline: the input changed.")
 
     def state_fields(self) -> dict[str, Spec]:
@@ -198,17 +200,21 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             return
         stage = type(self).__name__
         fields = {self.EPOCH_KEY: Int(0), self.UNIT_KEY: Int(0), self.ROW_KEY: Int(0), **self.state_fields()}
-        if self.identity() is not None:
-            fields[self.IDENTITY_KEY] = Str()
+        identity = self.identity()
+        if identity is not None:
+            fields.update({self.IDENTITY_KEY: DigestSpec(), FILE_KEY: Str()})
 
         def check(loaded: dict[str, Any]) -> None:
-            if self.identity() is not None:
-                self.check_identity(loaded[self.IDENTITY_KEY])
+            if identity is not None:
+                self.check_identity(loaded[self.IDENTITY_KEY], loaded[FILE_KEY])
             order = self._units_for_epoch(loaded[self.EPOCH_KEY])
             unit = load_value(stage, self.UNIT_KEY, loaded[self.UNIT_KEY], Int(0, len(order)))
             load_value(
                 stage, self.ROW_KEY, loaded[self.ROW_KEY], Int(0, order[unit].num_rows if unit < len(order) else 0)
             )
+            current = self._file_line(identity, order, unit)
+            if identity is not None and loaded[FILE_KEY] != current:
+                raise invalid(stage, FILE_KEY, f"the file at unit {unit}, {current!r}", repr(loaded[FILE_KEY]))
             self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
 
         loaded = check_state(
@@ -243,7 +249,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         fields.update(self.state_values())
         identity = self.identity()
         if identity is not None:
-            fields[self.IDENTITY_KEY] = identity
+            fields[self.IDENTITY_KEY] = ListingDigest.of(identity).plain()
+            fields[FILE_KEY] = self._file_line(identity, self._order, self._unit)
         return make_state(version=self.VERSION, settings=self._settings(), **fields)
 
     # -- elastic resume (see padpipe.runtime.elastic) ---------------------------------------------------------
@@ -304,6 +311,11 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             "seed": self.seed,
             "consumer": f"{self.consumer.index}/{self.consumer.count}",
         }
+
+    @staticmethod
+    def _file_line(identity: str | None, order: list[WorkUnit], unit: int) -> str:
+        """The listing's line of the file of ``order[unit]`` (``""`` past the end, or without an identity)."""
+        return line_of(identity, order[unit].path) if identity is not None and unit < len(order) else ""
 
     def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
         """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""

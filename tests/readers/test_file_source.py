@@ -1,7 +1,8 @@
 """A reader's state records which files it read; a changed listing is never resumed silently (13.1, 13.10, 13.12).
 
-Resuming a state where a file was added, removed or changed since it was saved raises a
-``StateMismatchError`` naming those files (before, the saved ``(unit, row)`` pointed at other
+Resuming a state where a file was added, removed, renamed, reordered or changed since it was saved
+raises a ``StateMismatchError`` saying which of these it was and what became of the file being read
+(the state keeps a digest of the listing, not the file list; before, the saved ``(unit, row)`` pointed at other
 data: rows read twice and rows never read). Naming the same files as a folder, a glob or a list is
 the same input. A file replaced mid-epoch by another of the same size is caught by its
 modification time.
@@ -68,37 +69,70 @@ PREFIX = r"^ParquetReader state doesn't match this pipeline: its files changed s
 SUFFIX = r"\); resuming would read other rows\. Resume with the files as they were, or start a new run\.$"
 
 
-def test_resume_raises_error_naming_an_added_file(shards) -> None:
+def test_resume_raises_error_when_a_file_was_added(shards) -> None:
     state, _ = saved_state(str(shards))
     write(shards / "s9.parquet", 900)
+    reading = re.escape(str(shards / "s3.parquet"))  # the shuffled unit order was in s3 after 6 batches
     with pytest.raises(
-        StateMismatchError, match=PREFIX + rf"1 added: {re.escape(str(shards / 's9.parquet'))}" + SUFFIX
+        StateMismatchError,
+        match=PREFIX + rf"4 files when saved, 5 now: files were added or removed; the file being read, {reading}, "
+        "is unchanged" + SUFFIX,
     ):
         resume(str(shards), state)
 
 
-def test_resume_raises_error_naming_a_removed_file(shards) -> None:
+def test_resume_raises_error_naming_the_file_being_read_when_it_was_removed(shards) -> None:
     state, _ = saved_state(str(shards / "*.parquet"))
-    (shards / "s2.parquet").unlink()
+    (shards / "s3.parquet").unlink()
+    gone = re.escape(str(shards / "s3.parquet"))
     with pytest.raises(
-        StateMismatchError, match=PREFIX + rf"1 removed: {re.escape(str(shards / 's2.parquet'))}" + SUFFIX
+        StateMismatchError,
+        match=PREFIX + rf"4 files when saved, 3 now: files were added or removed; the file being read, {gone}, "
+        "is no longer listed" + SUFFIX,
     ):
         resume(str(shards / "*.parquet"), state)
 
 
+def test_resume_raises_error_when_a_file_was_renamed(shards) -> None:
+    state, _ = saved_state(str(shards))
+    (shards / "s1.parquet").rename(shards / "s1b.parquet")
+    with pytest.raises(
+        StateMismatchError,
+        match=PREFIX + "4 files as when saved, but other names: files were renamed, or added and removed; ",
+    ):
+        resume(str(shards), state)
+
+
 def test_resume_raises_error_naming_a_changed_file(shards) -> None:
     state, _ = saved_state(str(shards))
-    size = (shards / "s1.parquet").stat().st_size
-    write(shards / "s1.parquet", 100, rows=120)
-    new = (shards / "s1.parquet").stat().st_size
-    changed = re.escape(f"{shards / 's1.parquet'} ({size} -> {new} bytes)")
-    with pytest.raises(StateMismatchError, match=PREFIX + f"1 changed: {changed}" + SUFFIX):
+    size = (shards / "s3.parquet").stat().st_size
+    write(shards / "s3.parquet", 300, rows=120)
+    new = (shards / "s3.parquet").stat().st_size
+    changed = re.escape(f"the file being read changed: {shards / 's3.parquet'} ({size} -> {new} bytes)")
+    same_names = "the same file names, but a size, version or content changed; "
+    with pytest.raises(StateMismatchError, match=PREFIX + same_names + changed + SUFFIX):
         resume(str(shards), state)
-    write(shards / "s1.parquet", 100)  # the same bytes again, but written later
-    stat = (shards / "s1.parquet").stat()
-    os.utime(shards / "s1.parquet", (stat.st_atime, stat.st_mtime + 5))
+    write(shards / "s3.parquet", 300)  # the same bytes again, but written later
+    stat = (shards / "s3.parquet").stat()
+    os.utime(shards / "s3.parquet", (stat.st_atime, stat.st_mtime + 5))
     with pytest.raises(
-        StateMismatchError, match=PREFIX + r"1 changed: \S+/s1\.parquet \(version [\d.]+ -> [\d.]+\)" + SUFFIX
+        StateMismatchError,
+        match=PREFIX
+        + same_names
+        + r"the file being read changed: \S+/s3\.parquet \(version [\d.]+ -> [\d.]+\)"
+        + SUFFIX,
+    ):
+        resume(str(shards), state)
+
+
+def test_resume_raises_error_when_a_file_other_than_the_one_being_read_changed(shards) -> None:
+    state, _ = saved_state(str(shards))
+    write(shards / "s0.parquet", 0, rows=99)
+    reading = re.escape(str(shards / "s3.parquet"))
+    with pytest.raises(
+        StateMismatchError,
+        match=PREFIX + rf"the same file names, but a size, version or content changed; the file being read, {reading}, "
+        "is unchanged" + SUFFIX,
     ):
         resume(str(shards), state)
 
@@ -148,5 +182,8 @@ def test_a_moved_folder_is_another_input(shards, tmp_path) -> None:
     state, _ = saved_state(str(shards))
     moved = tmp_path / "moved"
     shutil.copytree(shards, moved)
-    with pytest.raises(StateMismatchError, match=PREFIX + r"4 added: .*; 4 removed: .*" + SUFFIX):
+    with pytest.raises(
+        StateMismatchError,
+        match=PREFIX + "4 files as when saved, but other names: " + r".*is no longer listed" + SUFFIX,
+    ):
         resume(str(moved), state)

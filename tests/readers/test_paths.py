@@ -1,8 +1,12 @@
+import os
 import re
 
 import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+import padpipe as pp
 from padpipe.readers.paths import check_paths, expand_paths
 
 
@@ -82,3 +86,15 @@ def test_check_paths_raises_error_when_paths_is_not_paths():
         ValueError, match=r"^`paths` must name at least one file, folder or glob, but is \(\) instead\.$"
     ):
         check_paths(())
+
+
+@pytest.mark.parametrize("given", ["folder", "glob"])
+def test_a_folder_or_glob_of_links_is_read_with_the_targets_versions(tmp_path, given) -> None:
+    source = tmp_path / "source.parquet"
+    pq.write_table(pa.table({"id": [0, 1, 2]}), source)
+    os.utime(source, (1_000_000, 1_000_000))  # older than the link: the link's own mtime differs
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "a.parquet").symlink_to(source)
+    paths = str(tmp_path / "links") if given == "folder" else str(tmp_path / "links" / "*.parquet")
+    rows = [r["id"] for batch in pp.read_parquet(paths).loader() for r in batch.to_pylist()]
+    assert rows == [0, 1, 2]  # before: "has version 1000000.0 ..., but had <the link's mtime> when it was listed"

@@ -131,7 +131,8 @@ def test_resume_raises_error_naming_a_file_rewritten_with_the_same_size_and_mtim
     rewrite_keeping_size_and_mtime(path, "gamma")
     fresh = pipeline(path).loader()  # a new run lists again
     pattern = (
-        rf"{stage} state doesn't match this pipeline: its files changed since the state was saved \(1 changed: "
+        rf"{stage} state doesn't match this pipeline: its files changed since the state was saved \(the same file "
+        r"name, but a size, version or content changed; the file being read changed: "
         rf"{re.escape(str(path))} \(content [0-9a-f]{{16}} -> [0-9a-f]{{16}}, same size and version\)\)"
     )
     with pytest.raises(pp.StateMismatchError, match=pattern):
@@ -391,14 +392,16 @@ def test_resume_refuses_a_reader_state_that_names_other_files(tmp_path):
     path = tmp_path / "data.parquet"
     write(path, "alpha")
     state = mid_epoch_state(pipeline(path))
-    for refs, trail in [(node, t) for node, t in _dicts_with(state, "files")]:
-        refs["files"] = "../../outside/secret.parquet\t10\t1.0"
+    for refs, trail in [(node, t) for node, t in _dicts_with(state, "file")]:
+        refs["file"] = "../../outside/secret.parquet\t10\t1.0"
         for node in [refs, *reversed(trail)]:
             if CHECKSUM_KEY in node:
                 node[CHECKSUM_KEY] = checksum(node)
     loader = pipeline(path).loader()
     with pytest.raises(
-        pp.StateMismatchError, match=r"1 added: .*data\.parquet; 1 removed: \.\./\.\./outside/secret\.parquet"
+        pp.StateMismatchError,
+        match=r"^ParquetReader state is invalid: 'file' must be the file at unit 0, '\S+data\.parquet\\t\d+\\t[\d.]+"
+        r"\\t[0-9a-f]{16}', but is '\.\./\.\./outside/secret\.parquet\\t10\\t1\.0' instead\.$",
     ):
         loader.load_state_dict(state)
         next(iter(loader))
