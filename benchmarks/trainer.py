@@ -51,7 +51,7 @@ COLUMNS = (
     "1st batch (s)",
     "1st step (s)",
     "steady tokens/s",
-    "tokens/CPU-s",
+    "mean tokens/s",
     "rows/s",
     "tokens/row",
     "padding eff.",
@@ -145,7 +145,7 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
             f"{r['first_batch_s']:.2f}",
             f"{r['first_step_s']:.2f}",
             f"{r['tokens_per_s']:,.0f}",
-            f"{r['tokens_per_cpu_s']:,.0f}",
+            f"{r['mean_tokens_per_s']:,.0f}",
             f"{r['rows_per_s']:,.1f}",
             f"{r['tokens'] / max(1, r['rows']):.0f}",
             f"{r['efficiency']:.3f}",
@@ -216,8 +216,8 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     parser.add_argument("--eval-docs", type=int, default=200)
     parser.add_argument("--cls-rows", type=int, default=0, help="training pairs (0: all 19,000)")
     parser.add_argument("--eval-rows", type=int, default=1000)
-    parser.add_argument("--cls-tokens", type=int, default=600_000, help="real tokens each cls arm trains on")
-    parser.add_argument("--lm-tokens", type=int, default=200_000, help="real tokens each lm arm trains on")
+    parser.add_argument("--cls-tokens", type=int, default=40_000, help="real tokens each cls arm trains on")
+    parser.add_argument("--lm-tokens", type=int, default=20_000, help="real tokens each lm arm trains on")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per arm")

@@ -127,7 +127,7 @@ class Meter:
         self.budget, self.start = budget, time.perf_counter()
         self.rows = self.real = self.slots = 0
         self.first_batch = 0.0
-        self.steps: list[tuple[float, int, int, int, float]] = []
+        self.steps: list[tuple[float, int, int, int]] = []
 
     def add(self, inputs: Any) -> None:
         rows, real, slots = count(inputs)
@@ -142,7 +142,7 @@ class Meter:
 
         class Steps(TrainerCallback):
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-                meter.steps.append((time.perf_counter(), meter.rows, meter.real, meter.slots, time.process_time()))
+                meter.steps.append((time.perf_counter(), meter.rows, meter.real, meter.slots))
                 if meter.real >= meter.budget:
                     control.should_training_stop = True
                 return control
@@ -150,21 +150,23 @@ class Meter:
         return Steps()
 
     def result(self) -> dict[str, float]:
-        """First-step seconds, steady rows/s and real tokens/s (after the first steps) per wall and per CPU second
-        (all threads of the process), padding efficiency."""
+        """First-batch and first-step seconds; steady real tokens/s and rows/s, the median over the steps after
+        the first (robust to a shared machine's load spikes; the mean rate too); padding efficiency."""
         first = self.steps[0][0] - self.start
-        k = min(3, len(self.steps) // 4)
-        (t0, r0, n0, _, c0), (t1, r1, n1, _, c1) = self.steps[k], self.steps[-1]
-        seconds = max(t1 - t0, 1e-9)
+        marks = [(self.start + self.first_batch, 0, 0, 0), *self.steps]
+        steady = marks[2:] if len(marks) > 2 else marks[1:]  # each entry vs the one before it: steps 2, 3, ...
+        before = marks[len(marks) - len(steady) - 1 : -1]
+        gaps = [(b[0] - a[0], b[1] - a[1], b[2] - a[2]) for a, b in zip(before, steady)]
+        (t0, _, n0, _), (t1, _, n1, _) = before[0], marks[-1]
         return {
             "first_batch_s": self.first_batch,
             "first_step_s": first,
             "steps": len(self.steps),
             "rows": self.rows,
             "tokens": self.real,
-            "rows_per_s": (r1 - r0) / seconds,
-            "tokens_per_s": (n1 - n0) / seconds,
-            "tokens_per_cpu_s": (n1 - n0) / max(c1 - c0, 1e-9),
+            "rows_per_s": float(np.median([r / max(t, 1e-9) for t, r, _ in gaps])),
+            "tokens_per_s": float(np.median([n / max(t, 1e-9) for t, _, n in gaps])),
+            "mean_tokens_per_s": (n1 - n0) / max(t1 - t0, 1e-9),
             "efficiency": self.real / max(1, self.slots),
             "train_s": self.steps[-1][0] - self.start,
         }
