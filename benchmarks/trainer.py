@@ -110,7 +110,7 @@ def mean_length(cfg: dict[str, Any], rows: int = 2000) -> float:
 def configs(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
     """The arm configurations of every task asked for, data written to ``work``."""
     out = []
-    common = {"seed": args.seed, "threads": args.threads}
+    common = {"seed": args.seed, "threads": args.threads, "bucket_buffer": args.bucket_buffer}
     if "cls" in args.tasks:
         cls = {"task": "cls", "train": f"{work}/pairs.parquet", "held_out": f"{work}/pairs-eval.parquet"}
         setup.write_pairs(cls["train"], cls["held_out"], args.cls_rows, args.eval_rows)
@@ -219,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     parser.add_argument("--cls-tokens", type=int, default=40_000, help="real tokens each cls arm trains on")
     parser.add_argument("--lm-tokens", type=int, default=20_000, help="real tokens each lm arm trains on")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--bucket-buffer", type=int, default=10_000, help="padpipe bucket(buffer_size=...)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per arm")
     parser.add_argument("--chart", help="write the PNG chart here")

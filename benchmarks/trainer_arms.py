@@ -143,7 +143,7 @@ def padpipe_trainer(cfg: dict[str, Any], net: Any, tok: Any, meter: setup.Meter)
     if cfg["arm"] == "padpipe_pack":
         pipe = pipe.pack(cfg["seq_len"], batch_size=cfg["pack_rows"], long_docs="truncate")
     else:
-        pipe = pipe.bucket(max_tokens=cfg["max_tokens"]).pad(pad_to_multiple_of=8)
+        pipe = pipe.bucket(max_tokens=cfg["max_tokens"], buffer_size=cfg["bucket_buffer"]).pad(pad_to_multiple_of=8)
         if cfg["task"] == "lm":
             pipe = pipe.add_stage("labels", lambda up, ctx: Mapper(up, causal_labels), output="tensors")
     trainer = setup.counting(Trainer, meter)
