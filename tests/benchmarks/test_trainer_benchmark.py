@@ -1,4 +1,5 @@
-"""A tiny run of benchmarks/trainer.py: every arm asked for trains to the token budget and fills the table."""
+"""A tiny run of benchmarks/trainer.py (three lm arms, ~2 min on the shared 2 cores): each trains to the token
+budget and fills its row of the table."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def run(*args: str, timeout: float = 280) -> str:
 @pytest.mark.timeout(300)
 def test_trainer_benchmark_trains_every_arm_to_the_same_budget(tmp_path: Path) -> None:
     out = run(
-        "--cls-tokens",
-        "2000",
+        "--tasks",
+        "lm",
         "--lm-tokens",
         "2000",
         "--arms",
@@ -67,8 +68,6 @@ def test_trainer_benchmark_trains_every_arm_to_the_same_budget(tmp_path: Path) -
     assert [c.strip() for c in lines[0].split("|")[1:-1]] == COLUMNS
     rows = {(cells[0], cells[1]): cells for cells in ([c.strip() for c in x.split("|")[1:-1]] for x in lines[1:])}
     assert set(rows) == {
-        ("cls", "HF Trainer, random batches + padding collator (after map)"),
-        ("cls", "padpipe.hf.Trainer, bucket(max_tokens) + pad"),
         ("lm", "HF Trainer, random batches + padding collator (after map)"),
         ("lm", "padpipe.hf.Trainer, bucket(max_tokens) + pad"),
         ("lm", "padpipe.hf.Trainer, pack(seq_len)"),
@@ -78,11 +77,11 @@ def test_trainer_benchmark_trains_every_arm_to_the_same_budget(tmp_path: Path) -
         first_batch, first_step = float(cells[2]), float(cells[3])
         assert 0 < first_batch <= first_step, (arm, cells)
         assert 0 < float(cells[8]) <= 1, (arm, cells)  # padding efficiency
-        assert int(cells[11].replace(",", "")) >= 2000  # trained to the budget, then stopped
+        assert 2000 <= int(cells[11].replace(",", "")) < 2000 + 8 * 512  # to the budget, stopped within a step
         assert int(cells[12].replace(",", "")) >= 1
     assert float(rows["lm", "padpipe.hf.Trainer, pack(seq_len)"][8]) > 0.99
     assert re.search(
-        r"^cls: steady tokens/s, best padpipe \(padpipe_bucket\) / best HF-TRL \(hf_random\): "
+        r"^lm: steady tokens/s, best padpipe \(padpipe_\w+\) / best HF-TRL \(hf_random\): "
         r"[\d.]+x; first step [\d.]+x sooner",
         out,
         re.M,
