@@ -20,7 +20,7 @@ from padpipe.readers.schema import conform
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, WorkUnit
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.shares import Measure
-from padpipe.state import Int, ListOf, Optional, Spec, load_value
+from padpipe.state import Int, ListOf, Loaded, Optional, Spec, load_value
 from padpipe.stats import PipelineStats
 
 BAD_ROW = "read.bad_row"
@@ -79,7 +79,6 @@ class JsonlReader(FileSource):
         [{'id': 0}, {'id': 1}]
     """
 
-    BLOCK_KEY = "block"
     SUFFIXES = SUFFIXES
     POSITION_COLUMN = "__padpipe_pos"
     row_positions = False  # add each row's byte offset as POSITION_COLUMN (record_row_positions)
@@ -192,24 +191,24 @@ class JsonlReader(FileSource):
 
     # -- state: (unit, row) plus the current block's byte offset ------------------------------------
     def state_fields(self) -> dict[str, Spec]:
-        return {self.BLOCK_KEY: Optional(ListOf(Int(0), length=2))}
+        return {"block": Optional(ListOf(Int(0), length=2))}
 
-    def check_state_fields(self, loaded: dict[str, Any], unit: WorkUnit | None) -> None:
-        block = loaded[self.BLOCK_KEY]
+    def check_state_fields(self, loaded: Loaded, unit: WorkUnit | None) -> None:
+        block = loaded["block"]
         if block is not None:  # where the block holding `row` starts: within the unit, at or before `row`
             start, stop = (0, -1) if unit is None else (unit.start, unit.stop)
-            load_value("JsonlReader", self.BLOCK_KEY, block[0], Int(start, stop))
-            load_value("JsonlReader", self.BLOCK_KEY, block[1], Int(0, loaded[self.ROW_KEY]))
+            load_value("JsonlReader", "block", block[0], Int(start, stop))
+            load_value("JsonlReader", "block", block[1], Int(0, loaded.row))
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self._block = None
-        block = None if initial_state is None else initial_state[self.BLOCK_KEY]
+        block = None if initial_state is None else initial_state["block"]
         self._resume_at = None if block is None else (int(block[0]), int(block[1]))
 
     def state_values(self) -> dict[str, Any]:
         block = self._block if self._reader is not None else self._resume_at
-        return {self.BLOCK_KEY: None if block is None else list(block)}
+        return {"block": None if block is None else list(block)}
 
     # -- helpers ------------------------------------------------------------------------------------
     def _take_schema(self, files: list[FileRef]) -> None:

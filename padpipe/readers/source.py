@@ -26,7 +26,7 @@ from padpipe.readers.listing_state import FILE_KEY, DigestSpec, ListingDigest, l
 from padpipe.readers.retry import denied
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.shares import Measure, share
-from padpipe.state import Int, Spec, StateMismatchError, Str, check_state, invalid, load_value, make_state
+from padpipe.state import Int, Loaded, Spec, StateMismatchError, StateSchema, Str, invalid, load_value
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
@@ -67,10 +67,6 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     """
 
     VERSION = 2
-    EPOCH_KEY = "epoch"
-    UNIT_KEY = "unit"
-    ROW_KEY = "row"
-    IDENTITY_KEY = "files"
     cache: Any = None  # the token cache this reader reads through (use_token_cache), or None
 
     def __init__(
@@ -178,12 +174,20 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         """A subclass's own state keys (their values from :meth:`state_values`) and what each must be."""
         return {}
 
-    def check_state_fields(self, loaded: dict[str, Any], unit: WorkUnit | None) -> None:
+    def check_state_fields(self, loaded: Loaded, unit: WorkUnit | None) -> None:
         """Check a subclass's loaded fields against the position (``unit``: the unit being read, if any)."""
 
     def state_values(self) -> dict[str, Any]:
         """A subclass's own state values, saved with the position (see :meth:`state_fields`)."""
         return {}
+
+    def state_schema(self) -> StateSchema:
+        """This reader's state: its position (epoch, unit, row), a subclass's own keys and, for files,
+        the listing's digest and the line of the file being read."""
+        fields = {"epoch": Int(0), "unit": Int(0), "row": Int(0), **self.state_fields()}
+        if self.identity() is not None:
+            fields.update({"files": DigestSpec(), FILE_KEY: Str()})
+        return StateSchema(type(self).__name__, self.VERSION, **fields)
 
     # -- BaseNode ---------------------------------------------------------------------------------
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -198,29 +202,22 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             self._unit, self._row = 0, 0
             self._order = self._units_for_epoch(self._epoch)
             return
-        stage = type(self).__name__
-        fields = {self.EPOCH_KEY: Int(0), self.UNIT_KEY: Int(0), self.ROW_KEY: Int(0), **self.state_fields()}
-        identity = self.identity()
-        if identity is not None:
-            fields.update({self.IDENTITY_KEY: DigestSpec(), FILE_KEY: Str()})
+        schema, identity = self.state_schema(), self.identity()
+        stage = schema.stage
 
-        def check(loaded: dict[str, Any]) -> None:
+        def check(loaded: Loaded) -> None:
             if identity is not None:
-                self.check_identity(loaded[self.IDENTITY_KEY], loaded[FILE_KEY])
-            order = self._units_for_epoch(loaded[self.EPOCH_KEY])
-            unit = load_value(stage, self.UNIT_KEY, loaded[self.UNIT_KEY], Int(0, len(order)))
-            load_value(
-                stage, self.ROW_KEY, loaded[self.ROW_KEY], Int(0, order[unit].num_rows if unit < len(order) else 0)
-            )
+                self.check_identity(loaded.files, loaded[FILE_KEY])
+            order = self._units_for_epoch(loaded.epoch)
+            unit = load_value(stage, "unit", loaded.unit, Int(0, len(order)))
+            load_value(stage, "row", loaded.row, Int(0, order[unit].num_rows if unit < len(order) else 0))
             current = self._file_line(identity, order, unit)
             if identity is not None and loaded[FILE_KEY] != current:
                 raise invalid(stage, FILE_KEY, f"the file at unit {unit}, {current!r}", repr(loaded[FILE_KEY]))
             self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
 
-        loaded = check_state(
-            stage, initial_state, version=self.VERSION, settings=self._settings(), fields=fields, check=check
-        )
-        self._epoch, self._unit, self._row = loaded[self.EPOCH_KEY], loaded[self.UNIT_KEY], loaded[self.ROW_KEY]
+        loaded = schema.check(initial_state, self._settings(), check=check)
+        self._epoch, self._unit, self._row = loaded.epoch, loaded.unit, loaded.row
         self._order = self._units_for_epoch(self._epoch)
         if self._stop_on_load:
             self._stop_at = self._unit + (0 if self._cut_here() else 1 if self._row else 0)
@@ -245,13 +242,12 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             return batch
 
     def get_state(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {self.EPOCH_KEY: self._epoch, self.UNIT_KEY: self._unit, self.ROW_KEY: self._row}
-        fields.update(self.state_values())
+        fields: dict[str, Any] = {"epoch": self._epoch, "unit": self._unit, "row": self._row, **self.state_values()}
         identity = self.identity()
         if identity is not None:
-            fields[self.IDENTITY_KEY] = ListingDigest.of(identity).plain()
+            fields["files"] = ListingDigest.of(identity).plain()
             fields[FILE_KEY] = self._file_line(identity, self._order, self._unit)
-        return make_state(version=self.VERSION, settings=self._settings(), **fields)
+        return self.state_schema().make(self._settings(), **fields)
 
     # -- elastic resume (see padpipe.runtime.elastic) ---------------------------------------------------------
     def stop_on_load(self) -> None:
@@ -275,8 +271,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             self.consumer = Consumer.detect()
         if self._units is None:
             self._units = self.list_units()
-        order = self._units_for_epoch(state[self.EPOCH_KEY])
-        unit, row = state[self.UNIT_KEY], state[self.ROW_KEY]
+        order = self._units_for_epoch(state["epoch"])
+        unit, row = state["unit"], state["row"]
         if unit >= len(order):
             return []
         if row == 0:
