@@ -57,7 +57,8 @@ def _part(value: Any, path: tuple[str, ...], kind: type, what: str, where: tuple
     found: Any = value
     for key in path:
         found = found.get(key, _MISSING)
-    ok = isinstance(found, kind) and not (kind is int and (isinstance(found, bool) or found < 0))
+    bad_int = kind is int and (isinstance(found, bool) or (isinstance(found, int) and found < 0))
+    ok = isinstance(found, kind) and not bad_int
     if not ok:
         full = "/".join((*where, *path))
         shown = "missing" if found is _MISSING else f"{found!r:.60}"
