@@ -9,7 +9,6 @@ compares the logits. Where they differ it raises :class:`PackingError` naming th
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -17,7 +16,7 @@ import torch
 
 from padpipe.errors import positive
 from padpipe.inspection.packing_causes import Cause, attention_of, diagnose, is_causal, tolerance, use_cache_of
-from padpipe.inspection.packing_rows import Document, choose, find_documents
+from padpipe.inspection.packing_rows import Document, choose, find_documents, read_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +105,10 @@ def check_packing(
     """Check that ``model`` gives every packed document the logits it gives the document alone.
 
     The model runs as it is (its ``attn_implementation``, ``use_cache``, dtype and device), in eval
-    mode under ``torch.no_grad()``, random states untouched: once per packed batch as the loader
-    yields it (``columns`` applied), and once per document alone (``model(input_ids=doc[None])``).
+    mode under ``torch.no_grad()``, random states untouched, a loader with a state put back where
+    it was (training then reads the same batches as without the check): once per packed batch as
+    the loader yields it (``columns`` applied), and once per document alone
+    (``model(input_ids=doc[None])``).
     Cost: at most ``max_batches`` packed forwards and ``max_documents`` single-document ones.
 
     Args:
@@ -140,9 +141,7 @@ def check_packing(
     """
     positive("max_documents", max_documents)
     positive("max_batches", max_batches)
-    read = (
-        [dict(batches)] if isinstance(batches, Mapping) else [dict(b) for b in itertools.islice(batches, max_batches)]
-    )
+    read = read_batches(batches, max_batches)
     if not read:
         raise ValueError("check_packing: `batches` holds no batch; expected at least one packed batch.")
     select = columns if columns is not None else dict

@@ -285,3 +285,22 @@ def test_check_packing_raises_error_when_no_row_holds_two_documents() -> None:
         pp.check_packing(causal_lm(use_cache=True), padded)  # a causal document cannot see the padding after it
     with pytest.raises(pp.PackingError, match=r"cause \[encoder_without_mask\]"):
         pp.check_packing(masked_lm(), padded)  # a bidirectional one can
+
+
+def test_check_packing_puts_a_loader_it_reads_back_where_it_was() -> None:
+    """Checking the training loader itself must not shift training by an epoch (another shuffle order)."""
+    with gzip.open(pp.examples.SAMPLE_JSONL, "rt") as f:
+        rows = [{"text": json.loads(line)["text"]} for line in itertools.islice(f, 40)]
+    tokens = pp.from_iterable(rows).shuffle(16, seed=3).tokenize(pp.examples.tokenizer(), max_length=16)
+    pipe = tokens.pack(SEQ_LEN, batch_size=2, buffer_size=16)
+    ids = lambda batches: [b["input_ids"].tolist() for b in batches]  # noqa: E731
+    fresh = pipe.loader()
+    epochs = [ids(fresh), ids(fresh)]
+    assert epochs[0] != epochs[1], "each epoch its own order"
+    for steps in (0, 3):
+        loader = pipe.loader()
+        it = iter(loader)
+        head = ids(itertools.islice(it, steps))
+        assert pp.check_packing(causal_lm(use_cache=False), loader).exact
+        assert head + ids(loader) == epochs[0]
+        assert ids(loader) == epochs[1]
