@@ -212,3 +212,17 @@ def test_loss_tokens_raises_state_mismatch_for_a_resealed_window_batch_without_l
         r"or `shift_labels`, but is .+ at index 0 instead\.$",
     ):
         LossTokens(IterableWrapper(batches), steps=3).reset(state)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pack() builds labels from input_ids and drops the token-level labels of .tokens(): a prompt mask "
+    "(-100) is lost, so its tokens are trained on and counted (padded batches keep it)",
+)
+def test_packed_counts_keep_the_token_level_label_mask_as_padded_counts_do():
+    masked = [{"input_ids": r["input_ids"], "labels": [-100] * len(r["input_ids"])} for r in rows(6)]
+    tokens = pp.from_iterable(masked).tokens(pad_id=0)
+    padded = [int(b["num_items_in_batch"]) for b in tokens.batch(2).pad().loader(accumulation_steps=2)]
+    assert padded == [0, 0, 0]
+    packed = list(tokens.pack(13, batch_size=1).loader(accumulation_steps=2))
+    assert [int(b["num_items_in_batch"]) for b in packed] == [0] * len(packed)
