@@ -393,7 +393,7 @@ def check_state(
 ) -> dict[str, Any]:
     """Check a state dict given to ``reset`` fully; return its fields as loaded by their specs.
 
-    Checks, in order: a dict with a ``version`` equal to ``version``; each of ``settings`` equal
+    Checks, in order: a dict with a ``version`` equal to ``version`` and a ``settings`` dict; each of ``settings`` equal
     to the saved one; with ``fields``, exactly these keys besides version, settings and checksum,
     each taken by its :class:`Spec`; ``check``; the checksum. Everything else raises
     :class:`StateMismatchError` naming ``stage`` and the key.
@@ -429,7 +429,9 @@ def check_state(
             f"{stage} state doesn't match this pipeline: version found {_show(state[VERSION_KEY])} instead of "
             f"{version!r}."
         )
-    saved = state.get(SETTINGS_KEY, {})
+    if SETTINGS_KEY not in state:
+        raise StateMismatchError(f"{stage} state is invalid: key {SETTINGS_KEY!r} is missing.")
+    saved = state[SETTINGS_KEY]
     if not isinstance(saved, Mapping):
         raise invalid(stage, SETTINGS_KEY, "a dict", _show(saved))
     for key, expected in plain(settings).items():

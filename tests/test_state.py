@@ -8,6 +8,7 @@ random leaves, and resume across ``num_threads`` (13.11) and changed tokenize se
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import json
 import pickle
@@ -370,3 +371,52 @@ def test_a_worker_process_loader_state_is_plain_data(data, tmp_path) -> None:
     fresh = pipe.loader(num_workers=2)
     fresh.load_state_dict(torch.load(tmp_path / "workers.pt", weights_only=True))
     assert rest_of_epoch(fresh) == rest_of_epoch(it)
+
+
+# -- hand-crafted states, checksums recomputed: refused by stage and key, never a KeyError or TypeError -------
+def stage_paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """The paths of every stage state (a dict with a ``version``) inside a loader state."""
+    found = [path] if isinstance(value, dict) and "version" in value else []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return found + [p for k, v in items for p in stage_paths(v, path + (k,))]
+
+
+def resealed_at(state: dict, path: tuple, edit) -> dict:
+    """``state`` with ``edit`` applied to the stage state at ``path``, it and every sealed state above resealed."""
+    out = copy.deepcopy(state)
+    edit(functools.reduce(lambda v, k: v[k], path, out))
+    for n in range(len(path), -1, -1):
+        node = functools.reduce(lambda v, k: v[k], path[:n], out)
+        if "checksum" in node:
+            node["checksum"] = checksum(node)
+    return out
+
+
+def first_field(stage: dict) -> str:
+    return next(k for k in stage if k not in ("version", "settings", "checksum"))
+
+
+EDITS = {
+    "settings missing": (lambda s: s.pop("settings"), lambda s: "settings"),
+    "field missing": (lambda s: s.pop(first_field(s)), first_field),
+    "field renamed": (lambda s: s.update({first_field(s) + "_old": s.pop(first_field(s))}), first_field),
+    "extra key": (lambda s: s.update(zzz=1), lambda s: "zzz"),
+    "wrong type": (lambda s: s.update({first_field(s): 5 if isinstance(s[first_field(s)], str) else "x"}), first_field),
+}
+
+
+@pytest.mark.parametrize("kind", ["bucket", "pack"])
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_a_resealed_hand_edited_stage_state_is_refused_naming_the_stage_and_key(data, kind, edit) -> None:
+    pipe = pipelines(data)[kind]
+    loader = pipe.loader()
+    run(loader, 3)
+    state = loader.state_dict()
+    change, key_of = EDITS[edit]
+    paths = stage_paths(state)
+    assert len(paths) >= 6, "every stage of the graph has a state"
+    for path in paths:
+        stage = functools.reduce(lambda v, k: v[k], path, state)
+        key = key_of(stage)
+        with pytest.raises(StateMismatchError, match=rf"^\w[\w ()]* state (is invalid|doesn't match)\b.*'{key}'"):
+            resume(pipe, resealed_at(state, path, change))

@@ -9,15 +9,14 @@ compares the logits. Where they differ it raises :class:`PackingError` naming th
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
 from padpipe.errors import positive
-from padpipe.inspection.packing_causes import Cause, attention_of, diagnose, tolerance, use_cache_of
-from padpipe.inspection.packing_rows import Document, choose, find_documents
+from padpipe.inspection.packing_causes import Cause, attention_of, diagnose, is_causal, tolerance, use_cache_of
+from padpipe.inspection.packing_rows import Document, choose, find_documents, read_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +88,10 @@ class PackingError(ValueError):
         self.cause, self.report = cause, report
 
 
+class NothingToCheck(ValueError):
+    """The batches hold no document that another could be seen from (padding only, or one document a row)."""
+
+
 def check_packing(
     model: Any,
     batches: Mapping[str, Any] | Iterable[Mapping[str, Any]],
@@ -102,8 +105,10 @@ def check_packing(
     """Check that ``model`` gives every packed document the logits it gives the document alone.
 
     The model runs as it is (its ``attn_implementation``, ``use_cache``, dtype and device), in eval
-    mode under ``torch.no_grad()``, random states untouched: once per packed batch as the loader
-    yields it (``columns`` applied), and once per document alone (``model(input_ids=doc[None])``).
+    mode under ``torch.no_grad()``, random states untouched, a loader with a state put back where
+    it was (training then reads the same batches as without the check): once per packed batch as
+    the loader yields it (``columns`` applied), and once per document alone
+    (``model(input_ids=doc[None])``).
     Cost: at most ``max_batches`` packed forwards and ``max_documents`` single-document ones.
 
     Args:
@@ -121,6 +126,8 @@ def check_packing(
     Raises:
         PackingError: A document's logits differ beyond the tolerance, or the packed forward fails
             for a known cause; the message names the document, the difference, the cause and the fix.
+        NothingToCheck: No document of the batches could see another (padding only, or one document
+            a row, for a causal model), so no verdict can be given.
 
     Example:
         >>> import transformers
@@ -134,9 +141,7 @@ def check_packing(
     """
     positive("max_documents", max_documents)
     positive("max_batches", max_batches)
-    read = (
-        [dict(batches)] if isinstance(batches, Mapping) else [dict(b) for b in itertools.islice(batches, max_batches)]
-    )
+    read = read_batches(batches, max_batches)
     if not read:
         raise ValueError("check_packing: `batches` holds no batch; expected at least one packed batch.")
     select = columns if columns is not None else dict
@@ -144,9 +149,10 @@ def check_packing(
     found = [find_documents(b, i, pad_id=pad_id) for i, b in enumerate(read)]
     chosen = choose([d for docs in found for d in docs], max_documents)
     if not chosen:
-        raise ValueError(
+        raise NothingToCheck(
             f"check_packing: the batches read ({len(read)}) hold padding only; expected packed rows with documents."
         )
+    _refuse_one_document_rows(model, read, chosen)
     parameter = next(iter(model.parameters()), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     dtype = parameter.dtype if parameter is not None else torch.float32
@@ -189,6 +195,19 @@ def check_packing(
         f"expected at most {worst.tolerance:.1e}"
     )
     raise PackingError(_message(cause, what), cause, report)
+
+
+def _refuse_one_document_rows(model: Any, read: list[dict], chosen: list[Document]) -> None:
+    """Refuse batches where no document could see another: an "exact" verdict on them would prove nothing."""
+    causal = is_causal(model) is not False
+    if any(d.start > 0 or (not causal and d.end < read[d.batch]["input_ids"].shape[1]) for d in chosen):
+        return
+    what = "a document after another" if causal else "a document beside another or beside padding"
+    raise NothingToCheck(
+        f"check_packing: no row of the batches read ({len(read)}) holds {what}, so none can see another and the "
+        "check would prove nothing; expected packed rows of several documents (read more batches, or pack "
+        "shorter documents)."
+    )
 
 
 def _message(cause: Cause | None, what: str) -> str:

@@ -60,10 +60,23 @@ def load_model(path: str, *, attn_implementation: str | None, dtype: str | None,
         raise FileNotFoundError(
             f"check-packing: MODEL {path!r}: no such file or folder; expected a model folder or a config.json."
         )
+    try:  # before the model loads: a device this torch cannot use fails at once
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as exc:  # an unknown device, or one this torch was not built for
+        raise ValueError(
+            f"check-packing: --device {device!r}: {exc}; expected a device this torch can use (cpu, cuda, mps ...)."
+        ) from None
     options: dict[str, Any] = {}
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, **options)
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, **options)
+    except (OSError, ValueError, KeyError) as exc:  # transformers' words for a folder or file that is no config
+        first = str(exc).split(". ")[0].rstrip(".")
+        raise ValueError(
+            f"check-packing: MODEL {path!r} is not a model: {first}; expected a model folder with a config.json, "
+            "or a config.json."
+        ) from None
     head = _head(config)
     weights = os.path.isdir(path) and any(glob.glob(os.path.join(path, w)) for w in WEIGHTS)
     if weights:

@@ -8,7 +8,8 @@ picks the few documents :func:`padpipe.check_packing` runs alone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -25,6 +26,30 @@ class Document:
 
     def __str__(self) -> str:
         return f"batch {self.batch}, row {self.row}, tokens {self.start}:{self.end}"
+
+
+def read_batches(batches: Mapping[str, Any] | Iterable[Mapping[str, Any]], limit: int) -> list[dict]:
+    """The first ``limit`` batches of ``batches`` (or the one batch it is), a loader put back where it was.
+
+    A loader with a state (``state_dict``/``load_state_dict``: a padpipe loader, a
+    ``StatefulDataLoader``) is restored after the read, so a training loop that iterates it next
+    reads the same batches, in the same order, as without the check.
+
+    Example:
+        >>> loader = pp.from_iterable([{"text": "a b"}] * 4).tokenize(pp.examples.tokenizer()).pack(8).loader()
+        >>> first = read_batches(loader, 1)[0]["input_ids"]
+        >>> torch.equal(next(iter(loader))["input_ids"], first)
+        True
+    """
+    if isinstance(batches, Mapping):
+        return [dict(batches)]
+    resumable = callable(getattr(batches, "state_dict", None)) and callable(getattr(batches, "load_state_dict", None))
+    saved = batches.state_dict() if resumable else None  # type: ignore[attr-defined]
+    try:
+        return [dict(b) for b in itertools.islice(batches, limit)]
+    finally:
+        if saved is not None:
+            batches.load_state_dict(saved)  # type: ignore[attr-defined]
 
 
 def find_documents(batch: Mapping[str, Any], number: int, *, pad_id: int | None = None) -> list[Document]:

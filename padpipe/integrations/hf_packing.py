@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from padpipe.inspection.packing_causes import attention_of, is_causal, use_cache_of
-from padpipe.inspection.packing_check import PackingError, check_packing
+from padpipe.inspection.packing_check import NothingToCheck, PackingError, check_packing
 
 logger = logging.getLogger("padpipe.hf")
 
@@ -80,6 +80,12 @@ def _check_on_rank_zero(trainer: Any, batch: dict, columns: Callable[[dict], dic
         report = check_packing(trainer.model, [batch], columns=columns)
     except PackingError as exc:
         raise PackingError(f"padpipe.hf.Trainer: {exc} {OFF}", exc.cause, exc.report) from exc
+    except NothingToCheck as exc:  # rows of one document each: no verdict, and none is claimed
+        logger.warning(
+            f"padpipe.hf.Trainer: packing in the model is not checked: {exc} Run pp.check_packing(model, "
+            "pipe.loader()) before training."
+        )
+        return
     logger.info(f"padpipe.hf.Trainer: packing in the model checked on the first batch: {report.verdict}")
 
 

@@ -23,7 +23,8 @@ from torchdata.nodes import BaseNode
 from padpipe.graph import EpochAware
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
-from padpipe.state import Bool, Child, Int, ListOf, Optional, Plain, StateMismatchError, StateSchema
+from padpipe.runtime.loader_snapshot import LoaderSnapshot
+from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         2,
         epoch=Int(0),
         done=Bool(),  # every worker's share had come out
-        dataloader=Optional(Plain()),  # the StatefulDataLoader's own state
+        dataloader=Optional(LoaderSnapshot()),  # the StatefulDataLoader's own state
         plans=Optional(ListOf(Child())),  # each worker's start (an elastic plan) while no loader state exists
     )
 

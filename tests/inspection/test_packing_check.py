@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import padpipe as pp
+from padpipe.inspection.packing_check import NothingToCheck
 from tests.pipes.test_pack_hf import ReferenceFlash, reference_flash  # noqa: F401 (a fixture)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -256,3 +257,50 @@ def test_check_packing_raises_error_when_batches_cannot_show_documents() -> None
         pp.check_packing(model, {**padding, "position_ids": torch.arange(4)[None]})
     with pytest.raises(ValueError, match=r"^`max_documents` must be greater than zero, but is 0 instead\.$"):
         pp.check_packing(model, batches(1), max_documents=0)
+
+
+def one_document_rows(batch: dict) -> dict:
+    """``batch``'s ids as rows of one document each (positions 0.., its first label -100): nothing to cross."""
+    ids = batch["input_ids"]
+    labels = ids.clone()
+    labels[:, 0] = -100
+    return {"input_ids": ids, "position_ids": torch.arange(ids.shape[1]).expand_as(ids).clone(), "labels": labels}
+
+
+def test_check_packing_raises_error_when_no_row_holds_two_documents() -> None:
+    """A leaky model (use_cache=True on sdpa) must not pass on rows where nothing can leak: no verdict at all."""
+    one = one_document_rows(batches(1)[0])
+    message = (
+        r"^check_packing: no row of the batches read \(1\) holds a document after another, so none can see "
+        r"another and the check would prove nothing; expected packed rows of several documents"
+    )
+    with pytest.raises(NothingToCheck, match=message):
+        pp.check_packing(causal_lm(use_cache=True), one)
+    assert pp.check_packing(causal_lm(use_cache=False), [one, batches(2)[1]]).exact  # a later batch has rows to check
+    padded = {k: v[:, :40] for k, v in one.items()}
+    padded = {k: torch.cat([v, torch.zeros_like(v[:, :24])], 1) for k, v in padded.items()}
+    padded["labels"][:, 40:] = -100
+    padded["position_ids"] = torch.cat([torch.arange(40), torch.arange(24)]).expand(2, 64).clone()  # as pack()
+    with pytest.raises(NothingToCheck, match=r"^check_packing: no row of the batches read \(1\) holds a document "):
+        pp.check_packing(causal_lm(use_cache=True), padded)  # a causal document cannot see the padding after it
+    with pytest.raises(pp.PackingError, match=r"cause \[encoder_without_mask\]"):
+        pp.check_packing(masked_lm(), padded)  # a bidirectional one can
+
+
+def test_check_packing_puts_a_loader_it_reads_back_where_it_was() -> None:
+    """Checking the training loader itself must not shift training by an epoch (another shuffle order)."""
+    with gzip.open(pp.examples.SAMPLE_JSONL, "rt") as f:
+        rows = [{"text": json.loads(line)["text"]} for line in itertools.islice(f, 40)]
+    tokens = pp.from_iterable(rows).shuffle(16, seed=3).tokenize(pp.examples.tokenizer(), max_length=16)
+    pipe = tokens.pack(SEQ_LEN, batch_size=2, buffer_size=16)
+    ids = lambda batches: [b["input_ids"].tolist() for b in batches]  # noqa: E731
+    fresh = pipe.loader()
+    epochs = [ids(fresh), ids(fresh)]
+    assert epochs[0] != epochs[1], "each epoch its own order"
+    for steps in (0, 3):
+        loader = pipe.loader()
+        it = iter(loader)
+        head = ids(itertools.islice(it, steps))
+        assert pp.check_packing(causal_lm(use_cache=False), loader).exact
+        assert head + ids(loader) == epochs[0]
+        assert ids(loader) == epochs[1]

@@ -64,3 +64,42 @@ def test_check_packing_command_prints_one_line_on_a_missing_model(tmp_path, caps
         f"padpipe check-packing: error: check-packing: MODEL '{tmp_path / 'missing'}': no such file or folder; "
         "expected a model folder or a config.json.\n"
     )
+
+
+def test_check_packing_command_prints_one_line_on_a_folder_or_file_that_is_no_model(tmp_path, capsys) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("not a model")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    (tmp_path / "unknown.json").write_text('{"model_type": "no_such_model"}')
+    found = {
+        "notes": "Unrecognized model in {path}",
+        "broken": "It looks like the config file at '{path}/config.json' is not a valid JSON file",
+        "unknown.json": "The checkpoint you are trying to load has model type `no_such_model` but Transformers does not "
+        "recognize this architecture",
+    }
+    for name, what in found.items():
+        path = tmp_path / name
+        code, out, err = run(capsys, str(path))
+        assert code == 2 and out == ""
+        assert err == (
+            f"padpipe check-packing: error: check-packing: MODEL '{path}' is not a model: {what.format(path=path)}; "
+            "expected a model folder with a config.json, or a config.json.\n"
+        )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
+def test_check_packing_command_prints_one_line_on_a_device_torch_cannot_use(tmp_path, capsys) -> None:
+    config = tmp_path / "config.json"
+    llama_config().to_json_file(config)
+    code, out, err = run(capsys, str(config), "--device", "cuda")  # "not compiled with CUDA", or no driver
+    assert code == 2 and out == ""
+    assert re.fullmatch(
+        r"padpipe check-packing: error: check-packing: --device 'cuda': [^\n]+; expected a device this torch can use "
+        r"\(cpu, cuda, mps \.\.\.\)\.\n",
+        err,
+    )
+    code, out, err = run(capsys, str(config), "--device", "gpu")
+    assert code == 2 and re.match(
+        r"^padpipe check-packing: error: check-packing: --device 'gpu': Expected one of ", err
+    )

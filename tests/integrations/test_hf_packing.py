@@ -148,3 +148,24 @@ def test_guard_checks_on_rank_zero_only_and_not_under_fsdp(caplog) -> None:
     assert [r.getMessage()[:60] for r in caplog.records] == [
         "padpipe.hf.Trainer does not check packing under FSDP or Deep"
     ]
+
+
+def test_guard_warns_that_it_cannot_check_a_first_batch_of_one_document_rows(caplog) -> None:
+    """Rows of one document each (long documents split) prove nothing: a warning, not a claim that packing is exact."""
+    from types import SimpleNamespace
+
+    from padpipe.integrations.hf_packing import guard_columns
+
+    ids = next(iter(packed().loader()))["input_ids"]
+    batch = {"input_ids": ids, "position_ids": torch.arange(64).expand(2, 64).clone(), "labels": ids.clone()}
+    trainer = SimpleNamespace(
+        model=llama(), args=SimpleNamespace(process_index=0), is_fsdp_enabled=False, is_deepspeed_enabled=False
+    )
+    select = guard_columns(trainer, dict)
+    with caplog.at_level(logging.INFO, logger="padpipe.hf"):
+        assert select(batch) == {**batch, "use_cache": False}
+    assert [r.getMessage()[:88] for r in caplog.records] == [
+        "padpipe.hf.Trainer passes use_cache=False to LlamaForCausalLM's training forward: with u",
+        "padpipe.hf.Trainer: packing in the model is not checked: check_packing: no row of the ba",
+    ]
+    assert caplog.records[-1].getMessage().endswith("Run pp.check_packing(model, pipe.loader()) before training.")

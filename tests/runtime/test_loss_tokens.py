@@ -14,7 +14,7 @@ from torchdata.nodes import IterableWrapper
 import padpipe as pp
 from padpipe import Consumer
 from padpipe.runtime.loss_tokens import LossTokens, label_tokens
-from padpipe.state import StateMismatchError
+from padpipe.state import StateMismatchError, seal
 from tests.contract import check_loader_resume, check_node_resume
 
 transformers = pytest.importorskip("transformers")
@@ -196,3 +196,33 @@ def test_a_transformers_causal_lm_divides_its_summed_loss_by_the_batch_num_items
 def test_a_loader_with_worker_processes_resumes_inside_a_window():
     pipe = pipelines()["packed"]
     check_loader_resume(lambda: pipe.loader(num_workers=2, accumulation_steps=3), epochs=1, steps=[1, 4])
+
+
+@pytest.mark.parametrize("batch", [5, [1, 2], {"input_ids": [1, 2]}], ids=["int", "list", "no-labels"])
+def test_loss_tokens_raises_state_mismatch_for_a_resealed_window_batch_without_labels(batch):
+    """A window batch that is no labelled dict, checksum recomputed: named as the state's fault, not a TypeError."""
+    batches = [{"labels": torch.tensor([[-100, 7, 7]])} for _ in range(4)]
+    node = LossTokens(IterableWrapper(batches), steps=3)
+    next(node)
+    state = node.state_dict()
+    state = seal({**state, "window": [batch, *state["window"][1:]]})
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^LossTokens state is invalid: 'window' must be a list of items, each a batch dict with `labels` "
+        r"or `shift_labels`, but is .+ at index 0 instead\.$",
+    ):
+        LossTokens(IterableWrapper(batches), steps=3).reset(state)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pack() builds labels from input_ids and drops the token-level labels of .tokens(): a prompt mask "
+    "(-100) is lost, so its tokens are trained on and counted (padded batches keep it)",
+)
+def test_packed_counts_keep_the_token_level_label_mask_as_padded_counts_do():
+    masked = [{"input_ids": r["input_ids"], "labels": [-100] * len(r["input_ids"])} for r in rows(6)]
+    tokens = pp.from_iterable(masked).tokens(pad_id=0)
+    padded = [int(b["num_items_in_batch"]) for b in tokens.batch(2).pad().loader(accumulation_steps=2)]
+    assert padded == [0, 0, 0]
+    packed = list(tokens.pack(13, batch_size=1).loader(accumulation_steps=2))
+    assert [int(b["num_items_in_batch"]) for b in packed] == [0] * len(packed)

@@ -7,12 +7,14 @@ instead of resharing from a wrong position.
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import pytest
 
 import padpipe as pp
 from padpipe.runtime.workers import WorkerProcesses
+from padpipe.state import StateMismatchError, seal
 
 
 @pytest.fixture
@@ -49,3 +51,43 @@ def test_worker_graphs_reads_every_workers_graph_and_the_epoch(pipe):
     done, _ = WorkerProcesses.worker_graphs(node.get_state(), 2)
     assert done == [WorkerProcesses.DONE] * 2
     node.close()
+
+
+MUST = "WorkerProcesses state is invalid: 'dataloader' must be None or a StatefulDataLoader state"
+
+
+def resealed(state: dict, edit) -> dict:
+    """``state`` with ``edit`` applied to a copy of its StatefulDataLoader state, the checksum recomputed."""
+    loader = copy.deepcopy(state["dataloader"])
+    return seal({**state, "dataloader": edit(loader)})
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: "x", r", but is 'x' instead"),
+        (lambda s: -1, r", but is -1 instead"),
+        (lambda s: {"a": 1}, r" with '_steps_since_snapshot' an int >= 0, but is missing instead"),
+        (lambda s: {**s, "_iterator_finished": 1}, r" with '_iterator_finished' a bool, but is 1 instead"),
+        (
+            lambda s: {**s, "_snapshot": {**s["_snapshot"], "_worker_snapshots": [1]}},
+            r" with '_snapshot/_worker_snapshots' a dict, but is \[1\] instead",
+        ),
+        (
+            lambda s: {**s, "_snapshot": {**s["_snapshot"], "_worker_snapshots": {"worker_0": {"fetcher_state": 5}}}},
+            r" with '_snapshot/_worker_snapshots/worker_0/fetcher_state' None or a dict, but is 5 instead",
+        ),
+    ],
+    ids=["str", "int", "keys", "finished", "workers", "fetcher"],
+)
+def test_worker_processes_raises_state_mismatch_for_a_resealed_loader_state(pipe, edit, message):
+    """torchdata checks its own state with assert and indexing: a hand-edited one is refused first, by key."""
+    node = WorkerProcesses(pipe, num_workers=2)
+    node.reset()
+    next(node)
+    state = node.get_state()
+    node.close()
+    with pytest.raises(StateMismatchError, match=rf"^{MUST}{message}\.$"):
+        WorkerProcesses(pipe, num_workers=2).reset(resealed(state, edit))
+    with pytest.raises(StateMismatchError, match=rf"^{MUST}"):
+        WorkerProcesses.STATE.check(resealed(state, edit), {"num_workers": 2})
