@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -28,6 +29,7 @@ transformers = require("transformers", "padpipe.hf")
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
 
+from padpipe.integrations.hf_epochs import EpochBatches, EpochPlan, count_batches, epochs_of  # noqa: E402
 from padpipe.integrations.hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
 from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
     _all_ranks,
@@ -62,9 +64,11 @@ class Trainer(transformers.Trainer):
 
     - ``per_device_train_batch_size``, ``per_device_eval_batch_size`` and the data collator do not
       apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
-      Without a length, training needs ``max_steps`` (as for any iterable dataset); each pass
-      over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized loader: the
-      last accumulation window of a pass is short and gets its own optimizer step.
+      Each pass over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized
+      loader: the last accumulation window of a pass is short and gets its own optimizer step.
+      Train for ``max_steps``, or for ``num_train_epochs`` (without ``max_steps``): the first
+      epoch's batches are counted by a pass of the loader before training, the schedule is built
+      on them, and each epoch ends when its data ends (:mod:`padpipe.integrations.hf_epochs`).
     - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
       ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
       ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
@@ -103,6 +107,18 @@ class Trainer(transformers.Trainer):
         self._check_loss_kwargs = True
         self._unordered: dict[str, bool] = {}
         self._warned_order = False
+        self._epochs: EpochPlan | None = None
+
+    def _validate_args(self) -> None:
+        """``Trainer``'s checks; a pipeline trains for ``num_train_epochs`` without ``max_steps`` too."""
+        if not isinstance(self.train_dataset, Pipeline) or self.args.max_steps > 0:
+            return super()._validate_args()
+        epochs_of(self.args)
+        dataset, self.train_dataset = self.train_dataset, None  # HF asks an iterable dataset for max_steps
+        try:
+            super()._validate_args()
+        finally:
+            self.train_dataset = dataset
 
     # -- loaders ----------------------------------------------------------------------------------
     def get_train_dataloader(self) -> Any:
@@ -113,7 +129,17 @@ class Trainer(transformers.Trainer):
         loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first")
         pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
         tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
-        self._padpipe_train = TrainBatches(loader, _columns(self, "training"), tokens)
+        if self._epochs is not None:  # planned by an earlier train()
+            self.remove_callback(self._epochs)
+            self._epochs = None
+        if self.args.max_steps > 0:
+            self._padpipe_train = TrainBatches(loader, _columns(self, "training"), tokens)
+            return self._padpipe_train
+        batches = count_batches(self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first"))
+        steps = EpochPlan.steps(batches, self.args.gradient_accumulation_steps)
+        self._epochs = EpochPlan(self, epochs_of(self.args), steps)
+        self.add_callback(self._epochs)
+        self._padpipe_train = EpochBatches(loader, _columns(self, "training"), tokens, length=batches)
         return self._padpipe_train
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
@@ -145,6 +171,9 @@ class Trainer(transformers.Trainer):
             max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
         self._check_loss_kwargs = True
+        if self._epochs is not None and resume_from_checkpoint is not None:
+            self._epochs.load(resume_from_checkpoint)  # the schedule's total as refined before the checkpoint
+            self.state.max_steps = self._epochs.total
         if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs, steps
         paths = sorted(glob.glob(os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank="*"))))
@@ -163,11 +192,20 @@ class Trainer(transformers.Trainer):
         """One pass over a pipeline, each accumulation window (the last one short) with its own optimizer step."""
         if isinstance(kwargs["train_dataloader"], TrainBatches):
             kwargs["steps_in_epoch"] = PassLength(kwargs["steps_in_epoch"], kwargs["train_dataloader"])
+        if self._epochs is not None:  # the data ends the epoch (get_batch_samples), not a step count
+            kwargs["num_update_steps_per_epoch"] = sys.maxsize
         super()._run_epoch(**kwargs)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """``Trainer``'s scheduler; for ``num_train_epochs`` on a pipeline, over the planned steps."""
+        total = num_training_steps if self._epochs is None else self._epochs.total
+        return super().create_scheduler(total, optimizer)
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
         """``Trainer``'s; on a pipeline's first window, checks that a model taking ``**kwargs`` uses them."""
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._epochs is not None and not batches:
+            self.control.should_epoch_stop = True  # the pass has ended: the next epoch begins
         if self._check_loss_kwargs and batches and isinstance(batches[0], Batch):
             self._check_loss_kwargs = False
             if turn_off_unused_loss_kwargs(self, batches[0]):
@@ -189,6 +227,8 @@ class Trainer(transformers.Trainer):
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, LOADER_STATE.format(rank=self.args.process_index))
             torch.save(self._padpipe_train.state_dict(), path)
+            if self._epochs is not None and self.args.should_save:
+                self._epochs.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _finalize_training(self, trial: Any, num_train_samples: int, start_time: float) -> Any:
