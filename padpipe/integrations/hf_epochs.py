@@ -52,8 +52,8 @@ def count_batches(loader: Any) -> int:
     """The batches of one pass over ``loader`` (a fresh pipeline loader: its first epoch).
 
     Example:
-        >>> import padpipe as pp
-        >>> count_batches(pp.from_iterable([{"text": "a b"}] * 5).tokenize(pp.examples.tokenizer()).batch(2).pad().loader())
+        >>> pipe = pp.from_iterable([{"text": "a b"}] * 5).tokenize(pp.examples.tokenizer()).batch(2).pad()
+        >>> count_batches(pipe.loader())
         3
     """
     return sum(1 for _ in loader)
@@ -122,7 +122,7 @@ class EpochPlan(TrainerCallback):
 
 
 def rebuild_scheduler(trainer: Any, total: int, step: int) -> None:
-    """Replace ``trainer.lr_scheduler`` by one built on ``total`` steps, at ``step`` (the learning rate of that step)."""
+    """Replace ``trainer.lr_scheduler`` by one built on ``total`` steps, set to ``step`` (that step's learning rate)."""
     trainer.lr_scheduler = None
     with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": this step sets the position
         warnings.simplefilter("ignore", UserWarning)
