@@ -1,11 +1,21 @@
 # Two commands on a fresh clone: `make demo` and `make test`. Both create .venv and install first.
 # `make test-fast` leaves out the tests marked slow (processes, torchrun, frameworks; see conftest.py).
+# `make test-latest`: the suite on the newest release of every dependency (`make test-lowest`: on the
+# lowest versions pyproject.toml allows); README.md, "Install", says which versions were tested.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench setup lint
+LATEST := .venv-latest
+# The lower bounds of pyproject.toml: the core alone (tokenizers 0.20), then with the extras (transformers
+# 5.3 needs tokenizers 0.22). torch 2.4.1 and the newest torch are CUDA builds of several GB.
+LOWEST := .venv-lowest
+LOWEST_CORE := torch==2.4.1 torchdata==0.10.0 tokenizers==0.20.0 pyarrow==15.0.0 numpy==1.24.4 fsspec==2023.6.0 tqdm==4.60.0
+LOWEST_EXTRAS := transformers==5.3.0 tokenizers==0.22.0 datasets==LOWEST_DATASETS accelerate==1.1.0 lightning==2.4.0
+TEST_TOOLS := 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100' 'zstandard>=0.22'
+
+.PHONY: demo test test-fast test-latest test-lowest bench setup lint
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	@echo "padpipe: installing into $(VENV), a few minutes (once; torch is large)..."
@@ -26,6 +36,30 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+$(LATEST)/bin/python:
+	$(PYTHON) -m venv $(LATEST) || python3 -m venv $(LATEST)
+	$@ -m pip install --quiet --upgrade pip
+
+# No constraints file: each run upgrades every dependency to its newest release that installs here
+# (pip's own cap on this machine keeps torch at 2.14.1), then writes what it installed to versions.txt.
+test-latest: $(LATEST)/bin/python
+	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager torch -e '.[dev]'
+	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/versions.txt
+	$(LATEST)/bin/python -m pytest -q
+
+# Once per change of a lower bound (minutes of downloads): the fast tests on the core's lowest versions,
+# then tests/integrations and the fast tests with the extras' lowest versions; the venv is removed after.
+test-lowest:
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST) || python3 -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LOWEST)/bin/python -m pip install --quiet $(LOWEST_CORE) $(TEST_TOOLS) -e .
+	$(LOWEST)/bin/python -m pytest -q -m "not slow" --ignore=tests/integrations
+	$(LOWEST)/bin/python -m pip install --quiet $(filter-out tokenizers==%,$(LOWEST_CORE)) $(LOWEST_EXTRAS) -e '.[dev]'
+	$(LOWEST)/bin/python -m pytest -q -m "not slow"
+	$(LOWEST)/bin/python -m pytest -q tests/integrations
+	rm -rf $(LOWEST)
 
 bench: $(STAMP)
 	$(PY) benchmarks/throughput.py
