@@ -20,8 +20,9 @@ import warnings
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
-from padpipe.integrations.hf_train import TrainBatches
+from padpipe.integrations.hf_train import _END, TrainBatches
 
 PLAN_FILE = "padpipe_epochs.json"
 """The epoch plan in a Trainer checkpoint folder."""
@@ -69,6 +70,12 @@ class EpochBatches(TrainBatches):
     def __len__(self) -> int:
         return self.length
 
+    def ends_here(self) -> bool:
+        """Whether the pass has no batch after the last one given out (reading one ahead, as ``state_dict`` does)."""
+        if self._it is not None and not self.ended and self._peeked is _END:
+            self._peeked = self._next()
+        return self.ended
+
 
 class EpochPlan(TrainerCallback):
     """The schedule's total optimizer steps for ``epochs`` epochs, refined at each epoch's end.
@@ -104,21 +111,40 @@ class EpochPlan(TrainerCallback):
                 self.total = int(json.load(f)["total"])
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Keep ``state.max_steps`` past the coming step while the data goes on: the data ends each epoch."""
-        if state.global_step + 1 >= state.max_steps:
+        """Keep ``state.max_steps`` past the coming step unless it ends the last epoch: the data ends each epoch."""
+        batches: EpochBatches = self.trainer._padpipe_train
+        last = batches.epoch + 1 == self.epochs
+        if state.global_step + 1 >= state.max_steps and not (last and batches.ends_here()):
             state.max_steps = state.global_step + 2
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Plan the epochs left on this epoch's steps; rebuild the schedule when the total changed."""
+        """Plan the epochs left on this epoch's steps and rebuild the schedule on a new total; after the last
+        epoch, end training as HF does at ``max_steps`` (a final evaluation and checkpoint for ``"steps"``)."""
         batches: TrainBatches = self.trainer._padpipe_train
         if not batches.ended:  # training stopped inside the pass
             return
         left = self.epochs - (batches.epoch + 1)
+        if left == 0:
+            if state.global_step < state.max_steps:  # the last epoch ended before the planned steps
+                state.max_steps = state.global_step
+                end_training(args, state, control)
+            return
         total = state.global_step + left * self.steps(batches.offset + batches.read, args.gradient_accumulation_steps)
         state.max_steps = total
-        if total != self.total and left > 0:
+        if total != self.total:
             self.total = total
             rebuild_scheduler(self.trainer, total, state.global_step)
+
+
+def end_training(args: Any, state: Any, control: Any) -> None:
+    """What ``DefaultFlowCallback`` does at ``max_steps``: stop, evaluate and save for ``"steps"`` strategies
+    (unless this step already did)."""
+    control.should_training_stop = True
+    step = state.global_step
+    if args.eval_strategy == IntervalStrategy.STEPS and step % state.eval_steps and args.eval_delay <= step:
+        control.should_evaluate = True
+    if args.save_strategy == SaveStrategy.STEPS and not (state.save_steps > 0 and step % state.save_steps == 0):
+        control.should_save = True
 
 
 def rebuild_scheduler(trainer: Any, total: int, step: int) -> None:

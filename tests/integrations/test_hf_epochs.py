@@ -206,3 +206,12 @@ def test_num_train_epochs_under_ddp_counts_optimizer_steps_per_rank_and_resumes_
     for epoch in (0, 1):
         rows = [i for rank in ranks for s in rank["steps"] if s["epoch"] == epoch for i in s["idx"]]
         assert len(rows) == len(set(rows)) and len(rows) >= TRAIN_ROWS - 50  # stop_first: at most a batch held back
+
+
+@pytest.mark.parametrize(("epochs", "steps"), [(2, 35), (3, 53)])  # the last epoch: shorter, longer than planned
+def test_the_last_epoch_ends_training_with_hf_final_checkpoint(tmp_path, epochs, steps):
+    """HF saves (and evaluates) at max_steps for "steps" strategies: the data's end does the same."""
+    args = arguments(tmp_path, num_train_epochs=epochs, save_strategy="steps", save_steps=1000)
+    trainer = Trainer(model=tiny_llama(), args=args, train_dataset=uneven_packs())
+    assert trainer.train().global_step == trainer.state.max_steps == steps
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [f"checkpoint-{steps}"]
