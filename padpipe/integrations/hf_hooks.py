@@ -60,7 +60,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "_set_signature_columns_if_needed": (),
     "_prepare_inputs": ("inputs",),
 }
-"""Each ``Trainer`` method padpipe overrides or relies on, and its parameters (after ``self``) in transformers 5.24."""
+"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in 5.3-5.24."""
 
 OVERRIDDEN = frozenset(
     {
@@ -92,7 +92,7 @@ def check_hooks(trainer: type, version: str) -> None:
         >>> check_hooks(Old, "4.0")
         Traceback (most recent call last):
         ...
-        ImportError: padpipe.hf needs transformers.Trainer._init_training_state(max_steps, ...
+        ImportError: padpipe.hf needs transformers.Trainer._validate_args() (transformers 5.3 to 5.24), but ...
     """
     for name, expected in HOOKS.items():
         method = getattr(trainer, name, None)
@@ -100,9 +100,9 @@ def check_hooks(trainer: type, version: str) -> None:
         if found != expected:
             shown = "missing" if found is None else f"{name}({', '.join(found)})"
             raise ImportError(
-                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.24), but "
-                f"transformers {version} has {shown} instead: install the transformers version padpipe was tested "
-                "with (pip install 'transformers==5.24.*') or a padpipe release for yours."
+                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.3 to 5.24), "
+                f"but transformers {version} has {shown} instead: install a transformers release padpipe was tested "
+                "with (pip install 'transformers>=5.3,<=5.24') or a padpipe release for yours."
             )
 
 
