@@ -136,8 +136,7 @@ class Trainer(transformers.Trainer):
             self._padpipe_train = TrainBatches(loader, _columns(self, "training"), tokens)
             return self._padpipe_train
         batches = count_batches(self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first"))
-        steps = EpochPlan.steps(batches, self.args.gradient_accumulation_steps)
-        self._epochs = EpochPlan(self, epochs_of(self.args), steps)
+        self._epochs = EpochPlan(self, epochs_of(self.args), batches)
         self.add_callback(self._epochs)
         self._padpipe_train = EpochBatches(loader, _columns(self, "training"), tokens, length=batches)
         return self._padpipe_train

@@ -83,11 +83,17 @@ class EpochPlan(TrainerCallback):
     Args:
         trainer: The ``padpipe.hf.Trainer`` (its ``lr_scheduler`` is rebuilt on a new total).
         epochs: Epochs to train.
-        steps: Optimizer steps of the first epoch (from its counted batches).
+        batches: Batches of the first epoch on this rank, counted before training.
     """
 
-    def __init__(self, trainer: Any, epochs: int, steps: int) -> None:
-        self.trainer, self.epochs, self.total = trainer, epochs, epochs * steps
+    def __init__(self, trainer: Any, epochs: int, batches: int) -> None:
+        if batches == 0:
+            raise ValueError(
+                "`train_dataset` must make batches for num_train_epochs, but its first epoch, counted before "
+                "training, made 0 batches instead: check that its source has rows."
+            )
+        self.trainer, self.epochs, self.counted = trainer, epochs, batches
+        self.total = epochs * self.steps(batches, trainer.args.gradient_accumulation_steps)
 
     @staticmethod
     def steps(batches: int, accumulation: int) -> int:
@@ -123,13 +129,20 @@ class EpochPlan(TrainerCallback):
         batches: TrainBatches = self.trainer._padpipe_train
         if not batches.ended:  # training stopped inside the pass
             return
+        made = batches.offset + batches.read
+        if batches.epoch == 0 and made != self.counted:
+            raise RuntimeError(
+                f"The first epoch of `train_dataset` must make the {self.counted} batches counted before training "
+                f"(num_train_epochs), but made {made} instead: its source gives other rows when read again (a "
+                "generator, read once?). Pass a source that reads the same rows each time (a list, files) or max_steps."
+            )
         left = self.epochs - (batches.epoch + 1)
         if left == 0:
             if state.global_step < state.max_steps:  # the last epoch ended before the planned steps
                 state.max_steps = state.global_step
                 end_training(args, state, control)
             return
-        total = state.global_step + left * self.steps(batches.offset + batches.read, args.gradient_accumulation_steps)
+        total = state.global_step + left * self.steps(made, args.gradient_accumulation_steps)
         state.max_steps = total
         if total != self.total:
             self.total = total

@@ -215,3 +215,18 @@ def test_the_last_epoch_ends_training_with_hf_final_checkpoint(tmp_path, epochs,
     trainer = Trainer(model=tiny_llama(), args=args, train_dataset=uneven_packs())
     assert trainer.train().global_step == trainer.state.max_steps == steps
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [f"checkpoint-{steps}"]
+
+
+def test_a_source_read_once_is_refused_rather_than_trained_on_nothing(tmp_path):
+    """A generator is read by the count: the first epoch then makes no batches (HF would stop at step 0)."""
+    rows = iter(texts(8))
+    pipe = pp.from_iterable(rows).tokenize(pp.examples.tokenizer()).pack(64, batch_size=2)
+    trainer = Trainer(model=tiny_llama(), args=arguments(tmp_path), train_dataset=pipe)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^The first epoch of `train_dataset` must make the \d+ batches counted before training "
+        r"\(num_train_epochs\), but made 0 instead: its source gives other rows when read again",
+    ):
+        trainer.train()
+    with pytest.raises(ValueError, match=r"^`train_dataset` must make batches for num_train_epochs, but its first"):
+        trainer.train()  # counted again: the generator is spent
