@@ -8,13 +8,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 LATEST := .venv-latest
-# The lower bounds of pyproject.toml: the core and the extras that take any tokenizers, then the training
-# extras (transformers 5.3 needs tokenizers 0.22). torch 2.4.1 and the newest torch are CUDA builds of GBs.
+# The lower bounds of pyproject.toml (tokenizers 0.22.1: transformers 5.3 needs it; README.md, "Install").
+# torch 2.4.1, like the newest torch, is a CUDA build of several GB.
 LOWEST := .venv-lowest
-LOWEST_CORE := torch==2.4.1 torchdata==0.10.0 tokenizers==0.20.0 pyarrow==15.0.0 numpy==1.24.4 fsspec==2023.6.0 tqdm==4.62.1
-LOWEST_EXTRAS := datasets==2.19.0 s3fs==2023.6.0 matplotlib==3.8.0
-LOWEST_TRAINING := transformers==5.3.0 tokenizers==0.22.0 accelerate==1.1.0 lightning==2.4.0
-TEST_TOOLS := 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100' 'zstandard>=0.22' 'moto[server]>=5'
+LOWEST_VERSIONS := torch==2.4.1 torchdata==0.10.0 tokenizers==0.22.1 pyarrow==15.0.0 numpy==1.24.4 fsspec==2023.6.0 \
+	tqdm==4.62.1 transformers==5.3.0 datasets==2.19.0 accelerate==1.1.0 lightning==2.4.0 s3fs==2023.6.0 matplotlib==3.8.0
 
 .PHONY: demo test test-fast test-latest test-lowest bench setup lint
 
@@ -49,17 +47,13 @@ test-latest: $(LATEST)/bin/python
 	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/versions.txt
 	$(LATEST)/bin/python -m pytest -q
 
-# Once per change of a lower bound (minutes of downloads): the fast tests without transformers on the core's
-# lowest versions, then the fast tests and tests/integrations with the training extras; the venv is removed after.
+# Once per change of a lower bound (minutes of downloads): the fast tests and tests/integrations on the lowest
+# versions; the venv is removed after.
 test-lowest:
 	rm -rf $(LOWEST)
 	$(PYTHON) -m venv $(LOWEST) || python3 -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
-	$(LOWEST)/bin/python -m pip install --quiet $(LOWEST_CORE) $(LOWEST_EXTRAS) $(TEST_TOOLS) -e .
-	$(LOWEST)/bin/python -m pytest -q -m "not slow" --ignore=tests/integrations --ignore=padpipe/integrations \
-		--ignore=padpipe/hf.py --ignore=tests/recipes/test_pretrain.py
-	$(LOWEST)/bin/python -m pip install --quiet $(filter-out tokenizers==%,$(LOWEST_CORE)) $(LOWEST_EXTRAS) \
-		$(LOWEST_TRAINING) -e '.[dev]'
+	$(LOWEST)/bin/python -m pip install --quiet $(LOWEST_VERSIONS) -e '.[dev]'
 	$(LOWEST)/bin/python -m pytest -q -m "not slow"
 	$(LOWEST)/bin/python -m pytest -q tests/integrations
 	rm -rf $(LOWEST)
