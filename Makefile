@@ -11,8 +11,8 @@ LATEST := .venv-latest
 # The lower bounds of pyproject.toml (tokenizers 0.22.1: transformers 5.3 needs it; README.md, "Install").
 # torch 2.4.1, like the newest torch, is a CUDA build of several GB.
 LOWEST := .venv-lowest
-LOWEST_VERSIONS := torch==2.4.1 torchdata==0.10.0 tokenizers==0.22.1 pyarrow==19.0.0 numpy==1.24.4 fsspec==2023.6.0 \
-	tqdm==4.66.3 transformers==5.3.0 datasets==3.1.0 accelerate==1.1.0 lightning==2.4.0 s3fs==2023.6.0 matplotlib==3.8.0
+LOWEST_VERSIONS := torch==2.4.1 torchdata==0.10.0 tokenizers==0.22.1 pyarrow==19.0.1 numpy==1.24.4 fsspec==2023.6.0 \
+	tqdm==4.66.3 transformers==5.3.0 datasets==3.1.0 accelerate==1.3.0 lightning==2.4.0 s3fs==2023.6.0 matplotlib==3.8.0
 
 .PHONY: demo test test-fast test-latest test-lowest bench setup lint
 
