@@ -1,11 +1,20 @@
 # Two commands on a fresh clone: `make demo` and `make test`. Both create .venv and install first.
 # `make test-fast` leaves out the tests marked slow (processes, torchrun, frameworks; see conftest.py).
+# `make test-latest`: the suite on the newest release of every dependency (`make test-lowest`: on the
+# lowest versions pyproject.toml allows); README.md, "Install", says which versions were tested.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench setup lint
+LATEST := .venv-latest
+# The lower bounds of pyproject.toml (tokenizers 0.22.1: transformers 5.3 needs it; README.md, "Install").
+# torch 2.4.1, like the newest torch, is a CUDA build of several GB.
+LOWEST := .venv-lowest
+LOWEST_VERSIONS := torch==2.4.1 torchdata==0.10.0 tokenizers==0.22.1 pyarrow==19.0.1 numpy==1.24.4 fsspec==2023.6.0 \
+	tqdm==4.66.3 transformers==5.3.0 datasets==3.1.0 accelerate==1.3.0 lightning==2.4.0 s3fs==2023.6.0 matplotlib==3.8.0
+
+.PHONY: demo test test-fast test-latest test-lowest bench setup lint
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	@echo "padpipe: installing into $(VENV), a few minutes (once; torch is large)..."
@@ -26,6 +35,28 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+$(LATEST)/bin/python:
+	$(PYTHON) -m venv $(LATEST) || python3 -m venv $(LATEST)
+	$@ -m pip install --quiet --upgrade pip
+
+# No constraints file: each run upgrades every dependency to its newest release that installs here
+# (pip's own cap on this machine keeps torch at 2.14.1), then writes what it installed to versions.txt.
+test-latest: $(LATEST)/bin/python
+	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager torch -e '.[dev]'
+	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/versions.txt
+	$(LATEST)/bin/python -m pytest -q
+
+# Once per change of a lower bound (minutes of downloads): the fast tests and tests/integrations on the lowest
+# versions; the venv is removed after.
+test-lowest:
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST) || python3 -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LOWEST)/bin/python -m pip install --quiet $(LOWEST_VERSIONS) -e '.[dev]'
+	$(LOWEST)/bin/python -m pytest -q -m "not slow"
+	$(LOWEST)/bin/python -m pytest -q tests/integrations
+	rm -rf $(LOWEST)
 
 bench: $(STAMP)
 	$(PY) benchmarks/throughput.py

@@ -27,6 +27,10 @@ SLOW_FILES = (
     "tests/test_resume_random.py",  # resumes in a fresh process
     "tests/integrations/",  # Accelerate, Lightning, the HF Trainer and the examples, most under torchrun
     "tests/benchmarks/",  # timing runs
+    "tests/readers/test_s3_faults.py",  # a local S3 server behind a fault-injecting proxy
+    "tests/readers/test_many_shards.py",  # a local S3 server with 4,000 shards
+    "tests/inspection/test_packing_check.py",  # transformers models run on every document
+    "tests/inspection/test_packing_command.py",  # the same, from the command line
 )
 STARTS_PROCESSES = re.compile(r"\bsubprocess\.|\btorchrun\b|\bnum_workers=[1-9]")
 

@@ -2,7 +2,7 @@
 
 Pass pipelines that end in ``.pad()`` or ``.pack()`` as ``train_dataset``, ``eval_dataset`` or to
 ``predict``; any other dataset goes to ``transformers.Trainer`` unchanged. Needs ``transformers``
-(``pip install 'padpipe[hf]'``); tested with transformers 5.24.
+(``pip install 'padpipe[hf]'``); tested with transformers 5.3 to 5.24.
 
 Example:
     >>> from padpipe.hf import Trainer  # doctest: +SKIP
@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -29,6 +30,7 @@ transformers = require("transformers", "padpipe.hf")
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
 
 from padpipe.errors import check_bool  # noqa: E402
+from padpipe.integrations.hf_epochs import EpochBatches, EpochPlan, count_batches, epochs_of  # noqa: E402
 from padpipe.integrations.hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
 from padpipe.integrations.hf_packing import guard_columns  # noqa: E402
 from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
@@ -71,11 +73,13 @@ class Trainer(transformers.Trainer):
 
     - ``per_device_train_batch_size``, ``per_device_eval_batch_size`` and the data collator do not
       apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
-      Without a length, training needs ``max_steps`` (as for any iterable dataset); each pass
-      over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized loader: the
-      last accumulation window of a pass is short and gets its own optimizer step. Its
-      ``num_items_in_batch`` comes from the loader (``accumulation_steps``), counted as ``Trainer``
-      counts it, where ``Trainer`` would sum it over the ranks and divide it by nothing.
+      Each pass over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized
+      loader: the last accumulation window of a pass is short and gets its own optimizer step.
+      Train for ``max_steps``, or for ``num_train_epochs`` (without ``max_steps``): the first
+      epoch's batches are counted by a pass of the loader before training, the schedule is built
+      on them, and each epoch ends when its data ends (:mod:`padpipe.integrations.hf_epochs`).
+      Each window's ``num_items_in_batch`` comes from the loader (``accumulation_steps``), counted
+      as ``Trainer`` counts it, where ``Trainer`` would sum it over the ranks and divide it by nothing.
     - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
       ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
       ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
@@ -121,6 +125,18 @@ class Trainer(transformers.Trainer):
         self._check_loss_kwargs = True
         self._unordered: dict[str, bool] = {}
         self._warned_order = False
+        self._epochs: EpochPlan | None = None
+
+    def _validate_args(self) -> None:
+        """``Trainer``'s checks; a pipeline trains for ``num_train_epochs`` without ``max_steps`` too."""
+        if not isinstance(self.train_dataset, Pipeline) or self.args.max_steps > 0:
+            return super()._validate_args()
+        epochs_of(self.args)
+        dataset, self.train_dataset = self.train_dataset, None  # HF asks an iterable dataset for max_steps
+        try:
+            super()._validate_args()
+        finally:
+            self.train_dataset = dataset
 
     # -- loaders ----------------------------------------------------------------------------------
     def get_train_dataloader(self) -> Any:
@@ -135,7 +151,16 @@ class Trainer(transformers.Trainer):
         columns = column_filter(self, "training")
         if pack and self._check_packing:
             columns = guard_columns(self, columns)
-        self._padpipe_train = TrainBatches(loader, columns, tokens)
+        if self._epochs is not None:  # planned by an earlier train()
+            self.remove_callback(self._epochs)
+            self._epochs = None
+        if self.args.max_steps > 0:
+            self._padpipe_train = TrainBatches(loader, columns, tokens)
+            return self._padpipe_train
+        batches = count_batches(self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first"))
+        self._epochs = EpochPlan(self, epochs_of(self.args), batches)
+        self.add_callback(self._epochs)
+        self._padpipe_train = EpochBatches(loader, columns, tokens, length=batches)
         return self._padpipe_train
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
@@ -167,6 +192,9 @@ class Trainer(transformers.Trainer):
             max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
         self._check_loss_kwargs = True
+        if self._epochs is not None and resume_from_checkpoint is not None:
+            self._epochs.load(resume_from_checkpoint)  # the schedule's total as refined before the checkpoint
+            self.state.max_steps = self._epochs.total
         if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs, steps
         paths = sorted(glob.glob(os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank="*"))))
@@ -185,11 +213,20 @@ class Trainer(transformers.Trainer):
         """One pass over a pipeline, each accumulation window (the last one short) with its own optimizer step."""
         if isinstance(kwargs["train_dataloader"], TrainBatches):
             kwargs["steps_in_epoch"] = PassLength(kwargs["steps_in_epoch"], kwargs["train_dataloader"])
+        if self._epochs is not None:  # the data ends the epoch (get_batch_samples), not a step count
+            kwargs["num_update_steps_per_epoch"] = sys.maxsize
         super()._run_epoch(**kwargs)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """``Trainer``'s scheduler; for ``num_train_epochs`` on a pipeline, over the planned steps."""
+        total = num_training_steps if self._epochs is None else self._epochs.total
+        return super().create_scheduler(total, optimizer)
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
         """``Trainer``'s; on a pipeline's first window, checks that a model taking ``**kwargs`` uses them."""
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._epochs is not None and not batches:
+            self.control.should_epoch_stop = True  # the pass has ended: the next epoch begins
         if self._check_loss_kwargs and batches and isinstance(batches[0], Batch):
             self._check_loss_kwargs = False
             if turn_off_unused_loss_kwargs(self, batches[0]):
@@ -216,6 +253,8 @@ class Trainer(transformers.Trainer):
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, LOADER_STATE.format(rank=self.args.process_index))
             torch.save(self._padpipe_train.state_dict(), path)
+            if self._epochs is not None and self.args.should_save:
+                self._epochs.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _finalize_training(self, trial: Any, num_train_samples: int, start_time: float) -> Any:

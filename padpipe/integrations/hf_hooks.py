@@ -1,8 +1,9 @@
 """The private ``transformers.Trainer`` hooks ``padpipe.hf.Trainer`` overrides or calls, and a loss check.
 
-:data:`HOOKS` pins each hook's parameters; :func:`check_hooks` raises at import, naming the hook,
-when an installed transformers changed one (tests/integrations/test_hf_hooks.py pins what each
-does). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
+:data:`HOOKS` pins each hook's parameters (:data:`OVERRIDDEN`: the ones ``padpipe.hf.Trainer``
+overrides, every method it overrides but ``__init__``); :func:`check_hooks` raises at import, naming
+the hook, when an installed transformers changed one (tests/integrations/test_hf_hooks*.py pin what
+each does). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
 ``num_items_in_batch`` out of its loss (transformers#47688).
 """
 
@@ -17,7 +18,15 @@ import torch
 logger = logging.getLogger("padpipe.hf")
 
 HOOKS: dict[str, tuple[str, ...]] = {
-    # overridden: resume the loader, save its state, count rows, one pass per epoch, count real tokens
+    # overridden: resume the loader, save its state, count rows, one pass per epoch, count real tokens,
+    # epochs of a pipeline (no max_steps check, the planned schedule), padpipe's loaders, row counts in logs
+    "_validate_args": (),
+    "get_train_dataloader": (),
+    "get_eval_dataloader": ("eval_dataset",),
+    "get_test_dataloader": ("test_dataset",),
+    "create_scheduler": ("num_training_steps", "optimizer"),
+    "log": ("logs", "start_time"),
+    "predict": ("test_dataset", "ignore_keys", "metric_key_prefix"),
     "_init_training_state": (
         "max_steps",
         "num_update_steps_per_epoch",
@@ -44,13 +53,35 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "get_batch_samples": ("epoch_iterator", "num_batches", "device"),
     "evaluation_loop": ("dataloader", "description", "prediction_loss_only", "ignore_keys", "metric_key_prefix"),
     "_get_num_items_in_batch": ("batch_samples", "device"),  # the loader's count of a window, else HF's
-    # called
+    # called, or relied on: a loader's length makes the epochs' max_steps
+    "set_initial_training_values": ("args", "dataloader"),
     "_wrap_model": ("model", "training", "dataloader"),
     "_get_output_dir": ("trial",),
     "_set_signature_columns_if_needed": (),
     "_prepare_inputs": ("inputs",),
 }
-"""Each private ``Trainer`` method padpipe relies on, and its parameters (after ``self``) in transformers 5.24."""
+"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in 5.3-5.24."""
+
+OVERRIDDEN = frozenset(
+    {
+        "_validate_args",
+        "get_train_dataloader",
+        "get_eval_dataloader",
+        "get_test_dataloader",
+        "create_scheduler",
+        "log",
+        "predict",
+        "_init_training_state",
+        "_save_checkpoint",
+        "_finalize_training",
+        "_run_epoch",
+        "_track_num_input_tokens",
+        "get_batch_samples",
+        "evaluation_loop",
+        "_get_num_items_in_batch",
+    }
+)
+"""The hooks of :data:`HOOKS` that ``padpipe.hf.Trainer`` overrides."""
 
 
 def check_hooks(trainer: type, version: str) -> None:
@@ -62,7 +93,7 @@ def check_hooks(trainer: type, version: str) -> None:
         >>> check_hooks(Old, "4.0")
         Traceback (most recent call last):
         ...
-        ImportError: padpipe.hf needs transformers.Trainer._init_training_state(max_steps, ...
+        ImportError: padpipe.hf needs transformers.Trainer._validate_args() (transformers 5.3 to 5.24), but ...
     """
     for name, expected in HOOKS.items():
         method = getattr(trainer, name, None)
@@ -70,9 +101,9 @@ def check_hooks(trainer: type, version: str) -> None:
         if found != expected:
             shown = "missing" if found is None else f"{name}({', '.join(found)})"
             raise ImportError(
-                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.24), but "
-                f"transformers {version} has {shown} instead: install the transformers version padpipe was tested "
-                "with (pip install 'transformers==5.24.*') or a padpipe release for yours."
+                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.3 to 5.24), "
+                f"but transformers {version} has {shown} instead: install a transformers release padpipe was tested "
+                "with (pip install 'transformers>=5.3,<=5.24') or a padpipe release for yours."
             )
 
 
