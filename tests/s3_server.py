@@ -18,6 +18,7 @@ import collections
 import logging
 import os
 import threading
+import urllib.request
 from typing import Any
 
 import moto.moto_server.threaded_moto_server as moto_threaded
@@ -75,6 +76,7 @@ class LocalS3:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        reset_moto(self.endpoint)  # moto's backend is one per process: leave no bucket to the next server
         self._server.stop()
         for name, value in self._saved_env.items():
             if value is None:
@@ -122,3 +124,10 @@ class _CountingServer(moto_threaded.ThreadedMotoServer):
         self._server = make_server(self._ip_address, self._port, counted, True, request_handler=MotoRequestHandler)
         self._server_ready_event.set()
         self._server.serve_forever()
+
+
+def reset_moto(endpoint: str) -> None:
+    """Empty moto's in-process backend (shared by every moto server of this process) through ``endpoint``."""
+    request = urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(request, timeout=30):
+        pass

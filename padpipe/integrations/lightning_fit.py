@@ -127,7 +127,7 @@ class FitDriver:
         if self._loaded is not None:  # restored and not started: the same position
             return self._loaded
         own = self.loader.state_dict()
-        ahead = self._ahead(own[type(self.loader).FINISHED_KEY])
+        ahead = self._ahead(own["finished"])
         recent = list(self._recent)[len(self._recent) - ahead :] if ahead else []
         mine = {"loader": own, "ahead": [to_cpu(b) for b in recent + list(self._restored)]}
         return self.STATE.make({}, epoch=self.epoch, ranks=all_ranks(mine))
@@ -144,7 +144,7 @@ class FitDriver:
             )
         saved = self.STATE.check(state, {}, check=self._check_ranks)
         rank, world = ranks()
-        finished_key = type(self.loader).FINISHED_KEY
+        finished_key = "finished"
         if len(saved.ranks) == world:
             mine = saved.ranks[rank]
             self.loader.load_state_dict(mine["loader"])

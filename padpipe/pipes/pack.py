@@ -6,11 +6,12 @@ import bisect
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.chunks import Chunk, TokenChunk
-from padpipe.errors import check_bool, check_int, one_of, positive
+from padpipe.errors import DataError, check_bool, check_int, one_of, positive
 from padpipe.graph import EpochAware
 from padpipe.pipes.packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
 from padpipe.state import Bool, Child, Int, ListOf, Loaded, StateSchema, invalid
@@ -302,6 +303,13 @@ class Packer(EpochAware, BaseNode[dict]):
             return
         if not isinstance(chunk, TokenChunk):
             raise TypeError(f"pack() needs tokenized rows (TokenChunk) as input, but got {type(chunk).__name__}.")
+        labels = chunk.columns.get("labels")
+        if labels is not None and (pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type)):
+            raise DataError(
+                "pack() builds each row's labels from its input_ids, so it would drop the token-level `labels` "
+                "column of .tokens() (a prompt mask of -100 would be lost and its tokens trained on): drop that "
+                "column to train on every token, or batch with .bucket(...).pad() or .batch(n).pad(), which keep it."
+            )
         with self.stats.timer("pack"):
             pieces, counts = cut_pieces(chunk, seq_len=self.seq_len, long_docs=self.long_docs, keep_tail=self.keep_tail)
             self.stats.add("pack.split_docs", counts["split"])

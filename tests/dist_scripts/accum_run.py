@@ -42,7 +42,8 @@ def rows(count: int) -> list[dict]:
 
 def pipelines() -> dict[str, pp.Pipeline]:
     tokens = pp.from_iterable(rows(41)).tokens(pad_id=0)
-    return {"padded": tokens.batch(3).pad(), "packed": tokens.pack(16, batch_size=2)}
+    unmasked = pp.from_iterable([{"input_ids": r["input_ids"]} for r in rows(41)]).tokens(pad_id=0)
+    return {"padded": tokens.batch(3).pad(), "packed": unmasked.pack(16, batch_size=2)}  # pack() builds its labels
 
 
 def summed_loss(model: torch.nn.Module, batch: dict) -> torch.Tensor:

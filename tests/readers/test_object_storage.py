@@ -30,6 +30,7 @@ from padpipe.readers.listing import SharedListing
 from padpipe.readers.parquet import ParquetReader
 from padpipe.readers.retry import Retry
 from tests.contract import check_loader_resume, check_node_resume
+from tests.s3_server import reset_moto
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,6 +84,7 @@ def s3():
         host, port = server.get_host_and_port()
         endpoint = f"http://{host}:{port}"
         options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+        reset_moto(endpoint)  # a bucket another module left in moto's per-process backend
         fs = s3fs.S3FileSystem(**options)
         fs.mkdir("bucket")
         fs.pipe("bucket/pq/a.parquet", parquet_bytes(records(0, 130)))
@@ -95,6 +97,7 @@ def s3():
         for path in ["bucket/pq/a.parquet", "bucket/jsonl/a.jsonl.gz"]:
             fs.chmod(path, acl="public-read")  # for the plain-HTTP test
         yield {"fs": fs, "options": options, "endpoint": endpoint}
+        reset_moto(endpoint)
         server.stop()
 
 

@@ -26,6 +26,7 @@ from padpipe.readers import jsonl_blocks
 from padpipe.readers.retry import Attempts, Retry
 from tests.readers.s3_faults import FaultProxy, Plan
 from tests.readers.test_object_storage import ENV, jsonl_bytes, parquet_bytes, records
+from tests.s3_server import reset_moto
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,6 +100,7 @@ def server():
             for name, first, count in corpus.files:
                 fs.pipe(f"faults/{corpus.folder}/{name}", corpus.encode(corpus.make(first, count)))
         yield upstream
+        reset_moto(upstream)
         moto.stop()
 
 

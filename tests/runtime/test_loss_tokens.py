@@ -36,7 +36,9 @@ def rows(count: int = 20) -> list[dict]:
 
 def pipelines() -> dict[str, pp.Pipeline]:
     tokens = pp.from_iterable(rows()).shuffle(8, seed=1).tokens(pad_id=0)
-    return {"padded": tokens.batch(2).pad(), "packed": tokens.pack(13, batch_size=1)}  # 10 and 8 batches
+    unmasked = [{"input_ids": r["input_ids"]} for r in rows()]  # pack() builds its own labels (no prompt mask)
+    packed = pp.from_iterable(unmasked).shuffle(8, seed=1).tokens(pad_id=0).pack(13, batch_size=1)
+    return {"padded": tokens.batch(2).pad(), "packed": packed}  # 10 and 8 batches
 
 
 @pytest.fixture(scope="module")
@@ -214,15 +216,10 @@ def test_loss_tokens_raises_state_mismatch_for_a_resealed_window_batch_without_l
         LossTokens(IterableWrapper(batches), steps=3).reset(state)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pack() builds labels from input_ids and drops the token-level labels of .tokens(): a prompt mask "
-    "(-100) is lost, so its tokens are trained on and counted (padded batches keep it)",
-)
-def test_packed_counts_keep_the_token_level_label_mask_as_padded_counts_do():
+def test_pack_refuses_token_level_labels_it_would_drop_while_padded_counts_keep_the_mask():
     masked = [{"input_ids": r["input_ids"], "labels": [-100] * len(r["input_ids"])} for r in rows(6)]
     tokens = pp.from_iterable(masked).tokens(pad_id=0)
     padded = [int(b["num_items_in_batch"]) for b in tokens.batch(2).pad().loader(accumulation_steps=2)]
     assert padded == [0, 0, 0]
-    packed = list(tokens.pack(13, batch_size=1).loader(accumulation_steps=2))
-    assert [int(b["num_items_in_batch"]) for b in packed] == [0] * len(packed)
+    with pytest.raises(pp.DataError, match=r"^pack\(\) builds each row's labels from its input_ids, so it would drop"):
+        list(tokens.pack(13, batch_size=1).loader(accumulation_steps=2))
