@@ -23,6 +23,14 @@ peak RSS, and the held-out loss after training (the same batches for every arm).
 Usage:
     python benchmarks/trainer.py [--chart benchmarks/out/trainer.png]
     python benchmarks/trainer.py --quick            # small sizes, a minute or two
+    python benchmarks/trainer.py --ranks 2 --arms hf_random hf_batch_rebalance padpipe_bucket
+                                                    # each arm under torchrun x2 (gloo, 1 thread a rank)
+
+Under ``--ranks R`` every arm is one ``torchrun --standalone --nproc_per_node=R`` launch: each rank
+takes its per-device batch, tokens are summed over the ranks at every step (so the token budget and
+the rates are the whole job's), and rank 0 reports. ``batch_rebalance`` then balances the padded
+cost across ranks as well as accumulation steps; padpipe's token-budget batches are equal in cost
+by construction.
 """
 
 from __future__ import annotations
@@ -77,6 +85,8 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
     meter = setup.Meter(cfg["budget"])
     arms.build(cfg, net, tok, meter).train()
     result = meter.result()
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports for all
+        return {}
     result["loss"] = setup.held_out_loss(net, cfg["task"], cfg["held_out"], tok, cfg["max_length"])
     result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["children_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -85,7 +95,8 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def spawn(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run one arm in a fresh process; its result, or the error it ended with."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--arm", json.dumps(cfg)]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg['ranks']}"]
+    cmd = [sys.executable, *(launcher if cfg["ranks"] > 1 else []), os.path.abspath(__file__), "--arm", json.dumps(cfg)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -110,7 +121,8 @@ def mean_length(cfg: dict[str, Any], rows: int = 2000) -> float:
 def configs(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
     """The arm configurations of every task asked for, data written to ``work``."""
     out = []
-    common = {"seed": args.seed, "threads": args.threads, "bucket_buffer": args.bucket_buffer}
+    threads = max(1, args.threads // args.ranks)  # the ranks share the cores
+    common = {"seed": args.seed, "threads": threads, "bucket_buffer": args.bucket_buffer, "ranks": args.ranks}
     if "cls" in args.tasks:
         cls = {"task": "cls", "train": f"{work}/pairs.parquet", "held_out": f"{work}/pairs-eval.parquet"}
         setup.write_pairs(cls["train"], cls["held_out"], args.cls_rows, args.eval_rows)
@@ -218,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     parser.add_argument("--eval-rows", type=int, default=1000)
     parser.add_argument("--cls-tokens", type=int, default=40_000, help="real tokens each cls arm trains on")
     parser.add_argument("--lm-tokens", type=int, default=20_000, help="real tokens each lm arm trains on")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (shared by the ranks)")
+    parser.add_argument("--ranks", type=int, default=1, help="run each arm under torchrun with this many ranks (gloo)")
     parser.add_argument("--bucket-buffer", type=int, default=10_000, help="padpipe bucket(buffer_size=...)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per arm")
@@ -226,7 +239,9 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     parser.add_argument("--workdir", help="where the corpora go (default: a temporary folder)")
     args = parser.parse_args(argv)
     if args.arm:
-        print("RESULT " + json.dumps(run_arm(json.loads(args.arm))), flush=True)
+        result = run_arm(json.loads(args.arm))
+        if result:
+            print("RESULT " + json.dumps(result), flush=True)
         return []
     if args.quick:
         args.docs, args.eval_docs, args.eval_rows = (
@@ -243,7 +258,10 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
         start = time.perf_counter()
         results.append((cfg, spawn(cfg, args.timeout)))
         print(f"  {cfg['task']} {cfg['arm']}: {time.perf_counter() - start:.0f} s", flush=True)
-    print(f"\ntorch threads={args.threads}; budgets in real tokens: cls {args.cls_tokens:,}, lm {args.lm_tokens:,}")
+    ranks = f", torchrun x{args.ranks} (tokens, rows and slots summed over ranks)" if args.ranks > 1 else ""
+    print(
+        f"\ntorch threads={args.threads}{ranks}; budgets in real tokens: cls {args.cls_tokens:,}, lm {args.lm_tokens:,}"
+    )
     for task in dict.fromkeys(c["task"] for c, _ in results):
         c = next(c for c, _ in results if c["task"] == task)
         print(

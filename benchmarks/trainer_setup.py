@@ -120,7 +120,8 @@ class Meter:
     """Counts every batch an arm trains on and stops training once ``budget`` real tokens are in.
 
     ``start`` is set before the arm's data preparation; ``steps`` holds, per optimizer step,
-    its end time and the rows, real tokens and slots counted so far.
+    its end time and the rows, real tokens and slots counted so far (over all ranks under
+    ``torchrun``, where every rank stops at the same step).
     """
 
     def __init__(self, budget: int) -> None:
@@ -134,6 +135,15 @@ class Meter:
         self.first_batch = self.first_batch or time.perf_counter() - self.start
         self.rows, self.real, self.slots = self.rows + rows, self.real + real, self.slots + slots
 
+    def totals(self) -> tuple[int, int, int]:
+        """Rows, real tokens and slots counted so far: summed over the ranks under ``torchrun``."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return self.rows, self.real, self.slots
+        sums = torch.tensor([self.rows, self.real, self.slots], dtype=torch.int64)
+        torch.distributed.all_reduce(sums)
+        rows, real, slots = (int(x) for x in sums)
+        return rows, real, slots
+
     def callback(self) -> Any:
         """A ``TrainerCallback`` that records each optimizer step and stops at the budget."""
         from transformers import TrainerCallback
@@ -142,8 +152,9 @@ class Meter:
 
         class Steps(TrainerCallback):
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-                meter.steps.append((time.perf_counter(), meter.rows, meter.real, meter.slots))
-                if meter.real >= meter.budget:
+                rows, real, slots = meter.totals()
+                meter.steps.append((time.perf_counter(), rows, real, slots))
+                if real >= meter.budget:  # the same sums on every rank: all stop at the same step
                     control.should_training_stop = True
                 return control
 
@@ -162,12 +173,12 @@ class Meter:
             "first_batch_s": self.first_batch,
             "first_step_s": first,
             "steps": len(self.steps),
-            "rows": self.rows,
-            "tokens": self.real,
+            "rows": marks[-1][1],
+            "tokens": marks[-1][2],
             "rows_per_s": float(np.median([r / max(t, 1e-9) for t, r, _ in gaps])),
             "tokens_per_s": float(np.median([n / max(t, 1e-9) for t, _, n in gaps])),
             "mean_tokens_per_s": (n1 - n0) / max(t1 - t0, 1e-9),
-            "efficiency": self.real / max(1, self.slots),
+            "efficiency": marks[-1][2] / max(1, marks[-1][3]),
             "train_s": self.steps[-1][0] - self.start,
         }
 

@@ -193,15 +193,14 @@ def info(path: str, *, storage_options: dict[str, Any] | None = None) -> CacheIn
     """
     fs, root = _root(path, storage_options)
     files, total, fingerprints = 0, 0, {}
-    if fs.exists(root):
-        for name, detail in fs.find(root, detail=True).items():
-            files, total = files + 1, total + int(detail.get("size") or 0)
-            parts = name[len(root) :].strip("/").split("/")
-            if len(parts) == 2 and parts[1] == ABOUT:
-                try:
-                    fingerprints[parts[0]] = json.loads(fs.cat_file(name))
-                except (OSError, ValueError):
-                    fingerprints[parts[0]] = {}
+    for name, detail in _files(fs, root).items():
+        files, total = files + 1, total + int(detail.get("size") or 0)
+        parts = name[len(root) :].strip("/").split("/")
+        if len(parts) == 2 and parts[1] == ABOUT:
+            try:
+                fingerprints[parts[0]] = json.loads(fs.cat_file(name))
+            except (OSError, ValueError):
+                fingerprints[parts[0]] = {}
     return CacheInfo(path, files, total, fingerprints)
 
 
@@ -215,7 +214,7 @@ def clear(path: str, *, storage_options: dict[str, Any] | None = None) -> int:
     """
     freed = info(path, storage_options=storage_options).bytes
     fs, root = _root(path, storage_options)
-    if fs.exists(root):
+    if _files(fs, root):
         try:
             fs.rm(root, recursive=True)
         except OSError as exc:
@@ -226,6 +225,15 @@ def clear(path: str, *, storage_options: dict[str, Any] | None = None) -> int:
 def _root(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     fs, base = fsspec.core.url_to_fs(os.fspath(path), **(storage_options or {}))
     return fs, f"{base.rstrip('/')}/{FORMAT}"
+
+
+def _files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
+    """Every file under ``root`` with its details; none when it is not there (not ``fs.exists(root)``: fsspec
+    2023.6 says a memory folder made by writing files into it does not exist)."""
+    try:
+        return fs.find(root, detail=True)
+    except FileNotFoundError:
+        return {}
 
 
 def size_text(n: int) -> str:

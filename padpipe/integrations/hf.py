@@ -31,7 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # 
 
 from padpipe.errors import check_bool  # noqa: E402
 from padpipe.integrations.hf_epochs import EpochBatches, EpochPlan, count_batches, epochs_of  # noqa: E402
-from padpipe.integrations.hf_hooks import check_hooks, turn_off_unused_loss_kwargs  # noqa: E402
+from padpipe.integrations.hf_hooks import check_hooks, loss_shifts_labels, turn_off_unused_loss_kwargs  # noqa: E402
 from padpipe.integrations.hf_packing import guard_columns  # noqa: E402
 from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
     EvalBatches,
@@ -361,14 +361,7 @@ class Trainer(transformers.Trainer):
                 "multiprocessing_context": args.dataloader_multiprocessing_context,
             }
         if steps is not None:  # num_items_in_batch of each window, as HF counts it
-            shifts = getattr(self, "_loss_shifts_labels", None)  # set by Trainer.__init__ (transformers 5.24)
-            if not isinstance(shifts, bool):
-                raise ImportError(
-                    "padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__, "
-                    f"transformers 5.24), but found {shifts!r} instead: install the transformers version padpipe "
-                    "was tested with (pip install 'transformers==5.24.*') or a padpipe release for yours."
-                )
-            options.update(accumulation_steps=steps, causal=shifts)
+            options.update(accumulation_steps=steps, causal=loss_shifts_labels(self, transformers.__version__))
         return pipe.loader(equal_steps=equal_steps, **options)
 
     def _eval_dataset(self, eval_dataset: Any) -> Any:

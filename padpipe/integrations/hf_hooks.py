@@ -3,7 +3,8 @@
 :data:`HOOKS` pins each hook's parameters (:data:`OVERRIDDEN`: the ones ``padpipe.hf.Trainer``
 overrides, every method it overrides but ``__init__``); :func:`check_hooks` raises at import, naming
 the hook, when an installed transformers changed one (tests/integrations/test_hf_hooks*.py pin what
-each does). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
+each does). :func:`loss_shifts_labels` says how HF counts a window's label tokens on the installed
+release. :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
 ``num_items_in_batch`` out of its loss (transformers#47688).
 """
 
@@ -105,6 +106,39 @@ def check_hooks(trainer: type, version: str) -> None:
                 f"but transformers {version} has {shown} instead: install a transformers release padpipe was tested "
                 "with (pip install 'transformers>=5.3,<=5.24') or a padpipe release for yours."
             )
+
+
+SHIFTED_COUNT_SINCE = (5, 11)
+"""The transformers release whose ``Trainer`` counts a causal LM's label tokens after the shift."""
+
+
+def loss_shifts_labels(trainer: Any, version: str) -> bool:
+    """Whether ``trainer`` (transformers ``version``) counts ``num_items_in_batch`` on labels shifted one token.
+
+    transformers 5.11 and later set ``Trainer._loss_shifts_labels`` (true for a causal LM's loss);
+    before 5.11 HF counted every label that is not ``-100``, unshifted, for every model, so padpipe's
+    count is HF's own on each release. Raises ``ImportError`` naming the attribute when a release from
+    5.11 on no longer sets it as a bool.
+
+    Example:
+        >>> class Old: ...
+        >>> loss_shifts_labels(Old(), "5.3.0")
+        False
+        >>> loss_shifts_labels(Old(), "5.12.0")
+        Traceback (most recent call last):
+        ...
+        ImportError: padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since ...
+    """
+    shifts = getattr(trainer, "_loss_shifts_labels", None)
+    if shifts is None and tuple(int(p) for p in version.split(".")[:2]) < SHIFTED_COUNT_SINCE:
+        return False
+    if not isinstance(shifts, bool):
+        raise ImportError(
+            "padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since "
+            f"transformers 5.11), but found {shifts!r} in transformers {version} instead: install a transformers "
+            "release padpipe was tested with (pip install 'transformers>=5.3,<=5.24') or a padpipe release for yours."
+        )
+    return shifts
 
 
 def turn_off_unused_loss_kwargs(trainer: Any, batch: dict[str, Any]) -> bool:

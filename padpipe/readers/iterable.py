@@ -132,9 +132,11 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
 
     def _to_batch(self, rows: list[Mapping[str, Any]], start: int) -> pa.RecordBatch:
         try:
-            return pa.RecordBatch.from_struct_array(pa.array(rows))
+            batch = pa.RecordBatch.from_struct_array(pa.array(rows))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise DataError(f"{self._where(start)}: cannot make a column from the values ({exc}).") from exc
+        order = list(dict.fromkeys(key for row in rows for key in row))  # pyarrow 19 orders them otherwise
+        return batch if batch.schema.names == order else batch.select(order)
 
     def _where(self, start: int) -> str:
         return f"from_iterable items {start}-{self._position - 1}"
