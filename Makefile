@@ -8,11 +8,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 LATEST := .venv-latest
-# The lower bounds of pyproject.toml (tokenizers 0.22.1: transformers 5.3 needs it; README.md, "Install").
-# torch 2.4.1, like the newest torch, is a CUDA build of several GB.
+# The lower bounds of pyproject.toml (tokenizers 0.23.3: transformers 5.18 needs 0.23.1, and 0.23.1-0.23.2
+# truncate pairs otherwise; README.md, "Install"). torch 2.6.0, like the newest torch, is a CUDA build of several GB.
 LOWEST := .venv-lowest
-LOWEST_VERSIONS := torch==2.4.1 torchdata==0.10.0 tokenizers==0.22.1 pyarrow==19.0.1 numpy==1.24.4 fsspec==2023.6.0 \
-	tqdm==4.66.3 transformers==5.3.0 datasets==3.1.0 accelerate==1.3.0 lightning==2.4.0 s3fs==2023.6.0 matplotlib==3.8.0
+LOWEST_VERSIONS := torch==2.6.0 torchdata==0.10.0 tokenizers==0.23.3 pyarrow==19.0.1 numpy==1.24.4 fsspec==2023.6.0 \
+	tqdm==4.66.3 transformers==5.18.0 datasets==3.1.0 accelerate==1.3.0 lightning==2.5.0 s3fs==2023.6.0 matplotlib==3.8.0
 
 .PHONY: demo test test-fast test-latest test-lowest bench setup lint
 
@@ -30,11 +30,16 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m padpipe.demo
 
+# The test files are shared by $(JOBS) pytest-xdist processes; a file stays on one (its module fixtures run
+# once). `make test JOBS=0` runs them in this process, one after another.
+JOBS ?= 2
+PYTEST = -m pytest -q -n $(JOBS) --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) $(PYTEST)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) $(PYTEST) -m "not slow"
 
 $(LATEST)/bin/python:
 	$(PYTHON) -m venv $(LATEST) || python3 -m venv $(LATEST)
@@ -45,7 +50,7 @@ $(LATEST)/bin/python:
 test-latest: $(LATEST)/bin/python
 	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager torch -e '.[dev]'
 	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/versions.txt
-	$(LATEST)/bin/python -m pytest -q
+	$(LATEST)/bin/python $(PYTEST)
 
 # Once per change of a lower bound (minutes of downloads): the fast tests and tests/integrations on the lowest
 # versions; the venv is removed after.
@@ -54,8 +59,8 @@ test-lowest:
 	$(PYTHON) -m venv $(LOWEST) || python3 -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
 	$(LOWEST)/bin/python -m pip install --quiet $(LOWEST_VERSIONS) -e '.[dev]'
-	$(LOWEST)/bin/python -m pytest -q -m "not slow"
-	$(LOWEST)/bin/python -m pytest -q tests/integrations
+	$(LOWEST)/bin/python $(PYTEST) -m "not slow"
+	$(LOWEST)/bin/python $(PYTEST) tests/integrations
 	rm -rf $(LOWEST)
 
 bench: $(STAMP)

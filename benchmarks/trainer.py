@@ -195,6 +195,7 @@ def ratios(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
 def chart(results: list[tuple[dict[str, Any], dict[str, Any]]], path: str) -> None:
     """Steady tokens/s and first-step seconds of every arm, one row of panels per task."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -210,6 +211,8 @@ def chart(results: list[tuple[dict[str, Any], dict[str, Any]]], path: str) -> No
             ax.set_xlabel(f"{task}: {label}")
             ax.invert_yaxis()
         row[1].set_xscale("log")
+        row[1].xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        row[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no overlapping 2x10^0, 3x10^0 labels
         row[1].set_yticklabels([])
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -4,7 +4,7 @@
 overrides, every method it overrides but ``__init__``); :func:`check_hooks` raises at import, naming
 the hook, when an installed transformers changed one (tests/integrations/test_hf_hooks*.py pin what
 each does). :func:`loss_shifts_labels` says how HF counts a window's label tokens on the installed
-release. :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
+release (5.11 and later). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
 ``num_items_in_batch`` out of its loss (transformers#47688).
 """
 
@@ -61,7 +61,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "_set_signature_columns_if_needed": (),
     "_prepare_inputs": ("inputs",),
 }
-"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in 5.3-5.24."""
+"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in 5.18-5.24."""
 
 OVERRIDDEN = frozenset(
     {
@@ -94,7 +94,7 @@ def check_hooks(trainer: type, version: str) -> None:
         >>> check_hooks(Old, "4.0")
         Traceback (most recent call last):
         ...
-        ImportError: padpipe.hf needs transformers.Trainer._validate_args() (transformers 5.3 to 5.24), but ...
+        ImportError: padpipe.hf needs transformers.Trainer._validate_args() (transformers 5.18 to 5.24), but ...
     """
     for name, expected in HOOKS.items():
         method = getattr(trainer, name, None)
@@ -102,41 +102,32 @@ def check_hooks(trainer: type, version: str) -> None:
         if found != expected:
             shown = "missing" if found is None else f"{name}({', '.join(found)})"
             raise ImportError(
-                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.3 to 5.24), "
+                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.18 to 5.24), "
                 f"but transformers {version} has {shown} instead: install a transformers release padpipe was tested "
-                "with (pip install 'transformers>=5.3,<=5.24') or a padpipe release for yours."
+                "with (pip install 'transformers>=5.18,<=5.24') or a padpipe release for yours."
             )
 
 
-SHIFTED_COUNT_SINCE = (5, 11)
-"""The transformers release whose ``Trainer`` counts a causal LM's label tokens after the shift."""
-
-
 def loss_shifts_labels(trainer: Any, version: str) -> bool:
-    """Whether ``trainer`` (transformers ``version``) counts ``num_items_in_batch`` on labels shifted one token.
+    """Whether ``trainer`` counts ``num_items_in_batch`` on labels shifted one token (a causal LM's loss).
 
-    transformers 5.11 and later set ``Trainer._loss_shifts_labels`` (true for a causal LM's loss);
-    before 5.11 HF counted every label that is not ``-100``, unshifted, for every model, so padpipe's
-    count is HF's own on each release. Raises ``ImportError`` naming the attribute when a release from
-    5.11 on no longer sets it as a bool.
+    ``Trainer.__init__`` sets ``_loss_shifts_labels`` since transformers 5.11 (before it HF counted
+    a causal LM's labels unshifted, one token a row too many: padpipe needs 5.11). Raises
+    ``ImportError`` naming the attribute when a release no longer sets it as a bool.
 
     Example:
         >>> class Old: ...
-        >>> loss_shifts_labels(Old(), "5.3.0")
-        False
-        >>> loss_shifts_labels(Old(), "5.12.0")
+        >>> loss_shifts_labels(Old(), "5.10.4")
         Traceback (most recent call last):
         ...
         ImportError: padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since ...
     """
     shifts = getattr(trainer, "_loss_shifts_labels", None)
-    if shifts is None and tuple(int(p) for p in version.split(".")[:2]) < SHIFTED_COUNT_SINCE:
-        return False
     if not isinstance(shifts, bool):
         raise ImportError(
             "padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since "
             f"transformers 5.11), but found {shifts!r} in transformers {version} instead: install a transformers "
-            "release padpipe was tested with (pip install 'transformers>=5.3,<=5.24') or a padpipe release for yours."
+            "release padpipe was tested with (pip install 'transformers>=5.18,<=5.24') or a padpipe release for yours."
         )
     return shifts
 

@@ -101,11 +101,14 @@ def test_pack_gives_each_document_the_logits_and_loss_it_has_alone(
     assert model.config.use_cache is True  # the model's default config
     batches = packed_batches(**options)
     assert sum(len(documents(b)) - len(b["input_ids"]) for b in batches) >= 4  # rows with several documents
+    # bf16: within a bf16 step, not bit-equal (torch 2.6's sdpa differs by 2e-3 packed vs alone; 2.13 by 0); a
+    # document that sees another is off by ~0.1-0.2 (tests/inspection/test_packing_check.py)
+    tolerance = EXACT if dtype == torch.float32 else 1e-2
     with torch.no_grad():
         for batch in batches:
             out = model(**batch, **call)
-            assert error_against_alone(model, batch, out.logits) < EXACT
-            torch.testing.assert_close(out.loss, loss_alone(model, batch), atol=EXACT, rtol=0)
+            assert error_against_alone(model, batch, out.logits) < tolerance
+            torch.testing.assert_close(out.loss, loss_alone(model, batch), atol=tolerance, rtol=0)
 
 
 def test_pack_mask_of_another_float_dtype_than_the_model_fails_loudly_in_sdpa() -> None:

@@ -77,9 +77,8 @@ def windows_of(loader, k: int) -> list[list[dict]]:
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "masked"])
 def test_num_items_in_batch_is_hf_trainers_own_count_of_the_window(trainers, kind, causal):
     trainer = trainers[causal]
-    shifts = loss_shifts_labels(trainer, transformers.__version__)
-    assert shifts is (causal and hasattr(trainer, "_loss_shifts_labels"))  # from 5.11 HF shifts for a causal LM
-    loader = pipelines()[kind].loader(accumulation_steps=3, causal=shifts)
+    assert loss_shifts_labels(trainer, transformers.__version__) is causal  # HF shifts for the causal LM only
+    loader = pipelines()[kind].loader(accumulation_steps=3, causal=causal)
     for _ in range(2):  # two epochs: windows start again with each
         windows = windows_of(loader, 3)
         assert len(windows[-1]) < 3, "the epoch's last window is short"
