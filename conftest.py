@@ -5,7 +5,7 @@ and the ``slow`` marker on every test that starts processes, ``torchrun`` or a t
 A test is slow when its file is in ``SLOW_FILES`` (every test there starts processes or a framework),
 when its body calls ``subprocess`` or ``torchrun`` or asks for ``num_workers=N`` (DataLoader worker
 processes; a ``num_workers`` parameter above 0 too), or when it carries ``@pytest.mark.slow`` itself
-(a test that starts processes through a helper).
+(a test that starts processes through a helper, or one that alone runs for several seconds).
 """
 
 from __future__ import annotations

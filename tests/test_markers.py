@@ -41,4 +41,6 @@ def test_slow_marks_processes_torchrun_and_frameworks_and_nothing_else() -> None
 def test_the_slow_marker_is_registered() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert 'markers = ["slow: starts processes, torchrun or a training framework' in text
-    assert 'test-fast: $(STAMP)\n\t$(PY) -m pytest -q -m "not slow"\n' in (ROOT / "Makefile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert 'test-fast: $(STAMP)\n\t$(PY) $(PYTEST) -m "not slow"\n' in makefile
+    assert "\nPYTEST = -m pytest -q -n $(JOBS) --dist loadfile\n" in makefile  # a file's fixtures run once

@@ -223,10 +223,13 @@ class Trainer(transformers.Trainer):
         return super().create_scheduler(total, optimizer)
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
-        """``Trainer``'s; on a pipeline's first window, checks that a model taking ``**kwargs`` uses them."""
+        """``Trainer``'s; ends the epoch when the pass has ended, and on a pipeline's first window checks that a
+        model taking ``**kwargs`` uses them."""
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self._epochs is not None and not batches:
-            self.control.should_epoch_stop = True  # the pass has ended: the next epoch begins
+        if not batches and self._padpipe_train is not None:
+            # the pass has ended: the next epoch begins (HF would turn its loop over the empty iterator until
+            # a step count, max_steps for a loader without a length: 27 s at max_steps=10**7)
+            self.control.should_epoch_stop = True
         if self._check_loss_kwargs and batches and isinstance(batches[0], Batch):
             self._check_loss_kwargs = False
             if turn_off_unused_loss_kwargs(self, batches[0]):

@@ -133,6 +133,7 @@ def test_inspect_lengths_are_the_tokenizers_and_percentiles_are_numpys(pairs: st
     assert dist["truncated_share"] == np.mean(np.array(expected) > 128)
 
 
+@pytest.mark.slow  # three inspect passes over the 20,000-row sample (~9 s alone)
 def test_inspect_sample_is_within_tolerance_of_all_rows() -> None:
     exact = pp.inspect(pp.examples.SAMPLE_PARQUET, TOK, max_length=128, sample=None, buffer_size=2048, progress=False)
     for seed in (0, 1):

@@ -227,3 +227,29 @@ def test_trainer_trains_what_transformers_trains_on_a_sized_loader_step_by_step(
     assert [step for step, *_ in ours] == list(range(1, 10))
     assert ours == theirs
     assert all(torch.equal(ours_weights[k], their_weights[k]) for k in ours_weights)
+
+
+def test_an_epoch_ends_with_its_pass_not_after_max_steps_empty_turns(tmp_path):
+    calls = []
+
+    class Counting(Trainer):
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            out = super().get_batch_samples(epoch_iterator, num_batches, device)
+            calls.append(len(out[0]))
+            return out
+
+    class StopAfterTwoPasses(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 2 * PASS
+            return control
+
+    trainer = Counting(
+        model=tiny_llama(),
+        args=arguments(tmp_path, max_steps=10**7, logging_steps=10**6),  # a streaming user's "until stopped"
+        train_dataset=packed(),
+        callbacks=[StopAfterTwoPasses()],
+    )
+    trainer.train()
+    # each pass: its PASS windows, then one empty call that ends the epoch (HF alone turns 10**7 times)
+    assert calls == [1] * PASS + [0] + [1] * PASS
+    assert trainer.state.global_step == 2 * PASS

@@ -52,6 +52,7 @@ def reseal(state) -> None:
         state[CHECKSUM_KEY] = checksum(state)
 
 
+@pytest.mark.slow  # reads all 10,000 files (~8 s alone)
 def test_a_state_of_a_10000_file_corpus_stays_under_100_kb_and_resumes_every_row_once(corpus) -> None:
     pipe = pp.read_jsonl(str(corpus), chunk_rows=64)  # one row a file: a chunk a file
     loader = pipe.loader()
