@@ -211,6 +211,7 @@ def chart(results: list[tuple[dict[str, Any], dict[str, Any]]], path: str) -> No
             ax.set_xlabel(f"{task}: {label}")
             ax.invert_yaxis()
         row[1].set_xscale("log")
+        row[1].xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))  # 1, 2, 5, 10, 20, ...
         row[1].xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         row[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no overlapping 2x10^0, 3x10^0 labels
         row[1].set_yticklabels([])
