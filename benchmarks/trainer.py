@@ -12,19 +12,23 @@ Arms (``trainer_arms.py``): HF ``Trainer`` with random batches and a padding col
 ``datasets.map(num_proc=2)``; with ``train_sampling_strategy="group_by_length"`` and
 ``"batch_rebalance"`` (4 accumulation steps of a quarter batch); ``DataCollatorWithFlattening``
 (lm); TRL ``SFTTrainer`` with ``packing_strategy="bfd"`` (lm); ``padpipe.hf.Trainer`` with
-``bucket(max_tokens)`` + ``pad`` and with ``pack(512)`` (lm). padpipe's token budget and the
-packed batch size are set so that a step holds about as many real tokens as the HF arms' steps.
+``bucket(max_tokens)`` + ``pad``, the same in accumulation steps (``batch_rebalance``'s step shape:
+the budget split into up to 4 micro-batches that still hold a ``max_length`` row) and with
+``pack(512)`` (lm). padpipe's token budget and the packed batch size are set so that a step holds
+about as many real tokens as the HF arms' steps.
 Every arm trains the same seeded model with the same constant learning rate until it has
 trained on ``--cls-tokens``/``--lm-tokens`` real tokens. Reported per arm: seconds from the start
 of its data preparation to the end of its first optimizer step, steady real tokens/s and rows/s
-(after the first steps), padding efficiency (real tokens over the slots the model computed on),
-peak RSS, and the held-out loss after training (the same batches for every arm).
+(after the first steps; their mean; and end to end: every real token over the seconds from the
+start of data preparation, ``map`` included, to the last step), padding efficiency (real tokens
+over the slots the model computed on), peak RSS, and the held-out loss after training (the same batches for every arm).
 
 Usage:
     python benchmarks/trainer.py [--chart benchmarks/out/trainer.png]
     python benchmarks/trainer.py --quick            # small sizes, a minute or two
     python benchmarks/trainer.py --ranks 2 --arms hf_random hf_batch_rebalance padpipe_bucket
                                                     # each arm under torchrun x2 (gloo, 1 thread a rank)
+    python benchmarks/trainer.py --repeat 3         # every arm 3 times, interleaved; the median run of each
 
 Under ``--ranks R`` every arm is one ``torchrun --standalone --nproc_per_node=R`` launch: each rank
 takes its per-device batch, tokens are summed over the ranks at every step (so the token budget and
@@ -60,6 +64,7 @@ COLUMNS = (
     "1st step (s)",
     "steady tokens/s",
     "mean tokens/s",
+    "end-to-end tokens/s",
     "rows/s",
     "tokens/row",
     "padding eff.",
@@ -107,6 +112,17 @@ def spawn(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
     return json.loads(line[len("RESULT ") :])
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median steady tokens/s (so every figure in its row is from one real run); an error if all failed.
+
+    Example:
+        >>> median_run([{"tokens_per_s": 3.0}, {"error": "x"}, {"tokens_per_s": 1.0}, {"tokens_per_s": 2.0}])
+        {'tokens_per_s': 2.0}
+    """
+    done = sorted((r for r in runs if "error" not in r), key=lambda r: r["tokens_per_s"])
+    return done[(len(done) - 1) // 2] if done else runs[-1]
+
+
 def mean_length(cfg: dict[str, Any], rows: int = 2000) -> float:
     """Mean tokens per row (truncated) over the training file's first rows: sets padpipe's batch sizes."""
     import pyarrow.parquet as pq
@@ -116,6 +132,19 @@ def mean_length(cfg: dict[str, Any], rows: int = 2000) -> float:
     texts = [table.column(f).to_pylist() for f in (setup.FIELDS if cfg["task"] == "cls" else ("text",))]
     enc = tok(*texts, truncation=True, max_length=cfg["max_length"])["input_ids"]
     return sum(map(len, enc)) / len(enc)
+
+
+def micro_budget(max_tokens: int, max_length: int, accum: int = 4) -> dict[str, int]:
+    """``padpipe_bucket_accum``'s split of a step's token budget into (up to) ``accum`` micro-batches, as
+    ``batch_rebalance`` takes 4 accumulation steps of a quarter batch; a micro-batch still holds one
+    ``max_length`` row, so fewer, larger ones where a quarter of the budget would not.
+
+    Example:
+        >>> micro_budget(1511, 512), micro_budget(2377, 128)
+        ({'accum_steps': 3, 'micro_tokens': 512}, {'accum_steps': 4, 'micro_tokens': 594})
+    """
+    steps = max(1, min(accum, round(max_tokens / max_length)))
+    return {"accum_steps": steps, "micro_tokens": max(max_length, round(max_tokens / steps))}
 
 
 def configs(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
@@ -128,6 +157,7 @@ def configs(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
         setup.write_pairs(cls["train"], cls["held_out"], args.cls_rows, args.eval_rows)
         cls.update(common, budget=args.cls_tokens, batch_size=32, max_length=128, lr=5e-4, seq_len=128, pack_rows=1)
         cls["max_tokens"] = max(128, round(32 * mean_length(cls)))
+        cls.update(micro_budget(cls["max_tokens"], cls["max_length"]))
         out += [{**cls, "arm": a} for a in arms.CLS_ARMS]
     if "lm" in args.tasks:
         lm = {"task": "lm", "train": f"{work}/docs.parquet", "held_out": f"{work}/docs-eval.parquet"}
@@ -138,6 +168,7 @@ def configs(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
         lm.update(common, budget=args.lm_tokens, batch_size=8, max_length=512, lr=1e-3, seq_len=512)
         mean = mean_length(lm)
         lm.update(max_tokens=max(512, round(8 * mean)), pack_rows=max(1, round(8 * mean / 512)))
+        lm.update(micro_budget(lm["max_tokens"], lm["max_length"]))
         out += [{**lm, "arm": a} for a in arms.LM_ARMS]
     if importlib.util.find_spec("trl") is None:
         print("trl is not installed (pip install '.[bench]'): the TRL arm is left out")
@@ -158,6 +189,7 @@ def table(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
             f"{r['first_step_s']:.2f}",
             f"{r['tokens_per_s']:,.0f}",
             f"{r['mean_tokens_per_s']:,.0f}",
+            f"{r['tokens'] / r['train_s']:,.0f}",
             f"{r['rows_per_s']:,.1f}",
             f"{r['tokens'] / max(1, r['rows']):.0f}",
             f"{r['efficiency']:.3f}",
@@ -238,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     parser.add_argument("--ranks", type=int, default=1, help="run each arm under torchrun with this many ranks (gloo)")
     parser.add_argument("--bucket-buffer", type=int, default=10_000, help="padpipe bucket(buffer_size=...)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=1, help="run every arm this many times, interleaved")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per arm")
     parser.add_argument("--chart", help="write the PNG chart here")
     parser.add_argument("--workdir", help="where the corpora go (default: a temporary folder)")
@@ -257,11 +290,14 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
         args.cls_tokens, args.lm_tokens = min(args.cls_tokens, 30_000), min(args.lm_tokens, 20_000)
     work = args.workdir or tempfile.mkdtemp(prefix="padpipe-trainer-")
     os.makedirs(work, exist_ok=True)
-    results = []
-    for cfg in configs(args, work):
-        start = time.perf_counter()
-        results.append((cfg, spawn(cfg, args.timeout)))
-        print(f"  {cfg['task']} {cfg['arm']}: {time.perf_counter() - start:.0f} s", flush=True)
+    arms_cfg = configs(args, work)
+    runs: list[list[dict[str, Any]]] = [[] for _ in arms_cfg]
+    for round_ in range(args.repeat):  # interleaved: a load change on the machine hits every arm alike
+        for cfg, done in zip(arms_cfg, runs):
+            start = time.perf_counter()
+            done.append(spawn(cfg, args.timeout))
+            print(f"  {cfg['task']} {cfg['arm']} (run {round_ + 1}): {time.perf_counter() - start:.0f} s", flush=True)
+    results = [(cfg, median_run(done)) for cfg, done in zip(arms_cfg, runs)]
     ranks = f", torchrun x{args.ranks} (tokens, rows and slots summed over ranks)" if args.ranks > 1 else ""
     print(
         f"\ntorch threads={args.threads}{ranks}; budgets in real tokens: cls {args.cls_tokens:,}, lm {args.lm_tokens:,}"
@@ -272,6 +308,11 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
             f"{task}: padpipe bucket(max_tokens={c['max_tokens']:,}), "
             f"pack(seq_len={c['seq_len']}, batch_size={c['pack_rows']})"
         )
+    if args.repeat > 1:
+        print(f"\nthe run of median steady tokens/s of {args.repeat} interleaved runs per arm (all runs' rates):")
+        for cfg, done in zip(arms_cfg, runs):
+            rates = ", ".join(f"{r['tokens_per_s']:,.0f}" if "error" not in r else "failed" for r in done)
+            print(f"  {cfg['task']} {cfg['arm']}: {rates}")
     print("\n" + "\n".join(table(results)))
     print("\n" + "\n".join(ratios(results)))
     if args.chart:

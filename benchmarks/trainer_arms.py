@@ -17,8 +17,8 @@ from torchdata.nodes import Mapper
 
 import padpipe as pp
 
-CLS_ARMS = ("hf_random", "hf_group_by_length", "hf_batch_rebalance", "padpipe_bucket")
-LM_ARMS = (*CLS_ARMS[:3], "hf_flattening", "trl_sft_bfd", "padpipe_bucket", "padpipe_pack")
+CLS_ARMS = ("hf_random", "hf_group_by_length", "hf_batch_rebalance", "padpipe_bucket", "padpipe_bucket_accum")
+LM_ARMS = (*CLS_ARMS[:3], "hf_flattening", "trl_sft_bfd", *CLS_ARMS[3:], "padpipe_pack")
 LABELS = {
     "hf_random": "HF Trainer, random batches + padding collator (after map)",
     "hf_group_by_length": 'HF Trainer, train_sampling_strategy="group_by_length"',
@@ -26,6 +26,7 @@ LABELS = {
     "hf_flattening": "HF Trainer + DataCollatorWithFlattening",
     "trl_sft_bfd": 'TRL SFTTrainer, packing="bfd" (padding-free)',
     "padpipe_bucket": "padpipe.hf.Trainer, bucket(max_tokens) + pad",
+    "padpipe_bucket_accum": "padpipe.hf.Trainer, bucket(max_tokens / accumulation) + pad (accumulation steps)",
     "padpipe_pack": "padpipe.hf.Trainer, pack(seq_len)",
 }
 
@@ -140,14 +141,19 @@ def padpipe_trainer(cfg: dict[str, Any], net: Any, tok: Any, meter: setup.Meter)
         .shuffle(buffer_size=10_000, seed=cfg["seed"])
         .tokenize(tok, fields=fields, max_length=cfg["max_length"])
     )
+    extra: dict[str, Any] = {}
     if cfg["arm"] == "padpipe_pack":
         pipe = pipe.pack(cfg["seq_len"], batch_size=cfg["pack_rows"], long_docs="truncate")
     else:
-        pipe = pipe.bucket(max_tokens=cfg["max_tokens"], buffer_size=cfg["bucket_buffer"]).pad(pad_to_multiple_of=8)
+        budget = cfg["max_tokens"]
+        if cfg["arm"] == "padpipe_bucket_accum":  # batch_rebalance's step shape: the step's budget in micro-batches
+            extra["gradient_accumulation_steps"] = cfg["accum_steps"]
+            budget = cfg["micro_tokens"]
+        pipe = pipe.bucket(max_tokens=budget, buffer_size=cfg["bucket_buffer"]).pad(pad_to_multiple_of=8)
         if cfg["task"] == "lm":
             pipe = pipe.add_stage("labels", lambda up, ctx: Mapper(up, causal_labels), output="tensors")
     trainer = setup.counting(Trainer, meter)
-    return trainer(model=net, args=arguments(cfg), train_dataset=pipe, callbacks=[meter.callback()])
+    return trainer(model=net, args=arguments(cfg, **extra), train_dataset=pipe, callbacks=[meter.callback()])
 
 
 def build(cfg: dict[str, Any], net: Any, tok: Any, meter: setup.Meter) -> Any:

@@ -21,6 +21,7 @@ COLUMNS = [
     "1st step (s)",
     "steady tokens/s",
     "mean tokens/s",
+    "end-to-end tokens/s",
     "rows/s",
     "tokens/row",
     "padding eff.",
@@ -57,7 +58,7 @@ def test_trainer_benchmark_trains_every_arm_to_the_same_budget(tmp_path: Path) -
         "2000",
         "--arms",
         "hf_random",
-        "padpipe_bucket",
+        "padpipe_bucket_accum",
         "padpipe_pack",
         "--workdir",
         str(tmp_path),
@@ -69,17 +70,18 @@ def test_trainer_benchmark_trains_every_arm_to_the_same_budget(tmp_path: Path) -
     rows = {(cells[0], cells[1]): cells for cells in ([c.strip() for c in x.split("|")[1:-1]] for x in lines[1:])}
     assert set(rows) == {
         ("lm", "HF Trainer, random batches + padding collator (after map)"),
-        ("lm", "padpipe.hf.Trainer, bucket(max_tokens) + pad"),
+        ("lm", "padpipe.hf.Trainer, bucket(max_tokens / accumulation) + pad (accumulation steps)"),
         ("lm", "padpipe.hf.Trainer, pack(seq_len)"),
     }
     for (_, arm), cells in rows.items():
         assert len(cells) == len(COLUMNS), (arm, cells)
         first_batch, first_step = float(cells[2]), float(cells[3])
         assert 0 < first_batch <= first_step, (arm, cells)
-        assert 0 < float(cells[8]) <= 1, (arm, cells)  # padding efficiency
-        assert 2000 <= int(cells[11].replace(",", "")) < 2000 + 8 * 512  # to the budget, stopped within a step
-        assert int(cells[12].replace(",", "")) >= 1
-    assert float(rows["lm", "padpipe.hf.Trainer, pack(seq_len)"][8]) > 0.99
+        assert 0 < float(cells[6].replace(",", "")) < float(cells[5].replace(",", ""))  # end to end < mean rate
+        assert 0 < float(cells[9]) <= 1, (arm, cells)  # padding efficiency
+        assert 2000 <= int(cells[12].replace(",", "")) < 2000 + 8 * 512  # to the budget, stopped within a step
+        assert int(cells[13].replace(",", "")) >= 1
+    assert float(rows["lm", "padpipe.hf.Trainer, pack(seq_len)"][9]) > 0.99
     assert re.search(
         r"^lm: steady tokens/s, best padpipe \(padpipe_\w+\) / best HF-TRL \(hf_random\): "
         r"[\d.]+x; first step [\d.]+x sooner",
@@ -87,3 +89,31 @@ def test_trainer_benchmark_trains_every_arm_to_the_same_budget(tmp_path: Path) -
         re.M,
     )
     assert (tmp_path / "chart.png").stat().st_size > 1000
+
+
+def test_repeated_runs_report_the_median_run_whole() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import trainer
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    runs = [{"tokens_per_s": 9.0, "loss": 1}, {"error": "timed out"}, {"tokens_per_s": 5.0, "loss": 2}]
+    assert trainer.median_run(runs) == {"tokens_per_s": 5.0, "loss": 2}  # the lower middle of two: one real run
+    runs.append({"tokens_per_s": 7.0, "loss": 3})
+    assert trainer.median_run(runs) == {"tokens_per_s": 7.0, "loss": 3}
+    assert trainer.median_run([{"error": "x"}]) == {"error": "x"}
+    assert trainer.micro_budget(1511, 512) == {"accum_steps": 3, "micro_tokens": 512}  # each holds a 512-token row
+    assert trainer.micro_budget(2377, 128) == {"accum_steps": 4, "micro_tokens": 594}
+
+
+@pytest.mark.slow
+def test_microbatch_benchmark_times_every_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import microbatch
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    microbatch.main(["--rounds", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if re.match(r"^\| \d+ x \d+ \|", line)]
+    assert [r.split("|")[1].strip() for r in rows] == [f"{a} x {b}" for a, b, _ in microbatch.SHAPES]
+    assert all(float(r.split("|")[4].replace(",", "")) > 0 for r in rows)
