@@ -21,7 +21,8 @@ trained on ``--cls-tokens``/``--lm-tokens`` real tokens. Reported per arm: secon
 of its data preparation to the end of its first optimizer step, steady real tokens/s and rows/s
 (after the first steps; their mean; and end to end: every real token over the seconds from the
 start of data preparation, ``map`` included, to the last step), padding efficiency (real tokens
-over the slots the model computed on), peak RSS, and the held-out loss after training (the same batches for every arm).
+over the slots the model computed on), peak RSS, and the held-out loss after training (the same
+batches for every arm).
 
 Usage:
     python benchmarks/trainer.py [--chart benchmarks/out/trainer.png]
@@ -306,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
         c = next(c for c, _ in results if c["task"] == task)
         print(
             f"{task}: padpipe bucket(max_tokens={c['max_tokens']:,}), "
+            f"{c['accum_steps']} accumulation steps of bucket(max_tokens={c['micro_tokens']:,}), "
             f"pack(seq_len={c['seq_len']}, batch_size={c['pack_rows']})"
         )
     if args.repeat > 1:
