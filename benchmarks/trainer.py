@@ -30,6 +30,7 @@ Usage:
     python benchmarks/trainer.py --ranks 2 --arms hf_random hf_batch_rebalance padpipe_bucket
                                                     # each arm under torchrun x2 (gloo, 1 thread a rank)
     python benchmarks/trainer.py --repeat 3         # every arm 3 times, interleaved; the median run of each
+    python benchmarks/trainer.py --tokenize-threads 1   # padpipe tokenizes in the training thread (no helpers)
 
 Under ``--ranks R`` every arm is one ``torchrun --standalone --nproc_per_node=R`` launch: each rank
 takes its per-device batch, tokens are summed over the ranks at every step (so the token budget and
@@ -152,7 +153,13 @@ def configs(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
     """The arm configurations of every task asked for, data written to ``work``."""
     out = []
     threads = max(1, args.threads // args.ranks)  # the ranks share the cores
-    common = {"seed": args.seed, "threads": threads, "bucket_buffer": args.bucket_buffer, "ranks": args.ranks}
+    common = {
+        "seed": args.seed,
+        "threads": threads,
+        "bucket_buffer": args.bucket_buffer,
+        "ranks": args.ranks,
+        "tokenize_threads": args.tokenize_threads,
+    }
     if "cls" in args.tasks:
         cls = {"task": "cls", "train": f"{work}/pairs.parquet", "held_out": f"{work}/pairs-eval.parquet"}
         setup.write_pairs(cls["train"], cls["held_out"], args.cls_rows, args.eval_rows)
@@ -270,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     parser.add_argument("--threads", type=int, default=2, help="torch threads (shared by the ranks)")
     parser.add_argument("--ranks", type=int, default=1, help="run each arm under torchrun with this many ranks (gloo)")
     parser.add_argument("--bucket-buffer", type=int, default=10_000, help="padpipe bucket(buffer_size=...)")
+    parser.add_argument(
+        "--tokenize-threads", type=int, default=2, help="padpipe tokenize(num_threads=...); 2 is padpipe's default"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="run every arm this many times, interleaved")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per arm")
@@ -306,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     for task in dict.fromkeys(c["task"] for c, _ in results):
         c = next(c for c, _ in results if c["task"] == task)
         print(
-            f"{task}: padpipe bucket(max_tokens={c['max_tokens']:,}), "
+            f"{task}: padpipe tokenize(num_threads={c['tokenize_threads']}), bucket(max_tokens={c['max_tokens']:,}), "
             f"{c['accum_steps']} accumulation steps of bucket(max_tokens={c['micro_tokens']:,}), "
             f"pack(seq_len={c['seq_len']}, batch_size={c['pack_rows']})"
         )

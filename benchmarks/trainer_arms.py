@@ -139,7 +139,7 @@ def padpipe_trainer(cfg: dict[str, Any], net: Any, tok: Any, meter: setup.Meter)
     pipe = (
         pp.read_parquet(cfg["train"])
         .shuffle(buffer_size=10_000, seed=cfg["seed"])
-        .tokenize(tok, fields=fields, max_length=cfg["max_length"])
+        .tokenize(tok, fields=fields, max_length=cfg["max_length"], num_threads=cfg["tokenize_threads"])
     )
     extra: dict[str, Any] = {}
     if cfg["arm"] == "padpipe_pack":

@@ -104,7 +104,9 @@ class Pipeline(Runnable, IterableDataset):
                 ``truncation=True`` uses the tokenizer's ``model_max_length`` when it has one.
             truncation: Whether to truncate (``longest_first`` for pairs, as ``transformers``).
             add_special_tokens: Add ``[CLS]``/``[SEP]``-style tokens from the tokenizer's template.
-            num_threads: Chunks tokenized concurrently (the Rust tokenizer releases the GIL).
+            num_threads: Chunks tokenized concurrently (the Rust tokenizer releases the GIL), in
+                helper threads that read ahead; ``1``: in the thread that asks for a batch, no
+                helpers (faster when the model trains on the same CPU cores; docs/training.md).
             on_error: ``"raise"`` on ``None``/non-string text (naming the row), or ``"skip"`` such
                 rows, counted in stats as ``tokenize.bad_text``.
             append_eos: Append the tokenizer's EOS id to every row after truncation (document
