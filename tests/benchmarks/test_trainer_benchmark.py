@@ -3,12 +3,14 @@ budget and fills its row of the table."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -31,6 +33,15 @@ COLUMNS = [
     "steps",
 ]
 TINY = ["--quick", "--docs", "300", "--cls-rows", "300", "--eval-docs", "16", "--eval-rows", "32"]
+
+
+def benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as its scripts import each other (``benchmarks/`` on the path)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def run(*args: str, timeout: float = 280) -> str:
@@ -92,11 +103,7 @@ def test_trainer_benchmark_trains_every_arm_to_the_same_budget(tmp_path: Path) -
 
 
 def test_repeated_runs_report_the_median_run_whole() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import trainer
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    trainer = benchmark("trainer")
     runs = [{"tokens_per_s": 9.0, "loss": 1}, {"error": "timed out"}, {"tokens_per_s": 5.0, "loss": 2}]
     assert trainer.median_run(runs) == {"tokens_per_s": 5.0, "loss": 2}  # the lower middle of two: one real run
     runs.append({"tokens_per_s": 7.0, "loss": 3})
@@ -108,11 +115,7 @@ def test_repeated_runs_report_the_median_run_whole() -> None:
 
 @pytest.mark.slow
 def test_microbatch_benchmark_times_every_shape(capsys: pytest.CaptureFixture[str]) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import microbatch
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    microbatch = benchmark("microbatch")
     microbatch.main(["--rounds", "1"])
     rows = [line for line in capsys.readouterr().out.splitlines() if re.match(r"^\| \d+ x \d+ \|", line)]
     assert [r.split("|")[1].strip() for r in rows] == [f"{a} x {b}" for a, b, _ in microbatch.SHAPES]
