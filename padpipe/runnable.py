@@ -70,7 +70,7 @@ class Runnable:
         num_workers: int = 0,
         *,
         consumer: Consumer | None = None,
-        equal_steps: Literal["stop_first", "repeat", "off"] = "stop_first",
+        equal_steps: Literal["balance", "repeat", "drop", "off"] = "balance",
         pin_memory: bool = False,
         prefetch_factor: int | None = None,
         multiprocessing_context: Any = None,
@@ -97,9 +97,13 @@ class Runnable:
         Args:
             num_workers: Worker processes; ``0`` runs the stages here (tokenizing in threads).
             consumer: This reader's rank slot (default: detected from ``torch.distributed``).
-            equal_steps: ``"stop_first"``: all ranks stop when the first runs out (the rest is
-                counted as ``equal_steps.dropped_batches``); ``"repeat"``: ranks that ran out
-                repeat their epoch's batches, marked ``"is_repeat"``; ``"off"``: unequal.
+            equal_steps: ``"balance"``: ranks that ran out are given batches by ranks that have
+                more, and the epoch's last batches are split and moved, so every rank ends at
+                the same step with every row once (a batch marked ``"is_filler"`` only where
+                fewer rows are left than ranks); ``"repeat"``: ranks that ran out replay their
+                epoch's first batches, marked ``"is_repeat"``; ``"drop"``: all ranks stop when
+                the first runs out (the rest is counted as ``equal_steps.dropped_batches``);
+                ``"off"``: unequal.
             pin_memory: Pin worker batches in page-locked memory (``num_workers > 0``).
             prefetch_factor: Batches each worker prepares ahead (``num_workers > 0``; default 2).
             multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or a context.

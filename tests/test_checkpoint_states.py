@@ -14,7 +14,7 @@ import pytest
 
 import padpipe as pp
 from padpipe import Consumer
-from tests.runtime.test_equal_steps import run_ranks
+from tests.runtime.fake_group import run_ranks
 
 
 @pytest.fixture(scope="module")

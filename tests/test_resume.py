@@ -140,6 +140,6 @@ def test_resume_raises_error_when_state_is_from_another_pipeline(small, large):
         mismatch(full(small), full(small, max_tokens=None, batch_size=8))
     with pytest.raises(
         pp.StateMismatchError,
-        match=r"^PipelineLoader state doesn't match this pipeline: setting 'equal_steps' found 'off' instead of 'stop_first'\.$",
+        match=r"^PipelineLoader state doesn't match this pipeline: setting 'equal_steps' found 'off' instead of 'balance'\.$",
     ):
         mismatch(full(small), full(small), equal_steps="off")

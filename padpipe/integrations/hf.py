@@ -54,6 +54,7 @@ from padpipe.integrations.hf_train import (  # noqa: E402
     loader_items,
     real_tokens,
 )
+from padpipe.runtime.rebalance import FILLER_KEY  # noqa: E402
 
 check_hooks(transformers.Trainer, transformers.__version__)
 
@@ -83,8 +84,9 @@ class Trainer(transformers.Trainer):
     - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
       ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
       ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
-    - Training ranks take equal steps (``equal_steps="stop_first"``: a rank short of batches at an
-      epoch's end splits its last one; what cannot be split is dropped and counted in stats).
+    - Training ranks take equal steps with every row once (``equal_steps="balance"``: a rank short
+      of batches is given some by the others; a filler batch, which trains nothing, only where
+      fewer rows are left than ranks).
     - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
       columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
       batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``) are kept when ``forward`` takes
@@ -145,7 +147,7 @@ class Trainer(transformers.Trainer):
             self._padpipe_train = None
             return super().get_train_dataloader()
         steps = self.args.gradient_accumulation_steps if counts_as_hf(self) else None  # the loader counts the windows
-        loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first", steps=steps)
+        loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="balance", steps=steps)
         pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
         tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
         columns = column_filter(self, "training")
@@ -157,7 +159,7 @@ class Trainer(transformers.Trainer):
         if self.args.max_steps > 0:
             self._padpipe_train = TrainBatches(loader, columns, tokens)
             return self._padpipe_train
-        batches = count_batches(self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="stop_first"))
+        batches = count_batches(self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="balance"))
         self._epochs = EpochPlan(self, epochs_of(self.args), batches)
         self.add_callback(self._epochs)
         self._padpipe_train = EpochBatches(loader, columns, tokens, length=batches)
@@ -240,6 +242,17 @@ class Trainer(transformers.Trainer):
         """The loader's count of a pipeline's window (read ahead, summed over the ranks), else ``Trainer``'s."""
         items = loader_items(self, batch_samples, device)
         return items if items is not None else super()._get_num_items_in_batch(batch_samples, device)
+
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
+        """``Trainer``'s, times 0 for a filler batch of equal steps (one real row where fewer rows were left
+        than ranks, so that every rank takes the step): it trains nothing."""
+        filler = inputs.pop(FILLER_KEY, None)
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if filler is None or not bool(filler):
+            return result
+        return (result[0] * 0, *result[1:]) if isinstance(result, tuple) else result * 0
 
     def _track_num_input_tokens(self, inputs: Any) -> None:
         """A pipeline batch's real tokens, padded or packed, whether the setting is ``"all"`` or ``"non_padding"``."""

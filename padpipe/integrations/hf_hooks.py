@@ -54,6 +54,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "get_batch_samples": ("epoch_iterator", "num_batches", "device"),
     "evaluation_loop": ("dataloader", "description", "prediction_loss_only", "ignore_keys", "metric_key_prefix"),
     "_get_num_items_in_batch": ("batch_samples", "device"),  # the loader's count of a window, else HF's
+    "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),  # a filler batch's loss times 0
     # called, or relied on: a loader's length makes the epochs' max_steps
     "set_initial_training_values": ("args", "dataloader"),
     "_wrap_model": ("model", "training", "dataloader"),
@@ -80,6 +81,7 @@ OVERRIDDEN = frozenset(
         "get_batch_samples",
         "evaluation_loop",
         "_get_num_items_in_batch",
+        "compute_loss",
     }
 )
 """The hooks of :data:`HOOKS` that ``padpipe.hf.Trainer`` overrides."""

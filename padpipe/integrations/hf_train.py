@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from padpipe.runtime.loss_tokens import ITEMS_KEY
+from padpipe.runtime.rebalance import FILLER_KEY
 from padpipe.state import Bool, Child, Int, StateSchema
 
 _END = object()
@@ -105,6 +106,8 @@ class TrainBatches:
             self.rows += _rows(batch)
             out = Batch(self._columns({k: v for k, v in batch.items() if k != ITEMS_KEY}))
             out.tokens, out.loss_items = self._tokens(batch), batch.get(ITEMS_KEY)
+            if FILLER_KEY in batch:  # equal steps' filler: compute_loss zeroes its loss
+                out[FILLER_KEY], out.tokens = batch[FILLER_KEY], 0
             yield out
 
     def state_dict(self) -> dict[str, Any]:

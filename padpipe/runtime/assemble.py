@@ -17,12 +17,13 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._build import BuildContext
-from padpipe.errors import check_bool, one_of, positive
+from padpipe.errors import check_bool, positive
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.runtime.elastic import loader_state
 from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.latch import FailureLatch
+from padpipe.runtime.lockstep import check_policy
 from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.runtime.workers import WorkerProcesses
 from padpipe.stats import PipelineStats
@@ -70,7 +71,7 @@ def assemble(
         >>> type(assemble(pipe, num_workers=0, consumer=None, equal_steps="off", options={}).root).__name__
         'ConsumerGraph'
     """
-    one_of("equal_steps", equal_steps, ("stop_first", "repeat", "off"))
+    check_policy("equal_steps", equal_steps)
     positive("accumulation_steps", accumulation_steps, allow_none=True)
     check_bool("causal", causal)
     if accumulation_steps is None and not causal:

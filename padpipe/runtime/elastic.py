@@ -23,6 +23,7 @@ for ``R' x W'``. Every new rank makes the same plan from the same states and kee
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -70,31 +71,38 @@ class OldConsumer:
         )
 
 
-def old_consumer(
-    index: int, count: int, workers: int, graph: dict[str, Any] | None, held: list[Any]
-) -> tuple[OldConsumer, int | None]:
+def old_consumer(index: int, count: int, workers: int, graph: dict[str, Any] | None) -> tuple[OldConsumer, int | None]:
     """The old consumer of a :class:`ConsumerGraph` state (``None``: not started), and the epoch it was in."""
     plan = None if graph is None else ConsumerGraph.plan_of(graph)
     if plan is None:
-        return OldConsumer(index, count, workers, graph, None, tuple(held)), None if graph is None else _epoch_of(graph)
-    return OldConsumer(index, count, workers, plan.fresh, plan.pieces, (*held, *plan.batches)), plan.epoch
+        return OldConsumer(index, count, workers, graph), None if graph is None else _epoch_of(graph)
+    return OldConsumer(index, count, workers, plan.fresh, plan.pieces, tuple(plan.batches)), plan.epoch
 
 
 def reshare(
-    old: list[OldConsumer], *, pipeline: Pipeline, epoch: int, rank: int, ranks: int, workers: int
+    old: list[OldConsumer],
+    *,
+    pipeline: Pipeline,
+    epoch: int,
+    rank: int,
+    ranks: int,
+    workers: int,
+    held: Sequence[Any] = (),
 ) -> list[dict[str, Any]]:
     """The :class:`ConsumerGraph` states of this rank's consumers (one per worker, or one) for the rest of ``epoch``.
 
     Args:
-        old: Every consumer of the saved layout, in order (rank-major).
+        old: Every consumer of the saved layout whose graph may still hold rows, in order (rank-major).
         pipeline: The recipe (the same as the old run's, without a trailing ``prefetch``/``to_cuda``).
         epoch: The epoch the old consumers were in.
         rank: This rank, of ``ranks``.
         workers: This rank's worker processes (0: the stages in this process).
+        held: Batches the old ranks held above their graphs (read ahead, in a window, fetched
+            ahead by a training loop), which had not come out: dealt out first.
     """
     slots = max(workers, 1)
     count = ranks * slots
-    batches: list[Any] = []
+    batches: list[Any] = list(held)
     probe = [reader for reader, _ in readers(pipeline.build(consumer=Consumer()))]
     rests: list[list[WorkUnit]] = [[] for _ in probe]
     for consumer in old:
@@ -199,7 +207,9 @@ def loader_state(
     _, _, workers = states[0]["layout"]
     if all(s["root"] is None for s in states):  # saved before the first batch
         return LOADER_STATE.make(settings, root=None, finished=False, layout=layout, **fields)
-    slots, old, ended = max(workers, 1), [], all(s["finished"] for s in states)
+    slots, old, carried = max(workers, 1), [], []
+    finished = all(s["finished"] for s in states)  # the loop had ended: the next epoch
+    drained = False  # the epoch ended on every rank below the batches held above (equal steps had stopped)
     epochs: set[int] = set()
     for rank, state in enumerate(states):
         source, held = state["root"], list((ahead or {}).get(rank, []))
@@ -209,7 +219,8 @@ def loader_state(
         if policy != "off":
             source, read_ahead, stopped = EqualSteps.parts(source)
             held += read_ahead
-            ended = ended or stopped
+            drained = drained or stopped
+        carried += held
         if device_stage:
             source = DevicePrefetcher.source_of(source)
         graphs, epoch = ([source], None) if workers == 0 else WorkerProcesses.worker_graphs(source, workers)
@@ -217,9 +228,7 @@ def loader_state(
         for worker, graph in enumerate(graphs):
             if graph is WorkerProcesses.DONE:
                 continue
-            consumer, at = old_consumer(
-                rank * slots + worker, len(states) * slots, slots, graph, held if worker == 0 else []
-            )
+            consumer, at = old_consumer(rank * slots + worker, len(states) * slots, slots, graph)
             old.append(consumer)
             epochs |= set() if at is None else {at}
     if len(epochs) != 1:
@@ -228,7 +237,12 @@ def loader_state(
         )
     epoch = epochs.pop()
     rank, ranks, new_workers = layout
-    plans = reshare([] if ended else old, pipeline=pipeline, epoch=epoch, rank=rank, ranks=ranks, workers=new_workers)
+    if finished:
+        old, carried = [], []
+    elif drained:  # nothing is left unread or buffered below: only the batches held above go on
+        carried += [b for c in old for b in c.batches]
+        old = []
+    plans = reshare(old, pipeline=pipeline, epoch=epoch, rank=rank, ranks=ranks, workers=new_workers, held=carried)
     root = plans[0] if new_workers == 0 else WorkerProcesses.planned_state(new_workers, epoch, plans)
     if device_stage:
         root = DevicePrefetcher.state_around(root)
@@ -236,4 +250,4 @@ def loader_state(
         root = EqualSteps.fresh_state(policy, root)
     if window is not None:
         root = LossTokens.fresh_state(window["steps"], window["causal"], root)
-    return LOADER_STATE.make(settings, root=root, finished=ended, layout=layout, **fields)
+    return LOADER_STATE.make(settings, root=root, finished=finished, layout=layout, **fields)

@@ -1,8 +1,9 @@
-"""The per-step agreement of equal steps: one all-reduce of a few ints, and the protocol built on it.
+"""Equal steps' protocol: what every rank does each step, under each policy, from what the group gathers.
 
-:class:`StepSync` all-reduces on CPU tensors (a gloo group where the world is NCCL);
-``_Lockstep`` is the protocol :class:`~padpipe.runtime.equal_steps.EqualSteps` and
-:func:`~padpipe.runtime.equal_steps.equal_steps` follow each step (see its docs).
+:class:`Lockstep` is the protocol :class:`~padpipe.runtime.equal_steps.EqualSteps` and
+:func:`~padpipe.runtime.equal_steps.equal_steps` follow (see its docs); it talks to the other
+ranks only through a :class:`~padpipe.runtime.step_sync.StepSync` and plans with
+:mod:`padpipe.runtime.rebalance`.
 """
 
 from __future__ import annotations
@@ -13,189 +14,204 @@ from typing import Any
 
 import torch
 
-from padpipe.runtime.batch_cut import merge_batches, rows_of, split_batch
+from padpipe.errors import one_of
+from padpipe.runtime.batch_cut import rows_of, split_batch
+from padpipe.runtime.rebalance import FILLER_KEY, Move, donations, filler, splittable_rows, tail_plan
 from padpipe.stats import PipelineStats
 
 logger = logging.getLogger("padpipe.runtime.equal_steps")
 
+POLICIES = ("balance", "repeat", "drop", "off")
 REPEAT_KEY = "is_repeat"
+REPEAT_BUFFER = 8  # batches a rank keeps per epoch to replay under "repeat"
+TAIL_DEPTH = 16  # batches each rank reads ahead under "balance" once a rank has read its share (held in memory)
 DROPPED = "equal_steps.dropped_batches"
 DROPPED_ROWS = "equal_steps.dropped_rows"
 REPEATED = "equal_steps.repeated_batches"
 SPLIT = "equal_steps.split_batches"
-MERGED = "equal_steps.merged_batches"
+MOVED = "equal_steps.moved_batches"
+FILLERS = "equal_steps.filler_batches"
 
 
-class StepSync:
-    """One all-reduce (max) per step of a few ints: what every rank holds and can still do.
+def check_policy(name: str, policy: Any) -> None:
+    """Raise ``ValueError`` unless ``policy`` is one of :data:`POLICIES` (naming today's for the old ``"stop_first"``).
 
-    It all-reduces a CPU tensor, so the host never waits for the GPU's queue (a CUDA tensor and
-    ``.tolist()`` would stall it every step, undoing the prefetch): in ``group`` when that takes
-    CPU tensors (gloo, or a ``"cpu:gloo,cuda:nccl"`` world), else, for the default NCCL world, in
-    a gloo group over the same ranks, created once (every rank builds its loaders in the same
-    order). A group passed in that takes only CUDA tensors (NCCL) is used as it is, on the
-    current CUDA device.
-    """
-
-    def __init__(self, group: Any = None) -> None:
-        import torch.distributed as dist
-
-        self.group, self.device = group, torch.device("cpu")
-        backend = str(dist.get_backend(group))
-        if backend in ("gloo", "mpi") or "cpu:" in backend:
-            return
-        if group is None:
-            self.group = _gloo_world()
-        else:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-
-    def agree(self, values: list[int]) -> list[int]:
-        """The element-wise maximum of ``values`` over the group."""
-        import torch.distributed as dist
-
-        flags = torch.tensor(values, dtype=torch.int64, device=self.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        return flags.tolist()
-
-
-_GLOO: list[Any] = []  # [the default group, its gloo twin]: made once per world
-
-
-def _gloo_world() -> Any:
-    import torch.distributed as dist
-
-    world = dist.group.WORLD
-    if not _GLOO or _GLOO[0] is not world:
-        _GLOO[:] = [world, dist.new_group(backend="gloo")]
-    return _GLOO[1]
-
-
-def detect_sync(group: Any = None) -> StepSync | None:
-    """A :class:`StepSync` when ``torch.distributed`` runs with more than one rank in this (main) process."""
-    import torch.distributed as dist
-    from torch.utils.data import get_worker_info
-
-    if not (dist.is_available() and dist.is_initialized()) or get_worker_info() is not None:
-        return None  # a DataLoader worker never joins the trainer's collectives
-    return StepSync(group) if dist.get_world_size(group) > 1 else None
+    Example:
+        >>> check_policy("equal_steps", "stop_first")
+        Traceback (most recent call last):
+        ...
+        ValueError: `equal_steps='stop_first'` is gone: 'balance' (the default) now ends every rank at the same step with every row once, moving batches between ranks; pass 'drop' to stop when the first rank runs out and drop the rest, as 'stop_first' did where it could not even out.
+    """  # noqa: E501
+    if policy == "stop_first":
+        raise ValueError(
+            f"`{name}='stop_first'` is gone: 'balance' (the default) now ends every rank at the same step with every "
+            "row once, moving batches between ranks; pass 'drop' to stop when the first rank runs out and drop the "
+            "rest, as 'stop_first' did where it could not even out."
+        )
+    one_of(name, policy, POLICIES)
 
 
 def _mark(item: Any, repeat: bool) -> Any:
     return {**item, REPEAT_KEY: torch.tensor(repeat)} if isinstance(item, dict) else item
 
 
-TAIL_DEPTH = 16  # batches each rank reads ahead once a rank has read its whole epoch (held in memory, maybe on a GPU)
-NO_LIMIT = 2**40  # the steps a rank that can still read could make
+class Lockstep:
+    """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow, under each policy.
 
+    ``"balance"``: every rank reads up to two batches ahead and the group gathers how many each
+    holds and whether it has read its whole share; once one has, every rank reads up to
+    ``TAIL_DEPTH`` ahead, so the epoch's tail is known while there is still material to even it
+    out with. A rank that ran out gets, for each step, the last batch of a rank that holds more
+    than the one it yields now (ranks still reading read further ahead when too few are spare),
+    so a rank ahead by many batches hands its surplus over as it goes; once every rank has read
+    its share, the batches left are split (the largest
+    first) until their count divides by the ranks and moved until every rank holds the same
+    number (:func:`~padpipe.runtime.rebalance.tail_plan`), and then each rank yields its own with
+    no further agreement. Every row comes out once, and only where fewer rows are left than steps
+    to fill does a rank get a filler batch (one real row marked ``"is_filler"``, to train nothing).
 
-class _Lockstep:
-    """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow.
+    ``"repeat"``: a rank that ran out replays, in turn, the first ``REPEAT_BUFFER`` batches it
+    yielded this epoch (kept in memory, never read again), marked ``"is_repeat"``, until every rank
+    has run out; a rank that had none gets a copy of another rank's batch to replay.
 
-    Each step every rank holds a few batches read ahead (one under ``"repeat"``) and the group
-    agrees, in one all-reduce, on the most and fewest held, whether a rank is stuck, whether every
-    or any rank has read its whole epoch, and the fewest steps a rank that has could still make
-    (its rows: a batch splits down to single rows). Nobody holds any: the epoch ends. Someone holds
-    none: ``"stop_first"`` ends the epoch (what is left is dropped and counted), ``"repeat"`` lets
-    the ranks that ran out replay. Otherwise every rank yields one.
+    ``"drop"``: the epoch ends on every rank when the first runs out; what the others hold or
+    have not read is read, dropped and counted (``equal_steps.dropped_batches`` / ``_rows``).
 
-    Under ``"stop_first"``, once a rank has read its whole epoch every rank reads up to
-    ``TAIL_DEPTH`` batches ahead, so the tail is known exactly: when every rank has read all of
-    its epoch, ranks holding fewer batches than the most split their largest ones until all hold
-    the same number, and all end together with nothing dropped. Where a rank has fewer rows left
-    than another has batches, the others join neighbouring batches of the same shape (packed
-    rows, padded rows of one width) down to that many; only batches that cannot be joined are
-    dropped. Before that, a rank down to its last batch while another holds two splits it in two.
+    Args:
+        policy: ``"balance"``, ``"repeat"`` or ``"drop"``.
+        sync: The group's :class:`StepSync`.
+        stats: Where to count moves, splits, fillers, repeats and drops.
+        send: What a batch is before it goes to another rank (to the CPU).
+        receive: What a batch from another rank becomes here (to this rank's device).
     """
 
-    def __init__(self, policy: str, sync: Any, stats: PipelineStats) -> None:
-        self.policy, self.sync, self.stats = policy, sync, stats
-        self.held: list[Any] = []
+    def __init__(
+        self,
+        policy: str,
+        sync: Any,
+        stats: PipelineStats,
+        *,
+        send: Callable[[Any], Any] = lambda b: b,
+        receive: Callable[[Any], Any] = lambda b: b,
+    ) -> None:
+        self.policy, self.sync, self.stats, self._send, self._receive = policy, sync, stats, send, receive
+        self.held: list[Any] = []  # read ahead (or received), not yielded yet
+        self.ring: list[Any] = []  # "repeat": the first batches yielded this epoch
         self.fresh = self.steps = 0
-        self.exhausted = self.stopped = self.tail = False
-        self._logged = False
+        self.exhausted = self.stopped = self.balanced = self.tail = False
 
-    def step(self, pull: Callable[[], Any], replay: Callable[[], Any], drain: Callable[[], Iterator[Any]]) -> Any:
+    def step(self, pull: Callable[[], Any], drain: Callable[[], Iterator[Any]]) -> Any:
         """The next item of this rank's epoch; ``StopIteration`` when the group ends it."""
         if self.stopped:
             raise StopIteration
-        while True:
-            depth = 1 if self.policy != "stop_first" else TAIL_DEPTH if self.tail else 2
-            while not self.exhausted and len(self.held) < depth:
-                item = pull()
-                if item is None:
-                    self.exhausted = True
-                else:
-                    self.held.append(item)
-            held = len(self.held)
-            capacity = sum(rows_of(b) or 1 for b in self.held) if self.exhausted else NO_LIMIT
-            most, low, stuck, reading, done, low_capacity = self.sync.agree(
-                [
-                    held,
-                    -held,
-                    int(held == 0 and self.fresh == 0),
-                    int(not self.exhausted),
-                    int(self.exhausted),
-                    -capacity,
-                ]
-            )
-            if self.policy == "stop_first" and done and reading and not self.tail:
-                self.tail = True  # a rank has read its epoch: every rank reads ahead to the tail, and all agree again
+        if self.policy == "repeat":
+            return self._repeat(pull)
+        if self.policy == "drop":
+            return self._drop_step(pull, drain)
+        return self._balance(pull)
+
+    def _balance(self, pull: Callable[[], Any]) -> Any:
+        extra = 0
+        while not self.balanced:
+            self._fill(pull, (TAIL_DEPTH if self.tail else 2) + extra)
+            table = self.sync.gather([len(self.held), int(self.exhausted)])
+            counts = [count for count, _ in table]
+            if all(done for _, done in table):
+                if any(counts):
+                    self._even_tail(counts)
+                self.balanced = True
+                break
+            if not self.tail and any(done for _, done in table):
+                self.tail = True  # a rank has read its share: every rank reads ahead to the tail, and all agree again
                 continue
-            break
-        least = -low
-        if most == 0 or (least == 0 and (self.policy == "stop_first" or stuck)):
+            moves = donations(counts)
+            if moves is None:  # too few spare batches: the ranks still reading read further ahead, and all agree again
+                short = counts.count(0) - sum(max(c - 1, 0) for c in counts)
+                extra += -(-short // sum(1 for _, done in table if not done))
+                continue
+            received = self._exchange(moves, lambda move: self.held.pop())
+            return self._yield(received[0] if received else self.held.pop(0))
+        if not self.held:
+            self.stopped = True
+            raise StopIteration
+        return self._yield(self.held.pop(0))
+
+    def _even_tail(self, counts: list[int]) -> None:
+        """Every rank has read its share: split and move the batches left until every rank holds the same number."""
+        width = max(counts)
+        mine = [splittable_rows(b) for b in self.held]
+        table = self.sync.gather(mine + [-1] * (width - len(mine)))
+        plan = tail_plan([[n for n in row if n >= 0] for row in table])
+        for i in plan.splits[self.sync.rank]:
+            self.held[i : i + 1] = list(split_batch(self.held[i]) or ())
+            self.stats.add(SPLIT, 1)
+        surplus = self.held[plan.steps :]
+        del self.held[plan.steps :]
+        self.held += self._exchange(plan.moves, lambda move: filler(self.held[0]) if move.filler else surplus.pop(0))
+        self._drop(surplus)  # only where batches that are no dicts cannot be evened out
+
+    def _repeat(self, pull: Callable[[], Any]) -> Any:
+        self._fill(pull, 1)
+        table = self.sync.gather([len(self.held), int(bool(self.ring))])
+        counts = [count for count, _ in table]
+        if not any(counts):
+            self.stopped = True
+            raise StopIteration
+        stuck = [r for r, (count, ring) in enumerate(table) if not count and not ring]
+        if stuck:  # a rank with no batch this epoch replays a copy of another rank's
+            src = next(r for r, count in enumerate(counts) if count)
+            self.ring += self._exchange([Move(src, r, filler=True) for r in stuck], lambda move: self.held[0])
+        if self.held:
+            item = self._yield(self.held.pop(0))
+            if len(self.ring) < REPEAT_BUFFER:
+                self.ring.append(item)
+            return _mark(item, False)
+        item = self.ring[(self.steps - self.fresh) % len(self.ring)]
+        self.steps += 1
+        self.stats.add(REPEATED, 1)
+        return _mark(item, True)
+
+    def _drop_step(self, pull: Callable[[], Any], drain: Callable[[], Iterator[Any]]) -> Any:
+        self._fill(pull, 1)
+        if min(count for (count,) in self.sync.gather([len(self.held)])) == 0:
             self.stopped = True
             self._drop([*self.held, *drain()])
+            self.held = []
             raise StopIteration
+        return self._yield(self.held.pop(0))
+
+    def _fill(self, pull: Callable[[], Any], depth: int) -> None:
+        while not self.exhausted and len(self.held) < depth:
+            item = pull()
+            if item is None:
+                self.exhausted = True
+            else:
+                self.held.append(item)
+
+    def _exchange(self, moves: list[Move], give: Callable[[Move], Any]) -> list[Any]:
+        """Send this rank's batches of ``moves`` (``give(move)`` each, in order); the batches it received, in order."""
+        me = self.sync.rank
+        outgoing = [self._send(give(m)) for m in moves if m.src == me]
+        received = [self._receive(b) for b in self.sync.exchange(moves, outgoing)]
+        if moved := sum(1 for m in moves if m.dst == me and not m.filler):
+            self.stats.add(MOVED, moved)
+        return received
+
+    def _yield(self, item: Any) -> Any:
         self.steps += 1
-        if held == 0:  # "repeat", and another rank still has batches
-            self.stats.add(REPEATED, 1)
-            return _mark(replay(), True)
-        self.fresh += 1
-        if self.policy == "stop_first":
-            if not reading:  # every rank has read its epoch: the steps left are known
-                target = min(most, -low_capacity)  # as many as the most held, if every rank has the rows
-                self._split_to(target)
-                self._merge_to(target)
-            elif self.exhausted and held == 1 and most >= 2:
-                self._split_to(2)
-        item = self.held.pop(0)
-        return _mark(item, False) if self.policy == "repeat" else item
-
-    def _split_to(self, target: int) -> None:
-        """Split the largest held batches in two (in place, rows in order) until ``target`` are held."""
-        while len(self.held) < target:
-            for i in sorted(range(len(self.held)), key=lambda i: -(rows_of(self.held[i]) or 0)):
-                halves = split_batch(self.held[i])
-                if halves is not None:
-                    self.held[i : i + 1] = list(halves)
-                    self.stats.add(SPLIT, 1)
-                    break
-            else:
-                return
-
-    def _merge_to(self, target: int) -> None:
-        """Join the two smallest neighbouring held batches until at most ``target`` are held (a rank with few rows
-        left)."""
-        while len(self.held) > max(target, 1):
-            sizes = [rows_of(b) or 0 for b in self.held]
-            pairs = sorted(range(len(self.held) - 1), key=lambda i: sizes[i] + sizes[i + 1])
-            for i in pairs:
-                joined = merge_batches(self.held[i], self.held[i + 1])
-                if joined is not None:
-                    self.held[i : i + 2] = [joined]
-                    self.stats.add(MERGED, 1)
-                    break
-            else:
-                return
+        if isinstance(item, dict) and FILLER_KEY in item:
+            self.stats.add(FILLERS, 1)
+        else:
+            self.fresh += 1
+        return item
 
     def _drop(self, items: list[Any]) -> None:
         if not items:
             return
+        first = DROPPED not in self.stats.snapshot().skipped  # logged once per loader, not per epoch
         self.stats.record_skip(DROPPED, len(items))
         self.stats.record_skip(DROPPED_ROWS, sum(rows_of(b) or 0 for b in items))
-        if not self._logged:
-            self._logged = True
+        if first:
             logger.warning(
                 "equal_steps: this rank dropped its last %d batch(es) so that every rank stops at step %d "
                 "(counted in stats as %r; logged once).",

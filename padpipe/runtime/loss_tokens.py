@@ -19,7 +19,9 @@ from torchdata.nodes import BaseNode
 
 from padpipe.errors import check_bool, positive
 from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.runtime.lockstep import REPEAT_KEY, StepSync, detect_sync
+from padpipe.runtime.lockstep import REPEAT_KEY
+from padpipe.runtime.rebalance import FILLER_KEY
+from padpipe.runtime.step_sync import StepSync, detect_sync
 from padpipe.state import Bool, Child, Int, Invalid, ListOf, Spec, StateSchema
 
 ITEMS_KEY = "num_items_in_batch"
@@ -32,8 +34,8 @@ def label_tokens(batch: Any, *, causal: bool = True) -> int:
     ``shift_labels`` when the batch has it, else ``labels[..., 1:]`` for a causal-LM loss (its
     first position predicts nothing) or ``labels`` (masked LM, classification), each without the
     ``-100`` entries. A packed row's document starts are ``-100`` already (``.pack()``), so no
-    token is counted across a document boundary. A batch marked as a repeat (``equal_steps="repeat"``,
-    whose loss is zeroed) counts 0.
+    token is counted across a document boundary. A batch marked as a repeat (``"is_repeat"``) or a
+    filler (``"is_filler"``), whose loss is zeroed, counts 0.
 
     Example:
         >>> label_tokens({"labels": torch.tensor([[-100, 5, 6, -100], [7, 8, -100, -100]])})
@@ -47,8 +49,7 @@ def label_tokens(batch: Any, *, causal: bool = True) -> int:
             f"`accumulation_steps` counts the loss tokens of each batch's `labels`, but a batch has none: "
             f"expected a dict with `labels`, found {found} instead."
         )
-    repeat = batch.get(REPEAT_KEY)
-    if isinstance(repeat, torch.Tensor) and bool(repeat):
+    if any(isinstance(mark := batch.get(key), torch.Tensor) and bool(mark) for key in (REPEAT_KEY, FILLER_KEY)):
         return 0
     if "shift_labels" in batch:
         labels = batch["shift_labels"]
@@ -151,7 +152,7 @@ class LossTokens(BaseNode[Any]):
             if self._sync is not None and not self.lockstep:
                 raise ValueError(
                     "`accumulation_steps` sums each window's loss tokens over the ranks, so every rank must take "
-                    "the same steps: `equal_steps` must be 'stop_first' or 'repeat' under torch.distributed, but "
+                    "the same steps: `equal_steps` must be 'balance', 'repeat' or 'drop' under torch.distributed, but "
                     "is 'off' instead."
                 )
         if initial_state is None:
@@ -183,7 +184,7 @@ class LossTokens(BaseNode[Any]):
         if not self._window:  # every rank ends here at the same step: equal steps
             raise StopIteration
         local = sum(label_tokens(b, causal=self.causal) for b in self._window)
-        self._items = local if self._sync is None else _sum(self._sync, local)
+        self._items = local if self._sync is None else self._sync.sum(local)
 
     @classmethod
     def _state(
@@ -199,12 +200,3 @@ def _device_of(batch: dict[str, Any]) -> torch.device:
 
 def _settings(steps: int, causal: bool) -> dict[str, Any]:
     return {"steps": steps, "causal": causal}
-
-
-def _sum(sync: StepSync, local: int) -> int:
-    """``local`` summed over ``sync``'s group (a CPU tensor where the group takes one, as equal steps does)."""
-    import torch.distributed as dist
-
-    total = torch.tensor([local], dtype=torch.int64, device=sync.device)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=sync.group)
-    return int(total.item())

@@ -120,7 +120,7 @@ def main() -> None:
             "loader_ddp": {"uneven": run_loader_ddp(uneven), "sample": run_loader_ddp(sample)},
             "dataloader": {
                 f"{policy}-{'persistent' if p else 'fresh'}": run_dataloader(uneven, policy, p)
-                for policy in ("stop_first", "repeat", "off")
+                for policy in ("balance", "repeat", "drop", "off")
                 for p in (True, False)
             },
             "plain_rows": run_plain_dataloader(uneven),

@@ -131,3 +131,17 @@ def test_the_loader_hooks_give_evaluate_and_predict_their_batches(tmp_path):
         "transformers.Trainer.evaluate/predict no longer read their batches through get_eval_dataloader/"
         "get_test_dataloader"
     )
+
+
+def test_training_step_passes_a_filler_mark_to_compute_loss_which_zeroes_its_loss(tmp_path):
+    """Equal steps' filler (one real row, marked) must train nothing: HF's training_step hands the marked batch to
+    compute_loss, whose loss padpipe multiplies by 0 (a finite loss, so no NaN reaches DDP's all-reduce)."""
+    trainer = Trainer(model=tiny_llama(), args=arguments(tmp_path), train_dataset=packed(6))
+    batch = next(iter(packed(6).loader()))
+    model, trainer.current_gradient_accumulation_steps = trainer.model, 1  # set by train() for each window
+    real = trainer.training_step(model, dict(batch))
+    assert float(real) > 0 and any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    model.zero_grad()
+    zero = trainer.training_step(model, {**batch, "is_filler": torch.tensor(True)})
+    assert float(zero) == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters()), "a filler batch trained"

@@ -1,7 +1,7 @@
 """GPU batches around the device stage, on the CPU: held batches in states, the packed split, bf16, step sync.
 
 Tensors "on the GPU" are fake_cuda.DeviceTensors (mixing one with a CPU tensor raises, as ATen
-does across devices); equal steps' all-reduce is a one-rank fake (:class:`OneRank`), so a batch
+does across devices); equal steps' collectives are a one-rank fake (:class:`OneRank`), so a batch
 is held read ahead in the state exactly as under ``torch.distributed``.
 """
 
@@ -18,24 +18,18 @@ import padpipe as pp
 from padpipe.pipes import device_backend
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 from padpipe.runtime import equal_steps as es
-from padpipe.runtime import lockstep
+from padpipe.runtime import step_sync
 from padpipe.runtime.batch_cut import split_batch
 from padpipe.runtime.equal_steps import EqualSteps
-from padpipe.runtime.lockstep import StepSync
+from padpipe.runtime.step_sync import StepSync
 from padpipe.state import checksum
 from tests.contract import normalize
 from tests.pipes.fake_cuda import DeviceTensor, FakeCuda, on_device
 from tests.pipes.nodes import ListNode
 from tests.pipes.test_device import make_batch, reference, toy_pipeline
+from tests.runtime.fake_group import OneRank
 
 CUDA = torch.device("cuda")
-
-
-class OneRank:
-    """Equal steps' agreement for a group of one: it holds a batch ahead, as with several ranks."""
-
-    def agree(self, values: list[int]) -> list[int]:
-        return list(values)
 
 
 def saved(state: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +121,7 @@ def test_checksum_counts_bf16_bytes_and_keeps_older_checksums() -> None:
 @pytest.fixture
 def one_rank_world(tmp_path, monkeypatch):
     """A real gloo world of one process (torch.distributed), torn down after the test."""
-    monkeypatch.setattr(lockstep, "_GLOO", [])
+    monkeypatch.setattr(step_sync, "_GLOO", [])
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         yield
@@ -144,7 +138,7 @@ def test_step_sync_agrees_on_cpu_tensors_in_one_gloo_group_under_nccl(one_rank_w
     assert made == [{"backend": "gloo"}]  # created once, for every loader of this world
     assert syncs[0].group is syncs[1].group is not None
     assert syncs[0].device == torch.device("cpu")  # no CUDA tensor, no host sync each step
-    assert syncs[0].agree([3, -3, 1]) == [3, -3, 1]
+    assert syncs[0].gather([3, -3, 1]) == [[3, -3, 1]] and syncs[0].sum(4) == 4
 
 
 def test_step_sync_uses_a_world_that_takes_cpu_tensors_as_it_is(one_rank_world, monkeypatch) -> None:

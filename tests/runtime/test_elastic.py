@@ -204,7 +204,7 @@ def test_elastic_resume_refuses_a_source_without_work_units():
 
 def test_elastic_resume_yields_the_batches_equal_steps_had_read_ahead(data, monkeypatch):
     """Under torch.distributed, equal steps holds batches read ahead; they go to new rank r % R'."""
-    from tests.runtime.test_equal_steps import run_ranks
+    from tests.runtime.fake_group import run_ranks
 
     pipe = bucketed(data)
 

@@ -1,8 +1,10 @@
 """Elastic resume under real ``torchrun`` (gloo, CPU): a run saved on R x W continues on R' x W' exactly.
 
 Each phase is one ``torch.distributed.run`` launch of tests/dist_scripts/elastic_run.py that serves
-four pipelines (bucketed, fixed batches, packed, a mix) at once: every rank takes a few steps with a
-barrier per step and saves its state; a later launch on another layout loads every saved rank's
+six pipelines at once (bucketed, fixed batches, packed, a mix; masked rows under
+``accumulation_steps=3``, whose windows do not divide the epoch, saved inside its short last
+window; ``equal_steps="repeat"`` over shares of very different length, saved while rank 0
+replays): every rank takes a few steps with a barrier per step and saves its state; a later launch on another layout loads every saved rank's
 state and runs the rest of that epoch and the next. Checked per pipeline and layout change: the rows
 before the save plus those after it are the epoch exactly once (buffered rows included), every rank
 takes the same number of steps, equal steps drops nothing, and the next epoch is whole. One launch
@@ -31,15 +33,20 @@ pytestmark = [
 SCRIPT = Path(__file__).parent.parent / "dist_scripts" / "elastic_run.py"
 ROWS, EXTRA = 900, 300
 WORDS = "the cat sat on a mat and then ran far away from the big dog".split()
-KINDS = ("bucket", "batch", "pack", "mix")
-SAVED = {(2, 1): 3, (1, 2): 5, (3, 1): 2, (4, 2): 2}  # the old layouts, and the steps each takes before saving
+KINDS = ("bucket", "batch", "pack", "mix", "accum", "repeat")
+MASKED = 81  # pre-tokenized rows of "accum": 5 batches a rank on 2 ranks, windows of 3 and 2
+# the old layouts, and the steps each takes before saving (2 x 1: inside accum's short last window, and
+# after repeat's rank 0 ran out at step 7; 3 x 1: after repeat's rank 0 ran out at step 4)
+SAVED = {(2, 1): "3,accum=4,repeat=10", (1, 2): "5", (3, 1): "2,repeat=6", (4, 2): "2"}
 CHANGES = [((2, 1), (3, 0)), ((2, 1), (3, 2)), ((1, 2), (4, 1)), ((3, 1), (2, 2)), ((4, 2), (3, 0))]
 TIMEOUT = 300
 
 
 def torchrun(ranks: int, workers: int, data: Path, tag: str, *extra: str) -> list[dict]:
     """One launch; every rank's record. Killed whole (its process group) on timeout."""
-    command = torchrun_command(SCRIPT, str(data), str(data), tag, "--workers", str(workers), *extra, nproc=ranks)
+    command = torchrun_command(
+        SCRIPT, str(data), str(data), tag, "--workers", str(workers), "--kinds", ",".join(KINDS), *extra, nproc=ranks
+    )
     run_launchers([command], timeout=TIMEOUT, what=tag)
     return [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(ranks)]
 
@@ -50,11 +57,24 @@ def write_corpus(data: Path) -> Path:
         texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + (i * 7) % 40)) for i in range(count)]
         table = pa.table({"text": texts, "rid": list(range(start, start + count))})
         pq.write_table(table, data / f"{name}.parquet", row_group_size=160)  # uneven: 5 groups of 160 and 1 of 100
+    masked = []
+    for i in range(MASKED):  # token ids and a prompt of each row masked from the loss
+        ids = [2 + (i * 3 + j * 5) % 38 for j in range(2 + (i * 7) % 11)]
+        masked.append({"input_ids": ids, "labels": [-100] * (i % 3) + ids[i % 3 :], "rid": 20_000 + i})
+    pq.write_table(pa.Table.from_pylist(masked), data / "masked.parquet")
+    short = pa.table({"text": [f"s {i}" for i in range(400)], "rid": list(range(30_000, 30_400))})
+    long = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(40 + i % 21)) for i in range(400)]
+    pq.write_table(short, data / "short.parquet")  # rank 0's share of "repeat" on 2 ranks: 7 batches
+    pq.write_table(pa.table({"text": long, "rid": list(range(40_000, 40_400))}), data / "long.parquet")  # 40
     return data
 
 
 def expected(kind: str, data: Path) -> collections.Counter:
     """Every row of one epoch: ``rid`` values, or a packed pipeline's documents as token tuples."""
+    if kind == "accum":
+        return collections.Counter(range(20_000, 20_000 + MASKED))
+    if kind == "repeat":
+        return collections.Counter([*range(30_000, 30_400), *range(40_000, 40_400)])
     if kind != "pack":
         return collections.Counter([*range(ROWS), *(range(10_000, 10_000 + EXTRA) if kind == "mix" else ())])
     pipe = pp.read_parquet(str(data / "a.parquet")).tokenize(pp.examples.tokenizer(), max_length=48).batch(ROWS).pad()
@@ -79,13 +99,13 @@ def runs(tmp_path_factory) -> dict:
         folder = data / f"saved-{ranks}x{workers}"
         folder.mkdir()
         out[ranks, workers] = torchrun(
-            ranks, workers, data, f"old-{ranks}x{workers}", "--take", str(take), "--save", str(folder), "--epochs", "-1"
+            ranks, workers, data, f"old-{ranks}x{workers}", "--take", take, "--save", str(folder), "--epochs", "-1"
         )
     for old, new in CHANGES:
         extra = ["--load", str(data / f"saved-{old[0]}x{old[1]}")]
         if (old, new) == ((2, 1), (3, 0)):  # save again two steps into the elastic epoch
             (data / "saved-again").mkdir()
-            extra += ["--take", "2", "--save", str(data / "saved-again")]
+            extra += ["--take", "2,accum=1", "--save", str(data / "saved-again")]  # accum has 1 step left
         out[old, new] = torchrun(*new, data, f"new-{old[0]}x{old[1]}-{new[0]}x{new[1]}", *extra)
     out["again"] = torchrun(1, 2, data, "again-1x2", "--load", str(data / "saved-again"))
     return out
@@ -108,6 +128,15 @@ def test_elastic_resume_under_torchrun_reads_the_rest_of_the_epoch_exactly_once(
     before = rows(runs[old], kind, "before")
     assert 0 < sum(before.values()) < sum(every.values())
     check_resumed(before, runs[old, new], kind, every)
+
+
+def test_the_saves_catch_a_short_window_and_a_replaying_rank(runs):
+    """The cases that lost rows: states saved inside the last, short window, and while a rank replays."""
+    old = runs[2, 1]
+    assert [r["accum"]["saved"]["window"] for r in old] == [1, 1], "one batch of the short window not given out"
+    assert [r["accum"]["saved"]["stopped"] for r in old] == [True, True], "the epoch had ended below the window"
+    assert [r["repeat"]["saved"]["exhausted"] for r in old] == [True, False], "rank 0 replays, rank 1 reads"
+    assert [r["repeat"]["saved"]["stopped"] for r in old] == [False, False]
 
 
 @pytest.mark.parametrize("kind", KINDS)

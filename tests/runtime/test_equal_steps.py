@@ -1,81 +1,49 @@
-"""EqualSteps and equal_steps(): the per-step agreement, with ranks simulated by threads.
+"""EqualSteps and equal_steps(): the per-step protocol under each policy, with ranks simulated by threads.
 
-The real all-reduce runs under torchrun in tests/test_distributed.py; here each rank is a thread
-and ``detect_sync`` is replaced by a fake group whose ``agree`` meets the other threads at a
-barrier, so the ranks really run in lockstep as they do under ``torch.distributed``.
+The real collectives run under torchrun in tests/test_distributed.py and
+tests/runtime/test_equal_steps_torchrun.py; here each rank is a thread of a fake group
+(tests/runtime/fake_group.py) whose collectives meet the other threads at a barrier, so the ranks
+really run in lockstep as they do under ``torch.distributed``.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import pickle
-import threading
-from collections.abc import Callable
-from typing import Any
+import random
 
 import pytest
 import torch
 
 import padpipe as pp
-from padpipe.runtime import equal_steps as es
 from padpipe.runtime.batch_cut import split_batch
 from padpipe.runtime.equal_steps import EqualSteps
+from padpipe.runtime.loss_tokens import label_tokens
 from padpipe.stats import PipelineStats
 from tests.contract import normalize
 from tests.pipes.nodes import ListNode
-
-
-class ThreadGroup:
-    """A fake process group of ``size`` threads: ``agree`` all-reduces (element-wise max) at a barrier."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.values = size, [None] * size
-        self.barrier = threading.Barrier(size, timeout=10)
-        self.rank = threading.local()
-
-    def agree(self, values: list[int]) -> list[int]:
-        self.values[self.rank.value] = list(values)
-        self.barrier.wait()
-        agreed = [max(column) for column in zip(*self.values)]
-        self.barrier.wait()
-        return agreed
-
-
-def run_ranks(monkeypatch, work: list[Callable[[], Any]]) -> list[Any]:
-    """Run ``work[r]()`` as rank ``r`` of a thread group; their results, by rank."""
-    group = ThreadGroup(len(work))
-    monkeypatch.setattr(es, "detect_sync", lambda g=None: group)
-    results: list[Any] = [None] * len(work)
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        group.rank.value = rank
-        try:
-            results[rank] = work[rank]()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-            errors.append(exc)
-            group.barrier.abort()
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(work))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    if errors:
-        raise errors[0]
-    return results
+from tests.runtime.fake_group import run_ranks
 
 
 def batches(rank: int, sizes: list[int]) -> list[dict]:
     """Dict batches of the given row counts; row ids ``rank * 1000 + i`` are unique over ranks."""
     out, start = [], rank * 1000
     for n in sizes:
-        out.append({"rid": torch.arange(start, start + n), "text": [f"r{i}" for i in range(start, start + n)]})
+        rid = torch.arange(start, start + n)
+        out.append({"rid": rid, "labels": rid.clone(), "text": [f"r{i}" for i in range(start, start + n)]})
         start += n
     return out
 
 
 def rids(items: list[dict]) -> list[int]:
-    return [r for b in items if not bool(b.get("is_repeat", False)) for r in b["rid"].tolist()]
+    """Row ids of the batches that train (repeats and fillers left out)."""
+    return [
+        r
+        for b in items
+        if not bool(b.get("is_repeat", False)) and not bool(b.get("is_filler", False))
+        for r in b["rid"].tolist()
+    ]
 
 
 def epochs_of(node: EqualSteps, epochs: int) -> list[list[dict]]:
@@ -86,87 +54,159 @@ def epochs_of(node: EqualSteps, epochs: int) -> list[list[dict]]:
     return out
 
 
-def test_equal_steps_works(monkeypatch):
-    """Rank 1 has 2 batches fewer: it splits its largest batches until both end together; nothing is dropped."""
-    stats = [PipelineStats(), PipelineStats()]
-    sizes = [[8, 8, 8, 8], [8, 8]]
-    nodes = [EqualSteps(ListNode(batches(r, sizes[r])), stats=stats[r]) for r in range(2)]
-    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 2) for r in range(2)])
-    for epoch in range(2):
-        steps = [len(result[r][epoch]) for r in range(2)]
-        assert steps == [4, 4]
-        assert [len(b["rid"]) for b in result[1][epoch]] == [8, 2, 2, 4]  # the largest split first, rows in order
-        for r in range(2):
-            assert rids(result[r][epoch]) == [x for b in batches(r, sizes[r]) for x in b["rid"].tolist()]
-    assert stats[1].snapshot().counters == {"equal_steps.split_batches": 4}
-    assert stats[0].snapshot().skipped == stats[1].snapshot().skipped == {}
+def run_policy(monkeypatch, sizes: list[list[int]], policy: str = "balance", epochs: int = 2):
+    """Every rank's batches per epoch, and its stats, for ranks holding batches of ``sizes[rank]`` rows."""
+    stats = [PipelineStats() for _ in sizes]
+    nodes = [EqualSteps(ListNode(batches(r, s)), policy=policy, stats=stats[r]) for r, s in enumerate(sizes)]
+    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], epochs) for r in range(len(sizes))])
+    return result, [s.snapshot() for s in stats]
+
+
+def assert_fillers_only_where_rows_ran_short(result: list[list[list[dict]]], ranks: int) -> None:
+    """Fillers come only in an epoch's last step, and only where that step had fewer real rows than ranks."""
+    for epoch in range(len(result[0])):
+        steps = [result[r][epoch] for r in range(ranks)]
+        for k in range(len(steps[0])):
+            fillers = [bool(s[k].get("is_filler", False)) for s in steps]
+            if any(fillers):
+                assert k == len(steps[0]) - 1, f"a filler at step {k}, not the last"
+                assert sum(len(s[k]["rid"]) for s, f in zip(steps, fillers) if not f) < ranks
+
+
+def every_row(sizes: list[list[int]]) -> collections.Counter:
+    return collections.Counter(x for r, s in enumerate(sizes) for b in batches(r, s) for x in b["rid"].tolist())
 
 
 @pytest.mark.parametrize(
-    "sizes", [[[8] * 10, [8] * 6], [[8] * 9, [16] * 4, [4] * 12], [[8] * 12, [8] * 9, [8] * 10, [6] * 13]]
+    "sizes",
+    [
+        [[8] * 10, [8] * 6],
+        [[8] * 9, [16] * 4, [4] * 12],
+        [[8] * 12, [8] * 9, [8] * 10, [6] * 13],
+        [[4] * 50, [4] * 5, [4] * 5],  # one rank far ahead: it hands batches over as it goes
+        [[2] * 30, [2], [2], [2]],  # three ranks out at once: the one still reading reads further ahead
+        [[8, 8], [8]],  # the tail: a split, then a move
+    ],
 )
-def test_equal_steps_evens_out_a_tail_of_several_batches_without_dropping(monkeypatch, sizes):
-    """Ranks a few batches apart at the end (more than one halving can make up): the tail is read ahead and split."""
-    stats = [PipelineStats() for _ in sizes]
-    nodes = [EqualSteps(ListNode(batches(r, sizes[r])), stats=stats[r]) for r in range(len(sizes))]
-    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 2) for r in range(len(sizes))])
+def test_equal_steps_balances_every_row_once_by_moving_batches(monkeypatch, sizes):
+    """Ranks many batches apart: every rank takes the same steps, every row comes out once, nothing is dropped."""
+    result, stats = run_policy(monkeypatch, sizes)
+    total = sum(len(s) for s in sizes)
     for epoch in range(2):
-        assert len({len(result[r][epoch]) for r in range(len(sizes))}) == 1, "every rank takes the same steps"
-        for r in range(len(sizes)):
-            assert rids(result[r][epoch]) == [x for b in batches(r, sizes[r]) for x in b["rid"].tolist()]
-    assert all(s.snapshot().skipped == {} for s in stats), "nothing dropped"
+        steps = {len(result[r][epoch]) for r in range(len(sizes))}
+        assert steps == {-(-total // len(sizes))}, "every rank takes the same steps: the batches over the ranks"
+        got = collections.Counter(x for r in range(len(sizes)) for x in rids(result[r][epoch]))
+        assert got == every_row(sizes)
+    assert all(s.skipped == {} for s in stats), "nothing dropped"
+    assert_fillers_only_where_rows_ran_short(result, len(sizes))
+    moved = sum(s.counters.get("equal_steps.moved_batches", 0) for s in stats)
+    assert moved > 0 or len({len(s) for s in sizes}) == 1
 
 
-def test_equal_steps_joins_batches_where_another_rank_has_fewer_rows_than_steps(monkeypatch):
+def test_equal_steps_keeps_full_batches_while_ranks_still_read(monkeypatch):
+    """A rank out of batches gets whole batches from one that still reads; splits only in the last steps."""
+    result, stats = run_policy(monkeypatch, [[8] * 40, [8] * 4], epochs=1)
+    sizes = [[len(b["rid"]) for b in result[r][0]] for r in range(2)]
+    assert sizes == [[8] * 22, [8] * 22]
+    assert stats[1].counters == {"equal_steps.moved_batches": 18}
+    assert "equal_steps.split_batches" not in stats[0].counters
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_equal_steps_balances_random_shares_exactly(monkeypatch, ranks):
+    """Random batch counts and sizes: equal steps, every row once, fillers only where rows ran short of the ranks."""
+    rng = random.Random(ranks)
+    for _ in range(12):
+        sizes = [[rng.randint(1, 5) for _ in range(rng.choice([0, 1, 2, 3, 7, 15]))] for _ in range(ranks)]
+        if not any(sizes):
+            continue
+        result, stats = run_policy(monkeypatch, sizes, epochs=1)
+        steps = {len(result[r][0]) for r in range(ranks)}
+        assert len(steps) == 1, sizes
+        got = collections.Counter(x for r in range(ranks) for x in rids(result[r][0]))
+        assert got == every_row(sizes), sizes
+        assert_fillers_only_where_rows_ran_short(result, ranks)
+        assert all(s.skipped == {} for s in stats), sizes
+
+
+@pytest.mark.parametrize("sizes", [[[1], []], [[1], [], []], [[1, 1, 1], [], []]])
+def test_equal_steps_gives_a_filler_only_where_fewer_rows_are_left_than_ranks(monkeypatch, sizes):
+    result, stats = run_policy(monkeypatch, sizes, epochs=1)
+    rows = sum(map(sum, sizes))
+    assert [len(r[0]) for r in result] == [1] * len(sizes)
+    fillers = [b for r in result for b in r[0] if bool(b.get("is_filler", False))]
+    assert len(fillers) == len(sizes) - rows
+    for b in fillers:
+        assert b["rid"].tolist() == [0] and label_tokens(b, causal=False) == 0  # a real row; it trains nothing
+    assert sum(s.counters.get("equal_steps.filler_batches", 0) for s in stats) == len(fillers)
+    assert all(s.skipped == {} for s in stats)
+
+
+def test_equal_steps_drops_and_counts_only_batches_that_cannot_be_moved_or_filled(monkeypatch, caplog):
+    """Batches that are no dicts move between ranks, but cannot make a filler: then what is left is dropped, counted."""
+    moved = run_ranks(
+        monkeypatch,
+        [lambda items=items: list(EqualSteps(ListNode(items), policy="balance")) for items in (["a", "b"], [])],
+    )
+    assert moved == [["a"], ["b"]]
     stats = PipelineStats()
-    sizes = [[2, 2, 2, 2, 2], [1]]
-    nodes = [EqualSteps(ListNode(batches(r, sizes[r])), stats=s) for r, s in enumerate([stats, PipelineStats()])]
-    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 1)[0] for r in range(2)])
-    assert [len(result[r]) for r in range(2)] == [1, 1]
-    assert rids(result[0]) == list(range(10)) and rids(result[1]) == [1000]
-    assert stats.snapshot().skipped == {} and stats.snapshot().counters == {"equal_steps.merged_batches": 4}
+    with caplog.at_level(logging.WARNING, logger="padpipe.runtime.equal_steps"):
+        dropped = run_ranks(
+            monkeypatch,
+            [lambda: list(EqualSteps(ListNode(["a"]), stats=stats)), lambda: list(EqualSteps(ListNode([])))],
+        )
+    assert dropped == [[], []]
+    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 1}  # rows of no dict batch are not known
+    assert "dropped its last 1 batch(es)" in caplog.text
 
 
-def test_equal_steps_drops_what_cannot_be_split_or_joined_and_counts_it(monkeypatch):
-    stats = PipelineStats()
-    ragged = [{"x": torch.ones(2, width)} for width in (3, 5, 7)]  # padded to different widths: never joined
-    nodes = [EqualSteps(ListNode(ragged), stats=stats), EqualSteps(ListNode([{"x": torch.ones(1, 3)}]))]
-    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 1)[0] for r in range(2)])
-    assert [len(result[r]) for r in range(2)] == [1, 1]
-    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 2, "equal_steps.dropped_rows": 4}
+def test_equal_steps_drop_stops_when_the_first_rank_runs_out_and_counts_the_rest(monkeypatch, caplog):
+    with caplog.at_level(logging.WARNING, logger="padpipe.runtime.equal_steps"):
+        result, stats = run_policy(monkeypatch, [[8] * 4, [8] * 2], policy="drop")
+    for epoch in range(2):
+        assert [len(result[r][epoch]) for r in range(2)] == [2, 2]
+    assert stats[0].skipped == {"equal_steps.dropped_batches": 4, "equal_steps.dropped_rows": 32}  # 2 epochs
+    assert stats[1].skipped == {}
+    assert caplog.text.count("this rank dropped its last 2 batch(es) so that every rank stops at step 2") == 1
 
 
-def test_equal_steps_repeats_the_epoch_until_the_last_rank_finishes(monkeypatch):
-    stats = PipelineStats()
-    sizes = [[3, 3, 3], [3] * 7]
+def test_equal_steps_repeats_the_first_batches_from_memory_until_the_last_rank_finishes(monkeypatch):
+    reads = []
+
+    class CountingNode(ListNode):
+        def next(self):
+            item = super().next()
+            reads.append(int(item["rid"][0]))
+            return item
+
+    stats = [PipelineStats(), PipelineStats()]
     nodes = [
-        EqualSteps(ListNode(batches(r, sizes[r])), policy="repeat", stats=s)
-        for r, s in enumerate([stats, PipelineStats()])
+        EqualSteps(CountingNode(batches(0, [3, 3, 3])), policy="repeat", stats=stats[0]),
+        EqualSteps(ListNode(batches(1, [3] * 7)), policy="repeat", stats=stats[1]),
     ]
     result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 2) for r in range(2)])
     for epoch in range(2):
         assert [len(result[r][epoch]) for r in range(2)] == [7, 7]
         flags = [bool(b["is_repeat"]) for b in result[0][epoch]]
         assert flags == [False] * 3 + [True] * 4
-        assert [b["rid"][0].item() for b in result[0][epoch][3:]] == [0, 3, 6, 0]  # the epoch from its start
+        assert [b["rid"][0].item() for b in result[0][epoch][3:]] == [0, 3, 6, 0]  # its first batches, in turn
         assert rids(result[1][epoch]) == list(range(1000, 1021))
-    assert stats.snapshot().counters == {"equal_steps.repeated_batches": 8}
+    assert reads == [0, 3, 6] * 2, "each batch read once an epoch: repeats come from memory"
+    assert stats[0].snapshot().counters == {"equal_steps.repeated_batches": 8}
+    assert stats[0].snapshot().skipped == stats[1].snapshot().skipped == {}, "repeats are not drops"
 
 
-def test_equal_steps_stops_every_rank_when_one_has_nothing_to_repeat(monkeypatch):
-    stats = PipelineStats()
-    nodes = [
-        EqualSteps(ListNode(batches(0, [3, 3, 3])), policy="repeat", stats=stats),
-        EqualSteps(ListNode([]), policy="repeat"),
-    ]
-    result = run_ranks(monkeypatch, [lambda r=r: epochs_of(nodes[r], 1)[0] for r in range(2)])
-    assert result == [[], []]
-    assert stats.snapshot().skipped == {"equal_steps.dropped_batches": 3, "equal_steps.dropped_rows": 9}
+def test_equal_steps_repeat_gives_a_rank_with_no_batch_a_copy_to_replay(monkeypatch):
+    result, stats = run_policy(monkeypatch, [[3, 3, 3], []], policy="repeat", epochs=1)
+    assert [len(r[0]) for r in result] == [3, 3]
+    assert all(bool(b["is_repeat"]) for b in result[1][0])
+    assert [b["rid"].tolist() for b in result[1][0]] == [[0, 1, 2]] * 3
+    assert stats[0].skipped == stats[1].skipped == {}
 
 
 def test_equal_steps_passes_items_through_without_distributed():
     assert torch.distributed.is_initialized() is False
-    node = EqualSteps(ListNode(["a", "b"]), policy="stop_first")
+    node = EqualSteps(ListNode(["a", "b"]))
     node.reset()
     assert list(node) == ["a", "b"]
     node = EqualSteps(ListNode(batches(0, [1, 1])), policy="repeat")
@@ -176,7 +216,7 @@ def test_equal_steps_passes_items_through_without_distributed():
 
 def test_equal_steps_raises_error_when_policy_is_unknown():
     with pytest.raises(
-        ValueError, match=r"^`policy` must be one of \('stop_first', 'repeat', 'off'\), but is 'all' instead\.$"
+        ValueError, match=r"^`policy` must be one of \('balance', 'repeat', 'drop', 'off'\), but is 'all' instead\.$"
     ):
         EqualSteps(ListNode([1]), policy="all")
     with pytest.raises(ValueError, match=r"^`policy` must be one of .*, but is 'x' instead\.$"):
@@ -185,11 +225,16 @@ def test_equal_steps_raises_error_when_policy_is_unknown():
         pp.from_iterable([{"text": "a"}]).loader(equal_steps="x")
 
 
+def test_equal_steps_names_what_replaced_stop_first():
+    with pytest.raises(ValueError, match=r"^`equal_steps='stop_first'` is gone: 'balance' \(the default\).*'drop'"):
+        pp.from_iterable([{"text": "a"}]).loader(equal_steps="stop_first")
+
+
 def test_equal_steps_raises_error_when_state_has_another_policy():
-    node = EqualSteps(ListNode([1]), policy="stop_first")
+    node = EqualSteps(ListNode([1]), policy="balance")
     node.reset()
     with pytest.raises(
-        pp.StateMismatchError, match=r"^EqualSteps state .*setting 'policy' found 'stop_first' instead of 'repeat'\.$"
+        pp.StateMismatchError, match=r"^EqualSteps state .*setting 'policy' found 'balance' instead of 'repeat'\.$"
     ):
         EqualSteps(ListNode([1]), policy="repeat").reset(node.state_dict())
 
@@ -197,9 +242,12 @@ def test_equal_steps_raises_error_when_state_has_another_policy():
 @pytest.mark.parametrize(
     ("policy", "sizes"),
     [
-        ("stop_first", [[4, 4, 4, 4], [4, 4]]),
-        ("stop_first", [[4, 4], [4, 4, 4, 4]]),
+        ("balance", [[4, 4, 4, 4, 4, 4], [4, 4]]),
+        ("balance", [[4, 4], [4, 4, 4, 4, 4]]),
+        ("balance", [[1], []]),
         ("repeat", [[2, 2], [2, 2, 2, 2, 2]]),
+        ("repeat", [[], [2, 2, 2]]),
+        ("drop", [[4, 4, 4], [4]]),
     ],
 )
 def test_equal_steps_saves_and_restores_its_state(monkeypatch, policy, sizes):
@@ -249,8 +297,8 @@ def test_equal_steps_helper_works(monkeypatch):
             lambda: list(pp.equal_steps(batches(1, [6]))),
         ],
     )
-    assert [len(b["rid"]) for b in result[1]] == [1, 2, 3]  # split to the other rank's 3 steps, rows in order
-    assert [len(r) for r in result] == [3, 3] and stats.snapshot().skipped == {}
+    assert [len(r) for r in result] == [2, 2] and stats.snapshot().skipped == {}
+    assert collections.Counter(rids(result[0]) + rids(result[1])) == every_row([[6, 6, 6], [6]])
     result = run_ranks(
         monkeypatch,
         [

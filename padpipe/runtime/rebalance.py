@@ -1,0 +1,161 @@
+"""Where batches go so that every rank takes the same steps with every row once: plans, made alike on every rank.
+
+Equal steps gathers how many batches each rank holds (and, at the epoch's tail, how many rows
+each of them has) and every rank makes the same plan from the same table, so no rank has to tell
+another what to do. :func:`donations` feeds a rank that ran out from ranks that hold more than
+the batch they yield now; :func:`tail_plan`, once every rank has read its whole share, splits the
+largest batches until the count divides by the ranks and moves the surplus to the ranks short of
+it. Only where the rows left cannot give every rank a batch does a rank get a *filler*
+(:func:`filler`): one real row marked ``"is_filler"``, which trains nothing.
+
+Example:
+    >>> donations([3, 0, 2])
+    [Move(src=0, dst=1, filler=False)]
+    >>> plan = tail_plan([[4, 4], [], [1]])
+    >>> plan.steps, plan.splits, [(m.src, m.dst) for m in plan.moves]
+    (1, [[], [], []], [(0, 1)])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from padpipe.runtime.batch_cut import rows_of, split_batch
+
+FILLER_KEY = "is_filler"
+LABEL_KEYS = ("labels", "shift_labels")
+
+
+@dataclass(frozen=True)
+class Move:
+    """One batch sent from rank ``src`` to rank ``dst``.
+
+    With ``filler``, a filler made from ``src``'s first batch (a rank may make one for itself).
+    """
+
+    src: int
+    dst: int
+    filler: bool = False
+
+
+def donations(counts: list[int]) -> list[Move] | None:
+    """Moves that give every rank holding no batch one from a rank holding two or more; ``None`` if too few.
+
+    Each empty rank, in rank order, takes the last batch of the rank with the most to spare (the
+    lowest such rank on a tie); a donor keeps one to yield itself. The moves are ordered by
+    ``(src, dst)``, the order every rank sends and receives in.
+
+    Example:
+        >>> donations([0, 4, 0, 2])
+        [Move(src=1, dst=0, filler=False), Move(src=1, dst=2, filler=False)]
+        >>> donations([0, 0, 2]) is None
+        True
+    """
+    spare = [max(count - 1, 0) for count in counts]
+    moves = []
+    for dst, count in enumerate(counts):
+        if count:
+            continue
+        src = max(range(len(counts)), key=lambda r: (spare[r], -r))
+        if not spare[src]:
+            return None
+        spare[src] -= 1
+        moves.append(Move(src, dst))
+    return sorted(moves, key=lambda m: (m.src, m.dst))
+
+
+@dataclass(frozen=True)
+class TailPlan:
+    """How the epoch's last batches are evened out once every rank has read its share.
+
+    Attributes:
+        steps: Batches every rank yields from here on.
+        splits: For each rank, the positions in its held list (as it stands when that split is
+            made, in order) of the batches it cuts in two.
+        moves: Batches sent between ranks, in the order every rank sends and receives them: a
+            donor sends the batches beyond its first ``steps``, in order; a filler is made from
+            the sender's first batch.
+    """
+
+    steps: int
+    splits: list[list[int]] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+
+
+def tail_plan(rows: list[list[int]]) -> TailPlan:
+    """The :class:`TailPlan` for ranks holding batches of ``rows[rank]`` rows each (0: a batch that is no dict).
+
+    ``steps`` is the held batches over the ranks, rounded up. The batch with the most rows (the
+    lowest rank and position on a tie) is split until the ranks hold ``steps`` each in all, or no
+    batch of two rows or more is left; each rank keeps its first ``steps`` and sends the rest, in
+    rank order, to the ranks short of them; a rank still short gets a filler from the lowest rank
+    whose first batch is a dict (a batch that is no dict cannot be split, nor make one). With no
+    such rank the plan moves nothing and ``steps`` is the fewest any rank holds: the caller drops
+    what it cannot even out, and counts it.
+
+    Example:
+        >>> tail_plan([[8, 8], [8]])  # 3 batches: rank 0 splits its first, then sends its last to rank 1
+        TailPlan(steps=2, splits=[[0], []], moves=[Move(src=0, dst=1, filler=False)])
+        >>> tail_plan([[1], [], []]).moves  # one row for three ranks: two fillers
+        [Move(src=0, dst=1, filler=True), Move(src=0, dst=2, filler=True)]
+    """
+    ranks = len(rows)
+    held = [list(mine) for mine in rows]
+    total = sum(len(mine) for mine in held)
+    steps = -(-total // ranks)
+    splits: list[list[int]] = [[] for _ in range(ranks)]
+    while total < steps * ranks:
+        where = [(-n, r, i) for r, mine in enumerate(held) for i, n in enumerate(mine) if n >= 2]
+        if not where:
+            break
+        _, r, i = min(where)  # the most rows; the lowest rank and position on a tie
+        n = held[r][i]
+        held[r][i : i + 1] = [n // 2, n - n // 2]
+        splits[r].append(i)
+        total += 1
+    counts = [len(mine) for mine in held]
+    surplus = [r for r in range(ranks) for _ in range(counts[r] - steps)]
+    makers = [r for r in range(ranks) if held[r] and held[r][0] > 0]
+    moves = []
+    for dst in range(ranks):
+        for _ in range(steps - counts[dst]):
+            if surplus:
+                moves.append(Move(surplus.pop(0), dst))
+            elif makers:
+                moves.append(Move(makers[0], dst, filler=True))
+            else:  # nothing can fill: every rank yields as many as the fewest held, the rest is dropped and counted
+                return TailPlan(min(counts), splits, [])
+    return TailPlan(steps, splits, sorted(moves, key=lambda m: (m.src, m.dst)))
+
+
+def splittable_rows(batch: Any) -> int:
+    """What :func:`tail_plan` needs of a batch: its rows if it splits in two, 1 if it is a dict that does not, else 0.
+
+    Example:
+        >>> splittable_rows({"x": torch.ones(3, 2)}), splittable_rows({"x": torch.ones(1, 2)}), splittable_rows("row")
+        (3, 1, 0)
+    """
+    if not isinstance(batch, dict):
+        return 0
+    rows = rows_of(batch) or 1
+    return rows if rows >= 2 and split_batch(batch) is not None else 1
+
+
+def filler(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch that trains nothing, shaped as ``batch``: its first row, marked ``"is_filler"`` (a bool tensor).
+
+    Its labels are the row's own (so any loss is finite); the loop multiplies its loss by 0 and
+    :func:`~padpipe.runtime.loss_tokens.label_tokens` counts none of its tokens.
+
+    Example:
+        >>> out = filler({"input_ids": torch.arange(6).reshape(3, 2), "labels": torch.tensor([1, 0, 1])})
+        >>> out["input_ids"].tolist(), out["labels"].tolist(), bool(out["is_filler"])
+        ([[0, 1]], [1], True)
+    """
+    row = batch
+    while (rows_of(row) or 1) > 1 and (halves := split_batch(row)) is not None:
+        row = halves[0]
+    return {**row, FILLER_KEY: torch.tensor(True)}

@@ -1,0 +1,133 @@
+"""Every token once on packed long documents under real ``torchrun`` (gloo, CPU), the workload that lost 4%.
+
+Documents of very uneven length, packed, make shares that are uneven by tokens: a byte-balanced
+JSONL share or a row-balanced Parquet share of the same documents packs into very different
+numbers of batches on each rank. One launch per world size (tests/dist_scripts/long_docs_run.py)
+reads them through every loader kind for two epochs; the token histogram of what the ranks
+trained on, summed, must equal the corpus's, every epoch, with equal steps and nothing counted as
+dropped — except under the explicit ``equal_steps="drop"``, whose skips must account for exactly
+the tokens missing.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch.distributed as dist
+
+import padpipe as pp
+from tests.runtime.launchers import run_launchers, torchrun_command
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SCRIPT = Path(__file__).parent.parent / "dist_scripts" / "long_docs_run.py"
+DOCS = 1500
+LOSSLESS = ("default", "workers", "repeat", "accum")
+
+
+def corpus() -> list[str]:
+    """The shipped documents (median ~100 words, a few of 1,000-3,000), first ``DOCS``."""
+    with gzip.open(Path(pp.examples.DATA_DIR) / "corpus.jsonl.gz", "rt") as f:
+        return [json.loads(line)["text"] for _, line in zip(range(DOCS), f)]
+
+
+def write(data: Path, texts: list[str]) -> None:
+    """docs.jsonl: the first half by bytes spread out by spaces (few tokens a byte); docs.parquet: longest first."""
+    half = len(texts) // 3
+    spread = [text.replace(" ", "        ") for text in texts[:half]] + texts[half:]
+    with open(data / "docs.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in spread)
+    longest = sorted(texts, key=len, reverse=True)
+    pq.write_table(pa.table({"text": longest}), data / "docs.parquet", row_group_size=100)
+
+
+def reference(texts: list[str]) -> collections.Counter:
+    """Every token of the corpus, each document tokenized alone."""
+    tok = pp.examples.tokenizer()
+    return collections.Counter(i for text in texts for i in tok.encode(text).ids)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    data = tmp_path_factory.mktemp("long_docs")
+    texts = corpus()
+    write(data, texts)
+    out = {"every": reference(texts)}
+    for ranks in (2, 3):
+        tag = f"x{ranks}"
+        run_launchers([torchrun_command(SCRIPT, str(data), str(data), tag, nproc=ranks)], timeout=600, what=tag)
+        out[ranks] = [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(ranks)]
+    return out
+
+
+def summed(records: list[dict], key: str, epoch: int) -> collections.Counter:
+    total: collections.Counter = collections.Counter()
+    for record in records:
+        total.update({int(k): v for k, v in record[key][epoch]["histogram"].items()})
+    return total
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.parquet"])
+def test_shares_of_packed_long_documents_are_uneven_by_batches(runs, ranks, name):
+    """The premise: without moving batches, the ranks would end many steps apart."""
+    own = [r[f"{name}/default"][0]["counters"] for r in runs[ranks]]
+    moved = sum(c.get("equal_steps.moved_batches", 0) for c in own)
+    assert moved >= 10, f"only {moved} batches moved: the corpus no longer tests uneven shares"
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("kind", LOSSLESS)
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.parquet"])
+def test_every_token_of_packed_long_documents_arrives_once_under_torchrun(runs, ranks, name, kind):
+    records = runs[ranks]
+    key = f"{name}/{kind}"
+    for epoch in range(2):
+        assert summed(records, key, epoch) == runs["every"], f"epoch {epoch}: the tokens trained are the corpus's"
+        assert len({r[key][epoch]["steps"] for r in records}) == 1, "every rank takes the same steps"
+        assert all(r[key][epoch]["skipped"] == {} for r in records), "nothing dropped, nothing counted as dropped"
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.parquet"])
+def test_repeat_counts_its_rows_once_and_reads_nothing_again(runs, ranks, name):
+    """Replays come from memory: the ranks' rows are the default loader's, not twice a share."""
+    for epoch in range(2):
+        default = sum(r[f"{name}/default"][epoch]["rows"] for r in runs[ranks])
+        repeat = sum(r[f"{name}/repeat"][epoch]["rows"] for r in runs[ranks])
+        assert repeat == default
+        replays = sum(
+            r[f"{name}/repeat"][epoch]["counters"].get("equal_steps.repeated_batches", 0) for r in runs[ranks]
+        )
+        assert replays > 0
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.parquet"])
+def test_accumulation_windows_count_the_label_tokens_of_every_rank(runs, ranks, name):
+    records = [r[f"{name}/accum"][0]["windows"] for r in runs[ranks]]
+    assert len({len(w) for w in records}) == 1
+    for start in range(0, len(records[0]), 3):
+        window = [w[start : start + 3] for w in records]
+        counted = {items for w in window for items, _ in w}
+        assert counted == {sum(mine for w in window for _, mine in w)}, f"window at step {start}"
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.parquet"])
+def test_drop_is_opt_in_and_counts_exactly_what_it_drops(runs, ranks, name):
+    records = runs[ranks]
+    for epoch in range(2):
+        got = summed(records, f"{name}/drop", epoch)
+        missing = runs["every"] - got
+        assert not got - runs["every"], "no token twice"
+        dropped = sum(r[f"{name}/drop"][epoch]["skipped"].get("equal_steps.dropped_batches", 0) for r in records)
+        assert sum(missing.values()) > 0 and dropped > 0
