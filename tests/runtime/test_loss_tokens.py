@@ -31,7 +31,7 @@ def rows(count: int = 20) -> list[dict]:
     for i in range(count):
         ids = [2 + (i * 5 + j * 3) % (VOCAB - 2) for j in range(1 + (i * 7) % 9)]
         prompt = min(i % 4, len(ids))
-        out.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+        out.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:], "idx": i})
     return out
 
 
@@ -39,7 +39,7 @@ def pipelines() -> dict[str, pp.Pipeline]:
     tokens = pp.from_iterable(rows()).shuffle(8, seed=1).tokens(pad_id=0)
     unmasked = [{"input_ids": r["input_ids"]} for r in rows()]  # pack() builds its own labels (no prompt mask)
     packed = pp.from_iterable(unmasked).shuffle(8, seed=1).tokens(pad_id=0).pack(13, batch_size=1)
-    masked = tokens.pack(13, batch_size=2)  # each document keeps its prompt mask
+    masked = tokens.pack(13, batch_size=2, keep=("idx",))  # each document keeps its prompt mask
     return {"padded": tokens.batch(2).pad(), "packed": packed, "packed_masked": masked}  # 10, 8 and 4 batches
 
 
