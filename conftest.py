@@ -30,6 +30,7 @@ SLOW_FILES = (
     "tests/readers/test_s3_faults.py",  # a local S3 server behind a fault-injecting proxy
     "tests/readers/test_many_shards.py",  # a local S3 server with 4,000 shards
     "tests/inspection/test_packing_check.py",  # transformers models run on every document
+    "tests/inspection/test_packing_labels.py",  # the same, on masked rows
     "tests/inspection/test_packing_command.py",  # the same, from the command line
 )
 STARTS_PROCESSES = re.compile(r"\bsubprocess\.|\btorchrun\b|\bnum_workers=[1-9]")

@@ -7,7 +7,7 @@ nothing is read or tokenized until :meth:`Pipeline.loader` (or iteration) builds
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -294,19 +294,21 @@ class Pipeline(Runnable, IterableDataset):
         *,
         batch_size: int = 1,
         buffer_size: int = 256,
-        long_docs: Literal["split", "truncate", "drop"] = "split",
+        long_docs: Literal["split", "truncate", "drop", "raise"] | None = None,
         keep_tail: bool = True,
         position_offset: int = 0,
         block_mask: bool = False,
         mask_dtype: torch.dtype | None = None,
         pad_id: int | None = None,
         label_pad_id: int = -100,
+        keep: Sequence[str] = (),
     ) -> Pipeline:
         """Pack documents into rows of exactly ``seq_len`` tokens (best-fit decreasing in a buffer).
 
         Output per batch, under the names HF models read (see :class:`padpipe.pipes.pack.Packer`
         and docs/packing.md): ``input_ids``, ``position_ids`` (restarting per document),
-        ``labels`` (-100 at document starts and padding) ``[B, seq_len]`` int64, ``seq_idx``
+        ``labels`` (each document's token-level labels where rows have a ``labels`` list
+        column, else its ids; -100 at document starts and padding) ``[B, seq_len]`` int64, ``seq_idx``
         ``[B, seq_len]`` int32, flash-attention ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and
         ``max_length_q``/``max_length_k`` (``int``), and with ``block_mask=True`` a 4-D
         block-diagonal causal ``attention_mask``. In HF ``eager``/``sdpa`` attention the default
@@ -317,8 +319,11 @@ class Pipeline(Runnable, IterableDataset):
             seq_len: Tokens per packed row.
             batch_size: Packed rows per batch.
             buffer_size: Documents held to choose good fits from.
-            long_docs: A document longer than ``seq_len``: ``"split"`` into ``seq_len`` pieces,
-                ``"truncate"`` to ``seq_len`` or ``"drop"`` it (counted in stats).
+            long_docs: A document longer than ``seq_len``: ``"split"`` into ``seq_len`` pieces
+                (each with its own labels), ``"truncate"`` to ``seq_len``, ``"drop"`` it (counted in
+                stats) or ``"raise"`` a ``DataError`` naming it. ``None`` (default): ``"raise"`` for
+                rows with token-level labels (masked SFT rows are never split unless asked),
+                ``"split"`` for the others.
             keep_tail: When splitting, keep the last piece shorter than ``seq_len`` (else dropped,
                 counted).
             position_offset: First position id of every document (some models count from 2).
@@ -329,6 +334,9 @@ class Pipeline(Runnable, IterableDataset):
                 memory), or ``torch.bool`` (``sdpa`` only).
             pad_id: Padding id for unfilled slots; default: the tokenizer's pad, else its EOS.
             label_pad_id: Label at padding and document starts.
+            keep: Columns (integers or strings, such as the row id ``idx``) to carry into batches,
+                each as a list of ``B`` lists: the values of each row's documents, in order. Off
+                by default, so that ``model(**batch)`` gets only what a model reads.
 
         Example:
             >>> pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer())
@@ -354,6 +362,7 @@ class Pipeline(Runnable, IterableDataset):
             "mask_dtype": mask_dtype,
             "pad_id": pad_id,
             "label_pad_id": label_pad_id,
+            "keep": tuple(keep) if isinstance(keep, (list, tuple)) else keep,
         }
         check_pack_options(**options)
         return self._add(Stage("pack", _build.pack, options), TENSORS)

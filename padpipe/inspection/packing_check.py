@@ -2,8 +2,9 @@
 
 It runs the model as it is configured (attention implementation, ``use_cache``, dtype, device) on a
 few packed batches as the loader yields them and on each of a handful of their documents alone, and
-compares the logits. Where they differ it raises :class:`PackingError` naming the cause
-(:mod:`padpipe.inspection.packing_causes`) and the fix.
+compares the logits, and, where the batch has labels, each document's loss
+(:mod:`padpipe.inspection.packing_loss`). Where they differ it raises :class:`PackingError` naming
+the cause (:mod:`padpipe.inspection.packing_causes`) and the fix.
 """
 
 from __future__ import annotations
@@ -16,20 +17,29 @@ import torch
 
 from padpipe.errors import positive
 from padpipe.inspection.packing_causes import Cause, attention_of, diagnose, is_causal, tolerance, use_cache_of
+from padpipe.inspection.packing_loss import LossCheck, compare_loss, label_cause
 from padpipe.inspection.packing_rows import Document, choose, find_documents, read_batches
 
 
 @dataclasses.dataclass(frozen=True)
 class DocumentCheck:
-    """One document's largest logit difference, packed against alone, and the tolerance it had."""
+    """One document's largest logit difference, packed against alone, the tolerance it had, and its loss check.
+
+    ``loss`` is ``None`` when the batch has no ``labels``.
+    """
 
     document: Document
     max_abs_diff: float
     tolerance: float
+    loss: LossCheck | None = None
+
+    @property
+    def logits_exact(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
 
     @property
     def exact(self) -> bool:
-        return self.max_abs_diff <= self.tolerance
+        return self.logits_exact and (self.loss is None or self.loss.exact)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +68,15 @@ class PackingReport:
 
     @property
     def verdict(self) -> str:
-        wrong, diff = sum(not d.exact for d in self.documents), f"{self.max_abs_diff:.1e}"
-        if not wrong:
-            return f"exact: {len(self.documents)} documents get their own logits (max abs difference {diff})"
-        return f"wrong: {wrong} of {len(self.documents)} documents see others (max abs difference {diff})"
+        count, diff = len(self.documents), f"{self.max_abs_diff:.1e}"
+        wrong = sum(not d.logits_exact for d in self.documents)
+        if wrong:
+            return f"wrong: {wrong} of {count} documents see others (max abs difference {diff})"
+        wrong = sum(not d.exact for d in self.documents)
+        if wrong:
+            return f"wrong: {wrong} of {count} documents get another loss packed than alone (their labels)"
+        what = "logits and loss" if all(d.loss is not None for d in self.documents) else "logits"
+        return f"exact: {count} documents get their own {what} (max abs difference {diff})"
 
     def __str__(self) -> str:
         head = (
@@ -69,7 +84,8 @@ class PackingReport:
             f"dtype={self.dtype}, tolerance atol={self.atol:.0e} + rtol={self.rtol:.0e} x |logits|"
         )
         lines = [
-            f"  {d.document}: max abs difference {d.max_abs_diff:.1e}{'' if d.exact else '  WRONG'}"
+            f"  {d.document}: max abs difference {d.max_abs_diff:.1e}{'' if d.loss is None else f'; {d.loss}'}"
+            f"{'' if d.exact else '  WRONG'}"
             for d in self.documents
         ]
         return "\n".join([head, *lines, self.verdict])
@@ -108,7 +124,11 @@ def check_packing(
     mode under ``torch.no_grad()``, random states untouched, a loader with a state put back where
     it was (training then reads the same batches as without the check): once per packed batch as
     the loader yields it (``columns`` applied), and once per document alone
-    (``model(input_ids=doc[None])``).
+    (``model(input_ids=doc[None])``). Where the batch has ``labels``, each document's loss is
+    compared too: the loss terms whose targets are its tokens, packed, against its loss alone with
+    its own labels (shifted for a causal model, as HF's losses do), and the number of trained
+    tokens of each; a label that lets another document's token predict one of its own (no -100 at
+    its first token) is named.
     Cost: at most ``max_batches`` packed forwards and ``max_documents`` single-document ones.
 
     Args:
@@ -124,8 +144,9 @@ def check_packing(
         A :class:`PackingReport` of an exact check.
 
     Raises:
-        PackingError: A document's logits differ beyond the tolerance, or the packed forward fails
-            for a known cause; the message names the document, the difference, the cause and the fix.
+        PackingError: A document's logits or loss differ beyond the tolerance, or the packed forward
+            fails for a known cause; the message names the document, the difference, the cause and
+            the fix.
         NothingToCheck: No document of the batches could see another (padding only, or one document
             a row, for a causal model), so no verdict can be given.
 
@@ -160,6 +181,7 @@ def check_packing(
     atol, rtol = default_atol if atol is None else atol, default_rtol if rtol is None else rtol
     inputs = [_to(select(dict(b)), device) for b in read]
     checks = []
+    causal = is_causal(model) is not False
     training = model.training
     model.eval()
     try:
@@ -177,15 +199,29 @@ def check_packing(
                     raise PackingError(
                         _message(cause, f"the packed forward failed ({exc!r:.160})"), cause, None
                     ) from exc
+                labels = _labels(batch)
                 for d in docs:
                     alone = _logits(model(input_ids=batch["input_ids"][d.row, d.start : d.end][None].to(device)))[0]
                     diff = (packed[d.row, d.start : d.end].float() - alone.float()).abs().max().item()
-                    checks.append(DocumentCheck(d, diff, atol + rtol * alone.float().abs().max().item()))
+                    within = atol + rtol * alone.float().abs().max().item()
+                    loss = None
+                    if labels is not None:
+                        loss = compare_loss(packed[d.row], alone, labels[d.row], d, causal=causal, tolerance=within)
+                    checks.append(DocumentCheck(d, diff, within, loss))
     finally:
         model.train(training)
     report = PackingReport(tuple(checks), attention_of(model), use_cache_of(model, inputs[0]), str(dtype), atol, rtol)
     if report.exact:
         return report
+    if all(d.logits_exact for d in checks):  # the logits are right, so the labels are not
+        wrong = [d for d in checks if d.loss is not None and not d.loss.exact]
+        first = wrong[0]
+        cause = label_cause(read[first.document.batch]["labels"], first.document)
+        what = (
+            f"{len(wrong)} of {len(checks)} documents get another loss packed than alone, first at "
+            f"{first.document}: {first.loss}"
+        )
+        raise PackingError(_message(cause, what), cause, report)
     worst = max(checks, key=lambda d: d.max_abs_diff / d.tolerance)
     number = worst.document.batch
     cause = diagnose(model, read[number], inputs[number], found[number])
@@ -217,6 +253,14 @@ def _message(cause: Cause | None, what: str) -> str:
             "with attn_implementation='sdpa' and pack(block_mask=True), or raise atol/rtol if this is rounding."
         )
     return f"check_packing: {what}; cause [{cause.key}]: {cause.what}. Fix: {cause.fix}."
+
+
+def _labels(batch: Mapping[str, Any]) -> torch.Tensor | None:
+    """The batch's labels when they lie over its ids (``[rows, seq_len]``), else ``None``."""
+    labels, ids = batch.get("labels"), batch.get("input_ids")
+    if isinstance(labels, torch.Tensor) and isinstance(ids, torch.Tensor) and labels.shape == ids.shape:
+        return labels
+    return None
 
 
 def _to(batch: dict, device: torch.device) -> dict:

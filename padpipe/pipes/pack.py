@@ -6,18 +6,30 @@ import bisect
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.chunks import Chunk, TokenChunk
-from padpipe.errors import DataError, check_bool, check_int, one_of, positive
+from padpipe.chunks import TokenChunk
+from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.graph import EpochAware
-from padpipe.pipes.packing import MASK_DTYPES, assemble, cut_pieces, pieces_to_chunk
+from padpipe.pipes.packing import MASK_DTYPES, assemble
+from padpipe.pipes.pieces import Piece, Pieces, cut_pieces, pieces_to_chunk
 from padpipe.state import Bool, Child, Int, ListOf, Loaded, StateSchema, invalid
 from padpipe.stats import PipelineStats
 
-LONG_DOCS = ("split", "truncate", "drop")
+LONG_DOCS = (None, "split", "truncate", "drop", "raise")
+BATCH_KEYS = (
+    "input_ids",
+    "position_ids",
+    "labels",
+    "seq_idx",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+    "attention_mask",
+)
+"""The keys a packed batch holds of its own (a kept column may not take one of these names)."""
 
 
 def check_pack_options(
@@ -25,13 +37,14 @@ def check_pack_options(
     seq_len: int,
     batch_size: int,
     buffer_size: int,
-    long_docs: str,
+    long_docs: str | None,
     keep_tail: bool,
     position_offset: int,
     block_mask: bool,
     mask_dtype: torch.dtype | None,
     pad_id: int,
     label_pad_id: int,
+    keep: tuple[str, ...] = (),
 ) -> None:
     """Raise ``ValueError``/``TypeError`` for packing settings that cannot work.
 
@@ -58,6 +71,13 @@ def check_pack_options(
         raise ValueError(f"`position_offset` must be a non-negative int, but is {position_offset!r} instead.")
     check_int("pad_id", pad_id)
     check_int("label_pad_id", label_pad_id)
+    if not isinstance(keep, tuple) or not all(isinstance(name, str) for name in keep):
+        raise TypeError(f"`keep` must be a tuple of column names, but is {keep!r} instead.")
+    if len(set(keep)) != len(keep) or set(keep) & set(BATCH_KEYS):
+        raise ValueError(
+            f"`keep` must name distinct columns other than the packed batch's own keys {BATCH_KEYS!r}, but is "
+            f"{keep!r} instead."
+        )
 
 
 class Packer(EpochAware, BaseNode[dict]):
@@ -78,9 +98,10 @@ class Packer(EpochAware, BaseNode[dict]):
 
     - ``input_ids`` ``[B, seq_len]`` int64; padding slots hold ``pad_id``.
     - ``position_ids`` ``[B, seq_len]`` int64, restarting at ``position_offset`` at every segment.
-    - ``labels`` ``[B, seq_len]`` int64: ``input_ids`` with ``label_pad_id`` at the first token of
-      every piece and at padding, so after the model's own shift nothing is predicted across a
-      boundary.
+    - ``labels`` ``[B, seq_len]`` int64: each piece's token-level labels where its rows have a
+      ``labels`` list column (``.tokens()``, ``.chat()``: a prompt masked with -100 stays masked),
+      else its ``input_ids``; with ``label_pad_id`` at the first token of every piece and at
+      padding, so after the model's own shift nothing is predicted across a boundary.
     - ``seq_idx`` ``[B, seq_len]`` int32: the segment's index in the flattened ``B * seq_len``
       tokens (0, 1, ... over the whole batch); read by Mamba-style layers.
     - ``cu_seq_lens_q``, ``cu_seq_lens_k`` (one int32 tensor ``[S + 1]``): segment boundaries over
@@ -110,17 +131,22 @@ class Packer(EpochAware, BaseNode[dict]):
     HF ``Trainer`` with ``remove_unused_columns=True`` (its default) drops ``seq_idx``,
     ``cu_seq_lens_*`` and ``max_length_*`` (they are not in ``forward``'s signature): pass
     ``remove_unused_columns=False``, or flash-attention sees only ``position_ids`` and, at
-    ``B > 1``, attends across documents. Pass-through columns and token type ids of the input are
-    not carried into packed rows.
+    ``B > 1``, attends across documents. Token type ids of the input are not carried into packed
+    rows, nor are pass-through columns unless named in ``keep``: each kept column (row ids such as
+    ``idx``) comes as a list of ``B`` lists, the values of each row's pieces in order (a split
+    document's value in each row that holds a piece of it), so the batch is still cut by rows.
 
     Args:
         source: Upstream node yielding :class:`TokenChunk`.
         seq_len: Tokens per packed row (at least 2).
         batch_size: Packed rows per batch.
         buffer_size: Pieces held to choose fits from.
-        long_docs: A document longer than ``seq_len``: ``"split"`` into ``seq_len`` pieces (counted as
-            ``pack.split_docs``), ``"truncate"`` to its first ``seq_len`` tokens (``pack.truncated_docs``)
-            or ``"drop"`` it (skip ``pack.long_doc``). Empty documents are skipped (``pack.empty_doc``).
+        long_docs: A document longer than ``seq_len``: ``"split"`` into ``seq_len`` pieces, each with
+            its own labels (counted as ``pack.split_docs``), ``"truncate"`` to its first ``seq_len``
+            tokens (``pack.truncated_docs``), ``"drop"`` it (skip ``pack.long_doc``) or ``"raise"`` a
+            :class:`~padpipe.errors.DataError` naming it. ``None`` (the default): ``"raise"`` for
+            rows with token-level labels (a masked row is never split unless asked), ``"split"``
+            for the others. Empty documents are skipped (``pack.empty_doc``).
         keep_tail: With ``"split"``, keep the last piece shorter than ``seq_len`` (else skipped as
             ``pack.long_doc_tail``).
         position_offset: First position id of every segment.
@@ -132,6 +158,8 @@ class Packer(EpochAware, BaseNode[dict]):
             ``block_mask``.
         pad_id: Id at unfilled slots.
         label_pad_id: Label at document starts and padding.
+        keep: Columns of the input (integers or strings, such as ``idx``) to carry into batches,
+            as a list per row; a column missing from the input raises ``DataError``.
         stats: Counters to report into (``record_batch`` per batch, time under ``"pack"``).
 
     Example:
@@ -147,16 +175,22 @@ class Packer(EpochAware, BaseNode[dict]):
 
     STATE = StateSchema(
         "pack",
-        2,
+        3,  # 3: pieces carry their labels and kept columns; long_docs may be None or "raise"
         source=Child(),
         epoch=Int(0),
-        incoming=Chunk(),  # pieces pulled but not yet pooled
-        pool=Chunk(),  # in arrival order
-        placed=Chunk(),  # pieces of the batch being built, in row order
+        incoming=Pieces(),  # pieces pulled but not yet pooled (``keep`` columns: specs in reset)
+        pool=Pieces(),  # in arrival order
+        placed=Pieces(),  # pieces of the batch being built, in row order
         placed_rows=ListOf(Int(0)),  # the batch row of each placed piece (< batch_size: specs in reset)
         closed_rows=Int(0),  # rows of that batch already closed
         exhausted=Bool(),
     )
+
+    _incoming: list[Piece]  # pieces pulled but not yet pooled (from ``_in_pos`` on)
+    _keys: list[tuple[int, int]]  # pool, sorted by (length, -arrival seq)
+    _store: dict[int, Piece]  # arrival seq -> piece, in arrival order
+    _placed: list[Piece]  # pieces of the batch being built, in row order
+    _placed_rows: list[int]  # the batch row of each placed piece
 
     def __init__(
         self,
@@ -165,13 +199,14 @@ class Packer(EpochAware, BaseNode[dict]):
         seq_len: int,
         batch_size: int = 1,
         buffer_size: int = 256,
-        long_docs: str = "split",
+        long_docs: str | None = None,
         keep_tail: bool = True,
         position_offset: int = 0,
         block_mask: bool = False,
         mask_dtype: torch.dtype | None = None,
         pad_id: int,
         label_pad_id: int = -100,
+        keep: tuple[str, ...] = (),
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
@@ -186,13 +221,14 @@ class Packer(EpochAware, BaseNode[dict]):
             mask_dtype=mask_dtype,
             pad_id=pad_id,
             label_pad_id=label_pad_id,
+            keep=keep,
         )
         self.source = source
         self.seq_len, self.batch_size, self.buffer_size = seq_len, batch_size, buffer_size
         self.long_docs, self.keep_tail = long_docs, keep_tail
         self.position_offset, self.block_mask = position_offset, block_mask
         self.mask_dtype = (mask_dtype or torch.float32) if block_mask else None
-        self.pad_id, self.label_pad_id = pad_id, label_pad_id
+        self.pad_id, self.label_pad_id, self.keep = pad_id, label_pad_id, keep
         self.stats = stats or PipelineStats()
         self._epoch = -1
         self._clear()
@@ -206,18 +242,19 @@ class Packer(EpochAware, BaseNode[dict]):
             self.source.reset(None)
             return
         last_row = self.batch_size - 1
+        pieces = Pieces(self.keep)
         specs = {"placed_rows": ListOf(Int(0, last_row)), "closed_rows": Int(0, last_row)}
+        specs.update(incoming=pieces, pool=pieces, placed=pieces)
         loaded = self.STATE.check(initial_state, self._settings(), specs=specs, check=self._check_loaded)
-        pool, placed = loaded.pool, loaded.placed
         self.source.reset(loaded.source)
         self._epoch = loaded.epoch
         self._incoming = loaded.incoming
-        for i in range(pool.num_rows):  # in arrival order: ties resolve as before
-            self._add_to_pool(pool.row(i))
-        self._placed = [placed.row(i) for i in range(placed.num_rows)]
+        for piece in loaded.pool:  # in arrival order: ties resolve as before
+            self._add_to_pool(piece)
+        self._placed = loaded.placed
         self._placed_rows = loaded.placed_rows
         self._closed = loaded.closed_rows
-        self._used = sum(len(p) for p, r in zip(self._placed, self._placed_rows) if r == self._closed)
+        self._used = sum(len(p.ids) for p, r in zip(self._placed, self._placed_rows) if r == self._closed)
         self._exhausted = loaded.exhausted
 
     def next(self) -> dict:
@@ -234,15 +271,13 @@ class Packer(EpochAware, BaseNode[dict]):
             return self._emit()
 
     def get_state(self) -> dict[str, Any]:
-        start = int(self._incoming.offsets[self._in_pos])
-        incoming = TokenChunk(self._incoming.ids[start:], self._incoming.offsets[self._in_pos :] - start)
         return self.STATE.make(
             self._settings(),
             source=self.source.state_dict(),
             epoch=self._epoch,
-            incoming=incoming.to_state(),
-            pool=pieces_to_chunk(list(self._store.values())).to_state(),  # dict order = arrival
-            placed=pieces_to_chunk(self._placed).to_state(),
+            incoming=pieces_to_chunk(self._incoming[self._in_pos :], self.keep).to_state(),
+            pool=pieces_to_chunk(list(self._store.values()), self.keep).to_state(),  # dict order = arrival
+            placed=pieces_to_chunk(self._placed, self.keep).to_state(),
             placed_rows=list(self._placed_rows),
             closed_rows=self._closed,
             exhausted=self._exhausted,
@@ -254,21 +289,19 @@ class Packer(EpochAware, BaseNode[dict]):
         pool, placed, rows, closed = loaded.pool, loaded.placed, loaded.placed_rows, loaded.closed_rows
         stage = self.STATE.stage
         for key in ("incoming", "pool", "placed"):
-            chunk = loaded[key]
-            if chunk.num_rows and int(chunk.lengths.max()) > self.seq_len:
+            if any(len(p.ids) > self.seq_len for p in loaded[key]):
                 raise invalid(stage, key, f"pieces of at most seq_len={self.seq_len} tokens", "a longer piece")
-        if pool.num_rows > self.buffer_size:
-            raise invalid(stage, "pool", f"at most buffer_size={self.buffer_size} pieces", pool.num_rows)
-        if len(rows) != placed.num_rows or rows != sorted(rows) or (rows and rows[-1] > closed):
+        if len(pool) > self.buffer_size:
+            raise invalid(stage, "pool", f"at most buffer_size={self.buffer_size} pieces", len(pool))
+        if len(rows) != len(placed) or rows != sorted(rows) or (rows and rows[-1] > closed):
             raise invalid(
                 stage,
                 "placed_rows",
-                f"the row (<= {closed}, rising) of each of the {placed.num_rows} placed pieces",
+                f"the row (<= {closed}, rising) of each of the {len(placed)} placed pieces",
                 rows[:8],
             )
-        used = (
-            np.bincount(rows, weights=placed.lengths, minlength=self.batch_size) if rows else np.zeros(self.batch_size)
-        )
+        lengths = [len(p.ids) for p in placed]
+        used = np.bincount(rows, weights=lengths, minlength=self.batch_size) if rows else np.zeros(self.batch_size)
         if used.max() > self.seq_len or (used[:closed] == 0).any():
             raise invalid(
                 stage,
@@ -278,22 +311,19 @@ class Packer(EpochAware, BaseNode[dict]):
             )
 
     def _settings(self) -> dict[str, Any]:
-        names = ("seq_len", "batch_size", "buffer_size", "long_docs", "keep_tail")
+        names = ("seq_len", "batch_size", "buffer_size", "long_docs", "keep_tail", "keep")
         return {name: getattr(self, name) for name in names}
 
     def _clear(self) -> None:
-        self._incoming, self._in_pos = TokenChunk.empty(), 0  # pieces pulled but not yet pooled
-        self._keys: list[tuple[int, int]] = []  # pool, sorted by (length, -arrival seq)
-        self._store: dict[int, np.ndarray] = {}  # arrival seq -> piece ids, in arrival order
-        self._next_seq = 0
-        self._placed: list[np.ndarray] = []  # pieces of the batch being built, in row order
-        self._placed_rows: list[int] = []
+        self._incoming, self._in_pos = [], 0
+        self._keys, self._store, self._next_seq = [], {}, 0
+        self._placed, self._placed_rows = [], []
         self._closed = 0  # rows of that batch already closed; the open row is number ``_closed``
         self._used = 0  # tokens in the open row
         self._exhausted = False
 
     def _incoming_left(self) -> int:
-        return self._incoming.num_rows - self._in_pos
+        return len(self._incoming) - self._in_pos
 
     def _pull(self) -> None:
         try:
@@ -303,15 +333,10 @@ class Packer(EpochAware, BaseNode[dict]):
             return
         if not isinstance(chunk, TokenChunk):
             raise TypeError(f"pack() needs tokenized rows (TokenChunk) as input, but got {type(chunk).__name__}.")
-        labels = chunk.columns.get("labels")
-        if labels is not None and (pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type)):
-            raise DataError(
-                "pack() builds each row's labels from its input_ids, so it would drop the token-level `labels` "
-                "column of .tokens() (a prompt mask of -100 would be lost and its tokens trained on): drop that "
-                "column to train on every token, or batch with .bucket(...).pad() or .batch(n).pad(), which keep it."
-            )
         with self.stats.timer("pack"):
-            pieces, counts = cut_pieces(chunk, seq_len=self.seq_len, long_docs=self.long_docs, keep_tail=self.keep_tail)
+            pieces, counts = cut_pieces(
+                chunk, seq_len=self.seq_len, long_docs=self.long_docs, keep_tail=self.keep_tail, keep=self.keep
+            )
             self.stats.add("pack.split_docs", counts["split"])
             self.stats.add("pack.truncated_docs", counts["truncated"])
             self.stats.record_skip("pack.long_doc", counts["dropped"])
@@ -319,16 +344,16 @@ class Packer(EpochAware, BaseNode[dict]):
             self.stats.record_skip("pack.empty_doc", counts["empty"])
             self._incoming, self._in_pos = pieces, 0
 
-    def _add_to_pool(self, ids: np.ndarray) -> None:
-        bisect.insort(self._keys, (len(ids), -self._next_seq))
-        self._store[self._next_seq] = ids
+    def _add_to_pool(self, piece: Piece) -> None:
+        bisect.insort(self._keys, (len(piece.ids), -self._next_seq))
+        self._store[self._next_seq] = piece
         self._next_seq += 1
 
     def _place_until_input_needed(self) -> bool:
         """Place pieces until the batch's rows are closed or the pool needs input; False when all is used."""
         while self._closed < self.batch_size:
             while len(self._keys) < self.buffer_size and self._incoming_left():
-                self._add_to_pool(self._incoming.row(self._in_pos))
+                self._add_to_pool(self._incoming[self._in_pos])
                 self._in_pos += 1
             if len(self._keys) < self.buffer_size and not self._exhausted:
                 return True
@@ -339,10 +364,10 @@ class Packer(EpochAware, BaseNode[dict]):
             if i < 0:  # nothing pooled fits the open row (which is non-empty: every piece fits an empty row)
                 self._closed, self._used = self._closed + 1, 0
                 continue
-            ids = self._store.pop(-self._keys.pop(i)[1])
-            self._placed.append(ids)
+            piece = self._store.pop(-self._keys.pop(i)[1])
+            self._placed.append(piece)
             self._placed_rows.append(self._closed)
-            self._used += len(ids)
+            self._used += len(piece.ids)
             if self._used == self.seq_len:
                 self._closed, self._used = self._closed + 1, 0
         return True
@@ -357,8 +382,9 @@ class Packer(EpochAware, BaseNode[dict]):
             position_offset=self.position_offset,
             label_pad_id=self.label_pad_id,
             mask_dtype=self.mask_dtype,
+            keep=self.keep,
         )
-        real = sum(len(p) for p in self._placed)
+        real = sum(len(p.ids) for p in self._placed)
         self.stats.record_batch(rows=len(self._placed), real_tokens=real, padded_tokens=self._closed * self.seq_len)
         self._placed, self._placed_rows, self._closed, self._used = [], [], 0, 0
         return out

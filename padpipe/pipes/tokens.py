@@ -52,7 +52,7 @@ class TokenColumns:
       dropped, with their type ids and labels; the column itself is dropped (pad and pack build
       their own).
     - ``labels`` as a list column: token-level labels, one per token, kept aligned with the ids
-      (``pad()`` pads them with ``label_pad_id``; ``pack()`` refuses them, building its own).
+      (``pad()`` pads them with ``label_pad_id``; ``pack()`` keeps each row's own in its packed row).
 
     Then rows longer than ``max_length`` keep their first ``max_length`` tokens (special tokens
     are not kept apart: a trailing ``[SEP]``/EOS is cut with the rest). The other columns pass

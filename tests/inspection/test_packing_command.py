@@ -37,7 +37,7 @@ def test_check_packing_command_passes_a_model_that_packs_exactly(tmp_path, capsy
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("check_packing: attn_implementation='eager', use_cache=False, dtype=torch.float32")
-    assert re.fullmatch(r"exact: 8 documents get their own logits \(max abs difference \S+\)", lines[-1])
+    assert re.fullmatch(r"exact: 8 documents get their own logits and loss \(max abs difference \S+\)", lines[-1])
     assert len(lines) == 10
 
 

@@ -169,3 +169,25 @@ def test_guard_warns_that_it_cannot_check_a_first_batch_of_one_document_rows(cap
         "padpipe.hf.Trainer: packing in the model is not checked: check_packing: no row of the ba",
     ]
     assert caplog.records[-1].getMessage().endswith("Run pp.check_packing(model, pipe.loader()) before training.")
+
+
+def test_trainer_trains_packed_masked_rows_on_their_labels_without_their_kept_ids(tmp_path, caplog) -> None:
+    """Masked SFT rows packed with ``keep=("idx",)``: the model gets each document's labels, never the ids."""
+    rows = []
+    for i in range(40):
+        ids = [5 + (i * 31 + j * 17) % (VOCAB - 5) for j in range(4 + (i * 7) % 19)]
+        rows.append({"input_ids": ids, "labels": [-100] * (1 + i % 3) + ids[1 + i % 3 :], "idx": i})
+    pipe = pp.from_iterable(rows).tokens(pad_id=0).pack(64, batch_size=2, buffer_size=16, keep=("idx",))
+    model = llama()
+    calls = training_calls(model)
+    trainer = Trainer(model=model, args=arguments(tmp_path, use_cache=False), train_dataset=pipe)
+    with caplog.at_level(logging.INFO, logger="padpipe.hf"):
+        trainer.train()
+    assert trainer.state.global_step == 2 and all("idx" not in call for call in calls)
+    expected = [batch["labels"] for batch in itertools.islice(pipe.loader(), 2)]
+    assert all(torch.equal(call["labels"], labels) for call, labels in zip(calls, expected))
+    assert any(
+        r.getMessage().startswith("padpipe.hf.Trainer: packing in the model checked on the first batch: exact: ")
+        and "get their own logits and loss" in r.getMessage()
+        for r in caplog.records
+    )

@@ -331,7 +331,7 @@ def test_pack_raises_error_when_state_has_other_settings() -> None:
         (
             dict(seq_len=8, long_docs="wrap"),
             ValueError,
-            r"^`long_docs` must be one of \('split', 'truncate', 'drop'\), but is 'wrap' instead\.$",
+            r"^`long_docs` must be one of \(None, 'split', 'truncate', 'drop', 'raise'\), but is 'wrap' instead\.$",
         ),
         (
             dict(seq_len=8, position_offset=-1),

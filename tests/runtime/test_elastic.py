@@ -33,7 +33,16 @@ def data(tmp_path_factory) -> dict[str, str]:
         table = pa.table({"text": texts, "rid": list(range(start, start + rows))})
         paths[name] = str(folder / f"{name}.parquet")
         pq.write_table(table, paths[name], row_group_size=160)  # uneven: 6 groups of 160 and 1 of 60
+    paths["masked"] = str(folder / "masked.parquet")
+    pq.write_table(pa.table(masked_rows()), paths["masked"], row_group_size=160)
     return paths
+
+
+def masked_rows() -> dict[str, list]:
+    """SFT-like token rows: a prompt masked with -100, then trained tokens; ``rid`` names each row."""
+    ids = [[2 + (i * 13 + j * 7) % 500 for j in range(2 + (i * 11) % 40)] for i in range(ROWS)]
+    labels = [[-100] * (1 + i % (len(row) - 1)) + row[1 + i % (len(row) - 1) :] for i, row in enumerate(ids)]
+    return {"input_ids": ids, "labels": labels, "rid": list(range(ROWS))}
 
 
 def bucketed(data) -> pp.Pipeline:
@@ -55,6 +64,15 @@ def packed(data) -> pp.Pipeline:
     )
 
 
+def packed_masked(data) -> pp.Pipeline:
+    return (
+        pp.read_parquet(data["masked"], chunk_rows=50)
+        .shuffle(buffer_size=200, seed=3)
+        .tokens(pad_id=0)
+        .pack(64, batch_size=4, buffer_size=40, keep=("rid",))
+    )
+
+
 def mixed(data) -> pp.Pipeline:
     tok = pp.examples.tokenizer()
     a = pp.read_parquet(data["a"], chunk_rows=50).tokenize(tok, max_length=48, num_threads=1)
@@ -67,7 +85,16 @@ def mixed(data) -> pp.Pipeline:
 
 
 def rows_of(batch: dict) -> list:
-    """Row identities of a batch: ``rid`` when it has one, else a packed batch's documents as token tuples."""
+    """Row identities of a batch: ``rid`` when it has one, else a packed batch's documents as token tuples.
+
+    A packed batch that keeps ``rid`` gives ``(rid, ids, labels)`` for each of its documents.
+    """
+    if isinstance(batch.get("rid"), list):
+        flat, bounds = batch["input_ids"].flatten().tolist(), batch["cu_seq_lens_q"].tolist()
+        labels, rids = batch["labels"].flatten().tolist(), [r for row in batch["rid"] for r in row]
+        docs = [(tuple(flat[a:b]), tuple(labels[a:b])) for a, b in zip(bounds, bounds[1:]) if flat[a] != 0]
+        assert len(docs) == len(rids), "one rid for each document of the batch, row by row"
+        return [(rid, *doc) for rid, doc in zip(rids, docs)]
     if "rid" in batch:
         assert batch["input_ids"].numel() <= MAX_TOKENS
         return batch["rid"].tolist()
@@ -77,6 +104,12 @@ def rows_of(batch: dict) -> list:
 
 
 def expected_rows(pipe_name: str, data) -> collections.Counter:
+    if pipe_name == "packed_masked":  # each document whole, with its own labels, -100 at its first token
+        rows = masked_rows()
+        return collections.Counter(
+            (rid, tuple(ids), (-100, *labels[1:]))
+            for rid, ids, labels in zip(rows["rid"], rows["input_ids"], rows["labels"])
+        )
     if pipe_name != "packed":
         total = list(range(ROWS)) + (list(range(10_000, 10_300)) if pipe_name == "mixed" else [])
         return collections.Counter(total)
@@ -85,6 +118,9 @@ def expected_rows(pipe_name: str, data) -> collections.Counter:
     return collections.Counter(
         tuple(ids[m.bool()].tolist()) for ids, m in zip(batch["input_ids"], batch["attention_mask"])
     )
+
+
+PIPELINES = {"bucketed": bucketed, "packed": packed, "packed_masked": packed_masked, "mixed": mixed}
 
 
 def loader(pipe: pp.Pipeline, rank: int, ranks: int, workers: int):
@@ -124,12 +160,14 @@ def resume_new(pipe: pp.Pipeline, states: list, ranks: int, workers: int, epochs
         ("bucketed", (4, 2), (2, 2)),
         ("packed", (2, 2), (1, 3)),
         ("packed", (2, 1), (4, 1)),
+        ("packed_masked", (2, 1), (3, 0)),
+        ("packed_masked", (3, 0), (2, 2)),
         ("mixed", (2, 1), (4, 0)),
         ("mixed", (4, 0), (2, 2)),
     ],
 )
 def test_elastic_resume_yields_the_rest_of_the_epoch_exactly_once(data, name, old, new):
-    pipe = {"bucketed": bucketed, "packed": packed, "mixed": mixed}[name](data)
+    pipe = PIPELINES[name](data)
     every = expected_rows(name, data)
     states, before = save_old(pipe, *old, take=3)
     assert 0 < sum(before.values()) < sum(every.values())
@@ -153,10 +191,10 @@ def test_elastic_resume_of_a_finished_epoch_starts_the_next(data):
     assert [b["rid"].tolist() for b in new] == [b["rid"].tolist() for b in reference]  # epoch 1 of the new layout
 
 
-@pytest.mark.parametrize("name", ["bucketed", "packed", "mixed"])
+@pytest.mark.parametrize("name", ["bucketed", "packed", "packed_masked", "mixed"])
 def test_a_run_resized_twice_in_one_epoch_reads_every_row_once(data, name):
     """2 x 0 -> 3 x 0 (a state saved while the plan's batches and pieces come out) -> 1 x 2, then 2 x 1."""
-    pipe = {"bucketed": bucketed, "packed": packed, "mixed": mixed}[name](data)
+    pipe = PIPELINES[name](data)
     old, seen = save_old(pipe, 2, 0, take=2)
     mids = []
     for rank in range(3):

@@ -31,7 +31,7 @@ def rows(count: int = 20) -> list[dict]:
     for i in range(count):
         ids = [2 + (i * 5 + j * 3) % (VOCAB - 2) for j in range(1 + (i * 7) % 9)]
         prompt = min(i % 4, len(ids))
-        out.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+        out.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:], "idx": i})
     return out
 
 
@@ -39,7 +39,8 @@ def pipelines() -> dict[str, pp.Pipeline]:
     tokens = pp.from_iterable(rows()).shuffle(8, seed=1).tokens(pad_id=0)
     unmasked = [{"input_ids": r["input_ids"]} for r in rows()]  # pack() builds its own labels (no prompt mask)
     packed = pp.from_iterable(unmasked).shuffle(8, seed=1).tokens(pad_id=0).pack(13, batch_size=1)
-    return {"padded": tokens.batch(2).pad(), "packed": packed}  # 10 and 8 batches
+    masked = tokens.pack(13, batch_size=2, keep=("idx",))  # each document keeps its prompt mask
+    return {"padded": tokens.batch(2).pad(), "packed": packed, "packed_masked": masked}  # 10, 8 and 4 batches
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def windows_of(loader, k: int) -> list[list[dict]]:
     return [batches[i : i + k] for i in range(0, len(batches), k)]
 
 
-@pytest.mark.parametrize("kind", ["padded", "packed"])
+@pytest.mark.parametrize("kind", ["padded", "packed", "packed_masked"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "masked"])
 def test_num_items_in_batch_is_hf_trainers_own_count_of_the_window(trainers, kind, causal):
     trainer = trainers[causal]
@@ -96,7 +97,7 @@ def test_the_short_last_window_counts_only_its_own_batches():
     assert [int(b["num_items_in_batch"]) for b in node] == [5, 5, 4, 4, 2]
 
 
-@pytest.mark.parametrize("kind", ["padded", "packed"])
+@pytest.mark.parametrize("kind", ["padded", "packed", "packed_masked"])
 def test_a_loader_resumed_at_every_step_of_a_window_gives_the_same_batches_and_counts(kind):
     pipe = pipelines()[kind]
     check_loader_resume(lambda: pipe.loader(accumulation_steps=3))
@@ -217,10 +218,13 @@ def test_loss_tokens_raises_state_mismatch_for_a_resealed_window_batch_without_l
         LossTokens(IterableWrapper(batches), steps=3).reset(state)
 
 
-def test_pack_refuses_token_level_labels_it_would_drop_while_padded_counts_keep_the_mask():
+def test_packed_masked_rows_count_exactly_the_trained_tokens_of_their_documents():
+    """Each document alone trains its labels after the first that are not -100; packed, the windows sum to that."""
+    alone = sum(sum(label != -100 for label in r["labels"][1:]) for r in rows())
+    for kind in ("padded", "packed_masked"):
+        windows = windows_of(pipelines()[kind].loader(accumulation_steps=3), 3)
+        assert sum(int(w[0]["num_items_in_batch"]) for w in windows) == alone == 65, kind
     masked = [{"input_ids": r["input_ids"], "labels": [-100] * len(r["input_ids"])} for r in rows(6)]
     tokens = pp.from_iterable(masked).tokens(pad_id=0)
-    padded = [int(b["num_items_in_batch"]) for b in tokens.batch(2).pad().loader(accumulation_steps=2)]
-    assert padded == [0, 0, 0]
-    with pytest.raises(pp.DataError, match=r"^pack\(\) builds each row's labels from its input_ids, so it would drop"):
-        list(tokens.pack(13, batch_size=1).loader(accumulation_steps=2))
+    for batches in (tokens.batch(2).pad(), tokens.pack(13, batch_size=1)):
+        assert {int(b["num_items_in_batch"]) for b in batches.loader(accumulation_steps=2)} == {0}

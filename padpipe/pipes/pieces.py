@@ -1,0 +1,233 @@
+"""The packer's pieces: documents cut to fit a row, each with its own token-level labels and kept values.
+
+A piece is what :class:`~padpipe.pipes.pack.Packer` places in a row: a document of at most
+``seq_len`` tokens, or a part of a longer one. :func:`cut_pieces` cuts a chunk's documents
+(vectorized, the labels cut with their ids), and :func:`pieces_to_chunk` and the :class:`Pieces`
+state spec turn pieces into one chunk and back, for the packer's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from padpipe.chunks import TokenChunk
+from padpipe.errors import DataError
+from padpipe.pipes.tokenize import LABELS, ROW_ID_COLUMNS
+from padpipe.state import Invalid, Spec
+
+
+class Piece(NamedTuple):
+    """A document, or a part of one, as the packer places it.
+
+    Attributes:
+        ids: Its token ids.
+        labels: Its token-level labels (``int64``, one per token), or ``None`` when its row had none
+            (its labels are then its ids).
+        values: The values of the kept columns (``pack(keep=...)``) of its document, in ``keep`` order.
+    """
+
+    ids: np.ndarray
+    labels: np.ndarray | None
+    values: tuple[Any, ...]
+
+
+def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    """``[0, v0, v0 + v1, ...]`` as ``int64`` (offsets from lengths)."""
+    out = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=out[1:])
+    return out
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _where(chunk: TokenChunk, row: int) -> str:
+    name = next((c for c in ROW_ID_COLUMNS if c in chunk.columns), None)
+    return f"row {row} of the chunk" + (f" ({name}={chunk.columns[name][row].as_py()!r})" if name else "")
+
+
+def token_labels(chunk: TokenChunk) -> np.ndarray | None:
+    """The chunk's token-level labels (a ``labels`` list column), flat and aligned with its ids, or ``None``.
+
+    A ``labels`` column of one value per row (a class label) is not token-level: ``None``.
+
+    Example:
+        >>> chunk = TokenChunk.from_lists([[5, 6], [7]], {"labels": pa.array([[-100, 6], [7]], pa.large_list(pa.int64()))})
+        >>> token_labels(chunk).tolist()
+        [-100, 6, 7]
+    """  # noqa: E501
+    column = chunk.columns.get(LABELS)
+    if column is None or not _is_list(column.type):
+        return None
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    counts = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(pc.is_null(column).to_numpy(zero_copy_only=False) | (counts != chunk.lengths))
+    if len(bad):
+        row = int(bad[0])
+        found = "None" if column[row].as_py() is None else f"{int(counts[row])} labels"
+        raise DataError(
+            f"pack: token-level labels at {_where(chunk, row)} are {found} for {int(chunk.lengths[row])} tokens; "
+            "expected one label per token."
+        )
+    values = pc.list_flatten(column)
+    if values.null_count or not pa.types.is_integer(values.type):
+        raise DataError(f"pack: token-level labels must be non-null integers, but are {column.type} instead.")
+    return values.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def kept_values(chunk: TokenChunk, keep: Sequence[str]) -> list[list[Any]]:
+    """The values of each column in ``keep``, as Python lists (``DataError`` if one is missing or not ids).
+
+    Example:
+        >>> kept_values(TokenChunk.from_lists([[5], [6]], {"idx": [3, 4]}), ("idx",))
+        [[3, 4]]
+    """
+    out = []
+    for name in keep:
+        column = chunk.columns.get(name)
+        if column is None:
+            raise DataError(
+                f"pack: column {name!r} named in `keep` is not in the data; expected one of the columns "
+                f"{sorted(chunk.columns)!r}."
+            )
+        kind = column.type
+        if not (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise DataError(
+                f"pack: column {name!r} named in `keep` has type {kind}; expected integers or strings (row ids)."
+            )
+        out.append(column.to_pylist())
+    return out
+
+
+def cut_pieces(
+    chunk: TokenChunk, *, seq_len: int, long_docs: str | None, keep_tail: bool, keep: Sequence[str] = ()
+) -> tuple[list[Piece], dict[str, int]]:
+    """The pieces a packer places for the documents of ``chunk``, in order, with their counts.
+
+    A document of at most ``seq_len`` tokens is one piece. A longer one is split into ``seq_len``
+    pieces plus its tail (``"split"``; the tail dropped when ``keep_tail`` is false), cut to its
+    first ``seq_len`` tokens (``"truncate"``), dropped (``"drop"``), or refused with a
+    :class:`~padpipe.errors.DataError` naming it (``"raise"``). ``None`` is ``"raise"`` when the
+    chunk has token-level labels (a masked row is never split unless asked) and ``"split"``
+    otherwise. Token-level labels are cut with their ids. Empty documents are dropped.
+
+    Args:
+        chunk: Tokenized documents, one per row.
+        seq_len: Tokens per packed row.
+        long_docs: ``None``, ``"split"``, ``"truncate"``, ``"drop"`` or ``"raise"``.
+        keep_tail: With ``"split"``, keep the last piece shorter than ``seq_len``.
+        keep: Columns whose values each piece carries (its document's).
+
+    Returns:
+        ``(pieces, counts)``: the pieces and how many documents were ``"split"``, ``"truncated"``,
+        ``"dropped"`` (too long), ``"tails_dropped"`` and ``"empty"``.
+
+    Example:
+        >>> pieces, counts = cut_pieces(TokenChunk.from_lists([[1, 2, 3, 4, 5], [6]]), seq_len=2,
+        ...                             long_docs=None, keep_tail=True)
+        >>> [p.ids.tolist() for p in pieces], counts["split"]
+        ([[1, 2], [3, 4], [5], [6]], 1)
+    """
+    labels = token_labels(chunk)
+    values = kept_values(chunk, keep)
+    policy = long_docs or ("raise" if labels is not None else "split")
+    lengths = chunk.lengths
+    long = lengths > seq_len
+    if policy == "raise" and long.any():
+        raise _long_row_error(chunk, long, seq_len, labelled=labels is not None, explicit=long_docs == "raise")
+    counts = {"split": 0, "truncated": 0, "dropped": 0, "tails_dropped": 0, "empty": int((lengths == 0).sum())}
+    pieces = (lengths > 0).astype(np.int64)
+    if policy == "split":
+        tails = long & (lengths % seq_len > 0)
+        pieces[long] = lengths[long] // seq_len + (tails[long] if keep_tail else 0)
+        counts["split"] = int(long.sum())
+        counts["tails_dropped"] = 0 if keep_tail else int(tails.sum())
+    elif policy == "truncate":
+        counts["truncated"] = int(long.sum())
+    elif policy == "drop":
+        pieces[long] = 0
+        counts["dropped"] = int(long.sum())
+    doc = np.repeat(np.arange(len(lengths), dtype=np.int64), pieces)
+    part = np.arange(len(doc), dtype=np.int64) - np.repeat(exclusive_cumsum(pieces)[:-1], pieces)
+    starts = chunk.offsets[:-1][doc] + part * seq_len
+    sizes = np.minimum(seq_len, lengths[doc] - part * seq_len)
+    offsets = exclusive_cumsum(sizes)
+    index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(starts - offsets[:-1], sizes)
+    ids = chunk.ids[index]
+    cut = None if labels is None else labels[index]
+    rows = [tuple(column[d] for column in values) for d in doc.tolist()] if keep else [()] * len(doc)
+    bounds = offsets.tolist()
+    out = [Piece(ids[a:b], None if cut is None else cut[a:b], row) for a, b, row in zip(bounds, bounds[1:], rows)]
+    return out, counts
+
+
+def _long_row_error(chunk: TokenChunk, long: np.ndarray, seq_len: int, *, labelled: bool, explicit: bool) -> DataError:
+    row = int(np.flatnonzero(long)[0])
+    tokens = int(chunk.lengths[row])
+    what = f"{tokens} tokens with token-level labels" if labelled else f"{tokens} tokens"
+    why = (
+        "long_docs='raise'"
+        if explicit
+        else "a row with token-level labels is not split across packed rows unless asked"
+    )
+    more = int(long.sum()) - 1
+    return DataError(
+        f"pack: {_where(chunk, row)} has {what}; expected at most seq_len={seq_len} ({why})"
+        + (f"; {more} more row(s) of this chunk are longer" if more else "")
+        + f". Keep the first {seq_len} tokens of each row with max_length={seq_len} on .tokens() or .chat() "
+        "(or .tokenize()), or pass long_docs='split', 'truncate' or 'drop' to pack()."
+    )
+
+
+def pieces_to_chunk(pieces: Sequence[Piece], keep: Sequence[str] = ()) -> TokenChunk:
+    """The pieces as one compact chunk (for state dicts): ids, ``labels`` when any piece has them, kept columns.
+
+    Example:
+        >>> chunk = pieces_to_chunk([Piece(np.array([1, 2], np.int32), None, (7,)), Piece(np.array([3], np.int32), None, (8,))], ("idx",))
+        >>> chunk.offsets.tolist(), chunk.columns["idx"].to_pylist()
+        ([0, 2, 3], [7, 8])
+    """  # noqa: E501
+    if not pieces:
+        return TokenChunk.empty()
+    lengths = np.fromiter((len(p.ids) for p in pieces), dtype=np.int64, count=len(pieces))
+    offsets = exclusive_cumsum(lengths)
+    columns: dict[str, pa.Array] = {}
+    if any(p.labels is not None for p in pieces):
+        labels = np.concatenate([p.ids if p.labels is None else p.labels for p in pieces]).astype(np.int64)
+        columns[LABELS] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(labels))
+    for j, name in enumerate(keep):
+        columns[name] = pa.array([p.values[j] for p in pieces])
+    return TokenChunk(np.concatenate([p.ids for p in pieces]), offsets, None, columns)
+
+
+@dataclass(frozen=True)
+class Pieces(Spec):
+    """A sealed chunk of pieces made by :func:`pieces_to_chunk` with these ``keep`` columns; loads a list of pieces."""
+
+    keep: tuple[str, ...] = ()
+
+    def load(self, value: Any) -> list[Piece]:
+        chunk = TokenChunk.from_state(value)
+        names = sorted(chunk.columns)
+        allowed = {LABELS, *self.keep}
+        if chunk.num_rows and (set(names) - allowed or set(self.keep) - set(names)):
+            raise Invalid(f"pieces with the kept columns {list(self.keep)} (and labels)", f"pieces with {names}")
+        try:
+            labels = token_labels(chunk)
+            values = kept_values(chunk, self.keep) if chunk.num_rows else []
+        except DataError as exc:
+            raise Invalid("pieces with one integer label per token", str(exc)[:120]) from None
+        rows = list(zip(*values)) if self.keep else [()] * chunk.num_rows
+        bounds = chunk.offsets.tolist()
+        return [
+            Piece(chunk.ids[a:b], None if labels is None else labels[a:b], tuple(row))
+            for a, b, row in zip(bounds, bounds[1:], rows)
+        ]
