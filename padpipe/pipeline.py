@@ -271,7 +271,7 @@ class Pipeline(Runnable, IterableDataset):
             truncation=truncation,
             tools=tools,
             kwargs_column=kwargs_column,
-            template_kwargs=dict(template_kwargs or {}),
+            template_kwargs={} if template_kwargs is None else template_kwargs,
             on_error=on_error,
         )
         return self._add(Stage("chat", _build.chat, options), TOKENS)

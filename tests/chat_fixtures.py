@@ -180,12 +180,8 @@ GEMMA_MARKED = """{{ bos_token }}
 {%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}
 """
 
-QWEN3 = """{%- set ns = namespace(last_query=messages | length - 1) %}
-{%- for message in messages[::-1] %}
-    {%- if message.role == 'user' and ns.last_query == messages | length - 1 %}
-        {%- set ns.last_query = messages | length - 1 - loop.index0 %}
-    {%- endif %}
-{%- endfor %}
+QWEN3 = """{%- set ns = namespace(last_query=-1) %}
+{%- for message in messages %}{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}
 {%- for message in messages %}
     {%- if message.role == 'assistant' %}
         {%- set content = message.content %}

@@ -46,7 +46,7 @@ class SpanEncoder:
         >>> enc = SpanEncoder(pp.examples.hf_tokenizer())
         >>> tokens = enc.encode(["hello world", "hi"])
         >>> tokens.offsets.tolist(), enc.mask(tokens, np.array([0]), np.array([6]), np.array([11])).tolist()
-        ([0, 2, 3], [False, True, False])
+        ([0, 2, 4], [False, True, False, False])
     """
 
     def __init__(self, tokenizer: Any) -> None:

@@ -71,6 +71,7 @@ class ChatOptions:
             )
         if not isinstance(self.template_kwargs, Mapping) or not all(isinstance(k, str) for k in self.template_kwargs):
             raise TypeError(f"`template_kwargs` must be a dict of template arguments, but is {self.template_kwargs!r}.")
+        object.__setattr__(self, "template_kwargs", dict(self.template_kwargs))  # the caller's dict may change
         one_of("on_error", self.on_error, ("raise", "skip"))
 
     def settings(self) -> dict[str, Any]:
@@ -171,7 +172,7 @@ class ChatTokenizer:
             np.cumsum(lengths, out=offsets[1:])
             ids, trained = tokens.ids[kept], trained[kept]
             counts = row_sums(offsets, trained)
-            self.stats.add("chat.truncated", int((lengths < np.diff(tokens.offsets)).sum()))
+            self.stats.add("chat.truncated", int(((lengths < np.diff(tokens.offsets)) & (counts > 0)).sum()))
             self.stats.record_skip(
                 f"chat.{NO_TRAINED}", len(plans) - len(good) - len(problems) + int((counts == 0).sum())
             )
