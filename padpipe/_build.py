@@ -8,10 +8,11 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from padpipe.chat.options import ChatOptions
 from padpipe.chat.template import ChatTemplate
 from padpipe.pipes.batch import FixedBatcher
 from padpipe.pipes.bucket import Bucketizer
-from padpipe.pipes.chat import ChatOptions, ChatTokenizer
+from padpipe.pipes.chat import ChatTokenizer
 from padpipe.pipes.device import DevicePrefetcher
 from padpipe.pipes.first_chunks import FirstChunks
 from padpipe.pipes.pack import Packer
