@@ -14,6 +14,12 @@ from padpipe.chat.labels import TRUNCATION
 from padpipe.chat.spans import TRAIN_ON
 from padpipe.errors import one_of, positive
 
+MISSING_COLUMN = (
+    "expected one of the columns {} (messages= names the conversations' column; prompt= and completion= name a "
+    "prompt's and its completion's)."
+)
+"""The end of the error for a conversation column that is not in the data (the stage's, and loader()'s check)."""
+
 
 @dataclass(frozen=True)
 class ChatOptions:
@@ -67,7 +73,10 @@ class ChatOptions:
         out = {k: v for k, v in self.__dict__.items() if k not in ("on_error", "template_kwargs")}
         return {**out, "template_kwargs": json.dumps(dict(self.template_kwargs), sort_keys=True, default=repr)}
 
+    def required(self) -> tuple[str, ...]:
+        """The columns every row must have: ``messages``, or ``prompt`` and ``completion``."""
+        return (self.messages,) if self.prompt is None or self.completion is None else (self.prompt, self.completion)
+
     def consumed(self) -> tuple[str, ...]:
         """The columns the stage reads (the others pass through)."""
-        named = (self.prompt, self.completion) if self.prompt is not None else (self.messages,)
-        return tuple(c for c in (*named, self.tools, self.kwargs_column) if c is not None)
+        return tuple(c for c in (*self.required(), self.tools, self.kwargs_column) if c is not None)

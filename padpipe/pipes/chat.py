@@ -18,7 +18,7 @@ import pyarrow as pa
 from padpipe.chat import rows as read
 from padpipe.chat.encode import SpanEncoder, Tokens
 from padpipe.chat.labels import IGNORE, cut, row_sums
-from padpipe.chat.options import ChatOptions
+from padpipe.chat.options import MISSING_COLUMN, ChatOptions
 from padpipe.chat.rows import NOT_PREFIX, TEMPLATE, RowProblem
 from padpipe.chat.spans import chosen, completion_span, message_spans
 from padpipe.chat.template import ChatTemplate
@@ -194,13 +194,10 @@ class ChatTokenizer:
 
     def _check_columns(self, batch: pa.RecordBatch) -> None:
         names = batch.schema.names
-        for name in self.options.consumed()[: 1 if self.options.prompt is None else 2]:
+        for name in self.options.required():
             if name not in names:
-                raise DataError(
-                    f"chat: column {name!r} is not in the data{_from(batch)}; expected one of the columns {names!r} "
-                    "(messages= names the conversations' column; prompt= and completion= name a prompt's and its "
-                    "completion's)."
-                )
+                missing = MISSING_COLUMN.format(names)
+                raise DataError(f"chat: column {name!r} is not in the data{_from(batch)}; {missing}")
         if LABELS in names:
             raise DataError(
                 f"chat: the data{_from(batch)} has a column {LABELS!r}, which the token-level labels of .chat() "

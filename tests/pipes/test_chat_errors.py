@@ -199,3 +199,18 @@ def test_chat_prompt_completion_lists_need_a_template_but_plain_text_does_not() 
     )
     with pytest.raises(ValueError, match=r"^prompt/completion rows of plain text get the tokenizer's EOS token"):
         pp.from_iterable([{"p": "Hi", "c": "!"}]).chat(fx.tokenizer(None, eos_token=None), prompt="p", completion="c")
+
+
+def test_chat_raises_error_at_loader_when_a_parquet_file_lacks_the_column(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"chat": json.dumps(GOOD), "id": 0}]), tmp_path / "a.parquet")
+    pipe = pp.read_parquet(str(tmp_path / "a.parquet")).shuffle(4).chat(fx.tokenizer()).batch(2).pad()
+    with pytest.raises(
+        DataError,
+        match=r"^chat: column 'messages' is not in the data; expected one of the columns "
+        r"\['chat', 'id'\] \(messages= names the conversations' column; .*\)\.$",
+    ):
+        pipe.loader()
+    assert len(rows_of(pp.read_parquet(str(tmp_path / "a.parquet")).chat(fx.tokenizer(), messages="chat"))) == 1
