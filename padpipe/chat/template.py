@@ -105,6 +105,7 @@ class ChatTemplate:
         self._chosen = chat_template
         self._render = require("transformers.utils.chat_template_utils", "chat()").render_jinja_template
         self.special_tokens = _special_tokens(self.tokenizer)
+        self._special_tokens_map = dict(self.tokenizer.special_tokens_map)  # what apply_chat_template passes
         self._templates: dict[bool, str] | None = None
         self.probe = Probe(None, True, None)
         if chat_template is None and not self.tokenizer.chat_template:
@@ -151,7 +152,7 @@ class ChatTemplate:
             chat_template=template,
             return_assistant_tokens_mask=markers,
             add_generation_prompt=generation_prompt,
-            **{**self.tokenizer.special_tokens_map, **(kwargs or {})},
+            **{**self._special_tokens_map, **(kwargs or {})},
         )
         return texts, indices if markers else None
 
@@ -162,7 +163,7 @@ class ChatTemplate:
             >>> ChatTemplate(pp.examples.hf_tokenizer(), "{{ messages[0].content }}").fingerprint()
             'template sha1=...'
         """
-        text = repr((self._templates, sorted(self.tokenizer.special_tokens_map.items())))
+        text = repr((self._templates, sorted(self._special_tokens_map.items())))
         return f"template sha1={hashlib.sha1(text.encode()).hexdigest()[:16]}"
 
     def _missing(self) -> str:

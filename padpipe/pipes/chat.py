@@ -109,7 +109,9 @@ class ChatTokenizer:
             if not isinstance(batch, pa.RecordBatch):
                 raise TypeError(f"chat expects a pyarrow.RecordBatch, but got {type(batch).__name__} instead.")
             self._check_columns(batch)
-            plans = [_or_problem(self._plan, row) for row in self._rows(batch)]
+            values = self._rows(batch)
+            rendered = self._render_shared(values)
+            plans = [_or_problem(self._plan, value, rendered.get(i)) for i, value in enumerate(values)]
             problems = [i for i, plan in enumerate(plans) if isinstance(plan, RowProblem)]
             if problems and self.options.on_error == "raise":
                 raise DataError(self._message(batch, problems[0], plans[problems[0]]))
@@ -161,8 +163,28 @@ class ChatTokenizer:
         kwargs = kwargs or [{}] * len(values)
         return [next((v for v in row if isinstance(v, RowProblem)), row) for row in zip(values, tools, kwargs)]
 
-    def _plan(self, row: tuple[Any, list | None, dict[str, Any]]) -> Plan | None:
-        """The row's text and spans; ``None`` when nothing in it is trained (it is dropped, counted)."""
+    def _render_shared(self, rows: list[Any]) -> dict[int, tuple[str, list[tuple[int, int]] | None]]:
+        """The conversations without tools or template arguments of their own, rendered in one call."""
+        shared = [
+            i
+            for i, row in enumerate(rows)
+            if not isinstance(row, RowProblem) and isinstance(row[0], list) and row[1] is None and not row[2]
+        ]
+        if len(shared) < 2:
+            return {}
+        try:
+            texts, blocks = self.template.render(
+                [rows[i][0] for i in shared], kwargs=self.options.template_kwargs, markers=self.template.marked()
+            )
+        except Exception:  # a conversation the template refuses: each row renders alone and names its own error
+            return {}
+        return {i: (text, None if blocks is None else blocks[j]) for j, (i, text) in enumerate(zip(shared, texts))}
+
+    def _plan(
+        self, row: tuple[Any, list | None, dict[str, Any]], rendered: tuple[str, Any] | None = None
+    ) -> Plan | None:
+        """The row's text and spans (``rendered``: its text and markers, when rendered already); ``None`` when
+        nothing in it is trained (it is dropped, counted)."""
         value, tools, row_kwargs = row
         kwargs, o = {**self.options.template_kwargs, **row_kwargs}, self.options
         invert = o.train_on == "all"
@@ -177,7 +199,8 @@ class ChatTokenizer:
         trained, untrained = chosen(value, o.train_on, o.training_field)
         if not invert and not trained:
             return None
-        full, blocks = _render(self.template, value, tools, kwargs, self.template.marked(tools is not None))
+        marked = self.template.marked(tools is not None)
+        full, blocks = rendered if rendered is not None else _render(self.template, value, tools, kwargs, marked)
         spans = message_spans(
             self.template, value, trained or untrained, full=full, blocks=blocks, tools=tools, kwargs=kwargs
         )
@@ -234,10 +257,10 @@ def _render(
     return texts[0], blocks[0] if blocks is not None else None
 
 
-def _or_problem(plan: Any, row: Any) -> Any:
+def _or_problem(plan: Any, row: Any, *more: Any) -> Any:
     if isinstance(row, RowProblem):
         return row
     try:
-        return plan(row)
+        return plan(row, *more)
     except RowProblem as problem:
         return problem
