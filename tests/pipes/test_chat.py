@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import padpipe as pp
+from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats
 from tests import chat_fixtures as fx
 from tests.contract import check_loader_resume
@@ -263,3 +264,33 @@ def test_chat_output_is_what_tokens_gives() -> None:
     assert len(chat_batches) == len(token_batches) == 4
     for a, b in zip(chat_batches, token_batches):
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_chat_reads_every_conversation_once_in_dataloader_workers(tmp_path) -> None:
+    tok = fx.tokenizer(name="llama3_marked")
+    chats = chats_for("llama3_marked", n=64, seed=16)
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "messages": c}) + "\n" for i, c in enumerate(chats)))
+    pipe = pp.read_jsonl(str(path)).chat(tok).batch(8).pad()
+    seen: dict[int, list[int]] = {}
+    for batch in pipe.loader(num_workers=2):
+        for i, row_id in enumerate(batch["id"].tolist()):
+            assert row_id not in seen
+            seen[row_id] = batch["labels"][i][batch["attention_mask"][i] == 1].tolist()
+    assert sorted(seen) == list(range(len(chats)))
+    assert all(seen[i] == expected_labels(tok, c, answers(c), "<|eot_id|>") for i, c in enumerate(chats))
+
+
+def test_chat_refuses_a_state_saved_with_other_labels_or_another_template() -> None:
+    source = pp.from_iterable([{"messages": c} for c in chats_for("chatml", n=40, seed=17)])
+    loader = source.chat(fx.tokenizer(name="chatml")).batch(4).pad().loader()
+    next(iter(loader))
+    state = loader.state_dict()
+    for changed, found in [
+        (dict(train_on="last"), r"setting 'train_on' found 'assistant' instead of 'last'"),
+        (dict(chat_template=fx.QWEN25), r"setting 'template' found 'template sha1=\w+' instead of 'template sha1=\w+'"),
+    ]:
+        other = source.chat(fx.tokenizer(name="chatml"), **changed).batch(4).pad().loader()
+        other.load_state_dict(state)
+        with pytest.raises(StateMismatchError, match=rf"^chat state doesn't match this pipeline: {found}\.?$"):
+            next(iter(other))
