@@ -73,7 +73,7 @@ def test_message_spans_by_prefixes_equal_the_marked_ones() -> None:
         ChatTemplate(fx.tokenizer(name="llama3_marked")),
         ChatTemplate(fx.tokenizer(fx.LLAMA3_MARKED, bos_token="<|begin_of_text|>")),
     )
-    for chat in fx.conversations(20, seed=4):
+    for chat in fx.conversations(10, seed=4):
         answers = [k for k, m in enumerate(chat) if m["role"] == "assistant"]
         (full,), (blocks,) = marked.render([chat], markers=True)
         by_markers = message_spans(marked, chat, answers, full=full, blocks=blocks, tools=None, kwargs={})
