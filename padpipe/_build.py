@@ -8,8 +8,11 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from padpipe.chat.options import ChatOptions
+from padpipe.chat.template import ChatTemplate
 from padpipe.pipes.batch import FixedBatcher
 from padpipe.pipes.bucket import Bucketizer
+from padpipe.pipes.chat import ChatTokenizer
 from padpipe.pipes.device import DevicePrefetcher
 from padpipe.pipes.first_chunks import FirstChunks
 from padpipe.pipes.pack import Packer
@@ -142,3 +145,19 @@ def tokens(
     settings = {"column": column, "type_ids": type_ids, "max_length": max_length}
     upstream = FirstChunks(upstream)  # chunked as tokenize's input, so both give the same batches downstream
     return OrderedMapper(upstream, fn, num_threads=1, stage="tokens", settings=settings)
+
+
+def chat(
+    upstream: BaseNode, ctx: BuildContext, *, template: ChatTemplate, options: ChatOptions, num_threads: int
+) -> BaseNode:
+    """Build the chat stage: templates rendered and tokenized by ``num_threads`` threads, chunks in order.
+
+    Its state is the upstream position after the last chunk it returned (exact across thread
+    counts, as tokenize's), with what changes the tokens and labels checked on resume: the options
+    but ``on_error``, the template and the tokenizer.
+    """
+
+    fn = ChatTokenizer(template, options, stats=ctx.stats)
+    settings = {**options.settings(), "template": template.fingerprint(), "tokenizer": fn.encoder.fingerprint()}
+    upstream = FirstChunks(upstream)  # the first rows of an epoch in small chunks: the first tokens come fast
+    return OrderedMapper(upstream, fn, num_threads=num_threads, stage="chat", settings=settings)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from padpipe._optional import missing
+from padpipe.chat.options import MISSING_COLUMN
 from padpipe.errors import DataError
 from padpipe.readers.paths import GLOB_CHARS, check_paths
 
@@ -119,7 +120,7 @@ def check_budget(max_tokens: int | None, on_oversize: str, max_length: int | Non
 def check_fields(pipe: Pipeline) -> None:
     """Raise :class:`~padpipe.errors.DataError` when a column the pipeline reads is not in its input.
 
-    Checks the reader's ``columns`` and the tokenize stage's ``fields`` against what is cheap to
+    Checks the reader's ``columns`` and the tokenize stage's ``fields`` (the chat stage's columns) against what is cheap to
     know without reading rows (see the module docs); anything else passes.
 
     Example:
@@ -148,6 +149,10 @@ def check_fields(pipe: Pipeline) -> None:
                         f"tokenize: text field {name!r} is not in the data; expected one of the columns "
                         f"{list(names)!r}."
                     )
+        if stage.name == "chat":
+            for name in stage.options["options"].required():
+                if name not in names:
+                    raise DataError(f"chat: column {name!r} is not in the data; {MISSING_COLUMN.format(list(names))}")
         if stage.name not in COLUMN_KEEPING_STAGES:
             return
 

@@ -7,7 +7,7 @@ nothing is read or tokenized until :meth:`Pipeline.loader` (or iteration) builds
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ from padpipe._checks import check_budget, steps_missing
 from padpipe.cache import TokenCache, check_recipe
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes.bucket import check_bucket_options
+from padpipe.pipes.chat import chat_options
 from padpipe.pipes.cut import longest_row_allowed
 from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
@@ -171,6 +172,109 @@ class Pipeline(Runnable, IterableDataset):
         self._expect("tokens", RECORDS)
         options = tokens_options(column=column, type_ids=type_ids, max_length=max_length, pad_id=pad_id)
         return self._add(Stage("tokens", _build.tokens, options), TOKENS)
+
+    def chat(
+        self,
+        tokenizer: Any,
+        *,
+        messages: str = "messages",
+        train_on: Literal["assistant", "last", "all"] = "assistant",
+        max_length: int | None = None,
+        chat_template: str | None = None,
+        prompt: str | None = None,
+        completion: str | None = None,
+        training_field: str | None = "training",
+        truncation: Literal["keep_start", "turns"] = "keep_start",
+        tools: str | None = "tools",
+        template_kwargs: Mapping[str, Any] | None = None,
+        kwargs_column: str | None = "chat_template_kwargs",
+        num_threads: int = 2,
+        on_error: Literal["raise", "skip"] = "raise",
+    ) -> Pipeline:
+        """Turn conversations into token rows with the chat template, and labels where the model is trained.
+
+        Each row's ids are exactly ``tokenizer.apply_chat_template(messages, tools=..., **kwargs)``'s,
+        and a token-level ``labels`` column holds the id where the token is trained and -100
+        elsewhere, so ``.bucket(...).pad()`` (labels padded with -100) or ``.batch(n).pad()`` follow
+        as after :meth:`tokenize`. Other columns pass through (``idx``/``id``, ``label`` by its name).
+
+        A trained message's span is the text the template writes for it after its header (after
+        the generation prompt, for an answer) through its end-of-turn token (``<|im_end|>``,
+        ``<|eot_id|>``, ``</s>``, ``<end_of_turn>``), never the separator written after that token:
+        taken from ``{% generation %}`` markers where the template has them (moved to that span), else
+        by rendering each trained message's prefix with the generation prompt, checked on every row.
+        A row the template renders otherwise in a prefix than in the whole (Qwen3 drops earlier
+        answers' ``<think>`` blocks) is refused, naming the row (a ``DataError``, or a counted skip),
+        never given a wrong span; pass ``chat_template=`` a template that renders turns alike.
+
+        Rows no token of which is trained are dropped and counted as ``chat.no_trained_tokens``: no row
+        with only -100 labels is ever yielded. Counters: ``chat.rows``, ``chat.tokens``,
+        ``chat.trained_tokens``, ``chat.truncated``; skips ``chat.bad_messages`` (a value that is not a
+        list of messages, or bad tools/arguments), ``chat.template_error`` (the template raised),
+        ``chat.not_prefix`` (see above).
+
+        Args:
+            tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (``AutoTokenizer``).
+                A bare ``tokenizers.Tokenizer`` has no special-token names for the template: wrap it in
+                ``PreTrainedTokenizerFast(tokenizer_object=..., eos_token=...)``.
+            messages: The column of conversations: lists of messages (``role``; ``content`` as text or
+                a list of parts; an answer may hold ``tool_calls`` and no content), as structs or as
+                JSON text. A message's ``None`` values are dropped, as ``apply_chat_template`` does.
+            train_on: ``"assistant"``: every answer; ``"last"``: the last answer; ``"all"``: every token.
+            max_length: Keep a longer conversation's first ``max_length`` tokens (ids a prefix of the
+                whole conversation's, labels of that prefix).
+            chat_template: A Jinja template to use instead of the tokenizer's (``ValueError`` at once
+                when neither exists).
+            prompt: With ``completion``, the columns of a prompt and its completion: two lists of
+                messages (rendered as one conversation; the completion is trained: what follows the
+                prompt's generation prompt, through its last end-of-turn token), or two strings
+                (tokenized as ``tokenizer(prompt + completion + eos_token)``, as TRL does: the
+                completion and the EOS are trained). ``train_on="all"`` trains the prompt too.
+            completion: See ``prompt``.
+            training_field: The message key whose ``True``/``False`` turns training on or off for that
+                message whatever ``train_on`` says (axolotl's ``training``); ``None``: none. A message of
+                another role turned on trains its whole turn, header included.
+            truncation: ``"keep_start"`` (TRL's), or ``"turns"``: cut a longer conversation after its
+                last trained span that fits whole (nothing of a cut answer is trained).
+            tools: The column of tool schemas (a list of JSON objects or their JSON text), passed to
+                the template when the data has it.
+            template_kwargs: Template arguments for every row (``{"enable_thinking": False}``).
+            kwargs_column: The column of per-row template arguments (a struct or JSON object), used when
+                the data has it; its values win over ``template_kwargs``.
+            num_threads: Chunks rendered and tokenized concurrently (as :meth:`tokenize`'s).
+            on_error: ``"raise"`` a ``DataError`` naming the file and row of a conversation that cannot be
+                rendered or labelled, or ``"skip"`` it, counted by reason.
+
+        Example:
+            >>> template = ("{% for m in messages %}{{ m.role }}: {{ m.content }} [SEP]{% endfor %}"
+            ...             "{% if add_generation_prompt %}assistant:{% endif %}")
+            >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+            >>> pipe = pp.from_iterable([{"messages": chat, "id": 7}]).chat(pp.examples.hf_tokenizer(),
+            ...                                                                chat_template=template)
+            >>> batch = next(iter(pipe.batch(1).pad().loader()))
+            >>> batch["input_ids"].tolist()
+            [[627, 68, 88, 23, 3, 626, 198, 546, 68, 5668, 3]]
+            >>> batch["labels"].tolist(), batch["id"].tolist()  # trained: 'hello' and '[SEP]'
+            ([[-100, -100, -100, -100, -100, -100, -100, -100, -100, 5668, 3]], [7])
+        """
+        self._expect("chat", RECORDS)
+        options = chat_options(
+            tokenizer,
+            chat_template=chat_template,
+            num_threads=num_threads,
+            messages=messages,
+            prompt=prompt,
+            completion=completion,
+            train_on=train_on,
+            training_field=training_field,
+            max_length=max_length,
+            truncation=truncation,
+            tools=tools,
+            kwargs_column=kwargs_column,
+            template_kwargs={} if template_kwargs is None else template_kwargs,
+            on_error=on_error,
+        )
+        return self._add(Stage("chat", _build.chat, options), TOKENS)
 
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
         """Group rows into batches of ``batch_size`` in arrival order (no length grouping).
@@ -450,6 +554,9 @@ class Pipeline(Runnable, IterableDataset):
         encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
         if encoder is not None:
             return getattr(encoder, name, None)
+        chat = next((s.options for s in self.stages if s.name == "chat"), None)
+        if chat is not None:
+            return chat["options"].max_length if name == "max_length" else chat["template"].token_id(name)
         if self.source.name == "mix":
             found = {pipe._tokenizer_id(name) for pipe in self.source.options["pipelines"].values()}
             return found.pop() if len(found) == 1 else None

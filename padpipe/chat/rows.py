@@ -1,0 +1,181 @@
+"""The columns of conversation rows read into Python values: messages, prompt/completion, tools, template arguments.
+
+Each reader returns one value per row, or a :class:`RowProblem` saying what is wrong with that row;
+the stage names the row (file, row, ``idx``/``id``) and raises or counts it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+BAD, TEMPLATE, NOT_PREFIX = "bad_messages", "template_error", "not_prefix"
+"""The reasons a row is refused (``chat.<reason>`` in ``stats().skipped`` under ``on_error="skip"``)."""
+
+
+class RowProblem(Exception):
+    """Why one conversation cannot become tokens; ``reason``: :data:`BAD`, :data:`TEMPLATE` or :data:`NOT_PREFIX`.
+
+    Example:
+        >>> RowProblem(BAD, "'messages' is None; expected a list of messages").reason
+        'bad_messages'
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def read_messages(column: pa.Array, name: str) -> list[Any]:
+    """Each row's list of messages (a list column of structs, or JSON text), or a :class:`RowProblem`.
+
+    Example:
+        >>> read_messages(pa.array(['[{"role": "user", "content": "hi"}]', "[]"]), "messages")
+        [[{'role': 'user', 'content': 'hi'}], RowProblem("'messages' is an empty list; expected a list of messages (dicts with a 'role' string)")]
+    """  # noqa: E501
+    return [_or_problem(check_messages, value, name) for value in _values(column, name, parse=True)]
+
+
+def read_prompt_completion(prompt: pa.Array, completion: pa.Array, names: tuple[str, str]) -> list[Any]:
+    """Each row's ``(prompt, completion)``: two lists of messages, or two strings; else a :class:`RowProblem`.
+
+    Example:
+        >>> read_prompt_completion(pa.array(["2+2="]), pa.array(["4"]), ("prompt", "completion"))
+        [('2+2=', '4')]
+    """
+    pairs = zip(_values(prompt, names[0], parse=False), _values(completion, names[1], parse=False))
+    return [_or_problem(_pair, pair, names) for pair in pairs]
+
+
+def read_tools(column: pa.Array | None, name: str) -> list[Any]:
+    """Each row's tools (a list of JSON schemas, or ``None``), from JSON text or structs; else a :class:`RowProblem`.
+
+    Structs lose their ``None`` values (a struct column gives every row the keys of all rows).
+
+    Example:
+        >>> read_tools(pa.array([['{"type": "function"}'], None]), "tools")
+        [[{'type': 'function'}], None]
+    """
+    if column is None:
+        return []
+    return [_or_problem(_tools, value, name) for value in _values(column, name, parse=True, drop_none=True)]
+
+
+def read_kwargs(column: pa.Array | None, name: str) -> list[Any]:
+    """Each row's template arguments (a dict, from a struct, a map or JSON text); else a :class:`RowProblem`.
+
+    Example:
+        >>> read_kwargs(pa.array([{"enable_thinking": False}, None]), "chat_template_kwargs")
+        [{'enable_thinking': False}, {}]
+    """
+    if column is None:
+        return []
+    return [_or_problem(_kwargs, value, name) for value in _values(column, name, parse=True, drop_none=True)]
+
+
+def check_messages(value: Any, name: str) -> list[dict[str, Any]]:
+    """``value`` if it is a non-empty list of dicts with a ``role`` string, else :class:`RowProblem`."""
+    expected = "expected a list of messages (dicts with a 'role' string)"
+    if not isinstance(value, list):
+        raise RowProblem(BAD, f"{name!r} is {_show(value)}; {expected}")
+    if not value:
+        raise RowProblem(BAD, f"{name!r} is an empty list; {expected}")
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RowProblem(BAD, f"message {i} of {name!r} is {_show(message)}; {expected}")
+    return value
+
+
+def _values(column: pa.Array, name: str, *, parse: bool, drop_none: bool = False) -> list[Any]:
+    """The column's Python values; JSON text parsed when ``parse`` (a value that is no JSON: a RowProblem)."""
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column, kind = column.dictionary_decode(), kind.value_type
+    values = column.to_pylist()
+    if pa.types.is_map(kind):
+        values = [None if v is None else dict(v) for v in values]
+    if drop_none and _has_struct(kind):
+        values = [_without_none(v) for v in values]
+    if parse and (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_text_list(kind)):
+        values = [_or_problem(_parse, v, name) for v in values]
+    return values
+
+
+def _parse(value: Any, name: str) -> Any:
+    if isinstance(value, list):
+        return [_parse(item, name) for item in value]
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise RowProblem(BAD, f"{name!r} holds text that is not JSON ({exc}): {value[:60]!r}") from None
+
+
+def _pair(pair: tuple[Any, Any], names: tuple[str, str]) -> tuple[Any, Any]:
+    prompt, completion = pair
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return prompt, completion
+    if isinstance(prompt, list) and isinstance(completion, list):
+        return check_messages(prompt, names[0]), check_messages(completion, names[1])
+    raise RowProblem(
+        BAD,
+        f"{names[0]!r} is {_show(prompt)} and {names[1]!r} is {_show(completion)}; expected two lists of messages "
+        "or two strings",
+    )
+
+
+def _tools(value: Any, name: str) -> list[Any] | None:
+    if isinstance(value, RowProblem):
+        raise value
+    if value is None or (isinstance(value, list) and all(isinstance(t, dict) for t in value)):
+        return value
+    raise RowProblem(BAD, f"{name!r} is {_show(value)}; expected a list of tool schemas (JSON objects)")
+
+
+def _kwargs(value: Any, name: str) -> dict[str, Any]:
+    if isinstance(value, RowProblem):
+        raise value
+    if value is None:
+        return {}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return value
+    raise RowProblem(BAD, f"{name!r} is {_show(value)}; expected template arguments (a JSON object or a struct)")
+
+
+def _or_problem(check: Any, value: Any, name: Any) -> Any:
+    if isinstance(value, RowProblem):
+        return value
+    try:
+        return check(value, name)
+    except RowProblem as problem:
+        return problem
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"a {type(value).__name__} ({text[:57] + '...' if len(text) > 60 else text})"
+
+
+def _has_struct(kind: pa.DataType) -> bool:
+    if pa.types.is_struct(kind):
+        return True
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _has_struct(kind.value_type)
+
+
+def _is_text_list(kind: pa.DataType) -> bool:
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
+        pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
+    )
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value

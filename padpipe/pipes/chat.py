@@ -1,0 +1,266 @@
+"""The chat stage's work: one Arrow record batch of conversations in, one :class:`TokenChunk` with labels out.
+
+:class:`ChatTokenizer` is a plain callable; ``padpipe._build.chat`` runs it in an
+:class:`~padpipe.pipes.threads.OrderedMapper` of threads, as ``tokenize``, so it keeps no state between
+calls and resume is the upstream reader's position. Per conversation it renders the template (Python,
+unavoidable) and finds the trained spans (padpipe.chat.spans); the chunk's texts are tokenized in one
+Rust batch call, and labels, truncation and dropping are vectorized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from padpipe.chat import rows as read
+from padpipe.chat.encode import SpanEncoder, Tokens
+from padpipe.chat.labels import IGNORE, cut, row_sums
+from padpipe.chat.options import MISSING_COLUMN, ChatOptions
+from padpipe.chat.rows import NOT_PREFIX, TEMPLATE, RowProblem
+from padpipe.chat.spans import chosen, completion_span, message_spans
+from padpipe.chat.template import ChatTemplate
+from padpipe.chunks import TokenChunk
+from padpipe.errors import DataError, positive
+from padpipe.pipes.tokenize import LABELS, ROW_ID_COLUMNS, _from
+from padpipe.readers.schema import row_of
+from padpipe.stats import PipelineStats
+
+NO_TRAINED = "no_trained_tokens"
+HINTS = {
+    NOT_PREFIX: "pass chat_template= a template that renders each turn the same whatever follows it (or one with "
+    "{% generation %} markers), or on_error='skip' to drop such rows",
+}
+
+
+def chat_options(tokenizer: Any, *, chat_template: str | None, num_threads: int, **options: Any) -> dict[str, Any]:
+    """Check the chat stage's settings, load the tokenizer and its template, and return the stage's options.
+
+    Cheap checks come first, so a bad argument fails before any tokenizer is loaded.
+
+    Example:
+        >>> chat_options(pp.examples.hf_tokenizer(), chat_template=None, num_threads=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: chat() needs a chat template, but the tokenizer (BertTokenizer) has none and no `chat_template=` was given: pass chat_template= a Jinja template string.
+    """  # noqa: E501
+    positive("num_threads", num_threads)
+    settings = ChatOptions(**options)
+    template = ChatTemplate(tokenizer, chat_template, required=settings.prompt is None)
+    if settings.prompt is not None and template.tokenizer.eos_token is None:
+        raise ValueError(
+            "prompt/completion rows of plain text get the tokenizer's EOS token after the completion "
+            "(as TRL appends it), but this tokenizer has none: set tokenizer.eos_token."
+        )
+    marked = template.marked() and settings.prompt is None
+    if settings.train_on != "all" and not marked and not template.probe.honours_generation_prompt:
+        raise ValueError(
+            "chat(): the chat template ignores add_generation_prompt (it adds nothing after a user message, yet an "
+            "answer's turn opens with a header), so where an answer starts is unknown: pass chat_template= one "
+            "that writes the generation prompt, or one with {% generation %} markers."
+        )
+    return {"template": template, "options": settings, "num_threads": num_threads}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A conversation's text and its character spans: trained, or (``invert``) the only ones not trained."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    invert: bool = False
+    plain: bool = False  # plain prompt/completion text, tokenized with the tokenizer's special tokens
+
+
+class ChatTokenizer:
+    """Render each row's conversation with the chat template, tokenize it, and label its trained spans.
+
+    Args:
+        template: The :class:`~padpipe.chat.template.ChatTemplate` to render with.
+        options: What to read and how to label.
+        stats: Counters to report into (``chat`` time; ``chat.rows``, ``chat.tokens``,
+            ``chat.trained_tokens``, ``chat.truncated``; skips ``chat.<reason>``); default: new.
+
+    Example:
+        >>> tok = pp.examples.hf_tokenizer()
+        >>> template = ChatTemplate(tok, "{% for m in messages %}{{ m.role }}: {{ m.content }} [SEP]{% endfor %}"
+        ...                             "{% if add_generation_prompt %}assistant:{% endif %}")
+        >>> fn = ChatTokenizer(template, ChatOptions())
+        >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+        >>> chunk = fn(pa.RecordBatch.from_pylist([{"messages": chat, "id": 7}]))
+        >>> tok.convert_ids_to_tokens(chunk.row(0))
+        ['user', ':', 'h', '##i', '[SEP]', 'ass', '##ist', '##ant', ':', 'hello', '[SEP]']
+        >>> chunk.columns["labels"][0].as_py(), chunk.columns["id"].to_pylist()
+        ([-100, -100, -100, -100, -100, -100, -100, -100, -100, 5668, 3], [7])
+    """  # noqa: E501
+
+    def __init__(self, template: ChatTemplate, options: ChatOptions, stats: PipelineStats | None = None) -> None:
+        if not isinstance(template, ChatTemplate):
+            raise TypeError(f"`template` must be a ChatTemplate, but is {type(template).__name__} instead.")
+        self.template, self.options = template, options
+        self.encoder = SpanEncoder(template.tokenizer)
+        self.stats = stats if stats is not None else PipelineStats()
+
+    def __call__(self, batch: pa.RecordBatch) -> TokenChunk:
+        """Turn one record batch into token rows with labels (thread-safe: no state is kept between calls)."""
+        with self.stats.timer("chat"):
+            if not isinstance(batch, pa.RecordBatch):
+                raise TypeError(f"chat expects a pyarrow.RecordBatch, but got {type(batch).__name__} instead.")
+            self._check_columns(batch)
+            values = self._rows(batch)
+            rendered = self._render_shared(values)
+            plans = [_or_problem(self._plan, value, rendered.get(i)) for i, value in enumerate(values)]
+            problems = [i for i, plan in enumerate(plans) if isinstance(plan, RowProblem)]
+            if problems and self.options.on_error == "raise":
+                raise DataError(self._message(batch, problems[0], plans[problems[0]]))
+            for i in problems:
+                self.stats.record_skip(f"chat.{plans[i].reason}")
+            good = [i for i, plan in enumerate(plans) if isinstance(plan, Plan)]
+            tokens, trained = self._encode([plans[i] for i in good])
+            lengths, kept = cut(tokens.offsets, trained, self.options.max_length, self.options.truncation)
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            ids, trained = tokens.ids[kept], trained[kept]
+            counts = row_sums(offsets, trained)
+            self.stats.add("chat.truncated", int(((lengths < np.diff(tokens.offsets)) & (counts > 0)).sum()))
+            self.stats.record_skip(
+                f"chat.{NO_TRAINED}", len(plans) - len(good) - len(problems) + int((counts == 0).sum())
+            )
+            rows = np.array(good, dtype=np.int64)[counts > 0]
+            if (counts == 0).any():
+                keep = np.repeat(counts > 0, lengths)
+                ids, trained, lengths = ids[keep], trained[keep], lengths[counts > 0]
+                offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+                np.cumsum(lengths, out=offsets[1:])
+            columns = self._pass_through(batch, rows)
+            labels = np.where(trained, ids.astype(np.int64), IGNORE)
+            columns[LABELS] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(labels))
+            chunk = TokenChunk(ids, offsets, None, columns)
+            self.stats.add("chat.rows", chunk.num_rows)
+            self.stats.add("chat.tokens", chunk.num_tokens)
+            self.stats.add("chat.trained_tokens", int(trained.sum()))
+            return chunk
+
+    def _rows(self, batch: pa.RecordBatch) -> list[Any]:
+        """Per row: ``(conversation or (prompt, completion), tools, kwargs)``, or a RowProblem."""
+        o = self.options
+        names = batch.schema.names
+        if o.prompt is not None:
+            assert o.completion is not None
+            values = read.read_prompt_completion(
+                batch.column(o.prompt), batch.column(o.completion), (o.prompt, o.completion)
+            )
+        else:
+            values = read.read_messages(batch.column(o.messages), o.messages)
+        tools = read.read_tools(batch.column(o.tools) if o.tools in names else None, str(o.tools)) or [None] * len(
+            values
+        )
+        kwargs = read.read_kwargs(
+            batch.column(o.kwargs_column) if o.kwargs_column in names else None, str(o.kwargs_column)
+        )
+        kwargs = kwargs or [{}] * len(values)
+        return [next((v for v in row if isinstance(v, RowProblem)), row) for row in zip(values, tools, kwargs)]
+
+    def _render_shared(self, rows: list[Any]) -> dict[int, tuple[str, list[tuple[int, int]] | None]]:
+        """The conversations without tools or template arguments of their own, rendered in one call."""
+        shared = [
+            i
+            for i, row in enumerate(rows)
+            if not isinstance(row, RowProblem) and isinstance(row[0], list) and row[1] is None and not row[2]
+        ]
+        if len(shared) < 2:
+            return {}
+        try:
+            texts, blocks = self.template.render(
+                [rows[i][0] for i in shared], kwargs=self.options.template_kwargs, markers=self.template.marked()
+            )
+        except Exception:  # a conversation the template refuses: each row renders alone and names its own error
+            return {}
+        return {i: (text, None if blocks is None else blocks[j]) for j, (i, text) in enumerate(zip(shared, texts))}
+
+    def _plan(
+        self, row: tuple[Any, list | None, dict[str, Any]], rendered: tuple[str, Any] | None = None
+    ) -> Plan | None:
+        """The row's text and spans (``rendered``: its text and markers, when rendered already); ``None`` when
+        nothing in it is trained (it is dropped, counted)."""
+        value, tools, row_kwargs = row
+        kwargs, o = {**self.options.template_kwargs, **row_kwargs}, self.options
+        invert = o.train_on == "all"
+        if isinstance(value, tuple) and isinstance(value[0], str):  # plain text: the EOS ends the completion
+            prompt, completion = value
+            eos = self.template.tokenizer.eos_token
+            text = prompt + completion + ("" if completion.endswith(eos) else eos)
+            return Plan(text, [] if invert else [(len(prompt), len(text))], invert, plain=True)
+        if isinstance(value, tuple):
+            full = _render(self.template, value[0] + value[1], tools, kwargs, False)[0]
+            return Plan(full, [] if invert else [completion_span(self.template, value[0], full, tools, kwargs)], invert)
+        trained, untrained = chosen(value, o.train_on, o.training_field)
+        if not invert and not trained:
+            return None
+        marked = self.template.marked(tools is not None)
+        full, blocks = rendered if rendered is not None else _render(self.template, value, tools, kwargs, marked)
+        spans = message_spans(
+            self.template, value, trained or untrained, full=full, blocks=blocks, tools=tools, kwargs=kwargs
+        )
+        return Plan(full, spans, invert)
+
+    def _encode(self, plans: list[Plan]) -> tuple[Tokens, np.ndarray]:
+        texts = [plan.text for plan in plans]
+        tokens = self.encoder.encode_plain(texts) if plans and plans[0].plain else self.encoder.encode(texts)
+        spans = [(i, lo, hi) for i, plan in enumerate(plans) for lo, hi in plan.spans]
+        rows, lo, hi = (np.array(v, dtype=np.int64) for v in zip(*spans)) if spans else (np.zeros(0, np.int64),) * 3
+        inside = SpanEncoder.mask(tokens, rows, lo, hi)
+        invert = np.repeat(np.array([plan.invert for plan in plans], dtype=bool), np.diff(tokens.offsets))
+        return tokens, inside != invert
+
+    def _check_columns(self, batch: pa.RecordBatch) -> None:
+        names = batch.schema.names
+        for name in self.options.required():
+            if name not in names:
+                missing = MISSING_COLUMN.format(names)
+                raise DataError(f"chat: column {name!r} is not in the data{_from(batch)}; {missing}")
+        if LABELS in names:
+            raise DataError(
+                f"chat: the data{_from(batch)} has a column {LABELS!r}, which the token-level labels of .chat() "
+                "would replace; drop or rename it."
+            )
+
+    def _pass_through(self, batch: pa.RecordBatch, rows: np.ndarray) -> dict[str, pa.Array]:
+        consumed = self.options.consumed()
+        taken = pa.array(rows, type=pa.int64())
+        return {name: batch.column(i).take(taken) for i, name in enumerate(batch.schema.names) if name not in consumed}
+
+    def _message(self, batch: pa.RecordBatch, row: int, problem: RowProblem) -> str:
+        name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
+        row_id = f"{name}={batch.column(name)[row].as_py()!r}" if name else ""
+        in_file = row_of(batch, row)
+        if in_file:
+            where = f"{in_file} ({row_id + '; ' if row_id else ''}row {row} of the chunk)"
+        else:
+            where = f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + _from(batch)
+        hint = HINTS.get(problem.reason, "pass on_error='skip' to drop such rows")
+        return f"chat: {where}: {problem}; {hint} (counted as chat.{problem.reason})."
+
+    def __repr__(self) -> str:
+        return f"ChatTokenizer({self.template!r}, {self.options!r})"
+
+
+def _render(
+    template: ChatTemplate, messages: list[dict[str, Any]], tools: list | None, kwargs: dict[str, Any], marked: bool
+) -> tuple[str, list[tuple[int, int]] | None]:
+    try:
+        texts, blocks = template.render([messages], tools=tools, kwargs=kwargs, markers=marked)
+    except Exception as exc:  # a template is user code: anything may come out of it
+        raise RowProblem(TEMPLATE, f"the chat template raised {type(exc).__name__}: {exc}") from exc
+    return texts[0], blocks[0] if blocks is not None else None
+
+
+def _or_problem(plan: Any, row: Any, *more: Any) -> Any:
+    if isinstance(row, RowProblem):
+        return row
+    try:
+        return plan(row, *more)
+    except RowProblem as problem:
+        return problem
