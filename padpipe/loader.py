@@ -40,6 +40,7 @@ class PipelineLoader(Generic[T]):
         device: The device its batches are on (a ``to_cuda`` stage's; ``"cuda"`` without an
             index: resolved when used), for wrappers that restore batches kept in their own
             state (``LightningLoader``); ``None``: the CPU.
+        group: The process group whose ranks share the data (``None``: the world).
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -61,9 +62,10 @@ class PipelineLoader(Generic[T]):
         layout: Callable[[], list[int]] | None = None,
         reshare: Callable[..., dict[str, Any]] | None = None,
         device: torch.device | None = None,
+        group: Any = None,
     ) -> None:
         self.root = root
-        self.device = device
+        self.device, self.group = device, group
         self._stats = stats
         self._settings = dict(settings or {})
         self._layout = layout or (lambda: [0, 1, 0])

@@ -77,6 +77,7 @@ class Runnable:
         timeout: float = 0,
         accumulation_steps: int | None = None,
         causal: bool = True,
+        group: Any = None,
     ) -> PipelineLoader:
         """The loader to iterate: one pass per epoch, in this process or in ``num_workers`` processes.
 
@@ -116,6 +117,11 @@ class Runnable:
                 docs/training.md). ``None``: no count.
             causal: With ``accumulation_steps``, count ``labels[..., 1:]`` as for a causal-LM
                 loss (the default); ``False``: every label (masked LM, classification).
+            group: The data-parallel process group: its ranks share the data, take equal steps
+                and sum loss tokens, and :meth:`PipelineLoader.checkpoint` gathers over it
+                (``None``: the whole world). Tensor-, context- and pipeline-parallel peers of one
+                data-parallel rank have the same rank in their own groups, so they read the same
+                batches.
 
         Raises:
             ValueError: The pipeline ends after ``.tokenize()``, ``.batch()`` or ``.bucket()``
@@ -138,6 +144,7 @@ class Runnable:
             equal_steps=equal_steps,
             accumulation_steps=accumulation_steps,
             causal=causal,
+            group=group,
             options={
                 "pin_memory": pin_memory,
                 "prefetch_factor": prefetch_factor,
@@ -152,6 +159,7 @@ class Runnable:
             layout=built.layout,
             reshare=built.reshare,
             device=built.device,
+            group=built.group,
         )
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:

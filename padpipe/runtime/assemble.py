@@ -25,6 +25,7 @@ from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.latch import FailureLatch
 from padpipe.runtime.lockstep import check_policy
 from padpipe.runtime.loss_tokens import LossTokens
+from padpipe.runtime.ranks import ranks
 from padpipe.runtime.workers import WorkerProcesses
 from padpipe.stats import PipelineStats
 
@@ -44,6 +45,7 @@ class Assembly:
         reshare: Builds this run's state from every saved rank's (elastic resume), given those
             states, this layout, the loader fields carried over and the batches fetched ahead.
         device: The device of its batches (a ``to_cuda`` stage's) or ``None``.
+        group: The process group whose ranks share the data and take equal steps (``None``: the world).
     """
 
     root: BaseNode
@@ -52,6 +54,7 @@ class Assembly:
     layout: Callable[[], list[int]]
     reshare: Callable[..., dict[str, Any]]
     device: torch.device | None
+    group: Any = None
 
 
 def assemble(
@@ -63,6 +66,7 @@ def assemble(
     options: dict[str, Any],
     accumulation_steps: int | None = None,
     causal: bool = True,
+    group: Any = None,
 ) -> Assembly:
     """The :class:`Assembly` of ``pipe``'s loader (arguments as :meth:`Pipeline.loader`'s).
 
@@ -86,6 +90,9 @@ def assemble(
     ):
         raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
     stats = PipelineStats()
+    if group is not None and consumer is None and pipe.sharding == "auto":  # the group's ranks share the data
+        rank, size = ranks(group)
+        consumer = Consumer(rank=rank, world_size=size)
     graph_pipe, last = _split_last(pipe)
     device = last.options["device"] if last is not None and last.name == "to_cuda" else None
     if num_workers == 0:
@@ -107,7 +114,7 @@ def assemble(
         )
         root = FailureLatch(last.builder(root, context, **last.options))  # its failures stay failures too
     if equal_steps != "off":
-        root = EqualSteps(root, policy=equal_steps, stats=stats, device=device)
+        root = EqualSteps(root, policy=equal_steps, stats=stats, group=group, device=device)
     settings: dict[str, Any] = {
         "equal_steps": equal_steps
     }  # the layout (ranks, workers) is checked apart: it may change
@@ -120,6 +127,7 @@ def assemble(
             causal=causal,
             across_ranks=pipe.sharding == "auto",
             lockstep=equal_steps != "off",
+            group=group,
             device=device,
         )
         settings["accumulation_steps"] = accumulation_steps
@@ -150,7 +158,7 @@ def assemble(
             window=window,
         )
 
-    return Assembly(root, stats, settings, layout, reshare, device)
+    return Assembly(root, stats, settings, layout, reshare, device, group)
 
 
 def _split_last(pipe: Pipeline) -> tuple[Pipeline, Any]:

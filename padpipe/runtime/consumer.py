@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from padpipe.runtime.ranks import ranks
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,7 @@ class Consumer:
     @staticmethod
     def ranks() -> tuple[int, int]:
         """``(rank, world_size)`` from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        return ranks()
 
     def with_worker(self) -> Consumer:
         """This consumer's rank with the worker slot of the current DataLoader worker (if any).
