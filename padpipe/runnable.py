@@ -7,6 +7,7 @@ file reads at once. Methods here only read the recipe's fields.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -148,6 +149,18 @@ class Runnable:
             layout=built.layout,
             reshare=built.reshare,
             device=built.device,
+            rebuild=functools.partial(
+                self.loader,
+                num_workers,
+                consumer=consumer,
+                equal_steps=equal_steps,
+                pin_memory=pin_memory,
+                prefetch_factor=prefetch_factor,
+                multiprocessing_context=multiprocessing_context,
+                timeout=timeout,
+                accumulation_steps=accumulation_steps,
+                causal=causal,
+            ),
         )
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
