@@ -13,8 +13,10 @@ the messages the readers would give:
   holds one row of the tokenize stage's ``max_length``.
 * :func:`check_fields` (``pipe.loader()``, ``iter(pipe)``): the reader's ``columns`` and the
   tokenize stage's ``fields`` exist, read from one local Parquet footer or Arrow schema, or from
-  ``columns=`` itself, or from a ``datasets.Dataset``. JSON Lines, remote files, iterables and
-  mixed pipelines are checked when read.
+  ``columns=`` itself, or from a ``datasets.Dataset``. For local JSON Lines, a text field must be
+  a key of the first file's first row when tokenize raises on rows without text (that row would
+  stop the epoch anyway; a reader's ``columns`` may name keys that come later). Remote files,
+  iterables and mixed pipelines are checked when read.
 
 A check that cannot decide (a file it cannot open) says nothing: the reader reports it.
 """
@@ -22,6 +24,7 @@ A check that cannot decide (a file it cannot open) says nothing: the reader repo
 from __future__ import annotations
 
 import glob
+import json
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -130,6 +133,9 @@ def check_fields(pipe: Pipeline) -> None:
         padpipe.errors.DataError: tokenize: text field 'text' is not in the data; expected one of the columns ['sentence1', 'sentence2', 'label', 'idx'].
     """  # noqa: E501
     options = pipe.source.options
+    if pipe.source.name == "read_jsonl":
+        _check_jsonl_fields(pipe)
+        return
     available = _known_columns(pipe.source.name, options)
     if available is None:
         return
@@ -150,6 +156,63 @@ def check_fields(pipe: Pipeline) -> None:
                     )
         if stage.name not in COLUMN_KEEPING_STAGES:
             return
+
+
+def _check_jsonl_fields(pipe: Pipeline) -> None:
+    """A text field tokenize raises on must be a key of the first local file's first row."""
+    import fsspec.core
+
+    tokenize = next((s for s in _column_keeping(pipe) if s.name == "tokenize"), None)
+    if tokenize is None or tokenize.options["on_error"] != "raise":
+        return
+    for pattern in check_paths(pipe.source.options["paths"]):
+        protocol, path = fsspec.core.split_protocol(pattern)
+        if "::" in pattern or protocol not in LOCAL_PROTOCOLS:
+            return
+        file = _first_file(path, pipe.source.options["reader"].SUFFIXES)
+        keys = _first_row_keys(file) if file is not None else None
+        if keys is None:
+            return
+        columns = pipe.source.options.get("columns")
+        for name in tokenize.options["fields"]:
+            if name not in keys and (columns is None or name in columns):
+                raise DataError(
+                    f"tokenize: text field {name!r} is not in the first row of {file}; expected one of its keys "
+                    f"{keys!r}."
+                )
+        return  # one file: the first
+
+
+def _column_keeping(pipe: Pipeline) -> Iterator[Any]:
+    """The stages from the reader up to the first that changes the columns (that one included)."""
+    for stage in pipe.stages:
+        yield stage
+        if stage.name not in COLUMN_KEEPING_STAGES:
+            return
+
+
+FIRST_ROW_BYTES = 1 << 20
+"""At most this much of a JSON Lines file is read to find its first row's keys (longer: no check)."""
+
+
+def _first_row_keys(path: str) -> list[str] | None:
+    """The keys of a local JSON Lines file's first row (``.gz``/``.zst`` too); ``None`` if that is not cheap to know."""
+    import pyarrow as pa
+
+    try:
+        with pa.input_stream(path, compression="detect") as stream:
+            head = stream.read(FIRST_ROW_BYTES)
+    except (pa.ArrowException, OSError):
+        return None
+    lines = head.split(b"\n")
+    for line in lines[:-1] if len(head) == FIRST_ROW_BYTES else lines:  # a last line cut short is not read
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return None  # the reader names the line
+            return list(row) if isinstance(row, dict) else None
+    return None
 
 
 def _known_columns(source: str, options: dict[str, Any]) -> tuple[str, list[str]] | None:

@@ -210,9 +210,9 @@ def _bad_rows(batch: pa.RecordBatch, texts: list[pa.Array]) -> np.ndarray | None
 def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: list[pa.Array], bad: np.ndarray) -> str:
     row = int(np.flatnonzero(bad)[0])
     field, column = next((f, t) for f, t in zip(fields, texts) if _bad_mask(t)[row])
-    found = "None" if not column[row].is_valid else f"of type {column.type}"
-    if column[row].is_valid and _is_text(column.type):
-        found = "not valid UTF-8"
+    if not _is_text(column.type) or column.null_count == len(column):  # every row, for one reason: no skip
+        return _bad_column_message(batch, field, column)
+    found = "None" if not column[row].is_valid else "not valid UTF-8"
     name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
     row_id = f"{name}={batch.column(name)[row].as_py()!r}" if name else ""
     in_file = row_of(batch, row)
@@ -225,6 +225,34 @@ def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: lis
         f"tokenize: field {field!r} at {where} is {found}; expected a string. "
         f"{count} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
     )
+
+
+def _bad_column_message(batch: pa.RecordBatch, field: str, column: pa.Array) -> str:
+    """A text field that is no text in any row of the chunk: say what it holds and what to use instead."""
+    head = f"tokenize: field {field!r}{_from(batch)}"
+    if _holds_messages(column.type):
+        return (
+            f"{head} holds chat messages ({column.type}), not text; expected a string: apply the chat template "
+            f"with .chat(tokenizer, messages={field!r}) instead of .tokenize(...)."
+        )
+    columns = f"the chunk's columns are {batch.schema.names!r}"
+    if pa.types.is_null(column.type) or column.null_count == len(column):
+        first = row_of(batch, 0)
+        return (
+            f"{head} is None in all {len(column)} rows of this chunk{f' (from {first} on)' if first else ''}; "
+            f"expected a string: name the text field(s) to tokenize ({columns})."
+        )
+    return (
+        f"{head} is of type {column.type} in every row, not text; expected a string: name the text field(s) to "
+        f"tokenize ({columns})."
+    )
+
+
+def _holds_messages(kind: pa.DataType) -> bool:
+    """Whether ``kind`` is a list of structs with a ``content`` or ``role`` field (chat messages)."""
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
+        return False
+    return bool({"role", "content"} & {f.name for f in kind.value_type})
 
 
 def _from(batch: pa.RecordBatch) -> str:
