@@ -208,8 +208,9 @@ class Runnable:
         """
 
         self._check_runnable()
-        # fails under wrappers that shard again (Accelerate), warns for a bare Lightning resume
-        check_caller(self._recipe())
+        # fails under a DataLoader that batches again and wrappers that shard again (Accelerate), warns for a
+        # bare Lightning resume
+        check_caller(self._recipe(), batches=self.output == TENSORS)
         return PipelineIterator(self._recipe(), self._epoch[0], managed=self._managed[0])
 
     def _check_runnable(self) -> None:
