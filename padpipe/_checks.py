@@ -99,6 +99,28 @@ def steps_missing(method: str, wanted: str, found: str) -> str:
     return f"{message}: add {add} before it." if add else f"{message}."
 
 
+def shuffle_too_late(pipe: Pipeline) -> str:
+    """The error for ``.shuffle()`` after the rows became tokens: shuffle the rows before that stage, and how.
+
+    Example:
+        >>> shuffle_too_late(pp.from_iterable([{"input_ids": [1]}]).tokens("input_ids"))
+        ".shuffle() needs records as input, but this pipeline yields tokens here: shuffle the rows before .tokens(), e.g. pipe.shuffle(buffer_size, seed=0).tokens('input_ids')."
+    """  # noqa: E501
+    message = steps_missing("shuffle", "records", pipe.output).rstrip(".")
+    first = next((s for s in pipe.stages if s.name in ("tokens", "tokenize")), None)
+    if first is None:
+        return message + "."
+    if first.name == "tokenize":
+        return f"{message}: shuffle the rows before .tokenize(), e.g. pipe.shuffle(buffer_size, seed=0).tokenize(...)."
+    column = first.options["column"]
+    if pipe.source.name == "from_hf" and pipe.stages[0] is first:
+        return (
+            f"{message}: shuffle the rows before they become tokens, pp.from_hf(ds).shuffle(buffer_size, seed=0)"
+            f".tokens({column!r}) (pp.from_hf(ds, tokens={column!r}) is pp.from_hf(ds).tokens({column!r}))."
+        )
+    return f"{message}: shuffle the rows before .tokens(), e.g. pipe.shuffle(buffer_size, seed=0).tokens({column!r})."
+
+
 def check_budget(max_tokens: int | None, on_oversize: str, max_length: int | None) -> None:
     """Raise ``ValueError`` when ``bucket(max_tokens)`` cannot hold one row that ``tokenize`` lets through.
 

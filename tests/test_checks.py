@@ -206,6 +206,32 @@ def test_a_stage_before_its_input_names_the_stages_to_add(make, method, add) -> 
         make(pipe)
 
 
+def test_a_shuffle_after_the_rows_became_tokens_says_where_to_shuffle() -> None:
+    """Issue 30 item 7: pp.from_hf(ds, tokens="input_ids").shuffle(...) did not say how to shuffle such rows."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3], [2, 3]]})
+    head = r"^\.shuffle\(\) needs records as input, but this pipeline yields (tokens|tensors) here: shuffle the rows "
+    for pipe, fix in (
+        (
+            pp.from_hf(ds, tokens="input_ids"),
+            r"before they become tokens, pp\.from_hf\(ds\)\.shuffle\(buffer_size, seed=0\)\.tokens\('input_ids'\) "
+            r"\(pp\.from_hf\(ds, tokens='input_ids'\) is pp\.from_hf\(ds\)\.tokens\('input_ids'\)\)\.$",
+        ),
+        (
+            pp.from_hf(ds).shuffle(4).tokens("input_ids", pad_id=0).batch(2).pad(),
+            r"before \.tokens\(\), e\.g\. pipe\.shuffle\(buffer_size, seed=0\)\.tokens\('input_ids'\)\.$",
+        ),
+        (
+            pp.from_iterable([{"text": "a"}]).tokenize(TOK),
+            r"before \.tokenize\(\), e\.g\. pipe\.shuffle\(buffer_size, seed=0\)\.tokenize\(\.\.\.\)\.$",
+        ),
+    ):
+        with pytest.raises(ValueError, match=head + fix):
+            pipe.shuffle(8)
+    fixed = pp.from_hf(ds).shuffle(8).tokens("input_ids").batch(1).pad(pad_id=0)
+    assert sorted(b["input_ids"].tolist() for b in fixed.loader()) == [[[2, 3]], [[2, 7, 3]]]  # the fix given works
+
+
 def test_a_token_budget_that_cannot_hold_a_full_length_row_fails_when_the_pipeline_is_built() -> None:
     tokenized = pp.from_iterable([{"text": "a b"}]).tokenize(TOK, max_length=512)
     with pytest.raises(
