@@ -19,6 +19,7 @@ from padpipe.errors import DataError, check_bool, one_of, positive
 from padpipe.readers.schema import row_of, source_of
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.encoder import EOS_TOKENS
 
 ROW_ID_COLUMNS = ("idx", "id")
 """Columns whose value names a bad row in error messages, first found wins."""
@@ -57,7 +58,7 @@ def tokenize_options(
         tokenizer, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens
     )
     if append_eos and encoder.eos_id is None:
-        raise ValueError("`append_eos=True` needs a tokenizer with an EOS token, but this one has none.")
+        raise ValueError(no_eos(encoder))
     return {
         "encoder": encoder,
         "fields": fields,
@@ -65,6 +66,25 @@ def tokenize_options(
         "on_error": on_error,
         "append_eos": append_eos,
     }
+
+
+def no_eos(encoder: TextEncoder) -> str:
+    """The error for ``append_eos=True`` with a tokenizer without EOS: its special tokens, and how to set one.
+
+    Example:
+        >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=None, truncation=True, add_special_tokens=True)
+        >>> print(no_eos(enc))  # doctest: +ELLIPSIS
+        `append_eos=True` needs ... has none; set one of its special tokens ['[PAD]', ..., '[MASK]'] as EOS: ...
+    """
+    specials = encoder.special_tokens()
+    example = next((t for t in specials if any(k in t.lower() for k in ("eos", "end", "sep", "/s"))), "...")
+    shown = repr(example) if example != "..." else example
+    eos = " or ".join(repr(t) for t in EOS_TOKENS)
+    return (
+        f"`append_eos=True` needs a tokenizer with an EOS token, but this one has none; set one of its special tokens "
+        f"{specials!r} as EOS: AutoTokenizer.from_pretrained(path, eos_token={shown}) or tok.eos_token = {shown} "
+        f"(transformers; a tokenizers.Tokenizer or tokenizer.json has one when it holds {eos})."
+    )
 
 
 class ChunkTokenizer:
@@ -119,7 +139,7 @@ class ChunkTokenizer:
         self.fields = fields
         self.on_error = on_error
         if append_eos and encoder.eos_id is None:
-            raise ValueError("`append_eos=True` needs a tokenizer with an EOS token, but this one has none.")
+            raise ValueError(no_eos(encoder))
         self.eos_id = encoder.eos_id if append_eos else None
         self.stats = stats if stats is not None else PipelineStats()
 

@@ -238,5 +238,18 @@ def test_tokenize_appends_eos_to_every_row():
 
 
 def test_tokenize_raises_error_when_append_eos_has_no_eos():
-    with pytest.raises(ValueError, match=r"^`append_eos=True` needs a tokenizer with an EOS token"):
+    """Issue 30 item 7: the message did not say how to set an EOS (the README's pretrain section does)."""
+    message = (
+        r"^`append_eos=True` needs a tokenizer with an EOS token, but this one has none; set one of its special tokens "
+        r"\['\[PAD\]', '\[UNK\]', '\[CLS\]', '\[SEP\]', '\[MASK\]'\] as EOS: "
+        r"AutoTokenizer\.from_pretrained\(path, eos_token='\[SEP\]'\) or tok\.eos_token = '\[SEP\]' \(transformers; "
+        r"a tokenizers\.Tokenizer or tokenizer\.json has one when it holds '</s>' or '<\|endoftext\|>' or '<eos>' or "
+        r"'<\|end_of_text\|>'\)\.$"
+    )
+    with pytest.raises(ValueError, match=message):
         pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer(), append_eos=True)
+    with pytest.raises(ValueError, match=message):
+        ChunkTokenizer(_encoder(pp.examples.tokenizer()), fields="text", append_eos=True)
+    fixed = pp.examples.hf_tokenizer()
+    fixed.eos_token = "[SEP]"  # what the message says to do
+    assert _chunks(pp.from_iterable([{"text": "a"}]).tokenize(fixed, append_eos=True))[0].row(0).tolist()[-1] == 3
