@@ -13,8 +13,10 @@ the messages the readers would give:
   holds one row of the tokenize stage's ``max_length``.
 * :func:`check_fields` (``pipe.loader()``, ``iter(pipe)``): the reader's ``columns`` and the
   tokenize stage's ``fields`` exist, read from one local Parquet footer or Arrow schema, or from
-  ``columns=`` itself, or from a ``datasets.Dataset``. JSON Lines, remote files, iterables and
-  mixed pipelines are checked when read.
+  ``columns=`` itself, or from a ``datasets.Dataset``. For local JSON Lines, a text field must be
+  a key of the first file's first row when tokenize raises on rows without text (that row would
+  stop the epoch anyway; a reader's ``columns`` may name keys that come later). Remote files,
+  iterables and mixed pipelines are checked when read.
 
 A check that cannot decide (a file it cannot open) says nothing: the reader reports it.
 """
@@ -22,6 +24,7 @@ A check that cannot decide (a file it cannot open) says nothing: the reader repo
 from __future__ import annotations
 
 import glob
+import json
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -97,6 +100,28 @@ def steps_missing(method: str, wanted: str, found: str) -> str:
     return f"{message}: add {add} before it." if add else f"{message}."
 
 
+def shuffle_too_late(pipe: Pipeline) -> str:
+    """The error for ``.shuffle()`` after the rows became tokens: shuffle the rows before that stage, and how.
+
+    Example:
+        >>> shuffle_too_late(pp.from_iterable([{"input_ids": [1]}]).tokens("input_ids"))
+        ".shuffle() needs records as input, but this pipeline yields tokens here: shuffle the rows before .tokens(), e.g. pipe.shuffle(buffer_size, seed=0).tokens('input_ids')."
+    """  # noqa: E501
+    message = steps_missing("shuffle", "records", pipe.output).rstrip(".")
+    first = next((s for s in pipe.stages if s.name in ("tokens", "tokenize")), None)
+    if first is None:
+        return message + "."
+    if first.name == "tokenize":
+        return f"{message}: shuffle the rows before .tokenize(), e.g. pipe.shuffle(buffer_size, seed=0).tokenize(...)."
+    column = first.options["column"]
+    if pipe.source.name == "from_hf" and pipe.stages[0] is first:
+        return (
+            f"{message}: shuffle the rows before they become tokens, pp.from_hf(ds).shuffle(buffer_size, seed=0)"
+            f".tokens({column!r}) (pp.from_hf(ds, tokens={column!r}) is pp.from_hf(ds).tokens({column!r}))."
+        )
+    return f"{message}: shuffle the rows before .tokens(), e.g. pipe.shuffle(buffer_size, seed=0).tokens({column!r})."
+
+
 def check_budget(max_tokens: int | None, on_oversize: str, max_length: int | None) -> None:
     """Raise ``ValueError`` when ``bucket(max_tokens)`` cannot hold one row that ``tokenize`` lets through.
 
@@ -131,6 +156,9 @@ def check_fields(pipe: Pipeline) -> None:
         padpipe.errors.DataError: tokenize: text field 'text' is not in the data; expected one of the columns ['sentence1', 'sentence2', 'label', 'idx'].
     """  # noqa: E501
     options = pipe.source.options
+    if pipe.source.name == "read_jsonl":
+        _check_jsonl_fields(pipe)
+        return
     available = _known_columns(pipe.source.name, options)
     if available is None:
         return
@@ -155,6 +183,63 @@ def check_fields(pipe: Pipeline) -> None:
                     raise DataError(f"chat: column {name!r} is not in the data; {MISSING_COLUMN.format(list(names))}")
         if stage.name not in COLUMN_KEEPING_STAGES:
             return
+
+
+def _check_jsonl_fields(pipe: Pipeline) -> None:
+    """A text field tokenize raises on must be a key of the first local file's first row."""
+    import fsspec.core
+
+    tokenize = next((s for s in _column_keeping(pipe) if s.name == "tokenize"), None)
+    if tokenize is None or tokenize.options["on_error"] != "raise":
+        return
+    for pattern in check_paths(pipe.source.options["paths"]):
+        protocol, path = fsspec.core.split_protocol(pattern)
+        if "::" in pattern or protocol not in LOCAL_PROTOCOLS:
+            return
+        file = _first_file(path, pipe.source.options["reader"].SUFFIXES)
+        keys = _first_row_keys(file) if file is not None else None
+        if keys is None:
+            return
+        columns = pipe.source.options.get("columns")
+        for name in tokenize.options["fields"]:
+            if name not in keys and (columns is None or name in columns):
+                raise DataError(
+                    f"tokenize: text field {name!r} is not in the first row of {file}; expected one of its keys "
+                    f"{keys!r}."
+                )
+        return  # one file: the first
+
+
+def _column_keeping(pipe: Pipeline) -> Iterator[Any]:
+    """The stages from the reader up to the first that changes the columns (that one included)."""
+    for stage in pipe.stages:
+        yield stage
+        if stage.name not in COLUMN_KEEPING_STAGES:
+            return
+
+
+FIRST_ROW_BYTES = 1 << 20
+"""At most this much of a JSON Lines file is read to find its first row's keys (longer: no check)."""
+
+
+def _first_row_keys(path: str) -> list[str] | None:
+    """The keys of a local JSON Lines file's first row (``.gz``/``.zst`` too); ``None`` if that is not cheap to know."""
+    import pyarrow as pa
+
+    try:
+        with pa.input_stream(path, compression="detect") as stream:
+            head = stream.read(FIRST_ROW_BYTES)
+    except (pa.ArrowException, OSError):
+        return None
+    lines = head.split(b"\n")
+    for line in lines[:-1] if len(head) == FIRST_ROW_BYTES else lines:  # a last line cut short is not read
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return None  # the reader names the line
+            return list(row) if isinstance(row, dict) else None
+    return None
 
 
 def _known_columns(source: str, options: dict[str, Any]) -> tuple[str, list[str]] | None:

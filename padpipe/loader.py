@@ -41,6 +41,7 @@ class PipelineLoader(Generic[T]):
             index: resolved when used), for wrappers that restore batches kept in their own
             state (``LightningLoader``); ``None``: the CPU.
         group: The process group whose ranks share the data (``None``: the world).
+        rebuild: Makes a new loader of the same pipeline with the same options (for :meth:`copy`).
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -63,6 +64,7 @@ class PipelineLoader(Generic[T]):
         reshare: Callable[..., dict[str, Any]] | None = None,
         device: torch.device | None = None,
         group: Any = None,
+        rebuild: Callable[[], PipelineLoader[T]] | None = None,
     ) -> None:
         self.root = root
         self.device, self.group = device, group
@@ -70,6 +72,7 @@ class PipelineLoader(Generic[T]):
         self._settings = dict(settings or {})
         self._layout = layout or (lambda: [0, 1, 0])
         self._reshare = reshare
+        self._rebuild = rebuild
         self._pending: dict[str, Any] | None = None
         self._started = False
         self._finished = False
@@ -178,6 +181,31 @@ class PipelineLoader(Generic[T]):
         self._pending = None
         start_at_epoch(self.root, epoch)
         self._epoch = epoch - 1  # the next iter's
+
+    def copy(self) -> PipelineLoader[T]:
+        """A new loader of the same pipeline that reads next what this one reads next, leaving this one as it is.
+
+        Built with the same options (workers, equal steps...) and its own graph and counters: reading
+        it, even while this loader's epoch runs in a ``for`` loop, changes neither that loop's
+        batches nor this loader's ``state_dict()`` or ``stats()``. It starts where this loader's
+        running epoch is (or at the state loaded and not yet used), else at the epoch this loader
+        starts next. Under ``torch.distributed`` every rank reads its copy, as equal steps needs.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> loader = pipe.loader(); it = iter(loader); first = next(it)
+            >>> ahead = next(iter(loader.copy()))["input_ids"]
+            >>> torch.equal(next(it)["input_ids"], ahead), loader.state_dict()["step"]
+            (True, 2)
+        """
+        if self._rebuild is None:
+            raise TypeError("This PipelineLoader was built without `rebuild`, so it cannot copy itself.")
+        fresh = self._rebuild()
+        if self._pending is not None or (self._started and not self._finished):
+            fresh.load_state_dict(self.state_dict())
+        else:  # before its first epoch, after an epoch's loop ended, or after set_epoch: the next epoch from its start
+            fresh.set_epoch(self._epoch + 1)
+        return fresh
 
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""

@@ -17,7 +17,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._build import Stage
-from padpipe._checks import check_budget, steps_missing
+from padpipe._checks import check_budget, shuffle_too_late, steps_missing
 from padpipe.cache import TokenCache, check_recipe
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes.bucket import check_bucket_options
@@ -73,7 +73,8 @@ class Pipeline(Runnable, IterableDataset):
             >>> pp.from_iterable([{"text": "a"}]).shuffle(buffer_size=100, seed=1).seed
             1
         """
-        self._expect("shuffle", RECORDS)
+        if self.output != RECORDS:
+            raise ValueError(shuffle_too_late(self))
         positive("buffer_size", buffer_size)
         check_seed(seed)
         stage = Stage("shuffle", _build.shuffle, {"buffer_size": buffer_size, "seed": seed})

@@ -7,6 +7,7 @@ file reads at once. Methods here only read the recipe's fields.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -160,6 +161,19 @@ class Runnable:
             reshare=built.reshare,
             device=built.device,
             group=built.group,
+            rebuild=functools.partial(
+                self.loader,
+                num_workers,
+                consumer=consumer,
+                equal_steps=equal_steps,
+                pin_memory=pin_memory,
+                prefetch_factor=prefetch_factor,
+                multiprocessing_context=multiprocessing_context,
+                timeout=timeout,
+                accumulation_steps=accumulation_steps,
+                causal=causal,
+                group=group,
+            ),
         )
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
@@ -207,8 +221,9 @@ class Runnable:
         """
 
         self._check_runnable()
-        # fails under wrappers that shard again (Accelerate), warns for a bare Lightning resume
-        check_caller(self._recipe())
+        # fails under a DataLoader that batches again and wrappers that shard again (Accelerate), warns for a
+        # bare Lightning resume
+        check_caller(self._recipe(), batches=self.output == TENSORS)
         return PipelineIterator(self._recipe(), self._epoch[0], managed=self._managed[0])
 
     def _check_runnable(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 import traceback
 from pathlib import Path
@@ -126,9 +128,29 @@ def test_loader_raises_error_when_a_field_is_not_in_a_dataset() -> None:
         pp.from_hf(ds).tokenize(TOK).batch(2).pad().loader()
 
 
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz"])
+def test_loader_raises_error_when_a_field_is_not_in_the_first_row_of_a_local_jsonl_file(
+    tmp_path: Path, name: str
+) -> None:
+    """Issue 30 item 7: the pretrain CLI's wrong --text-field on JSONL said "is None ... pass on_error='skip'"."""
+    lines = b'\n{"text": "a", "path": "p"}\n{"body": "b"}\n'  # a blank line first; "body" only later
+    (tmp_path / name).write_bytes(gzip.compress(lines) if name.endswith(".gz") else lines)
+    path = str(tmp_path / name)
+    message = (
+        rf"^tokenize: text field 'body' is not in the first row of {re.escape(path)}; expected one of its keys "
+        r"\['text', 'path'\]\.$"
+    )
+    for pipe in (pp.read_jsonl(path), pp.read_jsonl(path, columns=["body"]).shuffle(4)):
+        with pytest.raises(DataError, match=message):
+            pipe.tokenize(TOK, fields="body").batch(1).pad().loader()
+    pp.read_jsonl(path).tokenize(TOK, fields="body", on_error="skip").batch(1).pad().loader()  # rows without: skipped
+
+
 def test_field_check_passes_what_it_cannot_know(tmp_path: Path) -> None:
-    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
-    pp.read_jsonl(str(tmp_path / "a.jsonl")).tokenize(TOK, fields="body").batch(1).pad().loader()  # found when read
+    (tmp_path / "a.jsonl").write_text("[1, 2]\n" + '{"text": "a"}\n' * 3)  # the reader names a line that is no row
+    pp.read_jsonl(str(tmp_path / "a.jsonl")).tokenize(TOK, fields="body").batch(1).pad().loader()
+    (tmp_path / "long.jsonl").write_text(json.dumps({"text": "a" * (2 << 20)}) + "\n")  # a first row past 1 MiB
+    pp.read_jsonl(str(tmp_path / "long.jsonl")).tokenize(TOK, fields="body").batch(1).pad().loader()
     renamed = pp.from_iterable([{"body": "a"}]).add_stage("rename", lambda up, ctx: up, output="records")
     renamed.tokenize(TOK).batch(1).pad().loader()
     (tmp_path / "broken.parquet").write_bytes(b"not parquet")  # the reader names the broken file when it reads
@@ -182,6 +204,32 @@ def test_a_stage_before_its_input_names_the_stages_to_add(make, method, add) -> 
         rf"yields (?:records|tokens) here: add {add} before it\.$",
     ):
         make(pipe)
+
+
+def test_a_shuffle_after_the_rows_became_tokens_says_where_to_shuffle() -> None:
+    """Issue 30 item 7: pp.from_hf(ds, tokens="input_ids").shuffle(...) did not say how to shuffle such rows."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3], [2, 3]]})
+    head = r"^\.shuffle\(\) needs records as input, but this pipeline yields (tokens|tensors) here: shuffle the rows "
+    for pipe, fix in (
+        (
+            pp.from_hf(ds, tokens="input_ids"),
+            r"before they become tokens, pp\.from_hf\(ds\)\.shuffle\(buffer_size, seed=0\)\.tokens\('input_ids'\) "
+            r"\(pp\.from_hf\(ds, tokens='input_ids'\) is pp\.from_hf\(ds\)\.tokens\('input_ids'\)\)\.$",
+        ),
+        (
+            pp.from_hf(ds).shuffle(4).tokens("input_ids", pad_id=0).batch(2).pad(),
+            r"before \.tokens\(\), e\.g\. pipe\.shuffle\(buffer_size, seed=0\)\.tokens\('input_ids'\)\.$",
+        ),
+        (
+            pp.from_iterable([{"text": "a"}]).tokenize(TOK),
+            r"before \.tokenize\(\), e\.g\. pipe\.shuffle\(buffer_size, seed=0\)\.tokenize\(\.\.\.\)\.$",
+        ),
+    ):
+        with pytest.raises(ValueError, match=head + fix):
+            pipe.shuffle(8)
+    fixed = pp.from_hf(ds).shuffle(8).tokens("input_ids").batch(1).pad(pad_id=0)
+    assert sorted(b["input_ids"].tolist() for b in fixed.loader()) == [[[2, 3]], [[2, 7, 3]]]  # the fix given works
 
 
 def test_a_token_budget_that_cannot_hold_a_full_length_row_fails_when_the_pipeline_is_built() -> None:

@@ -7,6 +7,8 @@ import pickle
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 import padpipe as pp
 from padpipe import Consumer
@@ -160,3 +162,22 @@ def test_loader_with_workers_sums_its_workers_stats(data):
     two = loader.stats()
     assert (two.rows, two.batches) == (1200, first + second)
     assert two.counters["workers.epochs_started"] == 2
+
+
+BATCHED_AGAIN = (
+    r"^A padpipe pipeline yields ready batches, but the torch DataLoader reading it batches them again \(its "
+    r"batch_size is not None\), so its collate_fn would stack several padpipe batches into one\. Fix: with "
+    r"transformers, use padpipe\.hf\.Trainer \(it reads the pipeline's batches as they are\); with a DataLoader, "
+    r"pass batch_size=None, or iterate pipe\.loader\(\.\.\.\)\.$"
+)
+
+
+def test_a_dataloader_that_batches_a_pipeline_again_raises_naming_the_fix(data):
+    """Issue 30 item 7: plain transformers.Trainer's DataLoader(pipe, batch_size=8) crashed deep in the model."""
+    pipe = pipeline(data)
+    for make in (DataLoader, StatefulDataLoader):  # torch's fetcher calls iter(pipe): the contact guard.py pins
+        with pytest.raises(RuntimeError, match=BATCHED_AGAIN):
+            next(iter(make(pipe, batch_size=8)))
+        assert ids(make(pipe, batch_size=None)) == list(range(600))
+    records = pp.read_parquet(data)  # record batches are not padpipe's batches: a collate_fn of the user's may
+    assert next(iter(DataLoader(records, batch_size=2, collate_fn=lambda b: b[0]))).num_rows > 0

@@ -19,6 +19,7 @@ from padpipe import _build
 from padpipe._progress import Progress
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.inspection import strategies
+from padpipe.inspection.advice import budget_length, splits_long_documents
 from padpipe.inspection.report import InspectResult, Settings
 from padpipe.inspection.sample import (
     READERS,
@@ -87,9 +88,13 @@ def inspect(
             one, else no truncation (static padding then pads to the longest row).
         sample: Rows to sample; ``None`` reads every row (exact figures).
         batch_size: Rows per batch of the static, dynamic and ``bucket(batch_size)`` strategies.
-        max_tokens: Budget of ``bucket(max_tokens)``; default ``batch_size`` times the static length
-            (the same padded tokens per step as static padding).
-        seq_len: Packed row length; default ``max_length``, else 2048.
+        max_tokens: Budget of ``bucket(max_tokens)``; default ``batch_size`` times ``max_length``
+            padded (the same padded tokens per step as static padding); with no ``max_length``,
+            ``batch_size`` times the p99 length rounded up to a power of two, at most 2048 (the
+            report says so), not the longest row.
+        seq_len: Packed row length; default ``max_length``, else 2048. Where more than 1% of
+            the rows of one text field are longer than ``max_length``, the pack row packs the
+            documents whole, split across rows (``long_docs="split"``), as the advice says.
         buffer_size: Bucket buffer (rows sorted together).
         pack_buffer_size: Packing buffer (documents to choose fits from).
         pad_to_multiple_of: Padding multiple of the dynamic and bucket strategies (``None``: none).
@@ -176,10 +181,16 @@ def inspect(
     stream = raw if limit is None else [np.minimum(part, limit) for part in raw]
 
     static_length = limit if limit is not None else int(lengths.max(initial=1))
-    longest = int(
-        padded_length(np.array([static_length]), pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)[0]
-    )
-    max_tokens = max_tokens if max_tokens is not None else batch_size * longest
+    budget = ""
+    if max_tokens is None:
+        row = static_length
+        if limit is None:  # not the longest row: one long document would make a budget of a few steps an epoch
+            row, how = budget_length(lengths)
+            budget = (
+                f"{batch_size} x {row:,} tokens: no max_length (the tokenizer has no model_max_length), so {how}, "
+                f"not the longest row ({static_length:,})"
+            )
+        max_tokens = batch_size * _padded(row, pad_to_multiple_of)
     seq_len = seq_len if seq_len is not None else max(2, limit or DEFAULT_SEQ_LEN)
     settings = Settings(
         batch_size=batch_size,
@@ -192,9 +203,13 @@ def inspect(
         static_length=static_length,
         shuffle_buffer=shuffle_buffer if sample is None else 0,
         seed=seed,
+        budget=budget,
     )
     shuffled = sample is not None or shuffle_buffer > 0
-    results, bucket_sweep, pack_sweep, budget_truncated = _compare(stream, settings, shuffled=shuffled)
+    split = splits_long_documents(lengths, limit, len(fields))  # as advised: pack the documents whole, split
+    results, bucket_sweep, pack_sweep, budget_truncated = _compare(
+        stream, settings, shuffled=shuffled, packed=raw if split else None
+    )
     return InspectResult(
         source=_describe(data),
         format=READERS[pipe.source.name],
@@ -220,10 +235,17 @@ def _model_limit(tokenizer: Any) -> int | None:
     return TextEncoder.load(tokenizer, max_length=None, truncation=True, add_special_tokens=True).max_length
 
 
+def _padded(length: int, multiple: int | None) -> int:
+    return int(padded_length(np.array([length]), pad_to_multiple_of=multiple, pad_to_length=None)[0])
+
+
 def _compare(
-    stream: list[np.ndarray], s: Settings, *, shuffled: bool
+    stream: list[np.ndarray], s: Settings, *, shuffled: bool, packed: list[np.ndarray] | None = None
 ) -> tuple[tuple[StrategyResult, ...], Sweep, Sweep, int]:
-    """Every strategy on ``stream`` (in a random order when ``shuffled``), and the buffer sweeps."""
+    """Every strategy on ``stream`` (in a random order when ``shuffled``), and the buffer sweeps.
+
+    ``packed``: the untruncated lengths, for a pack row of whole documents split across rows.
+    """
     if not stream:
         return (), (), (), 0
     rows = sum(len(part) for part in stream)
@@ -234,13 +256,17 @@ def _compare(
     by_budget, truncated = strategies.bucket(
         stream, max_tokens=s.max_tokens, buffer_size=s.buffer_size, seed=s.seed, pad_to_multiple_of=multiple
     )
-    packed = strategies.pack(stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=s.pack_buffer_size)
+    whole = packed is not None
+    pack_stream = packed if packed is not None else stream
+    pack = strategies.pack(
+        pack_stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=s.pack_buffer_size, whole=whole
+    )
     results = (
         strategies.static(stream, batch_size=s.batch_size, length=s.static_length),
         strategies.dynamic(stream, batch_size=s.batch_size, pad_to_multiple_of=multiple, shuffled=shuffled),
         by_rows,
         by_budget,
-        packed,
+        pack,
     )
     bucket_sweep = []
     for size in sorted({b for b in BUCKET_BUFFERS if b <= rows} | {min(s.buffer_size, rows)}):
@@ -255,9 +281,11 @@ def _compare(
     pack_sweep = []
     for size in sorted({b for b in PACK_BUFFERS if b <= rows} | {min(s.pack_buffer_size, rows)}):
         result = (
-            packed
+            pack
             if size == s.pack_buffer_size
-            else strategies.pack(stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=size)
+            else strategies.pack(
+                pack_stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=size, whole=whole
+            )
         )
         pack_sweep.append((size, result.efficiency))
     return results, tuple(bucket_sweep), tuple(pack_sweep), truncated

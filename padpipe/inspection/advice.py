@@ -14,6 +14,40 @@ PLATEAU = 0.005
 """A buffer size is "enough" once its efficiency is within this of the best one measured."""
 LONG_SHARE = 0.01
 """A corpus is one of long documents when more than this share of rows is longer than ``max_length``."""
+BUDGET_CAP = 2048
+"""Without ``max_length``, the row length budgets are sized by is at most this (p99 rounded up to a power of two)."""
+
+
+def splits_long_documents(lengths: np.ndarray, max_length: int | None, fields: int) -> bool:
+    """Whether packing should keep every token: one text field, over :data:`LONG_SHARE` of rows past ``max_length``.
+
+    Then the advice is ``pack(seq_len=max_length, long_docs="split")`` on untruncated documents,
+    and ``inspect``'s pack row models that.
+
+    Example:
+        >>> splits_long_documents(np.array([10, 900, 20]), 512, 1), splits_long_documents(np.array([10]), 512, 1)
+        (True, False)
+    """
+    if max_length is None or fields != 1 or not len(lengths):
+        return False
+    return float(np.mean(lengths > max_length)) > LONG_SHARE
+
+
+def budget_length(lengths: np.ndarray) -> tuple[int, str]:
+    """The row length to size a token budget by when nothing truncates, and how it was chosen (for the report).
+
+    The longest row would give a budget only it needs (a corpus with one 87,286-token document
+    would take a few steps an epoch): p99 rounded up to a power of two, at most :data:`BUDGET_CAP`.
+
+    Example:
+        >>> budget_length(np.array([30, 100, 120, 3000]))
+        (2048, 'p99 2,914 rounded up to a power of two, at most 2,048')
+        >>> budget_length(np.array([30, 100, 120]))[0]
+        128
+    """
+    p99 = float(np.percentile(lengths, 99)) if len(lengths) else 1.0
+    length = min(BUDGET_CAP, 1 << max(0, math.ceil(p99) - 1).bit_length())
+    return length, f"p99 {num(p99)} rounded up to a power of two, at most {BUDGET_CAP:,}"
 
 
 def recommendations(result: InspectResult) -> list[str]:
@@ -42,7 +76,8 @@ def recommendations(result: InspectResult) -> list[str]:
             "a larger buffer only holds more rows and delays the first batch",
         )
     )
-    out.append(_plateau(f"pack(seq_len={s.seq_len})", result.pack_sweep, "a larger buffer only costs packing time"))
+    pack = result.strategies[-1].name  # the pack row is the last
+    out.append(_plateau(pack, result.pack_sweep, "a larger buffer only costs packing time"))
     waste = ", ".join(
         f"{st.name} {1 - st.efficiency:.1%} ({st.attention / least:.2f}x attention)" for st in result.strategies
     )
@@ -74,7 +109,7 @@ def _length_advice(result: InspectResult, dist: dict[str, float]) -> list[str]:
         )
     else:
         out[0] += f"p99 is {p99} tokens, past the tokenizer's limit of {limit} (model_max_length)."
-    if dist["truncated_share"] > LONG_SHARE and len(result.fields) == 1:
+    if splits_long_documents(result.lengths, result.max_length, len(result.fields)):
         out.append(
             f"long documents: {dist['truncated_share']:.1%} of rows are longer than max_length="
             f'{result.max_length}; pack(seq_len={result.max_length}, long_docs="split") splits them '

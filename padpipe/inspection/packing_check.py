@@ -121,14 +121,17 @@ def check_packing(
     """Check that ``model`` gives every packed document the logits it gives the document alone.
 
     The model runs as it is (its ``attn_implementation``, ``use_cache``, dtype and device), in eval
-    mode under ``torch.no_grad()``, random states untouched, a loader with a state put back where
-    it was (training then reads the same batches as without the check): once per packed batch as
-    the loader yields it (``columns`` applied), and once per document alone
-    (``model(input_ids=doc[None])``). Where the batch has ``labels``, each document's loss is
-    compared too: the loss terms whose targets are its tokens, packed, against its loss alone with
-    its own labels (shifted for a causal model, as HF's losses do), and the number of trained
-    tokens of each; a label that lets another document's token predict one of its own (no -100 at
-    its first token) is named.
+    mode under ``torch.no_grad()``, random states untouched: once per packed batch as the loader
+    yields it (``columns`` applied), and once per document alone (``model(input_ids=doc[None])``).
+    Where the batch has ``labels``, each document's loss is compared too: the loss terms whose
+    targets are its tokens, packed, against its loss alone with its own labels (shifted for a
+    causal model, as HF's losses do), and the number of trained tokens of each; a label that lets
+    another document's token predict one of its own (no -100 at its first token) is named.
+    A padpipe loader is read through a copy of it (:meth:`~padpipe.loader.PipelineLoader.copy`),
+    so it may be checked inside its own ``for`` loop (e.g. at the first step): the checked batches
+    are those the loop reads next, and the loop, its ``state_dict()`` and its stats are as without
+    the check (under ``torch.distributed``, call it on every rank). Another loader with a state
+    (a ``StatefulDataLoader``) is put back where it was, which is exact before its loop only.
     Cost: at most ``max_batches`` packed forwards and ``max_documents`` single-document ones.
 
     Args:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from padpipe.loader import PipelineLoader
+
 
 @dataclasses.dataclass(frozen=True)
 class Document:
@@ -29,11 +31,13 @@ class Document:
 
 
 def read_batches(batches: Mapping[str, Any] | Iterable[Mapping[str, Any]], limit: int) -> list[dict]:
-    """The first ``limit`` batches of ``batches`` (or the one batch it is), a loader put back where it was.
+    """The first ``limit`` batches of ``batches`` (or the one batch it is), read so that training is not moved.
 
-    A loader with a state (``state_dict``/``load_state_dict``: a padpipe loader, a
-    ``StatefulDataLoader``) is restored after the read, so a training loop that iterates it next
-    reads the same batches, in the same order, as without the check.
+    A padpipe loader is read through :meth:`~padpipe.loader.PipelineLoader.copy`: the batches it
+    yields next, even from inside its ``for`` loop, while the loop, its ``state_dict()`` and its
+    stats stay as they were. Another loader with a state (``state_dict``/``load_state_dict``: a
+    ``StatefulDataLoader``) is restored after the read, so a loop that starts on it next reads the
+    same batches as without the check (outside its loop only).
 
     Example:
         >>> loader = pp.from_iterable([{"text": "a b"}] * 4).tokenize(pp.examples.tokenizer()).pack(8).loader()
@@ -43,6 +47,8 @@ def read_batches(batches: Mapping[str, Any] | Iterable[Mapping[str, Any]], limit
     """
     if isinstance(batches, Mapping):
         return [dict(batches)]
+    if isinstance(batches, PipelineLoader):
+        return [dict(b) for b in itertools.islice(batches.copy(), limit)]
     resumable = callable(getattr(batches, "state_dict", None)) and callable(getattr(batches, "load_state_dict", None))
     saved = batches.state_dict() if resumable else None  # type: ignore[attr-defined]
     try:

@@ -30,6 +30,8 @@ class Settings:
         static_length: The length static padding pads every row to.
         shuffle_buffer: The ``shuffle(buffer_size)`` modelled when every row is read (0: none).
         seed: Seed of the sample, the shuffle and the bucket batch order.
+        budget: How ``max_tokens`` was chosen when no ``max_length`` sized it (``""``: given, or
+            ``batch_size`` x ``max_length``).
     """
 
     batch_size: int
@@ -42,6 +44,7 @@ class Settings:
     static_length: int
     shuffle_buffer: int
     seed: int
+    budget: str = ""
 
 
 @dataclass(frozen=True, eq=False)  # holds an array: compare the figures, not the objects
@@ -184,6 +187,14 @@ class InspectResult:
             "  attention: sum over batches of rows x padded length^2, relative to the least; pack attends over "
             "whole packed rows" + self._varlen_note(),
         ]
+        if s.budget:
+            lines.append(f"  max_tokens={s.max_tokens}: {s.budget}; pass max_length or max_tokens to choose")
+        lines += [
+            f"  {st.name}: the documents whole (tokenize with truncation=False), split across packed rows "
+            f"(long_docs='split'), as advised below; the other rows are truncated to max_length={self.max_length}"
+            for st in self.strategies
+            if st.whole
+        ]
         if self.sampled:
             lines.append(f"  steps/epoch: scaled from the sample to {c.rows:,} rows")
         if self.sampled and self.rows < s.buffer_size:
@@ -195,7 +206,7 @@ class InspectResult:
         lines += ["", "efficiency by buffer size"]
         for name, sweep in (
             (f"bucket(max_tokens={s.max_tokens})", self.bucket_sweep),
-            (f"pack(seq_len={s.seq_len})", self.pack_sweep),
+            (self.strategies[-1].name if self.strategies else f"pack(seq_len={s.seq_len})", self.pack_sweep),
         ):
             lines.append(f"  {name:<26} " + "  ".join(f"{b:,}: {e:.1%}" for b, e in sweep))
         lines += ["", "recommendations"]
@@ -234,6 +245,7 @@ class InspectResult:
                     "attention": st.attention,
                     "attention_vs_least": st.attention / least,
                     "varlen_attention": st.varlen_attention,
+                    "whole": st.whole,
                 }
             )
         return {

@@ -211,6 +211,8 @@ def draw_sample(
             parts.append(table.take(np.sort(rng.choice(table.num_rows, size=k, replace=False))))
             taken += k
             bar.update(k)
+        if taken < rows:  # the input holds fewer rows: the line ends at what it holds, not at "26%"
+            bar.set_total(taken)
     sample = pa.concat_tables(parts) if parts else pa.table({f: pa.array([], pa.string()) for f in fields})
     sample = sample.take(rng.permutation(sample.num_rows))
     return sample, _corpus(reader, units, visited, read_rows, all_complete, full_rows, full_bytes)

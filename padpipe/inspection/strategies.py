@@ -41,6 +41,8 @@ class StrategyResult:
             attention over each packed row).
         varlen_attention: For ``pack``, the work of a varlen kernel over ``cu_seq_lens_q`` (sum of squared
             segment lengths); ``None`` for padded strategies.
+        whole: The rows are the documents untruncated (``tokenize(..., truncation=False)``), longer
+            ones split across packed rows; the other strategies' rows are truncated to ``max_length``.
     """
 
     name: str
@@ -51,6 +53,7 @@ class StrategyResult:
     padded_tokens: int
     attention: float
     varlen_attention: float | None = None
+    whole: bool = False
 
     @property
     def efficiency(self) -> float:
@@ -153,8 +156,13 @@ def bucket(
     return result, stats.snapshot().counters.get("bucket.truncated", 0)
 
 
-def pack(stream: Sequence[np.ndarray], *, seq_len: int, batch_size: int, buffer_size: int) -> StrategyResult:
-    """``pack(seq_len, batch_size, buffer_size)``: rows of exactly ``seq_len`` tokens, best fit."""
+def pack(
+    stream: Sequence[np.ndarray], *, seq_len: int, batch_size: int, buffer_size: int, whole: bool = False
+) -> StrategyResult:
+    """``pack(seq_len, batch_size, buffer_size)``: rows of exactly ``seq_len`` tokens, best fit.
+
+    ``whole``: ``stream`` holds the documents untruncated, and the result says so (``long_docs='split'``).
+    """
     stats = PipelineStats()
     node = Packer(
         IterableWrapper(LengthChunks(stream)),
@@ -170,15 +178,17 @@ def pack(stream: Sequence[np.ndarray], *, seq_len: int, batch_size: int, buffer_
         segments = np.diff(batch["cu_seq_lens_q"].numpy()).astype(np.float64)
         varlen += float((segments**2).sum())
     snap = stats.snapshot()
+    split = ", long_docs='split'" if whole else ""
     return StrategyResult(
-        f"pack(seq_len={seq_len})",
-        f".pack({seq_len}, batch_size={batch_size}, buffer_size={buffer_size})",
+        f"pack(seq_len={seq_len}){' split' if whole else ''}",
+        f".pack({seq_len}, batch_size={batch_size}, buffer_size={buffer_size}{split})",
         snap.batches,
         snap.rows,
         snap.real_tokens,
         snap.padded_tokens,
         attention,
         varlen,
+        whole,
     )
 
 

@@ -1,5 +1,8 @@
 """What ``iter(pipe)`` learns from its callers: framework wrappers that lose or repeat rows.
 
+A pipeline yields ready batches: a torch ``DataLoader`` with a ``batch_size`` (what plain
+``transformers.Trainer`` builds) would stack several of them into one, so ``iter(pipe)`` refuses
+an auto-collating caller (torch's fetcher, the one frame that calls it: in worker processes too).
 A pipeline shards itself by rank and DataLoader worker. Accelerate's ``prepare`` shards an
 ``IterableDataset`` again (``IterableDatasetShard``) or reads it on rank 0 only and splits the
 batches (``DataLoaderDispatcher``): either way each rank trains on part of its share, silently.
@@ -21,6 +24,8 @@ MAX_DEPTH = 32
 _FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning")
 _LIGHTNING_FETCHERS = ("lightning.pytorch.loops.fetchers", "pytorch_lightning.loops.fetchers")
 _warned: set[str] = set()
+TORCH_FETCHER = ("torch.utils.data._utils.fetch", "_IterableDatasetFetcher", "auto_collation")
+"""torch's contact: the fetcher whose ``__init__`` calls ``iter(dataset)``, and its flag for a ``batch_size``."""
 
 ACCELERATE_FIX = (
     "pass `pipe.loader(...)` to `accelerator.prepare(...)` instead (Accelerate passes it through; padpipe "
@@ -29,20 +34,24 @@ ACCELERATE_FIX = (
 )
 
 
-def check_caller(pipeline: Any) -> None:
-    """Raise or warn when ``iter(pipeline)`` runs under a wrapper that would lose or repeat rows.
+def check_caller(pipeline: Any, *, batches: bool = True) -> None:
+    """Raise or warn when ``iter(pipeline)`` runs under a wrapper that would lose, repeat or stack rows.
 
-    Called by ``Pipeline.__iter__``. Raises ``RuntimeError`` under Accelerate's
-    ``IterableDatasetShard`` or ``DataLoaderDispatcher`` with more than one process; warns once
-    when Lightning's training loop reads the pipeline through a torch ``DataLoader`` (seen when the
-    ``DataLoader`` has no workers: worker processes do not see Lightning's frames).
+    Called by ``Pipeline.__iter__`` (``batches``: the pipeline yields ready batches of tensors).
+    Raises ``RuntimeError`` when a torch ``DataLoader`` with a ``batch_size`` reads a pipeline of
+    batches, and under Accelerate's ``IterableDatasetShard`` or ``DataLoaderDispatcher`` with
+    more than one process; warns once when Lightning's training loop reads the pipeline through a
+    torch ``DataLoader`` (seen when the ``DataLoader`` has no workers: worker processes do not see
+    Lightning's frames).
 
     Example:
         >>> check_caller(pipe)  # doctest: +SKIP
     """
+    frame: FrameType | None = sys._getframe(2)  # the caller of Pipeline.__iter__
+    if batches and frame is not None:
+        _check_collation(frame.f_locals.get("self"))
     if not any(name in sys.modules for name in _FRAMEWORKS):
         return
-    frame: FrameType | None = sys._getframe(2)  # the caller of Pipeline.__iter__
     dataloader = None
     for _ in range(MAX_DEPTH):
         if frame is None:
@@ -59,6 +68,19 @@ def check_caller(pipeline: Any) -> None:
             _warn_lightning(dataloader)
             return
         frame = frame.f_back
+
+
+def _check_collation(owner: Any) -> None:
+    """Refuse torch's auto-collating fetcher: it would stack ``batch_size`` padpipe batches into one."""
+    module, name, flag = TORCH_FETCHER
+    if type(owner).__module__ != module or type(owner).__name__ != name or not getattr(owner, flag, False):
+        return
+    raise RuntimeError(
+        "A padpipe pipeline yields ready batches, but the torch DataLoader reading it batches them again "
+        "(its batch_size is not None), so its collate_fn would stack several padpipe batches into one. Fix: "
+        "with transformers, use padpipe.hf.Trainer (it reads the pipeline's batches as they are); with a "
+        "DataLoader, pass batch_size=None, or iterate pipe.loader(...)."
+    )
 
 
 def _check_accelerate(owner: Any) -> None:

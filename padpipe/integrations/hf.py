@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from padpipe._optional import require
+from padpipe.loader import PipelineLoader
 from padpipe.pipeline import TENSORS, Pipeline
 
 transformers = require("transformers", "padpipe.hf")
@@ -131,6 +132,10 @@ class Trainer(transformers.Trainer):
 
     def _validate_args(self) -> None:
         """``Trainer``'s checks; a pipeline trains for ``num_train_epochs`` without ``max_steps`` too."""
+        _refuse_loader("train_dataset", self.train_dataset)
+        evals = self.eval_dataset if isinstance(self.eval_dataset, dict) else {"": self.eval_dataset}
+        for name, dataset in evals.items():
+            _refuse_loader(f"eval_dataset{f'[{name!r}]' if name else ''}", dataset)
         if not isinstance(self.train_dataset, Pipeline) or self.args.max_steps > 0:
             return super()._validate_args()
         epochs_of(self.args)
@@ -168,6 +173,7 @@ class Trainer(transformers.Trainer):
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
         dataset = self._eval_dataset(eval_dataset)
+        _refuse_loader("eval_dataset", dataset)
         if not isinstance(dataset, Pipeline):
             return super().get_eval_dataloader(eval_dataset)
         loader = self._pipeline_loader(dataset, "eval_dataset", equal_steps="off")
@@ -175,6 +181,7 @@ class Trainer(transformers.Trainer):
 
     def get_test_dataloader(self, test_dataset: Any) -> Any:
         """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
+        _refuse_loader("test_dataset", test_dataset)
         if not isinstance(test_dataset, Pipeline):
             return super().get_test_dataloader(test_dataset)
         loader = self._pipeline_loader(test_dataset, "test_dataset", equal_steps="off")
@@ -384,3 +391,12 @@ class Trainer(transformers.Trainer):
         if isinstance(eval_dataset, str):
             return self.eval_dataset[eval_dataset]
         return self.eval_dataset if eval_dataset is None else eval_dataset
+
+
+def _refuse_loader(name: str, dataset: Any) -> None:
+    """A ``pipe.loader()`` given as a dataset: ``Trainer`` would ask it for ``len`` and index it (``TypeError``)."""
+    if isinstance(dataset, PipelineLoader):
+        raise TypeError(
+            f"padpipe.hf.Trainer: `{name}` is a PipelineLoader (pipe.loader()); pass the Pipeline itself "
+            f"({name.split('[')[0]}=pipe): the Trainer makes its loader (workers, equal steps, checkpoints)."
+        )

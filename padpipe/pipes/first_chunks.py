@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
+from padpipe.readers.schema import slice_rows
 from padpipe.state import Child, Int, Optional, StateSchema
 from padpipe.token_cache.state import CachedRecords, records_state
 
@@ -64,7 +65,7 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
             return batch
         size = FIRST_ROWS << max(0, (self._sent // FIRST_ROWS + 1).bit_length() - 1)  # 32, 64, 128, ...
         if batch.num_rows > size:
-            batch, self._held = batch.slice(0, size), batch.slice(size)
+            batch, self._held = slice_rows(batch, 0, size), slice_rows(batch, size)  # each row's place kept
         self._sent += batch.num_rows
         return batch
 

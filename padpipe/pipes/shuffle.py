@@ -11,7 +11,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.graph import EpochAware
-from padpipe.readers.schema import castable, source_of, untag_source
+from padpipe.readers.schema import castable, row_origins, source_of, tag_rows, untag_source
 from padpipe.state import Array, Bool, Child, Int, ListOf, Loaded, Rng, StateSchema, load_value
 from padpipe.stats import PipelineStats
 from padpipe.token_cache.state import CachedRecords, records_state
@@ -30,6 +30,10 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
 
     The buffered rows, the random generator and the upstream position are saved in the state, so
     resuming continues with exactly the rows that would have come next (nothing is replayed).
+
+    Each emitted batch carries where its rows were read (file and row, :func:`~padpipe.readers.schema.tag_rows`),
+    so a later stage's error names them; rows buffered before a resume keep theirs while they are
+    in the record batches the reader tagged (not after the buffer was compacted).
 
     Args:
         source: Upstream node yielding ``pyarrow.RecordBatch``.
@@ -142,8 +146,19 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
     def _settings(self) -> dict[str, Any]:
         return {"buffer_size": self.buffer_size, "seed": self.seed}
 
-    def _set_buffer(self, segments: list[pa.RecordBatch], saved: list[Any], live: np.ndarray) -> None:
-        """Hold ``segments`` (rows numbered across them) of which rows ``live`` are buffered."""
+    def _set_buffer(
+        self, segments: list[pa.RecordBatch], saved: list[Any], live: np.ndarray, where: np.ndarray | None = None
+    ) -> None:
+        """Hold ``segments`` (rows numbered across them) of which rows ``live`` are buffered.
+
+        ``where``: where their rows were read (:meth:`_origins`); default: from the segments' tags.
+        """
+        if where is None:
+            self._places: list[str] = []
+            self._place_ids: dict[str, int] = {}
+            wheres = [self._origins(s) for s in segments]
+            where = np.concatenate(wheres) if wheres else np.zeros((0, 2), np.int64)
+        self._where = where
         self._segments, self._segment_states = segments, saved
         self._table = pa.Table.from_batches(segments) if segments else None
         self._rows = sum(s.num_rows for s in segments)
@@ -161,6 +176,7 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         batch = self._match_schema(batch)
         self._chunk_rows = max(self._chunk_rows, k)
         new = np.arange(self._rows, self._rows + k, dtype=np.int64)
+        self._where = np.concatenate([self._where, self._origins(batch)])
         self._segments.append(batch)
         self._segment_states.append(None)
         self._table = pa.Table.from_batches(self._segments)
@@ -180,15 +196,31 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
             self._live[: self._count], out = pool[: self._count], pool[self._count :]
         result = self._gather(out)
         if self._rows > 2 * self._count + k:  # drop rows already emitted, amortised O(1) per row
-            kept = self._gather(self._live[: self._count])
-            self._set_buffer([kept], [None], np.arange(self._count, dtype=np.int64))
+            live = self._live[: self._count]
+            kept = untag_source(self._take(live))  # its rows' places stay in self._where, not in the state
+            self._set_buffer([kept], [None], np.arange(self._count, dtype=np.int64), self._where[live])
         return result
 
     def _gather(self, rows: np.ndarray) -> pa.RecordBatch:
+        """Rows ``rows`` of the buffer as one record batch, each tagged with where it was read."""
+        return tag_rows(self._take(rows), self._places, self._where[rows])  # rows of several files: each its own
+
+    def _take(self, rows: np.ndarray) -> pa.RecordBatch:
         assert self._table is not None
         table = self._table.take(pa.array(rows, type=pa.int64())).combine_chunks()
-        batch = table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
-        return untag_source(batch)  # rows of several files: none is named
+        return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+    def _origins(self, batch: pa.RecordBatch) -> np.ndarray:
+        """Where each row of ``batch`` was read, as ``[place, row]`` rows, places numbered in ``self._places``."""
+        places, where = row_origins(batch)
+        ids = []
+        for place in places:
+            if place not in self._place_ids:
+                self._place_ids[place] = len(self._places)
+                self._places.append(place)
+            ids.append(self._place_ids[place])
+        lookup = np.array([*ids, -1], dtype=np.int64)  # an unknown row (-1) stays unknown
+        return np.stack([lookup[where[:, 0]], where[:, 1]], axis=1)
 
     def _match_schema(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch`` with the buffered rows' columns and types; ``DataError`` when they differ in kind.

@@ -19,6 +19,7 @@ from padpipe.errors import DataError, check_bool, one_of, positive
 from padpipe.readers.schema import row_of, source_of
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.encoder import EOS_TOKENS
 
 ROW_ID_COLUMNS = ("idx", "id")
 """Columns whose value names a bad row in error messages, first found wins."""
@@ -57,7 +58,7 @@ def tokenize_options(
         tokenizer, max_length=max_length, truncation=truncation, add_special_tokens=add_special_tokens
     )
     if append_eos and encoder.eos_id is None:
-        raise ValueError("`append_eos=True` needs a tokenizer with an EOS token, but this one has none.")
+        raise ValueError(no_eos(encoder))
     return {
         "encoder": encoder,
         "fields": fields,
@@ -65,6 +66,25 @@ def tokenize_options(
         "on_error": on_error,
         "append_eos": append_eos,
     }
+
+
+def no_eos(encoder: TextEncoder) -> str:
+    """The error for ``append_eos=True`` with a tokenizer without EOS: its special tokens, and how to set one.
+
+    Example:
+        >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=None, truncation=True, add_special_tokens=True)
+        >>> print(no_eos(enc))  # doctest: +ELLIPSIS
+        `append_eos=True` needs ... has none; set one of its special tokens ['[PAD]', ..., '[MASK]'] as EOS: ...
+    """
+    specials = encoder.special_tokens()
+    example = next((t for t in specials if any(k in t.lower() for k in ("eos", "end", "sep", "/s"))), "...")
+    shown = repr(example) if example != "..." else example
+    eos = " or ".join(repr(t) for t in EOS_TOKENS)
+    return (
+        f"`append_eos=True` needs a tokenizer with an EOS token, but this one has none; set one of its special tokens "
+        f"{specials!r} as EOS: AutoTokenizer.from_pretrained(path, eos_token={shown}) or tok.eos_token = {shown} "
+        f"(transformers; a tokenizers.Tokenizer or tokenizer.json has one when it holds {eos})."
+    )
 
 
 class ChunkTokenizer:
@@ -119,7 +139,7 @@ class ChunkTokenizer:
         self.fields = fields
         self.on_error = on_error
         if append_eos and encoder.eos_id is None:
-            raise ValueError("`append_eos=True` needs a tokenizer with an EOS token, but this one has none.")
+            raise ValueError(no_eos(encoder))
         self.eos_id = encoder.eos_id if append_eos else None
         self.stats = stats if stats is not None else PipelineStats()
 
@@ -210,9 +230,9 @@ def _bad_rows(batch: pa.RecordBatch, texts: list[pa.Array]) -> np.ndarray | None
 def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: list[pa.Array], bad: np.ndarray) -> str:
     row = int(np.flatnonzero(bad)[0])
     field, column = next((f, t) for f, t in zip(fields, texts) if _bad_mask(t)[row])
-    found = "None" if not column[row].is_valid else f"of type {column.type}"
-    if column[row].is_valid and _is_text(column.type):
-        found = "not valid UTF-8"
+    if not _is_text(column.type) or column.null_count == len(column):  # every row, for one reason: no skip
+        return _bad_column_message(batch, field, column)
+    found = "None" if not column[row].is_valid else "not valid UTF-8"
     name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
     row_id = f"{name}={batch.column(name)[row].as_py()!r}" if name else ""
     in_file = row_of(batch, row)
@@ -225,6 +245,34 @@ def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: lis
         f"tokenize: field {field!r} at {where} is {found}; expected a string. "
         f"{count} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
     )
+
+
+def _bad_column_message(batch: pa.RecordBatch, field: str, column: pa.Array) -> str:
+    """A text field that is no text in any row of the chunk: say what it holds and what to use instead."""
+    head = f"tokenize: field {field!r}{_from(batch)}"
+    if _holds_messages(column.type):
+        return (
+            f"{head} holds chat messages ({column.type}), not text; expected a string: apply the chat template "
+            f"with .chat(tokenizer, messages={field!r}) instead of .tokenize(...)."
+        )
+    columns = f"the chunk's columns are {batch.schema.names!r}"
+    if pa.types.is_null(column.type) or column.null_count == len(column):
+        first = row_of(batch, 0)
+        return (
+            f"{head} is None in all {len(column)} rows of this chunk{f' (from {first} on)' if first else ''}; "
+            f"expected a string: name the text field(s) to tokenize ({columns})."
+        )
+    return (
+        f"{head} is of type {column.type} in every row, not text; expected a string: name the text field(s) to "
+        f"tokenize ({columns})."
+    )
+
+
+def _holds_messages(kind: pa.DataType) -> bool:
+    """Whether ``kind`` is a list of structs with a ``content`` or ``role`` field (chat messages)."""
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
+        return False
+    return bool({"role", "content"} & {f.name for f in kind.value_type})
 
 
 def _from(batch: pa.RecordBatch) -> str:

@@ -8,6 +8,7 @@ upstream reader's position.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.errors import DataError, check_int, positive
 from padpipe.pipes.tokenize import LABELS, ROW_ID_COLUMNS, _pass_through
 from padpipe.stats import PipelineStats
+
+logger = logging.getLogger("padpipe.tokens")
 
 TYPE_IDS, MASK = "token_type_ids", "attention_mask"
 ID_RANGE = (0, int(np.iinfo(ID_DTYPE).max))
@@ -53,6 +56,9 @@ class TokenColumns:
       their own).
     - ``labels`` as a list column: token-level labels, one per token, kept aligned with the ids
       (``pad()`` pads them with ``label_pad_id``; ``pack()`` keeps each row's own in its packed row).
+      Labels of only 0 and 1 in a chunk whose ids are not are logged once as a warning: that is a
+      0/1 mask (``assistant_masks``) passed as labels, which would train the model to predict
+      ids 0 and 1 (labels are the ids to predict, -100 where no loss is taken).
 
     Then rows longer than ``max_length`` keep their first ``max_length`` tokens (special tokens
     are not kept apart: a trailing ``[SEP]``/EOS is cut with the rest). The other columns pass
@@ -87,6 +93,7 @@ class TokenColumns:
         tokens_options(column=column, type_ids=type_ids, max_length=max_length, pad_id=None)
         self.column, self.type_ids, self.max_length = column, type_ids, max_length
         self.stats = stats if stats is not None else PipelineStats()
+        self._warned_mask = False  # labels that look like a 0/1 mask: logged once
 
     def __call__(self, batch: pa.RecordBatch) -> TokenChunk:
         """Convert one record batch (thread-safe: no state is kept between calls)."""
@@ -106,6 +113,9 @@ class TokenColumns:
                 aligned[type_column] = self._aligned(batch, type_column, offsets, TYPE_ID_RANGE, "token type ids")
             if LABELS in names and _is_list(batch.schema.field(LABELS).type):
                 aligned[LABELS] = self._aligned(batch, LABELS, offsets, None, "token-level labels")
+                if not self._warned_mask and _looks_like_a_mask(aligned[LABELS], ids):
+                    self._warned_mask = True
+                    logger.warning(_mask_as_labels(aligned[LABELS], ids, self.column))
             if MASK in names:
                 keep = self._aligned(batch, MASK, offsets, (0, 1), "attention mask values") != 0
                 if not keep.all():
@@ -137,6 +147,26 @@ class TokenColumns:
 
     def __repr__(self) -> str:
         return f"TokenColumns(column={self.column!r}, type_ids={self.type_ids!r}, max_length={self.max_length!r})"
+
+
+def _looks_like_a_mask(labels: np.ndarray, ids: np.ndarray) -> bool:
+    """Every label 0 or 1 while the ids are not: a 0/1 mask, not the ids to predict (nor -100)."""
+    if not len(labels):
+        return False
+    return labels.min() >= 0 and labels.max() <= 1 and not (ids.min() >= 0 and ids.max() <= 1)
+
+
+def _mask_as_labels(labels: np.ndarray, ids: np.ndarray, column: str) -> str:
+    """The warning for labels that look like a 0/1 mask, with the first values of each."""
+    shown = 8
+    head = [int(v) for v in labels[:shown]]
+    return (
+        f"tokens: column {LABELS!r} holds only 0 and 1 in this chunk (its first values {head}, where {column!r} "
+        f"holds {[int(v) for v in ids[:shown]]}): it looks like a 0/1 mask (e.g. assistant_masks) passed as labels, "
+        "which trains the model to predict ids 0 and 1. Token-level labels are the ids to predict, -100 where no "
+        "loss is taken: labels = [id if m else -100 for id, m in zip(input_ids, mask)]. (Classes of a token "
+        "classification model: ignore this; logged once.)"
+    )
 
 
 def _is_list(kind: pa.DataType) -> bool:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from padpipe.errors import DataError
@@ -142,6 +144,8 @@ def _is_list(kind: pa.DataType) -> bool:
 SOURCE_METADATA = b"padpipe.source"
 ROW_METADATA = b"padpipe.first_row"
 """Schema metadata key a file reader sets on each record batch: the file the rows came from."""
+ROWS_METADATA = b"padpipe.rows"
+"""Schema metadata key of rows gathered from several files (a shuffle's output): each row's file and row."""
 
 
 def tag_source(batch: pa.RecordBatch, source: str, row: int | None = None, rows_of: str = "") -> pa.RecordBatch:
@@ -151,7 +155,7 @@ def tag_source(batch: pa.RecordBatch, source: str, row: int | None = None, rows_
     (``"its byte range from byte 4096"``) when the rows before that are not counted.
 
     Example:
-        >>> batch = tag_source(pa.record_batch({"a": [1]}), "a.parquet", 70)
+        >>> batch = tag_source(pa.record_batch({"a": [1, 2, 3, 4]}), "a.parquet", 70)
         >>> source_of(batch), row_of(batch, 3)
         ('a.parquet', 'row 73 of a.parquet')
     """
@@ -171,19 +175,98 @@ def source_of(batch: pa.RecordBatch) -> str | None:
 
 
 def row_of(batch: pa.RecordBatch, row: int) -> str | None:
-    """Where row ``row`` of a tagged batch is in its file, in words (see :func:`tag_source`), or ``None``."""
-    metadata = batch.schema.metadata or {}
-    where, source = metadata.get(ROW_METADATA), source_of(batch)
-    if where is None or source is None:
+    """Where row ``row`` of a tagged batch is in its file, in words (see :func:`tag_source`, :func:`tag_rows`), or
+    ``None``."""
+    places, where = row_origins(batch)
+    if not 0 <= row < len(where) or where[row, 0] < 0:
         return None
-    first, _, rows_of = where.decode(errors="replace").partition("\t")
-    return f"row {int(first) + row} of {rows_of + ' of ' if rows_of else ''}{source}"
+    return f"row {where[row, 1]} of {places[where[row, 0]]}"
+
+
+def row_origins(batch: pa.RecordBatch) -> tuple[list[str], np.ndarray]:
+    """Where each row of ``batch`` is: ``(places, where)``; row ``i`` is row ``where[i, 1]`` of ``places[where[i, 0]]``.
+
+    A place is a file, or a part of one (``"its byte range from byte 4096 of a.jsonl"``); an unknown
+    row has ``where[i, 0] == -1``. Read from a reader's tag (:func:`tag_source`) or a shuffle's (:func:`tag_rows`).
+
+    Example:
+        >>> places, where = row_origins(tag_source(pa.record_batch({"a": [1, 2]}), "a.parquet", 70))
+        >>> places, where.tolist()
+        (['a.parquet'], [[0, 70], [0, 71]])
+    """
+    metadata = batch.schema.metadata or {}
+    unknown = np.full((batch.num_rows, 2), -1, dtype=np.int64)
+    if ROWS_METADATA in metadata:
+        return _decode_rows(metadata[ROWS_METADATA], batch.num_rows) or ([], unknown)
+    first, source = metadata.get(ROW_METADATA), source_of(batch)
+    if first is None or source is None:
+        return [], unknown
+    start, _, rows_of = first.decode(errors="replace").partition("\t")
+    try:
+        rows = int(start) + np.arange(batch.num_rows, dtype=np.int64)
+    except (ValueError, OverflowError):  # not a tag padpipe wrote (a crafted state)
+        return [], unknown
+    return [f"{rows_of + ' of ' if rows_of else ''}{source}"], np.stack([np.zeros_like(rows), rows], axis=1)
+
+
+def tag_rows(batch: pa.RecordBatch, places: list[str], where: np.ndarray) -> pa.RecordBatch:
+    """``batch``, rows gathered from several files, with each row's place in its schema metadata (zero-copy).
+
+    ``places`` and ``where`` as :func:`row_origins` returns them; only the places its rows name are kept.
+
+    Example:
+        >>> batch = tag_rows(pa.record_batch({"a": [1, 2]}), ["a.jsonl", "b.jsonl"], np.array([[1, 7], [-1, -1]]))
+        >>> row_of(batch, 0), row_of(batch, 1)
+        ('row 7 of b.jsonl', None)
+    """
+    metadata = {k: v for k, v in (batch.schema.metadata or {}).items() if k not in _TAGS}
+    known = where[:, 0] >= 0
+    if known.any():
+        used, index = np.unique(where[known, 0], return_inverse=True)
+        compact = where.astype("<i8")  # a copy
+        compact[known, 0] = index
+        names = json.dumps([places[int(i)] for i in used]).encode()
+        metadata[ROWS_METADATA] = names + b"\n" + compact.tobytes()
+    return batch.replace_schema_metadata(metadata or None)
+
+
+def slice_rows(batch: pa.RecordBatch, offset: int, length: int | None = None) -> pa.RecordBatch:
+    """``batch.slice(offset, length)`` whose tags still name each row's own place (a plain slice keeps the first's).
+
+    Example:
+        >>> part = slice_rows(tag_source(pa.record_batch({"a": [1, 2, 3]}), "a.parquet", 70), 2)
+        >>> row_of(part, 0)
+        'row 72 of a.parquet'
+    """
+    part = batch.slice(offset, length)
+    if not any(key in (batch.schema.metadata or {}) for key in _TAGS):
+        return part
+    places, where = row_origins(batch)
+    return tag_rows(part, places, where[offset : offset + part.num_rows])
+
+
+def _decode_rows(value: bytes, num_rows: int) -> tuple[list[str], np.ndarray] | None:
+    """The places and rows of :func:`tag_rows`, or ``None`` when ``value`` is not that (a crafted state)."""
+    names, _, raw = value.partition(b"\n")
+    try:
+        places = json.loads(names)
+    except ValueError:
+        return None
+    if not isinstance(places, list) or not all(isinstance(p, str) for p in places) or len(raw) != 16 * num_rows:
+        return None
+    where = np.frombuffer(raw, dtype="<i8").reshape(num_rows, 2).astype(np.int64)
+    if ((where[:, 0] < -1) | (where[:, 0] >= len(places))).any():
+        return None
+    return places, where
 
 
 def untag_source(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` without the source tag (for rows gathered from several files)."""
+    """``batch`` without the source tags (for rows gathered from several files)."""
     metadata = batch.schema.metadata
-    if not metadata or SOURCE_METADATA not in metadata:
+    if not metadata or not any(key in metadata for key in _TAGS):
         return batch
-    rest = {k: v for k, v in metadata.items() if k not in (SOURCE_METADATA, ROW_METADATA)}
+    rest = {k: v for k, v in metadata.items() if k not in _TAGS}
     return batch.replace_schema_metadata(rest or None)
+
+
+_TAGS = (SOURCE_METADATA, ROW_METADATA, ROWS_METADATA)

@@ -259,6 +259,17 @@ class TextEncoder:
         """
         return self._tokenizer.num_special_tokens_to_add(pair)
 
+    def special_tokens(self) -> list[str]:
+        """The tokenizer's special tokens, in id order (what an EOS could be set to).
+
+        Example:
+            >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=8, truncation=True, add_special_tokens=True)
+            >>> enc.special_tokens()
+            ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+        """
+        added = self._tokenizer.get_added_tokens_decoder()
+        return [token.content for _, token in sorted(added.items()) if token.special]
+
     def fingerprint(self) -> str:
         """The tokenizer's identity, checked when a pipeline resumes: vocabulary size and a digest of its JSON.
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 import pytest
 
 import padpipe as pp
-from tests.inspection.test_inspect import docs  # noqa: F401  (600 documents of the shipped corpus, some past 512 tokens)
+from tests.inspection.test_inspect import (
+    check_equals_real_passes,
+    docs,  # noqa: F401  (600 documents of the shipped corpus, some past 512 tokens)
+)
 
 pytest.importorskip("transformers")  # the tokenizer folder carries model_max_length 512
 
@@ -74,3 +78,41 @@ def test_a_sample_that_covers_the_whole_input_is_not_a_sample(docs: str) -> None
     assert "; read every row\n" in text and "sample more rows" not in text and "scaled from the sample" not in text
     part = pp.inspect(docs, pp.examples.TOKENIZER_JSON, sample=100, progress=False)
     assert part.sampled and part.as_dict()["sampled"] is True and "sampled 100 rows" in str(part)
+
+
+def test_inspect_packs_long_documents_whole_where_it_advises_split(docs: str) -> None:  # noqa: F811
+    """Issue 30 item 7: the pack row was computed on truncated documents while the advice said split them."""
+    result = pp.inspect(docs, pp.examples.TOKENIZER_DIR, sample=None, progress=False)
+    pack = result.strategies[-1]
+    assert result.max_length == 512 and pack.whole and not any(st.whole for st in result.strategies[:-1])
+    assert pack.name == "pack(seq_len=512) split"
+    assert pack.code == ".pack(512, batch_size=32, buffer_size=256, long_docs='split')"
+    assert pack.real_tokens == int(result.lengths.sum()) > result.strategies[3].real_tokens  # every token
+    base = pp.read_jsonl(docs).shuffle(10_000, seed=0)
+    check_equals_real_passes(
+        dataclasses.replace(result, strategies=result.strategies[-1:]),
+        base.tokenize(pp.examples.TOKENIZER_DIR, truncation=False),
+    )
+    check_equals_real_passes(
+        dataclasses.replace(result, strategies=result.strategies[:-1]), base.tokenize(pp.examples.TOKENIZER_DIR)
+    )
+    text = str(result)
+    assert (
+        "  pack(seq_len=512) split: the documents whole (tokenize with truncation=False), split across packed rows "
+        "(long_docs='split'), as advised below; the other rows are truncated to max_length=512"
+    ) in text.splitlines()
+    assert re.search(r"^  pack\(seq_len=512\) split +8: ", text, re.M)  # its buffer sweep, on the same rows
+    pairs = pp.inspect(
+        pp.examples.SAMPLE_PARQUET, pp.examples.TOKENIZER_JSON, max_length=128, sample=2000, progress=False
+    )
+    assert not pairs.strategies[-1].whole  # pairs are not documents to split
+
+
+def test_inspect_reads_a_huge_model_max_length_as_no_limit(docs: str) -> None:  # noqa: F811
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(pp.examples.TOKENIZER_DIR)
+    tok.model_max_length = int(1e30)  # transformers' "no limit" placeholder
+    result = pp.inspect(docs, tok, sample=None, progress=False)
+    assert result.max_length is None and result.model_max_length is None
+    assert result.settings.budget.startswith("32 x ") and result.settings.max_tokens <= 32 * 2048

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 
 import numpy as np
@@ -245,3 +246,44 @@ def test_detect_format_reads_names_folders_and_globs(pairs: str, docs: str) -> N
     assert _sample.detect_format(os.path.dirname(docs), {}) == "jsonl"
     with pytest.raises(FileNotFoundError, match=r"^No such file or folder: 'nope/'\.$"):
         _sample.detect_format("nope/", {})
+
+
+@pytest.fixture(scope="module")
+def one_long(tmp_path_factory: pytest.TempPathFactory, docs: str) -> str:
+    """200 documents of the shipped corpus and one of about 20,000 tokens (the 87,286-token document of issue 30)."""
+    rows = [json.loads(line) for line in open(docs).read().splitlines()[:200]]
+    rows.insert(100, {**rows[0], "text": " ".join(r["text"] for r in rows[:80])})
+    path = tmp_path_factory.mktemp("inspect") / "one_long.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_inspect_sizes_budgets_by_the_p99_length_when_nothing_truncates(one_long: str) -> None:
+    """Issue 30 item 7: with no max_length, the budgets came from the longest document (a few steps an epoch)."""
+    result = pp.inspect(one_long, TOK, sample=None, shuffle_buffer=0, progress=False)
+    lengths, s = result.lengths, result.settings
+    p99 = np.percentile(lengths, 99)
+    row = min(2048, 1 << (int(np.ceil(p99)) - 1).bit_length())  # p99 rounded up to a power of two, at most 2048
+    assert result.max_length is None and lengths.max() > 10_000 and row == 2048
+    assert s.max_tokens == 32 * row and s.seq_len == 2048 and s.pack_batch_size == max(1, 32 * row // 2048)
+    assert s.static_length == lengths.max()  # static padding still pads to the longest row: what it would do
+    assert (
+        f"  max_tokens={32 * row}: 32 x {row:,} tokens: no max_length (the tokenizer has no model_max_length), "
+        f"so p99 {p99:,.0f} rounded up to a power of two, at most 2,048, not the longest row ({lengths.max():,}); "
+        "pass max_length or max_tokens to choose"
+    ) in str(result).splitlines()
+    assert result.as_dict()["settings"]["budget"].startswith(f"32 x {row:,} tokens: no max_length")
+    assert result.strategies[3].batches > 1  # 1 before: a budget of 32 x 16,056 tokens
+    check_equals_real_passes(result, pp.read_jsonl(one_long).tokenize(TOK, fields="text"))
+    given = pp.inspect(one_long, TOK, sample=None, max_tokens=4096, progress=False)
+    assert given.settings.budget == "" and "pass max_length or max_tokens" not in str(given)
+
+
+def test_inspect_progress_ends_at_the_rows_the_input_holds(docs: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 30 item 7: "reading a sample: 5,127 of 20,000 rows (26%)" for a file of 5,127 rows."""
+    with caplog.at_level("INFO", logger="padpipe"):
+        pp.inspect(docs, TOK, sample=20_000, progress=True)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("inspect: reading a sample")]
+    assert len(lines) == 1 and re.match(
+        r"inspect: reading a sample: 600 of 600 rows \(100%\), [\d.]+ s, done$", lines[0]
+    )

@@ -18,6 +18,8 @@ import torch
 
 import padpipe as pp
 from padpipe.inspection.packing_check import NothingToCheck
+from padpipe.inspection.packing_rows import read_batches
+from tests.contract import normalize
 from tests.pipes.test_pack_hf import ReferenceFlash, reference_flash  # noqa: F401 (a fixture)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -287,20 +289,61 @@ def test_check_packing_raises_error_when_no_row_holds_two_documents() -> None:
         pp.check_packing(masked_lm(), padded)  # a bidirectional one can
 
 
-def test_check_packing_puts_a_loader_it_reads_back_where_it_was() -> None:
-    """Checking the training loader itself must not shift training by an epoch (another shuffle order)."""
+def _small_packed_pipe() -> pp.Pipeline:
     with gzip.open(pp.examples.SAMPLE_JSONL, "rt") as f:
         rows = [{"text": json.loads(line)["text"]} for line in itertools.islice(f, 40)]
     tokens = pp.from_iterable(rows).shuffle(16, seed=3).tokenize(pp.examples.tokenizer(), max_length=16)
-    pipe = tokens.pack(SEQ_LEN, batch_size=2, buffer_size=16)
-    ids = lambda batches: [b["input_ids"].tolist() for b in batches]  # noqa: E731
+    return tokens.pack(SEQ_LEN, batch_size=2, buffer_size=16)
+
+
+def _ids(batches: Any) -> list:
+    return [b["input_ids"].tolist() for b in batches]
+
+
+def test_check_packing_leaves_a_loader_it_reads_as_it_was() -> None:
+    """Checking the training loader before its loop, or after a loop, must not shift training (another epoch's order)."""
+    pipe = _small_packed_pipe()
     fresh = pipe.loader()
-    epochs = [ids(fresh), ids(fresh)]
+    epochs = [_ids(fresh), _ids(fresh), _ids(fresh)]
     assert epochs[0] != epochs[1], "each epoch its own order"
-    for steps in (0, 3):
-        loader = pipe.loader()
-        it = iter(loader)
-        head = ids(itertools.islice(it, steps))
-        assert pp.check_packing(causal_lm(use_cache=False), loader).exact
-        assert head + ids(loader) == epochs[0]
-        assert ids(loader) == epochs[1]
+    loader = pipe.loader()
+    assert pp.check_packing(causal_lm(use_cache=False), loader).exact
+    assert _ids(loader) == epochs[0]
+    assert pp.check_packing(causal_lm(use_cache=False), loader).exact
+    assert _ids(loader) == epochs[1]
+    loader.set_epoch(0)
+    assert pp.check_packing(causal_lm(use_cache=False), loader).exact
+    assert _ids(loader) == epochs[0] and _ids(loader) == epochs[1]
+
+
+@pytest.mark.parametrize("at_step", [0, 3])
+def test_check_packing_inside_the_loop_leaves_the_loop_and_its_states_as_without_it(at_step: int) -> None:
+    """Issue 30 item 4 (F3): a check inside ``for batch in loader`` switched the loop to the next epoch's batches."""
+    pipe = _small_packed_pipe()
+    model = causal_lm(use_cache=False)
+
+    def run(check: bool) -> tuple[list, list, list]:
+        loader, seen, states = pipe.loader(), [], []
+        for step, batch in enumerate(loader):
+            if check and step == at_step:
+                report = pp.check_packing(model, loader)
+                checked = [d.document.batch for d in report.documents]
+                assert report.exact and checked and max(checked) <= 1
+            seen.append(batch["input_ids"].tolist())
+            states.append(normalize(loader.state_dict()))
+        return seen, states, _ids(loader)
+
+    plain, checked = run(check=False), run(check=True)
+    assert checked[0] == plain[0]  # the loop's batches: epoch 0, each once
+    assert checked[1] == plain[1]  # its states, step by step
+    assert checked[2] == plain[2] != plain[0]  # the next pass: epoch 1 from its start
+
+
+def test_check_packing_inside_the_loop_checks_the_batches_the_loop_reads_next() -> None:
+    pipe = _small_packed_pipe()
+    loader = pipe.loader()
+    it = iter(loader)
+    next(it)
+    read = read_batches(loader, 2)
+    assert _ids(read) == _ids(itertools.islice(it, 2))
+    assert loader.stats().batches == 3  # the copy's batches are not counted in the loader's stats

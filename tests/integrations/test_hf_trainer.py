@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -198,6 +199,39 @@ def test_trainer_rejects_a_pipeline_that_does_not_yield_tensors(mrpc, tmp_path):
         r"\.pad\(\) or \.pack\(\)\), but it yields tokens instead\.$",
     ):
         trainer.train()
+
+
+def test_plain_transformers_trainer_given_a_pipeline_fails_naming_padpipe_hf_trainer(mrpc, tmp_path):
+    """Issue 30 item 7: its DataLoader stacked 8 ready batches, and the model failed deep inside HF."""
+    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=512)
+    for workers in (0, 2):
+        trainer = transformers.Trainer(
+            model=recorder(), args=arguments(tmp_path, dataloader_num_workers=workers), train_dataset=pipe
+        )
+        with pytest.raises(RuntimeError, match=r"batches them again .* use padpipe\.hf\.Trainer \(it reads"):
+            trainer.train()
+
+
+def test_trainer_refuses_a_pipeline_loader_naming_the_pipeline(mrpc, tmp_path):
+    """Issue 30 item 7: padpipe.hf.Trainer(train_dataset=pipe.loader()) failed with `has no len()` in torch."""
+    train = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=512)
+    val = glue("mrpc", "validation", pp.examples.tokenizer(), data=mrpc)
+
+    def refused(name: str, given: str) -> str:
+        return (
+            rf"^padpipe\.hf\.Trainer: `{re.escape(given)}` is a PipelineLoader \(pipe\.loader\(\)\); pass the "
+            rf"Pipeline itself \({name}=pipe\): the Trainer makes its loader \(workers, equal steps, checkpoints\)\.$"
+        )
+
+    with pytest.raises(TypeError, match=refused("train_dataset", "train_dataset")):
+        Trainer(model=recorder(), args=arguments(tmp_path), train_dataset=train.loader())
+    with pytest.raises(TypeError, match=refused("eval_dataset", "eval_dataset['val']")):
+        Trainer(model=recorder(), args=arguments(tmp_path), train_dataset=train, eval_dataset={"val": val.loader()})
+    trainer = Trainer(model=recorder(), args=arguments(tmp_path), train_dataset=train, eval_dataset=val)
+    with pytest.raises(TypeError, match=refused("eval_dataset", "eval_dataset")):
+        trainer.evaluate(val.loader())
+    with pytest.raises(TypeError, match=refused("test_dataset", "test_dataset")):
+        trainer.predict(val.loader())
 
 
 def test_trainer_leaves_other_datasets_to_transformers(tmp_path):

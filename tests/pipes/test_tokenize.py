@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import pickle
+import re
 import traceback
 
 import pyarrow as pa
@@ -122,19 +124,49 @@ def test_tokenize_raises_error_when_text_is_none(hf):
     )
     with pytest.raises(DataError, match=pattern):
         ChunkTokenizer(_encoder(hf), fields=("s1", "s2"))(batch)
-    no_ids = pa.RecordBatch.from_pydict({"text": [None]})
-    with pytest.raises(DataError, match=r"^tokenize: field 'text' at row 0 of the chunk is None; expected a string\."):
+    no_ids = pa.RecordBatch.from_pydict({"text": ["a", None]})
+    with pytest.raises(DataError, match=r"^tokenize: field 'text' at row 1 of the chunk is None; expected a string\."):
         ChunkTokenizer(_encoder(hf), fields="text")(no_ids)
+
+
+def test_tokenize_raises_error_without_a_skip_hint_when_no_row_has_text(hf):
+    """Issue 30 item 7: skipping would drop every row, so the message names the columns instead."""
+    tokenize = ChunkTokenizer(_encoder(hf), fields="text")
+    for column in (pa.array([None, None], pa.string()), pa.nulls(2)):  # a JSONL key in no row: type null
+        with pytest.raises(
+            DataError,
+            match=r"^tokenize: field 'text' is None in all 2 rows of this chunk; expected a string: name "
+            r"the text field\(s\) to tokenize \(the chunk's columns are \['text', 'id'\]\)\.$",
+        ):
+            tokenize(pa.RecordBatch.from_pydict({"text": column, "id": [1, 2]}))
 
 
 def test_tokenize_raises_error_when_text_is_not_a_string(hf):
     batch = pa.RecordBatch.from_pydict({"text": [3, 4], "id": ["r0", "r1"]})
-    pattern = r"^tokenize: field 'text' at row 0 of the chunk \(id='r0'\) is of type int64; expected a string\. "
+    pattern = (
+        r"^tokenize: field 'text' is of type int64 in every row, not text; expected a string: name the text "
+        r"field\(s\) to tokenize \(the chunk's columns are \['text', 'id'\]\)\.$"
+    )
     with pytest.raises(DataError, match=pattern):
         ChunkTokenizer(_encoder(hf), fields="text")(batch)
     binary = pa.RecordBatch.from_pydict({"text": pa.array([b"a"], pa.binary())})
-    with pytest.raises(DataError, match=r"^tokenize: field 'text' at row 0 of the chunk is of type binary; "):
+    with pytest.raises(DataError, match=r"^tokenize: field 'text' is of type binary in every row, not text; "):
         ChunkTokenizer(_encoder(hf), fields="text")(binary)
+
+
+def test_tokenize_names_chat_template_for_a_column_of_messages(tmp_path):
+    """Issue 30 item 7: tokenize(fields="messages") on chat rows suggested on_error='skip' (every row dropped)."""
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"messages": chat, "id": i}) + "\n" for i in range(40)))
+    message = (
+        rf"^tokenize: field 'messages'( from {re.escape(str(path))})? holds chat messages "
+        r"\(list<item: struct<role: string, content: string>>\), not text; expected a string: apply the chat "
+        r"template with \.chat\(tokenizer, messages='messages'\) instead of \.tokenize\(\.\.\.\)\.$"
+    )
+    for pipe in (pp.read_jsonl(str(path)), pp.read_jsonl(str(path)).shuffle(16)):
+        with pytest.raises(DataError, match=message):
+            list(pipe.tokenize(pp.examples.tokenizer(), fields="messages").batch(4).pad().loader())
 
 
 def test_tokenize_raises_error_when_field_is_missing(hf):
@@ -206,5 +238,18 @@ def test_tokenize_appends_eos_to_every_row():
 
 
 def test_tokenize_raises_error_when_append_eos_has_no_eos():
-    with pytest.raises(ValueError, match=r"^`append_eos=True` needs a tokenizer with an EOS token"):
+    """Issue 30 item 7: the message did not say how to set an EOS (the README's pretrain section does)."""
+    message = (
+        r"^`append_eos=True` needs a tokenizer with an EOS token, but this one has none; set one of its special tokens "
+        r"\['\[PAD\]', '\[UNK\]', '\[CLS\]', '\[SEP\]', '\[MASK\]'\] as EOS: "
+        r"AutoTokenizer\.from_pretrained\(path, eos_token='\[SEP\]'\) or tok\.eos_token = '\[SEP\]' \(transformers; "
+        r"a tokenizers\.Tokenizer or tokenizer\.json has one when it holds '</s>' or '<\|endoftext\|>' or '<eos>' or "
+        r"'<\|end_of_text\|>'\)\.$"
+    )
+    with pytest.raises(ValueError, match=message):
         pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer(), append_eos=True)
+    with pytest.raises(ValueError, match=message):
+        ChunkTokenizer(_encoder(pp.examples.tokenizer()), fields="text", append_eos=True)
+    fixed = pp.examples.hf_tokenizer()
+    fixed.eos_token = "[SEP]"  # what the message says to do
+    assert _chunks(pp.from_iterable([{"text": "a"}]).tokenize(fixed, append_eos=True))[0].row(0).tolist()[-1] == 3

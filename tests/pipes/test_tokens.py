@@ -293,3 +293,27 @@ def test_tokens_pad_and_pack_ask_for_a_pad_id() -> None:
     with pytest.raises(TypeError, match=r"^`tokens` must be a column name, but is True instead\.$"):
         pp.from_hf(datasets.Dataset.from_dict({"input_ids": [[1]]}), tokens=True)
     assert next(iter(pipe.pack(4, pad_id=9).loader()))["input_ids"].tolist() == [[1, 2, 9, 9]]
+
+
+def test_tokens_warns_once_when_labels_look_like_a_mask(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 30 item 7: 0/1 assistant masks passed as labels went through silently (the model learns ids 0 and 1)."""
+    masked = [{"input_ids": [2, 7, 9, 3], "labels": [0, 0, 1, 1]}, {"input_ids": [2, 5, 3], "labels": [0, 1, 1]}]
+    with caplog.at_level("WARNING", logger="padpipe.tokens"):
+        batches = list(pp.from_iterable(masked * 2, chunk_rows=2).tokens(pad_id=0).batch(2).pad().loader())
+    assert len(batches) == 2 and [r.getMessage() for r in caplog.records] == [
+        "tokens: column 'labels' holds only 0 and 1 in this chunk (its first values [0, 0, 1, 1, 0, 1, 1], where "
+        "'input_ids' holds [2, 7, 9, 3, 2, 5, 3]): it looks like a 0/1 mask (e.g. assistant_masks) passed as labels, "
+        "which trains the model to predict ids 0 and 1. Token-level labels are the ids to predict, -100 where no loss "
+        "is taken: labels = [id if m else -100 for id, m in zip(input_ids, mask)]. (Classes of a token classification "
+        "model: ignore this; logged once.)"
+    ]
+    caplog.clear()
+    fine = [
+        {"input_ids": [2, 7, 9, 3], "labels": [-100, -100, 9, 3]},  # real labels: ids and -100
+        {"input_ids": [2, 7, 9, 3], "labels": [-100, 0, 1, 1]},  # -100 among them: not a mask
+        {"input_ids": [1, 0, 1], "labels": [0, 1, 1]},  # ids of 0 and 1 too: labels may be ids
+    ]
+    with caplog.at_level("WARNING", logger="padpipe.tokens"):
+        for row in fine:
+            list(pp.from_iterable([row]).tokens(pad_id=0).batch(1).pad().loader())
+    assert caplog.records == []

@@ -146,6 +146,28 @@ def test_tokenize_error_on_a_none_text_names_the_file_and_its_row(tmp_path):
         list(read(jsonl, small_blocks=False).tokenize(TOK, fields="text").batch(8).pad().loader())
 
 
+@pytest.mark.parametrize("bad", [40, 210])  # 40: in the small first chunks tokenize cuts an epoch's first rows into
+def test_tokenize_error_on_a_none_text_names_the_file_and_its_row_after_a_shuffle(tmp_path, bad: int):
+    """Issue 30 item 7: after a shuffle a None text named only the chunk's row (asked before)."""
+    rows = [{"idx": i, "text": f"row {i}"} for i in range(ROWS)]
+    rows[bad]["text"] = None
+    parquet, jsonl = tmp_path / "data.parquet", tmp_path / "data.jsonl"
+    pq.write_table(pa.Table.from_pylist(rows), parquet, row_group_size=70)
+    jsonl.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+    for path, pipe in (
+        (parquet, pp.read_parquet(str(parquet))),
+        (parquet, pp.read_parquet(str(parquet), chunk_rows=16).shuffle(64, seed=1)),
+        (parquet, pp.read_parquet(str(parquet)).shuffle(1000, seed=1)),  # a buffer larger than the input
+        (jsonl, pp.read_jsonl(str(jsonl)).shuffle(64, seed=2)),
+    ):
+        with pytest.raises(
+            pp.DataError,
+            match=rf"^tokenize: field 'text' at row {bad} of {re.escape(str(path))} \(idx={bad}; row \d+ of the "
+            r"chunk\) is None; expected a string\. 1 row\(s\) of this chunk have bad text; ",
+        ):
+            list(pipe.tokenize(TOK, fields="text").batch(8).pad().loader())
+
+
 @pytest.mark.parametrize("cache", [False, True])
 def test_tokenize_raises_or_skips_a_row_of_invalid_utf8_in_an_arrow_file(tmp_path, cache):
     values = [f"row {i}".encode() for i in range(ROWS)]

@@ -19,6 +19,7 @@ import zstandard
 from transformers import AutoTokenizer
 
 import padpipe as pp
+from padpipe import _command
 from padpipe.recipes.formats import format_of
 from padpipe.recipes.pretrain import main, pretrain
 
@@ -298,6 +299,19 @@ def test_pretrain_cli_counts_documents_not_the_pieces_of_split_ones(
         r"\d+\.\d%",
         last,
     ), last
+
+
+def test_pretrain_cli_names_the_keys_of_a_jsonl_corpus_for_a_wrong_text_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 30 item 7: it said "field 'body' at row 0 of the chunk is None ... pass on_error='skip'" (no such option)."""
+    path = str(write_corpus(tmp_path / "docs.jsonl"))
+    args = ["--data", path, "--tokenizer", pp.examples.TOKENIZER_JSON, "--mode", "bucket", "--text-field", "body"]
+    assert _command.run(main, args, prog="pretrain") == 2
+    assert capsys.readouterr().err == (
+        f"pretrain: error: tokenize: text field 'body' is not in the first row of {path}; expected one of its keys "
+        "['id', 'text'].\n"
+    )
 
 
 def test_pretrain_cli_runs_as_a_module(tmp_path: Path) -> None:

@@ -225,7 +225,8 @@ def test_token_cache_raises_the_same_error_on_bad_text(tmp_path):
     rows = documents()
     rows[9]["text"] = None
     source = write(tmp_path, "parquet", rows)
-    with pytest.raises(pp.DataError, match=r"^tokenize: field 'text' at row \d+ of the chunk \(idx=9\) is None"):
+    message = r"^tokenize: field 'text' at row 9 of \S+/data\.parquet \(idx=9; row \d+ of the chunk\) is None"
+    with pytest.raises(pp.DataError, match=message):
         epochs(stages(source, cache=str(tmp_path / "cache")).loader(), 1)
 
 
