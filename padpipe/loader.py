@@ -11,7 +11,8 @@ from torchdata.nodes import BaseNode
 from padpipe.graph import start_at_epoch
 from padpipe.integrations.lightning_fit import fit_driver
 from padpipe.runtime.loader_state import LOADER_STATE
-from padpipe.state import StateMismatchError
+from padpipe.state import StateMismatchError, invalid
+from padpipe.state_walk import deeper_than
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
@@ -171,6 +172,7 @@ class PipelineLoader(Generic[T]):
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         for one in states:
             self.STATE.check(one, self._settings)
+            check_nesting(one)
         states = one_checkpoint(states, independent=independent)
         layout = self._layout()
         own = [s for s in states if s["layout"] == layout]
@@ -215,6 +217,18 @@ class PipelineLoader(Generic[T]):
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""
         return self._stats.snapshot()
+
+
+STATE_DEPTH = 256
+"""Most levels of lists and dicts a whole loader state nests (states of 20 stages with worker processes nest 20)."""
+
+
+def check_nesting(state: dict[str, Any]) -> None:
+    """Refuse a state nesting deeper than :data:`STATE_DEPTH` levels, before anything walks it recursively (a copy,
+    pickling it for worker processes): each stage refuses deep values of its own; this, a chain of stage states."""
+    where = deeper_than(state, STATE_DEPTH, sealed=None)
+    if where is not None:
+        raise invalid("PipelineLoader", where, f"plain data nested at most {STATE_DEPTH} levels deep", "nested deeper")
 
 
 def one_checkpoint(states: list[dict[str, Any]], *, independent: bool = False) -> list[dict[str, Any]]:
