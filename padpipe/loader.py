@@ -144,8 +144,8 @@ class PipelineLoader(Generic[T]):
                 checkpoints. States saved in lockstep (``torch.distributed``) must agree anyway.
 
         Example:
-            >>> pipe = pp.read_parquet(pp.examples.SAMPLE_PARQUET, chunk_rows=256)
-            >>> pipe = pipe.tokenize(pp.examples.tokenizer(), fields="sentence1").batch(64).pad()
+            >>> rows = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(400)]})
+            >>> pipe = pp.from_hf(rows).tokenize(pp.examples.tokenizer()).batch(8).pad()
             >>> def saved(rank, steps):  # ranks that do not agree each step
             ...     loader = pipe.loader(consumer=pp.Consumer(rank=rank, world_size=2))
             ...     for _, _ in zip(range(steps), loader):
@@ -161,8 +161,8 @@ class PipelineLoader(Generic[T]):
             >>> for rank in range(3):
             ...     resumed = pipe.loader(consumer=pp.Consumer(rank=rank, world_size=3))
             ...     resumed.load_state_dict(states, independent=True)
-            ...     rest += sum(len(batch["idx"]) for batch in resumed)
-            >>> rest == 20_000 - 64 * (10 + 20)  # the rows no rank had taken, each once
+            ...     rest += sum(len(batch["input_ids"]) for batch in resumed)
+            >>> rest == 400 - 8 * (10 + 20)  # the rows no rank had taken, each once
             True
         """
         if (driver := fit_driver(self)) is not None:  # from a Lightning checkpoint: every rank's state in one
