@@ -102,7 +102,7 @@ def refused(pipe: pp.Pipeline, state: Any, pattern: str, **loader: Any) -> str:
         fresh.load_state_dict(state)
         next(iter(fresh))
     message = str(caught.value)
-    assert "\n" not in message and len(message) < 400, message[:500]
+    assert "\n" not in message and len(message) < 500, message[:600]
     return message
 
 
@@ -238,6 +238,25 @@ def test_a_huge_string_anywhere_is_walked_in_pieces_and_shown_short():
     assert re.fullmatch(r"[0-9a-f]{8}", sealed) and checksum(value) == sealed
     assert shown == ("{'file': '" + "é" * 80)[:77] + "..."
     assert show({"n": 10**5000}) == "{'n': an int of 16610 bits}"
+
+
+def test_a_huge_token_cache_folder_in_a_state_is_shown_short(tmp_path):
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"text": [f"row {i} " * (1 + i % 7) for i in range(300)]}), path, row_group_size=25)
+    reader = pp.read_parquet(str(path), chunk_rows=16).shuffle(buffer_size=64, seed=1)
+    cached = reader.tokenize(pp.examples.tokenizer(), max_length=32, cache=str(tmp_path / "cache")).batch(8).pad()
+    list(cached.loader())  # fills the cache: buffered rows are then saved as references
+    loader = cached.loader()
+    next(iter(loader))
+    state = loader.state_dict()
+    references = path_to(state, lambda d: "folders" in d)
+    refused(
+        cached,
+        forged(state, references, lambda r: r["folders"].__setitem__(0, "x" * LONG)),
+        r"^ShuffleBuffer state is invalid: 'segments': token cache references name the folder 'x{116}\.\.\., which "
+        r"is not a unit folder of the token cache at '[^']+' \(expected '[0-9a-f]+/' and 20 hex digits, the folders "
+        r"this cache writes\); this state was not made by this pipeline\.$",
+    )
 
 
 def test_a_chain_of_100000_nested_states_is_refused_before_anything_walks_it(pipe, saved):
