@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from padpipe.state import Spec, StateMismatchError, seal, unseal
+from padpipe.state_walk import show
 
 ID_DTYPE = np.int32
 TYPE_ID_DTYPE = np.int8
@@ -205,9 +206,7 @@ RECORDS_KEYS = ("ipc",)
 def _tensor(value: Any, dtype: torch.dtype, name: str) -> np.ndarray:
     if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != 1:
         found = (
-            f"a {value.dtype} tensor of shape {list(value.shape)}"
-            if isinstance(value, torch.Tensor)
-            else repr(value)[:60]
+            f"a {value.dtype} tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else show(value)
         )
         raise StateMismatchError(f"a token chunk's {name!r} must be a 1-D {dtype} tensor, but is {found}")
     return _own_copy(value)
@@ -269,13 +268,14 @@ def record_batch_from_bytes(data: bytes | np.ndarray) -> pa.RecordBatch:
     """Inverse of :func:`record_batch_to_bytes`; always one record batch (``StateMismatchError`` if unreadable)."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except (pa.ArrowException, ValueError, TypeError) as exc:
-        raise StateMismatchError(f"a saved record batch is not readable Arrow IPC ({exc})") from None
-    return (
-        table.combine_chunks().to_batches()[0]
-        if table.num_rows
-        else pa.RecordBatch.from_pylist([], schema=table.schema)
-    )
+        table.validate(full=True)  # offsets and lengths within their buffers, before anything reads them
+        return (
+            table.combine_chunks().to_batches()[0]
+            if table.num_rows
+            else pa.RecordBatch.from_pylist([], schema=table.schema)
+        )
+    except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+        raise StateMismatchError(f"a saved record batch is not readable Arrow IPC ({str(exc)[:200]})") from None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from torchdata.nodes import BaseNode
 from padpipe.graph import start_at_epoch
 from padpipe.integrations.lightning_fit import fit_driver
 from padpipe.runtime.loader_state import LOADER_STATE
-from padpipe.state import StateMismatchError
+from padpipe.state import StateMismatchError, invalid
+from padpipe.state_walk import deeper_than
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
@@ -121,7 +122,11 @@ class PipelineLoader(Generic[T]):
         )
 
     def load_state_dict(
-        self, state: dict[str, Any] | list[dict[str, Any]], *, ahead: dict[int, list[Any]] | None = None
+        self,
+        state: dict[str, Any] | list[dict[str, Any]],
+        *,
+        ahead: dict[int, list[Any]] | None = None,
+        independent: bool = False,
     ) -> None:
         """Continue from ``state`` at the next ``iter(loader)``.
 
@@ -129,19 +134,51 @@ class PipelineLoader(Generic[T]):
         another number of ranks or workers (elastic resume: the rest of that epoch is shared over
         this run's ranks and workers, then epochs follow this run's plan; see docs/elastic.md).
 
+        A list must be one checkpoint: every rank in one epoch, at the same step (or each at the
+        end of its share of the epoch). Ranks that did not agree each step (``Consumer`` ranks,
+        equal steps off) may each have saved at a step of its own: say so with ``independent=True``.
+
         Args:
             state: One state, or every saved rank's.
             ahead: For an elastic resume, the batches each saved rank (the key) had taken from its
                 loader but not trained on (a training loop's fetch-ahead): they are shared out with
                 the rest of the epoch, so the new ranks still take equal steps. On the same layout
                 a caller yields its own again itself, so passing any is an error.
+            independent: The saved ranks ran independently, so their states may be at different
+                steps of the epoch; without it such a list is refused as states of different
+                checkpoints. States saved in lockstep (``torch.distributed``) must agree anyway.
+
+        Example:
+            >>> rows = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(400)]})
+            >>> pipe = pp.from_hf(rows).tokenize(pp.examples.tokenizer()).batch(8).pad()
+            >>> def saved(rank, steps):  # ranks that do not agree each step
+            ...     loader = pipe.loader(consumer=pp.Consumer(rank=rank, world_size=2))
+            ...     for _, _ in zip(range(steps), loader):
+            ...         pass
+            ...     return loader.state_dict()
+            >>> states = [saved(0, 10), saved(1, 20)]
+            >>> resumed = pipe.loader(consumer=pp.Consumer(rank=0, world_size=3))
+            >>> resumed.load_state_dict(states)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            padpipe.state.StateMismatchError: ... checkpoints: rank 0 at epoch 0 step 10, rank 1 at epoch 0 step 20; ...
+            >>> rest = 0
+            >>> for rank in range(3):
+            ...     resumed = pipe.loader(consumer=pp.Consumer(rank=rank, world_size=3))
+            ...     resumed.load_state_dict(states, independent=True)
+            ...     rest += sum(len(batch["input_ids"]) for batch in resumed)
+            >>> rest == 400 - 8 * (10 + 20)  # the rows no rank had taken, each once
+            True
         """
         if (driver := fit_driver(self)) is not None:  # from a Lightning checkpoint: every rank's state in one
             return driver.load_state_dict(state)
+        if not isinstance(independent, bool):
+            raise TypeError(f"`independent` must be a bool, but is {independent!r} instead.")
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         for one in states:
             self.STATE.check(one, self._settings)
-        states = one_checkpoint(states)
+            check_nesting(one)
+        states = one_checkpoint(states, independent=independent)
         layout = self._layout()
         own = [s for s in states if s["layout"] == layout]
         if own and states[0]["layout"][1:] == layout[1:]:
@@ -212,11 +249,25 @@ class PipelineLoader(Generic[T]):
         return self._stats.snapshot()
 
 
-def one_checkpoint(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+STATE_DEPTH = 256
+"""Most levels of lists and dicts a whole loader state nests (states of 20 stages with worker processes nest 20)."""
+
+
+def check_nesting(state: dict[str, Any]) -> None:
+    """Refuse a state nesting deeper than :data:`STATE_DEPTH` levels, before anything walks it recursively (a copy,
+    pickling it for worker processes): each stage refuses deep values of its own; this, a chain of stage states."""
+    where = deeper_than(state, STATE_DEPTH, sealed=None)
+    if where is not None:
+        raise invalid("PipelineLoader", where, f"plain data nested at most {STATE_DEPTH} levels deep", "nested deeper")
+
+
+def one_checkpoint(states: list[dict[str, Any]], *, independent: bool = False) -> list[dict[str, Any]]:
     """``states`` sorted by rank, after checking they are one checkpoint of one run (``StateMismatchError`` if not).
 
     Each rank at most once, all saved with the same number of ranks and workers, in the same
-    epoch, and, where ranks agreed every step (``torch.distributed``), at the same step.
+    epoch, and at the same step: where ranks agreed every step (``torch.distributed``) always;
+    otherwise unless every rank had ended its share of the epoch or the caller says the ranks ran
+    ``independent``-ly (each saving at a step of its own).
     """
     key = "layout"
     layouts = {tuple(s[key][1:]) for s in states}
@@ -240,11 +291,18 @@ def one_checkpoint(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
     states = sorted(states, key=lambda s: s[key][0])
     where = [(s["epoch"], s["step"]) for s in states]
     lockstep = all(s["lockstep"] for s in states)
-    if len({e for e, _ in where}) > 1 or (lockstep and len(set(where)) > 1):
+    agree = lockstep or not (independent or all(s["finished"] for s in states))
+    if len({e for e, _ in where}) > 1 or (agree and len(set(where)) > 1):
         found = ", ".join(f"rank {s[key][0]} at epoch {e} step {n}" for s, (e, n) in zip(states, where))
+        unless = (
+            ""
+            if lockstep or len({e for e, _ in where}) > 1
+            else ", or pass independent=True if the ranks ran independently (no equal steps), each saving at a step "
+            "of its own"
+        )
         raise StateMismatchError(
             f"PipelineLoader states come from different checkpoints: {found}; pass the states "
-            "of one checkpoint (every rank's, saved at the same step)."
+            f"of one checkpoint (every rank's, saved at the same step){unless}."
         )
     return states
 

@@ -22,8 +22,6 @@ follow from that one declaration.
 
 from __future__ import annotations
 
-import functools
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +29,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from padpipe.state_walk import crc, deeper_than, key_text, show
+
 VERSION_KEY = "version"
 SETTINGS_KEY = "settings"
 SOURCE_KEY = "source"
 CHECKSUM_KEY = "checksum"
 MISSING = "<missing>"
+MAX_DEPTH = 32
+"""Most levels of lists and dicts a stage's own values nest (a nested state or buffer counts apart)."""
+INT64 = (-(2**63), 2**63 - 1)
 
 
 class StateMismatchError(ValueError):
@@ -91,48 +94,7 @@ def checksum(value: Mapping[str, Any]) -> str:
         >>> checksum({"epoch": 1}) == checksum({"epoch": 1}) != checksum({"epoch": 2})
         True
     """
-    crc = _walk({k: v for k, v in value.items() if k != CHECKSUM_KEY}, 0, top=True)
-    return f"{crc:08x}"
-
-
-def _walk(value: Any, crc: int, *, top: bool = False) -> int:
-    if isinstance(value, Mapping):
-        if not top and CHECKSUM_KEY in value:  # a sealed state or buffer: checked on its own
-            return zlib.crc32(b"C" + str(value[CHECKSUM_KEY]).encode(), crc)
-        crc = zlib.crc32(b"D%d" % len(value), crc)
-        for key in sorted(value, key=str):
-            crc = _walk(value[key], zlib.crc32(b"K" + str(key).encode(), crc))
-        return crc
-    if isinstance(value, (list, tuple)):
-        crc = zlib.crc32(b"L%d" % len(value), crc)
-        for item in value:
-            crc = _walk(item, crc)
-        return crc
-    if isinstance(value, torch.Tensor):
-        shape = tuple(value.shape) or (1,)  # a 0-d tensor counts as shape (1,), as in states saved before
-        crc = zlib.crc32(f"T{_dtype_tag(value.dtype)}{shape}".encode(), crc)
-        if not value.numel():
-            return crc
-        raw = value.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
-        return zlib.crc32(raw.numpy().data, crc)
-    if value is None or isinstance(value, bool):
-        return zlib.crc32(repr(value).encode(), crc)
-    if isinstance(value, int):
-        return zlib.crc32(b"I%d" % value, crc)
-    if isinstance(value, float):
-        return zlib.crc32(b"F" + repr(value).encode(), crc)
-    if isinstance(value, str):
-        return zlib.crc32(b"S" + value.encode("utf-8", "surrogatepass"), crc)
-    return zlib.crc32(b"?" + type(value).__name__.encode(), crc)  # not plain: fails the type checks
-
-
-@functools.cache
-def _dtype_tag(dtype: torch.dtype) -> str:
-    """NumPy's name of ``dtype`` (``'<i8'``, as states were always hashed), else torch's (``'torch.bfloat16'``)."""
-    try:
-        return torch.empty(0, dtype=dtype).numpy().dtype.str
-    except TypeError:  # no NumPy twin: bfloat16, float8, ...
-        return str(dtype)
+    return f"{crc({k: v for k, v in value.items() if k != CHECKSUM_KEY}, 0, sealed=CHECKSUM_KEY):08x}"
 
 
 def seal(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,6 +138,8 @@ class Int(Spec):
     def load(self, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not _within(value, self.lo, self.hi):
             raise Invalid(f"an int{_range(self.lo, self.hi)}")
+        if not _within(value, *INT64):  # an open range still takes no int that cannot be a position or count
+            raise Invalid(f"an int{_range(self.lo, self.hi)} of at most 64 bits")
         return value
 
 
@@ -191,11 +155,15 @@ class Bool(Spec):
 
 @dataclass(frozen=True)
 class Str(Spec):
-    """A ``str``."""
+    """A ``str`` (of at most ``max_length`` characters, when given)."""
+
+    max_length: int | None = None
 
     def load(self, value: Any) -> str:
         if not isinstance(value, str):
             raise Invalid("a str")
+        if self.max_length is not None and len(value) > self.max_length:
+            raise Invalid(f"a str of at most {self.max_length} characters", f"a str of {len(value)} characters")
         return value
 
 
@@ -230,7 +198,7 @@ class ListOf(Spec):
             try:
                 out.append(self.item.load(item))
             except Invalid as exc:
-                raise Invalid(f"{expected}, each {exc.expected}", f"{_show(item)} at index {i}") from None
+                raise Invalid(f"{expected}, each {exc.expected}", f"{show(item)} at index {i}") from None
         return out
 
 
@@ -344,14 +312,6 @@ def _range(lo: int | None, hi: int | None) -> str:
     return "" if hi is None else f" <= {hi}"
 
 
-def _show(value: Any, limit: int = 60) -> str:
-    """A short repr for messages (tensors by dtype and shape)."""
-    if isinstance(value, torch.Tensor):
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
-
-
 # -- checking ---------------------------------------------------------------------------------------
 def invalid(stage: str, key: str, expected: str, found: Any) -> StateMismatchError:
     """The error for a bad value under ``key``: "``stage`` state is invalid: 'key' must be ..., but is ... instead."
@@ -360,7 +320,7 @@ def invalid(stage: str, key: str, expected: str, found: Any) -> StateMismatchErr
         >>> invalid("ParquetReader", "unit", "an int from 0 to 6", -5)
         StateMismatchError("ParquetReader state is invalid: 'unit' must be an int from 0 to 6, but is -5 instead.")
     """
-    return StateMismatchError(f"{stage} state is invalid: {key!r} must be {expected}, but is {found} instead.")
+    return StateMismatchError(f"{stage} state is invalid: {show(key, 160)} must be {expected}, but is {found} instead.")
 
 
 def load_value(stage: str, key: str, value: Any, spec: Spec) -> Any:
@@ -377,7 +337,7 @@ def load_value(stage: str, key: str, value: Any, spec: Spec) -> Any:
     try:
         return spec.load(value)
     except Invalid as exc:
-        raise invalid(stage, key, exc.expected, exc.found if exc.found is not None else _show(value)) from None
+        raise invalid(stage, key, exc.expected, exc.found if exc.found is not None else show(value)) from None
     except StateMismatchError as exc:  # a nested buffer's own check names what is wrong inside it
         raise StateMismatchError(f"{stage} state is invalid: {key!r}: {exc}") from None
 
@@ -423,22 +383,27 @@ def check_state(
             f"{stage} state must be a dict saved by padpipe, but is a {type(state).__name__} instead."
         )
     if VERSION_KEY not in state:
-        raise StateMismatchError(f"{stage} state is not a padpipe state dict: found keys {sorted(state, key=str)!r}.")
+        raise StateMismatchError(
+            f"{stage} state is not a padpipe state dict: found keys {show(sorted(state, key=key_text), 300)}."
+        )
     if not _same(state[VERSION_KEY], version):
         raise StateMismatchError(
-            f"{stage} state doesn't match this pipeline: version found {_show(state[VERSION_KEY])} instead of "
+            f"{stage} state doesn't match this pipeline: version found {show(state[VERSION_KEY])} instead of "
             f"{version!r}."
         )
     if SETTINGS_KEY not in state:
         raise StateMismatchError(f"{stage} state is invalid: key {SETTINGS_KEY!r} is missing.")
+    for key, value in state.items():  # nothing below walks deeper (no RecursionError, whatever a state holds)
+        if deeper_than(value, MAX_DEPTH, sealed=CHECKSUM_KEY) is not None:
+            raise invalid(stage, key, f"plain data nested at most {MAX_DEPTH} levels deep", "nested deeper")
     saved = state[SETTINGS_KEY]
     if not isinstance(saved, Mapping):
-        raise invalid(stage, SETTINGS_KEY, "a dict", _show(saved))
+        raise invalid(stage, SETTINGS_KEY, "a dict", show(saved))
     for key, expected in plain(settings).items():
         found = saved.get(key, MISSING)
         if not _same(found, expected):
             raise StateMismatchError(
-                f"{stage} state doesn't match this pipeline: setting {key!r} found {_show(found, 300)} instead of "
+                f"{stage} state doesn't match this pipeline: setting {key!r} found {show(found, 300)} instead of "
                 f"{expected!r}."
             )
     loaded: dict[str, Any] = {}
@@ -447,9 +412,9 @@ def check_state(
         for key in fields:
             if key not in state:
                 raise StateMismatchError(f"{stage} state is invalid: key {key!r} is missing.")
-        extra = sorted(set(state) - set(fields) - own, key=str)
+        extra = sorted(set(state) - set(fields) - own, key=key_text)
         if extra:
-            raise StateMismatchError(f"{stage} state is invalid: unexpected key {extra[0]!r}.")
+            raise StateMismatchError(f"{stage} state is invalid: unexpected key {show(extra[0])}.")
     found_sum = state.get(CHECKSUM_KEY, MISSING)
     if found_sum == MISSING:
         raise StateMismatchError(f"{stage} state is invalid: key {CHECKSUM_KEY!r} is missing.")
@@ -461,7 +426,7 @@ def check_state(
     expected_sum = checksum(state)
     if found_sum != expected_sum:
         raise StateMismatchError(
-            f"{stage} state is invalid: its checksum is {found_sum!r}, but its values give {expected_sum!r}; "
+            f"{stage} state is invalid: its checksum is {show(found_sum)}, but its values give {expected_sum!r}; "
             "it was changed after it was saved."
         )
     return loaded
@@ -569,7 +534,7 @@ def unseal(what: str, value: Any, keys: Sequence[str]) -> Mapping[str, Any]:
         1
     """
     if not isinstance(value, Mapping) or set(value) != {*keys, CHECKSUM_KEY}:
-        raise StateMismatchError(f"expected {what} with keys {sorted(keys)!r} and a checksum, found {_show(value)}")
+        raise StateMismatchError(f"expected {what} with keys {sorted(keys)!r} and a checksum, found {show(value)}")
     if value[CHECKSUM_KEY] != checksum(value):
         raise StateMismatchError(f"{what}'s checksum doesn't match its values; it was changed after it was saved")
     return value

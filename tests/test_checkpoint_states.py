@@ -71,6 +71,65 @@ def test_ranks_saved_at_different_steps_are_refused_on_any_layout(pipe, monkeypa
             pipe.loader(consumer=Consumer(rank=0, world_size=ranks)).load_state_dict(mixed)
 
 
+def test_ranks_saved_in_lockstep_at_different_steps_are_refused_even_if_called_independent(pipe, monkeypatch):
+    mixed = [states_at(pipe, 2, [10, 10], monkeypatch)[0], states_at(pipe, 2, [20, 20], monkeypatch)[1]]
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^PipelineLoader states come from different checkpoints: rank 0 at epoch 0 step 10, rank 1 at epoch 0 "
+        r"step 20; pass the states of one checkpoint \(every rank's, saved at the same step\)\.$",
+    ):
+        pipe.loader().load_state_dict(mixed, independent=True)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_independent_ranks_saved_at_different_steps_are_refused_unless_said(pipe, ranks):
+    states = states_at(pipe, 2, [10, 20])  # Consumer ranks, no lockstep: each saved at its own step
+    assert [(s["step"], s["lockstep"]) for s in states] == [(10, False), (20, False)]
+    with pytest.raises(
+        pp.StateMismatchError,
+        match=r"^PipelineLoader states come from different checkpoints: rank 0 at epoch 0 step 10, rank 1 at epoch 0 "
+        r"step 20; pass the states of one checkpoint \(every rank's, saved at the same step\), or pass "
+        r"independent=True if the ranks ran independently \(no equal steps\), each saving at a step of its own\.$",
+    ):
+        pipe.loader(consumer=Consumer(rank=0, world_size=ranks)).load_state_dict(states)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_independent_ranks_saved_at_different_steps_resume_every_row_once_when_said(pipe, ranks):
+    steps = [10, 20]
+    states = states_at(pipe, 2, steps)
+    seen = []
+    for rank, steps_taken in enumerate(steps):
+        loader = pipe.loader(consumer=Consumer(rank=rank, world_size=2))
+        seen += [r for b, _ in zip(loader, range(steps_taken)) for r in b["rid"].tolist()]
+    rest = []
+    for rank in range(ranks):
+        loader = pipe.loader(consumer=Consumer(rank=rank, world_size=ranks))
+        loader.load_state_dict(states, independent=True)
+        rest += [r for b in loader for r in b["rid"].tolist()]
+        assert loader.epoch == 0
+    assert len(seen) == 8 * 30 and sorted(seen + rest) == list(range(400))  # every row once
+    with pytest.raises(TypeError, match=r"^`independent` must be a bool, but is 'yes' instead\.$"):
+        pipe.loader().load_state_dict(states, independent="yes")
+
+
+def test_ranks_that_each_ended_their_share_at_different_steps_are_one_checkpoint(tmp_path):
+    path = tmp_path / "uneven.parquet"
+    texts = [f"row {i} " * (2 if i < 200 else 12) for i in range(400)]  # rank 1's share is 6x longer by tokens
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=100)
+    pipe = pp.read_parquet(str(path)).tokenize(pp.examples.tokenizer(), max_length=64).pack(64, batch_size=4)
+    states = []
+    for rank in range(2):
+        loader = pipe.loader(consumer=Consumer(rank=rank, world_size=2))
+        for _ in loader:
+            pass
+        states.append(loader.state_dict())
+    assert states[0]["step"] < states[1]["step"] and all(s["finished"] for s in states)
+    resumed = pipe.loader(consumer=Consumer(rank=0, world_size=3))
+    resumed.load_state_dict(states)
+    assert list(resumed) and resumed.epoch == 1  # nothing was left of epoch 0: the next one
+
+
 def test_states_of_two_layouts_are_refused(pipe):
     two, three = states_at(pipe, 2, [2, 2]), states_at(pipe, 3, [2, 2, 2])
     with pytest.raises(

@@ -9,8 +9,9 @@ object storage needs:
   (:mod:`padpipe.readers.retry`); a read that failed mid-unit re-opens the file and goes on from
   the current ``(unit, row)``, so no row is lost or repeated; when retries run out, a
   ``DataError`` names the file, the attempts and the last error;
-* a file that vanished, or changed size or version (modification time, ETag) since it was listed
-  is a ``DataError`` naming it, or with ``on_missing="skip"`` is skipped (rest of it) and counted as
+* a file that vanished, or changed size, version (modification time, ETag) or content since it was
+  listed (checked each epoch before it is read, from the file or the token cache) is a ``DataError``
+  naming it, or with ``on_missing="skip"`` is skipped (rest of it) and counted as
   ``read.missing_file``; resume stays exact because the position moves past it like past any unit;
 * a state records a digest of the listing (each file's name, size and version) and the file being
   read, never the file list (:mod:`padpipe.readers.listing_state`); resuming it where the listing
@@ -106,6 +107,8 @@ class FileSource(UnitSource):
         self._identity = ""
         self._attempts = Attempts(self.retry)
         self._lost: set[str] = set()
+        self._checked: set[str] = set()  # files found unchanged since listing, this epoch
+        self._verified: dict[str, tuple[int, ...]] = {}  # a local file's signature when it was last found unchanged
         self._first_rows: tuple[list[WorkUnit] | None, dict[tuple[str, int], int]] | None = None
 
     # -- subclass hooks -----------------------------------------------------------------------------
@@ -186,6 +189,7 @@ class FileSource(UnitSource):
         super().reset(initial_state)
         self._attempts.succeeded()
         self.drop_handles()
+        self._checked = set()
         if initial_state is not None:
             self._check_contents()
 
@@ -196,11 +200,8 @@ class FileSource(UnitSource):
         after a listing this pipeline keeps in memory. Once per file per resume, never per batch.
         """
         for name in dict.fromkeys(u.path for u in self._order[self._unit :]):
-            ref = self.file_of(name)
-            if not isinstance(ref, FileRef):
-                continue
             try:
-                self.retried(f"{name}: read its first and last bytes", ref.check_content)
+                self._check_file(name)
             except FileNotFoundError:
                 continue  # a file gone since listing: the reader's on_missing decides when it gets there
             except ChangedFileError as exc:
@@ -208,6 +209,29 @@ class FileSource(UnitSource):
                     f"{type(self).__name__} state doesn't match this pipeline: {exc}; resuming would read other "
                     "rows. Resume with the files as they were, or start a new run."
                 ) from exc
+
+    def _check_file(self, name: str) -> None:
+        """Once per file per epoch, before its first unit is read (from the file or the token cache): raise
+        ``ChangedFileError`` (or ``FileNotFoundError``) unless it is the file that was listed.
+
+        A pipeline keeps its listing for its life, so a file rewritten between epochs (same size and
+        mtime, as ``cp -p`` leaves it) would otherwise be read against the old listing, or served
+        from the token cache with its old ids. The check is one small read per file (see
+        :meth:`~padpipe.readers.paths.FileRef.check_unchanged`); a local file found unchanged is
+        only ``stat``-ed in later epochs while its :meth:`~padpipe.readers.paths.FileRef.signature`
+        (which a write changes, and restoring the mtime too) stays the same.
+        """
+        ref = self.file_of(name)
+        if name in self._checked or not isinstance(ref, FileRef):
+            return
+        if self.cache is None and ref.listed_content is None:
+            return  # its ETag is checked whenever the file is opened, and without a cache it is opened to be read
+        signature = ref.signature()
+        if signature is None or self._verified.get(name) != signature:
+            self.retried(f"{name}: read its first and last bytes", ref.check_unchanged)
+            if signature is not None:
+                self._verified[name] = signature
+        self._checked.add(name)
 
     def next(self) -> pa.RecordBatch:
         while True:
@@ -248,7 +272,10 @@ class FileSource(UnitSource):
         return row, f"its byte range from byte {unit.start}" if unit.stop is not None else f"its unit {unit.index}"
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        return iter(()) if unit.path in self._lost else super()._read(unit, start_row)
+        if unit.path in self._lost:
+            return iter(())
+        self._check_file(unit.path)
+        return super()._read(unit, start_row)
 
     def _recoverable(self, exc: BaseException) -> bool:
         return isinstance(exc, LOST) or is_transient(exc)

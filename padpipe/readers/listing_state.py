@@ -29,6 +29,7 @@ from padpipe.state import VERSION_KEY, Invalid, Spec, StateMismatchError
 
 FILES_KEY = "files"
 FILE_KEY = "file"
+LINE_CHARS = 1 << 16  # the most a state's line of a file may hold: its name (a path or URL), size, version, digest
 DIGEST_CHARS = 32  # 128 bits of SHA-256, hex
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -28,6 +29,9 @@ from padpipe.readers.content import content_digest, strong_version
 GLOB_CHARS = frozenset("*?[")
 TO_MEASURE = ""
 """``listed_content`` of a file whose digest is still to be taken (see :meth:`FileRef.measured`)."""
+
+SETTLED_NS = 2_000_000_000
+"""How old a file's last change must be for its ``stat`` to vouch for its content (see :meth:`FileRef.signature`)."""
 
 FolderFiles = Callable[[AbstractFileSystem, str], "list[str] | None"]
 
@@ -118,12 +122,14 @@ class FileRef:
         content = f"\t{self.listed_content}" if self.listed_content else ""
         return f"{self.name}\t{self.listed_size}\t{self.listed_version}{content}"
 
-    def content(self) -> str:
-        """A digest of the file's content now (reads at most 1 MiB, or its first and last 64 KiB)."""
+    def content(self, size: int | None = None) -> str:
+        """A digest of the file's content now (reads at most 1 MiB, or its first and last 64 KiB); ``size``: its
+        size now, when just looked up."""
         fs = self._fs()
-        if not self.is_local:
-            fs.invalidate_cache(self.path)
-        size = os.stat(self.path).st_size if self.is_local else int(fs.size(self.path))
+        if size is None:
+            if not self.is_local:
+                fs.invalidate_cache(self.path)
+            size = os.stat(self.path).st_size if self.is_local else int(fs.size(self.path))
         if self.is_local:
             with open(self.path, "rb") as handle:
 
@@ -140,11 +146,46 @@ class FileRef:
             return self
         return dataclasses.replace(self, listed_content=self.content())
 
-    def check_content(self) -> None:
-        """Raise :class:`ChangedFileError` when the content is not what it was when it was listed."""
+    def check_unchanged(self) -> None:
+        """Raise :class:`ChangedFileError` unless the file has the size, version and content it was listed with.
+
+        One metadata lookup (a ``stat``, or one request to object storage), plus the content digest's
+        small read where the version is only a modification time (whose form an fsspec store's
+        ``info`` may give otherwise than its listing did: only a local one, or an ETag, is compared).
+        Raises ``FileNotFoundError`` when the file is gone.
+        """
+        if self.is_local:
+            stat = os.stat(self.path)
+            size, version = stat.st_size, repr(stat.st_mtime)
+        else:
+            fs = self._fs()
+            fs.invalidate_cache(self.path)
+            info = fs.info(self.path)
+            size, version = info.get("size"), file_version(info) if self.listed_content is None else None
+        self._check(size if isinstance(size, int) else None, version)
+        self.check_content(size if isinstance(size, int) else None)
+
+    def signature(self) -> tuple[int, ...] | None:
+        """A local file's device, inode, size, mtime and ctime (ns); ``None`` for a file on object storage.
+
+        Any write changes it, a rewrite whose mtime was restored too (restoring it sets the ctime),
+        so a file whose content was found unchanged need not be read again while this stays the same.
+        Also ``None`` while the ctime is under :data:`SETTLED_NS` old: a filesystem's clock may be
+        coarse enough that a second write in the same tick keeps it (as git treats a "racy" entry).
+        """
+        if not self.is_local:
+            return None
+        stat = os.stat(self.path)
+        if time.time_ns() - stat.st_ctime_ns < SETTLED_NS:
+            return None
+        return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+    def check_content(self, size: int | None = None) -> None:
+        """Raise :class:`ChangedFileError` when the content is not what it was when it was listed (``size``: see
+        :meth:`content`)."""
         if not self.listed_content:
             return
-        now = self.content()
+        now = self.content(size)
         if now != self.listed_content:
             raise ChangedFileError(
                 f"{self.name}: its content is not what it was when it was listed (digest {self.listed_content} "

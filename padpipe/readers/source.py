@@ -22,11 +22,12 @@ from torchdata.nodes import BaseNode
 from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
-from padpipe.readers.listing_state import FILE_KEY, DigestSpec, ListingDigest, line_of
+from padpipe.readers.listing_state import FILE_KEY, LINE_CHARS, DigestSpec, ListingDigest, line_of
 from padpipe.readers.retry import denied
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.shares import Measure, share
 from padpipe.state import Int, Loaded, Spec, StateMismatchError, StateSchema, Str, invalid, load_value
+from padpipe.state_walk import show
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
@@ -186,7 +187,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         the listing's digest and the line of the file being read."""
         fields = {"epoch": Int(0), "unit": Int(0), "row": Int(0), **self.state_fields()}
         if self.identity() is not None:
-            fields.update({"files": DigestSpec(), FILE_KEY: Str()})
+            fields.update({"files": DigestSpec(), FILE_KEY: Str(max_length=LINE_CHARS)})
         return StateSchema(type(self).__name__, self.VERSION, **fields)
 
     # -- BaseNode ---------------------------------------------------------------------------------
@@ -202,6 +203,14 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             self._unit, self._row = 0, 0
             self._order = self._units_for_epoch(self._epoch)
             return
+        loaded = self._load(initial_state)
+        self._epoch, self._unit, self._row = loaded.epoch, loaded.unit, loaded.row
+        self._order = self._units_for_epoch(self._epoch)
+        if self._stop_on_load:
+            self._stop_at = self._unit + (0 if self._cut_here() else 1 if self._row else 0)
+
+    def _load(self, state: dict[str, Any]) -> Loaded:
+        """``state``'s fields after every check: schema, listing, and a position within this consumer's epoch."""
         schema, identity = self.state_schema(), self.identity()
         stage = schema.stage
 
@@ -213,14 +222,10 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             load_value(stage, "row", loaded.row, Int(0, order[unit].num_rows if unit < len(order) else 0))
             current = self._file_line(identity, order, unit)
             if identity is not None and loaded[FILE_KEY] != current:
-                raise invalid(stage, FILE_KEY, f"the file at unit {unit}, {current!r}", repr(loaded[FILE_KEY]))
+                raise invalid(stage, FILE_KEY, f"the file at unit {unit}, {current!r}", show(loaded[FILE_KEY], 300))
             self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
 
-        loaded = schema.check(initial_state, self._settings(), check=check)
-        self._epoch, self._unit, self._row = loaded.epoch, loaded.unit, loaded.row
-        self._order = self._units_for_epoch(self._epoch)
-        if self._stop_on_load:
-            self._stop_at = self._unit + (0 if self._cut_here() else 1 if self._row else 0)
+        return schema.check(state, self._settings(), check=check)
 
     def next(self) -> pa.RecordBatch:
         while True:
@@ -261,6 +266,9 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     def rest_of_epoch(self, state: dict[str, Any]) -> list[WorkUnit]:
         """The pieces this consumer had not read when ``state`` was saved (not what :meth:`stop_on_load` reads).
 
+        ``state`` is a saved state of this reader (checked as on resume), or ``{"epoch": e, "unit": 0,
+        "row": 0}`` for a share of epoch ``e`` not started.
+
         Example:
             >>> reader = pp.read_parquet(pp.examples.SAMPLE_PARQUET).build().source
             >>> reader.reset(); _ = next(reader)
@@ -271,8 +279,13 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             self.consumer = Consumer.detect()
         if self._units is None:
             self._units = self.list_units()
-        order = self._units_for_epoch(state["epoch"])
-        unit, row = state["unit"], state["row"]
+        start = isinstance(state, dict) and set(state) == {"epoch", "unit", "row"}
+        if start and _is_zero(state["unit"]) and _is_zero(state["row"]):
+            epoch, unit, row = load_value(type(self).__name__, "epoch", state["epoch"], Int(0)), 0, 0  # not started
+        else:
+            loaded = self._load(state)
+            epoch, unit, row = loaded.epoch, loaded.unit, loaded.row
+        order = self._units_for_epoch(epoch)
         if unit >= len(order):
             return []
         if row == 0:
@@ -362,3 +375,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     def _recoverable(self, exc: BaseException) -> bool:
         """Whether a read error is left to the subclass (retried, or a lost file) instead of a DataError."""
         return False
+
+
+def _is_zero(value: Any) -> bool:
+    return type(value) is int and value == 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +25,7 @@ from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
 from padpipe.runtime.loader_snapshot import LoaderSnapshot
 from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
+from padpipe.state_walk import show
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 if TYPE_CHECKING:
@@ -124,14 +125,23 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         """Each worker's graph state in a saved state (:attr:`DONE`; ``None``: not started), and the epoch.
 
         Reads the ``StatefulDataLoader`` snapshot's per-worker states (the shape torchdata 0.11
-        saves, pinned by tests/runtime/test_workers_state.py).
+        saves, pinned by tests/runtime/test_workers_state.py), after checking ``state`` is a state
+        of ``num_workers`` workers (a loader state's layout that claims another number is refused).
         """
-        epoch, loader = state["epoch"], state["dataloader"]
-        if state["done"]:
+        plans_spec = Optional(ListOf(Child(), length=num_workers))
+        try:
+            loaded = cls.STATE.check(state, {"num_workers": num_workers}, specs={"plans": plans_spec})
+        except StateMismatchError as exc:
+            raise StateMismatchError(
+                f"PipelineLoader state is invalid: 'layout' says {num_workers} worker process(es) a rank, but its root "
+                f"is no state of them ({exc})"
+            ) from None
+        epoch, loader = loaded.epoch, loaded.dataloader
+        if loaded.done:
             return [cls.DONE] * num_workers, epoch
         if loader is None:
-            plans = state["plans"]
-            return ([None] * num_workers if plans is None else [p[NODE_KEY] for p in plans]), epoch
+            plans = loaded.plans
+            return ([None] * num_workers if plans is None else [_node_of(p, w) for w, p in enumerate(plans)]), epoch
         if loader.get("_steps_since_snapshot", 0):
             raise StateMismatchError(
                 "elastic resume needs worker snapshots taken at every step (snapshot_every_n_steps=1)."
@@ -140,7 +150,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         for w in range(num_workers):
             worker = loader["_snapshot"]["_worker_snapshots"].get(f"worker_{w}") or {}
             iterator = (worker.get("fetcher_state") or {}).get("dataset_iter_state")
-            out.append(None if iterator is None else iterator[NODE_KEY])
+            out.append(None if iterator is None else _node_of(iterator, w))
         return out, epoch
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -226,6 +236,16 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         self._generator.manual_seed(self._epoch)  # the same worker seeds for an epoch in every run
         self._loader.load_state_dict(loader_state or {})
         self._it = iter(self._loader)
+
+
+def _node_of(iterator: Any, worker: int) -> Any:
+    """The graph state in worker ``worker``'s iterator state (a ``StateMismatchError`` when there is none)."""
+    if not isinstance(iterator, Mapping) or NODE_KEY not in iterator:
+        raise StateMismatchError(
+            f"WorkerProcesses state is invalid: worker {worker}'s state must be a dict with {NODE_KEY!r}, but is "
+            f"{show(iterator)} instead."
+        )
+    return iterator[NODE_KEY]
 
 
 def _workers_stats(node: weakref.ref[WorkerProcesses]) -> StatsSnapshot:

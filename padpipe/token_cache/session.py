@@ -211,17 +211,17 @@ class CacheSession:
         return self._units[key]
 
     def _file_identity(self, reader: UnitSource, path: str) -> str:
-        """The file's name, size, version and content digest: a changed file is a different unit.
+        """The file's name, size, version and content digest, as listed: a changed file is a different unit.
 
-        The content is checked afresh once per file per session (per built pipeline), so a file
-        rewritten with the same size and mtime after this pipeline listed it is a ``ChangedFileError``
-        (the reader's ``on_missing`` applies), never a hit on the old ids.
+        The reader checks the file against its listing once per epoch before reading from it
+        (``FileSource._check_file``), so a file rewritten with the same size and mtime after this
+        pipeline listed it is a ``ChangedFileError`` (the reader's ``on_missing`` applies), never a
+        hit on the old ids.
         """
         ref = reader.file_of(path)
         if ref is None or not hasattr(ref, "fs"):
             return path
         if path not in self._versions:
-            ref.check_content()
             identity = ref.identity  # name, size, version (mtime/ETag) and content digest, from the listing
             if ref.listed_version is None:
                 info = ref.fs.info(ref.path)

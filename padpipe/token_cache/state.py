@@ -23,6 +23,7 @@ from padpipe.pipes.cut import truncate_rows
 from padpipe.pipes.tokenize import _pass_through
 from padpipe.readers.aligned import concat
 from padpipe.state import Spec, StateMismatchError, seal, unseal
+from padpipe.state_walk import show
 from padpipe.token_cache import rows as cr
 from padpipe.token_cache.session import covered, session_for, unit_folder, unit_number
 from padpipe.token_cache.store import UNIT_FOLDER, CacheError
@@ -129,7 +130,8 @@ def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
     session = session_for(key)
     if session is None:
         raise StateMismatchError(
-            f"this state refers to rows in the token cache {key.split('|')[0]!r}, but this pipeline does not use it; "
+            f"this state refers to rows in the token cache {show(key[:300].partition('|')[0], 200)}, but this "
+            "pipeline does not use it; "
             "resume with the same tokenize(cache=...) settings."
         )
     for folder in folders:
@@ -184,8 +186,8 @@ def _check_folder(session: Any, folder: str) -> None:
             problem = "it resolves outside the cache (a link?)"
     if problem:
         raise StateMismatchError(
-            f"token cache references name the folder {folder!r}, which is not a unit folder of the token cache at "
-            f"{session.store.url()!r} ({problem}); this state was not made by this pipeline."
+            f"token cache references name the folder {show(folder, 120)}, which is not a unit folder of the token "
+            f"cache at {session.store.url()!r} ({problem}); this state was not made by this pipeline."
         )
 
 

@@ -53,6 +53,21 @@ def test_worker_graphs_reads_every_workers_graph_and_the_epoch(pipe):
     node.close()
 
 
+def test_worker_graphs_refuses_a_state_of_another_number_of_workers(pipe):
+    node = WorkerProcesses(pipe, num_workers=2)
+    node.reset()
+    next(node)
+    state = node.get_state()
+    node.close()
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^PipelineLoader state is invalid: 'layout' says 3 worker process\(es\) a rank, but its root is no "
+        r"state of them \(WorkerProcesses state doesn't match this pipeline: setting 'num_workers' found 2 instead of "
+        r"3\.\)$",
+    ):
+        WorkerProcesses.worker_graphs(state, 3)
+
+
 MUST = "WorkerProcesses state is invalid: 'dataloader' must be None or a StatefulDataLoader state"
 
 
@@ -60,6 +75,12 @@ def resealed(state: dict, edit) -> dict:
     """``state`` with ``edit`` applied to a copy of its StatefulDataLoader state, the checksum recomputed."""
     loader = copy.deepcopy(state["dataloader"])
     return seal({**state, "dataloader": edit(loader)})
+
+
+def at_iterator(loader: dict, edit) -> dict:
+    """``loader`` with ``edit`` applied to worker 0's iterator state."""
+    edit(loader["_snapshot"]["_worker_snapshots"]["worker_0"]["fetcher_state"]["dataset_iter_state"])
+    return loader
 
 
 @pytest.mark.parametrize(
@@ -77,8 +98,23 @@ def resealed(state: dict, edit) -> dict:
             lambda s: {**s, "_snapshot": {**s["_snapshot"], "_worker_snapshots": {"worker_0": {"fetcher_state": 5}}}},
             r" with '_snapshot/_worker_snapshots/worker_0/fetcher_state' None or a dict, but is 5 instead",
         ),
+        (
+            lambda s: at_iterator(s, lambda it: it.update(epoch={"x": 1})),
+            r" with '_snapshot/_worker_snapshots/worker_0/fetcher_state/dataset_iter_state/epoch' an int >= 0, but is "
+            r"\{'x': 1\} instead",
+        ),
+        (
+            lambda s: at_iterator(s, lambda it: it["stats"].update(rows=b"x" * 10**6)),
+            r" with '_snapshot/_worker_snapshots/worker_0/fetcher_state/dataset_iter_state/stats' a dict of rows, "
+            r"batches, real_tokens, padded_tokens, wall_seconds \(numbers >= 0\) and skipped, seconds, counters "
+            r"\(names to numbers >= 0\), but is \{'batches': .{40,60} instead",
+        ),
+        (
+            lambda s: {**s, "_snapshot": {**s["_snapshot"], "_main_snapshot": {"_num_workers": 2}}},
+            r" with '_snapshot/_main_snapshot/_sampler_iter_yielded' an int >= 0, but is missing instead",
+        ),
     ],
-    ids=["str", "int", "keys", "finished", "workers", "fetcher"],
+    ids=["str", "int", "keys", "finished", "workers", "fetcher", "epoch", "stats", "main"],
 )
 def test_worker_processes_raises_state_mismatch_for_a_resealed_loader_state(pipe, edit, message):
     """torchdata checks its own state with assert and indexing: a hand-edited one is refused first, by key."""

@@ -114,6 +114,68 @@ def test_token_cache_raises_error_when_a_listed_file_is_rewritten_under_a_pipeli
         ids_by_row(pipe.loader())
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", ["data.jsonl", "data.parquet"])
+def test_token_cache_raises_error_when_a_file_is_rewritten_between_epochs_of_one_loader(tmp_path, name, num_workers):
+    path, cache = tmp_path / name, str(tmp_path / "cache")
+    write(path, "alpha")
+    loader = pipeline(path, cache).loader(num_workers=num_workers)
+    assert ids_by_row(loader) == {i: TOK.encode(t).ids for i, t in enumerate(texts("alpha"))}
+    rewrite_keeping_size_and_mtime(path, "gamma")  # a row in the first 64 KiB, the same size and mtime
+    pattern = (
+        rf"(?m)^(padpipe\.errors\.DataError: )?{re.escape(str(path))}: its content is not what it was when it was "
+        r"listed \(digest [0-9a-f]{16} -> [0-9a-f]{16}, although size and version are the same\); it was rewritten "
+        r"since; pass on_missing='skip' to skip such files\.$"
+    )  # with workers, the DataLoader's "Caught DataError in DataLoader worker process 0" comes first
+    with pytest.raises(pp.DataError, match=pattern):
+        ids_by_row(loader)  # epoch 2 of the same loader: never the old ids
+
+
+def test_reader_reads_a_file_found_unchanged_again_only_when_its_stat_changes(tmp_path, monkeypatch):
+    from padpipe.readers import paths
+
+    path, cache = tmp_path / "data.jsonl", str(tmp_path / "cache")
+    write(path, "alpha")
+    reads = []
+    check = paths.FileRef.check_unchanged
+    monkeypatch.setattr(paths.FileRef, "check_unchanged", lambda ref: reads.append(ref.name) or check(ref))
+    monkeypatch.setattr(paths, "SETTLED_NS", 10**30)
+    loader = pipeline(path, cache).loader()
+    ids_by_row(loader)
+    ids_by_row(loader)
+    assert reads == [str(path)] * 2  # changed lately: its ctime may not tell a second write in the same tick
+    monkeypatch.setattr(paths, "SETTLED_NS", 0)
+    for _ in range(3):
+        ids_by_row(loader)
+    assert reads == [str(path)] * 3  # settled: read once more, then only stat-ed
+    rewrite_keeping_size_and_mtime(path, "gamma")  # restoring the mtime sets the ctime
+    with pytest.raises(pp.DataError, match=rf"^{re.escape(str(path))}: its content is not what it was when"):
+        ids_by_row(loader)
+    assert reads == [str(path)] * 4
+
+
+def test_reader_raises_error_when_a_file_is_rewritten_between_epochs_without_a_cache(tmp_path):
+    path = tmp_path / "data.parquet"
+    write(path, "alpha")
+    loader = pipeline(path).loader()
+    ids_by_row(loader)
+    rewrite_keeping_size_and_mtime(path, "gamma")  # read against the old listing, row groups could be others
+    with pytest.raises(pp.DataError, match=rf"^{re.escape(str(path))}: its content is not what it was when"):
+        ids_by_row(loader)
+
+
+def test_reader_skips_a_file_rewritten_between_epochs_when_asked(tmp_path):
+    kept, changed = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write(kept, "alpha")
+    write(changed, "alpha")
+    loader = pp.read_jsonl(str(tmp_path), chunk_rows=16, on_missing="skip").tokenize(TOK, fields="text")
+    loader = loader.batch(16).pad().loader()
+    assert len(ids_by_row(loader)) == ROWS  # idx repeats across the two files
+    rewrite_keeping_size_and_mtime(changed, "gamma")
+    rows = sum(len(batch["idx"]) for batch in loader)
+    assert rows == ROWS and loader.stats().skipped == {"read.missing_file": 1}
+
+
 def mid_epoch_state(pipe):
     loader = pipe.loader()
     it = iter(loader)
