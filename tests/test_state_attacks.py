@@ -336,3 +336,24 @@ def test_states_sealed_before_the_walk_became_iterative_keep_their_checksums(sav
             assert f"{recursive_crc(own, 0, top=True):08x}" == node[CHECKSUM_KEY]
             compared += 1
     assert compared >= 6
+
+
+@pytest.mark.parametrize(
+    ("where", "edit", "pattern"),
+    [
+        ("steps", lambda s: s.update(stopped="yes"), r"^EqualSteps state is invalid: 'stopped' must be a bool"),
+        ("steps", lambda s: s.update(held={"x": 1}), r"^EqualSteps state is invalid: 'held' must be a list"),
+        ("reader", lambda r: r.update(epoch="9" * 5000), r"^reader state is invalid: 'epoch' must be an int >= 0"),
+    ],
+)
+def test_an_elastic_resume_checks_equal_steps_and_the_epoch_before_planning(pipe, where, edit, pattern):
+    """The states of another layout are planned from before any stage loads them: each part is checked first."""
+    states = []
+    for rank in range(2):
+        loader = pipe.loader(consumer=Consumer(rank=rank, world_size=2))
+        for _, _ in zip(range(3), loader):
+            pass
+        states.append(loader.state_dict())
+    path = ("root",) if where == "steps" else reader_at(states[0])
+    states[0] = forged(states[0], path, edit)
+    refused(pipe, states, pattern, consumer=Consumer(rank=0, world_size=3))

@@ -36,7 +36,7 @@ from padpipe.runtime.loader_state import LOADER_STATE
 from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.runtime.shares import share
 from padpipe.runtime.workers import WorkerProcesses
-from padpipe.state import StateMismatchError
+from padpipe.state import Int, StateMismatchError, load_value
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def _epoch_of(graph: dict[str, Any]) -> int:
         node = next(iter(inner.values())) if isinstance(inner, dict) and "version" not in inner else inner
     if not isinstance(node, dict):
         raise StateMismatchError("elastic resume found no reader position in a saved state.")
-    return int(node["epoch"])
+    return load_value("reader", "epoch", node.get("epoch"), Int(0))
 
 
 def loader_state(
@@ -214,10 +214,10 @@ def loader_state(
     for rank, state in enumerate(states):
         source, held = state["root"], list((ahead or {}).get(rank, []))
         if window is not None:
-            source, rest = LossTokens.parts(source)
+            source, rest = LossTokens.parts(source, window["steps"], window["causal"])
             held += rest
         if policy != "off":
-            source, read_ahead, stopped = EqualSteps.parts(source)
+            source, read_ahead, stopped = EqualSteps.parts(source, policy)
             held += read_ahead
             drained = drained or stopped
         carried += held

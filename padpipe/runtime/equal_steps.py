@@ -116,12 +116,14 @@ class EqualSteps(BaseNode[Any]):
         )
 
     @classmethod
-    def parts(cls, state: dict[str, Any]) -> tuple[dict[str, Any], list[Any], bool]:
+    def parts(cls, state: dict[str, Any], policy: str) -> tuple[dict[str, Any], list[Any], bool]:
         """A saved state's upstream state, the batches it held to return, and whether the epoch had ended on every rank.
 
-        Batches kept only to replay (``"repeat"``) are not among them: they came out already.
+        The state is checked first. Batches kept only to replay (``"repeat"``) are not among them:
+        they came out already.
         """
-        return state["source"], list(state["held"]), bool(state["stopped"])
+        loaded = cls.STATE.check(state, {"policy": policy})
+        return loaded.source, list(loaded.held), loaded.stopped
 
     @property
     def in_lockstep(self) -> bool:

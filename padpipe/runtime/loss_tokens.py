@@ -135,9 +135,10 @@ class LossTokens(BaseNode[Any]):
         return cls._state(steps, causal, source, [], 0, False)
 
     @classmethod
-    def parts(cls, state: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-        """A saved state's upstream state and the window's batches it had not given out."""
-        return state["source"], list(state["window"])
+    def parts(cls, state: dict[str, Any], steps: int, causal: bool) -> tuple[dict[str, Any], list[Any]]:
+        """A saved state's upstream state and the window's batches it had not given out (checked first)."""
+        loaded = cls.STATE.check(state, _settings(steps, causal))
+        return loaded.source, list(loaded.window)
 
     @property
     def in_lockstep(self) -> bool:
