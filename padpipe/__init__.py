@@ -31,14 +31,14 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.mix import mix
     from padpipe.pipeline import Pipeline
     from padpipe.readers.retry import Retry
-    from padpipe.runtime.consumer import Consumer
     from padpipe.runtime.equal_steps import equal_steps
+    from padpipe.sharing.consumer import Consumer
     from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
     from padpipe.state import StateMismatchError
     from padpipe.stats import PipelineStats, StatsSnapshot
 
 _HOMES = {
-    "Consumer": "padpipe.runtime.consumer",
+    "Consumer": "padpipe.sharing.consumer",
     "DataError": "padpipe.errors",
     "InspectResult": "padpipe.inspection",
     "Pipeline": "padpipe.pipeline",

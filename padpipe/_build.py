@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -19,31 +17,9 @@ from padpipe.pipes.pack import Packer
 from padpipe.pipes.pad import Padder
 from padpipe.pipes.shuffle import ShuffleBuffer
 from padpipe.pipes.threads import OrderedMapper
-from padpipe.pipes.tokenize import ChunkTokenizer
 from padpipe.pipes.tokens import TokenColumns
-from padpipe.runtime.consumer import Consumer
-from padpipe.stats import PipelineStats
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One step of a recipe: ``builder(upstream, context, **options)`` makes its node."""
-
-    name: str
-    builder: Callable[..., BaseNode]
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What stages learn from the whole recipe when the graph is built."""
-
-    stats: PipelineStats
-    consumer: Consumer | None
-    seed: int | None
-    pad_to_multiple_of: int | None
-    pad_to_length: int | None
-    cache: Any = None  # the token cache session (padpipe.token_cache.session) when tokenize has a cache
+from padpipe.stage import BuildContext
+from padpipe.tokenizer.rows import ChunkTokenizer
 
 
 def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: int) -> BaseNode:

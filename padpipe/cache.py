@@ -19,10 +19,12 @@ from typing import Any
 
 import fsspec.core
 
+from padpipe.buffers import use_references
 from padpipe.errors import one_of
 from padpipe.readers.source import UnitSource
 from padpipe.token_cache.rows import ids_type
 from padpipe.token_cache.session import CacheSession, digest
+from padpipe.token_cache.state import CacheReferences
 from padpipe.token_cache.store import ABOUT, FORMAT, CacheError, Store
 
 __all__ = ["CacheError", "CacheInfo", "TokenCache", "clear", "info"]
@@ -121,6 +123,7 @@ def session(stages: Sequence[Any], stats: Any) -> Any:
         max_length=longest_row(encoder, options["append_eos"]),
     )
     result.keep_ref = position + 1 < len(stages) and stages[position + 1].name == "bucket"
+    use_references(CacheReferences())  # buffers of cached rows are saved as references (padpipe.buffers)
     return result
 
 

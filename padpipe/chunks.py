@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from padpipe.state import Spec, StateMismatchError, seal, unseal
@@ -292,3 +293,23 @@ class Records(Spec):
 
     def load(self, value: Any) -> Any:
         return records_from_state(value)
+
+
+def truncate_rows(chunk: TokenChunk, limit: int) -> TokenChunk:
+    """Cut every row of ``chunk`` to at most ``limit`` tokens (and a list-valued ``labels`` column).
+
+    Example:
+        >>> truncate_rows(TokenChunk.from_lists([[1, 2, 3], [4]]), 2).ids.tolist()
+        [1, 2, 4]
+    """
+    lengths = np.minimum(chunk.lengths, limit)
+    offsets = np.zeros(chunk.num_rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    # position j of row r reads the old flat position starts[r] + j
+    index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(chunk.offsets[:-1] - offsets[:-1], lengths)
+    type_ids = None if chunk.type_ids is None else chunk.type_ids[index]
+    columns = dict(chunk.columns)
+    labels = columns.get("labels")
+    if labels is not None and (pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type)):
+        columns["labels"] = pc.list_slice(labels, 0, limit)
+    return TokenChunk(chunk.ids[index], offsets, type_ids, columns)

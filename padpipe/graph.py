@@ -1,12 +1,27 @@
-"""The epoch protocol: :class:`EpochAware` nodes, and the graph walk that starts them at an epoch.
+"""The node protocols: epochs (:class:`EpochAware`, and the walk that starts a graph at an epoch), and the
+loader's stack above the graphs (:class:`Layer`), each declared once.
 
 On the ground floor (it imports only ``torchdata``), so the loader, the runtime, the readers and the
 stages can all use it without importing each other.
+
+The stack: :func:`~padpipe.runtime.assemble.assemble` stacks, from the top, loss-token windows
+(``LossTokens``), equal steps (``EqualSteps``) and a trailing prefetch or ``to_cuda`` stage
+(``DevicePrefetcher``) over the graphs (worker processes, or the consumer's graph in this process),
+and records that stack as :class:`LayerRecord` s. Every layer speaks one small protocol
+(:class:`Layer`): :meth:`Layer.split` takes a saved state apart into the state below it, the
+batches it held that had not come out, and whether the epoch had ended on every rank below it;
+:meth:`Layer.around` makes a fresh state of it over a state below. The elastic planner
+(:mod:`padpipe.runtime.elastic`) folds over the record, so a layer added to the assembly is planned
+for by what it declares, nowhere else. "This rank has stopped, or replays" and "the epoch has ended
+on every rank" are two facts: only the second is a layer's ``ended``; its held batches come out in
+every case.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from torchdata.nodes import BaseNode
 
@@ -51,3 +66,55 @@ def start_at_epoch(root: BaseNode, epoch: int) -> None:
             node.start_epoch(epoch)
         stack.extend(getattr(node, "source_nodes", {}).values())
         stack.extend(getattr(node, name) for name in ("source", "root", "_it") if hasattr(node, name))
+
+
+# -- the loader's stack above the graphs: one protocol for saving, splitting and rebuilding -------------------
+@dataclass(frozen=True)
+class Parts:
+    """A layer's saved state taken apart.
+
+    Attributes:
+        source: The state of the layer below.
+        held: Batches the layer held (read ahead, in a window, received) that had not come out, in order.
+        ended: Whether the epoch had ended on every rank below this layer (its rows all came out or
+            were held here); a rank that had only run out of its own share has not ended it.
+    """
+
+    source: dict[str, Any]
+    held: list[Any] = field(default_factory=list)
+    ended: bool = False
+
+
+class Layer(Protocol):
+    """What each layer of the loader's stack above the graphs declares."""
+
+    @classmethod
+    def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:
+        """``state`` (checked against ``settings``) taken apart."""
+        ...
+
+    @classmethod
+    def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+        """A fresh state of this layer over ``source``, nothing held."""
+        ...
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """One layer of a built stack: its class and the settings it was built with.
+
+    Example:
+        >>> from padpipe.runtime.equal_steps import EqualSteps
+        >>> record = LayerRecord(EqualSteps, {"policy": "balance"})
+        >>> record.split(record.around({"version": 1})).source
+        {'version': 1}
+    """
+
+    layer: type[Layer]
+    settings: Mapping[str, Any]
+
+    def split(self, state: dict[str, Any]) -> Parts:
+        return self.layer.split(state, self.settings)
+
+    def around(self, source: dict[str, Any]) -> dict[str, Any]:
+        return self.layer.around(source, self.settings)

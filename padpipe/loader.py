@@ -8,11 +8,12 @@ from typing import Any, Generic, TypeVar
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.checkpoints import CHECKPOINT, Untrained, check_nesting, is_checkpoint, one_checkpoint, own_part, part
+from padpipe.drivers import loader_driver
 from padpipe.graph import start_at_epoch
-from padpipe.integrations.lightning_fit import fit_driver
 from padpipe.runtime.loader_state import LOADER_STATE
-from padpipe.state import StateMismatchError, invalid
-from padpipe.state_walk import deeper_than
+from padpipe.sharing.ranks import all_ranks
+from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 T = TypeVar("T")
@@ -74,6 +75,7 @@ class PipelineLoader(Generic[T]):
         self._layout = layout or (lambda: [0, 1, 0])
         self._reshare = reshare
         self._rebuild = rebuild
+        self._untrained = Untrained()
         self._pending: dict[str, Any] | None = None
         self._started = False
         self._finished = False
@@ -86,7 +88,7 @@ class PipelineLoader(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         """Start the next epoch (or continue a loaded state) and return its iterator."""
-        if (driver := fit_driver(self)) is not None:  # Lightning's fit loop: the epoch it runs next
+        if (driver := loader_driver(self)) is not None:  # a framework's loop (Lightning's fit): the epoch it runs next
             return driver.iterate()
         pending, self._pending = self._pending, None
         if pending is not None and pending["root"] is not None:
@@ -104,9 +106,46 @@ class PipelineLoader(Generic[T]):
         self._started, self._finished = True, False
         return _Epoch(self)
 
+    def keep_untrained(self, count: int) -> None:
+        """Keep the last ``count`` batches returned, for :meth:`checkpoint` (a trainer that fetches ahead sets it).
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> loader = pipe.loader(); loader.keep_untrained(1)
+        """
+        self._untrained.keep(count)
+
+    @property
+    def kept_untrained(self) -> int:
+        """How many of the batches last returned it keeps now (at most :meth:`keep_untrained`'s count)."""
+        return len(self._untrained.recent)
+
+    def checkpoint(self, *, untrained: int = 0) -> dict[str, Any]:
+        """Every rank's position in one value, the same on every rank: a collective over the loader's group.
+
+        For each rank of the group (its data-parallel group; the world by default): its
+        :meth:`state_dict`, and the last ``untrained`` batches it returned that its trainer has not
+        trained yet (a loop's fetch-ahead; :meth:`keep_untrained` must keep that many), with any
+        restored ones not returned again yet. :meth:`load_state_dict` takes it on any layout: on the
+        same one each rank takes its own part and returns its batches first; on another, the rest
+        of the epoch and every rank's batches are shared out (docs/elastic.md). Framework adapters
+        save through it (Lightning's fit loop, torchtitan); it is plain data with CPU tensors.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> loader = pipe.loader(); loader.keep_untrained(1)
+            >>> it = iter(loader); first, second = next(it), next(it)  # the second is fetched, not trained
+            >>> saved = loader.checkpoint(untrained=1)
+            >>> again = pipe.loader(); again.load_state_dict(saved)
+            >>> [b["input_ids"].tolist() for b in again] == [b["input_ids"].tolist() for b in pipe.loader()][1:]
+            True
+        """
+        mine = part(self.state_dict(), self._untrained.last(untrained))
+        return CHECKPOINT.make({}, ranks=all_ranks(mine, self.group))
+
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader returned (see the class docs)."""
-        if (driver := fit_driver(self)) is not None:  # a Lightning checkpoint: the position after the trained batches
+        if (driver := loader_driver(self)) is not None:  # a framework's checkpoint: after the trained batches
             return driver.state_dict()
         if self._pending is not None:
             return self._pending
@@ -170,10 +209,12 @@ class PipelineLoader(Generic[T]):
             >>> rest == 400 - 8 * (10 + 20)  # the rows no rank had taken, each once
             True
         """
-        if (driver := fit_driver(self)) is not None:  # from a Lightning checkpoint: every rank's state in one
+        if (driver := loader_driver(self)) is not None:  # a framework's checkpoint (Lightning: every rank's)
             return driver.load_state_dict(state)
         if not isinstance(independent, bool):
             raise TypeError(f"`independent` must be a bool, but is {independent!r} instead.")
+        if isinstance(state, dict) and is_checkpoint(state):
+            return self._load_checkpoint(own_part(state), independent)
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         for one in states:
             self.STATE.check(one, self._settings)
@@ -200,6 +241,20 @@ class PipelineLoader(Generic[T]):
         carried = {key: states[0][key] for key in ("epoch", "step", "lockstep")}
         self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
 
+    def _load_checkpoint(self, parts: list[dict[str, Any]], independent: bool) -> None:
+        """Resume from every rank's parts of a :meth:`checkpoint`: this rank's, or an elastic share of them all."""
+        states = [one["loader"] for one in parts]
+        for one in states:
+            self.STATE.check(one, self._settings)
+        layout = self._layout()
+        if states[0]["layout"][1:] != layout[1:]:
+            ahead = {rank: list(one["ahead"]) for rank, one in enumerate(parts)}
+            self.load_state_dict(states, ahead=ahead, independent=independent)
+            return
+        self.load_state_dict(states, independent=independent)
+        own = next(one for one in parts if one["loader"]["layout"] == layout)
+        self._untrained.restore(own["ahead"], self.device)
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` read epoch ``epoch`` from its start (a loaded state not yet used is dropped).
 
@@ -216,6 +271,7 @@ class PipelineLoader(Generic[T]):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"`epoch` must be an int >= 0, but is {epoch!r} instead.")
         self._pending = None
+        self._untrained.clear()
         start_at_epoch(self.root, epoch)
         self._epoch = epoch - 1  # the next iter's
 
@@ -249,66 +305,9 @@ class PipelineLoader(Generic[T]):
         return self._stats.snapshot()
 
 
-STATE_DEPTH = 256
-"""Most levels of lists and dicts a whole loader state nests (states of 20 stages with worker processes nest 20)."""
-
-
-def check_nesting(state: dict[str, Any]) -> None:
-    """Refuse a state nesting deeper than :data:`STATE_DEPTH` levels, before anything walks it recursively (a copy,
-    pickling it for worker processes): each stage refuses deep values of its own; this, a chain of stage states."""
-    where = deeper_than(state, STATE_DEPTH, sealed=None)
-    if where is not None:
-        raise invalid("PipelineLoader", where, f"plain data nested at most {STATE_DEPTH} levels deep", "nested deeper")
-
-
-def one_checkpoint(states: list[dict[str, Any]], *, independent: bool = False) -> list[dict[str, Any]]:
-    """``states`` sorted by rank, after checking they are one checkpoint of one run (``StateMismatchError`` if not).
-
-    Each rank at most once, all saved with the same number of ranks and workers, in the same
-    epoch, and at the same step: where ranks agreed every step (``torch.distributed``) always;
-    otherwise unless every rank had ended its share of the epoch or the caller says the ranks ran
-    ``independent``-ly (each saving at a step of its own).
-    """
-    key = "layout"
-    layouts = {tuple(s[key][1:]) for s in states}
-    if len(layouts) > 1:
-        found = ", ".join(f"{r} ranks x {w} workers" for r, w in sorted(layouts))
-        raise StateMismatchError(
-            f"PipelineLoader states come from different runs: saved on {found}; pass the states "
-            "of one checkpoint (every rank's, from one folder)."
-        )
-    ranks = [s[key][0] for s in states]
-    twice = sorted({r for r in ranks if ranks.count(r) > 1})
-    if twice:
-        raise StateMismatchError(
-            f"PipelineLoader states hold rank {twice[0]} more than once (ranks {sorted(ranks)}): "
-            "pass each rank's state of one checkpoint once."
-        )
-    if any(r >= states[0][key][1] for r in ranks):
-        raise StateMismatchError(
-            f"PipelineLoader states name ranks {sorted(ranks)}, but were saved by {states[0][key][1]} ranks."
-        )
-    states = sorted(states, key=lambda s: s[key][0])
-    where = [(s["epoch"], s["step"]) for s in states]
-    lockstep = all(s["lockstep"] for s in states)
-    agree = lockstep or not (independent or all(s["finished"] for s in states))
-    if len({e for e, _ in where}) > 1 or (agree and len(set(where)) > 1):
-        found = ", ".join(f"rank {s[key][0]} at epoch {e} step {n}" for s, (e, n) in zip(states, where))
-        unless = (
-            ""
-            if lockstep or len({e for e, _ in where}) > 1
-            else ", or pass independent=True if the ranks ran independently (no equal steps), each saving at a step "
-            "of its own"
-        )
-        raise StateMismatchError(
-            f"PipelineLoader states come from different checkpoints: {found}; pass the states "
-            f"of one checkpoint (every rank's, saved at the same step){unless}."
-        )
-    return states
-
-
 class _Epoch(Iterator[T]):
-    """One epoch of a loader: the root's items; the loader learns when the epoch ended.
+    """One epoch of a loader: the batches restored from a checkpoint first, then the root's items; the loader
+    learns when the epoch ended, and keeps the last items it returned (:meth:`PipelineLoader.keep_untrained`).
 
     Not a generator: after an error the next ``next()`` asks the root again, which raises the same
     error (a failed pipeline stays failed) instead of ending the epoch quietly.
@@ -321,10 +320,16 @@ class _Epoch(Iterator[T]):
         return self
 
     def __next__(self) -> T:
-        try:
-            item = next(self._loader.root)
-        except StopIteration:
-            self._loader._finished = True
-            raise
-        self._loader._step += 1
+        loader = self._loader
+        untrained = loader._untrained
+        if untrained.restored:  # returned before the checkpoint and not trained: counted in its step already
+            item = untrained.restored.popleft()
+        else:
+            try:
+                item = next(loader.root)
+            except StopIteration:
+                loader._finished = True
+                raise
+            loader._step += 1
+        untrained.note(item)
         return item

@@ -16,7 +16,6 @@ from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
 from padpipe import _build
-from padpipe._build import Stage
 from padpipe._checks import check_budget, shuffle_too_late, steps_missing
 from padpipe.cache import TokenCache, check_recipe
 from padpipe.errors import check_bool, check_seed, one_of, positive
@@ -29,6 +28,7 @@ from padpipe.pipes.pad import check_pad_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
 from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
+from padpipe.stage import Stage
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from torchdata.nodes import BaseNode
 
-from padpipe._build import BuildContext, Stage
 from padpipe._checks import check_fields
 from padpipe.cache import session as cache_session
+from padpipe.drivers import check_iteration
 from padpipe.errors import one_of
-from padpipe.integrations.guard import check_caller
 from padpipe.loader import PipelineLoader
 from padpipe.runtime.assemble import assemble
-from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.iterable import PipelineIterator
 from padpipe.runtime.latch import FailureLatch
+from padpipe.sharing.consumer import Consumer
+from padpipe.stage import BuildContext, Stage
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ class Runnable:
         self._check_runnable()
         # fails under a DataLoader that batches again and wrappers that shard again (Accelerate), warns for a
         # bare Lightning resume
-        check_caller(self._recipe(), batches=self.output == TENSORS)
+        check_iteration(self, batches=self.output == TENSORS)
         return PipelineIterator(self._recipe(), self._epoch[0], managed=self._managed[0])
 
     def _check_runnable(self) -> None:

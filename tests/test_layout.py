@@ -60,3 +60,79 @@ def test_no_padpipe_module_imports_another_inside_a_function_to_dodge_a_circle()
                 ):
                     found.append(f"{rel}:{node.lineno}")
     assert found == []
+
+
+LADDER = (
+    # bottom first: a module may import its own rung and those below, never above (type-only imports aside)
+    ("errors", "state_walk", "state", "chunks", "stats", "graph", "shutdown", "buffers", "_optional", "_progress",
+     "_command", "examples", "_shipped"),  # the ground floor
+    ("sharing", "stage"),  # who reads what; what a recipe is made of
+    ("readers",),
+    ("tokenizer",),
+    ("chat",),
+    ("token_cache",),
+    ("pipes",),
+    ("runtime",),
+    ("_build", "_checks", "cache", "drivers", "loader", "runnable", "pipeline", "sources", "mix"),  # the core
+    ("inspection",),
+    ("integrations",),
+    ("recipes",),
+    ("hf", "cli", "demo", "__main__", "__init__"),  # the face
+)  # fmt: skip
+
+
+def _unit(path: pathlib.Path) -> str:
+    """A module's rung name: its wing, or its own name for a top-level module."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return parts[0]
+
+
+def _imports(path: pathlib.Path) -> list[tuple[str, int]]:
+    """The padpipe modules ``path`` imports (relative imports resolved), with their lines; type-only ones left out."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    package = list(path.relative_to(ROOT).with_suffix("").parts)[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base) if node.level else node.module or ""
+            names = [f"{module}.{a.name}" for a in node.names] if module == "padpipe" else [module]
+            out += [(name, node.lineno) for name in names if name.startswith("padpipe.")]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("padpipe.")]
+    return out
+
+
+def test_the_wings_form_a_ladder_every_import_points_down():
+    rung = {unit: level for level, units in enumerate(LADDER) for unit in units}
+    units = {_unit(p) for p in PACKAGE.rglob("*.py") if "data" not in p.relative_to(PACKAGE).parts}
+    assert sorted(units - set(rung)) == [], "a module or wing missing from LADDER"
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "data" in path.relative_to(PACKAGE).parts:
+            continue
+        source = _unit(path)
+        for module, line in _imports(path):
+            target = module.split(".")[1]
+            if target in rung and rung[target] > rung[source]:
+                upward.append(f"{path.relative_to(ROOT)}:{line} ({source}) imports {module} ({target})")
+    assert upward == []
+
+
+def test_only_the_framework_adapters_read_call_frames():
+    """Who drives padpipe is seen in call frames by integrations/ only; the core asks padpipe.drivers."""
+    found = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] != "integrations"
+        and re.search(r"\b_getframe\b|\bf_back\b|\bf_locals\b", path.read_text())
+    ]
+    assert found == []

@@ -35,7 +35,7 @@ from padpipe.inspection.strategies import StrategyResult
 from padpipe.pipeline import Pipeline
 from padpipe.pipes.pad import padded_length
 from padpipe.pipes.tokenize import tokenize_options
-from padpipe.runtime.consumer import Consumer
+from padpipe.sharing.consumer import Consumer
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
 

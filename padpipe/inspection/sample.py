@@ -24,7 +24,7 @@ from padpipe.readers import arrow, jsonl, parquet
 from padpipe.readers.paths import GLOB_CHARS, check_paths
 from padpipe.readers.schema import require_columns
 from padpipe.readers.source import UnitSource, WorkUnit
-from padpipe.runtime.consumer import Consumer
+from padpipe.sharing.consumer import Consumer
 from padpipe.sources import read_arrow, read_jsonl, read_parquet
 from padpipe.stats import PipelineStats
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import sys
 import warnings
-from types import FrameType
 from typing import Any
+
+from padpipe.integrations.frames import caller_of
 
 MAX_DEPTH = 32
 """Frames looked at above ``Pipeline.__iter__`` (a ``DataLoader`` under a framework is ~12 deep)."""
@@ -27,6 +28,12 @@ _warned: set[str] = set()
 TORCH_FETCHER = ("torch.utils.data._utils.fetch", "_IterableDatasetFetcher", "auto_collation")
 """torch's contact: the fetcher whose ``__init__`` calls ``iter(dataset)``, and its flag for a ``batch_size``."""
 
+ACCELERATE = (
+    ("accelerate.data_loader", "IterableDatasetShard", "num_processes"),
+    ("accelerate.data_loader", "DataLoaderDispatcher", "state.num_processes"),
+)
+"""Accelerate's contacts: (module, class, attribute read) of the wrappers that shard a pipeline again."""
+
 ACCELERATE_FIX = (
     "pass `pipe.loader(...)` to `accelerator.prepare(...)` instead (Accelerate passes it through; padpipe "
     "shards by rank and worker and keeps steps equal across ranks), or use `padpipe.hf.Trainer` with "
@@ -34,10 +41,11 @@ ACCELERATE_FIX = (
 )
 
 
-def check_caller(pipeline: Any, *, batches: bool = True) -> None:
+def check_caller(pipeline: Any, batches: bool = True) -> None:
     """Raise or warn when ``iter(pipeline)`` runs under a wrapper that would lose, repeat or stack rows.
 
-    Called by ``Pipeline.__iter__`` (``batches``: the pipeline yields ready batches of tensors).
+    Registered in :mod:`padpipe.drivers`, asked by ``Pipeline.__iter__`` (``batches``: the pipeline
+    yields ready batches of tensors); ``pipeline`` is the pipeline being iterated, whose caller it reads.
     Raises ``RuntimeError`` when a torch ``DataLoader`` with a ``batch_size`` reads a pipeline of
     batches, and under Accelerate's ``IterableDatasetShard`` or ``DataLoaderDispatcher`` with
     more than one process; warns once when Lightning's training loop reads the pipeline through a
@@ -47,7 +55,7 @@ def check_caller(pipeline: Any, *, batches: bool = True) -> None:
     Example:
         >>> check_caller(pipe)  # doctest: +SKIP
     """
-    frame: FrameType | None = sys._getframe(2)  # the caller of Pipeline.__iter__
+    frame = caller_of(pipeline, ("__iter__",))
     if batches and frame is not None:
         _check_collation(frame.f_locals.get("self"))
     if not any(name in sys.modules for name in _FRAMEWORKS):

@@ -37,7 +37,6 @@ from padpipe.integrations.hf_packing import guard_columns  # noqa: E402
 from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
     EvalBatches,
     Outputs,
-    all_ranks,
     column_filter,
     count_rows,
     count_steps,
@@ -56,6 +55,7 @@ from padpipe.integrations.hf_train import (  # noqa: E402
     real_tokens,
 )
 from padpipe.runtime.rebalance import FILLER_KEY  # noqa: E402
+from padpipe.sharing.ranks import all_ranks  # noqa: E402
 
 check_hooks(transformers.Trainer, transformers.__version__)
 

@@ -141,16 +141,6 @@ def evaluation_model(trainer: transformers.Trainer) -> Any:
     return model
 
 
-def all_ranks(local: dict[str, Any]) -> list[dict[str, Any]]:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [local]
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, local)
-    return parts
-
-
 def merge_outputs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """All ranks' results in rank order, then sorted by ``row_index`` when every batch had one."""
     merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows", "finite_sum", "finite_rows")}

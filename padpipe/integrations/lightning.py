@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from padpipe._optional import require
-from padpipe.integrations.lightning_fit import all_ranks, ranks
 from padpipe.loader import PipelineLoader
 from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.sharing.ranks import all_ranks, ranks
 from padpipe.state import ListOf, Plain, StateSchema
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
@@ -113,7 +113,7 @@ class LightningLoader:
     def state_dict(self) -> dict[str, Any]:
         """Every rank's loader state and its batches fetched but not trained yet (a collective under DDP)."""
         mine = {"loader": self.loader.state_dict(), "ahead": [to_cpu(b) for b in self._ahead]}
-        return self.STATE.make({}, ranks=all_ranks(mine))
+        return self.STATE.make({}, ranks=all_ranks(mine, getattr(self.loader, "group", None)))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume this rank's share from ``state`` at the next ``iter()``.
@@ -122,7 +122,7 @@ class LightningLoader:
         state goes to the loader, with the batches each had fetched ahead, which the loader shares
         out with the rest of the epoch.
         """
-        rank, world = ranks()
+        rank, world = ranks(getattr(self.loader, "group", None))
         saved = self.STATE.check(state, {}).ranks
         if len(saved) == world:
             mine = saved[rank]

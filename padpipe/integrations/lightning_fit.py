@@ -14,20 +14,43 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections import deque
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.state import Int, ListOf, Loaded, Plain, StateMismatchError, StateSchema, invalid
+from padpipe.checkpoints import own_part
+from padpipe.integrations.frames import caller_of
+from padpipe.sharing.ranks import ranks
+from padpipe.state import Child, Int, StateMismatchError, StateSchema
 
 MAX_DEPTH = 16
 """Frames looked at above the loader's method (Lightning's fit loop is 5-7 above)."""
+LOADER_METHODS = ("__iter__", "state_dict", "load_state_dict")
+"""The ``PipelineLoader`` methods whose caller may be Lightning's fit loop."""
 
 ADAPTER = "padpipe.integrations.lightning.LightningLoader(pipe.loader(...)) with the ExactResume() callback"
 _COMBINED = ("lightning.pytorch.utilities.combined_loader", "pytorch_lightning.utilities.combined_loader")
 _LOOPS = ("lightning.pytorch.loops.", "pytorch_lightning.loops.")
+FIT_LOOPS = (
+    "_FitLoop",
+    "_TrainingEpochLoop",
+)  # the loop reading the loader when it trains (the latter's .trainer.fit_loop)
+OTHER_LOOPS = ("_EvaluationLoop", "_PredictionLoop")  # validation, test, predict: not driving, the loader is bare
+
+CONTACTS = (
+    # (module, attribute path): every private name of Lightning this adapter reads (tests/integrations pins each)
+    ("lightning.pytorch.utilities.combined_loader", "CombinedLoader"),
+    ("lightning.pytorch.loops", "_FitLoop"),
+    ("lightning.pytorch.loops", "_TrainingEpochLoop"),
+    ("lightning.pytorch.loops", "_EvaluationLoop"),
+    ("lightning.pytorch.loops", "_PredictionLoop"),
+    ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher"),
+    ("lightning.pytorch.loops.fetchers", "_DataLoaderIterDataFetcher"),
+    ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher.prefetch_batches"),  # set on the instance too
+    ("lightning.pytorch.loops.fit_loop", "_FitLoop._data_fetcher"),  # set in __init__ (checked on an instance)
+    ("lightning.pytorch.loops.fit_loop", "_FitLoop.epoch_progress.current.processed"),
+)
+"""Lightning's private names this adapter reads, as (module, attribute path)."""
 _drivers: weakref.WeakKeyDictionary[Any, FitDriver] = weakref.WeakKeyDictionary()
 
 
@@ -45,7 +68,7 @@ def fit_driver(loader: Any) -> FitDriver | None:
     """
     if not any(name.split(".")[0] in sys.modules for name in _COMBINED):
         return None
-    fit_loop = _fit_loop(sys._getframe(2))
+    fit_loop = _fit_loop(caller_of(loader, LOADER_METHODS))
     if fit_loop is None:
         return None
     driver = _drivers.get(loader)
@@ -71,34 +94,45 @@ def _fit_loop(frame: FrameType | None) -> Any:
                 return None
             combined = True
         elif module.startswith(_LOOPS) and name.endswith("Loop"):  # the loop reading it: fit, or evaluation
-            return owner if name == "_FitLoop" else owner.trainer.fit_loop if name == "_TrainingEpochLoop" else None
-    return None
+            if name in OTHER_LOOPS:
+                return None
+            if name in FIT_LOOPS:
+                return owner if name == FIT_LOOPS[0] else owner.trainer.fit_loop
+            raise RuntimeError(_unknown(f"its loop {name}"))
+    raise RuntimeError(_unknown(f"no loop of {sorted(FIT_LOOPS + OTHER_LOOPS)} within {MAX_DEPTH} frames"))
+
+
+def _unknown(found: str) -> str:
+    """The message for a Lightning structure this adapter does not know, while Lightning drives the loader."""
+    return (
+        f"padpipe.integrations.lightning_fit: Lightning's CombinedLoader is reading pipe.loader(), but {found} is "
+        "not what this adapter knows, so it cannot tell which batches were trained (an exact resume needs it). "
+        f"Use {ADAPTER}, or a Lightning version padpipe was tested with (README, Install)."
+    )
 
 
 class FitDriver:
     """What a ``PipelineLoader`` does when Lightning's fit loop reads, saves or restores it.
 
-    Its state holds ``epoch`` (the epoch the loader was reading) and ``ranks``: for every rank, the
-    loader's state and the batches Lightning had fetched but not trained (gathered from all ranks,
-    a collective as Lightning's checkpoint already is). After a restore the batches come first;
-    each ``iter`` starts at the epoch Lightning runs next (its ``epoch_progress.current.processed``),
-    where the loaded position goes on only if it is inside that epoch.
+    Its state holds ``epoch`` (the epoch the loader was reading) and the loader's
+    :meth:`~padpipe.loader.PipelineLoader.checkpoint`: every rank's position and the batches
+    Lightning had fetched but not trained (a count this driver reads off Lightning's data fetcher;
+    gathered over the loader's group, a collective as Lightning's checkpoint already is). After a
+    restore those batches come first; each ``iter`` starts at the epoch Lightning runs next (its
+    ``epoch_progress.current.processed``), where the loaded position goes on only if it is inside
+    that epoch.
 
     Args:
         loader: The ``PipelineLoader`` (its ``iter``, ``state_dict`` and ``load_state_dict`` are
             called from here as they are outside Lightning).
     """
 
-    STATE = StateSchema(
-        "PipelineLoader (under Lightning)", 1, epoch=Int(0), ranks=ListOf(Plain())
-    )  # ranks: per rank, {"loader": its loader state, "ahead": its batches fetched and not trained}
+    STATE = StateSchema("PipelineLoader (under Lightning)", 2, epoch=Int(0), checkpoint=Child())
 
     def __init__(self, loader: Any) -> None:
         self._loader = weakref.ref(loader)  # the loader keys its driver: a strong reference would keep both alive
         self.fit_loop: Any = None
         self.epoch = 0
-        self._recent: deque[Any] = deque(maxlen=1)
-        self._restored: deque[Any] = deque()
         self._loaded: dict[str, Any] | None = None  # a state loaded and not yet started
         self._loaded_at: tuple[int, bool] = (0, False)  # its epoch, and whether the loader had finished it
 
@@ -115,22 +149,18 @@ class FitDriver:
         if goes_on:
             self.epoch = epoch + 1 if finished else epoch
         else:
-            self._restored.clear()
-            self.loader.set_epoch(target)
+            self.loader.set_epoch(target)  # and forgets batches restored for another epoch
             self.epoch = target
         self._loaded = None
-        self._recent = deque(maxlen=max(1, getattr(self.fit_loop._data_fetcher, "prefetch_batches", 1)))
-        return _Batches(self, iter(self.loader))
+        self.loader.keep_untrained(max(1, getattr(self.fit_loop._data_fetcher, "prefetch_batches", 1)))
+        return iter(self.loader)
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's loader state and untrained batches (see the class docs)."""
         if self._loaded is not None:  # restored and not started: the same position
             return self._loaded
-        own = self.loader.state_dict()
-        ahead = self._ahead(own["finished"])
-        recent = list(self._recent)[len(self._recent) - ahead :] if ahead else []
-        mine = {"loader": own, "ahead": [to_cpu(b) for b in recent + list(self._restored)]}
-        return self.STATE.make({}, epoch=self.epoch, ranks=all_ranks(mine))
+        ahead = self._ahead(self.loader.state_dict()["finished"])
+        return self.STATE.make({}, epoch=self.epoch, checkpoint=self.loader.checkpoint(untrained=ahead))
 
     def load_state_dict(self, state: Any) -> None:
         """Restore this rank's share of ``state`` (on another number of ranks, every rank's: an elastic resume)."""
@@ -142,35 +172,26 @@ class FitDriver:
                 f"it is a LightningLoader's): expected keys {sorted(self.STATE.fields)}, found {found}. Resume it "
                 f"with the train_dataloader() that saved it ({ADAPTER}), or from a checkpoint saved by this padpipe."
             )
-        saved = self.STATE.check(state, {}, check=self._check_ranks)
-        rank, world = ranks()
+        saved = self.STATE.check(state, {})
+        parts = own_part(saved.checkpoint)
+        rank, world = ranks(getattr(self.loader, "group", None))
         finished_key = "finished"
-        if len(saved.ranks) == world:
-            mine = saved.ranks[rank]
-            self.loader.load_state_dict(mine["loader"])
-            restored, finished = mine["ahead"], mine["loader"][finished_key]
+        if len(parts) == world:
+            finished = parts[rank]["loader"][finished_key]
         else:  # the batches fetched ahead are shared out with the rest of the epoch: equal steps on every rank
-            every = saved.ranks
-            ahead = {r: list(one["ahead"]) for r, one in enumerate(every)}
-            self.loader.load_state_dict([one["loader"] for one in every], ahead=ahead)
-            restored, finished = [], all(one["loader"][finished_key] for one in every)
-        self._restored = deque(to_device(b, getattr(self.loader, "device", None)) for b in restored)
+            finished = all(one["loader"][finished_key] for one in parts)
+        self.loader.load_state_dict(saved.checkpoint)
         self._loaded, self._loaded_at = state, (saved.epoch, finished)
-
-    def _check_ranks(self, loaded: Loaded) -> None:
-        stage, keys = self.STATE.stage, {"loader", "ahead"}
-        for r, one in enumerate(loaded.ranks):
-            if not isinstance(one, dict) or set(one) != keys or not isinstance(one["ahead"], list):
-                found = sorted(one) if isinstance(one, dict) else type(one).__name__
-                raise invalid(stage, f"ranks[{r}]", f"a dict with keys {sorted(keys)}", found)
-        if not loaded.ranks:
-            raise invalid(stage, "ranks", "a list of every rank's state", "[]")
 
     def _ahead(self, finished: bool) -> int:
         """How many of the batches yielded Lightning has fetched and not trained yet."""
         fetcher = self.fit_loop._data_fetcher
         if fetcher is None:  # fit is over (torn down): Lightning counts its last epoch as done
-            if finished or not self._recent or self.fit_loop.epoch_progress.current.processed > self.epoch:
+            if (
+                finished
+                or not self.loader.kept_untrained
+                or self.fit_loop.epoch_progress.current.processed > self.epoch
+            ):
                 return 0
             raise RuntimeError(
                 f"pipe.loader() under Lightning: a checkpoint saved after fit stopped inside epoch {self.epoch} "
@@ -179,10 +200,10 @@ class FitDriver:
             )
         batches = getattr(fetcher, "batches", None)
         if isinstance(batches, list):  # _PrefetchDataFetcher: the batches fetched ahead
-            if len(batches) > len(self._recent):
+            if len(batches) > self.loader.kept_untrained:
                 raise RuntimeError(
                     f"pipe.loader() under Lightning: the loop holds {len(batches)} batches fetched ahead, but the "
-                    f"loader kept {len(self._recent)}; use {ADAPTER}."
+                    f"loader kept {self.loader.kept_untrained}; use {ADAPTER}."
                 )
             return len(batches)
         if type(fetcher).__name__ == "_DataLoaderIterDataFetcher":  # training_step(dataloader_iter): no prefetch
@@ -191,53 +212,3 @@ class FitDriver:
             f"pipe.loader() under Lightning: unknown data fetcher {type(fetcher).__name__} (expected Lightning's "
             f"_PrefetchDataFetcher or _DataLoaderIterDataFetcher), so the batches trained are unknown; use {ADAPTER}."
         )
-
-
-class _Batches(Iterator[Any]):
-    """One epoch for Lightning: the restored batches, then the loader's; remembers the last ones yielded.
-
-    Not a generator, as the loader's epoch: after an error the next ``next()`` raises it again.
-    """
-
-    def __init__(self, driver: FitDriver, epoch: Iterator[Any]) -> None:
-        self._driver, self._epoch = driver, epoch
-
-    def __iter__(self) -> _Batches:
-        return self
-
-    def __next__(self) -> Any:
-        driver = self._driver
-        batch = driver._restored.popleft() if driver._restored else next(self._epoch)
-        driver._recent.append(batch)
-        return batch
-
-
-def ranks() -> tuple[int, int]:
-    """This process's rank and the number of ranks (``(0, 1)`` without ``torch.distributed``).
-
-    Example:
-        >>> ranks()
-        (0, 1)
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def all_ranks(mine: Any) -> list[Any]:
-    """Every rank's ``mine``, in rank order (a collective: every rank must call it).
-
-    Example:
-        >>> all_ranks({"n": 1})
-        [{'n': 1}]
-    """
-    import torch.distributed as dist
-
-    rank, world = ranks()
-    if world == 1:
-        return [mine]
-    states: list[Any] = [None] * world
-    dist.all_gather_object(states, mine)
-    return states

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.buffers import BufferedChunk, chunk_state, drop_ref
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.graph import EpochAware
@@ -15,7 +16,6 @@ from padpipe.pipes.cut import cut_by_budget, handle_oversize, longest_row_allowe
 from padpipe.pipes.pad import padded_length
 from padpipe.state import Array, Bool, Child, Int, Loaded, Optional, Rng, StateSchema, invalid, load_value
 from padpipe.stats import PipelineStats
-from padpipe.token_cache.state import CachedChunk, chunk_state, drop_ref
 
 _RNG_STREAM = 0xB0C7  # keeps this stage's random stream apart from other stages seeded alike
 SPREAD = 0.98
@@ -117,8 +117,8 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
         rng=Rng(),
         exhausted=Bool(),
         seen=Int(0),
-        carry=Optional(CachedChunk()),  # rows in a token cache: references, re-read
-        ready=Optional(CachedChunk()),  # both cut to the longest row allowed when truncating (specs in reset)
+        carry=Optional(BufferedChunk()),  # rows in a token cache: references, re-read
+        ready=Optional(BufferedChunk()),  # both cut to the longest row allowed when truncating (specs in reset)
         sizes=Array(torch.int64, lo=1),
         batch=Int(0),
         pos=Int(0),
@@ -176,7 +176,7 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
             self._set_ready(None, np.zeros(0, np.int64))
             return
         cut = self._limit if self.on_oversize == "truncate" else None  # rows re-read from a token cache
-        specs = {"carry": Optional(CachedChunk(cut)), "ready": Optional(CachedChunk(cut))}
+        specs = {"carry": Optional(BufferedChunk(cut)), "ready": Optional(BufferedChunk(cut))}
 
         def check(loaded: Loaded) -> None:  # the ready rows are cut into `sizes`; `batch` of them were emitted
             ready, sizes, batch = loaded.ready, loaded.sizes, loaded.batch

@@ -24,9 +24,9 @@ from padpipe.chat.spans import chosen, completion_span, message_spans
 from padpipe.chat.template import ChatTemplate
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError, positive
-from padpipe.pipes.tokenize import LABELS, ROW_ID_COLUMNS, _from
 from padpipe.readers.schema import row_of
 from padpipe.stats import PipelineStats
+from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS, row_origin
 
 NO_TRAINED = "no_trained_tokens"
 HINTS = {
@@ -220,10 +220,10 @@ class ChatTokenizer:
         for name in self.options.required():
             if name not in names:
                 missing = MISSING_COLUMN.format(names)
-                raise DataError(f"chat: column {name!r} is not in the data{_from(batch)}; {missing}")
+                raise DataError(f"chat: column {name!r} is not in the data{row_origin(batch)}; {missing}")
         if LABELS in names:
             raise DataError(
-                f"chat: the data{_from(batch)} has a column {LABELS!r}, which the token-level labels of .chat() "
+                f"chat: the data{row_origin(batch)} has a column {LABELS!r}, which the token-level labels of .chat() "
                 "would replace; drop or rename it."
             )
 
@@ -239,7 +239,7 @@ class ChatTokenizer:
         if in_file:
             where = f"{in_file} ({row_id + '; ' if row_id else ''}row {row} of the chunk)"
         else:
-            where = f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + _from(batch)
+            where = f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + row_origin(batch)
         hint = HINTS.get(problem.reason, "pass on_error='skip' to drop such rows")
         return f"chat: {where}: {problem}; {hint} (counted as chat.{problem.reason})."
 

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from padpipe.chunks import TokenChunk
+from padpipe.chunks import TokenChunk, truncate_rows
 from padpipe.stats import PipelineStats
-
-LABELS = "labels"
 
 
 def cut_by_budget(padded_sorted: np.ndarray, max_tokens: int) -> np.ndarray:
@@ -42,26 +38,6 @@ def cut_by_budget(padded_sorted: np.ndarray, max_tokens: int) -> np.ndarray:
         sizes.append(end - start)
         start = end
     return np.asarray(sizes, dtype=np.int64)
-
-
-def truncate_rows(chunk: TokenChunk, limit: int) -> TokenChunk:
-    """Cut every row of ``chunk`` to at most ``limit`` tokens (and a list-valued ``labels`` column).
-
-    Example:
-        >>> truncate_rows(TokenChunk.from_lists([[1, 2, 3], [4]]), 2).ids.tolist()
-        [1, 2, 4]
-    """
-    lengths = np.minimum(chunk.lengths, limit)
-    offsets = np.zeros(chunk.num_rows + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    # position j of row r reads the old flat position starts[r] + j
-    index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(chunk.offsets[:-1] - offsets[:-1], lengths)
-    type_ids = None if chunk.type_ids is None else chunk.type_ids[index]
-    columns = dict(chunk.columns)
-    labels = columns.get(LABELS)
-    if labels is not None and (pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type)):
-        columns[LABELS] = pc.list_slice(labels, 0, limit)
-    return TokenChunk(chunk.ids[index], offsets, type_ids, columns)
 
 
 def longest_row_allowed(max_tokens: int, pad_to_multiple_of: int | None, pad_to_length: int | None) -> int:

@@ -12,7 +12,7 @@ up at its first reset, and it refuses to run in a ``DataLoader`` worker.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from torch.utils.data import get_worker_info
 from torchdata.nodes import BaseNode
 
 from padpipe.errors import positive
+from padpipe.graph import Parts
 from padpipe.pipes import device_backend
 from padpipe.pipes.batch_tensors import iter_tensors, map_tensors
 from padpipe.pipes.device_backend import CudaBackend
@@ -157,14 +158,15 @@ class DevicePrefetcher(BaseNode[Any]):
         self._backend = device_backend.current()  # every CUDA call goes through it (a fake in tests)
 
     @classmethod
-    def state_around(cls, source: dict[str, Any]) -> dict[str, Any]:
+    def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
         """This stage's state over its upstream state ``source`` (an elastic plan builds it)."""
         return cls.STATE.make({}, source=source)
 
     @classmethod
-    def source_of(cls, state: dict[str, Any]) -> dict[str, Any]:
-        """The upstream state inside a saved state, checked."""
-        return cls.STATE.check(state, {}).source
+    def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:
+        """The upstream state inside a saved state, checked (the batches in its queue are not in its state: the
+        upstream state is the position before them)."""
+        return Parts(cls.STATE.check(state, {}).source)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
+from padpipe.buffers import BufferedRecords, records_state
 from padpipe.readers.schema import slice_rows
 from padpipe.state import Child, Int, Optional, StateSchema
-from padpipe.token_cache.state import CachedRecords, records_state
 
 FIRST_ROWS = 32
 RAMP_ROWS = 32 + 64 + 128 + 256 + 512  # rows of an epoch split into doubling chunks; later chunks pass through
@@ -39,7 +39,7 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
     """
 
     STATE = StateSchema(
-        "FirstChunks", 1, source=Child(), held=Optional(CachedRecords()), sent=Int(0)
+        "FirstChunks", 1, source=Child(), held=Optional(BufferedRecords()), sent=Int(0)
     )  # held: the rest of a cut batch; sent: rows passed on this epoch
 
     def __init__(self, source: BaseNode[pa.RecordBatch]) -> None:

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError
-from padpipe.pipes.tokenize import LABELS, ROW_ID_COLUMNS
 from padpipe.state import Invalid, Spec
+from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS
 
 
 class Piece(NamedTuple):

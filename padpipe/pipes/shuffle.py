@@ -9,12 +9,12 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.buffers import BufferedRecords, records_state
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.schema import castable, row_origins, source_of, tag_rows, untag_source
 from padpipe.state import Array, Bool, Child, Int, ListOf, Loaded, Rng, StateSchema, load_value
 from padpipe.stats import PipelineStats
-from padpipe.token_cache.state import CachedRecords, records_state
 
 _RNG_STREAM = 0x5A1F  # keeps this stage's random stream apart from other stages seeded alike
 
@@ -55,7 +55,7 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         source=Child(),
         epoch=Int(0),
         rng=Rng(),
-        segments=ListOf(CachedRecords()),  # rows in a token cache: references, re-read
+        segments=ListOf(BufferedRecords()),  # rows in a token cache: references, re-read
         live=Array(torch.int64, lo=0, unique=True),  # the buffered rows, numbered across the segments
         exhausted=Bool(),
         chunk_rows=Int(0),

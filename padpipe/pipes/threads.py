@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from torchdata.nodes import BaseNode
 
-from padpipe.runtime.shutdown import register_thread
+from padpipe.shutdown import register_thread
 from padpipe.state import Child, StateSchema
 
 T = TypeVar("T")

@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.errors import DataError, check_int, positive
-from padpipe.pipes.tokenize import LABELS, ROW_ID_COLUMNS, _pass_through
 from padpipe.stats import PipelineStats
+from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS, pass_through
 
 logger = logging.getLogger("padpipe.tokens")
 
@@ -123,7 +123,7 @@ class TokenColumns:
             if self.max_length is not None and len(ids) and int(np.diff(offsets).max()) > self.max_length:
                 position = np.arange(len(ids)) - np.repeat(offsets[:-1], np.diff(offsets))
                 ids, offsets, aligned = _select(position < self.max_length, ids, offsets, aligned)
-            columns = _pass_through(batch, tuple(c for c in (self.column, type_column, MASK) if c) + tuple(aligned))
+            columns = pass_through(batch, tuple(c for c in (self.column, type_column, MASK) if c) + tuple(aligned))
             if LABELS in aligned:
                 columns[LABELS] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(aligned[LABELS]))
             type_ids = aligned[type_column].astype(TYPE_ID_DTYPE) if type_column else None

@@ -39,7 +39,7 @@ from padpipe.readers.paths import ChangedFileError, FileRef, FolderFiles, check_
 from padpipe.readers.retry import Attempts, Retry, call, is_transient
 from padpipe.readers.schema import check_columns, tag_source
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
-from padpipe.runtime.consumer import Consumer
+from padpipe.sharing.consumer import Consumer
 from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats
 

@@ -14,7 +14,7 @@ from padpipe.errors import positive
 from padpipe.graph import EpochAware
 from padpipe.readers.schema import check_columns, require_columns
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
-from padpipe.runtime.consumer import Consumer
+from padpipe.sharing.consumer import Consumer
 from padpipe.state import Int, Plain, StateSchema
 from padpipe.stats import PipelineStats
 

@@ -13,7 +13,7 @@ from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.schema import conform
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS
-from padpipe.runtime.consumer import Consumer
+from padpipe.sharing.consumer import Consumer
 from padpipe.state import Int, StateSchema
 from padpipe.stats import PipelineStats
 

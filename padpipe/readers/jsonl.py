@@ -18,8 +18,8 @@ from padpipe.readers.paths import FileRef
 from padpipe.readers.retry import Retry, is_transient
 from padpipe.readers.schema import conform
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, WorkUnit
-from padpipe.runtime.consumer import Consumer
-from padpipe.runtime.shares import Measure
+from padpipe.sharing.consumer import Consumer
+from padpipe.sharing.shares import Measure
 from padpipe.state import Int, ListOf, Loaded, Optional, Spec, load_value
 from padpipe.stats import PipelineStats
 

@@ -3,7 +3,7 @@
 A reader lists its *work units* (a Parquet row group, an Arrow record batch, a JSONL byte range,
 an index range of a ``datasets.Dataset``) and reads one unit from a given row. This base class does
 the rest: lists once, orders units per epoch (shuffled by ``(seed, epoch)`` when asked), gives each
-consumer (rank x DataLoader worker) an equal share of that order (:mod:`padpipe.runtime.shares`: units
+consumer (rank x DataLoader worker) an equal share of that order (:mod:`padpipe.sharing.shares`: units
 are cut into row or byte ranges where shares would otherwise be uneven), and saves the position as
 ``(unit, row)`` so resume reads from there instead of skipping.
 """
@@ -24,8 +24,8 @@ from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
 from padpipe.readers.listing_state import FILE_KEY, LINE_CHARS, DigestSpec, ListingDigest, line_of
 from padpipe.readers.retry import denied
-from padpipe.runtime.consumer import Consumer
-from padpipe.runtime.shares import Measure, share
+from padpipe.sharing.consumer import Consumer
+from padpipe.sharing.shares import Measure, share
 from padpipe.state import Int, Loaded, Spec, StateMismatchError, StateSchema, Str, invalid, load_value
 from padpipe.state_walk import show
 from padpipe.stats import PipelineStats

@@ -15,18 +15,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe import _build
-from padpipe._build import BuildContext
 from padpipe.errors import check_bool, positive
-from padpipe.runtime.consumer import Consumer
+from padpipe.graph import LayerRecord
+from padpipe.pipes.device import DevicePrefetcher
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.runtime.elastic import loader_state
 from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.latch import FailureLatch
 from padpipe.runtime.lockstep import check_policy
 from padpipe.runtime.loss_tokens import LossTokens
-from padpipe.runtime.ranks import ranks
 from padpipe.runtime.workers import WorkerProcesses
+from padpipe.sharing.consumer import Consumer
+from padpipe.sharing.ranks import ranks
+from padpipe.stage import DEVICE_STAGES, BuildContext
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Assembly:
             states, this layout, the loader fields carried over and the batches fetched ahead.
         device: The device of its batches (a ``to_cuda`` stage's) or ``None``.
         group: The process group whose ranks share the data and take equal steps (``None``: the world).
+        layers: The stack it built above the graphs, top first (what the elastic planner folds over).
     """
 
     root: BaseNode
@@ -55,6 +57,7 @@ class Assembly:
     reshare: Callable[..., dict[str, Any]]
     device: torch.device | None
     group: Any = None
+    layers: tuple[LayerRecord, ...] = ()
 
 
 def assemble(
@@ -108,19 +111,21 @@ def assemble(
             options={k: v for k, v in options.items() if v is not None},
             stats=stats,
         )
+    stack: list[LayerRecord] = []  # the layers above the graphs, bottom first
     if last is not None:  # a trailing prefetch / to_cuda runs in this process, on top of the graph or the workers
         context = BuildContext(
             stats=stats, consumer=consumer, seed=pipe.seed, pad_to_multiple_of=None, pad_to_length=None
         )
         root = FailureLatch(last.builder(root, context, **last.options))  # its failures stay failures too
+        stack.append(LayerRecord(DevicePrefetcher, {}))
     if equal_steps != "off":
         root = EqualSteps(root, policy=equal_steps, stats=stats, group=group, device=device)
+        stack.append(LayerRecord(EqualSteps, {"policy": equal_steps}))
     settings: dict[str, Any] = {
         "equal_steps": equal_steps
     }  # the layout (ranks, workers) is checked apart: it may change
-    window: dict[str, Any] | None = None
     if accumulation_steps is not None:  # on top, so that every rank's windows hold the same (equal) steps
-        window = {"steps": accumulation_steps, "causal": causal}
+        stack.append(LayerRecord(LossTokens, {"steps": accumulation_steps, "causal": causal}))
         root = LossTokens(
             root,
             steps=accumulation_steps,
@@ -147,21 +152,14 @@ def assemble(
         ahead: dict[int, list[Any]],
     ) -> dict[str, Any]:
         return loader_state(
-            states,
-            pipeline=graph_pipe,
-            layout=mine,
-            settings=settings,
-            policy=equal_steps,
-            fields=carried,
-            device_stage=last is not None,
-            ahead=ahead,
-            window=window,
+            states, pipeline=graph_pipe, layers=layers, layout=mine, settings=settings, fields=carried, ahead=ahead
         )
 
-    return Assembly(root, stats, settings, layout, reshare, device, group)
+    layers = tuple(reversed(stack))
+    return Assembly(root, stats, settings, layout, reshare, device, group, layers)
 
 
 def _split_last(pipe: Pipeline) -> tuple[Pipeline, Any]:
     """``pipe`` without a trailing ``prefetch``/``to_cuda`` stage, and that stage (or ``None``)."""
-    last = pipe.stages[-1] if pipe.stages and pipe.stages[-1].builder is _build.prefetch else None
+    last = pipe.stages[-1] if pipe.stages and pipe.stages[-1].name in DEVICE_STAGES else None
     return (dataclasses.replace(pipe, stages=pipe.stages[:-1]), last) if last is not None else (pipe, None)

@@ -16,8 +16,8 @@ from torchdata.nodes import BaseNode
 from padpipe.graph import start_at_epoch
 from padpipe.pipes.mix import WeightedMixer
 from padpipe.readers.source import UnitSource, WorkUnit
-from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.latch import FailureLatch
+from padpipe.sharing.consumer import Consumer
 from padpipe.state import Child, Int, Invalid, ListOf, Optional, Plain, Spec, StateMismatchError, StateSchema
 from padpipe.stats import PipelineStats
 

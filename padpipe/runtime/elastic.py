@@ -13,7 +13,7 @@ batch comes out exactly once over the new consumers, and none that had:
   rank starts with the same number of them and equal steps has nothing to drop;
 * the **unread pieces** (a unit cut at the saved row where rows can be cut) are laid end to end in
   the epoch's order and shared again, in equal stretches, over the new consumers
-  (:mod:`padpipe.runtime.shares`), read through each new consumer's own graph.
+  (:mod:`padpipe.sharing.shares`), read through each new consumer's own graph.
 
 A state saved anywhere in that epoch holds each consumer's batches and pieces, so it resumes
 exactly on the same layout or is re-shared again. The next epochs follow the normal seeded plan
@@ -27,15 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from padpipe.pipes.device import DevicePrefetcher
+from padpipe.graph import LayerRecord
 from padpipe.runtime.batch_cut import rows_of, split_batch
-from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import ConsumerGraph, override_readers, readers
-from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.loader_state import LOADER_STATE
-from padpipe.runtime.loss_tokens import LossTokens
-from padpipe.runtime.shares import share
 from padpipe.runtime.workers import WorkerProcesses
+from padpipe.sharing.consumer import Consumer
+from padpipe.sharing.shares import share
 from padpipe.state import Int, StateMismatchError, load_value
 from padpipe.stats import PipelineStats
 
@@ -178,29 +176,26 @@ def loader_state(
     states: list[dict[str, Any]],
     *,
     pipeline: Pipeline,
+    layers: tuple[LayerRecord, ...],
     layout: list[int],
     settings: dict[str, Any],
-    policy: str,
     fields: dict[str, Any],
-    device_stage: bool,
     ahead: dict[int, list[Any]] | None = None,
-    window: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ``PipelineLoader`` state for this loader (``layout``) that continues the epoch of every rank's ``states``.
 
     Args:
         states: Every rank's loader state of the old layout (checked already), sorted by rank.
         pipeline: The recipe (without a trailing ``prefetch``/``to_cuda`` stage).
+        layers: The loader's stack above its graphs, top first (:class:`~padpipe.graph.LayerRecord`):
+            each saved state is split through it (the batches each layer held come out first, the
+            window of ``accumulation_steps``, equal steps' read-ahead), and the new state is built
+            back around the new graphs, every layer fresh (a new window, nothing held).
         layout: ``[rank, ranks, workers]`` of this loader.
         settings: The ``PipelineLoader`` settings.
-        policy: The loader's equal-steps policy.
         fields: The loader's own fields to carry over (epoch and step counts).
-        device_stage: Whether a trailing ``prefetch``/``to_cuda`` stage runs above the graphs.
         ahead: Batches each old rank had taken from its loader but not trained on, by rank: they
             come first among that rank's held batches.
-        window: The settings of a :class:`~padpipe.runtime.loss_tokens.LossTokens` stage on top
-            (``accumulation_steps``): the batches of its window not given out are held next, and the
-            new layout starts a new window.
     """
 
     readers(pipeline.build(consumer=Consumer()))  # can this pipeline be re-shared at all? (a clear error if not)
@@ -213,16 +208,10 @@ def loader_state(
     epochs: set[int] = set()
     for rank, state in enumerate(states):
         source, held = state["root"], list((ahead or {}).get(rank, []))
-        if window is not None:
-            source, rest = LossTokens.parts(source, window["steps"], window["causal"])
-            held += rest
-        if policy != "off":
-            source, read_ahead, stopped = EqualSteps.parts(source, policy)
-            held += read_ahead
-            drained = drained or stopped
+        for layer in layers:
+            parts = layer.split(source)
+            source, held, drained = parts.source, held + parts.held, drained or parts.ended
         carried += held
-        if device_stage:
-            source = DevicePrefetcher.source_of(source)
         graphs, epoch = ([source], None) if workers == 0 else WorkerProcesses.worker_graphs(source, workers)
         epochs |= set() if epoch is None else {epoch}
         for worker, graph in enumerate(graphs):
@@ -244,10 +233,6 @@ def loader_state(
         old = []
     plans = reshare(old, pipeline=pipeline, epoch=epoch, rank=rank, ranks=ranks, workers=new_workers, held=carried)
     root = plans[0] if new_workers == 0 else WorkerProcesses.planned_state(new_workers, epoch, plans)
-    if device_stage:
-        root = DevicePrefetcher.state_around(root)
-    if policy != "off":
-        root = EqualSteps.fresh_state(policy, root)
-    if window is not None:
-        root = LossTokens.fresh_state(window["steps"], window["causal"], root)
+    for layer in reversed(layers):
+        root = layer.around(root)
     return LOADER_STATE.make(settings, root=root, finished=finished, layout=layout, **fields)

@@ -12,12 +12,13 @@ others drop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.graph import Parts
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.lockstep import Lockstep, _mark, check_policy
 from padpipe.runtime.step_sync import StepSync, detect_sync
@@ -100,10 +101,10 @@ class EqualSteps(BaseNode[Any]):
         self._detected = False
 
     @classmethod
-    def fresh_state(cls, policy: str, source: dict[str, Any]) -> dict[str, Any]:
+    def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
         """The state of an epoch that goes on from ``source`` (its upstream state) with nothing held or counted."""
         return cls.STATE.make(
-            {"policy": policy},
+            {"policy": settings["policy"]},
             source=source,
             held=[],
             ring=[],
@@ -116,14 +117,15 @@ class EqualSteps(BaseNode[Any]):
         )
 
     @classmethod
-    def parts(cls, state: dict[str, Any], policy: str) -> tuple[dict[str, Any], list[Any], bool]:
+    def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:
         """A saved state's upstream state, the batches it held to return, and whether the epoch had ended on every rank.
 
         The state is checked first. Batches kept only to replay (``"repeat"``) are not among them:
-        they came out already.
+        they came out already; a rank that had only run out of its share (``exhausted``) has not
+        ended the epoch.
         """
-        loaded = cls.STATE.check(state, {"policy": policy})
-        return loaded.source, list(loaded.held), loaded.stopped
+        loaded = cls.STATE.check(state, {"policy": settings["policy"]})
+        return Parts(loaded.source, list(loaded.held), loaded.stopped)
 
     @property
     def in_lockstep(self) -> bool:

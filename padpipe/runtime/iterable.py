@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from torchdata.nodes import BaseNode
 
 from padpipe.graph import start_at_epoch
-from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.consumer_graph import ConsumerGraph
+from padpipe.sharing.consumer import Consumer
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.errors import check_bool, positive
+from padpipe.graph import Parts
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.lockstep import REPEAT_KEY
 from padpipe.runtime.rebalance import FILLER_KEY
@@ -130,15 +131,18 @@ class LossTokens(BaseNode[Any]):
         self._items, self._ended = 0, False
 
     @classmethod
-    def fresh_state(cls, steps: int, causal: bool, source: dict[str, Any]) -> dict[str, Any]:
+    def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
         """The state of a stage that goes on from ``source`` (its upstream state) with no window read yet."""
-        return cls._state(steps, causal, source, [], 0, False)
+        return cls._state(settings["steps"], settings["causal"], source, [], 0, False)
 
     @classmethod
-    def parts(cls, state: dict[str, Any], steps: int, causal: bool) -> tuple[dict[str, Any], list[Any]]:
-        """A saved state's upstream state and the window's batches it had not given out (checked first)."""
-        loaded = cls.STATE.check(state, _settings(steps, causal))
-        return loaded.source, list(loaded.window)
+    def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:
+        """A saved state's upstream state and the window's batches it had not given out (checked first).
+
+        Its window's end is no epoch's end: the stage below says whether the epoch ended.
+        """
+        loaded = cls.STATE.check(state, _settings(settings["steps"], settings["causal"]))
+        return Parts(loaded.source, list(loaded.window))
 
     @property
     def in_lockstep(self) -> bool:

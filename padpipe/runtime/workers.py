@@ -21,9 +21,9 @@ from torch.utils.data import IterableDataset
 from torchdata.nodes import BaseNode
 
 from padpipe.graph import EpochAware
-from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
 from padpipe.runtime.loader_snapshot import LoaderSnapshot
+from padpipe.sharing.consumer import Consumer
 from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
 from padpipe.state_walk import show
 from padpipe.stats import PipelineStats, StatsSnapshot

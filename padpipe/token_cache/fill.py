@@ -21,11 +21,11 @@ import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe.chunks import TokenChunk
-from padpipe.pipes.tokenize import ChunkTokenizer, _as_text_column, _bad_rows, _pass_through
 from padpipe.readers.aligned import concat
 from padpipe.state import SOURCE_KEY, Child, check_state, make_state
 from padpipe.token_cache import rows as cr
 from padpipe.token_cache.store import Segment
+from padpipe.tokenizer.rows import ChunkTokenizer, as_text_column, bad_rows, pass_through
 
 if TYPE_CHECKING:
     from padpipe.token_cache.session import CacheSession
@@ -65,7 +65,7 @@ class CachedTokenizer:
             source = cr.without_hidden(rows)
             bad = None
             if all(f in source.schema.names for f in fields):
-                bad = _bad_rows(source, [_as_text_column(source.column(f)) for f in fields])
+                bad = bad_rows(source, [as_text_column(source.column(f)) for f in fields])
             chunk = self.tokenize(source)  # raises or skips bad rows exactly as without a cache
             good = np.ones(rows.num_rows, bool) if bad is None else ~bad
             ref = rows.column(cr.REF)
@@ -77,7 +77,7 @@ class CachedTokenizer:
             cached = state == cr.CACHED
             if cached.any():
                 rows = batch.filter(pa.array(cached))
-                columns = _pass_through(cr.without_hidden(rows), fields)
+                columns = pass_through(cr.without_hidden(rows), fields)
                 chunk = cr.chunk_of(rows, columns)
                 stats.add("tokenize.rows", chunk.num_rows)
                 stats.add("tokenize.tokens", chunk.num_tokens)

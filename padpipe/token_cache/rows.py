@@ -25,10 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from padpipe.buffers import REF
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.readers.jsonl import JsonlReader
 
-IDS, TYPE_IDS, STATE, REF = "__padpipe_ids", "__padpipe_type_ids", "__padpipe_state", "__padpipe_ref"
+IDS, TYPE_IDS, STATE = "__padpipe_ids", "__padpipe_type_ids", "__padpipe_state"
 POS = JsonlReader.POSITION_COLUMN
 HIDDEN = (IDS, TYPE_IDS, STATE, REF, POS)
 TEXT, CACHED, BAD = 0, 1, 2

@@ -11,80 +11,48 @@ are no longer in the cache is an error naming it. Batches that hold rows not yet
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from padpipe.chunks import TokenChunk, records_from_state, records_to_state
-from padpipe.pipes.cut import truncate_rows
-from padpipe.pipes.tokenize import _pass_through
+from padpipe.buffers import REFERENCES_KEY
+from padpipe.chunks import TokenChunk, truncate_rows
 from padpipe.readers.aligned import concat
-from padpipe.state import Spec, StateMismatchError, seal, unseal
+from padpipe.state import StateMismatchError, seal, unseal
 from padpipe.state_walk import show
 from padpipe.token_cache import rows as cr
 from padpipe.token_cache.session import covered, session_for, unit_folder, unit_number
 from padpipe.token_cache.store import UNIT_FOLDER, CacheError
+from padpipe.tokenizer.rows import pass_through
 
-CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY = "token_cache", "folders", "unit", "pos"
+CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY = REFERENCES_KEY, "folders", "unit", "pos"
 KEYS = (CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY)
 
 
-def drop_ref(chunk: TokenChunk) -> TokenChunk:
-    """``chunk`` without its row references (what the bucketizer emits).
+class CacheReferences:
+    """The token cache's :class:`~padpipe.buffers.References`: compact states of buffered rows it holds, read back.
 
-    Example:
-        >>> drop_ref(TokenChunk.from_lists([[1]], {"__padpipe_ref": [7], "x": [1]})).columns.keys()
-        dict_keys(['x'])
+    Plugged into :mod:`padpipe.buffers` by :func:`padpipe.cache.session` when a pipeline tokenizes with a cache.
     """
-    if cr.REF not in chunk.columns:
-        return chunk
-    return TokenChunk(chunk.ids, chunk.offsets, chunk.type_ids, {k: v for k, v in chunk.columns.items() if k != cr.REF})
 
+    def chunk(self, ref: pa.Array) -> dict[str, Any] | None:
+        return _references(ref)
 
-def chunk_state(chunk: TokenChunk) -> dict[str, Any]:
-    """The state of buffered token rows: references when the cache holds them all, else the rows."""
-    ref = chunk.columns.get(cr.REF)
-    compact = None if ref is None else _references(ref)
-    return compact if compact is not None else chunk.to_state()
+    def records(self, batch: pa.RecordBatch) -> dict[str, Any] | None:
+        if (cr.state_of(batch) == cr.TEXT).any():  # rows not tokenized yet are saved whole
+            return None
+        return _references(batch.column(cr.REF))
 
-
-class CachedChunk(Spec):
-    """A bucketizer buffer: a sealed token chunk, or references into the token cache (re-read, then cut to
-    ``truncate_to``)."""
-
-    def __init__(self, truncate_to: int | None = None) -> None:
-        self.truncate_to = truncate_to
-
-    def load(self, value: Any) -> TokenChunk:
-        if not (isinstance(value, Mapping) and CACHE_KEY in value):
-            return TokenChunk.from_state(value)
-
-        session, rows = _resolve(value)
-        columns = {**_pass_through(cr.without_hidden(rows), session.fields), cr.REF: rows.column(cr.REF)}
+    def resolve_chunk(self, state: dict[str, Any], truncate_to: int | None) -> TokenChunk:
+        session, rows = _resolve(state)
+        columns = {**pass_through(cr.without_hidden(rows), session.fields), cr.REF: rows.column(cr.REF)}
         chunk = cr.chunk_of(rows, columns)
-        return chunk if self.truncate_to is None else truncate_rows(chunk, self.truncate_to)
+        return chunk if truncate_to is None else truncate_rows(chunk, truncate_to)
 
-
-def records_state(batch: pa.RecordBatch) -> dict[str, Any]:
-    """The state of a buffered record batch: references when every row is a cached one the cache holds, else the
-    rows."""
-    if cr.REF in batch.schema.names and not (cr.state_of(batch) == cr.TEXT).any():
-        compact = _references(batch.column(cr.REF))
-        if compact is not None:
-            return compact
-    return records_to_state(batch)
-
-
-class CachedRecords(Spec):
-    """A shuffle buffer segment: a sealed record batch, or references into the token cache (re-read)."""
-
-    def load(self, value: Any) -> pa.RecordBatch:
-        if isinstance(value, Mapping) and CACHE_KEY in value:
-            return _resolve(value)[1]
-        return records_from_state(value)
+    def resolve_records(self, state: dict[str, Any]) -> pa.RecordBatch:
+        return _resolve(state)[1]
 
 
 def _references(ref: pa.Array) -> dict[str, Any] | None:

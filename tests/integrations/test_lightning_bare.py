@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import padpipe as pp  # noqa: E402
+from padpipe.checkpoints import CHECKPOINT  # noqa: E402
 from padpipe.integrations import lightning_fit  # noqa: E402
 from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
@@ -105,7 +106,7 @@ def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
         StateMismatchError,
         match=r"^Lightning is restoring pipe\.loader\(\) from a checkpoint whose "
         r"loader state was not saved by pipe\.loader\(\) under Lightning .*: "
-        r"expected keys \['epoch', 'ranks'\], found \['checksum', 'ranks', "
+        r"expected keys \['checkpoint', 'epoch'\], found \['checksum', 'ranks', "
         r"'settings', 'version'\]\. Resume it with the train_dataloader\(\) "
         r"that saved it \(padpipe\.integrations\.lightning\.LightningLoader",
     ):
@@ -124,8 +125,8 @@ def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
     ],
 )
 def test_bare_loader_refuses_a_crafted_lightning_state(pipe, entries, says):
-    state = lightning_fit.FitDriver.STATE.make({}, epoch=0, ranks=entries)
-    with pytest.raises(StateMismatchError, match=rf"^PipelineLoader \(under Lightning\) state is invalid: {says}$"):
+    state = lightning_fit.FitDriver.STATE.make({}, epoch=0, checkpoint=CHECKPOINT.make({}, ranks=entries))
+    with pytest.raises(StateMismatchError, match=rf"^PipelineLoader checkpoint state is invalid: {says}$"):
         lightning_fit.FitDriver(pipe.loader()).load_state_dict(state)
 
 

@@ -99,8 +99,9 @@ def test_chat_raises_error_naming_the_file_and_row_of_bad_messages(tmp_path: Pat
     stats = PipelineStats()
     rows = rows_of(pp.read_jsonl(path).chat(fx.tokenizer(), on_error="skip"), stats)
     assert [r["id"] for r in rows] == [0] and stats.snapshot().skipped == {"chat.bad_messages": 2}
-    message = first_error(pp.read_jsonl(path).shuffle(8, seed=0).chat(fx.tokenizer()))  # rows gathered: no file line
-    assert re.fullmatch(r"chat: row \d of the chunk \(id=[12]\): .*\(counted as chat\.bad_messages\)\.", message)
+    message = first_error(pp.read_jsonl(path).shuffle(8, seed=0).chat(fx.tokenizer()))  # the shuffle keeps the origin
+    pattern = rf"chat: row ([12]) of {re.escape(str(path))} \(id=\1; row \d of the chunk\): .*\(counted as chat\.bad_messages\)\."
+    assert re.fullmatch(pattern, message), message
 
 
 def test_chat_raises_error_on_values_that_are_no_messages() -> None:

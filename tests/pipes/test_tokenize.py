@@ -15,9 +15,9 @@ from torchdata.nodes import Loader
 import padpipe as pp
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError
-from padpipe.pipes.tokenize import ChunkTokenizer
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.rows import ChunkTokenizer
 from tests import tokenizer_fixtures as fx
 from tests.contract import check_node_resume
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from padpipe.runtime.shares import Measure, share
+from padpipe.sharing.shares import Measure, share
 
 measures = st.lists(st.builds(Measure, st.integers(0, 60), st.booleans()), max_size=10)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from padpipe.runtime.ranks import ranks
+from padpipe.sharing.ranks import ranks
 
 
 @dataclass(frozen=True)

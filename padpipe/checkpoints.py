@@ -1,0 +1,147 @@
+"""A loader's checkpoints: one rank's state checked as one checkpoint of one run, and every rank's in one value.
+
+:func:`one_checkpoint` checks a list of saved rank states before an elastic resume. :data:`CHECKPOINT`
+is the multi-rank format every framework adapter saves through
+:meth:`~padpipe.loader.PipelineLoader.checkpoint`: for each rank of the loader's process group, its
+loader state and the batches it had returned but its trainer had not trained (a loop's fetch-ahead,
+a count the adapter gives), gathered so that the value is the same on every rank (a checkpoint
+written by rank 0 alone, or by DCP, holds all of them). :class:`Untrained` is where a loader keeps
+those batches: the last ones it returned, and those restored to come first after a resume.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.state import ListOf, Plain, StateMismatchError, StateSchema, invalid
+from padpipe.state_walk import deeper_than
+
+CHECKPOINT = StateSchema("PipelineLoader checkpoint", 1, ranks=ListOf(Plain()))
+"""Every rank's ``{"loader": its state, "ahead": its batches returned and not trained}``, in rank order."""
+PART_KEYS = ("loader", "ahead")
+
+
+class Untrained:
+    """The batches a loader returned that its trainer has not trained yet, and those to return first after a resume.
+
+    Example:
+        >>> kept = Untrained(); kept.keep(1)
+        >>> kept.note({"x": 1}); kept.note({"x": 2})
+        >>> kept.last(1)
+        [{'x': 2}]
+    """
+
+    def __init__(self) -> None:
+        self.recent: deque[Any] = deque(maxlen=0)
+        self.restored: deque[Any] = deque()
+
+    def keep(self, count: int) -> None:
+        """Keep the last ``count`` batches returned (a trainer's fetch-ahead; 0: none)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"`count` must be an int >= 0, but is {count!r} instead.")
+        self.recent = deque(self.recent, maxlen=count)
+
+    def note(self, batch: Any) -> None:
+        """A batch was returned."""
+        self.recent.append(batch)
+
+    def last(self, count: int) -> list[Any]:
+        """The last ``count`` batches returned and those restored not returned again yet: what a checkpoint holds."""
+        if count > (self.recent.maxlen or 0):
+            raise ValueError(
+                f"a checkpoint was asked for the last {count} batches returned, but the loader keeps "
+                f"{self.recent.maxlen or 0}: call loader.keep_untrained({count}) before iterating."
+            )
+        recent = list(self.recent)[len(self.recent) - count :] if count else []
+        return [*recent, *self.restored]
+
+    def restore(self, batches: list[Any], device: Any) -> None:
+        """Return ``batches`` (from a checkpoint, on the CPU) first, on ``device``."""
+        self.restored = deque(to_device(b, device) for b in batches)
+
+    def clear(self) -> None:
+        self.recent.clear()
+        self.restored.clear()
+
+
+def part(state: Any, ahead: list[Any]) -> dict[str, Any]:
+    """One rank's part of a checkpoint (its batches on the CPU)."""
+    return {"loader": state, "ahead": [to_cpu(b) for b in ahead]}
+
+
+def is_checkpoint(state: Any) -> bool:
+    """Whether ``state`` is a :data:`CHECKPOINT` (every rank's), not one rank's loader state."""
+    return isinstance(state, Mapping) and "ranks" in state and "root" not in state
+
+
+def own_part(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The parts of a :data:`CHECKPOINT`, checked: one ``{"loader", "ahead"}`` per saved rank."""
+    loaded = CHECKPOINT.check(state, {})
+    if not loaded.ranks:
+        raise invalid(CHECKPOINT.stage, "ranks", "a list of every rank's state", "[]")
+    for r, one in enumerate(loaded.ranks):
+        if not isinstance(one, dict) or set(one) != set(PART_KEYS) or not isinstance(one["ahead"], list):
+            found = sorted(one) if isinstance(one, dict) else type(one).__name__
+            raise invalid(CHECKPOINT.stage, f"ranks[{r}]", f"a dict with keys {sorted(PART_KEYS)}", found)
+    return list(loaded.ranks)
+
+
+STATE_DEPTH = 256
+"""Most levels of lists and dicts a whole loader state nests (states of 20 stages with worker processes nest 20)."""
+
+
+def check_nesting(state: dict[str, Any]) -> None:
+    """Refuse a state nesting deeper than :data:`STATE_DEPTH` levels, before anything walks it recursively (a copy,
+    pickling it for worker processes): each stage refuses deep values of its own; this, a chain of stage states."""
+    where = deeper_than(state, STATE_DEPTH, sealed=None)
+    if where is not None:
+        raise invalid("PipelineLoader", where, f"plain data nested at most {STATE_DEPTH} levels deep", "nested deeper")
+
+
+def one_checkpoint(states: list[dict[str, Any]], *, independent: bool = False) -> list[dict[str, Any]]:
+    """``states`` sorted by rank, after checking they are one checkpoint of one run (``StateMismatchError`` if not).
+
+    Each rank at most once, all saved with the same number of ranks and workers, in the same
+    epoch, and at the same step: where ranks agreed every step (``torch.distributed``) always;
+    otherwise unless every rank had ended its share of the epoch or the caller says the ranks ran
+    ``independent``-ly (each saving at a step of its own).
+    """
+    key = "layout"
+    layouts = {tuple(s[key][1:]) for s in states}
+    if len(layouts) > 1:
+        found = ", ".join(f"{r} ranks x {w} workers" for r, w in sorted(layouts))
+        raise StateMismatchError(
+            f"PipelineLoader states come from different runs: saved on {found}; pass the states "
+            "of one checkpoint (every rank's, from one folder)."
+        )
+    ranks = [s[key][0] for s in states]
+    twice = sorted({r for r in ranks if ranks.count(r) > 1})
+    if twice:
+        raise StateMismatchError(
+            f"PipelineLoader states hold rank {twice[0]} more than once (ranks {sorted(ranks)}): "
+            "pass each rank's state of one checkpoint once."
+        )
+    if any(r >= states[0][key][1] for r in ranks):
+        raise StateMismatchError(
+            f"PipelineLoader states name ranks {sorted(ranks)}, but were saved by {states[0][key][1]} ranks."
+        )
+    states = sorted(states, key=lambda s: s[key][0])
+    where = [(s["epoch"], s["step"]) for s in states]
+    lockstep = all(s["lockstep"] for s in states)
+    agree = lockstep or not (independent or all(s["finished"] for s in states))
+    if len({e for e, _ in where}) > 1 or (agree and len(set(where)) > 1):
+        found = ", ".join(f"rank {s[key][0]} at epoch {e} step {n}" for s, (e, n) in zip(states, where))
+        unless = (
+            ""
+            if lockstep or len({e for e, _ in where}) > 1
+            else ", or pass independent=True if the ranks ran independently (no equal steps), each saving at a step "
+            "of its own"
+        )
+        raise StateMismatchError(
+            f"PipelineLoader states come from different checkpoints: {found}; pass the states "
+            f"of one checkpoint (every rank's, saved at the same step){unless}."
+        )
+    return states
