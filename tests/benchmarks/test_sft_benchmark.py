@@ -43,7 +43,18 @@ def cells(line: str) -> list[str]:
 def test_sft_benchmark_fills_its_tables(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PADPIPE_PROGRESS": "0"}
     chart = tmp_path / "sft.png"
-    args = ["--conversations", "300", "--rate-conversations", "300", "--buffers", "64", "--repeat", "1"]
+    args = [
+        "--conversations",
+        "300",
+        "--rate-conversations",
+        "300",
+        "--buffers",
+        "64",
+        "--repeat",
+        "1",
+        "--rate-rounds",
+        "1",
+    ]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sft.py"), *args, "--seq-len", "512", "--chart", str(chart)],
         cwd=ROOT,
