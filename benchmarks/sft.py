@@ -199,7 +199,7 @@ def chart(results: list[dict[str, Any]], path: str) -> None:
     left.set_ylabel("seconds before the first batch")
     right.bar([i - 0.2 for i in x], [100 * r.get("trl_eff", 0) for r in results], 0.4, label="TRL BFD")
     right.bar([i + 0.2 for i in x], [100 * r["padpipe_eff"] for r in results], 0.4, label="padpipe pack()")
-    right.set_ylim(95, 100)
+    right.set_ylim(97, 100)
     right.set_ylabel("packing efficiency (%)")
     for ax in (left, right):
         ax.set_xticks(list(x), names, fontsize=7)

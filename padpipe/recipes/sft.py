@@ -95,8 +95,8 @@ def sft(
         pack_buffer: Conversations held to choose fits from (``"pack"``; :meth:`padpipe.Pipeline.pack`'s
             ``buffer_size``). Larger packs tighter, but the first batch waits for that many to be
             tokenized and every mid-epoch state holds them: on ``benchmarks/sft.py``'s conversations
-            (about 230 tokens each), 256 fills 99.0% of 1,024-token rows and 99.5% of 2,048-token ones,
-            2,048 fills 99.5% and 99.7%.
+            (about 200 tokens each), 256 fills 99.0% of 1,024-token rows and 99.5% of 2,048-token ones,
+            2,048 fills 99.4% and 99.7%.
         keep: Columns to carry into packed batches as lists per row (``("id",)``: each row's
             conversation ids); in ``"bucket"`` mode numeric columns pass through by themselves.
         seed: Seed of the file order, the shuffle buffer and batch order.
