@@ -1,7 +1,8 @@
 """The shipped sample data and tokenizer by name, for the command lines: ``--data sample --tokenizer sample``.
 
-A command line resolves ``sample`` (the sentence pairs, ``sample.parquet``) and ``corpus`` (the
-documents, ``corpus.jsonl.gz``) as data, and ``sample`` as a tokenizer (``tokenizer.json``), to
+A command line resolves ``sample`` (the sentence pairs, ``sample.parquet``), ``corpus`` (the
+documents, ``corpus.jsonl.gz``) and ``chats`` (the conversations, ``chats.jsonl.gz``) as data, and
+``sample`` (``tokenizer.json``) and ``chat`` (the chat tokenizer's folder) as tokenizers, to
 the files installed inside the package, so the documented commands run from any folder, not only
 from a clone's root. A file or folder of that name in the current folder wins: it is what the user
 named.
@@ -13,9 +14,9 @@ import os
 
 from padpipe import examples
 
-DATA = {"sample": examples.SAMPLE_PARQUET, "corpus": examples.SAMPLE_JSONL}
+DATA = {"sample": examples.SAMPLE_PARQUET, "corpus": examples.SAMPLE_JSONL, "chats": examples.CHATS_JSONL}
 """Data names and the installed files they stand for."""
-TOKENIZERS = {"sample": examples.TOKENIZER_JSON}
+TOKENIZERS = {"sample": examples.TOKENIZER_JSON, "chat": examples.CHAT_TOKENIZER_DIR}
 """Tokenizer names and the installed files they stand for."""
 
 
@@ -30,7 +31,7 @@ def data(text: str) -> str:
 
 
 def tokenizer(text: str) -> str:
-    """The tokenizer ``text`` names: the installed ``tokenizer.json`` for ``sample``, else ``text`` itself.
+    """The tokenizer ``text`` names: an installed one for a name in :data:`TOKENIZERS`, else ``text`` itself.
 
     Example:
         >>> tokenizer("sample") == pp.examples.TOKENIZER_JSON, tokenizer("bert-base-uncased")
@@ -47,7 +48,8 @@ def data_help() -> str:
         True
     """
     return (
-        f"'sample' is the shipped sentence pairs ({DATA['sample']}), 'corpus' the shipped documents ({DATA['corpus']})"
+        f"'sample' is the shipped sentence pairs ({DATA['sample']}), 'corpus' the shipped documents "
+        f"({DATA['corpus']}), 'chats' the shipped conversations ({DATA['chats']})"
     )
 
 
@@ -58,7 +60,10 @@ def tokenizer_help() -> str:
         >>> tokenizer_help().startswith("'sample' is the shipped WordPiece tokenizer (")
         True
     """
-    return f"'sample' is the shipped WordPiece tokenizer ({TOKENIZERS['sample']})"
+    return (
+        f"'sample' is the shipped WordPiece tokenizer ({TOKENIZERS['sample']}), 'chat' the shipped chat tokenizer "
+        f"({TOKENIZERS['chat']}; needs padpipe[hf])"
+    )
 
 
 def _resolve(text: str, names: dict[str, str]) -> str:

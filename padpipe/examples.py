@@ -1,4 +1,4 @@
-"""The embedded default: a sample corpus and a WordPiece tokenizer shipped inside the package.
+"""The embedded default: a sample corpus, conversations and tokenizers shipped inside the package.
 
 Example:
     >>> import padpipe as pp
@@ -8,6 +8,12 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import gzip
+import json
+import os
+import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,12 @@ TOKENIZER_DIR = str(DATA_DIR / "tokenizer")
 ``transformers.AutoTokenizer.from_pretrained`` loads."""
 TOKENIZER_JSON = str(DATA_DIR / "tokenizer" / "tokenizer.json")
 """The same tokenizer's ``tokenizers`` file (the folder's own copy: the package ships one)."""
+CHATS_JSONL = str(DATA_DIR / "chats.jsonl.gz")
+"""1,000 conversations (``messages``, ``id``): :func:`conversations` ``(1000, seed=0)``, for the SFT examples."""
+CHAT_TOKENIZER_DIR = str(DATA_DIR / "chat_tokenizer")
+"""A byte-level BPE chat tokenizer (vocab 4,096) trained on the sample text, with a ChatML chat template, as a
+folder that ``transformers.AutoTokenizer.from_pretrained`` loads (EOS ``<|endoftext|>``, pad ``<|pad|>``; the
+control tokens of the ChatML, Llama 3, Mistral and Gemma templates are special tokens)."""
 
 
 def tokenizer() -> Any:
@@ -48,3 +60,62 @@ def hf_tokenizer() -> Any:
     """
     transformers = require("transformers", "pp.examples.hf_tokenizer()")
     return transformers.AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+
+
+def chat_tokenizer() -> Any:
+    """The shipped chat tokenizer (ChatML template) as a ``transformers`` fast tokenizer, loaded offline.
+
+    Needs ``transformers`` (``pip install 'padpipe[hf]'``).
+
+    Example:
+        >>> tok = pp.examples.chat_tokenizer()
+        >>> tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+        '<|im_start|>user\\nHi<|im_end|>\\n'
+    """
+    transformers = require("transformers", "pp.examples.chat_tokenizer()")
+    return transformers.AutoTokenizer.from_pretrained(CHAT_TOKENIZER_DIR)
+
+
+def conversations(n: int, *, seed: int = 0, corpus: str | os.PathLike = SAMPLE_JSONL) -> list[dict[str, Any]]:
+    """``n`` conversations made of real sentences, as rows ``{"messages": [...], "id": i}`` (the same for a seed).
+
+    Three in ten open with a system message; then one to four user/assistant exchanges (more are rarer), each
+    ending with an answer. A question is one or two sentences of ``corpus``; an answer's sentence count has a
+    long tail (a median of 2, a few past 12), so tokenized lengths are long-tailed as real chat data is.
+    ``CHATS_JSONL`` holds ``conversations(1000, seed=0)``.
+
+    Args:
+        n: How many.
+        seed: Same seed, same conversations.
+        corpus: A JSON Lines file of documents (a ``text`` field each) to take sentences from; default:
+            the shipped corpus.
+
+    Example:
+        >>> rows = pp.examples.conversations(2, seed=1)
+        >>> [m["role"] for m in rows[0]["messages"]], rows[1]["id"]
+        (['system', 'user', 'assistant'], 1)
+    """
+    rng = random.Random(seed)
+    pool = _sentences(os.fspath(corpus))
+
+    def text(count: int) -> str:
+        return " ".join(rng.choice(pool) for _ in range(count))
+
+    rows = []
+    for i in range(n):
+        messages = [{"role": "system", "content": text(1)}] if rng.random() < 0.3 else []
+        for _ in range(min(8, 1 + int(rng.expovariate(0.7)))):
+            messages.append({"role": "user", "content": text(rng.randint(1, 2))})
+            messages.append({"role": "assistant", "content": text(min(24, 1 + int(rng.lognormvariate(0.5, 0.9))))})
+        rows.append({"messages": messages, "id": i})
+    return rows
+
+
+@functools.lru_cache(maxsize=2)
+def _sentences(corpus: str) -> tuple[str, ...]:
+    """The sentences of a JSON Lines corpus (3 to 300 characters), in file order."""
+    opener: Any = gzip.open if corpus.endswith(".gz") else open
+    with opener(corpus, "rt", encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f if line.strip()]
+    found = (s.strip() for text in texts for s in re.split(r"(?<=[.!?])\s+|\n{2,}", text))
+    return tuple(s for s in found if 3 <= len(s) <= 300)

@@ -33,8 +33,10 @@ def test_the_package_is_typed_and_ships_its_data_once() -> None:
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["padpipe"]
     assert "py.typed" in package_data
     assert sorted(str(p.relative_to(package)) for p in package.rglob("tokenizer.json")) == [
-        "data/tokenizer/tokenizer.json"
+        "data/chat_tokenizer/tokenizer.json",
+        "data/tokenizer/tokenizer.json",
     ]
+    assert all(f"{folder}/*" in package_data for folder in ("data/tokenizer", "data/chat_tokenizer"))
     assert Path(pp.examples.TOKENIZER_JSON).is_file() and Path(pp.examples.TOKENIZER_DIR, "tokenizer.json").samefile(
         pp.examples.TOKENIZER_JSON
     )

@@ -8,6 +8,8 @@ from typing import Any, TextIO
 import padpipe as pp
 
 SHOWN_BATCHES = 3
+IGNORE = -100
+"""The label of a token the loss does not train on."""
 
 
 def describe(batch: dict[str, Any]) -> str:
@@ -34,6 +36,8 @@ def run(
     max_batches: int | None,
     efficiency: str,
     eos_id: int | None = None,
+    unit: str = "rows",
+    trained: bool = False,
     out: TextIO | None = None,
 ) -> pp.StatsSnapshot:
     """Read up to ``max_batches`` batches (all of one epoch when ``None``) and print a summary.
@@ -48,6 +52,9 @@ def run(
         max_batches: Most batches to read; ``None`` reads one epoch.
         efficiency: How to name the efficiency in the summary line.
         eos_id: The EOS id that ends every document of packed batches; ``None`` for padded ones.
+        unit: What a row of the output is, in the summary line (``"conversations"``).
+        trained: Also count the tokens the loss trains (``labels`` other than -100) and print their
+            share of the real tokens.
         out: Where to print; default: standard output.
 
     Returns:
@@ -55,19 +62,24 @@ def run(
     """
     out = out or sys.stdout
     loader = pipe.loader()
-    documents = 0
+    documents = labelled = 0
     for number, batch in enumerate(loader):
         if eos_id is not None:
             documents += int((batch["input_ids"] == eos_id).sum())
+        if trained:
+            labelled += int((batch["labels"] != IGNORE).sum())
         if number < SHOWN_BATCHES:
             print(f"batch {number}: {describe(batch)}", file=out)
         if max_batches is not None and number + 1 >= max_batches:
             break
     stats = loader.stats()
-    rows = f"{stats.rows} rows" if eos_id is None else f"{documents} documents ({stats.rows} pieces)"
+    rows = f"{stats.rows} {unit}" if eos_id is None else f"{documents} documents ({stats.rows} pieces)"
     print(
         f"{stats.batches} batches, {rows}, {stats.real_tokens} tokens in {stats.padded_tokens} slots: "
         f"{efficiency} efficiency {stats.padding_efficiency:.1%}",
         file=out,
     )
+    if trained:
+        share = labelled / stats.real_tokens if stats.real_tokens else 0.0
+        print(f"trained tokens (labels other than -100): {labelled} of {stats.real_tokens} ({share:.1%})", file=out)
     return stats

@@ -66,8 +66,8 @@ def format_of(path: str) -> str:
     return formats[0]
 
 
-def read_corpus(paths: Sequence[str], *, columns: list[str]) -> pp.Pipeline:
-    """One reader over ``paths``, all of one format.
+def read_corpus(paths: Sequence[str], *, columns: list[str] | None = None) -> pp.Pipeline:
+    """One reader over ``paths``, all of one format (``columns``: those to read; default: all).
 
     Example:
         >>> read_corpus([pp.examples.SAMPLE_JSONL], columns=["text"]).source.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 
@@ -86,3 +87,18 @@ def test_lightning_example_trains_two_epochs_with_a_last_checkpoint(parquet, tmp
     out = run_script(EXAMPLES / "train_lightning.py", parquet, str(tmp_path), processes=1).stdout
     assert re.search(r"^rank 0/1: \d+ steps, 2 epochs$", out, re.M), out
     assert (tmp_path / "last.ckpt").is_file()
+
+
+def test_sft_example_trains_packed_conversations_under_torchrun_and_resumes(tmp_path):
+    script = EXAMPLES / "train_sft.py"
+    assert "pip install 'padpipe[hf]'" in script.read_text()
+    data = tmp_path / "chats.jsonl"
+    with gzip.open(pp.examples.CHATS_JSONL, "rt") as f:
+        data.write_text("".join(line for line, _ in zip(f, range(300))))
+    run = str(tmp_path / "run")
+    out = run_script(script, str(data), run, "--seq-len", "512", "--max-steps", "4", "--log-every", "2").stdout
+    assert len(re.findall(r"'loss': ", out)) == 2, out  # the Trainer's own log lines, at steps 2 and 4 (rank 0)
+    assert re.search(r"^trained 4 steps: loss \d+\.\d{4}, [\d,]+ tokens seen$", out, re.M), out
+    assert (tmp_path / "run" / "checkpoint-4" / "padpipe_loader_1.pt").is_file()
+    out = run_script(script, str(data), run, "--seq-len", "512", "--max-steps", "6", "--log-every", "2").stdout
+    assert re.search(r"^trained 6 steps: ", out, re.M) and len(re.findall(r"'loss': ", out)) == 1, out
