@@ -73,7 +73,7 @@ LADDER = (
     ("token_cache",),
     ("pipes",),
     ("runtime",),
-    ("_build", "_checks", "cache", "drivers", "loader", "runnable", "pipeline", "sources", "mix"),  # the core
+    ("_build", "_checks", "cache", "checkpoints", "drivers", "loader", "runnable", "pipeline", "sources", "mix"),  # core
     ("inspection",),
     ("integrations",),
     ("recipes",),
