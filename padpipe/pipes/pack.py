@@ -32,6 +32,10 @@ BATCH_KEYS = (
 """The keys a packed batch holds of its own (a kept column may not take one of these names)."""
 
 
+EAGER_ROWS = 2
+"""An epoch's first batch is placed once the pool holds this many batches' worth of tokens (or is full)."""
+
+
 def check_pack_options(
     *,
     seq_len: int,
@@ -140,7 +144,8 @@ class Packer(EpochAware, BaseNode[dict]):
         source: Upstream node yielding :class:`TokenChunk`.
         seq_len: Tokens per packed row (at least 2).
         batch_size: Packed rows per batch.
-        buffer_size: Pieces held to choose fits from.
+        buffer_size: Pieces held to choose fits from. An epoch's first batch does not wait for a
+            full pool: it is placed once the pool holds two batches' worth of tokens.
         long_docs: A document longer than ``seq_len``: ``"split"`` into ``seq_len`` pieces, each with
             its own labels (counted as ``pack.split_docs``), ``"truncate"`` to its first ``seq_len``
             tokens (``pack.truncated_docs``), ``"drop"`` it (skip ``pack.long_doc``) or ``"raise"`` a
@@ -175,7 +180,7 @@ class Packer(EpochAware, BaseNode[dict]):
 
     STATE = StateSchema(
         "pack",
-        3,  # 3: pieces carry their labels and kept columns; long_docs may be None or "raise"
+        4,  # 3: pieces carry their labels and kept columns; long_docs may be None or "raise"; 4: started
         source=Child(),
         epoch=Int(0),
         incoming=Pieces(),  # pieces pulled but not yet pooled (``keep`` columns: specs in reset)
@@ -184,6 +189,7 @@ class Packer(EpochAware, BaseNode[dict]):
         placed_rows=ListOf(Int(0)),  # the batch row of each placed piece (< batch_size: specs in reset)
         closed_rows=Int(0),  # rows of that batch already closed
         exhausted=Bool(),
+        started=Bool(),  # a batch of this epoch came out (the first does not wait for a full pool)
     )
 
     _incoming: list[Piece]  # pieces pulled but not yet pooled (from ``_in_pos`` on)
@@ -255,11 +261,11 @@ class Packer(EpochAware, BaseNode[dict]):
         self._placed_rows = loaded.placed_rows
         self._closed = loaded.closed_rows
         self._used = sum(len(p.ids) for p, r in zip(self._placed, self._placed_rows) if r == self._closed)
-        self._exhausted = loaded.exhausted
+        self._exhausted, self._started = loaded.exhausted, loaded.started
 
     def next(self) -> dict:
         while self._closed < self.batch_size:
-            if self._incoming_left() == 0 and not self._exhausted and len(self._keys) < self.buffer_size:
+            if self._incoming_left() == 0 and not self._exhausted and not self._pool_ready():
                 self._pull()  # upstream time is not the packer's own
                 continue
             with self.stats.timer("pack"):
@@ -281,6 +287,7 @@ class Packer(EpochAware, BaseNode[dict]):
             placed_rows=list(self._placed_rows),
             closed_rows=self._closed,
             exhausted=self._exhausted,
+            started=self._started,
         )
 
     # -- internals --------------------------------------------------------------------------------
@@ -320,7 +327,8 @@ class Packer(EpochAware, BaseNode[dict]):
         self._placed, self._placed_rows = [], []
         self._closed = 0  # rows of that batch already closed; the open row is number ``_closed``
         self._used = 0  # tokens in the open row
-        self._exhausted = False
+        self._pooled = 0  # tokens in the pool
+        self._exhausted = self._started = False
 
     def _incoming_left(self) -> int:
         return len(self._incoming) - self._in_pos
@@ -348,6 +356,13 @@ class Packer(EpochAware, BaseNode[dict]):
         bisect.insort(self._keys, (len(piece.ids), -self._next_seq))
         self._store[self._next_seq] = piece
         self._next_seq += 1
+        self._pooled += len(piece.ids)
+
+    def _pool_ready(self) -> bool:
+        """Whether the pool holds enough to choose fits from: ``buffer_size`` pieces, or, for an epoch's first
+        batch, twice the batch's tokens (so the first batch comes without waiting for a full pool)."""
+        eager = not self._started and self._pooled >= EAGER_ROWS * self.batch_size * self.seq_len
+        return len(self._keys) >= self.buffer_size or eager
 
     def _place_until_input_needed(self) -> bool:
         """Place pieces until the batch's rows are closed or the pool needs input; False when all is used."""
@@ -355,7 +370,7 @@ class Packer(EpochAware, BaseNode[dict]):
             while len(self._keys) < self.buffer_size and self._incoming_left():
                 self._add_to_pool(self._incoming[self._in_pos])
                 self._in_pos += 1
-            if len(self._keys) < self.buffer_size and not self._exhausted:
+            if not self._pool_ready() and not self._exhausted:
                 return True
             if not self._keys:  # epoch's input all placed
                 self._closed, self._used = self._closed + (self._used > 0), 0
@@ -365,6 +380,7 @@ class Packer(EpochAware, BaseNode[dict]):
                 self._closed, self._used = self._closed + 1, 0
                 continue
             piece = self._store.pop(-self._keys.pop(i)[1])
+            self._pooled -= len(piece.ids)
             self._placed.append(piece)
             self._placed_rows.append(self._closed)
             self._used += len(piece.ids)
@@ -387,4 +403,5 @@ class Packer(EpochAware, BaseNode[dict]):
         real = sum(len(p.ids) for p in self._placed)
         self.stats.record_batch(rows=len(self._placed), real_tokens=real, padded_tokens=self._closed * self.seq_len)
         self._placed, self._placed_rows, self._closed, self._used = [], [], 0, 0
+        self._started = True
         return out

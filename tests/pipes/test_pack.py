@@ -393,3 +393,30 @@ def test_pack_saves_and_restores_its_state_through_a_loader() -> None:
     texts = [{"text": " ".join(words[i % 7 : i % 7 + 1 + (i * 5) % 13])} for i in range(40)]
     pipe = pp.from_iterable(texts, chunk_rows=8).tokenize(pp.examples.tokenizer(), num_threads=1)
     check_loader_resume(lambda: pipe.pack(24, batch_size=2, buffer_size=5, block_mask=True).loader(), epochs=2)
+
+
+def test_pack_places_an_epochs_first_batch_without_waiting_for_a_full_pool():
+    """The first batch is placed once the pool holds two batches' worth of tokens, not ``buffer_size`` pieces
+    (a chat SFT run's first batch waited for 480 conversations to be templated); later batches choose from a full
+    pool, and every piece still comes out once."""
+    from tests.pipes.nodes import ListNode
+
+    pulled = []
+
+    class Counting(ListNode):
+        def next(self):
+            item = super().next()
+            pulled.append(item.num_rows)
+            return item
+
+    chunks = [TokenChunk.from_lists([[i * 10 + j + 1] * 7 for j in range(10)]) for i in range(30)]  # 300 docs of 7
+    node = Packer(Counting(chunks), seq_len=16, batch_size=2, buffer_size=256, pad_id=0)
+    node.reset(None)
+    first = next(node)
+    assert len(pulled) == 2, "2 batches' worth (64 tokens) pooled, topped up while placing: 2 of 30 chunks"
+    assert first["input_ids"].shape == (2, 16)
+    rest = list(node)
+    assert len(pulled) == 30
+    ids = torch.cat([first["input_ids"].flatten(), *(b["input_ids"].flatten() for b in rest)])
+    assert sorted(ids[ids != 0].unique().tolist()) == list(range(1, 301))
+    assert int((ids != 0).sum()) == 300 * 7
