@@ -33,7 +33,6 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Annotated, Any
 
 from padpipe._optional import MissingDependencyError
@@ -46,15 +45,17 @@ from padpipe.pipeline import Pipeline
 from padpipe.recipes.formats import read_corpus
 from padpipe.runtime.consumer import Consumer
 from padpipe.runtime.ranks import ranks
+from padpipe.runtime.rebalance import FILLER_KEY
 from padpipe.state import StateMismatchError
 from padpipe.tokenizer import TextEncoder
 
 logger = logging.getLogger("padpipe.integrations.torchtitan")
 
 
-def _torchtitan(module: str) -> ModuleType:
+def _need(module: str) -> None:
+    """Import ``module``, or raise ``MissingDependencyError`` with the install line (torchtitan or what it imports)."""
     try:
-        return importlib.import_module(module)
+        importlib.import_module(module)
     except ModuleNotFoundError as exc:
         raise MissingDependencyError(
             f"padpipe.integrations.torchtitan needs torchtitan {VERSION} and what it imports ({exc.name} is not "
@@ -63,15 +64,16 @@ def _torchtitan(module: str) -> ModuleType:
         ) from None
 
 
-_dataloader, _config, _loss = (
-    _torchtitan(f"torchtitan.{m}") for m in ("components.dataloader", "config", "components.loss")
-)
-_checkpoint, _tokenizer = (
-    _torchtitan("torchtitan.components.checkpoint"),
-    _torchtitan("torchtitan.components.tokenizer"),
-)
-check_api(_dataloader, _config, _loss, _checkpoint, _tokenizer)
-_tyro = _torchtitan("tyro")
+for _module in ("dataloader", "checkpoint", "tokenizer", "loss"):
+    _need(f"torchtitan.components.{_module}")
+_need("tyro")
+import tyro  # noqa: E402
+from torchtitan import config as titan_config  # noqa: E402
+from torchtitan.components import checkpoint, dataloader, loss, tokenizer  # noqa: E402
+from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
+from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
+
+check_api(dataloader, titan_config, loss, checkpoint, tokenizer)
 
 
 def text_tokenizer(tokenizer: Any) -> Any:
@@ -84,11 +86,11 @@ def text_tokenizer(tokenizer: Any) -> Any:
         True
     """
     if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = _tokenizer.HuggingFaceTokenizer(tokenizer_path=os.fspath(tokenizer))
+        tokenizer = HuggingFaceTokenizer(tokenizer_path=os.fspath(tokenizer))
     return as_padpipe(tokenizer)
 
 
-class PadpipeDataLoader(_dataloader.BaseDataLoader):
+class PadpipeDataLoader(BaseDataLoader):
     """A torchtitan data loader over a padpipe pipeline of packed rows (see the module docs).
 
     Built by torchtitan's trainer as ``config.build(dp_world_size=, dp_rank=, tokenizer=, seq_len=,
@@ -109,10 +111,10 @@ class PadpipeDataLoader(_dataloader.BaseDataLoader):
     """
 
     @dataclass(kw_only=True, slots=True)
-    class Config(_dataloader.BaseDataLoader.Config):
+    class Config(BaseDataLoader.Config):
         """What to read: a corpus (``dataset_path``) or a pipeline of your own (``pipeline``); see the fields."""
 
-        pipeline: Annotated[Callable[..., Pipeline] | None, _tyro.conf.Suppress] = None
+        pipeline: Annotated[Callable[..., Pipeline] | None, tyro.conf.Suppress] = None
         """``pipeline(tokenizer=, seq_len=, batch_size=)`` -> a padpipe pipeline ending in ``.pack(seq_len,
         batch_size=batch_size)`` (``tokenizer`` is torchtitan's: :func:`text_tokenizer` reads it as torchtitan
         does). ``None``: read ``dataset_path`` (Parquet, Arrow or JSON Lines files: a path, glob or folder)."""
@@ -198,7 +200,7 @@ class PadpipeDataLoader(_dataloader.BaseDataLoader):
                 empty = False
                 converted, filled = titan_batch(batch, rows=self.rows, pad_id=self.pad_id)
                 self.counts["filled_rows"] += filled
-                self.counts["filler_batches"] += int(bool(batch.get("is_filler", False)))
+                self.counts["filler_batches"] += int(bool(batch.get(FILLER_KEY, False)))
                 self._yielded += 1
                 yield converted
             self._epochs += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import sys
 import types
 from pathlib import Path
 
@@ -157,3 +158,13 @@ def test_a_changed_contact_fails_the_import_naming_it():
         match=r"^padpipe.integrations.torchtitan is written for torchtitan 0.3.0, but the installed torchtitan's components.loss.IGNORE_INDEX differs",
     ):
         titan_api.check_api(dataloader, importlib.import_module("torchtitan.config"), changed, checkpoint, tokenizer)
+
+
+def test_a_missing_package_of_torchtitans_import_names_the_install_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tyro", None)  # as if tyro were not installed
+    monkeypatch.delitem(sys.modules, "padpipe.integrations.torchtitan")
+    with pytest.raises(
+        ImportError,
+        match=r"^padpipe.integrations.torchtitan needs torchtitan 0.3.0 and what it imports \(tyro is not installed\): pip install 'padpipe\[torchtitan\]' && pip install --no-deps torchtitan==0.3.0$",
+    ):
+        importlib.import_module("padpipe.integrations.torchtitan")
