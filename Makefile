@@ -22,7 +22,9 @@ $(STAMP): pyproject.toml constraints-dev.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	# CPU build of torch from the local wheel store; an unpinned torch may pull a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]' -c constraints-dev.txt
+	$(PY) -m pip install --quiet -e '.[dev,torchtitan]' -c constraints-dev.txt
+	# torchtitan 0.3.0 without its own requirements (datasets<4.8, tensorboard, wandb): docs/torchtitan.md
+	$(PY) -m pip install --quiet --no-deps -c constraints-dev.txt torchtitan
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -10,6 +10,7 @@ processes; a ``num_workers`` parameter above 0 too), or when it carries ``@pytes
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -33,7 +34,22 @@ SLOW_FILES = (
     "tests/inspection/test_packing_labels.py",  # the same, on masked rows
     "tests/inspection/test_packing_command.py",  # the same, from the command line
 )
+OPTIONAL_MODULES = {"padpipe/integrations/torchtitan.py": "torchtitan.components.dataloader"}
+"""Modules whose docstring examples run only where an optional package imports (their tests skip on their own)."""
 STARTS_PROCESSES = re.compile(r"\bsubprocess\.|\btorchrun\b|\bnum_workers=[1-9]")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave out the docstring examples of a module in :data:`OPTIONAL_MODULES` whose package does not import."""
+    path = collection_path.resolve()
+    needs = OPTIONAL_MODULES.get(path.relative_to(ROOT).as_posix()) if path.is_relative_to(ROOT) else None
+    if needs is None:
+        return None
+    try:
+        importlib.import_module(needs)
+    except ImportError:
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -16,6 +16,9 @@ What runs, and how a page's author controls it:
   checked, so an error example may show the error).
 * A block preceded by ``<!-- no-run: why -->`` (the reason is required) is not run: only for what
   truly cannot run on a CPU machine in the test (needs a GPU, installs packages, the network).
+* A block preceded by ``<!-- needs: module -->`` runs where ``module`` imports, and is skipped (with
+  that reason) where it does not: for an optional package that a development set-up may lack
+  (torchtitan, which ``make setup`` installs).
 * A python block preceded by ``<!-- continues -->`` goes on from the python block before it on
   the page (its names and folder), for a page that builds one example step by step.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import io
 import json
 import os
@@ -48,6 +52,7 @@ BLOCK_TIMEOUT = 180
 RUN_KINDS = ("python", "bash", "console")
 FENCE = re.compile(r"^```([\w+-]*)\s*$")
 NO_RUN = re.compile(r"^<!--\s*no-run:\s*(\S.*?)\s*-->$")
+NEEDS = re.compile(r"^<!--\s*needs:\s*([\w.]+)\s*-->$")
 CONTINUES = "<!-- continues -->"
 
 
@@ -62,6 +67,7 @@ class Block:
     output: str | None = None
     no_run: str | None = None
     continues: bool = False
+    needs: str | None = None
 
     @property
     def name(self) -> str:
@@ -76,6 +82,7 @@ class Result:
     ok: bool
     seconds: float
     message: str = ""
+    skipped: str = ""
 
 
 def blocks(path: Path) -> list[Block]:
@@ -112,11 +119,10 @@ def parse(markdown: str, page: str) -> list[Block]:
         if kind == "text" and found and found[-1].kind == "python" and found[-1].output is None and not previous:
             found[-1].output = text
         else:
-            skip = NO_RUN.match(previous)
+            skip, needs = NO_RUN.match(previous), NEEDS.match(previous)
+            no_run, module = skip.group(1) if skip else None, needs.group(1) if needs else None
             found.append(
-                Block(
-                    page, start + 1, kind, text, no_run=skip.group(1) if skip else None, continues=previous == CONTINUES
-                )
+                Block(page, start + 1, kind, text, no_run=no_run, continues=previous == CONTINUES, needs=module)
             )
         previous = ""
     return found
@@ -134,6 +140,11 @@ def run_page(path: Path) -> list[Result]:
         context: tuple[dict, str] | None = None  # the names and folder of the last python block
         for block in runnable(path):
             gc.collect()  # what earlier blocks left is collected now, not while this one prints
+            if block.needs is not None and not _imports(block.needs):
+                results.append(
+                    Result(block.name, True, 0.0, skipped=f"needs {block.needs}, which does not import here")
+                )
+                continue
             start = time.perf_counter()
             if block.kind == "python" and not (block.continues and context is not None):
                 python_context.close()
@@ -145,6 +156,14 @@ def run_page(path: Path) -> list[Result]:
                 message = traceback.format_exc()
             results.append(Result(block.name, not message, round(time.perf_counter() - start, 2), message))
     return results
+
+
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def run_python(block: Block, names: dict | None = None, folder: str | None = None) -> str:

@@ -1,0 +1,89 @@
+"""torchtitan's batches from padpipe's packed ones: ``({"input": ids, "positions": positions}, labels)``.
+
+torchtitan 0.3.0's trainer does not shift labels: its loaders give each position the token it must
+predict (its text loader shifts inside each document, so a document's last token predicts
+nothing). :func:`titan_batch` does the same to a ``.pack()`` batch, whose labels are unshifted
+(HF's convention, ``-100`` at each document's first token and at padding): a position's label is
+the next position's, so it is ``-100`` at each document's last token, at padding, on masked SFT
+tokens (``.chat()``) and at the row's end. Every batch has exactly ``rows`` rows: a short batch
+(the epoch's last, or one that equal steps split) is filled with rows that train nothing
+(:func:`fill_rows`), and a batch equal steps marks ``"is_filler"`` trains nothing either.
+
+Pure ``torch``: no torchtitan import here (:mod:`padpipe.integrations.torchtitan` uses it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from padpipe.runtime.rebalance import FILLER_KEY
+
+IGNORE_INDEX = -100
+"""The label torchtitan's loss leaves out (``torchtitan.components.loss.IGNORE_INDEX``; pinned in titan_api)."""
+
+TitanBatch = tuple[dict[str, torch.Tensor], torch.Tensor]
+
+
+def titan_batch(batch: Mapping[str, Any], *, rows: int, pad_id: int) -> tuple[TitanBatch, int]:
+    """torchtitan's batch of ``batch`` (a ``.pack()`` batch) with ``rows`` rows, and how many rows were filled.
+
+    Args:
+        batch: A packed batch: ``input_ids``, ``position_ids`` and ``labels``, ``[b, seq_len]`` int64, ``b <= rows``.
+        rows: The rows torchtitan takes per batch (its ``local_batch_size``).
+        pad_id: The token id of filled rows.
+
+    Raises:
+        ValueError: A key is missing, the shapes differ, or the batch has more than ``rows`` rows.
+
+    Example:
+        >>> packed = {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 0]]),  # documents 5 6 7 and 8 9, one padding slot
+        ...           "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0]]),
+        ...           "labels": torch.tensor([[-100, 6, 7, -100, 9, -100]])}
+        >>> (inputs, labels), filled = titan_batch(packed, rows=2, pad_id=0)
+        >>> inputs["input"].tolist(), inputs["positions"][0].tolist(), filled
+        ([[5, 6, 7, 8, 9, 0], [0, 0, 0, 0, 0, 0]], [0, 1, 2, 0, 1, 0], 1)
+        >>> labels.tolist()
+        [[6, 7, -100, 9, -100, -100], [-100, -100, -100, -100, -100, -100]]
+    """
+    missing = [key for key in ("input_ids", "position_ids", "labels") if key not in batch]
+    if missing:
+        raise ValueError(
+            f"padpipe.integrations.torchtitan needs packed batches (a pipeline ending in .pack()), but a batch has no "
+            f"{', '.join(missing)}: found keys {sorted(batch)}."
+        )
+    ids, positions, labels = batch["input_ids"], batch["position_ids"], batch["labels"]
+    if ids.dim() != 2 or positions.shape != ids.shape or labels.shape != ids.shape or len(ids) > rows:
+        raise ValueError(
+            f"padpipe.integrations.torchtitan: a packed batch must be [at most {rows}, seq_len] in input_ids, "
+            f"position_ids and labels alike, but they are {[list(t.shape) for t in (ids, positions, labels)]}."
+        )
+    shifted = torch.full_like(labels, IGNORE_INDEX)
+    if not _is_filler(batch):  # equal steps' filler: one real row, to train nothing
+        shifted[:, :-1] = labels[:, 1:]
+    filled = rows - len(ids)
+    if filled:
+        (fill_inputs, fill_labels) = fill_rows(filled, ids.shape[1], pad_id)
+        ids, positions = torch.cat([ids, fill_inputs["input"]]), torch.cat([positions, fill_inputs["positions"]])
+        shifted = torch.cat([shifted, fill_labels])
+    return ({"input": ids, "positions": positions}, shifted), filled
+
+
+def fill_rows(rows: int, seq_len: int, pad_id: int) -> TitanBatch:
+    """``rows`` rows that train nothing: ``pad_id`` tokens, positions ``0..seq_len-1``, every label ``-100``.
+
+    Example:
+        >>> inputs, labels = fill_rows(1, 3, 0)
+        >>> inputs["input"].tolist(), inputs["positions"].tolist(), labels.tolist()
+        ([[0, 0, 0]], [[0, 1, 2]], [[-100, -100, -100]])
+    """
+    ids = torch.full((rows, seq_len), pad_id, dtype=torch.int64)
+    positions = torch.arange(seq_len, dtype=torch.int64).expand(rows, seq_len).contiguous()
+    return {"input": ids, "positions": positions}, torch.full((rows, seq_len), IGNORE_INDEX, dtype=torch.int64)
+
+
+def _is_filler(batch: Mapping[str, Any]) -> bool:
+    mark = batch.get(FILLER_KEY)
+    return isinstance(mark, torch.Tensor) and bool(mark)

@@ -1,0 +1,118 @@
+"""The torchtitan loader's checkpoint state, and the data-parallel group it shares the data in.
+
+torchtitan saves the loader's ``state_dict()`` with ``torch.distributed.checkpoint`` (DCP) under
+``"dataloader"``. DCP flattens dicts, and lists that hold tensors, into one key per leaf, and at
+load reads only the keys that the new loader's ``state_dict()`` names; a value that is no dict or
+list (bytes, a number) is one leaf, written by one rank (the same key on every rank is written
+once) and read whole by every rank. So a per-rank key cannot reach a different number of ranks,
+and padpipe's states (dicts with tensors: buffered rows and batches) would not keep their shape.
+
+The state here is one key, :data:`KEY`, holding every data-parallel rank's position gathered into
+one value (the same on every rank: tensor-, context- and pipeline-parallel peers of a DP rank
+read the same data), serialized with ``torch.save`` into bytes: plain data (dicts, lists,
+numbers, tensors) inside, read back with ``torch.load(weights_only=True)`` and checked by its
+schema. Every new rank gets every saved rank's position, which is what an elastic resume needs.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from padpipe.sharing.ranks import all_ranks
+from padpipe.state import Child, Int, ListOf, StateMismatchError, StateSchema
+
+KEY = "padpipe"
+"""The one key of the loader's state (``"dataloader.padpipe"`` in a torchtitan checkpoint)."""
+
+STATE = StateSchema("PadpipeDataLoader", 1, ranks=ListOf(Child()))  # every DP rank's RANK state, by DP rank
+RANK = StateSchema(
+    "PadpipeDataLoader rank",
+    1,
+    loader=Child(),  # the rank's pipe.loader() state
+    yielded=Int(0),  # batches given to torchtitan since the run started (fill batches included)
+    batches_per_step=Int(1),  # batches per optimizer step in the run that saved it
+    epochs=Int(0),  # epochs finished
+)
+
+
+def gathered(mine: dict[str, Any], group: Any) -> dict[str, bytes]:
+    """The loader state: every rank's ``mine`` (a :data:`RANK` state) of ``group``, in one bytes value (a collective).
+
+    Example:
+        >>> mine = RANK.make({}, loader={"checksum": "0"}, yielded=4, batches_per_step=2, epochs=0)
+        >>> state = gathered(mine, None); sorted(state), type(state[KEY]).__name__
+        (['padpipe'], 'bytes')
+        >>> [r.yielded for r in saved_ranks(state)]
+        [4]
+    """
+    buffer = io.BytesIO()
+    torch.save(STATE.make({}, ranks=all_ranks(mine, group)), buffer)
+    return {KEY: buffer.getvalue()}
+
+
+def saved_ranks(state: Any) -> list[Any]:
+    """Every saved rank's :data:`RANK` state from a loader state, checked and loaded (fields as attributes), by rank.
+
+    Raises:
+        StateMismatchError: ``state`` is not this loader's, or a rank's entry is invalid.
+    """
+    blob = state.get(KEY) if isinstance(state, Mapping) else None
+    if not isinstance(blob, bytes):
+        found = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+        raise StateMismatchError(
+            f"PadpipeDataLoader state must be a dict with {KEY!r}: bytes (saved by PadpipeDataLoader.state_dict()), "
+            f"but is {found} instead."
+        )
+    try:
+        loaded = torch.load(io.BytesIO(blob), weights_only=True)
+    except Exception as exc:  # any unpickling failure: the bytes are not a state this loader wrote
+        raise StateMismatchError(f"PadpipeDataLoader state {KEY!r} could not be read: {exc}") from None
+    ranks = STATE.check(loaded, {}).ranks
+    if not ranks:
+        raise StateMismatchError("PadpipeDataLoader state holds no rank's state: it must hold every saved DP rank's.")
+    return [RANK.check(one, {}) for one in ranks]
+
+
+def data_parallel_group(dp_rank: int, dp_world_size: int) -> Any:
+    """The process group of this process's data-parallel peers, found from every process's DP rank (a collective).
+
+    torchtitan 0.3.0 builds its loader with ``dp_rank`` and ``dp_world_size`` only. Ranks with the
+    same DP rank (tensor-, context-, pipeline-parallel peers) read the same data; each group holds
+    one rank of every DP rank: the ``j``-th process (by global rank) of each DP rank, which for a
+    device mesh laid out in row-major order, as torchtitan's, are the ranks that share every other
+    coordinate. ``None`` (the world) where every process is its own DP rank in global-rank order;
+    new gloo groups otherwise (made once, by every rank in the same order).
+
+    Raises:
+        ValueError: The processes' DP ranks and sizes do not make equal groups, or a group would
+            number its ranks otherwise than their DP ranks.
+    """
+    import torch.distributed as dist
+
+    world, me = dist.get_world_size(), dist.get_rank()
+    every = all_ranks([dp_rank, dp_world_size])
+    members = {d: [r for r, (rank, _) in enumerate(every) if rank == d] for d in range(dp_world_size)}
+    peers = world // dp_world_size if dp_world_size else 0
+    if any(size != dp_world_size for _, size in every) or any(len(m) != peers for m in members.values()) or not peers:
+        raise ValueError(
+            f"padpipe.integrations.torchtitan: every process must have a DP rank of the same dp_world_size, each DP "
+            f"rank as often as the others, but the processes' (dp_rank, dp_world_size) are {every}."
+        )
+    if peers == 1 and all(rank == r for r, (rank, _) in enumerate(every)):
+        return None
+    groups = [[members[d][j] for d in range(dp_world_size)] for j in range(peers)]
+    if any(group != sorted(group) for group in groups):
+        raise ValueError(
+            f"padpipe.integrations.torchtitan: DP ranks must follow global ranks within each group of peers, but the "
+            f"groups by DP rank are {groups}: pass the data-parallel group to the loader (group=...)."
+        )
+    mine = None
+    for group in groups:  # every rank makes every group, in the same order
+        made = dist.new_group(group, backend="gloo")
+        if me in group:
+            mine = made
+    return mine

@@ -1,0 +1,169 @@
+"""PadpipeDataLoader in one process: torchtitan 0.3.0's batches, the end of the data, and a checkpoint round trip.
+
+Under ``torchrun`` on several DP degrees: test_torchtitan_torchrun.py; the contacts with torchtitan's
+API: test_torchtitan_api.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import tempfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn as nn
+
+import padpipe as pp
+from padpipe.state import StateMismatchError
+
+INSTALL = "needs torchtitan 0.3.0: pip install 'padpipe[torchtitan]' && pip install --no-deps torchtitan==0.3.0"
+dataloader = pytest.importorskip("torchtitan.components.dataloader", reason=INSTALL)
+from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
+from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw  # noqa: E402
+from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
+
+from padpipe.integrations.torchtitan import PadpipeDataLoader  # noqa: E402
+
+TITAN = HuggingFaceTokenizer(tokenizer_path=pp.examples.TOKENIZER_DIR)
+WORDS = "the cat sat on a mat and then ran far away".split()
+TEXTS = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + (i * 7) % 30)) for i in range(60)]
+
+
+def build(config: PadpipeDataLoader.Config, *, seq_len: int = 32, rows: int = 2, dp: int = 1, rank: int = 0):
+    """As torchtitan 0.3.0's trainer builds its loader."""
+    return config.build(
+        dp_world_size=dp,
+        dp_rank=rank,
+        tokenizer=TITAN,
+        seq_len=seq_len,
+        local_batch_size=rows,
+        snapshot_every_n_steps=1,
+    )
+
+
+def packed(tokenizer, seq_len: int, batch_size: int) -> pp.Pipeline:
+    rows = pp.from_iterable([{"text": t} for t in TEXTS])
+    return rows.tokenize(pp.examples.tokenizer(), truncation=False).pack(seq_len, batch_size=batch_size, buffer_size=8)
+
+
+def test_it_is_torchtitans_base_dataloader_built_by_its_config():
+    loader = build(PadpipeDataLoader.Config(pipeline=packed))
+    assert isinstance(loader, dataloader.BaseDataLoader)
+    (inputs, labels), *_ = iter(loader)
+    assert sorted(inputs) == ["input", "positions"]
+    assert [t.shape for t in (inputs["input"], inputs["positions"], labels)] == [torch.Size([2, 32])] * 3
+    assert {t.dtype for t in (inputs["input"], inputs["positions"], labels)} == {torch.int64}
+
+
+def test_labels_are_each_documents_next_token_and_positions_restart():
+    got = list(build(PadpipeDataLoader.Config(pipeline=packed)))
+    want = list(packed(None, 32, 2).loader())
+    assert len(got) == len(want)
+    for (inputs, labels), batch in zip(got, want):
+        rows = len(batch["input_ids"])
+        assert torch.equal(inputs["input"][:rows], batch["input_ids"])
+        assert torch.equal(inputs["positions"][:rows], batch["position_ids"])
+        assert torch.equal(labels[:rows, :-1], batch["labels"][:, 1:]) and (labels[:, -1] == -100).all()
+        ends = torch.cat([inputs["positions"][:, 1:] == 0, torch.ones(len(labels), 1, dtype=torch.bool)], 1)
+        assert (labels[ends] == -100).all(), "a document's last token predicts nothing"
+        inside = labels[:, :-1] != -100
+        assert torch.equal(labels[:, :-1][inside], inputs["input"][:, 1:][inside])
+
+
+def test_masked_sft_tokens_and_padding_train_nothing():
+    def masked(tokenizer, seq_len, batch_size):
+        rows = [{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}]  # a prompt (5 6) and its answer (7 8)
+        return pp.from_iterable(rows).tokens(pad_id=0).pack(seq_len, batch_size=batch_size)
+
+    (inputs, labels), *rest = build(PadpipeDataLoader.Config(pipeline=masked), seq_len=6, rows=1)
+    assert inputs["input"].tolist() == [[5, 6, 7, 8, 0, 0]] and inputs["positions"].tolist() == [[0, 1, 2, 3, 0, 1]]
+    assert labels.tolist() == [[-100, 7, 8, -100, -100, -100]] and rest == []
+
+
+def test_the_data_ends_at_a_multiple_of_the_batches_per_optimizer_step():
+    config = PadpipeDataLoader.Config(pipeline=packed, epochs=2, global_batch_size=2 * 3)  # 3 batches a step
+    loader = build(config)
+    batches = list(loader)
+    real = 2 * len(list(packed(None, 32, 2).loader()))
+    assert real % 3 and len(batches) == real + (-real) % 3 and len(batches) % 3 == 0
+    assert loader.counts["end_batches"] == (-real) % 3
+    for inputs, labels in batches[real:]:
+        assert (labels == -100).all() and (inputs["input"] == 0).all()
+    assert loader.counts["filled_rows"] == 2 * sum(2 - len(b["input_ids"]) for b in packed(None, 32, 2).loader())
+    assert list(loader) == [], "the data has ended: iterating again yields nothing"
+
+
+def test_a_torchtitan_checkpoint_resumes_the_loader_exactly(tmp_path):
+    def run(folder):
+        loader = build(PadpipeDataLoader.Config(pipeline=packed, epochs=2))
+        model = nn.Linear(2, 2)
+        optimizers = default_adamw(lr=1e-3).build(model_parts=[model])
+        schedulers = LRSchedulersContainer.Config(warmup_steps=1).build(optimizers=optimizers, training_steps=9)
+        manager = CheckpointManager.Config(enable=True, interval=1, keep_latest_k=0).build(
+            dataloader=loader,
+            model_parts=[model],
+            optimizers=optimizers,
+            lr_schedulers=schedulers,
+            states={},
+            sd_adapter=None,
+            base_folder=str(folder),
+        )
+        return loader, manager
+
+    loader, manager = run(tmp_path)
+    it = iter(loader)
+    before = [next(it) for _ in range(5)]
+    manager.save(5)
+    rest = list(it)
+    again, manager = run(tmp_path)
+    assert manager.load()
+    resumed = list(again)
+    assert len(before) + len(resumed) == len(list(build(PadpipeDataLoader.Config(pipeline=packed, epochs=2))))
+    assert len(resumed) == len(rest)
+    assert all(torch.equal(a[0]["input"], b[0]["input"]) and torch.equal(a[1], b[1]) for a, b in zip(rest, resumed))
+
+
+def test_simulated_dp_ranks_without_torch_distributed_share_the_corpus(tmp_path):
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": TEXTS}), path, row_group_size=10)
+    config = PadpipeDataLoader.Config(dataset_path=str(path), shuffle_buffer=16)
+    tokens = collections.Counter()
+    for rank in range(2):
+        for inputs, _ in build(config, dp=2, rank=rank):
+            tokens.update(t for t in inputs["input"].flatten().tolist() if t != 0)
+    assert tokens == collections.Counter(t for e in pp.examples.tokenizer().encode_batch(TEXTS) for t in e.ids)
+
+
+def test_bad_configs_and_pipelines_are_refused():
+    with pytest.raises(ValueError, match=r"^PadpipeDataLoader.Config needs exactly one of `dataset_path`"):
+        PadpipeDataLoader.Config()
+    with pytest.raises(
+        ValueError, match=r"^PadpipeDataLoader needs a padpipe pipeline ending in \.pack\(32, batch_size=2\)"
+    ):
+        build(PadpipeDataLoader.Config(pipeline=lambda **_: packed(None, 16, 2)))
+    with pytest.raises(ValueError, match=r"found no \.pack\(\) last\.$"):
+        build(
+            PadpipeDataLoader.Config(
+                pipeline=lambda **_: pp.from_iterable([{"text": "a"}]).tokenize(TITAN.tokenizer).batch(2).pad()
+            )
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"^PadpipeDataLoader: `global_batch_size` must be a multiple of local_batch_size x dp_world_size = 2 x 1, but is 5",
+    ):
+        build(PadpipeDataLoader.Config(pipeline=packed, global_batch_size=5))
+
+
+def test_a_state_it_did_not_write_is_refused():
+    loader = build(PadpipeDataLoader.Config(pipeline=packed))
+    with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader state must be a dict with 'padpipe': bytes"):
+        loader.load_state_dict({"dp_rank_0": b"", "world_size": 1})  # torchtitan's own loader's state
+    with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader state 'padpipe' could not be read"):
+        loader.load_state_dict({"padpipe": b"not a state"})
+    with tempfile.TemporaryFile() as f:
+        torch.save({"version": 1}, f)
+        f.seek(0)
+        with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader state"):
+            loader.load_state_dict({"padpipe": f.read()})

@@ -1,0 +1,114 @@
+"""PadpipeDataLoader under real ``torchrun`` (gloo, CPU), checkpointed by torchtitan's CheckpointManager (DCP).
+
+Saved on 2 DP ranks (1 loader worker each) and on 3 (no workers), two optimizer steps in; the first
+resumed on 3 DP ranks with 2 workers, the second on 2 DP ranks x 2 tensor-parallel peers (4
+processes) with 1 worker: what torchtitan 0.3.0's own loaders refuse (a changed DP degree). For the
+loader reading Parquet itself (``pack``) and a mix of two corpora (``mix``), checked by token
+histograms: the saved epoch's tokens, before and after the change, are the corpus's exactly once;
+every DP rank takes the same steps, which end at a multiple of the batches per optimizer step
+(3 on 2 DP ranks, 2 on 3: the global batch is 12 rows of 2); the next epoch is whole; every label
+is the next token of its document; tensor-parallel peers read the same batches.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import padpipe as pp
+from tests.runtime.launchers import run_launchers, torchrun_command
+
+pytest.importorskip(
+    "torchtitan.components.dataloader",
+    reason="needs torchtitan 0.3.0: pip install 'padpipe[torchtitan]' && pip install --no-deps torchtitan==0.3.0",
+)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the module fixture runs four launches, each bounded
+
+SCRIPT = Path(__file__).parent / "scripts" / "titan_run.py"
+WORDS = "the cat sat on a mat and then ran far away from the big dog under blue sky".split()
+SEQ_LEN, TIMEOUT = 64, 300
+KINDS = ("pack", "mix")
+
+
+def write_corpus(data: Path) -> None:
+    """``a.parquet`` (300 documents of 1 to 90 words: some longer than a row) and ``b.parquet`` (100 short ones)."""
+    for name, count, most in (("a", 300, 90), ("b", 100, 20)):
+        texts = [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(1 + (i * 37) % most)) for i in range(count)]
+        pq.write_table(pa.table({"text": texts}), data / f"{name}.parquet", row_group_size=70)
+
+
+def documents(data: Path, kind: str) -> list[list[int]]:
+    tok = pp.examples.tokenizer()
+    names = ("a",) if kind == "pack" else ("a", "b")
+    texts = [t for name in names for t in pq.read_table(data / f"{name}.parquet")["text"].to_pylist()]
+    return [e.ids for e in tok.encode_batch(texts)]
+
+
+def corpus_tokens(data: Path, kind: str) -> collections.Counter:
+    return collections.Counter(t for doc in documents(data, kind) for t in doc)
+
+
+def corpus_labels(data: Path, kind: str) -> collections.Counter:
+    """What the epoch trains: each ``SEQ_LEN`` piece of each document, its tokens after the first."""
+    pieces = [doc[i : i + SEQ_LEN] for doc in documents(data, kind) for i in range(0, len(doc), SEQ_LEN)]
+    return collections.Counter(t for piece in pieces for t in piece[1:])
+
+
+def launch(data: Path, tag: str, nproc: int, dp: int, workers: int, *extra: str) -> list[dict]:
+    command = torchrun_command(
+        SCRIPT, str(data), str(data), tag, "--dp", str(dp), "--workers", str(workers), *extra, nproc=nproc
+    )
+    run_launchers([command], timeout=TIMEOUT, what=tag)
+    return [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    data = tmp_path_factory.mktemp("titan_torchrun")
+    write_corpus(data)
+    out: dict = {"data": data}
+    for dp, workers in ((2, 1), (3, 0)):
+        folder = data / f"saved-{dp}"
+        folder.mkdir()
+        out["saved", dp] = launch(data, f"save-{dp}", dp, dp, workers, "--take", "2", "--save", str(folder))
+    out["resumed", 3] = launch(data, "resume-2-3", 3, 3, 2, "--load", str(data / "saved-2"))
+    out["resumed", 2] = launch(data, "resume-3-2", 4, 2, 1, "--load", str(data / "saved-3"))  # 2 TP peers a DP rank
+    return out
+
+
+def tokens(records: list[dict], kind: str, epoch: int | None = None, what: str = "tokens") -> collections.Counter:
+    return collections.Counter(
+        t for r in records for b in r[kind]["batches"] if epoch is None or b["epoch"] == epoch for t in b[what]
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 3), (3, 2)])
+def test_a_torchtitan_checkpoint_resumes_on_another_dp_degree_with_every_token_once(runs, kind, saved, resumed):
+    data, old, new = runs["data"], runs["saved", saved], runs["resumed", resumed]
+    peers = len(new) // resumed
+    firsts = new[::peers]  # one process of each DP rank
+    assert [r["dp_rank"] for r in new] == [r // peers for r in range(len(new))]
+    assert {r[kind]["group"] for r in new} == {resumed}, "the loader agrees in the DP group, not the world"
+    for what, every in (("tokens", corpus_tokens(data, kind)), ("labels", corpus_labels(data, kind))):
+        before, after = tokens(old, kind, what=what), tokens(firsts, kind, epoch=0, what=what)
+        assert before + after == every, f"the saved epoch's {what}, before and after the change, once each"
+        assert tokens(firsts, kind, epoch=1, what=what) == every, f"the next epoch's {what} are whole"
+    assert {len(r[kind]["batches"]) for r in old} == {2 * old[0][kind]["k"]}, "two optimizer steps before the save"
+    counts = {len(r[kind]["batches"]) for r in new}
+    assert len(counts) == 1, f"every rank takes the same steps: {counts}"
+    assert counts.pop() % new[0][kind]["k"] == 0 and new[0][kind]["k"] == 12 // (2 * resumed)
+    assert all(b["shape"] == [2, SEQ_LEN] and b["errors"] == 0 for r in old + new for b in r[kind]["batches"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tensor_parallel_peers_of_a_dp_rank_read_the_same_batches(runs, kind):
+    new = runs["resumed", 2]
+    for a, b in ((0, 1), (2, 3)):
+        assert new[a][kind]["batches"] == new[b][kind]["batches"]
+    assert new[0][kind]["batches"] != new[2][kind]["batches"]
