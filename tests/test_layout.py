@@ -75,8 +75,8 @@ LADDER = (
     ("runtime",),
     ("_build", "_checks", "cache", "checkpoints", "drivers", "loader", "runnable", "pipeline", "sources", "mix"),  # core
     ("inspection",),
+    ("recipes",),  # plain functions that return pipelines (the torchtitan adapter reads corpora through them)
     ("integrations",),
-    ("recipes",),
     ("hf", "cli", "demo", "__main__", "__init__"),  # the face
 )  # fmt: skip
 

@@ -43,9 +43,9 @@ from padpipe.integrations.titan_state import RANK, data_parallel_group, gathered
 from padpipe.integrations.titan_tokenizer import as_padpipe
 from padpipe.pipeline import Pipeline
 from padpipe.recipes.formats import read_corpus
-from padpipe.runtime.consumer import Consumer
-from padpipe.sharing.ranks import ranks
 from padpipe.runtime.rebalance import FILLER_KEY
+from padpipe.sharing.consumer import Consumer
+from padpipe.sharing.ranks import ranks
 from padpipe.state import StateMismatchError
 from padpipe.tokenizer import TextEncoder
 
