@@ -80,5 +80,5 @@ def test_accumulation_steps_without_equal_steps_is_refused_on_several_ranks(rank
     for rank in ranks:
         assert rank["padded"]["off_refused"].startswith(
             "`accumulation_steps` sums each window's loss tokens over the ranks, so every rank must take the same "
-            "steps: `equal_steps` must be 'stop_first' or 'repeat' under torch.distributed, but is 'off' instead."
+            "steps: `equal_steps` must be 'balance', 'repeat' or 'drop' under torch.distributed, but is 'off' instead."
         )
