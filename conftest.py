@@ -5,7 +5,8 @@ and the ``slow`` marker on every test that starts processes, ``torchrun`` or a t
 A test is slow when its file is in ``SLOW_FILES`` (every test there starts processes or a framework),
 when its body calls ``subprocess`` or ``torchrun`` or asks for ``num_workers=N`` (DataLoader worker
 processes; a ``num_workers`` parameter above 0 too), or when it carries ``@pytest.mark.slow`` itself
-(a test that starts processes through a helper, or one that alone runs for several seconds).
+(a test that starts processes through a helper, or one that alone runs for several seconds), as
+do the docstring examples named in ``SLOW_DOCTESTS``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ SLOW_FILES = (
 )
 OPTIONAL_MODULES = {"padpipe/integrations/torchtitan.py": "torchtitan.components.dataloader"}
 """Modules whose docstring examples run only where an optional package imports (their tests skip on their own)."""
+SLOW_DOCTESTS = ("padpipe.cache.TokenCache", "padpipe.recipes.glue.main")  # examples that take seconds alone
 STARTS_PROCESSES = re.compile(r"\bsubprocess\.|\btorchrun\b|\bnum_workers=[1-9]")
 
 
@@ -69,7 +71,7 @@ def _is_slow(item: pytest.Item) -> bool:
         return True
     function = getattr(item, "function", None)
     if function is None:  # a docstring example
-        return False
+        return item.name in SLOW_DOCTESTS
     try:
         source = inspect.getsource(function)
     except (OSError, TypeError):

@@ -73,6 +73,7 @@ def test_recipe_help_shows_the_names_not_clone_paths(capsys: pytest.CaptureFixtu
 
 
 # -- inspect ------------------------------------------------------------------------------------------
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_inspect_all_writes_sampled_false_and_shows_the_names_as_typed(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     assert (

@@ -96,6 +96,7 @@ def sdl_epochs(pipe: pp.Pipeline, first: int, last: int, state: dict | None = No
     return out
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_stateful_dataloader_resumes_a_full_pipeline(small):
     (ref0, states0, done0), (ref1, _, _) = sdl_epochs(full(small), 0, 1)
     assert sorted(r for b in ref0 for r in b["rid"][2]) == list(range(90)) and ref0 != ref1

@@ -80,6 +80,7 @@ def test_a_sample_that_covers_the_whole_input_is_not_a_sample(docs: str) -> None
     assert part.sampled and part.as_dict()["sampled"] is True and "sampled 100 rows" in str(part)
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_inspect_packs_long_documents_whole_where_it_advises_split(docs: str) -> None:  # noqa: F811
     """Issue 30 item 7: the pack row was computed on truncated documents while the advice said split them."""
     result = pp.inspect(docs, pp.examples.TOKENIZER_DIR, sample=None, progress=False)

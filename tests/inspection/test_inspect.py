@@ -56,6 +56,7 @@ def check_equals_real_passes(result: pp.InspectResult, base: pp.Pipeline) -> Non
         assert result.steps_per_epoch(strategy) == stats.batches
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_inspect_all_equals_real_passes_of_every_strategy(pairs: str) -> None:
     result = pp.inspect(
         pairs,
@@ -100,6 +101,7 @@ def test_inspect_all_equals_real_passes_without_truncation_or_shuffle(docs: str)
     check_equals_real_passes(result, pp.read_jsonl(docs).tokenize(TOK, fields="text"))
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_inspect_cuts_rows_to_a_small_budget_as_on_oversize_truncate_does(pairs: str) -> None:
     result = pp.inspect(pairs, TOK, max_length=128, sample=None, max_tokens=96, buffer_size=1000, progress=False)
     budget = result.strategies[3]

@@ -110,6 +110,7 @@ def test_read_jsonl_splits_one_file_between_consumers(folder):
         )
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_read_jsonl_saves_and_restores_its_state(folder):
     check_node_resume(lambda: reader(folder, chunk_rows=4, seed=2))
     check_node_resume(lambda: reader(folder, chunk_rows=3, columns=["id"], unit_bytes=64 << 20, block_bytes=100))

@@ -251,6 +251,7 @@ def test_object_storage_streams_only_the_bytes_it_needs(s3, monkeypatch):
     assert 0 < sum(fetched) < size / 10  # footers and the id column chunks, not the blobs
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_object_storage_saves_and_restores_its_state(s3):
     options = s3["options"]
     check_node_resume(

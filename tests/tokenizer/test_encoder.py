@@ -227,6 +227,7 @@ def test_encoder_copies_a_tokenizers_object_without_sharing_it():
     assert raw.truncation is None
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_encoder_truncates_long_pairs_as_the_rust_tokenizer_does():
     # the encoder cuts pairs in numpy (padpipe/tokenizer/truncate.py); the Rust call is the reference
     import pyarrow.parquet as pq
