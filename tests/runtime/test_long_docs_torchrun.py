@@ -27,7 +27,7 @@ from tests.runtime.launchers import run_launchers, torchrun_command
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SCRIPT = Path(__file__).parent.parent / "dist_scripts" / "long_docs_run.py"
-DOCS = 1500
+DOCS = 700
 LOSSLESS = ("default", "workers", "repeat", "accum")
 
 
