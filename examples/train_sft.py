@@ -16,8 +16,10 @@ resume from the last checkpoint: the data stream continues exactly.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
+import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -81,3 +83,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # free the Trainer's DDP model (it holds the process group) before the group is destroyed
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # else gloo's threads may abort the process at exit

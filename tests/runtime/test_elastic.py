@@ -139,7 +139,7 @@ def save_old(pipe: pp.Pipeline, ranks: int, workers: int, take: int) -> tuple[li
     return states, seen
 
 
-def resume_new(pipe: pp.Pipeline, states: list, ranks: int, workers: int, epochs: int = 2) -> list[collections.Counter]:
+def resume_new(pipe: pp.Pipeline, states: list, ranks: int, workers: int, epochs: int = 1) -> list[collections.Counter]:
     """Every new rank loads all old states: the rows of the rest of epoch 0, then of each later epoch."""
     per_epoch = [collections.Counter() for _ in range(1 + epochs)]
     for rank in range(ranks):
