@@ -24,8 +24,8 @@ What runs, and how a page's author controls it:
 
 Commands use the interpreter running the tests as ``python`` and import padpipe from the
 repository; a plain ``python -m module args`` runs in the page's own interpreter (as
-``runpy`` does it: same code, without starting a new one), anything else in ``bash``. ``python -m tests.docs_blocks PAGE.md REPORT.json`` runs one page and writes a JSON
-report (one result per block).
+``runpy`` does it: same code, without starting a new one), anything else in ``bash``. ``python -m tests.docs_blocks PAGE.md [PAGE.md ...] REPORT.json`` runs pages, one after another in
+one interpreter (each block still with fresh names), and writes a JSON report (one result per block).
 """
 
 from __future__ import annotations
@@ -337,5 +337,6 @@ def _alarm(seconds: int):
 
 if __name__ == "__main__":
     os.environ["HF_HUB_OFFLINE"] = "1"  # before anything imports huggingface_hub
-    report = [asdict(r) for r in run_page(Path(sys.argv[1]))]
-    Path(sys.argv[2]).write_text(json.dumps(report), encoding="utf-8")
+    *pages, target = sys.argv[1:]
+    report = [asdict(r) for page in pages for r in run_page(Path(page))]
+    Path(target).write_text(json.dumps(report), encoding="utf-8")

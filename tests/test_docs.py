@@ -29,17 +29,16 @@ def checkout_before() -> str | None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory, checkout_before: str | None) -> dict[str, dict]:
-    """Every page run once (in its own interpreter), results by block name."""
-    out: dict[str, dict] = {}
+    """Every page run once, all in one interpreter apart from the tests' (imports paid once), results by block name."""
     folder = tmp_path_factory.mktemp("docs")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    for number, page in enumerate(PAGES):
-        report = folder / f"{number}.json"
-        command = [sys.executable, "-m", "tests.docs_blocks", str(page), str(report)]
-        done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=PAGE_TIMEOUT)
-        assert done.returncode == 0, f"running {page.name} failed:\n{done.stderr[-3000:]}"
-        out.update({r["name"]: r for r in json.loads(report.read_text())})
-    return out
+    report = folder / "report.json"
+    command = [sys.executable, "-m", "tests.docs_blocks", *map(str, PAGES), str(report)]
+    done = subprocess.run(
+        command, cwd=folder, env=env, capture_output=True, text=True, timeout=PAGE_TIMEOUT * len(PAGES)
+    )
+    assert done.returncode == 0, f"running the pages failed:\n{done.stderr[-3000:]}"
+    return {r["name"]: r for r in json.loads(report.read_text())}
 
 
 @pytest.mark.timeout(PAGE_TIMEOUT * len(PAGES))

@@ -155,14 +155,12 @@ def resume_new(pipe: pp.Pipeline, states: list, ranks: int, workers: int, epochs
 @pytest.mark.parametrize(
     ("name", "old", "new"),
     [
+        # the layouts tests/runtime/test_elastic_torchrun.py does not run (more workers than cores, 1 rank)
         ("bucketed", (2, 2), (1, 3)),
-        ("bucketed", (2, 1), (4, 0)),
-        ("bucketed", (4, 2), (2, 2)),
         ("packed", (2, 2), (1, 3)),
         ("packed", (2, 1), (4, 1)),
         ("packed_masked", (2, 1), (3, 0)),
         ("packed_masked", (3, 0), (2, 2)),
-        ("mixed", (2, 1), (4, 0)),
         ("mixed", (4, 0), (2, 2)),
     ],
 )
