@@ -13,6 +13,7 @@ others drop.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -137,9 +138,10 @@ class EqualSteps(BaseNode[Any]):
         if not self._detected:
             self._sync = detect_sync(self.group) if self.policy != "off" else None
             self._detected = True
-        self._step = Lockstep(
-            self.policy, self._sync, self.stats, send=to_cpu, receive=lambda b: to_device(b, self.device)
-        )
+        # a partial, not a lambda of self: the layer and its Lockstep must not form a cycle, which would
+        # leave an abandoned loader's worker processes alive until the garbage collector runs
+        receive = partial(to_device, device=self.device)
+        self._step = Lockstep(self.policy, self._sync, self.stats, send=to_cpu, receive=receive)
         if initial_state is None:
             self.source.reset(None)
             return

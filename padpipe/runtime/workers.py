@@ -103,6 +103,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         self.stats.include(functools.partial(_workers_stats, weakref.ref(self)))  # no cycle: workers stop when dropped
         self._loader: Any = None
         self._it: Iterator[Any] | None = None
+        self._stop_with_node: weakref.finalize | None = None
         self._epoch = -1
         self._done = False
         self._plans: list[dict[str, Any]] | None = None
@@ -191,9 +192,10 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         if self._it is not None:
             self._ended = self._ended.merge(*self._live())
         it, self._it = self._it, None
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        if self._stop_with_node is not None:
+            self._stop_with_node.detach()
+            self._stop_with_node = None
+        _shutdown(it)
 
     # -- helpers ------------------------------------------------------------------------------------
     def _settings(self) -> dict[str, Any]:
@@ -236,6 +238,17 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         self._generator.manual_seed(self._epoch)  # the same worker seeds for an epoch in every run
         self._loader.load_state_dict(loader_state or {})
         self._it = iter(self._loader)
+        # the workers stop when this node goes, even if the garbage collector frees it in a reference cycle:
+        # torch's own ``__del__`` then runs after the queues it signals the workers through were closed, and
+        # waits 5 s for each worker before killing it
+        self._stop_with_node = weakref.finalize(self, _shutdown, self._it)
+
+
+def _shutdown(it: Any) -> None:
+    """Stop a torch loader iterator's worker processes (nothing for ``None`` or an iterator without workers)."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def _node_of(iterator: Any, worker: int) -> Any:
