@@ -10,9 +10,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def collected(*args: str) -> set[str]:
+REPORT = """
+import sys, pytest
+
+class Report:
+    def pytest_collection_finish(self, session):  # after conftest.py has marked the items
+        for item in session.items:
+            print("SLOW" if item.get_closest_marker("slow") else "FAST", item.nodeid)
+
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.argv[1:]], plugins=[Report()]))
+"""
+
+
+def collected(*files: str) -> tuple[set[str], set[str]]:
+    """The tests of ``files`` marked ``slow`` and the others, from one collection."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-c", REPORT, *files],
         capture_output=True,
         text=True,
         timeout=200,
@@ -21,13 +34,14 @@ def collected(*args: str) -> set[str]:
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return {line for line in done.stdout.splitlines() if "::" in line}
+    marked = [line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("SLOW ", "FAST "))]
+    return {t for m, t in marked if m == "SLOW"}, {t for m, t in marked if m == "FAST"}
 
 
 def test_slow_marks_processes_torchrun_and_frameworks_and_nothing_else() -> None:
     files = ["tests/test_loader.py", "tests/test_distributed.py", "tests/test_cli.py", "tests/test_stats.py"]
-    slow, fast = collected("-m", "slow", *files), collected("-m", "not slow", *files)
-    assert not slow & fast
+    slow, fast = collected(*files)
+    assert slow and fast and not slow & fast
     assert any(t.startswith("tests/test_distributed.py::") for t in slow)
     assert not any(t.startswith("tests/test_distributed.py::") for t in fast)  # torchrun: the whole file
     assert "tests/test_loader.py::test_loader_reads_every_row_once_per_epoch_and_epochs_differ[2]" in slow
