@@ -4,6 +4,11 @@ A framework's loop is seen in the frames above a padpipe method (``PipelineLoade
 ``Pipeline.__iter__``); the walk starts at the adapter's own frame and looks for that method's
 frame by its ``self``, so frames padpipe adds between the method and the adapter do not move what
 the adapter sees. Only modules of ``padpipe/integrations/`` look at frames.
+
+Only the locals of frames running a method of a module the adapter names are read (:func:`self_of`):
+on Python before 3.13, reading a frame's ``f_locals`` leaves a snapshot of every local on the frame,
+so a user's ``del loader`` in the function that iterated it would not free the loader (nor stop its
+worker processes) until that function returned.
 """
 
 from __future__ import annotations
@@ -32,7 +37,31 @@ def caller_of(owner: Any, methods: Iterable[str]) -> FrameType | None:
     for _ in range(LIMIT):
         if frame is None:
             return None
-        if frame.f_code.co_name in names and frame.f_locals.get("self") is owner:
+        if frame.f_code.co_name in names and self_of(frame, ("padpipe.",)) is owner:
             return frame.f_back
         frame = frame.f_back
     return None
+
+
+def takes_self(frame: FrameType) -> bool:
+    """Whether ``frame`` runs a method: a function whose first argument is ``self``."""
+    code = frame.f_code
+    return code.co_argcount > 0 and code.co_varnames[0] == "self"
+
+
+def self_of(frame: FrameType, modules: tuple[str, ...]) -> Any:
+    """The ``self`` of the method ``frame`` runs when its module starts with one of ``modules``, else ``None``.
+
+    The frames of other code (the user's functions) are never asked for their locals.
+
+    Example:
+        >>> class Box:
+        ...     def me(self):
+        ...         return self_of(sys._getframe(), (__name__,)), self_of(sys._getframe(), ("torch.",))
+        >>> box = Box()
+        >>> box.me() == (box, None)
+        True
+    """
+    if not takes_self(frame) or not str(frame.f_globals.get("__name__", "")).startswith(modules):
+        return None
+    return frame.f_locals.get("self")

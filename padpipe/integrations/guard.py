@@ -17,7 +17,7 @@ import sys
 import warnings
 from typing import Any
 
-from padpipe.integrations.frames import caller_of
+from padpipe.integrations.frames import caller_of, self_of
 
 MAX_DEPTH = 32
 """Frames looked at above ``Pipeline.__iter__`` (a ``DataLoader`` under a framework is ~12 deep)."""
@@ -33,6 +33,9 @@ ACCELERATE = (
     ("accelerate.data_loader", "DataLoaderDispatcher", "state.num_processes"),
 )
 """Accelerate's contacts: (module, class, attribute read) of the wrappers that shard a pipeline again."""
+
+_READ = ("padpipe.", "accelerate.", "torch.utils.data.", "torchdata.", *_LIGHTNING_FETCHERS)
+"""The modules whose method frames ``check_caller`` reads ``self`` from (never a user's frame)."""
 
 ACCELERATE_FIX = (
     "pass `pipe.loader(...)` to `accelerator.prepare(...)` instead (Accelerate passes it through; padpipe "
@@ -57,14 +60,14 @@ def check_caller(pipeline: Any, batches: bool = True) -> None:
     """
     frame = caller_of(pipeline, ("__iter__",))
     if batches and frame is not None:
-        _check_collation(frame.f_locals.get("self"))
+        _check_collation(self_of(frame, (TORCH_FETCHER[0],)))
     if not any(name in sys.modules for name in _FRAMEWORKS):
         return
     dataloader = None
     for _ in range(MAX_DEPTH):
         if frame is None:
             return
-        owner = frame.f_locals.get("self")
+        owner = self_of(frame, _READ)
         module = type(owner).__module__
         if module.startswith("padpipe."):
             return  # padpipe's own loaders and adapters read it: they handle ranks and resume

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any
 
 from padpipe.checkpoints import own_part
-from padpipe.integrations.frames import caller_of
+from padpipe.integrations.frames import caller_of, self_of, takes_self
 from padpipe.sharing.ranks import ranks
 from padpipe.state import Child, Int, StateMismatchError, StateSchema
 
@@ -84,16 +84,17 @@ def _fit_loop(frame: FrameType | None) -> Any:
     for _ in range(MAX_DEPTH):
         if frame is None:
             return None
-        owner = frame.f_locals.get("self")
-        frame = frame.f_back
-        if owner is None:  # a function or comprehension: look further up
+        here, frame = frame, frame.f_back
+        if not takes_self(here):  # a function or comprehension: look further up
             continue
-        module, name = type(owner).__module__, type(owner).__name__
-        if not combined:  # the first caller with a `self` must be Lightning's CombinedLoader (or its iterator)
-            if module not in _COMBINED:
+        if not combined:  # the first caller that is a method must be Lightning's CombinedLoader's (or its iterator's)
+            if here.f_globals.get("__name__") not in _COMBINED:
                 return None
             combined = True
-        elif module.startswith(_LOOPS) and name.endswith("Loop"):  # the loop reading it: fit, or evaluation
+            continue
+        owner = self_of(here, _LOOPS)
+        name = type(owner).__name__
+        if owner is not None and name.endswith("Loop"):  # the loop reading it: fit, or evaluation
             if name in OTHER_LOOPS:
                 return None
             if name in FIT_LOOPS:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
+import weakref
 
 import pytest
 
@@ -173,3 +175,19 @@ def test_an_abandoned_loader_stops_its_workers_when_dropped_even_in_a_reference_
         gc.collect()
         assert multiprocessing.active_children() == []
         assert time.perf_counter() - started < 4  # not torch's 5 s wait for each worker on closed queues
+
+
+def test_a_loader_iterated_while_frameworks_are_imported_is_freed_when_dropped(monkeypatch) -> None:
+    for name in ("lightning", "accelerate"):  # their adapters then look at the frames above the loader
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    rows = pp.read_parquet(pp.examples.SAMPLE_PARQUET)
+    loader = rows.tokenize(pp.examples.tokenizer(), fields="sentence1").batch(8).pad().loader()
+    it = iter(loader)
+    next(it)
+    gone = weakref.ref(loader)
+    gc.disable()
+    try:
+        del it, loader
+        assert gone() is None  # no adapter left a snapshot of this function's locals holding the loader
+    finally:
+        gc.enable()
