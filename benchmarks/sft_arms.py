@@ -16,9 +16,11 @@ special token of the shipped chat tokenizer):
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -174,7 +176,16 @@ def first_batch(case: Case, path: str, seq_len: int, batch_size: int, pack_buffe
         pipe = sft(path, tok, seq_len=seq_len, batch_size=batch_size, pack_buffer=pack_buffer, **padpipe_options(case))
         next(iter(pipe.loader()))
         times.append(time.perf_counter() - start)
+        settle()
     return statistics.median(times)
+
+
+def settle() -> None:
+    """Wait until the threads of the loaders dropped so far have ended, so the next run starts on an idle machine."""
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name.startswith("padpipe-"):
+            thread.join(timeout=10)
 
 
 def padpipe_arm(case: Case, path: str, seq_len: int, batch_size: int, pack_buffer: int) -> dict[str, Any]:

@@ -260,6 +260,8 @@ class OrderedMapper(BaseNode[Any]):
             return
         if self._producer is None:
             self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=f"padpipe-{self.stage}")
+            # dropped with its loader: the chunks read ahead are not worked on for nobody (no reference to self)
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
             transfer = functools.partial(_submit, self._pool, self.fn)  # holds no reference to this node
             self._producer = BackgroundProducer(
                 self.source, prefetch=2 * self.num_threads, transfer=transfer, name=f"padpipe-{self.stage}-read"
