@@ -172,20 +172,20 @@ def first_batch(case: Case, path: str, seq_len: int, batch_size: int, pack_buffe
     tok = tokenizer(None)
     times = []
     for _ in range(repeat):
+        before = set(threading.enumerate())
         start = time.perf_counter()
         pipe = sft(path, tok, seq_len=seq_len, batch_size=batch_size, pack_buffer=pack_buffer, **padpipe_options(case))
         next(iter(pipe.loader()))
         times.append(time.perf_counter() - start)
-        settle()
+        settle(before)
     return statistics.median(times)
 
 
-def settle() -> None:
-    """Wait until the threads of the loaders dropped so far have ended, so the next run starts on an idle machine."""
+def settle(before: set[threading.Thread]) -> None:
+    """Wait until the threads started since ``before`` (a dropped loader's) have ended: the next run starts idle."""
     gc.collect()
-    for thread in threading.enumerate():
-        if thread.name.startswith("padpipe-"):
-            thread.join(timeout=10)
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=10)
 
 
 def padpipe_arm(case: Case, path: str, seq_len: int, batch_size: int, pack_buffer: int) -> dict[str, Any]:

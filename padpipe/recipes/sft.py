@@ -93,8 +93,8 @@ def sft(
             ``template_kwargs``, ``training_field``, ``truncation``, ``num_threads``, ...).
         shuffle_buffer: Conversations held in the shuffle buffer (and the bucketing buffer).
         pack_buffer: Conversations held to choose fits from (``"pack"``; :meth:`padpipe.Pipeline.pack`'s
-            ``buffer_size``). Larger packs tighter, but the first batch waits for that many to be
-            tokenized and every mid-epoch state holds them: on ``benchmarks/sft.py``'s conversations
+            ``buffer_size``). Larger packs tighter, and every mid-epoch state holds them (the first
+            batch of an epoch does not wait for a full buffer): on ``benchmarks/sft.py``'s conversations
             (about 200 tokens each), 256 fills 99.0% of 1,024-token rows and 99.5% of 2,048-token ones,
             2,048 fills 99.4% and 99.7%.
         keep: Columns to carry into packed batches as lists per row (``("id",)``: each row's
