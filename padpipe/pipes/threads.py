@@ -212,6 +212,27 @@ def _submit(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], item: Any) -> Fu
     return pool.submit(fn, item)
 
 
+class _Dropped:
+    """A flag set when an :class:`OrderedMapper` is garbage collected.
+
+    Set by a finalizer, which may run in any thread, inside whatever lock that thread holds (the
+    pool's own, in ``submit``): so setting it takes no lock, and nothing else is done there.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def set(self) -> None:
+        self.value = True
+
+
+def _unless_dropped(fn: Callable[[Any], Any], dropped: _Dropped, item: Any) -> Any:
+    """``fn(item)``, or ``None`` without any work once the stage that read ``item`` ahead was dropped."""
+    return None if dropped.value else fn(item)
+
+
 class OrderedMapper(BaseNode[Any]):
     """``fn`` applied to every upstream item in ``num_threads`` threads, items out in upstream order.
 
@@ -260,9 +281,10 @@ class OrderedMapper(BaseNode[Any]):
             return
         if self._producer is None:
             self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix=f"padpipe-{self.stage}")
-            # dropped with its loader: the chunks read ahead are not worked on for nobody (no reference to self)
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-            transfer = functools.partial(_submit, self._pool, self.fn)  # holds no reference to this node
+            dropped = _Dropped()  # once this node is dropped, the chunks it had read ahead are skipped, not worked on
+            weakref.finalize(self, dropped.set)
+            work = functools.partial(_unless_dropped, self.fn, dropped)
+            transfer = functools.partial(_submit, self._pool, work)  # holds no reference to this node
             self._producer = BackgroundProducer(
                 self.source, prefetch=2 * self.num_threads, transfer=transfer, name=f"padpipe-{self.stage}-read"
             )
