@@ -87,7 +87,10 @@ def refuse_old_state(stage: str, state: Any, version: int) -> None:
         ...     print(str(exc)[:80])
         ParquetReader state doesn't match this pipeline: version found 2 instead of 3 (a
     """
-    if isinstance(state, Mapping) and state.get(VERSION_KEY) == 2 and isinstance(state.get(FILES_KEY), str):
+    if not isinstance(state, Mapping):
+        return
+    found = state.get(VERSION_KEY)  # compared only as an int: a crafted state may hold anything there
+    if type(found) is int and found == 2 and isinstance(state.get(FILES_KEY), str):
         raise StateMismatchError(
             f"{stage} state doesn't match this pipeline: version found 2 instead of {version} (a version 2 state "
             "lists every file; this padpipe saves a digest of the listing instead). Resume it with the padpipe "

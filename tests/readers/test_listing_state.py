@@ -100,6 +100,20 @@ def test_resume_refuses_a_version_2_state_saying_why(corpus) -> None:
         next(iter(resumed))
 
 
+@pytest.mark.parametrize("version", [torch.tensor([0, 0, 0], dtype=torch.int32), [2], 2.0, "2"])
+def test_resume_refuses_a_reader_state_whose_version_is_not_a_number_in_one_line(corpus, version) -> None:
+    loader = pp.read_jsonl(str(corpus / "part-0000*.jsonl")).loader()
+    next(iter(loader))
+    state = loader.state_dict()
+    for reader in reader_states(state):
+        reader.update(version=version, files="a.jsonl\t10\t1.0")  # with checksums recomputed (reseal)
+    reseal(state)
+    resumed = pp.read_jsonl(str(corpus / "part-0000*.jsonl")).loader()
+    with pytest.raises(StateMismatchError, match=r"^JsonlReader state doesn't match this pipeline: [^\n]*version"):
+        resumed.load_state_dict(state)
+        next(iter(resumed))
+
+
 def test_listing_difference_tells_each_kind_of_change() -> None:
     saved = ListingDigest.of("a\t1\tv1\nb\t2\tv1\nc\t3\tv1")
     reading = "b\t2\tv1"
