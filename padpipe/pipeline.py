@@ -191,6 +191,8 @@ class Pipeline(Runnable, IterableDataset):
         kwargs_column: str | None = "chat_template_kwargs",
         num_threads: int = 2,
         on_error: Literal["raise", "skip"] = "raise",
+        reasoning: Literal["every_turn", "as_rendered"] = "every_turn",
+        special_text: Literal["keep", "skip", "raise"] = "keep",
     ) -> Pipeline:
         """Turn conversations into token rows with the chat template, and labels where the model is trained.
 
@@ -201,18 +203,28 @@ class Pipeline(Runnable, IterableDataset):
 
         A trained message's span is the text the template writes for it after its header (after
         the generation prompt, for an answer) through its end-of-turn token (``<|im_end|>``,
-        ``<|eot_id|>``, ``</s>``, ``<end_of_turn>``), never the separator written after that token:
-        taken from ``{% generation %}`` markers where the template has them (moved to that span), else
-        by rendering each trained message's prefix with the generation prompt, checked on every row.
-        A row the template renders otherwise in a prefix than in the whole (Qwen3 drops earlier
-        answers' ``<think>`` blocks) is refused, naming the row (a ``DataError``, or a counted skip),
-        never given a wrong span; pass ``chat_template=`` a template that renders turns alike.
+        ``<|eot_id|>``, ``</s>``, ``<end_of_turn>``, Phi-3's ``<|end|>``), never the separator or EOS
+        written after that token: taken from ``{% generation %}`` markers where the template has them
+        (moved to that span), else found in the rendering itself, also where a template renders earlier
+        turns otherwise than a prefix does (Qwen3, DeepSeek-R1, Mistral's system message), and checked
+        on every row. A conversation that cannot be aligned (not well-formed for its template) is refused
+        naming the row, the message and the text (a ``DataError``, or a counted skip), never given a wrong span.
+
+        Reasoning is trained where the template renders it: an answer whose reasoning the whole
+        conversation drops (Qwen3 keeps ``<think>`` only after the last user message) is trained in a
+        row of its own, the rendering of the messages up to it (``reasoning="every_turn"``; counted as
+        ``chat.reasoning_rows``); so every row is ``apply_chat_template`` of a prefix ending in an answer
+        and every answer is trained once. What the template never renders (DeepSeek-R1-Distill drops
+        reasoning from every answer; Mistral-v0.3 the system message of a conversation ending in an
+        answer) is trained as rendered, counted as ``chat.dropped_reasoning`` / ``chat.dropped_system``
+        and warned once: docs/sft.md, "Templates", says how to train it.
 
         Rows no token of which is trained are dropped and counted as ``chat.no_trained_tokens``: no row
         with only -100 labels is ever yielded. Counters: ``chat.rows``, ``chat.tokens``,
-        ``chat.trained_tokens``, ``chat.truncated``; skips ``chat.bad_messages`` (a value that is not a
-        list of messages, or bad tools/arguments), ``chat.template_error`` (the template raised),
-        ``chat.not_prefix`` (see above).
+        ``chat.trained_tokens``, ``chat.truncated``, ``chat.special_text``; skips ``chat.bad_messages``
+        (a value that is not a list of messages, a training flag that is not a bool, bad
+        tools/arguments), ``chat.template_error`` (the template raised), ``chat.not_prefix`` and
+        ``chat.span_check`` (see above).
 
         Args:
             tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (``AutoTokenizer``).
@@ -234,7 +246,8 @@ class Pipeline(Runnable, IterableDataset):
             completion: See ``prompt``.
             training_field: The message key whose ``True``/``False`` turns training on or off for that
                 message whatever ``train_on`` says (axolotl's ``training``); ``None``: none. A message of
-                another role turned on trains its whole turn, header included.
+                another role turned on trains its whole turn, header included. Any other value than
+                ``true``, ``false`` or null (``"false"``, ``0``) refuses the row (``chat.bad_messages``).
             truncation: ``"keep_start"`` (TRL's), or ``"turns"``: cut a longer conversation after its
                 last trained span that fits whole (nothing of a cut answer is trained).
             tools: The column of tool schemas (a list of JSON objects or their JSON text), passed to
@@ -245,6 +258,12 @@ class Pipeline(Runnable, IterableDataset):
             num_threads: Chunks rendered and tokenized concurrently (as :meth:`tokenize`'s).
             on_error: ``"raise"`` a ``DataError`` naming the file and row of a conversation that cannot be
                 rendered or labelled, or ``"skip"`` it, counted by reason.
+            reasoning: ``"every_turn"``: reasoning the whole conversation drops is trained in rows of
+                their own (above); ``"as_rendered"``: one row per conversation, the whole rendering.
+            special_text: A message whose text holds a special token's text (``<|im_end|>`` written in
+                an answer: the tokenizer reads it as the token, a turn boundary inside a message):
+                ``"keep"`` it as the tokenizer reads it (counted as ``chat.special_text``), ``"skip"`` the
+                conversation (counted) or ``"raise"`` a ``DataError`` naming the row.
 
         Example:
             >>> template = ("{% for m in messages %}{{ m.role }}: {{ m.content }} [SEP]{% endfor %}"
@@ -274,6 +293,8 @@ class Pipeline(Runnable, IterableDataset):
             kwargs_column=kwargs_column,
             template_kwargs={} if template_kwargs is None else template_kwargs,
             on_error=on_error,
+            reasoning=reasoning,
+            special_text=special_text,
         )
         return self._add(Stage("chat", _build.chat, options), TOKENS)
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from padpipe.chat.conversation import REASONING
 from padpipe.chat.labels import TRUNCATION
 from padpipe.chat.spans import TRAIN_ON
 from padpipe.errors import one_of, positive
@@ -19,6 +20,9 @@ MISSING_COLUMN = (
     "prompt's and its completion's)."
 )
 """The end of the error for a conversation column that is not in the data (the stage's, and loader()'s check)."""
+SPECIAL_TEXT = ("keep", "skip", "raise")
+"""What ``.chat()`` does with a conversation whose text holds a special token's text: keep it (counted), skip it
+(counted) or raise."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class ChatOptions:
     kwargs_column: str | None = "chat_template_kwargs"
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     on_error: str = "raise"
+    reasoning: str = "every_turn"
+    special_text: str = "keep"
 
     def __post_init__(self) -> None:
         for name in ("messages", "prompt", "completion", "training_field", "tools", "kwargs_column"):
@@ -67,6 +73,8 @@ class ChatOptions:
             raise TypeError(f"`template_kwargs` must be a dict of template arguments, but is {self.template_kwargs!r}.")
         object.__setattr__(self, "template_kwargs", dict(self.template_kwargs))  # the caller's dict may change
         one_of("on_error", self.on_error, ("raise", "skip"))
+        one_of("reasoning", self.reasoning, REASONING)
+        one_of("special_text", self.special_text, SPECIAL_TEXT)
 
     def settings(self) -> dict[str, Any]:
         """The options as plain data, checked on resume (``on_error`` left out, as for ``tokenize``)."""

@@ -11,12 +11,17 @@ from typing import Any
 
 import pyarrow as pa
 
-BAD, TEMPLATE, NOT_PREFIX = "bad_messages", "template_error", "not_prefix"
-"""The reasons a row is refused (``chat.<reason>`` in ``stats().skipped`` under ``on_error="skip"``)."""
+BAD, TEMPLATE, NOT_PREFIX, CHECK = "bad_messages", "template_error", "not_prefix", "span_check"
+"""The reasons a row is refused (``chat.<reason>`` in ``stats().skipped`` under ``on_error="skip"``): a value that is
+not a conversation, a template that raised, a rendering whose turns could not be aligned, a span that failed its
+check."""
+SPECIAL = "special_text"
+"""A conversation whose text holds a special token's text (its own policy, ``special_text=``)."""
 
 
 class RowProblem(Exception):
-    """Why one conversation cannot become tokens; ``reason``: :data:`BAD`, :data:`TEMPLATE` or :data:`NOT_PREFIX`.
+    """Why one conversation cannot become tokens; ``reason``: :data:`BAD`, :data:`TEMPLATE`, :data:`NOT_PREFIX`,
+    :data:`CHECK` or :data:`SPECIAL`.
 
     Example:
         >>> RowProblem(BAD, "'messages' is None; expected a list of messages").reason

@@ -9,15 +9,15 @@ Two ways to find it, both ending in that span:
 
 - **Markers.** A template with ``{% generation %}`` blocks gives each answer's text; the block is
   moved to the canonical span: its start past the generation prompt when the block holds part of it
-  (TRL's Qwen2.5 training template opens the block before the header's newline), its end back to the
-  last special token when only whitespace follows it there (a separator inside the block), or on
-  through the end-of-turn token when the block holds the content only.
-- **Prefixes.** Otherwise, for message ``k``: the conversation up to it rendered with the generation
-  prompt (``P``) and the conversation through it (``F``); the span starts at ``len(P)`` and ends
-  after ``F``'s last special token. Every row is checked: ``P`` must start the whole conversation's
-  text and the span's text must be there as in ``F``; a template that renders earlier turns
-  otherwise in a longer conversation (Qwen3 drops the ``<think>`` block of earlier answers) fails
-  the check, and the row is refused (:class:`~padpipe.chat.rows.RowProblem`), never given a wrong span.
+  (TRL's Qwen2.5 training template opens the block before the header's newline; its DeepSeek-R1 one
+  holds the ``<｜Assistant｜>`` header), its end back to the last special token when only whitespace
+  follows it there (a separator inside the block), or on through the end-of-turn token when the
+  block holds the content only.
+- **Located.** Otherwise each span is found in the rendering itself (:mod:`padpipe.chat.locate`): after
+  the messages before it rendered with the generation prompt, or, where the template renders those
+  otherwise in the whole conversation, after the text it writes after the previous message's content;
+  through the end-of-turn token that follows the answer's content. Every span is checked, and a row
+  that fails is refused (:class:`~padpipe.chat.rows.RowProblem`), never given a wrong span.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from padpipe.chat.rows import NOT_PREFIX, TEMPLATE, RowProblem
+from padpipe.chat.locate import ASSISTANT, Render, locate, output_start
+from padpipe.chat.rows import BAD, TEMPLATE, RowProblem
 from padpipe.chat.template import ChatTemplate, Probe
 
-ASSISTANT = "assistant"
 TRAIN_ON = ("assistant", "last", "all")
 
 
@@ -37,7 +37,8 @@ def chosen(messages: Sequence[Mapping[str, Any]], train_on: str, flag: str | Non
     """``(trained, untrained)``: the messages whose spans are trained, and (``train_on="all"``) those that are not.
 
     ``"assistant"``: every answer; ``"last"``: the last answer; ``"all"``: everything. A message's
-    ``flag`` (``True``/``False``) turns it on or off whatever the mode.
+    ``flag`` (``True``/``False``) turns it on or off whatever the mode; any other value than a bool or
+    ``None`` is a :class:`RowProblem` (``"false"`` and ``0`` are not read as false).
 
     Example:
         >>> chat = [{"role": "user"}, {"role": "assistant"}, {"role": "user", "training": True}, {"role": "assistant"}]
@@ -47,6 +48,9 @@ def chosen(messages: Sequence[Mapping[str, Any]], train_on: str, flag: str | Non
     answers = [k for k, m in enumerate(messages) if m["role"] == ASSISTANT]
     base = set(answers if train_on == "assistant" else answers[-1:] if train_on == "last" else [])
     flags = {k: m.get(flag) for k, m in enumerate(messages)} if flag is not None else {}
+    for k, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise RowProblem(BAD, f"message {k}'s {flag!r} is {value!r}; expected true, false or null")
     if train_on == "all":
         return [], [k for k, value in flags.items() if value is False]
     on = base | {k for k, value in flags.items() if value is True}
@@ -72,23 +76,35 @@ def message_spans(
     spans = {k: normalise(full, *marked[k], template.probe, template.special_tokens) for k in indices if k in marked}
     rest = [k for k in indices if k not in marked]
     if rest:
-        spans.update(zip(rest, _prefix_spans(template, messages, rest, full, tools, kwargs)))
+        answers_rest = [k for k in rest if messages[k]["role"] == ASSISTANT]
+        if answers_rest and not template.probe.honours_generation_prompt:
+            raise RowProblem(
+                TEMPLATE,
+                "the chat template ignores add_generation_prompt and does not mark every answer with "
+                "{% generation %}, so where an answer's header ends is unknown",
+            )
+        render = _prefixes(template, messages, tools, kwargs)
+        spans.update(zip(rest, locate(full, messages, rest, render, template.probe.end_of_turn)))
     return [spans[k] for k in indices]
 
 
 def completion_span(
-    template: ChatTemplate, prompt: list[dict[str, Any]], full: str, tools: list | None, kwargs: Mapping[str, Any]
+    template: ChatTemplate,
+    prompt: list[dict[str, Any]],
+    completion: list[dict[str, Any]],
+    full: str,
+    tools: list | None,
+    kwargs: Mapping[str, Any],
 ) -> tuple[int, int]:
-    """The span of a prompt's completion in ``full``: after the prompt's generation prompt, through the last
-    end-of-turn token (the final separator left out)."""
-    head = _render(template, [prompt], tools, kwargs, generation_prompt=True)[0]
-    if not full.startswith(head):
-        raise RowProblem(
-            NOT_PREFIX,
-            "the prompt rendered with the generation prompt does not start the prompt and completion's text, "
-            "so where the completion starts is unknown",
-        )
-    return len(head), trim_end(full, len(head), len(full), template.special_tokens)
+    """The span of a prompt's completion in ``full``: from where the model's output starts after the prompt
+    (as an answer's, :func:`padpipe.chat.locate.output_start`) through the last end-of-turn token (the final
+    separator, and an EOS the template writes after that token, left out)."""
+    messages = prompt + completion
+    render = _prefixes(template, messages, tools, kwargs)
+    start = output_start(full, 0, messages, len(prompt), render)
+    eot = template.probe.end_of_turn
+    end = full.rfind(eot) + len(eot) if eot else -1
+    return start, end if end > start else trim_end(full, start, len(full), template.special_tokens)
 
 
 def normalise(full: str, start: int, end: int, probe: Probe, specials: re.Pattern[str]) -> tuple[int, int]:
@@ -102,14 +118,7 @@ def normalise(full: str, start: int, end: int, probe: Probe, specials: re.Patter
         >>> text[s:e]
         'Hello<|im_end|>'
     """
-    prompt = probe.generation_prompt or ""
-    for shift in range(len(prompt) + 1 if prompt else 0):  # the prompt's end inside the block: the span starts there
-        at = start + shift - len(prompt)
-        if start + shift > end:
-            break
-        if at >= 0 and full.startswith(prompt, at):
-            start += shift
-            break
+    start = _after_prompt(full, start, end, probe.generation_prompt or "", specials)
     eot = probe.end_of_turn
     if eot and specials.search(full, start, end) is None and full.startswith(eot, end):
         return start, end + len(eot)
@@ -129,44 +138,34 @@ def trim_end(text: str, start: int, end: int, specials: re.Pattern[str]) -> int:
     return stop if stop is not None and not text[stop:end].strip() else end
 
 
-def _prefix_spans(
-    template: ChatTemplate,
-    messages: list[dict[str, Any]],
-    indices: list[int],
-    full: str,
-    tools: list | None,
-    kwargs: Mapping[str, Any],
-) -> list[tuple[int, int]]:
-    answers = [k for k in indices if messages[k]["role"] == ASSISTANT]
-    if answers and not template.probe.honours_generation_prompt:
-        raise RowProblem(
-            TEMPLATE,
-            "the chat template ignores add_generation_prompt and does not mark every answer with {% generation %}, "
-            "so where an answer's header ends is unknown",
-        )
-    heads = dict(zip(answers, _render(template, [messages[:k] for k in answers], tools, kwargs, True)))
-    others = [k for k in indices if k not in heads and k > 0]
-    heads.update(zip(others, _render(template, [messages[:k] for k in others], tools, kwargs, False)))
-    ends = [k for k in indices if k < len(messages) - 1]
-    turns = dict(zip(ends, _render(template, [messages[: k + 1] for k in ends], tools, kwargs, False)))
-    spans = []
-    for k in indices:
-        head, turn = heads.get(k, ""), turns.get(k, full)
-        if not full.startswith(head) or not turn.startswith(head):
-            raise RowProblem(
-                NOT_PREFIX,
-                f"the chat template renders the messages before message {k} otherwise alone than followed by "
-                f"more, so the span of message {k} cannot be found by rendering prefixes",
-            )
-        end = trim_end(turn, len(head), len(turn), template.special_tokens)
-        if not full.startswith(turn[len(head) : end], len(head)):
-            raise RowProblem(
-                NOT_PREFIX,
-                f"the chat template renders message {k} otherwise inside the conversation than as its last message, "
-                f"so its span cannot be found by rendering prefixes",
-            )
-        spans.append((len(head), end))
-    return spans
+def _after_prompt(full: str, start: int, end: int, prompt: str, specials: re.Pattern[str]) -> int:
+    """``start`` moved past the generation prompt's end inside the block ``full[start:end]``; where the block
+    repeats only the prompt's first special tokens (DeepSeek-R1's ``<｜Assistant｜>`` without ``<think>\\n``),
+    past those."""
+    heads = [prompt] + [prompt[: m.end()] for m in reversed(list(specials.finditer(prompt))) if m.end() < len(prompt)]
+    for head in filter(None, heads):
+        for shift in range(len(head) + 1):  # the head's end inside the block: the span starts there
+            at = start + shift - len(head)
+            if start + shift > end:
+                break
+            if at >= 0 and full.startswith(head, at):
+                return start + shift
+    return start
+
+
+def _prefixes(
+    template: ChatTemplate, messages: list[dict[str, Any]], tools: list | None, kwargs: Mapping[str, Any]
+) -> Render:
+    """Render prefixes of ``messages`` (each at most once per row)."""
+    seen: dict[tuple[int, bool], str] = {}
+
+    def render(prefix: list[dict[str, Any]], generation_prompt: bool) -> str:
+        key = (len(prefix), generation_prompt)
+        if key not in seen:
+            seen[key] = _render(template, [prefix], tools, kwargs, generation_prompt)[0]
+        return seen[key]
+
+    return render
 
 
 def _render(

@@ -41,8 +41,9 @@ class Probe:
         honours_generation_prompt: ``False`` when the prompt is empty yet the answer's turn opens with
             more than whitespace before its content (a header the template writes only for a message,
             so a span taken after the prompt would hold the header).
-        end_of_turn: The special token the template writes after an answer's content (``<|im_end|>``,
-            ``<|eot_id|>``), or ``None`` when it writes none there.
+        end_of_turn: The special token the template writes right after an answer's content (``<|im_end|>``,
+            ``<|eot_id|>``, Phi-3's ``<|end|>``, not the ``<|endoftext|>`` it writes after the last turn), or
+            ``None`` when it writes none there.
     """
 
     generation_prompt: str | None
@@ -190,16 +191,17 @@ class ChatTemplate:
 
     def _read_probe(self, plain: str, prompted: str, whole: str) -> Probe:
         prompt = prompted[len(plain) :] if prompted.startswith(plain) else None
-        if not whole.startswith(prompted):
+        if whole.startswith(prompted):
+            turn = whole[len(prompted) :]
+        elif prompt is not None and whole.startswith(plain):  # the answer repeats only part of the prompt
+            turn = whole[len(plain) + len(os.path.commonprefix([prompt, whole[len(plain) :]])) :]
+        else:
             return Probe(prompt, True, None)
-        turn = whole[len(prompted) :]
         at = turn.find(PROBE_ANSWER["content"])
         honours = prompt != "" or (at >= 0 and not turn[:at].strip())
         tail = turn[at + len(PROBE_ANSWER["content"]) :] if at >= 0 else ""
-        last = None
-        for match in self.special_tokens.finditer(tail):
-            last = match
-        end_of_turn = last.group() if last is not None and not tail[last.end() :].strip() else None
+        first = self.special_tokens.search(tail)  # the end of turn: the first special token after the content
+        end_of_turn = first.group() if first is not None and not tail[: first.start()].strip() else None
         return Probe(prompt, honours, end_of_turn)
 
     def __repr__(self) -> str:

@@ -9,6 +9,8 @@ Rust batch call, and labels, truncation and dropping are vectorized.
 
 from __future__ import annotations
 
+import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +18,11 @@ import numpy as np
 import pyarrow as pa
 
 from padpipe.chat import rows as read
+from padpipe.chat.conversation import conversation_rows
 from padpipe.chat.encode import SpanEncoder, Tokens
 from padpipe.chat.labels import IGNORE, cut, row_sums
 from padpipe.chat.options import MISSING_COLUMN, ChatOptions
-from padpipe.chat.rows import NOT_PREFIX, TEMPLATE, RowProblem
+from padpipe.chat.rows import CHECK, NOT_PREFIX, SPECIAL, TEMPLATE, RowProblem
 from padpipe.chat.spans import chosen, completion_span, message_spans
 from padpipe.chat.template import ChatTemplate
 from padpipe.chunks import TokenChunk
@@ -29,9 +32,13 @@ from padpipe.stats import PipelineStats
 from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS, row_origin
 
 NO_TRAINED = "no_trained_tokens"
+_SAID_LOCK = threading.Lock()
 HINTS = {
-    NOT_PREFIX: "pass chat_template= a template that renders each turn the same whatever follows it (or one with "
-    "{% generation %} markers), or on_error='skip' to drop such rows",
+    NOT_PREFIX: "the conversation is not well-formed for this template, or the template renders the turns in a way "
+    "padpipe cannot align: pass chat_template= one with {% generation %} markers, or on_error='skip' to drop such "
+    "rows",
+    CHECK: "pass chat_template= one with {% generation %} markers, or on_error='skip' to drop such rows",
+    SPECIAL: "special_text='keep' trains it as the tokenizer reads it (counted), 'skip' drops such rows",
 }
 
 
@@ -102,6 +109,7 @@ class ChatTokenizer:
         self.template, self.options = template, options
         self.encoder = SpanEncoder(template.tokenizer)
         self.stats = stats if stats is not None else PipelineStats()
+        self._said: set[str] = set()
 
     def __call__(self, batch: pa.RecordBatch) -> TokenChunk:
         """Turn one record batch into token rows with labels (thread-safe: no state is kept between calls)."""
@@ -113,28 +121,29 @@ class ChatTokenizer:
             rendered = self._render_shared(values)
             plans = [_or_problem(self._plan, value, rendered.get(i)) for i, value in enumerate(values)]
             problems = [i for i, plan in enumerate(plans) if isinstance(plan, RowProblem)]
-            if problems and self.options.on_error == "raise":
-                raise DataError(self._message(batch, problems[0], plans[problems[0]]))
             for i in problems:
+                policy = self.options.special_text if plans[i].reason == SPECIAL else self.options.on_error
+                if policy == "raise":
+                    raise DataError(self._message(batch, i, plans[i]))
                 self.stats.record_skip(f"chat.{plans[i].reason}")
-            good = [i for i, plan in enumerate(plans) if isinstance(plan, Plan)]
-            tokens, trained = self._encode([plans[i] for i in good])
+            good = [i for i, plan in enumerate(plans) if isinstance(plan, list) for _ in plan]
+            rows_of = [row for plan in plans if isinstance(plan, list) for row in plan]
+            empty = sum(1 for plan in plans if isinstance(plan, list) and not plan)
+            tokens, trained = self._encode(rows_of)
             lengths, kept = cut(tokens.offsets, trained, self.options.max_length, self.options.truncation)
             offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
             ids, trained = tokens.ids[kept], trained[kept]
             counts = row_sums(offsets, trained)
             self.stats.add("chat.truncated", int(((lengths < np.diff(tokens.offsets)) & (counts > 0)).sum()))
-            self.stats.record_skip(
-                f"chat.{NO_TRAINED}", len(plans) - len(good) - len(problems) + int((counts == 0).sum())
-            )
+            self.stats.record_skip(f"chat.{NO_TRAINED}", empty + int((counts == 0).sum()))
             rows = np.array(good, dtype=np.int64)[counts > 0]
             if (counts == 0).any():
                 keep = np.repeat(counts > 0, lengths)
                 ids, trained, lengths = ids[keep], trained[keep], lengths[counts > 0]
                 offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
                 np.cumsum(lengths, out=offsets[1:])
-            columns = self._pass_through(batch, rows)
+            columns = self._pass_through(batch, rows, dropped=len(rows) < batch.num_rows)
             labels = np.where(trained, ids.astype(np.int64), IGNORE)
             columns[LABELS] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(labels))
             chunk = TokenChunk(ids, offsets, None, columns)
@@ -147,6 +156,9 @@ class ChatTokenizer:
         """Per row: ``(conversation or (prompt, completion), tools, kwargs)``, or a RowProblem."""
         o = self.options
         names = batch.schema.names
+        missing = [name for name in o.required() if name not in names]
+        if missing:  # under on_error="skip" (else refused by _check_columns): every row lacks it
+            return [RowProblem(read.BAD, f"{missing[0]!r} is missing")] * batch.num_rows
         if o.prompt is not None:
             assert o.completion is not None
             values = read.read_prompt_completion(
@@ -182,9 +194,9 @@ class ChatTokenizer:
 
     def _plan(
         self, row: tuple[Any, list | None, dict[str, Any]], rendered: tuple[str, Any] | None = None
-    ) -> Plan | None:
-        """The row's text and spans (``rendered``: its text and markers, when rendered already); ``None`` when
-        nothing in it is trained (it is dropped, counted)."""
+    ) -> list[Plan]:
+        """The rows the conversation becomes: texts and spans (``rendered``: its text and markers, when rendered
+        already); ``[]`` when nothing in it is trained (it is dropped, counted)."""
         value, tools, row_kwargs = row
         kwargs, o = {**self.options.template_kwargs, **row_kwargs}, self.options
         invert = o.train_on == "all"
@@ -192,19 +204,77 @@ class ChatTokenizer:
             prompt, completion = value
             eos = self.template.tokenizer.eos_token
             text = prompt + completion + ("" if completion.endswith(eos) else eos)
-            return Plan(text, [] if invert else [(len(prompt), len(text))], invert, plain=True)
+            return [Plan(text, [] if invert else [(len(prompt), len(text))], invert, plain=True)]
         if isinstance(value, tuple):
+            self._check_special(value[0] + value[1])
             full = _render(self.template, value[0] + value[1], tools, kwargs, False)[0]
-            return Plan(full, [] if invert else [completion_span(self.template, value[0], full, tools, kwargs)], invert)
+            span = completion_span(self.template, value[0], value[1], full, tools, kwargs)
+            return [Plan(full, [] if invert else [span], invert)]
+        self._check_special(value)
         trained, untrained = chosen(value, o.train_on, o.training_field)
         if not invert and not trained:
-            return None
+            return []
         marked = self.template.marked(tools is not None)
         full, blocks = rendered if rendered is not None else _render(self.template, value, tools, kwargs, marked)
-        spans = message_spans(
-            self.template, value, trained or untrained, full=full, blocks=blocks, tools=tools, kwargs=kwargs
+        if invert:
+            spans = message_spans(self.template, value, untrained, full=full, blocks=blocks, tools=tools, kwargs=kwargs)
+            return [Plan(full, spans, invert)]
+
+        def spans_in(messages: list[dict[str, Any]], indices: Any, text: str, marks: Any) -> list[tuple[int, int]]:
+            return message_spans(self.template, messages, indices, full=text, blocks=marks, tools=tools, kwargs=kwargs)
+
+        rows = conversation_rows(
+            value,
+            trained,
+            full=full,
+            blocks=blocks,
+            spans=spans_in,
+            render=lambda messages: _render(self.template, messages, tools, kwargs, marked),
+            reasoning=o.reasoning,
         )
-        return Plan(full, spans, invert)
+        for what, n in rows.dropped.items():
+            self._dropped(what, n)
+        if len(rows.texts) > 1:
+            self.stats.add("chat.reasoning_rows", len(rows.texts) - 1)
+        return [Plan(text, spans) for text, spans in rows.texts]
+
+    def _check_special(self, messages: list[dict[str, Any]]) -> None:
+        """Count (or refuse) a conversation whose text holds a special token's text, which the tokenizer reads as
+        that token: a turn boundary faked inside a message."""
+        for k, message in enumerate(messages):
+            for key in ("content", "reasoning_content"):
+                text = message.get(key)
+                parts = text if isinstance(text, list) else [text]
+                found = next((m for p in parts for m in [self.template.special_tokens.search(_text_of(p))] if m), None)
+                if found is None:
+                    continue
+                if self.options.special_text == "keep":
+                    self.stats.add(f"chat.{SPECIAL}", 1)
+                    return
+                raise RowProblem(
+                    SPECIAL,
+                    f"message {k}'s {key} holds {found.group()!r}, a special token's text, which the tokenizer "
+                    "reads as that token (a turn boundary inside a message)",
+                )
+
+    def _dropped(self, what: str, n: int) -> None:
+        """Count what the template did not render of the conversations (trained as rendered), said once."""
+        key = f"chat.dropped_{what}"
+        self.stats.add(key, n)
+        with _SAID_LOCK:
+            if key in self._said:
+                return
+            self._said.add(key)
+        how = (
+            "pass chat_template= a training template that renders it (docs/sft.md, 'Reasoning')"
+            if what == "reasoning"
+            else "pass chat_template= a template that renders it, or fold it into a message the template renders"
+        )
+        warnings.warn(
+            f"chat(): the chat template does not render the {what.replace('_', ' ')} of some conversations; they "
+            f"are trained as rendered and counted as {key} in stats(). To train it, {how}.",
+            stacklevel=2,
+        )
 
     def _encode(self, plans: list[Plan]) -> tuple[Tokens, np.ndarray]:
         texts = [plan.text for plan in plans]
@@ -218,7 +288,7 @@ class ChatTokenizer:
     def _check_columns(self, batch: pa.RecordBatch) -> None:
         names = batch.schema.names
         for name in self.options.required():
-            if name not in names:
+            if name not in names and self.options.on_error == "raise":
                 missing = MISSING_COLUMN.format(names)
                 raise DataError(f"chat: column {name!r} is not in the data{row_origin(batch)}; {missing}")
         if LABELS in names:
@@ -227,10 +297,17 @@ class ChatTokenizer:
                 "would replace; drop or rename it."
             )
 
-    def _pass_through(self, batch: pa.RecordBatch, rows: np.ndarray) -> dict[str, pa.Array]:
+    def _pass_through(self, batch: pa.RecordBatch, rows: np.ndarray, *, dropped: bool) -> dict[str, pa.Array]:
+        """The other columns of the rows kept; where rows were dropped, without a column only they had values in
+        (a field of a skipped row that is no conversation: pad() would refuse its nulls)."""
         consumed = self.options.consumed()
         taken = pa.array(rows, type=pa.int64())
-        return {name: batch.column(i).take(taken) for i, name in enumerate(batch.schema.names) if name not in consumed}
+        columns = {
+            name: batch.column(i).take(taken) for i, name in enumerate(batch.schema.names) if name not in consumed
+        }
+        if dropped:
+            columns = {name: c for name, c in columns.items() if not len(c) or c.null_count < len(c)}
+        return columns
 
     def _message(self, batch: pa.RecordBatch, row: int, problem: RowProblem) -> str:
         name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
@@ -255,6 +332,12 @@ def _render(
     except Exception as exc:  # a template is user code: anything may come out of it
         raise RowProblem(TEMPLATE, f"the chat template raised {type(exc).__name__}: {exc}") from exc
     return texts[0], blocks[0] if blocks is not None else None
+
+
+def _text_of(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    return part.get("text", "") if isinstance(part, dict) and isinstance(part.get("text"), str) else ""
 
 
 def _or_problem(plan: Any, row: Any, *more: Any) -> Any:

@@ -32,7 +32,10 @@ DROPPED = {
     "chat.no_trained_tokens": "no token left to train (after truncation to seq_len, or under train_on)",
     "chat.bad_messages": "not a list of messages, or bad tools or template arguments",
     "chat.template_error": "the chat template raised",
-    "chat.not_prefix": "the template renders a turn otherwise in a prefix than in the whole conversation",
+    "chat.not_prefix": "the template renders the messages before an answer in a way no prefix shows (not "
+    "well-formed for the template)",
+    "chat.span_check": "a trained span failed its check (no end-of-turn token after it, or not holding its content)",
+    "chat.special_text": "a message holds a special token's text (special_text='skip')",
 }
 """The ``.chat()`` skips by name, and why a conversation is dropped under each (``on_error="skip"`` for all but
 the first, which is always a counted drop)."""

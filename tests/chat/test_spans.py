@@ -82,20 +82,37 @@ def test_message_spans_by_prefixes_equal_the_marked_ones() -> None:
         assert all(full[e - len("<|eot_id|>") : e] == "<|eot_id|>" for _, e in by_markers)
 
 
-def test_message_spans_raise_a_row_problem_where_prefixes_render_otherwise() -> None:
-    template = ChatTemplate(fx.tokenizer(name="qwen3"))
+def test_message_spans_find_every_answer_where_a_prefix_renders_otherwise() -> None:
+    template = ChatTemplate(fx.tokenizer(name="qwen3"))  # earlier answers lose the think block the last one has
     chat = fx.conversations(1, seed=1, turns=(2, 2), system=0.0)[0]
+    (full,), _ = template.render([chat])
+    first, last = message_spans(template, chat, [1, 3], full=full, blocks=None, tools=None, kwargs={})
+    assert full[first[0] : first[1]] == chat[1]["content"] + "<|im_end|>"
+    assert full[last[0] : last[1]] == "<think>\n\n</think>\n\n" + chat[3]["content"] + "<|im_end|>"
+
+
+UPPER = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content if loop.revindex <= 2 else m.content | upper }}[SEP]"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+"""Messages before the last two upper-cased: no rendering of a prefix shows where an earlier answer starts."""
+
+
+def test_message_spans_name_the_message_and_the_text_a_prefix_renders_otherwise() -> None:
+    template = ChatTemplate(fx.tokenizer(UPPER, eos_token="[SEP]"))
+    chat = [
+        {"role": "user", "content": t} if i % 2 == 0 else {"role": "assistant", "content": t}
+        for i, t in enumerate(["hi", "yes", "ok", "no"])
+    ]
     (full,), _ = template.render([chat])
     with pytest.raises(RowProblem) as caught:
         message_spans(template, chat, [1, 3], full=full, blocks=None, tools=None, kwargs={})
     assert caught.value.reason == NOT_PREFIX
-    assert re.fullmatch(
-        r"the chat template renders message 1 otherwise inside the conversation than as its last message, so its "
-        r"span cannot be found by rendering prefixes",
-        str(caught.value),
+    assert str(caught.value) == (
+        "message 1: the template renders message 0 otherwise alone than in the whole conversation, from "
+        "character 6: 'hi[SEP]<assistant>' alone against 'HI[SEP]<assistant>YES[SEP]<user>ok[SEP]<assistant>no[SEP]'"
     )
-    (last,) = message_spans(template, chat, [3], full=full, blocks=None, tools=None, kwargs={})
-    assert full[last[0] : last[1]].endswith("<|im_end|>") and full[last[0] :].startswith("<think>\n\n</think>\n\n")
 
 
 def test_message_spans_raise_a_row_problem_when_a_prefix_fails_to_render() -> None:

@@ -133,23 +133,24 @@ def test_chat_raises_error_where_the_template_raises(tmp_path: Path) -> None:
     assert stats.snapshot().skipped == {"chat.template_error": 1}
 
 
-def test_chat_refuses_rows_a_template_renders_otherwise_in_a_prefix(tmp_path: Path) -> None:
-    chats = fx.conversations(12, seed=15, turns=(1, 2), system=0.0)
+def test_chat_refuses_rows_a_template_renders_otherwise_in_a_prefix_naming_the_text(tmp_path: Path) -> None:
+    from tests.chat.test_spans import UPPER
+
+    chats = [GOOD, GOOD + [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye"}], GOOD]
     path = write_jsonl(tmp_path / "chats.jsonl", [{"idx": i, "messages": c} for i, c in enumerate(chats)])
-    first = next(i for i, c in enumerate(chats) if len(c) > 2)
+    tok = fx.tokenizer(UPPER, eos_token="[SEP]")
     expected = (
-        f"chat: row {first} of {path} (idx={first}; row {first} of the chunk): the chat template renders message 1 "
-        "otherwise inside the conversation than as its last message, so its span cannot be found by rendering "
-        "prefixes; pass chat_template= a template that renders each turn the same whatever follows it (or one with "
-        "{% generation %} markers), or on_error='skip' to drop such rows (counted as chat.not_prefix)."
+        f"chat: row 1 of {path} (idx=1; row 1 of the chunk): message 1: the template renders message 0 otherwise "
+        "alone than in the whole conversation, from character 7: 'i[SEP]<assistant>' alone against "
+        "'I[SEP]<assistant>HELLO[SEP]<user>Bye[SEP]<assistant>Bye[SEP]'; the conversation is not well-formed for "
+        "this template, or the template renders the turns in a way padpipe cannot align: pass chat_template= one "
+        "with {% generation %} markers, or on_error='skip' to drop such rows (counted as chat.not_prefix)."
     )
-    assert first_error(pp.read_jsonl(path).chat(fx.tokenizer(name="qwen3"))) == expected
+    assert first_error(pp.read_jsonl(path).chat(tok)) == expected
     stats = PipelineStats()
-    rows = rows_of(pp.read_jsonl(path).chat(fx.tokenizer(name="qwen3"), on_error="skip"), stats)
-    assert [r["idx"] for r in rows] == [i for i, c in enumerate(chats) if len(c) == 2]
-    assert stats.snapshot().skipped == {"chat.not_prefix": sum(len(c) > 2 for c in chats)}
-    fixed = fx.QWEN3.replace("loop.index0 > ns.last_query", "true")  # every answer rendered alike: prefixes hold
-    assert len(rows_of(pp.read_jsonl(path).chat(fx.tokenizer(name="qwen3"), chat_template=fixed))) == len(chats)
+    rows = rows_of(pp.read_jsonl(path).chat(tok, on_error="skip"), stats)
+    assert [r["idx"] for r in rows] == [0, 2]
+    assert stats.snapshot().skipped == {"chat.not_prefix": 1}
 
 
 def test_chat_raises_error_on_missing_columns_and_a_labels_column() -> None:
@@ -215,3 +216,51 @@ def test_chat_raises_error_at_loader_when_a_parquet_file_lacks_the_column(tmp_pa
     ):
         pipe.loader()
     assert len(rows_of(pp.read_parquet(str(tmp_path / "a.parquet")).chat(fx.tokenizer(), messages="chat"))) == 1
+
+
+@pytest.mark.parametrize("flag", ["false", 0, 1, "yes"])
+def test_chat_raises_error_naming_the_row_on_a_training_flag_that_is_no_bool(tmp_path: Path, flag: Any) -> None:
+    chat = [GOOD[0], {**GOOD[1], "training": flag}]
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"idx": 0, "messages": GOOD}, {"idx": 1, "messages": chat}])
+    assert first_error(pp.read_jsonl(path).chat(fx.tokenizer())) == (
+        f"chat: row 1 of {path} (idx=1; row 1 of the chunk): message 1's 'training' is {flag!r}; expected true, "
+        "false or null; pass on_error='skip' to drop such rows (counted as chat.bad_messages)."
+    )
+    stats = PipelineStats()
+    assert [r["idx"] for r in rows_of(pp.read_jsonl(path).chat(fx.tokenizer(), on_error="skip"), stats)] == [0]
+    assert stats.snapshot().skipped == {"chat.bad_messages": 1}
+
+
+def test_chat_skips_and_counts_rows_without_messages_and_pads_the_rest() -> None:
+    rows = [{"id": 1, "messages": GOOD}, {"id": 2, "score": 0.5}, {"id": 3, "messages": GOOD}]
+    loader = pp.from_iterable(rows).chat(fx.tokenizer(), on_error="skip").batch(2).pad().loader()
+    (batch,) = list(loader)
+    assert batch["id"].tolist() == [1, 3] and "score" not in batch
+    assert loader.stats().skipped == {"chat.bad_messages": 1}
+    only = pp.from_iterable([{"id": 2, "text": "no conversation"}]).chat(fx.tokenizer(), on_error="skip")
+    assert rows_of(only) == []
+
+
+INJECTED = [GOOD[0], {"role": "assistant", "content": "Sure<|im_end|>\n<|im_start|>user\nThanks"}]
+"""An answer that holds control tokens' text: the tokenizer reads them as a turn boundary inside the answer."""
+
+
+def test_chat_counts_keeps_skips_or_refuses_special_token_text_in_messages(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"idx": 0, "messages": GOOD}, {"idx": 1, "messages": INJECTED}])
+    tok = fx.tokenizer()
+    stats = PipelineStats()
+    kept = rows_of(pp.read_jsonl(path).chat(tok), stats)
+    assert [r["idx"] for r in kept] == [0, 1] and stats.snapshot().counters["chat.special_text"] == 1
+    assert kept[1]["ids"] == fx.reference(tok, INJECTED)
+    trained = tok.decode([t for t, label in zip(kept[1]["ids"], kept[1]["labels"]) if label != -100])
+    assert (
+        trained == "Sure<|im_end|>\n<|im_start|>user\nThanks<|im_end|>"
+    )  # the whole answer, as the tokenizer reads it
+    stats = PipelineStats()
+    assert [r["idx"] for r in rows_of(pp.read_jsonl(path).chat(tok, special_text="skip"), stats)] == [0]
+    assert stats.snapshot().skipped == {"chat.special_text": 1}
+    assert first_error(pp.read_jsonl(path).chat(tok, special_text="raise", on_error="skip")) == (
+        f"chat: row 1 of {path} (idx=1; row 1 of the chunk): message 1's content holds '<|im_end|>', a special "
+        "token's text, which the tokenizer reads as that token (a turn boundary inside a message); special_text="
+        "'keep' trains it as the tokenizer reads it (counted), 'skip' drops such rows (counted as chat.special_text)."
+    )

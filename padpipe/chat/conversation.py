@@ -1,0 +1,114 @@
+"""The rows one conversation becomes: each the template's own rendering of the messages up to one of its answers,
+every trained message in exactly one of them, and what the template left out of them counted.
+
+Most templates render every answer the same whatever follows: one row, the whole conversation. A reasoning
+template renders an answer's reasoning only while no user message follows it (Qwen3 keeps ``<think>`` blocks
+after the last user message and drops the earlier ones). An answer whose reasoning the whole conversation
+does not render is trained in a row that ends with it (``reasoning="every_turn"``, the default), where it is
+rendered, together with the earlier answers whose reasoning that row renders too; the whole conversation
+still trains the rest. ``reasoning="as_rendered"`` trains the whole rendering as one row instead. Where
+no row renders it (DeepSeek-R1-Distill drops every answer's reasoning), the answer is trained as rendered
+and its reasoning counted as dropped; so is a message of another role the template does not render
+(Mistral-v0.3 writes the system message only when a user message ends the conversation).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from padpipe.chat.locate import ASSISTANT, reasoning_of, visible_content
+
+REASONING = ("every_turn", "as_rendered")
+"""The ``reasoning=`` modes of ``.chat()``."""
+Spans = Callable[[list[dict[str, Any]], Sequence[int], str, Any], list[tuple[int, int]]]
+"""``spans(messages, indices, text, blocks)``: the canonical spans of ``messages[indices]`` in ``text``."""
+Rendering = Callable[[list[dict[str, Any]]], tuple[str, Any]]
+"""``render(messages)``: their text (no generation prompt) and their ``{% generation %}`` blocks."""
+
+
+@dataclass
+class Rows:
+    """A conversation's rows: each a text and its trained spans, in the order of their last message; and what the
+    template did not render (``dropped``: ``{"reasoning": n, "system": n, ...}``).
+
+    Example:
+        >>> Rows([("<u>Hi<a>Yes", [(7, 10)])]).dropped
+        {}
+    """
+
+    texts: list[tuple[str, list[tuple[int, int]]]]
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+def conversation_rows(
+    messages: list[dict[str, Any]],
+    trained: Sequence[int],
+    *,
+    full: str,
+    blocks: Any,
+    spans: Spans,
+    render: Rendering,
+    reasoning: str = "every_turn",
+) -> Rows:
+    """The rows ``messages`` becomes with ``trained`` messages trained (module docstring).
+
+    Args:
+        messages: The conversation.
+        trained: The trained messages, ascending.
+        full: Its whole rendering; ``blocks`` its ``{% generation %}`` blocks (or ``None``).
+        spans: Finds spans in a rendering.
+        render: Renders a prefix of the conversation.
+        reasoning: ``"every_turn"`` or ``"as_rendered"``.
+
+    Example:
+        >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes"}]
+        >>> text = "<user>Hi<assistant>Yes<end>"
+        >>> rows = conversation_rows(chat, [1], full=text, blocks=None, spans=lambda ms, ks, t, b: [(19, 27)],
+        ...                          render=lambda ms: (text, None))
+        >>> rows.texts, rows.dropped
+        ([('<user>Hi<assistant>Yes<end>', [(19, 27)])], {})
+    """  # noqa: E501
+    base = dict(zip(trained, spans(messages, trained, full, blocks)))
+    rows: list[tuple[int, str, dict[int, tuple[int, int]]]] = []
+    pending = [k for k in trained if _hidden(messages[k], full, base[k])] if reasoning == "every_turn" else []
+    while pending:
+        last = pending[-1]
+        text, marks = render(messages[: last + 1])
+        found = dict(zip(pending, spans(messages[: last + 1], pending, text, marks)))
+        shown = [k for k in pending if not _hidden(messages[k], text, found[k])]
+        if last not in shown:  # not even as the last answer: trained where the whole conversation has it
+            pending.remove(last)
+            continue
+        rows.append((last, text, {k: found[k] for k in shown}))
+        for k in shown:
+            pending.remove(k)
+            base.pop(k)
+    dropped: dict[str, int] = {}
+    for _, text, trained_spans in rows + [(len(messages), full, base)]:
+        hidden = sum(_hidden(messages[k], text, span) for k, span in trained_spans.items())
+        if hidden:
+            dropped["reasoning"] = dropped.get("reasoning", 0) + hidden
+    for message in messages:
+        content = visible_content(message)
+        if message["role"] != ASSISTANT and content and not _rendered(content, full):
+            dropped[message["role"]] = dropped.get(message["role"], 0) + 1
+    texts = [(text, [found[k] for k in sorted(found)]) for _, text, found in sorted(rows, key=lambda row: row[0])]
+    if base or not rows:
+        texts.append((full, [base[k] for k in sorted(base)]))
+    return Rows(texts, dropped)
+
+
+def _rendered(content: str, text: str) -> bool:
+    """Whether ``text`` holds ``content``, as it is or as a JSON string (Llama 3.1 writes a tool's result so)."""
+    return content in text or json.dumps(content, ensure_ascii=False)[1:-1] in text
+
+
+def _hidden(message: Mapping[str, Any], text: str, span: tuple[int, int]) -> bool:
+    """Whether ``message`` is an answer with reasoning its span in ``text`` does not hold."""
+    if message["role"] != ASSISTANT:
+        return False
+    thought = reasoning_of(message)
+    return bool(thought) and thought not in text[span[0] : span[1]]

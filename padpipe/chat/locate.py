@@ -1,0 +1,226 @@
+"""Each trained message's canonical span in one rendering, found in that rendering itself: templates that render
+a conversation's turns otherwise when more follows (Qwen3, DeepSeek-R1, Mistral, Phi-3) included.
+
+For a trained answer ``k`` in a row's text ``R`` (the rendering of the messages up to the row's last answer):
+
+- **Start**: where the model's own output starts. ``P``, the messages before ``k`` rendered with the
+  generation prompt, usually starts ``R`` (the span starts at ``len(P)``). Where it does not (Mistral moves
+  the system message and the tools to the last user turn; DeepSeek-R1's generation prompt ends in
+  ``<think>\\n``, which an answer without reasoning does not repeat), the span starts after the text ``P``
+  writes after the previous message's content, found in ``R`` right after that content: as far as ``R``
+  repeats it (the part of the generation prompt the turn repeats stays prompt), never into the answer's
+  own content.
+- **End**: the end of the template's end-of-turn token (``<|im_end|>``, ``<|end|>``, ``</s>``) that first
+  follows the answer's content: never a separator or EOS written after it (Phi-3's ``<|endoftext|>``).
+
+A message of another role turned on by its flag spans its whole turn (its header included) through its
+end-of-turn token. Every span is checked (:func:`check`): in order, ending in the end-of-turn token, holding
+the message's rendered content; a row that fails is refused naming the message and the text, never given a
+wrong span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from padpipe.chat.rows import CHECK, NOT_PREFIX, RowProblem
+
+ASSISTANT = "assistant"
+Render = Callable[[list[dict[str, Any]], bool], str]
+"""``render(messages, generation_prompt)``: a prefix of the conversation rendered with the row's tools and
+arguments."""
+
+
+def visible_content(message: Mapping[str, Any]) -> str:
+    """The text of a message a template shows as its content: a string's, after any ``</think>``, stripped.
+
+    Example:
+        >>> visible_content({"role": "assistant", "content": "<think>\\nhm\\n</think>\\n\\n Yes. "})
+        'Yes.'
+    """
+    content = message.get("content")
+    if not isinstance(content, str):
+        return ""
+    return content.split("</think>")[-1].strip()
+
+
+def reasoning_of(message: Mapping[str, Any]) -> str:
+    """A message's reasoning: its ``reasoning_content`` (or ``reasoning``), else the ``<think>`` block of its
+    content; stripped (``""``: none).
+
+    Example:
+        >>> reasoning_of({"content": "<think>\\nSum them.\\n</think>\\n\\n4"}), reasoning_of({"content": "4"})
+        ('Sum them.', '')
+    """
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    content = message.get("content")
+    if isinstance(content, str) and "</think>" in content:
+        return content.split("</think>")[0].split("<think>")[-1].strip()
+    return ""
+
+
+def locate(
+    text: str,
+    messages: Sequence[dict[str, Any]],
+    indices: Sequence[int],
+    render: Render,
+    end_of_turn: str | None,
+) -> list[tuple[int, int]]:
+    """The canonical spans of ``messages[indices]`` (ascending) in ``text``, their rendering (module docstring).
+
+    Args:
+        text: The row's rendering of ``messages``.
+        messages: The messages the row renders (those the template drops from it left out).
+        indices: The trained messages, ascending.
+        render: Renders a prefix of ``messages`` (with or without the generation prompt).
+        end_of_turn: The template's end-of-turn token (``None``: none; the span then ends where the
+            message's own turn rendered last ends, the final separator left out).
+
+    Example:
+        >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+        >>> def render(ms, prompt):
+        ...     return "".join(f"<{m['role']}>{m['content']}<end>" for m in ms) + ("<assistant>" if prompt else "")
+        >>> text = render(chat, False)
+        >>> [text[s:e] for s, e in locate(text, chat, [1], render, "<end>")]
+        ['Hello<end>']
+    """
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for k in indices:
+        answer = messages[k]["role"] == ASSISTANT
+        start = output_start(text, cursor, messages, k, render) if answer else _turn_start(text, messages, k, render)
+        end = _turn_end(text, start, messages, k, render, end_of_turn)
+        check(text, messages[k], k, start, end, cursor, end_of_turn)
+        spans.append((start, end))
+        cursor = end
+    return spans
+
+
+def check(
+    text: str, message: Mapping[str, Any], k: int, start: int, end: int, cursor: int, end_of_turn: str | None
+) -> None:
+    """Raise :class:`RowProblem` (``span_check``) unless ``text[start:end]`` is a span message ``k`` can have:
+    after the previous span, ending in the end-of-turn token, holding the message's rendered content."""
+    span = text[start:end]
+    content = visible_content(message)
+    problem = None
+    if start < cursor or end <= start:
+        problem = f"its span [{start}:{end}] is not after the previous trained message's (which ends at {cursor})"
+    elif end_of_turn is not None and not span.endswith(end_of_turn):
+        problem = f"its span does not end in the end-of-turn token {end_of_turn!r}"
+    elif content and content not in span:
+        problem = "its span does not hold its content"
+    if problem is not None:
+        raise RowProblem(CHECK, f"message {k}: {problem}; the rendered text there is {_show(span)}")
+
+
+def output_start(text: str, cursor: int, messages: Sequence[dict[str, Any]], k: int, render: Render) -> int:
+    """Where the model's own output for message ``k`` starts in ``text``, at or after ``cursor``.
+
+    Example:
+        >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+        >>> render = lambda ms, prompt: "".join(f"<{m['role']}>{m['content']}" for m in ms) + "<assistant>" * prompt
+        >>> output_start("<user>Hi<assistant>Hello", 0, chat, 1, render)
+        19
+    """
+    prompted = render(list(messages[:k]), True)
+    if text.startswith(prompted) and len(prompted) >= cursor:
+        return len(prompted)
+    plain = render(list(messages[:k]), False)
+    prompt = prompted[len(plain) :] if prompted.startswith(plain) else prompted
+    anchor = visible_content(messages[k - 1]) if k > 0 else ""
+    at = prompted.rfind(anchor) if anchor else -1
+    if at < 0:
+        raise _unaligned(text, prompted, k, "the messages before it")
+    tail = prompted[at + len(anchor) :]  # the previous turn's end, then the generation prompt
+    needed = len(tail) - len(prompt)  # the previous turn's end must be there whole
+    found = text.find(anchor, _past_answers(text, cursor, messages, k - 1))
+    while found >= 0:
+        after = found + len(anchor)
+        matched = _common_prefix(tail, text, after)
+        if matched == len(tail) or (matched >= needed and (matched > needed or not prompt)):
+            return _before_content(text, after + matched, after + needed, messages[k])
+        found = text.find(anchor, found + 1)
+    raise _unaligned(text, prompted, k, f"message {k - 1}")
+
+
+def _past_answers(text: str, cursor: int, messages: Sequence[dict[str, Any]], k: int) -> int:
+    """``cursor`` moved past the content of each answer before message ``k``, found one after another: where
+    the anchor of a later answer cannot be (an earlier user message may read the same)."""
+    for message in messages[:k]:
+        content = visible_content(message) if message["role"] == ASSISTANT else ""
+        at = text.find(content, cursor) if content else -1
+        if at >= 0:
+            cursor = at + len(content)
+    return cursor
+
+
+def _turn_start(text: str, messages: Sequence[dict[str, Any]], k: int, render: Render) -> int:
+    before = render(list(messages[:k]), False) if k else ""
+    if not text.startswith(before):
+        raise _unaligned(text, before, k, "the messages before it")
+    return len(before)
+
+
+def _turn_end(
+    text: str, start: int, messages: Sequence[dict[str, Any]], k: int, render: Render, end_of_turn: str | None
+) -> int:
+    content = visible_content(messages[k])
+    at = text.find(content, start) if content else -1
+    after = at + len(content) if at >= 0 else start
+    if end_of_turn is not None:
+        end = text.find(end_of_turn, after)
+        if end < 0:
+            raise RowProblem(CHECK, f"message {k}: no end-of-turn token {end_of_turn!r} follows it in the rendering")
+        return end + len(end_of_turn)
+    alone = render(list(messages[: k + 1]), False)  # no end-of-turn token: the turn as the last one ends
+    head = render(list(messages[:k]), messages[k]["role"] == ASSISTANT) if k else ""
+    if not alone.startswith(head):
+        raise _unaligned(text, head, k, "the messages before it")
+    turn = alone[len(head) : trim_separator(alone, len(head))]
+    if not text.startswith(turn, start):
+        raise RowProblem(
+            NOT_PREFIX,
+            f"message {k}: the template renders it otherwise inside the conversation ({_show(text[start:])}) than "
+            f"as its last message ({_show(turn)}), and writes no end-of-turn token to end it",
+        )
+    return start + len(turn)
+
+
+def trim_separator(text: str, start: int) -> int:
+    """``len(text)`` without trailing whitespace after ``start`` (the separator a turn ends with)."""
+    return start + len(text[start:].rstrip())
+
+
+def _before_content(text: str, start: int, floor: int, message: Mapping[str, Any]) -> int:
+    """``start``, moved back to where the message's content begins if a partly repeated prompt ran into it."""
+    content = visible_content(message)
+    if not content:
+        return start
+    at = text.find(content, floor)
+    return at if floor <= at < start else start
+
+
+def _common_prefix(tail: str, text: str, at: int) -> int:
+    n = 0
+    limit = min(len(tail), len(text) - at)
+    while n < limit and tail[n] == text[at + n]:
+        n += 1
+    return n
+
+
+def _unaligned(text: str, prompted: str, k: int, what: str) -> RowProblem:
+    n = _common_prefix(prompted, text, 0)
+    return RowProblem(
+        NOT_PREFIX,
+        f"message {k}: the template renders {what} otherwise alone than in the whole conversation, from character "
+        f"{n}: {_show(prompted[n:])} alone against {_show(text[n:])}",
+    )
+
+
+def _show(text: str) -> str:
+    return repr(text[:60] + "..." if len(text) > 60 else text)

@@ -1,0 +1,154 @@
+"""`.chat()` on the real templates of the models users fine-tune (Llama 3.1, Qwen2.5, Qwen3, DeepSeek-R1-Distill,
+Mistral-v0.3, Phi-3/3.5, Phi-4, SmolLM2, Gemma 2/3), at default settings, on conversations with system messages,
+several turns, reasoning and tool calls: nothing refused, every row the template's own rendering of the messages
+up to one of its answers, every answer trained exactly once on its canonical span, reasoning trained where the
+template renders it and counted where it never does."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from tokenizers import Tokenizer
+
+from padpipe.chat.labels import IGNORE
+from padpipe.chat.locate import reasoning_of
+from padpipe.chat.options import ChatOptions
+from padpipe.chat.template import ChatTemplate
+from padpipe.pipes.chat import ChatTokenizer
+from tests.chat import real_templates as rt
+
+pytest.importorskip("transformers")
+
+N = 40
+
+
+def run_chat(tok: Any, chats: list[list[dict[str, Any]]], **options: Any) -> tuple[list[dict[str, Any]], Any]:
+    """The rows ``.chat()`` makes of ``chats`` (read as JSON text, as written): ids, labels and conversation."""
+    fn = ChatTokenizer(ChatTemplate(tok), ChatOptions(**options))
+    batch = pa.RecordBatch.from_pylist([{"idx": i, "messages": json.dumps(c)} for i, c in enumerate(chats)])
+    chunk = fn(batch)
+    rows = [
+        {"ids": chunk.row(r).tolist(), "labels": chunk.columns["labels"][r].as_py(), "idx": idx}
+        for r, idx in enumerate(chunk.columns["idx"].to_pylist())
+    ]
+    return rows, fn.stats
+
+
+def token_spans(tok: Any, text: str) -> np.ndarray:
+    """Each token's characters in ``text`` (untrimmed offsets)."""
+    raw = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    raw.post_processor = None
+    return np.array(raw.encode(text, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2)
+
+
+def answers_trained(name: str, tok: Any, chat: list[dict[str, Any]], row: dict[str, Any], **kwargs: Any) -> list[int]:
+    """The answers ``row`` trains, checked: its ids are ``apply_chat_template(chat[:k])``'s for an answer-ending
+    ``k``, and its trained tokens exactly the reference spans of those answers."""
+    ends = [k + 1 for k, m in enumerate(chat) if m["role"] == "assistant"]
+    k = next((k for k in ends if row["ids"] == rt.fx.reference(tok, chat[:k], **kwargs)), None)
+    assert k is not None, "a row that is no rendering of the messages up to an answer"
+    text = tok.apply_chat_template(chat[:k], tokenize=False, **kwargs)
+    offsets = token_spans(tok, text)
+    assert len(offsets) == len(row["ids"])
+    answers = [j for j in range(k) if chat[j]["role"] == "assistant"]
+    spans = rt.reference_spans(name, text, **kwargs)
+    assert len(spans) == len(answers), text
+    trained = np.array(row["labels"]) != IGNORE
+    chosen, covered = [], np.zeros(len(trained), bool)
+    for j, (lo, hi) in zip(answers, spans):
+        inside = (offsets[:, 1] > lo) & (offsets[:, 0] < hi)
+        if trained[inside].all() and inside.any():
+            chosen.append(j)
+            covered |= inside
+            thought = reasoning_of(chat[j])
+            if rt.MODELS[name].reasoning and thought:
+                assert thought in text[lo:hi], f"answer {j}'s reasoning is not in the span that trains it"
+    assert np.array_equal(covered, trained), f"trained tokens that are no answer's canonical span: {text!r}"
+    assert np.array_equal(np.array(row["labels"])[trained], np.array(row["ids"])[trained])
+    return chosen
+
+
+@pytest.mark.parametrize("name", sorted(rt.MODELS))
+def test_chat_trains_every_answer_once_on_its_canonical_span_under_the_real_template(name: str) -> None:
+    tok = rt.tokenizer(name)
+    chats = rt.conversations(name, N, seed=3)
+    rows, stats = run_chat(tok, chats)
+    assert not stats.snapshot().skipped, stats.snapshot().skipped
+    trained: Counter[tuple[int, int]] = Counter()
+    for row in rows:
+        trained.update((row["idx"], j) for j in answers_trained(name, tok, chats[row["idx"]], row))
+    answers = {(i, j) for i, chat in enumerate(chats) for j, m in enumerate(chat) if m["role"] == "assistant"}
+    assert set(trained) == answers and set(trained.values()) == {1}
+    if name == "qwen3":  # earlier answers' reasoning: rows of their own, each reasoning trained
+        extra = sum(
+            1
+            for chat in chats
+            for j, m in enumerate(chat)
+            if m["role"] == "assistant" and reasoning_of(m) and any(n["role"] == "user" for n in chat[j + 1 :])
+        )
+        assert extra > 0 and len(rows) > len(chats)
+        assert stats.snapshot().counters.get("chat.dropped_reasoning", 0) == 0
+    if name == "deepseek_r1_distill":  # never rendered: trained as rendered, counted
+        thoughts = sum(1 for chat in chats for m in chat if m["role"] == "assistant" and reasoning_of(m))
+        assert thoughts > 0 and stats.snapshot().counters["chat.dropped_reasoning"] == thoughts
+        assert len(rows) == len(chats)
+    if name == "mistral_v0_3":  # the system message is rendered only when a user message ends the conversation
+        systems = sum(1 for chat in chats if chat[0]["role"] == "system")
+        assert systems > 0 and stats.snapshot().counters["chat.dropped_system"] == systems
+
+
+def test_qwen3_without_thinking_leaves_the_empty_think_block_of_the_prompt_untrained() -> None:
+    tok = rt.tokenizer("qwen3")
+    chats = [
+        [{k: v for k, v in m.items() if k != "reasoning_content"} for m in c] for c in rt.conversations("qwen3", 12)
+    ]
+    chats = [[m for m in c if "<think>" not in str(m.get("content"))] for c in chats]
+    chats = [c for c in chats if c[-1]["role"] == "assistant"]
+    rows, stats = run_chat(tok, chats, template_kwargs={"enable_thinking": False})
+    assert not stats.snapshot().skipped and len(rows) == len(chats)
+    for row in rows:
+        answers_trained("qwen3", tok, chats[row["idx"]], row, enable_thinking=False)
+
+
+def test_reasoning_as_rendered_trains_the_whole_rendering_as_one_row_and_counts_what_it_drops() -> None:
+    tok = rt.tokenizer("qwen3")
+    chats = rt.conversations("qwen3", N, seed=3)
+    rows, stats = run_chat(tok, chats, reasoning="as_rendered")
+    assert [row["idx"] for row in rows] == list(range(N))
+    for row in rows:
+        assert row["ids"] == rt.fx.reference(tok, chats[row["idx"]])
+    hidden = sum(
+        1
+        for chat in chats
+        for j, m in enumerate(chat)
+        if m["role"] == "assistant" and reasoning_of(m) and any(n["role"] == "user" for n in chat[j + 1 :])
+    )
+    assert stats.snapshot().counters["chat.dropped_reasoning"] == hidden > 0
+
+
+def test_phi3_never_trains_the_endoftext_after_the_last_end_of_turn() -> None:
+    tok = rt.tokenizer("phi3")
+    chat = [{"role": "user", "content": "Hi there."}, {"role": "assistant", "content": "Hello."}]
+    (row,), _ = run_chat(tok, [chat])
+    trained = [tok.convert_ids_to_tokens(i) for i, label in zip(row["ids"], row["labels"]) if label != IGNORE]
+    assert trained[-1] == "<|end|>" and "<|endoftext|>" not in trained
+    assert tok.convert_ids_to_tokens(row["ids"][-1]) == "<|endoftext|>"
+
+
+def test_deepseek_training_template_never_trains_the_assistant_header() -> None:
+    tok = rt.tokenizer("deepseek_r1_distill", "trl:deepseek_r1_distill_training")
+    chat = [
+        {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And 3 + 3?"},
+        {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n6."},
+    ]
+    (row,), _ = run_chat(tok, [chat])
+    trained = tok.decode([i for i, label in zip(row["ids"], row["labels"]) if label != IGNORE])
+    assert "<｜Assistant｜>" not in trained
+    assert trained == "4.<｜end▁of▁sentence｜>Add them.\n</think>\n\n6.<｜end▁of▁sentence｜>"
