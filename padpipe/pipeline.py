@@ -27,8 +27,19 @@ from padpipe.pipes.pack import check_pack_options
 from padpipe.pipes.pad import check_pad_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
+from padpipe.readers.listing import SharedListing
 from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
 from padpipe.stage import Stage
+
+
+def _as_written(source: Stage, columns: tuple[str, ...]) -> Stage:
+    """``source``, reading ``columns`` as JSON text where its reader can (JSON Lines, ``from_iterable``): a
+    conversation reaches the chat template as written, not as Arrow's struct inference unifies it across rows
+    (Parquet and ``datasets`` keep their own types; their ``Json`` feature is JSON text already)."""
+    if not getattr(source.options.get("reader"), "JSON_COLUMNS", False):
+        return source
+    fresh = {"listing": SharedListing()} if "listing" in source.options else {}  # its schema differs
+    return Stage(source.name, source.builder, {**source.options, "json_columns": columns, **fresh})
 
 
 @dataclass(frozen=True, eq=False)
@@ -296,7 +307,9 @@ class Pipeline(Runnable, IterableDataset):
             reasoning=reasoning,
             special_text=special_text,
         )
-        return self._add(Stage("chat", _build.chat, options), TOKENS)
+        settings = options["options"]
+        columns = tuple(c for c in (*settings.required(), settings.tools) if c is not None)
+        return self._add(Stage("chat", _build.chat, options), TOKENS, source=_as_written(self.source, columns))
 
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
         """Group rows into batches of ``batch_size`` in arrival order (no length grouping).

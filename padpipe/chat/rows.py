@@ -96,6 +96,9 @@ def check_messages(value: Any, name: str) -> list[dict[str, Any]]:
 def _values(column: pa.Array, name: str, *, parse: bool, drop_none: bool = False) -> list[Any]:
     """The column's Python values; JSON text parsed when ``parse`` (a value that is no JSON: a RowProblem)."""
     kind = column.type
+    if _has_json(kind):  # JSON text as written (read_jsonl and from_iterable under .chat(), datasets' Json)
+        values = [_or_problem(_decoded_row, value, (kind, name, drop_none)) for value in column.to_pylist()]
+        return [_or_problem(_parse, v, name) for v in values] if parse else values
     if pa.types.is_dictionary(kind):
         column, kind = column.dictionary_decode(), kind.value_type
     values = column.to_pylist()
@@ -106,6 +109,14 @@ def _values(column: pa.Array, name: str, *, parse: bool, drop_none: bool = False
     if parse and (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_text_list(kind)):
         values = [_or_problem(_parse, v, name) for v in values]
     return values
+
+
+def _decoded_row(value: Any, how: tuple[pa.DataType, str, bool]) -> Any:
+    kind, name, drop_none = how
+    try:
+        return _decoded(value, kind, drop_none)
+    except json.JSONDecodeError as exc:
+        raise RowProblem(BAD, f"{name!r} holds text that is not JSON ({exc})") from None
 
 
 def _parse(value: Any, name: str) -> Any:
@@ -164,6 +175,33 @@ def _show(value: Any) -> str:
         return "None"
     text = repr(value)
     return f"a {type(value).__name__} ({text[:57] + '...' if len(text) > 60 else text})"
+
+
+def _has_json(kind: pa.DataType) -> bool:
+    """Whether ``kind`` holds an extension type anywhere (``datasets``' ``Json`` feature: ``arrow.json`` text)."""
+    if isinstance(kind, pa.BaseExtensionType):
+        return True
+    if pa.types.is_struct(kind):
+        return any(_has_json(field.type) for field in kind)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _has_json(kind.value_type)
+    return False
+
+
+def _decoded(value: Any, kind: pa.DataType, drop_none: bool) -> Any:
+    """A Python value of type ``kind`` with its JSON-text parts parsed, as written; with ``drop_none``, the
+    ``None`` values of its structs dropped (a struct gives every row the keys of all rows), not those inside
+    the JSON text."""
+    if value is None:
+        return None
+    if isinstance(kind, pa.BaseExtensionType):
+        return json.loads(value) if isinstance(value, (str, bytes)) else value
+    if pa.types.is_struct(kind):
+        out = {f.name: _decoded(value.get(f.name), f.type, drop_none) for f in kind}
+        return {k: v for k, v in out.items() if v is not None} if drop_none else out
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return [_decoded(v, kind.value_type, drop_none) for v in value]
+    return value
 
 
 def _has_struct(kind: pa.DataType) -> bool:

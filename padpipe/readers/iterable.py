@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -11,6 +12,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
+from padpipe.readers.jsonl_blocks import JSON_TEXT, json_text
 from padpipe.readers.schema import conform
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS
 from padpipe.sharing.consumer import Consumer
@@ -40,6 +42,8 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
             accepted for the common reader signature.
         consumer: This reader's share; default: detected on first ``reset``.
         stats: Counters to report into.
+        json_columns: Keys whose values are passed on as their JSON text, as given (``.chat()`` asks
+            this for its conversation columns, so they reach the template unchanged).
 
     Raises:
         TypeError: When an item is not a dict, naming its position.
@@ -50,6 +54,7 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         [{'text': 'a', 'id': None}, {'text': 'b', 'id': 1}]
     """
 
+    JSON_COLUMNS = True  # takes json_columns
     STATE = StateSchema("IterableReader", 2, epoch=Int(0), position=Int(0))  # position: items consumed, all consumers'
 
     def __init__(
@@ -60,6 +65,7 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         seed: int | None = None,
         consumer: Consumer | None = None,
         stats: PipelineStats | None = None,
+        json_columns: Sequence[str] = (),
     ) -> None:
         super().__init__()
         positive("chunk_rows", chunk_rows)
@@ -70,6 +76,7 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         self.seed = seed
         self.consumer = consumer
         self.stats = stats or PipelineStats()
+        self.json_columns = tuple(json_columns)
         self._epoch = -1
         self._position = 0  # items of the iterable consumed this epoch, all consumers' included
         self._items: Iterator[Any] = iter(())
@@ -131,12 +138,27 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
             yield position, item
 
     def _to_batch(self, rows: list[Mapping[str, Any]], start: int) -> pa.RecordBatch:
+        given, texts = rows, {key: [self._as_text(row.get(key), start) for row in rows] for key in self.json_columns}
+        if texts:
+            rows = [{k: v for k, v in row.items() if k not in texts} for row in rows]
         try:
             batch = pa.RecordBatch.from_struct_array(pa.array(rows))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise DataError(f"{self._where(start)}: cannot make a column from the values ({exc}).") from exc
         order = list(dict.fromkeys(key for row in rows for key in row))  # pyarrow 19 orders them otherwise
-        return batch if batch.schema.names == order else batch.select(order)
+        batch = batch if batch.schema.names == order else batch.select(order)
+        for key, column in texts.items():
+            if any(key in row for row in given):
+                batch = batch.append_column(pa.field(key, JSON_TEXT), json_text(column))
+        return batch
+
+    def _as_text(self, value: Any, start: int) -> str | None:
+        """A value of ``json_columns`` as its JSON text, as given (no key added, dropped or reordered by Arrow's
+        struct inference)."""
+        try:
+            return None if value is None else json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{self._where(start)}: a value of {self.json_columns} is not JSON ({exc}).") from exc
 
     def _where(self, start: int) -> str:
         return f"from_iterable items {start}-{self._position - 1}"
@@ -147,4 +169,5 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
             "input": f"from_iterable {type(self.iterable).__name__}",
             "chunk_rows": self.chunk_rows,
             "consumer": f"{self.consumer.index}/{self.consumer.count}",
+            **({"json_columns": list(self.json_columns)} if self.json_columns else {}),
         }

@@ -66,6 +66,10 @@ class JsonlReader(FileSource):
             value of the wrong type): ``"raise"`` a ``DataError`` naming the file and line, or
             ``"skip"`` it, counted per file in the stats' ``skipped`` as ``read.bad_row:<file>``
             (every other row comes once; resume stays exact).
+        json_columns: Keys whose values are kept as their JSON text, exactly as written (no key
+            added, dropped or reordered by Arrow's struct inference, a string in one row and a list
+            in another allowed); lines are then parsed one by one in Python. ``.chat()`` asks this
+            for its conversation columns.
 
     Raises:
         DataError: ``"<file> line N: invalid JSON: ..."`` for a line that is not a JSON object,
@@ -80,6 +84,7 @@ class JsonlReader(FileSource):
     """
 
     SUFFIXES = SUFFIXES
+    JSON_COLUMNS = True  # takes json_columns
     POSITION_COLUMN = "__padpipe_pos"
     row_positions = False  # add each row's byte offset as POSITION_COLUMN (record_row_positions)
     LISTING_ATTRS = ("_files", "_schema", "_reference", "_options")
@@ -100,6 +105,7 @@ class JsonlReader(FileSource):
         unit_bytes: int = 64 << 20,
         block_bytes: int = 2 << 20,
         on_error: Literal["raise", "skip"] = "raise",
+        json_columns: Sequence[str] = (),
     ) -> None:
         super().__init__(
             paths=paths,
@@ -117,6 +123,7 @@ class JsonlReader(FileSource):
         positive("block_bytes", block_bytes)
         one_of("on_error", on_error, ("raise", "skip"))
         self.on_error = on_error
+        self.json_columns = tuple(json_columns)
         self.unit_bytes = unit_bytes
         self.block_bytes = block_bytes
         self._schema: pa.Schema | None = None
@@ -126,7 +133,8 @@ class JsonlReader(FileSource):
         self._resume_at: tuple[int, int] | None = None
 
     def describe(self) -> str:
-        return f"read_jsonl paths={list(self.paths)!r} columns={self.columns!r} unit_bytes={self.unit_bytes}"
+        as_text = f" json_columns={list(self.json_columns)!r}" if self.json_columns else ""
+        return f"read_jsonl paths={list(self.paths)!r} columns={self.columns!r} unit_bytes={self.unit_bytes}{as_text}"
 
     def fingerprint(self) -> str:
         return f"{super().fingerprint()} unit_bytes={self.unit_bytes} block_bytes={self.block_bytes}"
@@ -271,6 +279,16 @@ class JsonlReader(FileSource):
                 f"invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); JSON Lines files "
                 "must be UTF-8 (re-encode the file, e.g. with iconv)",
             )
+        if self.json_columns:
+            typed = (
+                None if self._schema is None else pa.schema([f for f in self._schema if not pa.types.is_null(f.type)])
+            )
+            try:
+                table = blocks.parse_lines(block, self.json_columns, typed)
+            except blocks.LineError as bad:
+                hint = f"; keys keep the types of {self._reference}" if typed is not None else ""
+                raise _BadLine(bad.line, f"{bad.problem}{hint}") from bad.__cause__
+            return self._conformed(file, offset, table)
         try:
             table = blocks.parse_block(block, self._options)
         except pa.ArrowInvalid as exc:
@@ -279,6 +297,9 @@ class JsonlReader(FileSource):
             typed = self._schema is not None and not problem.startswith("invalid JSON")
             hint = f"; keys keep the types of {self._reference}" if typed else ""
             raise _BadLine(line, f"{problem}{hint}") from exc
+        return self._conformed(file, offset, table)
+
+    def _conformed(self, file: FileRef, offset: int, table: pa.Table) -> pa.RecordBatch | None:
         if table.num_rows == 0:
             return None
         batch = table.combine_chunks().to_batches()[0]

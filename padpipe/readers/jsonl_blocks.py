@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -120,6 +120,82 @@ def parse_block(block: bytes, options: pj.ParseOptions) -> pa.Table:
     """Parse a block of JSON lines in one vectorized call (blank lines are skipped)."""
     read = pj.ReadOptions(use_threads=False, block_size=len(block) + 1)
     return pj.read_json(pa.BufferReader(block), read_options=read, parse_options=options)
+
+
+class LineError(Exception):
+    """A line of a block that cannot be a row: its index in the block and what is wrong with it."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(problem)
+        self.line, self.problem = line, problem
+
+
+def parse_lines(block: bytes, json_columns: Sequence[str], schema: pa.Schema | None) -> pa.Table:
+    """Parse a block of JSON lines one by one, each value of ``json_columns`` kept as its JSON text, as written.
+
+    Arrow's JSON reader gives each nested key one struct type for all rows: a key one row has gains a null
+    in every other row, keys come in the first row's order, and a value that is a string in one row and a
+    list in another fails. Conversations must reach a chat template as the file holds them, so their
+    columns are read as JSON text (``datasets`` stores such columns as its ``Json`` feature); the other keys
+    are typed by ``schema`` (``None``: inferred). Blank lines are no rows.
+
+    Raises:
+        LineError: A line that is not a JSON object, or a value that does not fit ``schema``.
+
+    Example:
+        >>> block = b'{"m": {"b": 1, "a": null}, "n": 1}\\n{"m": {"c": 2}, "n": 2}\\n'
+        >>> parse_lines(block, ["m"], None).to_pylist()
+        [{'n': 1, 'm': '{"b": 1, "a": null}'}, {'n': 2, 'm': '{"c": 2}'}]
+    """
+    rows: list[tuple[int, dict]] = []
+    texts: dict[str, list[str | None]] = {key: [] for key in json_columns}
+    seen: set[str] = set()
+    for i, line in enumerate(block.split(b"\n")):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as err:
+            where = f" (column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+            raise LineError(i, f"invalid JSON: {getattr(err, 'msg', err)}{where}") from None
+        if not isinstance(value, dict):
+            raise LineError(i, f"invalid JSON: expected an object, found {JSON_TYPES.get(type(value), 'null')}")
+        for key, column in texts.items():
+            if key in value:
+                seen.add(key)
+            found = value.pop(key, None)
+            column.append(None if found is None else json.dumps(found, ensure_ascii=False))
+        rows.append((i, value))
+    typed = None if schema is None else pa.schema([f for f in schema if f.name not in texts])
+    try:
+        table = pa.Table.from_pylist([row for _, row in rows], schema=typed)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        for i, row in rows:
+            try:
+                pa.Table.from_pylist([row], schema=typed)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+                raise LineError(i, _clean(str(err))) from err
+        raise LineError(rows[0][0], _clean(str(exc))) from exc
+    columns = {key: json_text(column) for key, column in texts.items() if key in seen}
+    if not table.num_columns:  # no other key: the table has no rows to add the columns to
+        return pa.table(columns) if columns else pa.table({"": pa.nulls(len(rows))}).drop_columns([""])
+    for key, column in columns.items():
+        table = table.append_column(pa.field(key, JSON_TEXT), column)
+    return table
+
+
+JSON_TEXT = pa.json_(pa.string())
+"""The type of a column read as JSON text (Arrow's canonical ``arrow.json``, ``datasets``' ``Json`` feature)."""
+
+
+def json_text(texts: Sequence[str | None]) -> pa.Array:
+    """JSON texts as an ``arrow.json`` column.
+
+    Example:
+        >>> json_text(['{"a": null}', None]).to_pylist()
+        ['{"a": null}', None]
+    """
+    return pa.ExtensionArray.from_storage(JSON_TEXT, pa.array(list(texts), pa.string()))
 
 
 def locate_error(block: bytes, options: pj.ParseOptions, exc: Exception, *, first_line: int = 1) -> tuple[int, str]:
