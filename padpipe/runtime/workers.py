@@ -14,7 +14,7 @@ import functools
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
@@ -24,12 +24,10 @@ from padpipe.graph import EpochAware
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
 from padpipe.runtime.loader_snapshot import LoaderSnapshot, worker_stopper
 from padpipe.sharing.consumer import Consumer
+from padpipe.stage import Recipe
 from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
 from padpipe.state_walk import show
 from padpipe.stats import PipelineStats, StatsSnapshot
-
-if TYPE_CHECKING:
-    from padpipe.pipeline import Pipeline
 
 
 class EpochShares(IterableDataset):
@@ -40,7 +38,7 @@ class EpochShares(IterableDataset):
         consumer: The rank to read as; the worker slot is filled in each worker.
     """
 
-    def __init__(self, pipeline: Pipeline, consumer: Consumer) -> None:
+    def __init__(self, pipeline: Recipe, consumer: Consumer) -> None:
         self.pipeline = pipeline
         self.consumer = consumer
         self.epoch = 0
@@ -87,7 +85,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Recipe,
         *,
         num_workers: int,
         consumer: Consumer | None = None,
