@@ -27,15 +27,13 @@ import glob
 import json
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from padpipe._optional import missing
 from padpipe.chat.options import MISSING_COLUMN
 from padpipe.errors import DataError
 from padpipe.readers.paths import GLOB_CHARS, check_paths
-
-if TYPE_CHECKING:
-    from padpipe.pipeline import Pipeline
+from padpipe.stage import Recipe
 
 LOCAL_PROTOCOLS = (None, "file", "local")
 SCHEMA_READERS = ("read_parquet", "read_arrow")
@@ -100,7 +98,7 @@ def steps_missing(method: str, wanted: str, found: str) -> str:
     return f"{message}: add {add} before it." if add else f"{message}."
 
 
-def shuffle_too_late(pipe: Pipeline) -> str:
+def shuffle_too_late(pipe: Recipe) -> str:
     """The error for ``.shuffle()`` after the rows became tokens: shuffle the rows before that stage, and how.
 
     Example:
@@ -142,7 +140,7 @@ def check_budget(max_tokens: int | None, on_oversize: str, max_length: int | Non
     )
 
 
-def check_fields(pipe: Pipeline) -> None:
+def check_fields(pipe: Recipe) -> None:
     """Raise :class:`~padpipe.errors.DataError` when a column the pipeline reads is not in its input.
 
     Checks the reader's ``columns`` and the tokenize stage's ``fields`` (the chat stage's columns) against what is cheap to
@@ -185,7 +183,7 @@ def check_fields(pipe: Pipeline) -> None:
             return
 
 
-def _check_jsonl_fields(pipe: Pipeline) -> None:
+def _check_jsonl_fields(pipe: Recipe) -> None:
     """A text field tokenize raises on must be a key of the first local file's first row."""
     import fsspec.core
 
@@ -210,7 +208,7 @@ def _check_jsonl_fields(pipe: Pipeline) -> None:
         return  # one file: the first
 
 
-def _column_keeping(pipe: Pipeline) -> Iterator[Any]:
+def _column_keeping(pipe: Recipe) -> Iterator[Any]:
     """The stages from the reader up to the first that changes the columns (that one included)."""
     for stage in pipe.stages:
         yield stage

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, Self, cast
 
 from torchdata.nodes import BaseNode
 
@@ -22,11 +22,8 @@ from padpipe.runtime.assemble import assemble
 from padpipe.runtime.iterable import PipelineIterator
 from padpipe.runtime.latch import FailureLatch
 from padpipe.sharing.consumer import Consumer
-from padpipe.stage import BuildContext, Stage
+from padpipe.stage import BuildContext, Recipe, Stage
 from padpipe.stats import PipelineStats
-
-if TYPE_CHECKING:
-    from padpipe.pipeline import Pipeline
 
 # What a pipeline yields so far, in stage order.
 RECORDS, TOKENS, TOKEN_BATCHES, TENSORS = "records", "tokens", "token batches", "tensors"
@@ -43,9 +40,9 @@ class Runnable:
     _epoch: list[int]
     _managed: list[bool]
 
-    def _recipe(self) -> Pipeline:
-        """This object as the :class:`~padpipe.pipeline.Pipeline` it is mixed into."""
-        return cast("Pipeline", self)
+    def _recipe(self) -> Recipe:
+        """This object as the recipe it is mixed into (a :class:`~padpipe.pipeline.Pipeline`)."""
+        return cast(Recipe, self)
 
     def build(self, *, consumer: Consumer | None = None, stats: PipelineStats | None = None) -> BaseNode:
         """Build a fresh node graph (advanced: most users call :meth:`loader`)."""
@@ -176,7 +173,7 @@ class Runnable:
             ),
         )
 
-    def shard(self, mode: Literal["auto", "off"] = "auto") -> Pipeline:
+    def shard(self, mode: Literal["auto", "off"] = "auto") -> Self:
         """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).
 
         ``"off"`` is for frameworks that shard or dispatch batches themselves (e.g. Accelerate's
@@ -188,7 +185,7 @@ class Runnable:
             'off'
         """
         one_of("mode", mode, ("auto", "off"))
-        return dataclasses.replace(self._recipe(), sharding=mode, _epoch=[0], _managed=[False])
+        return cast(Self, dataclasses.replace(self._recipe(), sharding=mode, _epoch=[0], _managed=[False]))
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch the next ``iter(pipe)`` reads (``IterableDataset`` use, as in HF datasets).

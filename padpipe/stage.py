@@ -1,14 +1,15 @@
-"""What a recipe is made of: its :class:`Stage` s, and the :class:`BuildContext` their builders get.
+"""What a recipe is made of: its :class:`Stage` s, the :class:`BuildContext` their builders get, and
+:class:`Recipe`, what the runtime and the checks read of a recipe.
 
 Below the stages and the runtime, so both can read a recipe without importing the builders
-(``padpipe._build``), which only the facade uses.
+(``padpipe._build``), which only the facade uses, or ``padpipe.pipeline``, which imports them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from torchdata.nodes import BaseNode
 
@@ -38,3 +39,42 @@ class BuildContext:
     pad_to_multiple_of: int | None
     pad_to_length: int | None
     cache: Any = None  # the token cache session (padpipe.token_cache.session) when tokenize has a cache
+
+
+class Recipe(Protocol):
+    """A recipe as the runtime reads it: its stages, settings, a fresh graph and the epoch of ``iter(pipe)``.
+
+    :class:`padpipe.Pipeline` is the one recipe; the runtime and the checks take it through this
+    protocol, so they import nothing above them. A frozen dataclass (``dataclasses.replace`` makes
+    a changed copy).
+
+    Example:
+        >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer())
+        >>> recipe: Recipe = pipe; recipe.source.name, [s.name for s in recipe.stages], recipe.sharding
+        ('from_iterable', ['tokenize'], 'auto')
+    """
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def source(self) -> Stage: ...  # the reader's stage
+
+    @property
+    def stages(self) -> tuple[Stage, ...]: ...  # the stages after it, in order
+
+    @property
+    def output(self) -> str: ...  # what it yields so far: records, tokens, token batches or tensors
+
+    @property
+    def seed(self) -> int | None: ...
+
+    @property
+    def sharding(self) -> str: ...  # "auto": shared by ranks and workers; "off": every process reads it all
+
+    def build(self, *, consumer: Consumer | None = None, stats: PipelineStats | None = None) -> BaseNode:
+        """A fresh node graph of the recipe, read as ``consumer``."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch the next ``iter(pipe)`` reads."""
+        ...

@@ -1,4 +1,8 @@
-"""The README's layout section names every module of the tree, and only those; the import graph has no circle."""
+"""The README's layout section names every module of the tree, and only those; the import graph has no circle.
+
+Imports count wherever they are: at the top, inside a function, and under ``TYPE_CHECKING`` (a type a
+lower module needs from a higher one is a small ``typing.Protocol`` of the lower module's own).
+"""
 
 from __future__ import annotations
 
@@ -63,7 +67,7 @@ def test_no_padpipe_module_imports_another_inside_a_function_to_dodge_a_circle()
 
 
 LADDER = (
-    # bottom first: a module may import its own rung and those below, never above (type-only imports aside)
+    # bottom first: a module may import its own rung and those below, never above (type-only imports too)
     ("errors", "state_walk", "state", "chunks", "stats", "graph", "shutdown", "buffers", "_optional", "_progress",
      "_command", "examples", "_shipped"),  # the ground floor
     ("sharing", "stage"),  # who reads what; what a recipe is made of
@@ -88,19 +92,11 @@ def _unit(path: pathlib.Path) -> str:
 
 
 def _imports(path: pathlib.Path) -> list[tuple[str, int]]:
-    """The padpipe modules ``path`` imports (relative imports resolved), with their lines; type-only ones left out."""
+    """The padpipe modules ``path`` imports (relative imports resolved), with their lines; type-only ones included."""
     tree = ast.parse(path.read_text())
-    typing_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for n in ast.walk(node)
-    }
-    package = list(path.relative_to(ROOT).with_suffix("").parts)[:-1]
+    package = list(path.relative_to(ROOT).with_suffix("").parts)[:-1] if path.is_relative_to(ROOT) else []
     out = []
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, node.module] if node.module else base) if node.level else node.module or ""
@@ -125,6 +121,65 @@ def test_the_wings_form_a_ladder_every_import_points_down():
             if target in rung and rung[target] > rung[source]:
                 upward.append(f"{path.relative_to(ROOT)}:{line} ({source}) imports {module} ({target})")
     assert upward == []
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Every padpipe module by dotted name (a package by its own name)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "data" not in path.relative_to(PACKAGE).parts:
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the padpipe modules it imports (``from padpipe.x import name`` counts as ``padpipe.x``)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        for module, _ in _imports(path):
+            while module and module not in modules:
+                module = module.rpartition(".")[0]
+            if module and module != name:
+                graph[name].add(module)
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (its modules in order, the first again at the end), or ``[]``."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        path, on_path, stack = [start], {start}, [iter(sorted(graph[start]))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+            elif nxt in on_path:
+                return path[path.index(nxt) :] + [nxt]
+            elif nxt not in done:
+                path.append(nxt)
+                on_path.add(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return []
+
+
+def test_no_import_circle_between_modules_type_only_imports_included():
+    assert _circle(_module_graph()) == []
+
+
+def test_a_circle_through_type_checking_is_found(tmp_path):
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from padpipe.pipeline import Pipeline\n"
+    )
+    assert ("padpipe.pipeline", 3) in _imports(module)
 
 
 def test_only_the_framework_adapters_read_call_frames():

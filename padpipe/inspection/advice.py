@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from padpipe.inspection.report import InspectResult
+from padpipe.inspection.sample import Corpus
+from padpipe.inspection.strategies import StrategyResult
 
 PLATEAU = 0.005
 """A buffer size is "enough" once its efficiency is within this of the best one measured."""
@@ -16,6 +17,33 @@ LONG_SHARE = 0.01
 """A corpus is one of long documents when more than this share of rows is longer than ``max_length``."""
 BUDGET_CAP = 2048
 """Without ``max_length``, the row length budgets are sized by is at most this (p99 rounded up to a power of two)."""
+
+
+class Findings(Protocol):
+    """What the advice and the chart read of an inspection (a :class:`padpipe.inspection.report.InspectResult`,
+    whose module imports them): the lengths measured, the strategies compared and the buffer sweeps."""
+
+    source: str
+    corpus: Corpus
+    fields: tuple[str, ...]
+    max_length: int | None
+    model_max_length: int | None
+    lengths: np.ndarray
+    sampled: bool
+    settings: Any  # the strategy settings compared (max_tokens, ...)
+    strategies: Sequence[StrategyResult]
+    bucket_sweep: Sequence[tuple[int, float]]
+    pack_sweep: Sequence[tuple[int, float]]
+    budget_truncated: int
+
+    @property
+    def rows(self) -> int: ...
+
+    def distribution(self) -> dict[str, float]: ...
+
+    def steps_per_epoch(self, strategy: StrategyResult) -> int: ...
+
+    def best(self) -> StrategyResult: ...
 
 
 def splits_long_documents(lengths: np.ndarray, max_length: int | None, fields: int) -> bool:
@@ -50,7 +78,7 @@ def budget_length(lengths: np.ndarray) -> tuple[int, str]:
     return length, f"p99 {num(p99)} rounded up to a power of two, at most {BUDGET_CAP:,}"
 
 
-def recommendations(result: InspectResult) -> list[str]:
+def recommendations(result: Findings) -> list[str]:
     """Settings to use and what each choice costs, one sentence each (see :meth:`InspectResult.recommendations`).
 
     Example:
@@ -90,7 +118,7 @@ def recommendations(result: InspectResult) -> list[str]:
     return [line for line in out if line]
 
 
-def _length_advice(result: InspectResult, dist: dict[str, float]) -> list[str]:
+def _length_advice(result: Findings, dist: dict[str, float]) -> list[str]:
     """``max_length``: what it truncates and what would keep 99% of rows whole, never past the model's limit."""
     keep, limit, p99 = round_up(dist["p99"], 8), result.model_max_length, num(dist["p99"])
     if result.max_length is None:

@@ -6,21 +6,19 @@ Drawn with matplotlib's Agg renderer on a bare ``Figure`` (no display, no pyplot
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
 from padpipe._optional import require
-
-if TYPE_CHECKING:
-    from padpipe.inspection.report import InspectResult
+from padpipe.inspection.advice import Findings
 
 BAR_COLOR = "#4C72B0"
 BEST_COLOR = "#55A868"
 LIMIT_COLOR = "#C44E52"
 
 
-def write_chart(result: InspectResult, path: str | os.PathLike) -> str:
+def write_chart(result: Findings, path: str | os.PathLike) -> str:
     """Write ``result``'s chart as a PNG to ``path`` and return the path.
 
     Raises:
@@ -63,7 +61,7 @@ def open_new(path: str) -> BinaryIO:
     return os.fdopen(os.open(path, flags, 0o644), "wb")
 
 
-def _histogram(ax, result: InspectResult) -> None:
+def _histogram(ax, result: Findings) -> None:
     lengths = result.lengths
     dist = result.distribution()
     low, high = max(1, int(lengths.min())), max(2, int(lengths.max()))
@@ -92,7 +90,7 @@ def _histogram(ax, result: InspectResult) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
-def _efficiency(ax, result: InspectResult) -> None:
+def _efficiency(ax, result: Findings) -> None:
     strategies = list(result.strategies)
     names = [s.name for s in strategies]
     values = [100 * s.efficiency for s in strategies]

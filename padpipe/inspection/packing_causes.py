@@ -4,6 +4,10 @@
 attention is causal) and what it was given (the keys and masks of the batch after any column
 filter), and names the first known cause that applies. :func:`padpipe.check_packing` calls it
 only once the logits (or an error of the forward) have shown that something is wrong.
+
+:data:`CONTACTS` names the private attributes of transformers the packing check reads; each is
+read through :func:`transformers_private`, which raises naming it when a release no longer has it
+(tests/integrations/test_contacts.py pins each against the installed transformers).
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ from padpipe.inspection.packing_rows import Document
 FLASH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 TOLERANCES = {torch.float64: (1e-6, 1e-5), torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 1e-2)}
 BF16_TOLERANCE = (1e-2, 2e-2)
+CONTACTS: tuple[tuple[str, str, str], ...] = (
+    # (module, class, attribute): what padpipe.check_packing and `padpipe check-packing` read of transformers
+    ("transformers", "PretrainedConfig", "_attn_implementation"),  # the attention a model runs (a cause of leaks)
+    ("transformers", "AutoModelForCausalLM", "_model_mapping"),  # the configs it builds (the command's model head)
+    ("transformers", "AutoModelForMaskedLM", "_model_mapping"),
+)
+"""The private names of transformers the packing check reads."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +54,29 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
 def attention_of(model: Any) -> str | None:
     """The model's ``attn_implementation`` (``None`` for a model without a transformers config)."""
     config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) if config is not None else None
+    if config is None or not type(config).__module__.startswith("transformers."):
+        return getattr(config, "_attn_implementation", None)  # a config of its own may say, or not
+    return transformers_private(config, "_attn_implementation")
+
+
+def transformers_private(owner: Any, name: str) -> Any:
+    """``owner``'s attribute ``name`` of :data:`CONTACTS`; ``ImportError`` naming it when transformers dropped it.
+
+    Example:
+        >>> transformers_private(object(), "_model_mapping")
+        Traceback (most recent call last):
+        ...
+        ImportError: padpipe.check_packing reads transformers' `_model_mapping` (of AutoModelForCausalLM or ..., but ...
+    """
+    classes = " or ".join(cls for _, cls, attribute in CONTACTS if attribute == name)
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        raise ImportError(
+            f"padpipe.check_packing reads transformers' `{name}` (of {classes}), but this {type(owner).__name__} has "
+            "none: install a transformers release padpipe was tested with (pip install 'transformers>=5.18,<=5.24') "
+            "or a padpipe release for yours."
+        ) from None
 
 
 def is_causal(model: Any) -> bool | None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from padpipe import _shipped
+from padpipe.inspection.packing_causes import transformers_private
 from padpipe.inspection.packing_check import PackingError, check_packing
 from padpipe.inspection.sample import source_pipeline
 
@@ -95,6 +96,6 @@ def _head(config: Any) -> Any:
     if any(a.endswith("ForMaskedLM") for a in architectures):
         return transformers.AutoModelForMaskedLM
     for head in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM):
-        if type(config) in head._model_mapping:
+        if type(config) in transformers_private(head, "_model_mapping"):
             return head
     return transformers.AutoModel

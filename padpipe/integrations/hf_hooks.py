@@ -3,8 +3,11 @@
 :data:`HOOKS` pins each hook's parameters (:data:`OVERRIDDEN`: the ones ``padpipe.hf.Trainer``
 overrides, every method it overrides but ``__init__``); :func:`check_hooks` raises at import, naming
 the hook, when an installed transformers changed one (tests/integrations/test_hf_hooks*.py pin what
-each does). :func:`loss_shifts_labels` says how HF counts a window's label tokens on the installed
-release (5.11 and later). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
+each does). :data:`ATTRIBUTES` names the private attributes it reads (of ``Trainer`` and
+Accelerate's ``Accelerator``), read through :func:`private`, which raises naming the attribute
+when a release no longer has it (tests/integrations/test_contacts.py pins each).
+:func:`loss_shifts_labels` says how HF counts a window's label tokens on the installed release
+(5.11 and later). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
 ``num_items_in_batch`` out of its loss (transformers#47688).
 """
 
@@ -87,6 +90,38 @@ OVERRIDDEN = frozenset(
 """The hooks of :data:`HOOKS` that ``padpipe.hf.Trainer`` overrides."""
 
 
+ATTRIBUTES: tuple[tuple[str, str, str, str], ...] = (
+    # (module, class, attribute, what padpipe reads it for): set on the instance (in __init__ or by a hook)
+    ("transformers.trainer", "Trainer", "_signature_columns", "the names model.forward takes, after "
+     "_set_signature_columns_if_needed(): the evaluation loader's column filter"),
+    ("transformers.trainer", "Trainer", "_loss_shifts_labels", "a bool set in __init__ since transformers 5.11: "
+     "how HF counts a window's label tokens"),
+    ("accelerate.accelerator", "Accelerator", "_models", "the models prepare() has wrapped: whether evaluation "
+     "must prepare the model as Trainer.evaluation_loop does"),
+)  # fmt: skip
+"""Every private attribute of transformers or Accelerate ``padpipe.hf`` reads, as (module, class, attribute, why)."""
+
+
+def private(owner: Any, name: str) -> Any:
+    """``owner``'s private attribute ``name`` of :data:`ATTRIBUTES`; ``ImportError`` naming it when it is gone.
+
+    Example:
+        >>> private(object(), "_models")
+        Traceback (most recent call last):
+        ...
+        ImportError: padpipe.hf reads accelerate.accelerator.Accelerator's `_models` (the models prepare() has ...
+    """
+    module, cls, _, why = next(row for row in ATTRIBUTES if row[2] == name)
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        raise ImportError(
+            f"padpipe.hf reads {module}.{cls}'s `{name}` ({why}), but this {type(owner).__name__} has none: install "
+            "a transformers and accelerate release padpipe was tested with (pip install 'transformers>=5.18,<=5.24') "
+            "or a padpipe release for yours."
+        ) from None
+
+
 def check_hooks(trainer: type, version: str) -> None:
     """Raise ``ImportError`` naming the first hook of :data:`HOOKS` that ``trainer`` lacks or has changed.
 
@@ -124,7 +159,7 @@ def loss_shifts_labels(trainer: Any, version: str) -> bool:
         ...
         ImportError: padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since ...
     """
-    shifts = getattr(trainer, "_loss_shifts_labels", None)
+    shifts = getattr(trainer, "_loss_shifts_labels", None)  # a row of ATTRIBUTES, refused below when it is not a bool
     if not isinstance(shifts, bool):
         raise ImportError(
             "padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since "

@@ -17,6 +17,8 @@ import transformers
 from transformers.trainer_pt_utils import EvalLoopContainer, find_batch_size, nested_concat
 from transformers.trainer_utils import EvalPrediction, denumpify_detensorize
 
+from padpipe.integrations.hf_hooks import private
+
 logger = logging.getLogger("padpipe.hf")
 
 ROW_INDEX = "row_index"
@@ -128,7 +130,7 @@ def rank_local_loss(args: Any) -> Iterator[None]:
 def evaluation_model(trainer: transformers.Trainer) -> Any:
     """The model as ``Trainer.evaluation_loop`` prepares it (not DDP-wrapped: no collectives)."""
     model = trainer._wrap_model(trainer.model, training=False)
-    if len(trainer.accelerator._models) == 0 and model is trainer.model:
+    if len(private(trainer.accelerator, "_models")) == 0 and model is trainer.model:
         model = trainer.accelerator.prepare_model(model, evaluation_mode=True)
         if model is not trainer.model:
             trainer.model_wrapped = model
@@ -180,7 +182,7 @@ def column_filter(trainer: transformers.Trainer, description: str) -> Callable[[
     if not trainer.args.remove_unused_columns:
         return dict
     trainer._set_signature_columns_if_needed()
-    keep = set(trainer._signature_columns)
+    keep = set(private(trainer, "_signature_columns"))
     forward = inspect.signature(trainer.model.forward).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in forward):
         keep.update(FLASH_ATTENTION_KWARGS)

@@ -12,10 +12,17 @@ one value (the same on every rank: tensor-, context- and pipeline-parallel peers
 read the same data), serialized with ``torch.save`` into bytes: plain data (dicts, lists,
 numbers, tensors) inside, read back with ``torch.load(weights_only=True)`` and checked by its
 schema. Every new rank gets every saved rank's position, which is what an elastic resume needs.
+
+Each rank's entry carries the loader's :func:`recipe` as its settings: the data (the pipeline's
+reader and what it reads), the tokenizer and ``seq_len``. ``load_state_dict`` checks them when it
+is called, inside torchtitan's ``CheckpointManager.load``, so a checkpoint of another dataset,
+tokenizer or ``seq_len`` is refused there in one line, not at the first batch after the model was
+loaded (the rest of the pipeline's settings are checked by its stages at the first batch).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Mapping
 from typing import Any
@@ -29,14 +36,18 @@ KEY = "padpipe"
 """The one key of the loader's state (``"dataloader.padpipe"`` in a torchtitan checkpoint)."""
 
 STATE = StateSchema("PadpipeDataLoader", 1, ranks=ListOf(Child()))  # every DP rank's RANK state, by DP rank
-RANK = StateSchema(
-    "PadpipeDataLoader rank",
-    1,
+RANK_FIELDS = dict(
     loader=Child(),  # the rank's pipe.loader() state
     yielded=Int(0),  # batches given to torchtitan since the run started (fill batches included)
     batches_per_step=Int(1),  # batches per optimizer step in the run that saved it
     epochs=Int(0),  # epochs finished
 )
+RANK = StateSchema("PadpipeDataLoader rank", 2, **RANK_FIELDS)  # settings: the loader's recipe()
+RANK_V1 = StateSchema("PadpipeDataLoader rank", 1, **RANK_FIELDS)  # saved without a recipe: its stages check it
+SOURCE_OPTIONS = ("paths", "columns", "iterable", "dataset")
+"""The reader options that say what a pipeline reads (not how: retries, credentials, chunk sizes)."""
+HASHED_ITEMS = 100_000
+"""In-memory rows (``from_iterable``) up to this many are told apart by a digest; more, by their number."""
 
 
 def gathered(mine: dict[str, Any], group: Any) -> dict[str, bytes]:
@@ -54,11 +65,61 @@ def gathered(mine: dict[str, Any], group: Any) -> dict[str, bytes]:
     return {KEY: buffer.getvalue()}
 
 
-def saved_ranks(state: Any) -> list[Any]:
+def recipe(pipe: Any, seq_len: int) -> dict[str, Any]:
+    """What a saved state must have been read with: ``pipe``'s data and tokenizers, and torchtitan's ``seq_len``.
+
+    Example:
+        >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b"}]).tokenize(pp.examples.tokenizer())
+        >>> recipe(pipe, 2048)
+        {'data': 'from_iterable(iterable=2 rows sha1=...)', 'tokenizer': 'vocab=8000 sha1=...', 'seq_len': 2048}
+    """
+    return {"data": _data(pipe), "tokenizer": _tokenizers(pipe), "seq_len": seq_len}
+
+
+def _data(pipe: Any) -> str:
+    source = pipe.source
+    if source.name == "mix":
+        parts = sorted(source.options["pipelines"].items())
+        return f"mix({', '.join(f'{name}: {_data(part)}' for name, part in parts)})"
+    shown = [f"{key}={_shown(value)}" for key, value in source.options.items() if key in SOURCE_OPTIONS]
+    return f"{source.name}({', '.join(shown)})"
+
+
+def _shown(value: Any) -> str:
+    """A value as the data's identity: plain values as they are; rows by a digest; a dataset by its type and size."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return repr(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value) and len(value) <= 64:
+        return repr(list(value))
+    size = len(value) if hasattr(value, "__len__") else None
+    if isinstance(value, (list, tuple)) and size is not None and size <= HASHED_ITEMS:
+        return f"{size} rows sha1={hashlib.sha1(repr(value).encode()).hexdigest()[:16]}"
+    return f"{type(value).__name__}" + (f" of {size} rows" if size is not None else "")
+
+
+def _tokenizers(pipe: Any) -> str:
+    found = (
+        [_tokenizers(part) for _, part in sorted(pipe.source.options["pipelines"].items())]
+        if (pipe.source.name == "mix")
+        else []
+    )
+    for stage in pipe.stages:
+        if stage.name in ("tokenize", "chat"):
+            found += [v.fingerprint() for v in stage.options.values() if callable(getattr(v, "fingerprint", None))]
+    return ", ".join(found) or "none (token ids)"
+
+
+def saved_ranks(state: Any, expected: Mapping[str, Any] | None = None) -> list[Any]:
     """Every saved rank's :data:`RANK` state from a loader state, checked and loaded (fields as attributes), by rank.
 
+    Args:
+        state: The loader state (``{"padpipe": bytes}``).
+        expected: The loading loader's :func:`recipe`, which each rank's must equal (``None``: not checked). A
+            state saved before ranks held one (version 1) is read, its recipe left to the stages to check.
+
     Raises:
-        StateMismatchError: ``state`` is not this loader's, or a rank's entry is invalid.
+        StateMismatchError: ``state`` is not this loader's, a rank's entry is invalid, or it was saved with
+            another recipe (data, tokenizer or ``seq_len``).
     """
     blob = state.get(KEY) if isinstance(state, Mapping) else None
     if not isinstance(blob, bytes):
@@ -74,7 +135,8 @@ def saved_ranks(state: Any) -> list[Any]:
     ranks = STATE.check(loaded, {}).ranks
     if not ranks:
         raise StateMismatchError("PadpipeDataLoader state holds no rank's state: it must hold every saved DP rank's.")
-    return [RANK.check(one, {}) for one in ranks]
+    old = [isinstance(one, Mapping) and one.get("version") == RANK_V1.version for one in ranks]
+    return [RANK_V1.check(one, {}) if v1 else RANK.check(one, expected or {}) for one, v1 in zip(ranks, old)]
 
 
 def data_parallel_group(dp_rank: int, dp_world_size: int) -> Any:

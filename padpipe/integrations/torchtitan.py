@@ -39,7 +39,7 @@ from padpipe._optional import MissingDependencyError
 from padpipe.errors import positive
 from padpipe.integrations.titan_api import INSTALL, VERSION, check_api
 from padpipe.integrations.titan_batches import TitanBatch, fill_rows, titan_batch
-from padpipe.integrations.titan_state import RANK, data_parallel_group, gathered, saved_ranks
+from padpipe.integrations.titan_state import RANK, data_parallel_group, gathered, recipe, saved_ranks
 from padpipe.integrations.titan_tokenizer import as_padpipe
 from padpipe.pipeline import Pipeline
 from padpipe.recipes.formats import read_corpus
@@ -105,6 +105,8 @@ class PadpipeDataLoader(BaseDataLoader):
 
     Attributes:
         loader: The ``pipe.loader()`` it reads (its ``stats()`` count rows, tokens, moves).
+        recipe: What a state to load must have been saved with (the data, the tokenizer and
+            ``seq_len``: :func:`padpipe.integrations.titan_state.recipe`), checked in ``load_state_dict``.
         counts: Rows filled into short batches (``filled_rows``), equal steps' filler batches
             (``filler_batches``) and batches filling the last optimizer step (``end_batches``),
             all training nothing, in this process.
@@ -184,6 +186,7 @@ class PadpipeDataLoader(BaseDataLoader):
             else _text_pipeline(config, tokenizer, seq_len, local_batch_size)
         )
         self.pad_id = _pack_pad_id(pipe, seq_len, local_batch_size)
+        self.recipe = recipe(pipe, seq_len)  # what a state to load must have been read with, checked at once
         self.group, consumer = _data_parallel(group, dp_rank, dp_world_size)
         self.loader = pipe.loader(config.num_workers, consumer=consumer, group=self.group)
         self.counts = {"filled_rows": 0, "filler_batches": 0, "end_batches": 0}
@@ -218,7 +221,7 @@ class PadpipeDataLoader(BaseDataLoader):
     def state_dict(self) -> dict[str, Any]:
         """Every DP rank's position, in one value the same on every rank (a collective over the DP group)."""
         mine = RANK.make(
-            {},
+            self.recipe,
             loader=self.loader.state_dict(),
             yielded=self._yielded,
             batches_per_step=self.batches_per_step,
@@ -227,8 +230,12 @@ class PadpipeDataLoader(BaseDataLoader):
         return gathered(mine, self.group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Go on from ``state_dict`` (saved on any number of DP ranks and workers) at the next ``iter()``."""
-        saved = saved_ranks(state_dict)
+        """Go on from ``state_dict`` (saved on any number of DP ranks and workers) at the next ``iter()``.
+
+        Raises ``StateMismatchError`` at once (inside torchtitan's ``CheckpointManager.load``) for a state of
+        another dataset, tokenizer or ``seq_len``; the rest of the pipeline's settings are checked at the first batch.
+        """
+        saved = saved_ranks(state_dict, self.recipe)
         where = {(s.yielded, s.batches_per_step, s.epochs) for s in saved}
         if len(where) > 1:
             raise StateMismatchError(

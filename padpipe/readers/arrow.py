@@ -23,6 +23,9 @@ FILE_MAGIC = b"ARROW1"
 RANDOM, OFFSETS, SEQUENTIAL = "random access", "stream offsets", "sequential stream"
 BLOCK_BYTES = 8 << 20  # read-ahead of a remote file
 HEAD_BYTES = 1 << 16  # read-ahead when only the schema is read
+SAVED_FILES = ("datasets.arrow_dataset", "Dataset.save_to_disk", "state.json", "_data_files")
+"""datasets' private name this reader reads (tests/integrations/test_contacts.py pins it): the key of a
+``save_to_disk`` folder's ``state.json`` that lists its data files in order."""
 
 
 class ArrowReader(FileSource):
@@ -175,8 +178,15 @@ def _saved_dataset_files(fs: AbstractFileSystem, folder: str) -> list[str] | Non
     if fs.exists(state_path):
         with fs.open(state_path, "rb") as handle:
             state = json.load(handle)
-        if state.get("_data_files"):
-            return [posixpath.join(folder, entry["filename"]) for entry in state["_data_files"]]
+        key = SAVED_FILES[3]
+        if not isinstance(state, dict) or not isinstance(state.get(key), list):
+            raise DataError(
+                f"{state_path}: a Dataset.save_to_disk state must list its data files under {key!r}, but has keys "
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__} instead (another datasets "
+                "release?): read its .arrow files with read_arrow([...]) in the order you want."
+            )
+        if state[key]:
+            return [posixpath.join(folder, entry["filename"]) for entry in state[key]]
     dict_path = posixpath.join(folder, "dataset_dict.json")
     if fs.exists(dict_path):
         with fs.open(dict_path, "rb") as handle:

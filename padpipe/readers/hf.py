@@ -20,6 +20,9 @@ from padpipe.stats import PipelineStats
 
 DATASET_LABEL = "<datasets.Dataset>"
 ITERABLE_LABEL = "<datasets.IterableDataset>"
+FINGERPRINT = ("datasets.arrow_dataset", "Dataset", "_fingerprint")
+"""datasets' private name this reader reads (tests/integrations/test_contacts.py pins it): a ``Dataset``'s content
+digest, saved in the state's ``input`` setting so a state of another dataset is refused."""
 
 
 def hf_reader(dataset: Any, *, columns: Sequence[str] | None) -> tuple[type, dict[str, Any]]:
@@ -101,7 +104,14 @@ class HFDatasetReader(UnitSource):
         self._view: Any = None
 
     def describe(self) -> str:
-        fingerprint = getattr(self.dataset, "_fingerprint", None)
+        module, cls, name = FINGERPRINT
+        fingerprint = getattr(self.dataset, name, None)
+        if not isinstance(fingerprint, str):
+            raise TypeError(
+                f"padpipe's from_hf reads a datasets.Dataset's `{name}` ({module}.{cls}: what a resumed state is "
+                f"checked against), but this {type(self.dataset).__name__} has {fingerprint!r}: install a datasets "
+                "release padpipe was tested with or a padpipe release for yours."
+            )
         return f"from_hf Dataset fingerprint={fingerprint} rows={len(self.dataset)} columns={self.columns!r}"
 
     def list_units(self) -> list[WorkUnit]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode
@@ -27,11 +27,8 @@ from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.runtime.workers import WorkerProcesses
 from padpipe.sharing.consumer import Consumer
 from padpipe.sharing.ranks import ranks
-from padpipe.stage import DEVICE_STAGES, BuildContext
+from padpipe.stage import DEVICE_STAGES, BuildContext, Recipe
 from padpipe.stats import PipelineStats
-
-if TYPE_CHECKING:
-    from padpipe.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class Assembly:
 
 
 def assemble(
-    pipe: Pipeline,
+    pipe: Recipe,
     *,
     num_workers: int,
     consumer: Consumer | None,
@@ -159,7 +156,7 @@ def assemble(
     return Assembly(root, stats, settings, layout, reshare, device, group, layers)
 
 
-def _split_last(pipe: Pipeline) -> tuple[Pipeline, Any]:
+def _split_last(pipe: Recipe) -> tuple[Recipe, Any]:
     """``pipe`` without a trailing ``prefetch``/``to_cuda`` stage, and that stage (or ``None``)."""
     last = pipe.stages[-1] if pipe.stages and pipe.stages[-1].name in DEVICE_STAGES else None
     return (dataclasses.replace(pipe, stages=pipe.stages[:-1]), last) if last is not None else (pipe, None)

@@ -18,11 +18,11 @@ from padpipe.pipes.mix import WeightedMixer
 from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.runtime.latch import FailureLatch
 from padpipe.sharing.consumer import Consumer
+from padpipe.stage import Recipe
 from padpipe.state import Child, Int, Invalid, ListOf, Optional, Plain, Spec, StateMismatchError, StateSchema
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
-    from padpipe.pipeline import Pipeline
     from padpipe.readers.source import UnitSource
 
 
@@ -125,7 +125,7 @@ class ConsumerGraph(BaseNode[Any]):
 
     STATE = StateSchema("ConsumerGraph", 2, elastic=_Plan())  # only in an elastic epoch: else the graph's own state
 
-    def __init__(self, pipeline: Pipeline, consumer: Consumer | None, stats: PipelineStats) -> None:
+    def __init__(self, pipeline: Recipe, consumer: Consumer | None, stats: PipelineStats) -> None:
         super().__init__()
         self.pipeline, self.consumer, self.stats = pipeline, consumer, stats
         self.source = pipeline.build(consumer=consumer, stats=stats)

@@ -34,11 +34,11 @@ from padpipe.runtime.loader_state import LOADER_STATE
 from padpipe.runtime.workers import WorkerProcesses
 from padpipe.sharing.consumer import Consumer
 from padpipe.sharing.shares import share
+from padpipe.stage import Recipe
 from padpipe.state import Int, StateMismatchError, load_value
 from padpipe.stats import PipelineStats
 
 if TYPE_CHECKING:
-    from padpipe.pipeline import Pipeline
     from padpipe.readers.source import WorkUnit
 
 
@@ -80,7 +80,7 @@ def old_consumer(index: int, count: int, workers: int, graph: dict[str, Any] | N
 def reshare(
     old: list[OldConsumer],
     *,
-    pipeline: Pipeline,
+    pipeline: Recipe,
     epoch: int,
     rank: int,
     ranks: int,
@@ -175,7 +175,7 @@ def _epoch_of(graph: dict[str, Any]) -> int:
 def loader_state(
     states: list[dict[str, Any]],
     *,
-    pipeline: Pipeline,
+    pipeline: Recipe,
     layers: tuple[LayerRecord, ...],
     layout: list[int],
     settings: dict[str, Any],

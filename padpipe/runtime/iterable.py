@@ -5,17 +5,15 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
 from padpipe.graph import start_at_epoch
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.sharing.consumer import Consumer
+from padpipe.stage import Recipe
 from padpipe.stats import PipelineStats
-
-if TYPE_CHECKING:
-    from padpipe.pipeline import Pipeline
 
 EPOCH_KEY = "epoch"
 NODE_KEY = "node"
@@ -42,7 +40,7 @@ class PipelineIterator(Iterator[Any]):
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Recipe,
         epoch: int,
         *,
         consumer: Consumer | None = None,

@@ -4,11 +4,16 @@ torchdata checks its own state with ``assert`` and plain indexing, so a state ed
 checksum recomputed) would fail there with an ``AssertionError`` or ``TypeError`` far from its cause.
 :class:`LoaderSnapshot` checks the parts that torchdata 0.11 and elastic resume read first, so such
 a state is refused as a :class:`~padpipe.state.StateMismatchError` naming the key.
+
+Its tables are torchdata's private names :class:`~padpipe.runtime.workers.WorkerProcesses` relies
+on: :data:`PARTS` of the state, and :data:`SHUTDOWN`, the method that stops the worker processes
+(read through :func:`worker_stopper`, which raises naming it when a release renamed it);
+tests/integrations/test_contacts.py pins each against the installed torchdata.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +38,36 @@ ITERATOR_PARTS: tuple[tuple[str, type, str], ...] = (
     (EPOCH_KEY, int, "an int >= 0"),
     (NODE_KEY, Mapping, "a dict"),
 )
+SHUTDOWN = (
+    "torchdata.stateful_dataloader.stateful_dataloader",
+    "_StatefulMultiProcessingDataLoaderIter",
+    "_shutdown_workers",
+)
+"""(module, class, method): what stops a ``StatefulDataLoader`` iterator's worker processes (torch's, inherited)."""
 STATS_NUMBERS = ("rows", "batches", "real_tokens", "padded_tokens", "wall_seconds")
 STATS_TABLES = ("skipped", "seconds", "counters")
 STATS = f"a dict of {', '.join(STATS_NUMBERS)} (numbers >= 0) and {', '.join(STATS_TABLES)} (names to numbers >= 0)"
+
+
+def worker_stopper(iterator: Any) -> Callable[[], None]:
+    """The method of :data:`SHUTDOWN` on a ``StatefulDataLoader`` iterator with workers; ``RuntimeError`` naming it
+    when the installed torchdata has none (the workers would otherwise be left to torch's ``__del__``).
+
+    Example:
+        >>> worker_stopper(iter([]))
+        Traceback (most recent call last):
+        ...
+        RuntimeError: padpipe's WorkerProcesses stops its DataLoader workers with torchdata's ...
+    """
+    module, cls, name = SHUTDOWN
+    stop = getattr(iterator, name, None)
+    if not callable(stop):
+        raise RuntimeError(
+            f"padpipe's WorkerProcesses stops its DataLoader workers with torchdata's {module}.{cls}.{name}(), but the "
+            f"installed torchdata's iterator ({type(iterator).__name__}) has no such method: install torchdata 0.11 "
+            "(pip install 'torchdata==0.11.*') or a padpipe release for yours."
+        )
+    return stop
 
 
 @dataclass(frozen=True)

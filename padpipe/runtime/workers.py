@@ -14,7 +14,7 @@ import functools
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
@@ -22,14 +22,12 @@ from torchdata.nodes import BaseNode
 
 from padpipe.graph import EpochAware
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
-from padpipe.runtime.loader_snapshot import LoaderSnapshot
+from padpipe.runtime.loader_snapshot import LoaderSnapshot, worker_stopper
 from padpipe.sharing.consumer import Consumer
+from padpipe.stage import Recipe
 from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
 from padpipe.state_walk import show
 from padpipe.stats import PipelineStats, StatsSnapshot
-
-if TYPE_CHECKING:
-    from padpipe.pipeline import Pipeline
 
 
 class EpochShares(IterableDataset):
@@ -40,7 +38,7 @@ class EpochShares(IterableDataset):
         consumer: The rank to read as; the worker slot is filled in each worker.
     """
 
-    def __init__(self, pipeline: Pipeline, consumer: Consumer) -> None:
+    def __init__(self, pipeline: Recipe, consumer: Consumer) -> None:
         self.pipeline = pipeline
         self.consumer = consumer
         self.epoch = 0
@@ -87,7 +85,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Recipe,
         *,
         num_workers: int,
         consumer: Consumer | None = None,
@@ -238,6 +236,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         self._generator.manual_seed(self._epoch)  # the same worker seeds for an epoch in every run
         self._loader.load_state_dict(loader_state or {})
         self._it = iter(self._loader)
+        worker_stopper(self._it)  # torchdata's way to stop them, checked now: in the finalizer an error is only printed
         # the workers stop when this node goes, even if the garbage collector frees it in a reference cycle:
         # torch's own ``__del__`` then runs after the queues it signals the workers through were closed, and
         # waits 5 s for each worker before killing it
@@ -245,10 +244,9 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
 
 
 def _shutdown(it: Any) -> None:
-    """Stop a torch loader iterator's worker processes (nothing for ``None`` or an iterator without workers)."""
-    shutdown = getattr(it, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    """Stop a ``StatefulDataLoader`` iterator's worker processes (nothing for ``None``)."""
+    if it is not None:
+        worker_stopper(it)()
 
 
 def _node_of(iterator: Any, worker: int) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -23,12 +23,26 @@ from torchdata.nodes import BaseNode
 from padpipe.chunks import TokenChunk
 from padpipe.readers.aligned import concat
 from padpipe.state import SOURCE_KEY, Child, check_state, make_state
+from padpipe.stats import PipelineStats
 from padpipe.token_cache import rows as cr
 from padpipe.token_cache.store import Segment
 from padpipe.tokenizer.rows import ChunkTokenizer, as_text_column, bad_rows, pass_through
 
-if TYPE_CHECKING:
-    from padpipe.token_cache.session import CacheSession
+
+class Session(Protocol):
+    """What the tokenize side reads of the cache session (a :class:`padpipe.token_cache.session.CacheSession`,
+    which imports this module): the ids' type, whether to keep row references, where and whether to write."""
+
+    id_type: pa.DataType
+    keep_ref: bool  # tokenize keeps row references on its chunks (a bucket stage follows)
+    fingerprint: str
+    writable: bool  # False after a write error under on_write_error='skip'
+    stats: PipelineStats
+    collector: Collector
+
+    def ready(self) -> None: ...  # once per process: the location is writable
+
+    def publish(self, uid: int, folder: str, segment: Segment, rows: pa.Table) -> None: ...  # write a segment
 
 
 @dataclass(frozen=True)
@@ -48,7 +62,7 @@ class CachedTokenizer:
         session: The pipeline's cache session (id type, fields, whether to keep references).
     """
 
-    def __init__(self, tokenize: ChunkTokenizer, session: CacheSession) -> None:
+    def __init__(self, tokenize: ChunkTokenizer, session: Session) -> None:
         self.tokenize = tokenize
         self.session = session
 
@@ -112,7 +126,7 @@ class CacheFiller(BaseNode[TokenChunk]):
 
     VERSION = 1
 
-    def __init__(self, source: BaseNode, session: CacheSession) -> None:
+    def __init__(self, source: BaseNode, session: Session) -> None:
         super().__init__()
         self.source = source
         self.session = session
@@ -174,7 +188,7 @@ class _Pending:
 class Collector:
     """Fresh rows sorted into announced segments; complete segments written by one background thread."""
 
-    def __init__(self, session: CacheSession) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
         self.generation = 0
         self._lock = threading.Lock()
@@ -245,7 +259,7 @@ class Collector:
         )
 
 
-def _segment_table(pending: _Pending, session: CacheSession) -> pa.Table | None:
+def _segment_table(pending: _Pending, session: Session) -> pa.Table | None:
     """The segment's rows sorted by position, or ``None`` when they are not exactly its rows."""
     segment = pending.segment
     if not pending.parts:

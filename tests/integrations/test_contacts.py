@@ -1,9 +1,13 @@
 """Every private name of a framework that an adapter reads, pinned against the installed release.
 
 Each adapter keeps its contacts in one table (Lightning: ``lightning_fit.CONTACTS``; Accelerate and
-torch's fetcher: ``guard.ACCELERATE`` / ``guard.TORCH_FETCHER``; torchdata's snapshot:
-``runtime.loader_snapshot.PARTS``; transformers: ``hf_hooks.HOOKS``, pinned with the behaviour of
-each hook in test_hf_hooks*.py). A release that renames one fails here, by name, on ``make
+torch's fetcher: ``guard.ACCELERATE`` / ``guard.TORCH_FETCHER``; torchdata's snapshot and worker
+shutdown: ``runtime.loader_snapshot.PARTS`` / ``SHUTDOWN``; transformers: ``hf_hooks.HOOKS``, pinned
+with the behaviour of each hook in test_hf_hooks*.py, and the attributes ``hf_hooks.ATTRIBUTES``
+(Accelerate's ``_models`` too); the packing check's ``inspection.packing_causes.CONTACTS``;
+datasets: ``readers.hf.FINGERPRINT`` and ``readers.arrow.SAVED_FILES``; torchtitan:
+``titan_api.CONTACTS``, pinned in test_torchtitan_api.py). Code that reads one raises naming it when
+it is gone, never falls back quietly. A release that renames one fails here, by name, on ``make
 test-latest``, before an adapter could quietly fall back to a weaker guarantee. What the loops do
 with them is pinned by the framework tests that run them (test_lightning_bare.py, test_accelerate.py,
 test_workers_state.py).
@@ -14,12 +18,17 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
+import types
 
 import pytest
 
 import padpipe as pp
-from padpipe.integrations import guard, lightning_fit
-from padpipe.runtime.loader_snapshot import ITERATOR_PARTS, PARTS
+from padpipe.inspection import packing_causes
+from padpipe.integrations import guard, hf_hooks, lightning_fit
+from padpipe.readers import arrow
+from padpipe.readers import hf as readers_hf
+from padpipe.runtime.loader_snapshot import ITERATOR_PARTS, PARTS, SHUTDOWN, worker_stopper
 
 
 def resolve(root, path: str):
@@ -83,3 +92,76 @@ def test_every_torchdata_snapshot_part_exists_in_a_real_statefuldataloader_state
     for key, kind, _ in ITERATOR_PARTS:
         assert isinstance(iterator[key], kind), key
     del it
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "attribute", "why"), hf_hooks.ATTRIBUTES, ids=[r[2] for r in hf_hooks.ATTRIBUTES]
+)
+def test_every_private_attribute_padpipe_hf_reads_is_set_by_its_class(module, name, attribute, why):
+    pytest.importorskip(module.split(".")[0])
+    cls = getattr(importlib.import_module(module), name)
+    assert f"self.{attribute} = " in inspect.getsource(cls), (name, attribute)
+
+
+def test_a_private_attribute_padpipe_hf_reads_that_is_gone_raises_naming_it():
+    with pytest.raises(ImportError, match=r"^padpipe\.hf reads transformers\.trainer\.Trainer's `_signature_columns`"):
+        hf_hooks.private(object(), "_signature_columns")
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "attribute"), packing_causes.CONTACTS, ids=[r[1] for r in packing_causes.CONTACTS]
+)
+def test_every_transformers_contact_of_the_packing_check_exists(module, name, attribute):
+    transformers = pytest.importorskip("transformers")
+    cls = getattr(importlib.import_module(module), name)
+    owner = cls() if cls is transformers.PretrainedConfig else cls
+    assert hasattr(owner, attribute), (name, attribute)
+
+
+def test_the_packing_check_refuses_a_transformers_config_without_its_attention_name():
+    config = type("GoneConfig", (), {"__module__": "transformers.configuration_gone"})()
+    with pytest.raises(ImportError, match=r"^padpipe\.check_packing reads transformers' `_attn_implementation`"):
+        packing_causes.attention_of(types.SimpleNamespace(config=config))
+    assert packing_causes.attention_of(types.SimpleNamespace(config=types.SimpleNamespace())) is None  # not HF's
+
+
+@pytest.mark.timeout(120)
+def test_torchdatas_worker_shutdown_exists_stops_the_workers_and_its_loss_raises(monkeypatch):
+    """WorkerProcesses stops its workers with this method: a release without it fails here and at the first epoch."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    module, name, method = SHUTDOWN
+    cls = getattr(importlib.import_module(module), name)
+    loader = StatefulDataLoader(range(4), batch_size=None, num_workers=1)
+    it = iter(loader)
+    assert type(it) is cls
+    with monkeypatch.context() as patch:
+        patch.delattr(cls, method)
+        with pytest.raises(
+            RuntimeError, match=rf"^padpipe's WorkerProcesses stops its DataLoader workers with .*{method}"
+        ):
+            worker_stopper(it)
+    worker_stopper(it)()
+    assert not any(w.is_alive() for w in it._workers)  # the workers are gone
+
+
+def test_datasets_contacts_exist(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    dataset = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    module, name, attribute = readers_hf.FINGERPRINT
+    assert isinstance(getattr(dataset, attribute), str) and type(dataset) is getattr(
+        importlib.import_module(module), name
+    )
+    dataset.save_to_disk(str(tmp_path / "saved"))
+    state = json.loads((tmp_path / "saved" / arrow.SAVED_FILES[2]).read_text())
+    assert [set(entry) >= {"filename"} for entry in state[arrow.SAVED_FILES[3]]] == [True]
+
+
+def test_from_hf_refuses_a_dataset_without_its_fingerprint():
+    datasets = pytest.importorskip("datasets")
+    dataset = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    dataset._fingerprint = None  # what a datasets release that renamed it would leave
+    loader = pp.from_hf(dataset).tokenize(pp.examples.tokenizer()).batch(1).pad().loader()
+    with pytest.raises(TypeError, match=r"^padpipe's from_hf reads a datasets\.Dataset's `_fingerprint`"):
+        next(iter(loader))
+        loader.state_dict()

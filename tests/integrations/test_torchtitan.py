@@ -7,6 +7,9 @@ API: test_torchtitan_api.py.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import pathlib
+import re
 import tempfile
 
 import pyarrow as pa
@@ -14,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn as nn
+from tokenizers import Tokenizer
 
 import padpipe as pp
 from padpipe.state import StateMismatchError
@@ -24,7 +28,8 @@ from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw  # noqa: E402
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 
-from padpipe.integrations.torchtitan import PadpipeDataLoader  # noqa: E402
+from padpipe.integrations.titan_state import RANK_V1, gathered  # noqa: E402
+from padpipe.integrations.torchtitan import PadpipeDataLoader, text_tokenizer  # noqa: E402
 
 TITAN = HuggingFaceTokenizer(tokenizer_path=pp.examples.TOKENIZER_DIR)
 WORDS = "the cat sat on a mat and then ran far away".split()
@@ -95,22 +100,26 @@ def test_the_data_ends_at_a_multiple_of_the_batches_per_optimizer_step():
     assert list(loader) == [], "the data has ended: iterating again yields nothing"
 
 
+def checkpoints(loader, folder) -> CheckpointManager:
+    """torchtitan's CheckpointManager of a tiny model and ``loader``, saving under ``folder``."""
+    model = nn.Linear(2, 2)
+    optimizers = default_adamw(lr=1e-3).build(model_parts=[model])
+    schedulers = LRSchedulersContainer.Config(warmup_steps=1).build(optimizers=optimizers, training_steps=9)
+    return CheckpointManager.Config(enable=True, interval=1, keep_latest_k=0).build(
+        dataloader=loader,
+        model_parts=[model],
+        optimizers=optimizers,
+        lr_schedulers=schedulers,
+        states={},
+        sd_adapter=None,
+        base_folder=str(folder),
+    )
+
+
 def test_a_torchtitan_checkpoint_resumes_the_loader_exactly(tmp_path):
     def run(folder):
         loader = build(PadpipeDataLoader.Config(pipeline=packed, epochs=2))
-        model = nn.Linear(2, 2)
-        optimizers = default_adamw(lr=1e-3).build(model_parts=[model])
-        schedulers = LRSchedulersContainer.Config(warmup_steps=1).build(optimizers=optimizers, training_steps=9)
-        manager = CheckpointManager.Config(enable=True, interval=1, keep_latest_k=0).build(
-            dataloader=loader,
-            model_parts=[model],
-            optimizers=optimizers,
-            lr_schedulers=schedulers,
-            states={},
-            sd_adapter=None,
-            base_folder=str(folder),
-        )
-        return loader, manager
+        return loader, checkpoints(loader, folder)
 
     loader, manager = run(tmp_path)
     it = iter(loader)
@@ -167,3 +176,107 @@ def test_a_state_it_did_not_write_is_refused():
         f.seek(0)
         with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader state"):
             loader.load_state_dict({"padpipe": f.read()})
+
+
+def other_tokenizer() -> Tokenizer:
+    tokenizer = Tokenizer.from_str(pp.examples.tokenizer().to_str())
+    tokenizer.add_tokens(["<another>"])
+    return tokenizer
+
+
+@pytest.mark.parametrize(
+    ("other", "setting"),
+    [
+        (dict(seq_len=16), r"'seq_len' found 32 instead of 16\.$"),
+        (dict(texts=TEXTS[::-1]), r"'data' found 'from_iterable\(iterable=60 rows sha1=\w+\)' instead of "),
+        (dict(tokenizer=other_tokenizer()), r"'tokenizer' found 'vocab=8000 sha1=\w+' instead of 'vocab=8001 "),
+    ],
+    ids=["seq_len", "dataset", "tokenizer"],
+)
+def test_a_checkpoint_of_another_dataset_tokenizer_or_seq_len_is_refused_when_torchtitan_loads_it(
+    tmp_path, other, setting
+):
+    def pipeline(texts, tokenizer):
+        def make(seq_len, batch_size, **_):  # torchtitan's tokenizer left unused
+            rows = pp.from_iterable([{"text": t} for t in texts]).tokenize(tokenizer, truncation=False)
+            return rows.pack(seq_len, batch_size=batch_size)
+
+        return PadpipeDataLoader.Config(pipeline=make)
+
+    saved = build(pipeline(TEXTS, pp.examples.tokenizer()))
+    next(iter(saved))
+    checkpoints(saved, tmp_path).save(1)
+    seq_len = other.get("seq_len", 32)
+    loader = build(
+        pipeline(other.get("texts", TEXTS), other.get("tokenizer", pp.examples.tokenizer())), seq_len=seq_len
+    )
+    manager = checkpoints(loader, tmp_path)
+    with pytest.raises(
+        StateMismatchError, match=r"^PadpipeDataLoader rank state doesn't match this pipeline: setting " + setting
+    ):
+        manager.load()  # refused here, before a model step: not at the first batch
+
+
+def test_a_checkpoint_of_another_dataset_path_is_refused_when_loaded(tmp_path):
+    for name in ("a", "b"):
+        pq.write_table(pa.table({"text": TEXTS, "body": TEXTS}), tmp_path / f"{name}.parquet")
+    config = PadpipeDataLoader.Config(dataset_path=str(tmp_path / "a.parquet"))
+    saved = build(config)
+    next(iter(saved))
+    state = saved.state_dict()
+    again = build(config)
+    again.load_state_dict(state)
+    assert len(list(again)) == len(list(build(config))) - 1  # the same data resumes
+    other = build(PadpipeDataLoader.Config(dataset_path=str(tmp_path / "b.parquet")))
+    with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader rank state .* setting 'data' found .*a\.parquet"):
+        other.load_state_dict(state)
+    text = build(PadpipeDataLoader.Config(dataset_path=str(tmp_path / "a.parquet"), text_field="body"))
+    with pytest.raises(StateMismatchError, match=r"setting 'data' found .*\['text'\].* instead of .*\['body'\]"):
+        text.load_state_dict(state)
+
+
+def test_a_state_saved_before_ranks_held_their_recipe_still_resumes():
+    loader = build(PadpipeDataLoader.Config(pipeline=packed))
+    it = iter(loader)
+    first = next(it)
+    rest = list(it)
+    loader = build(PadpipeDataLoader.Config(pipeline=packed))
+    it = iter(loader)
+    next(it)
+    mine = RANK_V1.make({}, loader=loader.loader.state_dict(), yielded=1, batches_per_step=1, epochs=0)
+    old = gathered(mine, None)
+    again = build(PadpipeDataLoader.Config(pipeline=packed))
+    again.load_state_dict(old)
+    resumed = list(again)
+    assert first is not None and len(resumed) == len(rest)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(rest, resumed))
+
+
+def test_every_config_field_is_in_the_docs():
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "torchtitan.md").read_text()
+    rows = set(re.findall(r"^\| `(\w+)` \|", text, flags=re.M))
+    assert rows == {f.name for f in dataclasses.fields(PadpipeDataLoader.Config)}
+
+
+def test_ids_equal_torchtitans_but_where_the_tokenizer_json_truncates(tmp_path):
+    """torchtitan's encode cuts a document its tokenizer.json truncates (128 ids); padpipe yields it whole."""
+    tokenizer = Tokenizer.from_file(str(pathlib.Path(pp.examples.TOKENIZER_DIR) / "tokenizer.json"))
+    tokenizer.enable_truncation(128)
+    for path in pathlib.Path(pp.examples.TOKENIZER_DIR).iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    titan = HuggingFaceTokenizer(tokenizer_path=str(tmp_path))
+    short, long = "the cat sat", " ".join(["word"] * 400)
+    config = PadpipeDataLoader.Config(
+        pipeline=lambda tokenizer, seq_len, batch_size: (
+            pp.from_iterable([{"text": short}, {"text": long}])
+            .tokenize(text_tokenizer(tokenizer), truncation=False)
+            .pack(seq_len, batch_size=batch_size, buffer_size=1)
+        )
+    )
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=titan, seq_len=512, local_batch_size=2)
+    (inputs, _), *_ = loader
+    tokens = int((inputs["input"] != loader.pad_id).sum())  # both documents, in one batch of 2 x 512
+    assert titan.encode(short, add_bos=True, add_eos=True) == text_tokenizer(titan).encode(short).ids
+    assert len(titan.encode(long, add_bos=True, add_eos=True)) == 128
+    assert tokens == len(titan.encode(short, add_bos=True, add_eos=True)) + 402  # whole: 400 words, BOS, EOS

@@ -159,3 +159,14 @@ def test_read_arrow_loader_yields_record_batches(folder):
     batches = list(pp.read_arrow(str(folder), chunk_rows=5).loader())
     assert all(isinstance(b, pa.RecordBatch) for b in batches)
     assert ids(batches) == list(range(21))
+
+
+def test_read_arrow_raises_error_on_a_save_to_disk_state_without_its_file_list(tmp_path):
+    datasets.Dataset.from_dict({"id": [1, 2]}).save_to_disk(str(tmp_path / "saved"))
+    state = json.loads((tmp_path / "saved/state.json").read_text())
+    del state["_data_files"]  # what a datasets release that renamed it would write
+    (tmp_path / "saved/state.json").write_text(json.dumps(state))
+    with pytest.raises(
+        DataError, match=r"state\.json: a Dataset\.save_to_disk state must list its data files under '_data_files'"
+    ):
+        epoch_batches(reader(tmp_path / "saved"))
