@@ -152,3 +152,24 @@ def test_deepseek_training_template_never_trains_the_assistant_header() -> None:
     trained = tok.decode([i for i, label in zip(row["ids"], row["labels"]) if label != IGNORE])
     assert "<｜Assistant｜>" not in trained
     assert trained == "4.<｜end▁of▁sentence｜>Add them.\n</think>\n\n6.<｜end▁of▁sentence｜>"
+
+
+def test_qwen3_reasoning_rows_pack_with_their_labels_and_resume_exactly(tmp_path: Any) -> None:
+    import padpipe as pp
+    from tests.contract import check_loader_resume
+
+    tok = rt.tokenizer("qwen3")
+    chats = rt.conversations("qwen3", 24, seed=5)
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"idx": i, "messages": c}) + "\n" for i, c in enumerate(chats)))
+    rows, _ = run_chat(tok, chats)
+
+    def make() -> Any:
+        return pp.read_jsonl(str(path)).chat(tok).pack(1024, batch_size=2, keep=("idx",)).loader()
+
+    packed = [batch for batch in make()]
+    labels = sorted(t for b in packed for t in b["labels"].flatten().tolist() if t != IGNORE)
+    # each row's first token is never trained once packed (no prediction across a boundary)
+    expected = sorted(t for row in rows for t in row["labels"][1:] if t != IGNORE)
+    assert labels == expected and sum(len(b["idx"][r]) for b in packed for r in range(len(b["idx"]))) == len(rows)
+    check_loader_resume(make, steps=[0, 2])
