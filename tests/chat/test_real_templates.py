@@ -23,6 +23,7 @@ from padpipe.pipes.chat import ChatTokenizer
 from tests.chat import real_templates as rt
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore:.*the chat template does not render:UserWarning")
 
 N = 40
 
@@ -173,3 +174,22 @@ def test_qwen3_reasoning_rows_pack_with_their_labels_and_resume_exactly(tmp_path
     expected = sorted(t for row in rows for t in row["labels"][1:] if t != IGNORE)
     assert labels == expected and sum(len(b["idx"][r]) for b in packed for r in range(len(b["idx"]))) == len(rows)
     check_loader_resume(make, steps=[0, 2])
+
+
+def test_what_a_template_drops_is_said_once_and_counted_every_time() -> None:
+    import warnings
+
+    tok = rt.tokenizer("deepseek_r1_distill")
+    chat = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "<think>\nAdd.\n</think>\n\n4."}]
+    fn = ChatTokenizer(ChatTemplate(tok), ChatOptions())
+    batch = pa.RecordBatch.from_pylist([{"messages": json.dumps(chat)}] * 3)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        fn(batch)
+        fn(batch)
+    assert [str(w.message) for w in said] == [
+        "chat(): the chat template does not render the reasoning of some conversations; they are trained as "
+        "rendered and counted as chat.dropped_reasoning in stats(). To train it, pass chat_template= a training "
+        "template that renders it (docs/sft.md, 'Reasoning')."
+    ]
+    assert fn.stats.snapshot().counters["chat.dropped_reasoning"] == 6
