@@ -177,6 +177,19 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
     out = out or sys.stdout
     truncated = stats.counters.get("chat.truncated", 0)
     print(f"truncated to seq_len: {truncated} conversations (their first seq_len tokens kept)", file=out)
+    if stats.counters.get("chat.reasoning_rows"):
+        print(
+            f"rows of their own for reasoning the whole conversation drops: {stats.counters['chat.reasoning_rows']}",
+            file=out,
+        )
+    unrendered = {
+        k[len("chat.dropped_") :]: v for k, v in sorted(stats.counters.items()) if k.startswith("chat.dropped_")
+    }
+    if unrendered:
+        listed = ", ".join(f"{what} of {n} messages" for what, n in unrendered.items())
+        print(f"not rendered by the template (trained as rendered): {listed}", file=out)
+    if stats.counters.get("chat.special_text"):
+        print(f"conversations holding special-token text (kept): {stats.counters['chat.special_text']}", file=out)
     dropped = sum(stats.skipped.values())
     if not dropped:
         print("dropped: none", file=out)
@@ -246,6 +259,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--on-error", choices=("raise", "skip"), default="raise", help="a conversation that cannot be rendered"
     )
+    parser.add_argument(
+        "--reasoning",
+        choices=("every_turn", "as_rendered"),
+        default="every_turn",
+        help="reasoning the whole conversation drops: rows of their own, or trained as rendered",
+    )
+    parser.add_argument(
+        "--special-text",
+        choices=("keep", "skip", "raise"),
+        default="keep",
+        help="a message holding a special token's text: kept (counted), dropped or refused",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the file order, shuffle and batch order")
     parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
     args = parser.parse_args(argv)
@@ -270,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         completion=args.completion,
         train_on=args.train_on,
         chat_template=template,
-        chat_options={"on_error": args.on_error},
+        chat_options={"on_error": args.on_error, "reasoning": args.reasoning, "special_text": args.special_text},
         seed=args.seed,
     )
     print(f"sft {args.mode} seq_len={args.seq_len}, train_on={args.train_on}:")

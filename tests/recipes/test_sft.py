@@ -232,3 +232,23 @@ def test_sft_cli_reads_a_chat_template_file(tmp_path: Path, capsys: pytest.Captu
     assert main(args) == 0
     tokens = sum(len(reference(r["messages"], chat_template=template.read_text())) for r in ROWS[:10])
     assert re.search(rf"^\d+ batches, 10 conversations, {tokens} tokens in ", capsys.readouterr().out, re.M)
+
+
+@pytest.mark.filterwarnings("ignore:.*the chat template does not render:UserWarning")
+def test_sft_cli_says_reasoning_rows_and_what_the_template_drops(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from tests import chat_fixtures as fx
+
+    chat = [
+        {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "content": "<think>\nAdd.\n</think>\n\n4."},
+        {"role": "user", "content": "3 + 3?"},
+        {"role": "assistant", "content": "<think>\nAdd again.\n</think>\n\n6."},
+    ]
+    path = write_chats(tmp_path / "c.jsonl", [{"id": i, "messages": chat} for i in range(3)])
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(fx.QWEN3)
+    args = ["--data", path, "--tokenizer", "chat", "--chat-template", str(template), "--seq-len", "256"]
+    assert main(args) == 0
+    assert "rows of their own for reasoning the whole conversation drops: 3\n" in capsys.readouterr().out
+    assert main([*args, "--reasoning", "as_rendered"]) == 0
+    assert "not rendered by the template (trained as rendered): reasoning of 3 messages\n" in capsys.readouterr().out
