@@ -21,25 +21,33 @@ wrong span.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from padpipe.chat.rows import CHECK, NOT_PREFIX, RowProblem
 
 ASSISTANT = "assistant"
+NO_SPECIALS = re.compile(r"(?!)")
+"""A pattern that matches nothing: a tokenizer without special tokens."""
 Render = Callable[[list[dict[str, Any]], bool], str]
 """``render(messages, generation_prompt)``: a prefix of the conversation rendered with the row's tools and
 arguments."""
 
 
 def visible_content(message: Mapping[str, Any]) -> str:
-    """The text of a message a template shows as its content: a string's, after any ``</think>``, stripped.
+    """The text of a message a template shows as its content: a string's, after any ``</think>``, stripped (of a
+    list of parts, the last text part's).
 
     Example:
         >>> visible_content({"role": "assistant", "content": "<think>\\nhm\\n</think>\\n\\n Yes. "})
         'Yes.'
     """
     content = message.get("content")
+    if isinstance(content, list):  # parts: the last text part (what the previous turn's end follows)
+        texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        return texts[-1].strip() if texts else ""
     if not isinstance(content, str):
         return ""
     return content.split("</think>")[-1].strip()
@@ -68,40 +76,47 @@ def locate(
     messages: Sequence[dict[str, Any]],
     indices: Sequence[int],
     render: Render,
-    end_of_turn: str | None,
+    ends: Sequence[str],
+    specials: re.Pattern[str] = NO_SPECIALS,
 ) -> list[tuple[int, int]]:
     """The canonical spans of ``messages[indices]`` (ascending) in ``text``, their rendering (module docstring).
 
     Args:
         text: The row's rendering of ``messages``.
-        messages: The messages the row renders (those the template drops from it left out).
+        messages: The messages the row renders.
         indices: The trained messages, ascending.
         render: Renders a prefix of ``messages`` (with or without the generation prompt).
-        end_of_turn: The template's end-of-turn token (``None``: none; the span then ends where the
-            message's own turn rendered last ends, the final separator left out).
+        ends: The template's end-of-turn strings (``""``: the end of the rendering, for a template that ends
+            only earlier answers; ``()``: none, the span then ends where the message's own turn rendered last
+            ends, the final separator left out).
+        specials: The tokenizer's special tokens' text.
 
     Example:
         >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
         >>> def render(ms, prompt):
         ...     return "".join(f"<{m['role']}>{m['content']}<end>" for m in ms) + ("<assistant>" if prompt else "")
         >>> text = render(chat, False)
-        >>> [text[s:e] for s, e in locate(text, chat, [1], render, "<end>")]
+        >>> [text[s:e] for s, e in locate(text, chat, [1], render, ["<end>"])]
         ['Hello<end>']
     """
     spans: list[tuple[int, int]] = []
-    cursor = 0
+    cursor, previous = 0, -1
     for k in indices:
         answer = messages[k]["role"] == ASSISTANT
-        start = output_start(text, cursor, messages, k, render) if answer else _turn_start(text, messages, k, render)
-        end = _turn_end(text, start, messages, k, render, end_of_turn)
-        check(text, messages[k], k, start, end, cursor, end_of_turn)
+        if answer:
+            lower = spans[-1][0] if previous == k - 1 else _past_answers(text, cursor, messages, previous + 1, k - 1)
+            start = output_start(text, cursor, messages, k, render, lower=lower, specials=specials)
+        else:
+            start = _turn_start(text, messages, k, render)
+        end = _turn_end(text, start, messages, k, render, ends)
+        check(text, messages[k], k, start, end, cursor, ends)
         spans.append((start, end))
-        cursor = end
+        cursor, previous = end, k
     return spans
 
 
 def check(
-    text: str, message: Mapping[str, Any], k: int, start: int, end: int, cursor: int, end_of_turn: str | None
+    text: str, message: Mapping[str, Any], k: int, start: int, end: int, cursor: int, ends: Sequence[str]
 ) -> None:
     """Raise :class:`RowProblem` (``span_check``) unless ``text[start:end]`` is a span message ``k`` can have:
     after the previous span, ending in the end-of-turn token, holding the message's rendered content."""
@@ -110,16 +125,30 @@ def check(
     problem = None
     if start < cursor or end <= start:
         problem = f"its span [{start}:{end}] is not after the previous trained message's (which ends at {cursor})"
-    elif end_of_turn is not None and not span.endswith(end_of_turn):
-        problem = f"its span does not end in the end-of-turn token {end_of_turn!r}"
+    elif ends and not any(span.endswith(e) for e in ends):
+        problem = f"its span does not end in an end-of-turn token ({' or '.join(map(repr, ends))})"
     elif content and content not in span:
         problem = "its span does not hold its content"
     if problem is not None:
         raise RowProblem(CHECK, f"message {k}: {problem}; the rendered text there is {_show(span)}")
 
 
-def output_start(text: str, cursor: int, messages: Sequence[dict[str, Any]], k: int, render: Render) -> int:
-    """Where the model's own output for message ``k`` starts in ``text``, at or after ``cursor``.
+def output_start(
+    text: str,
+    cursor: int,
+    messages: Sequence[dict[str, Any]],
+    k: int,
+    render: Render,
+    *,
+    lower: int | None = None,
+    specials: re.Pattern[str] = NO_SPECIALS,
+) -> int:
+    """Where the model's own output for message ``k`` starts in ``text``, at or after ``cursor``; the previous
+    message's content is looked for from ``lower`` (default ``cursor``).
+
+    Where the turn repeats the generation prompt only in part (DeepSeek-R1's ``<｜Assistant｜><think>\\n``
+    before an answer without reasoning), the span starts after the prompt's header: its first line, or its
+    special tokens, as far as the turn repeats them.
 
     Example:
         >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
@@ -135,23 +164,44 @@ def output_start(text: str, cursor: int, messages: Sequence[dict[str, Any]], k: 
     anchor = visible_content(messages[k - 1]) if k > 0 else ""
     at = prompted.rfind(anchor) if anchor else -1
     if at < 0:
+        if text.startswith(plain) and len(plain) >= cursor and prompt:  # nothing to anchor on: after the messages
+            return len(plain) + _header(prompt, _common_prefix(prompt, text, len(plain)), specials)
         raise _unaligned(text, prompted, k, "the messages before it")
     tail = prompted[at + len(anchor) :]  # the previous turn's end, then the generation prompt
     needed = len(tail) - len(prompt)  # the previous turn's end must be there whole
-    found = text.find(anchor, _past_answers(text, cursor, messages, k - 1))
+    found = text.find(anchor, cursor if lower is None else lower)
     while found >= 0:
         after = found + len(anchor)
         matched = _common_prefix(tail, text, after)
-        if matched == len(tail) or (matched >= needed and (matched > needed or not prompt)):
-            return _before_content(text, after + matched, after + needed, messages[k])
+        if matched == len(tail):
+            return after + matched
+        if matched >= needed and (matched > needed or not prompt):
+            return after + needed + _header(prompt, matched - needed, specials)
         found = text.find(anchor, found + 1)
     raise _unaligned(text, prompted, k, f"message {k - 1}")
 
 
-def _past_answers(text: str, cursor: int, messages: Sequence[dict[str, Any]], k: int) -> int:
-    """``cursor`` moved past the content of each answer before message ``k``, found one after another: where
-    the anchor of a later answer cannot be (an earlier user message may read the same)."""
-    for message in messages[:k]:
+def _header(prompt: str, matched: int, specials: re.Pattern[str]) -> int:
+    """How much of a generation prompt the turn repeats only ``matched`` characters of is its header: its first
+    line (through the newline), else its special tokens, as far as they are repeated.
+
+    Example:
+        >>> _header("<|im_start|>assistant\\n<think>\\n", 29, re.compile(re.escape("<|im_start|>")))
+        22
+    """
+    if matched >= len(prompt):
+        return len(prompt)
+    line = prompt.find("\n") + 1
+    if 0 < line <= matched:
+        return line
+    return max((m.end() for m in specials.finditer(prompt) if m.end() <= matched), default=0)
+
+
+def _past_answers(text: str, cursor: int, messages: Sequence[dict[str, Any]], first: int, stop: int) -> int:
+    """``cursor`` moved past the content of each answer of ``messages[first:stop]`` (those after the last trained
+    one), found one after another: where the anchor of a later answer cannot be (a user message may read the
+    same as an earlier answer)."""
+    for message in messages[first:stop]:
         content = visible_content(message) if message["role"] == ASSISTANT else ""
         at = text.find(content, cursor) if content else -1
         if at >= 0:
@@ -167,16 +217,30 @@ def _turn_start(text: str, messages: Sequence[dict[str, Any]], k: int, render: R
 
 
 def _turn_end(
-    text: str, start: int, messages: Sequence[dict[str, Any]], k: int, render: Render, end_of_turn: str | None
+    text: str, start: int, messages: Sequence[dict[str, Any]], k: int, render: Render, ends: Sequence[str]
 ) -> int:
-    content = visible_content(messages[k])
-    at = text.find(content, start) if content else -1
-    after = at + len(content) if at >= 0 else start
-    if end_of_turn is not None:
-        end = text.find(end_of_turn, after)
-        if end < 0:
-            raise RowProblem(CHECK, f"message {k}: no end-of-turn token {end_of_turn!r} follows it in the rendering")
-        return end + len(end_of_turn)
+    after = start
+    for part in _rendered_texts(messages[k]):  # past its content and tool calls (they may hold end-of-turn text)
+        for form in (part, json.dumps(part, ensure_ascii=False)[1:-1]):  # as written, or inside JSON
+            at = text.find(form, after)
+            if at >= 0:
+                after = at + len(form)
+                break
+    if ends:
+        rest = len(text.rstrip())  # "": the last answer's turn ends with the rendering (GLM writes no end)
+        found = [(at, len(e)) for e in ends if (at := text.find(e, after) if e else rest) >= after]
+        if not found:
+            raise RowProblem(CHECK, f"message {k}: no end-of-turn token ({' or '.join(map(repr, ends))}) follows it")
+        at, size = min(found)  # the first; of two at one place the shorter (never an EOS after the end of turn)
+        following = visible_content(messages[k + 1]) if k + 1 < len(messages) else ""
+        between = text[after:at]
+        if following and (following in between or json.dumps(following, ensure_ascii=False)[1:-1] in between):
+            raise RowProblem(
+                CHECK,
+                f"message {k}: the end-of-turn token that follows it comes after message {k + 1}'s text (the template "
+                "ends this turn otherwise, as some do a tool call's)",
+            )
+        return at + size
     alone = render(list(messages[: k + 1]), False)  # no end-of-turn token: the turn as the last one ends
     head = render(list(messages[:k]), messages[k]["role"] == ASSISTANT) if k else ""
     if not alone.startswith(head):
@@ -189,6 +253,32 @@ def _turn_end(
             f"as its last message ({_show(turn)}), and writes no end-of-turn token to end it",
         )
     return start + len(turn)
+
+
+def _rendered_texts(message: Mapping[str, Any]) -> list[str]:
+    """The texts of a message a template writes as given, in order: its content, then each tool call's name and
+    the values of its arguments."""
+    texts = [visible_content(message)]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        if not isinstance(function, dict):
+            continue
+        name = function.get("name")
+        texts.append(name if isinstance(name, str) else "")
+        arguments = function.get("arguments")
+        texts.extend(_strings(arguments) if not isinstance(arguments, str) else [arguments])
+    return [t for t in texts if t]
+
+
+def _strings(value: Any) -> list[str]:
+    """The leaves of JSON arguments as a template writes them: strings as they are, the others as JSON."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [json.dumps(value)]
 
 
 def trim_separator(text: str, start: int) -> int:

@@ -90,6 +90,11 @@ def check_messages(value: Any, name: str) -> list[dict[str, Any]]:
     for i, message in enumerate(value):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RowProblem(BAD, f"message {i} of {name!r} is {_show(message)}; {expected}")
+        content, reasoning = message.get("content"), message.get("reasoning_content")
+        if not (content is None or isinstance(content, (str, list))):
+            raise RowProblem(BAD, f"message {i}'s content is {_show(content)}; expected text, a list of parts or null")
+        if not (reasoning is None or isinstance(reasoning, str)):
+            raise RowProblem(BAD, f"message {i}'s reasoning_content is {_show(reasoning)}; expected text or null")
     return value
 
 

@@ -84,7 +84,8 @@ def message_spans(
                 "{% generation %}, so where an answer's header ends is unknown",
             )
         render = _prefixes(template, messages, tools, kwargs)
-        spans.update(zip(rest, locate(full, messages, rest, render, template.probe.end_of_turn)))
+        probe = template.probe
+        spans.update(zip(rest, locate(full, messages, rest, render, probe.ends, template.special_tokens)))
     return [spans[k] for k in indices]
 
 
@@ -101,7 +102,7 @@ def completion_span(
     separator, and an EOS the template writes after that token, left out)."""
     messages = prompt + completion
     render = _prefixes(template, messages, tools, kwargs)
-    start = output_start(full, 0, messages, len(prompt), render)
+    start = output_start(full, 0, messages, len(prompt), render, specials=template.special_tokens)
     eot = template.probe.end_of_turn
     end = full.rfind(eot) + len(eot) if eot else -1
     return start, end if end > start else trim_end(full, start, len(full), template.special_tokens)

@@ -27,6 +27,8 @@ GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 """A ``{% generation %}`` marker, as ``transformers`` finds one."""
 PROBE_USER = {"role": "user", "content": "Hi"}
 PROBE_ANSWER = {"role": "assistant", "content": "Hello"}
+PROBE_MORE = [{"role": "user", "content": "Again"}, {"role": "assistant", "content": "Bye"}]
+"""A second exchange: how an answer that is not the last one ends (gpt-oss: ``<|end|>``, the last ``<|return|>``)."""
 PROBE_OPENINGS: tuple[list[dict[str, str]], ...] = ([], [{"role": "system", "content": "Be brief."}])
 """What the probe conversation opens with: some templates need a system message."""
 
@@ -41,14 +43,18 @@ class Probe:
         honours_generation_prompt: ``False`` when the prompt is empty yet the answer's turn opens with
             more than whitespace before its content (a header the template writes only for a message,
             so a span taken after the prompt would hold the header).
-        end_of_turn: The special token the template writes right after an answer's content (``<|im_end|>``,
-            ``<|eot_id|>``, Phi-3's ``<|end|>``, not the ``<|endoftext|>`` it writes after the last turn), or
-            ``None`` when it writes none there.
+        end_of_turn: The special tokens the template writes right after the last answer's content, one after
+            another (``<|im_end|>``, ``<|eot_id|>``, Phi-3's ``<|end|>``, not the ``<|endoftext|>`` it writes
+            after a newline; Cohere2's ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``), or ``None`` when it writes
+            none there.
+        ends: Every way an answer's turn ends: ``end_of_turn``, and how an earlier answer's does where that
+            differs (gpt-oss ends the last with ``<|return|>``, the others with ``<|end|>``).
     """
 
     generation_prompt: str | None
     honours_generation_prompt: bool
     end_of_turn: str | None
+    ends: tuple[str, ...] = ()
 
 
 def load_chat_tokenizer(tokenizer: Any) -> Any:
@@ -183,7 +189,15 @@ class ChatTemplate:
             except Exception as exc:  # a template is user code: anything may come out of it
                 error = exc
                 continue
-            return self._read_probe(plain, prompted, whole)
+            probe = self._read_probe(plain, prompted, whole)
+            try:
+                longer = self.render([opening + [PROBE_USER, PROBE_ANSWER, *PROBE_MORE]])[0][0]
+            except Exception:  # a template may take one exchange only: the last answer's end is all there is
+                longer = ""
+            earlier = self._earlier_end(longer, probe.end_of_turn)
+            last = probe.end_of_turn or ("" if earlier else None)  # "": the last answer ends the rendering (GLM)
+            ends = tuple(dict.fromkeys(e for e in (last, earlier) if e is not None))
+            return Probe(probe.generation_prompt, probe.honours_generation_prompt, probe.end_of_turn, ends)
         raise ValueError(
             "chat(): the chat template fails on a plain conversation (a user message and an answer): "
             f"{type(error).__name__}: {error}"
@@ -200,9 +214,26 @@ class ChatTemplate:
         at = turn.find(PROBE_ANSWER["content"])
         honours = prompt != "" or (at >= 0 and not turn[:at].strip())
         tail = turn[at + len(PROBE_ANSWER["content"]) :] if at >= 0 else ""
-        first = self.special_tokens.search(tail)  # the end of turn: the first special token after the content
-        end_of_turn = first.group() if first is not None and not tail[: first.start()].strip() else None
-        return Probe(prompt, honours, end_of_turn)
+        return Probe(prompt, honours, self._specials_run(tail, None))
+
+    def _earlier_end(self, text: str, last: str | None) -> str | None:
+        """How the first answer of a two-exchange rendering ends: its first special token after the content, and
+        those right after it that the last answer's end also has (Cohere2's two tokens, not the next header)."""
+        at = text.find(PROBE_ANSWER["content"])
+        return self._specials_run(text[at + len(PROBE_ANSWER["content"]) :], last) if at >= 0 else None
+
+    def _specials_run(self, tail: str, within: str | None) -> str | None:
+        """The special tokens at the start of ``tail`` (after whitespace), one right after another; with
+        ``within``, only as long as they begin it."""
+        first = self.special_tokens.search(tail)
+        if first is None or tail[: first.start()].strip():
+            return None
+        end = first.end()
+        while (more := self.special_tokens.match(tail, end)) is not None:
+            if within is not None and not within.startswith(tail[first.start() : more.end()]):
+                break
+            end = more.end()
+        return tail[first.start() : end]
 
     def __repr__(self) -> str:
         return f"ChatTemplate({type(self.tokenizer).__name__}, chat_template={'given' if self._chosen else 'own'})"

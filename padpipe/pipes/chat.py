@@ -9,6 +9,7 @@ Rust batch call, and labels, truncation and dropping are vectorized.
 
 from __future__ import annotations
 
+import json
 import threading
 import warnings
 from dataclasses import dataclass
@@ -206,11 +207,11 @@ class ChatTokenizer:
             text = prompt + completion + ("" if completion.endswith(eos) else eos)
             return [Plan(text, [] if invert else [(len(prompt), len(text))], invert, plain=True)]
         if isinstance(value, tuple):
-            self._check_special(value[0] + value[1])
+            self._check_special(value[0] + value[1], tools)
             full = _render(self.template, value[0] + value[1], tools, kwargs, False)[0]
             span = completion_span(self.template, value[0], value[1], full, tools, kwargs)
             return [Plan(full, [] if invert else [span], invert)]
-        self._check_special(value)
+        self._check_special(value, tools)
         trained, untrained = chosen(value, o.train_on, o.training_field)
         if not invert and not trained:
             return []
@@ -238,24 +239,33 @@ class ChatTokenizer:
             self.stats.add("chat.reasoning_rows", len(rows.texts) - 1)
         return [Plan(text, spans) for text, spans in rows.texts]
 
-    def _check_special(self, messages: list[dict[str, Any]]) -> None:
+    def _check_special(self, messages: list[dict[str, Any]], tools: list | None) -> None:
         """Count (or refuse) a conversation whose text holds a special token's text, which the tokenizer reads as
-        that token: a turn boundary faked inside a message."""
+        that token: a turn boundary faked inside a message (its content, reasoning or tool calls) or a tool."""
+        found = None
         for k, message in enumerate(messages):
-            for key in ("content", "reasoning_content"):
-                text = message.get(key)
-                parts = text if isinstance(text, list) else [text]
-                found = next((m for p in parts for m in [self.template.special_tokens.search(_text_of(p))] if m), None)
-                if found is None:
-                    continue
-                if self.options.special_text == "keep":
-                    self.stats.add(f"chat.{SPECIAL}", 1)
-                    return
-                raise RowProblem(
-                    SPECIAL,
-                    f"message {k}'s {key} holds {found.group()!r}, a special token's text, which the tokenizer "
-                    "reads as that token (a turn boundary inside a message)",
+            for key in ("content", "reasoning_content", "tool_calls"):
+                value = message.get(key)
+                text = (
+                    value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
                 )
+                if (match := self.template.special_tokens.search(text)) is not None:
+                    found = f"message {k}'s {key} holds {match.group()!r}"
+                    break
+            if found:
+                break
+        if found is None and tools and (match := self.template.special_tokens.search(json.dumps(tools))):
+            found = f"its tools hold {match.group()!r}"
+        if found is None:
+            return
+        if self.options.special_text == "keep":
+            self.stats.add(f"chat.{SPECIAL}", 1)
+            return
+        raise RowProblem(
+            SPECIAL,
+            f"{found}, a special token's text, which the tokenizer reads as that token (a turn boundary inside a "
+            "message)",
+        )
 
     def _dropped(self, what: str, n: int) -> None:
         """Count what the template did not render of the conversations (trained as rendered), said once."""
@@ -332,12 +342,6 @@ def _render(
     except Exception as exc:  # a template is user code: anything may come out of it
         raise RowProblem(TEMPLATE, f"the chat template raised {type(exc).__name__}: {exc}") from exc
     return texts[0], blocks[0] if blocks is not None else None
-
-
-def _text_of(part: Any) -> str:
-    if isinstance(part, str):
-        return part
-    return part.get("text", "") if isinstance(part, dict) and isinstance(part.get("text"), str) else ""
 
 
 def _or_problem(plan: Any, row: Any, *more: Any) -> Any:

@@ -311,6 +311,22 @@ def tokenizer(name: str, template: str | None = None) -> Any:
     return tok
 
 
+CONTROL = re.compile(r"<\|[A-Za-z_]{1,40}\|>|<｜[^｜]{1,40}｜>|<\|[a-z_]{2,20}>|<[a-z_]{2,20}\|>")
+"""Control tokens in a template's text (``<|im_end|>``, ``<｜Assistant｜>``, Gemma-4's ``<|turn>``/``<turn|>``)."""
+
+
+def trl_tokenizer(name: str, bos: str | None = None, eos: str | None = None) -> Any:
+    """A tokenizer for any of TRL's templates: the control tokens its text names made special."""
+    from transformers import PreTrainedTokenizerFast
+
+    text = template_text("trl:" + name)
+    special = tuple(sorted(set(CONTROL.findall(text)) | {t for t in (bos, eos) if t}))
+    names = {k: v for k, v in {"bos_token": bos, "eos_token": eos}.items() if v}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_vocabulary(special, ())), **names)
+    tok.chat_template = text
+    return tok
+
+
 def conversations(name: str, n: int, *, seed: int = 0) -> list[list[dict[str, Any]]]:
     """``n`` conversations model ``name``'s template accepts: 1-3 exchanges, a system message in some, reasoning in
     some answers (as ``reasoning_content`` or a ``<think>`` block), a tool call and its result in some."""

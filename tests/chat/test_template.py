@@ -15,15 +15,15 @@ from tests import chat_fixtures as fx
 transformers = pytest.importorskip("transformers")
 
 PROBES = {
-    "chatml": Probe("<|im_start|>assistant\n", True, "<|im_end|>"),
-    "chatml_marked": Probe("<|im_start|>assistant\n", True, "<|im_end|>"),
-    "qwen25": Probe("<|im_start|>assistant\n", True, "<|im_end|>"),
-    "llama3": Probe("<|start_header_id|>assistant<|end_header_id|>\n\n", True, "<|eot_id|>"),
-    "llama3_marked": Probe("<|start_header_id|>assistant<|end_header_id|>\n\n", True, "<|eot_id|>"),
-    "mistral": Probe("", True, "</s>"),
-    "gemma": Probe("<start_of_turn>model\n", True, "<end_of_turn>"),
-    "gemma_marked": Probe("<start_of_turn>model\n", True, "<end_of_turn>"),
-    "qwen3": Probe("<|im_start|>assistant\n", True, "<|im_end|>"),
+    "chatml": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>",)),
+    "chatml_marked": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>",)),
+    "qwen25": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>",)),
+    "llama3": Probe("<|start_header_id|>assistant<|end_header_id|>\n\n", True, "<|eot_id|>", ("<|eot_id|>",)),
+    "llama3_marked": Probe("<|start_header_id|>assistant<|end_header_id|>\n\n", True, "<|eot_id|>", ("<|eot_id|>",)),
+    "mistral": Probe("", True, "</s>", ("</s>",)),
+    "gemma": Probe("<start_of_turn>model\n", True, "<end_of_turn>", ("<end_of_turn>",)),
+    "gemma_marked": Probe("<start_of_turn>model\n", True, "<end_of_turn>", ("<end_of_turn>",)),
+    "qwen3": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>",)),
 }
 
 
@@ -74,7 +74,7 @@ def test_template_reads_the_generation_prompt_and_end_of_turn_of_each_shape(name
 
 def test_template_sees_a_template_that_ignores_add_generation_prompt() -> None:
     ignoring = fx.CHATML.replace("{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}", "")
-    assert ChatTemplate(fx.tokenizer(ignoring)).probe == Probe("", False, "<|im_end|>")
+    assert ChatTemplate(fx.tokenizer(ignoring)).probe == Probe("", False, "<|im_end|>", ("<|im_end|>",))
 
 
 def test_template_given_overrides_the_tokenizers_and_changes_the_fingerprint() -> None:
@@ -128,3 +128,14 @@ def test_template_raises_error_on_tokenizers_that_cannot_render() -> None:
         load_chat_tokenizer(3)
     with pytest.raises(TypeError, match=r"^`chat_template` must be a Jinja template string, but is 3 instead\.$"):
         ChatTemplate(fx.tokenizer(), 3)  # type: ignore[arg-type]
+
+
+def test_template_reads_how_an_earlier_answer_ends_where_the_last_ends_otherwise() -> None:
+    template = (  # as gpt-oss: the last answer ends with <|return|>, the others with <|end|>
+        "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}"
+        "{{ '<|return|>' if loop.last and m.role == 'assistant' else '<|end|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}<|start|>assistant<|message|>{% endif %}"
+    )
+    tok = fx.tokenizer(template, additional_special_tokens=["<|start|>", "<|message|>", "<|end|>", "<|return|>"])
+    probe = ChatTemplate(tok).probe
+    assert probe.end_of_turn == "<|return|>" and probe.ends == ("<|return|>", "<|end|>")
