@@ -15,8 +15,17 @@ from typing import Any
 import torch
 
 from padpipe.errors import one_of
-from padpipe.runtime.batch_cut import rows_of, split_batch
-from padpipe.runtime.rebalance import FILLER_KEY, Move, donations, filler, splittable_rows, tail_plan
+from padpipe.runtime.batch_cut import rows_of
+from padpipe.runtime.rebalance import (
+    FILLER_KEY,
+    Move,
+    documents,
+    donations,
+    filler,
+    split,
+    splittable_rows,
+    tail_plan,
+)
 from padpipe.stats import PipelineStats
 
 logger = logging.getLogger("padpipe.runtime.equal_steps")
@@ -138,12 +147,12 @@ class Lockstep:
 
     def _even_tail(self, counts: list[int]) -> None:
         """Every rank has read its share: split and move the batches left until every rank holds the same number."""
-        width = max(counts)
-        mine = [splittable_rows(b) for b in self.held]
-        table = self.sync.gather(mine + [-1] * (width - len(mine)))
-        plan = tail_plan([[n for n in row if n >= 0] for row in table])
+        mine = _encode([(splittable_rows(b), documents(b)) for b in self.held])
+        width = max(n for (n,) in self.sync.gather([len(mine)]))
+        table = [_decode(row) for row in self.sync.gather(mine + [-1] * (width - len(mine)))]
+        plan = tail_plan([[n for n, _ in row] for row in table], [[docs for _, docs in row] for row in table])
         for i in plan.splits[self.sync.rank]:
-            self.held[i : i + 1] = list(split_batch(self.held[i]) or ())
+            self.held[i : i + 1] = list(split(self.held[i]))
             self.stats.add(SPLIT, 1)
         surplus = self.held[plan.steps :]
         del self.held[plan.steps :]
@@ -219,3 +228,18 @@ class Lockstep:
                 self.steps,
                 DROPPED,
             )
+
+
+def _encode(batches: list[tuple[int, tuple[int, ...]]]) -> list[int]:
+    """Each held batch's rows and document codes as ints to gather: ``rows, len(docs), *docs`` each."""
+    return [n for rows, docs in batches for n in (rows, len(docs), *docs)]
+
+
+def _decode(values: list[int]) -> list[tuple[int, tuple[int, ...]]]:
+    """:func:`_encode`'s batches back from a gathered row (``-1`` pads it)."""
+    out, at = [], 0
+    while at < len(values) and values[at] >= 0:
+        rows, width = values[at], values[at + 1]
+        out.append((rows, tuple(values[at + 2 : at + 2 + width])))
+        at += 2 + width
+    return out
