@@ -19,11 +19,12 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.batch_spec import HeldBatch
 from padpipe.graph import Parts
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.lockstep import Lockstep, _mark, check_policy
 from padpipe.runtime.step_sync import StepSync, detect_sync
-from padpipe.state import Bool, Child, Int, ListOf, Plain, StateSchema
+from padpipe.state import Bool, Child, Int, ListOf, StateSchema
 from padpipe.stats import PipelineStats
 
 
@@ -75,8 +76,8 @@ class EqualSteps(BaseNode[Any]):
         "EqualSteps",
         4,
         source=Child(),
-        held=ListOf(Plain()),  # batches read ahead or received, not returned yet
-        ring=ListOf(Plain()),  # "repeat": the first batches returned this epoch, to replay
+        held=ListOf(HeldBatch()),  # batches read ahead or received, not returned yet
+        ring=ListOf(HeldBatch()),  # "repeat": the first batches returned this epoch, to replay
         exhausted=Bool(),  # this rank has read its whole share of the epoch
         tail=Bool(),  # a rank had read its share: every rank reads ahead to the tail
         balanced=Bool(),  # every rank had read its share, and holds the batches it returns until the end
