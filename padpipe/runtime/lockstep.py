@@ -230,16 +230,29 @@ class Lockstep:
             )
 
 
-def _encode(batches: list[tuple[int, tuple[int, ...]]]) -> list[int]:
-    """Each held batch's rows and document codes as ints to gather: ``rows, len(docs), *docs`` each."""
-    return [n for rows, docs in batches for n in (rows, len(docs), *docs)]
+Known = tuple[tuple[int, ...], ...]  # each row's document codes (rebalance.documents)
 
 
-def _decode(values: list[int]) -> list[tuple[int, tuple[int, ...]]]:
+def _encode(batches: list[tuple[int, Known]]) -> list[int]:
+    """Held batches as ints to gather: each ``rows, len(known)``, then each row's ``len(docs), *docs``."""
+    out = []
+    for rows, known in batches:
+        out += [rows, len(known)]
+        for docs in known:
+            out += [len(docs), *docs]
+    return out
+
+
+def _decode(values: list[int]) -> list[tuple[int, Known]]:
     """:func:`_encode`'s batches back from a gathered row (``-1`` pads it)."""
     out, at = [], 0
     while at < len(values) and values[at] >= 0:
-        rows, width = values[at], values[at + 1]
-        out.append((rows, tuple(values[at + 2 : at + 2 + width])))
-        at += 2 + width
+        rows, count = values[at], values[at + 1]
+        at += 2
+        known = []
+        for _ in range(count):
+            width = values[at]
+            known.append(tuple(values[at + 1 : at + 1 + width]))
+            at += 1 + width
+        out.append((rows, tuple(known)))
     return out

@@ -88,10 +88,10 @@ class TailPlan:
     moves: list[Move] = field(default_factory=list)
 
 
-def tail_plan(rows: list[list[int]], docs: list[list[tuple[int, ...]]] | None = None) -> TailPlan:
+def tail_plan(rows: list[list[int]], docs: list[list[tuple[tuple[int, ...], ...]]] | None = None) -> TailPlan:
     """The :class:`TailPlan` for ranks holding batches of ``rows[rank]`` rows each (0: a batch that is no dict).
 
-    ``docs[rank][i]``, for a batch of one packed row, is its documents' codes
+    ``docs[rank][i]``, for a batch of packed rows, is each row's document codes
     (:func:`~padpipe.runtime.row_pieces.describe`; ``()`` for any other batch). ``steps`` is the
     held batches over the ranks, rounded up. Until the ranks hold ``steps`` each in all, a batch
     is split: first the one with the most rows (two or more; rows ``[:B//2]`` and the rest), then
@@ -108,12 +108,14 @@ def tail_plan(rows: list[list[int]], docs: list[list[tuple[int, ...]]] | None = 
         TailPlan(steps=2, splits=[[0], []], moves=[Move(src=0, dst=1, filler=False)])
         >>> tail_plan([[1], [], []]).moves  # one row for three ranks: two fillers
         [Move(src=0, dst=1, filler=True), Move(src=0, dst=2, filler=True)]
-        >>> tail_plan([[1], [], []], [[(6, 8, 4)], [], []]).moves  # one row of 3 conversations: regrouped, no filler
+        >>> tail_plan([[1], [], []], [[((6, 8, 4),)], [], []]).moves  # one row of 3 conversations: regrouped, no filler
         [Move(src=0, dst=1, filler=False), Move(src=0, dst=2, filler=False)]
     """
     ranks = len(rows)
     held = [list(mine) for mine in rows]
-    pieces: list[list[tuple[int, ...]]] = [list(m) for m in docs] if docs is not None else [[()] * len(m) for m in rows]
+    pieces: list[list[tuple[tuple[int, ...], ...]]] = (
+        [list(m) for m in docs] if docs is not None else [[()] * len(m) for m in rows]
+    )
     total = sum(len(mine) for mine in held)
     steps = -(-total // ranks)
     splits: list[list[int]] = [[] for _ in range(ranks)]
@@ -125,14 +127,15 @@ def tail_plan(rows: list[list[int]], docs: list[list[tuple[int, ...]]] | None = 
             break
         *_, r, i = min(where)
         n = held[r][i]
+        known = pieces[r][i]
         if n >= 2:
             held[r][i : i + 1] = [n // 2, n - n // 2]
-            pieces[r][i : i + 1] = [(), ()]
+            pieces[r][i : i + 1] = [known[: n // 2], known[n // 2 :]] if known else [(), ()]
         else:
-            plan = halve(pieces[r][i])
+            plan = halve(known[0])
             assert plan is not None  # _split_key chose it
             held[r][i : i + 1] = [1, 1]
-            pieces[r][i : i + 1] = [plan.left, plan.right]
+            pieces[r][i : i + 1] = [(plan.left,), (plan.right,)]
         splits[r].append(i)
         total += 1
     counts = [len(mine) for mine in held]
@@ -150,11 +153,11 @@ def tail_plan(rows: list[list[int]], docs: list[list[tuple[int, ...]]] | None = 
     return TailPlan(steps, splits, sorted(moves, key=lambda m: (m.src, m.dst)))
 
 
-def _split_key(rows: int, docs: tuple[int, ...], rank: int, at: int) -> tuple[int, ...] | None:
+def _split_key(rows: int, known: tuple[tuple[int, ...], ...], rank: int, at: int) -> tuple[int, ...] | None:
     """How eagerly a batch is split (the least first), or ``None`` if it cannot be."""
     if rows >= 2:
         return (0, -rows, rank, at)
-    if rows != 1 or not docs or (plan := halve(docs)) is None:
+    if rows != 1 or len(known) != 1 or (plan := halve(docs := known[0])) is None:
         return None
     if plan.cuts_a_document:
         return (2, -sum(labels_of(d) for d in docs), rank, at)
@@ -174,18 +177,19 @@ def splittable_rows(batch: Any) -> int:
     return rows if rows >= 2 and split_batch(batch) is not None else 1
 
 
-def documents(batch: Any) -> tuple[int, ...]:
-    """The document codes :func:`tail_plan` takes for a batch: a one-row packed batch's, else ``()``.
+def documents(batch: Any) -> tuple[tuple[int, ...], ...]:
+    """The document codes :func:`tail_plan` takes for a batch: each row's, for a batch of packed rows, else ``()``.
 
     Example:
         >>> row = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[-100, 2, 3]]),
         ...        "cu_seq_lens_q": torch.tensor([0, 3])}
         >>> documents(row), documents({"x": torch.ones(3, 2)})
-        ((5,), ())
+        (((5,),), ())
     """
-    if splittable_rows(batch) != 1 or (described := describe(batch)) is None:
+    rows = splittable_rows(batch)
+    if not rows or (described := describe(batch)) is None or len(described) != rows:
         return ()
-    return described[0]
+    return described
 
 
 def split(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:

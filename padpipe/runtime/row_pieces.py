@@ -19,7 +19,7 @@ Example:
     >>> ids = torch.tensor([[5, 6, 7, 8, 9, 4, 0, 0]])
     >>> row = {"input_ids": ids, "labels": torch.tensor([[-100, 6, 7, -100, 9, 4, -100, -100]]),
     ...        "cu_seq_lens_q": torch.tensor([0, 3, 6, 8], dtype=torch.int32)}
-    >>> describe(row)  # two documents of 2 label tokens, both cuttable; the padding is none
+    >>> describe(row)  # one row: two documents of 2 label tokens, both cuttable; the padding is none
     ((5, 5),)
     >>> first, second = cut_row(row)
     >>> first["input_ids"].tolist(), second["input_ids"].tolist(), second["cu_seq_lens_q"].tolist()
@@ -99,23 +99,27 @@ def halve(docs: tuple[int, ...]) -> Halving | None:
 
 
 def describe(batch: Any) -> tuple[tuple[int, ...], ...] | None:
-    """The document codes of a one-row packed batch's row (a 1-tuple), or ``None`` if it cannot be cut by documents.
+    """The document codes of each row of a packed batch, or ``None`` if its rows cannot be cut by documents.
 
-    A row qualifies when the batch holds only a packed row's keys (``input_ids``, ``labels``,
-    ``position_ids``, ``seq_idx``, ``cu_seq_lens_q/k``, ``max_length_q/k``, the 0-d marks) and every
-    segment's first label is ``-100``. The segments after the last label token (the padding, and
-    documents with no label) are no documents of it: a piece leaves them out, as they train nothing.
+    A batch qualifies when it holds only packed rows' keys (``input_ids``, ``labels``,
+    ``position_ids``, ``seq_idx``, ``cu_seq_lens_q/k``, ``max_length_q/k``, the 0-d marks), its
+    segments never cross a row, and every segment's first label is ``-100``. The segments after a
+    row's last label token (its padding, and documents with no label) are no documents of it: a
+    piece leaves them out, as they train nothing.
     """
-    segments = _segments(batch)
-    if segments is None:
+    rows = _row_spans(batch)
+    if rows is None:
         return None
-    ids, labels = batch["input_ids"][0], batch["labels"][0]
-    docs = []
-    for start, end in segments:
-        lab, own = labels[start + 1 : end], ids[start + 1 : end]
-        live = lab != IGNORE
-        docs.append(code(int(live.sum()), bool(live.all()) and bool(torch.equal(lab, own))))
-    return (tuple(docs),)
+    out = []
+    for r, spans in enumerate(rows):
+        ids, labels = batch["input_ids"][r], batch["labels"][r]
+        docs = []
+        for start, end in spans:
+            lab, own = labels[start + 1 : end], ids[start + 1 : end]
+            live = lab != IGNORE
+            docs.append(code(int(live.sum()), bool(live.all()) and bool(torch.equal(lab, own))))
+        out.append(tuple(docs))
+    return tuple(out)
 
 
 def cut_row(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -127,9 +131,10 @@ def cut_row(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | No
         >>> [(p["input_ids"].tolist(), p["labels"].tolist()) for p in cut_row(row)]  # 2 is the cut token
         [([[1, 2]], [[-100, 2]]), ([[2, 3, 4]], [[-100, 3, 4]])]
     """
-    segments, described = _segments(batch), describe(batch)
-    if segments is None or described is None or (plan := halve(described[0])) is None:
+    rows, described = _row_spans(batch), describe(batch)
+    if rows is None or described is None or len(rows) != 1 or (plan := halve(described[0])) is None:
         return None
+    segments = rows[0]
     if not plan.cuts_a_document:
         edge = segments[plan.at][0]
         return _piece(batch, segments[: plan.at], 0, edge), _piece(batch, segments[plan.at :], edge, None)
@@ -142,8 +147,8 @@ def cut_row(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | No
     return first, second
 
 
-def _segments(batch: Any) -> list[tuple[int, int]] | None:
-    """The row's documents as ``(start, end)`` token spans (its padding left out), or ``None`` for no packed row."""
+def _row_spans(batch: Any) -> list[list[tuple[int, int]]] | None:
+    """Each row's documents as ``(start, end)`` token spans in the row (padding left out), or ``None``."""
     if not isinstance(batch, dict) or not set(batch) <= {*ROW_KEYS, *BOUND_KEYS, *LENGTH_KEYS, *MARKS}:
         return None
     ids, labels, bounds = batch.get("input_ids"), batch.get("labels"), batch.get("cu_seq_lens_q")
@@ -153,25 +158,27 @@ def _segments(batch: Any) -> list[tuple[int, int]] | None:
         or not isinstance(bounds, torch.Tensor)
     ):
         return None
-    if ids.dim() != 2 or len(ids) != 1:
+    if ids.dim() != 2 or not len(ids) or bounds.dim() != 1:
         return None
-    if any(
-        not isinstance(batch.get(key, ids), torch.Tensor) or batch.get(key, ids).shape != ids.shape for key in ROW_KEYS
-    ):
+    if any(not isinstance(batch.get(k, ids), torch.Tensor) or batch.get(k, ids).shape != ids.shape for k in ROW_KEYS):
         return None
-    edges = bounds.tolist()
-    width = ids.shape[1]
-    if bounds.dim() != 1 or len(edges) < 2 or edges[0] != 0 or edges[-1] != width:
+    edges, (rows, width) = bounds.tolist(), ids.shape
+    if len(edges) < 2 or edges[0] != 0 or edges[-1] != rows * width or any(b <= a for a, b in zip(edges, edges[1:])):
         return None
-    if any(b <= a for a, b in zip(edges, edges[1:])):
+    at = set(edges)
+    if any(r * width not in at for r in range(rows)):
+        return None  # a segment crosses rows
+    flat_labels = labels.reshape(-1)
+    if any(int(flat_labels[a]) != IGNORE for a in edges[:-1]):
         return None
-    spans = list(zip(edges, edges[1:]))
-    row_labels = labels[0]
-    if any(int(row_labels[start]) != IGNORE for start, _ in spans):
-        return None
-    while spans and bool((row_labels[spans[-1][0] : spans[-1][1]] == IGNORE).all()):
-        spans.pop()  # the padding, and documents after the last label token: they train nothing
-    return spans
+    out = []
+    for r in range(rows):
+        lo, hi = r * width, (r + 1) * width
+        spans = [(a - lo, b - lo) for a, b in zip(edges, edges[1:]) if lo <= a and b <= hi]
+        while spans and bool((labels[r, spans[-1][0] : spans[-1][1]] == IGNORE).all()):
+            spans.pop()  # the padding, and documents after the last label token: they train nothing
+        out.append(spans)
+    return out
 
 
 def _piece(batch: dict[str, Any], spans: list[tuple[int, int]], start: int, end: int | None) -> dict[str, Any]:

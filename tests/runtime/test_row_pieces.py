@@ -184,6 +184,26 @@ def test_equal_steps_gives_every_rank_real_pieces_of_one_row_batches(monkeypatch
     assert sum(s.snapshot().counters.get("equal_steps.split_batches", 0) for s in stats) > 0
 
 
+def test_rows_of_a_packed_batch_split_by_rows_are_then_cut_into_pieces(monkeypatch):
+    """A two-row packed batch for three ranks: split by rows, then one row regrouped; no filler."""
+    rows = [packed_row([(5, True), (6, True)], 1), packed_row([(4, False), (7, True)], 1, first_id=500)]
+    two = {k: torch.cat([rows[0][k], rows[1][k]]) for k in ("input_ids", "labels", "position_ids", "seq_idx")}
+    bounds = torch.cat([rows[0]["cu_seq_lens_q"], rows[1]["cu_seq_lens_q"][1:] + 12])
+    two.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=7, max_length_k=7)
+    assert documents(two) == ((code(4, True), code(5, True)), (code(2, False), code(6, True)))
+    plan = tail_plan([[2], [], []], [[documents(two)], [], []])
+    assert plan.splits == [[0, 0], [], []] and not any(m.filler for m in plan.moves)
+    nodes = [EqualSteps(ListNode(data)) for data in ([two], [], [])]
+
+    def epoch(node):
+        node.reset(None)
+        return list(node)
+
+    result = run_ranks(monkeypatch, [lambda r=r: epoch(nodes[r]) for r in range(3)])
+    assert [len(mine) for mine in result] == [1, 1, 1] and not any("is_filler" in mine[0] for mine in result)
+    assert sum((trained(mine[0]) for mine in result), collections.Counter()) == trained(rows[0]) + trained(rows[1])
+
+
 def test_a_packed_pipeline_of_one_row_batches_splits_its_rows_into_pieces():
     """Real packed rows (``pack(256, batch_size=1)``) describe as their documents, and cut into pieces that train them once."""
     tok = pp.examples.tokenizer()
