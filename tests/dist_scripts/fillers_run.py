@@ -8,7 +8,8 @@ one packed row for every rank) and ``chats.jsonl`` (conversations,
 packed with ``pack(1024, batch_size=1)``). Each rank reads every workload for two epochs in a plain
 loop and writes ``OUT/TAG-rank<R>.json``: per workload and epoch, its steps, its fillers, the labels a
 loop that knows nothing of fillers trains on (the causal shift for packed rows: ``labels[:, 1:]``)
-and those of the batches that are no fillers, and the stats' split and filler counters.
+and those a loop with the docs' line (``loss * pp.loss_weight(batch)``) trains, and the stats' split
+and filler counters.
 """
 
 from __future__ import annotations
@@ -60,10 +61,9 @@ def epoch(loader: pp.PipelineLoader, packed: bool) -> dict:
         dist.barrier()  # a DDP step: every rank must be here
         steps += 1
         labels = trained(batch, packed)
-        plain.update(labels)
-        if bool(batch.get("is_filler", False)):
-            fillers += 1
-        else:
+        plain.update(labels)  # a loop that knows nothing of fillers
+        fillers += int(bool(batch.get("is_filler", False)))
+        if pp.loss_weight(batch):  # the docs' one line: a filler's loss times 0
             real.update(labels)
     counters = loader.stats().counters
     return {
