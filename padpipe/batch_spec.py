@@ -27,6 +27,7 @@ from padpipe.state_walk import show
 
 INTEGER = ("input_ids", "shift_labels", "position_ids", "token_type_ids", "seq_idx")  # one integer a token
 BOUNDS = ("cu_seq_lens_q", "cu_seq_lens_k")
+LENGTHS = ("max_length_q", "max_length_k")
 MARKS = ("is_filler", "is_repeat")
 TENSORS = (*INTEGER, "labels", "attention_mask", *BOUNDS, *MARKS, "num_items_in_batch")
 
@@ -47,7 +48,7 @@ def batch_problem(batch: Mapping[Any, Any]) -> tuple[str, str] | None:
     ``attention_mask`` any number or bool); every tensor and list of one dimension or more has the
     batch's rows (``input_ids``' first dimension, or the first tensor's); the per-token keys have
     ``input_ids``' shape; ``input_ids`` are ``>= 0``; ``cu_seq_lens_*`` run from 0 up to the tokens
-    of ``input_ids``; the marks ``is_filler``/``is_repeat`` are 0-d bools.
+    of ``input_ids`` and ``max_length_*`` is their longest segment; the marks ``is_filler``/``is_repeat`` are 0-d bools.
     """
     for key, value in batch.items():
         if not isinstance(key, str):
@@ -111,9 +112,16 @@ def _tokens_problem(batch: Mapping[str, Any], ids: torch.Tensor) -> tuple[str, s
         return "`input_ids` are ids >= 0", f"a tensor holding {int(ids.min())}"
     for key in BOUNDS:
         if key in batch and not _bounds_fit(batch[key], ids.numel()):
-            return f"`{key}` holds 1-D bounds from 0 up to {ids.numel()}, the tokens of `input_ids`", _tensor(
-                batch[key]
-            )
+            expected = f"`{key}` holds 1-D bounds from 0 up to {ids.numel()}, the tokens of `input_ids`"
+            return expected, _tensor(batch[key])
+    bounds = batch.get("cu_seq_lens_q")
+    longest = int((bounds[1:] - bounds[:-1]).max()) if isinstance(bounds, torch.Tensor) else None
+    for key in LENGTHS:
+        if key not in batch:
+            continue
+        value = batch[key]
+        if longest is None or isinstance(value, bool) or not isinstance(value, int) or value != longest:
+            return f"`{key}` is the longest segment of `cu_seq_lens_q`, {longest}", show(value, 40)
     return None
 
 

@@ -15,10 +15,13 @@ import tracemalloc
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import padpipe as pp
 from padpipe.batch_spec import batch_problem
-from padpipe.state import StateMismatchError
+from padpipe.state import CHECKSUM_KEY, StateMismatchError
+from padpipe.state_walk import show
 from tests.test_state_attacks import forged, path_to, refused
 
 KEYS = ("input_ids", "position_ids", "labels", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k")
@@ -176,3 +179,64 @@ def test_checking_a_large_held_batch_takes_memory_linear_in_it(pipe, held):
     finally:
         tracemalloc.stop()
     assert peak < 50_000_000
+
+
+def leaves(value, path=()):
+    """Every leaf of a state, with its path (dict keys and list indices)."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() if k != CHECKSUM_KEY for leaf in leaves(v, (*path, k))]
+    if isinstance(value, list) and value:
+        return [leaf for i, v in enumerate(value) for leaf in leaves(v, (*path, i))]
+    return [(path, value)]
+
+
+WRONG = [None, "x", [], {}, 1.5, True, -1, 10**30, torch.zeros(3), torch.zeros(2, 2, dtype=torch.long), b"x"]
+
+
+def rest(loader) -> list:
+    return [{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in loader]
+
+
+@pytest.fixture(scope="module")
+def searched(pipe, held):
+    """A state holding batches in equal steps and in the accumulation window, and the batches that follow it."""
+    state = copy.deepcopy(held)
+    window = pipe.loader(accumulation_steps=3)
+    it = iter(window)
+    next(it)
+    saved = copy.deepcopy(window.state_dict())
+    return [(state, {}), (saved, {"accumulation_steps": 3})]
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_leaf_of_a_resealed_state_given_a_wrong_type_is_refused_with_one_line_or_changes_nothing(
+    pipe, searched, data
+):
+    """Every leaf of every stage's state (batches held included) given another type, dtype or shape, with checksums
+    recomputed as an attacker would."""
+    state, options = searched[data.draw(st.integers(0, len(searched) - 1), label="state")]
+    expected = rest(_resumed(pipe, state, options))
+    paths = leaves(state)
+    path, value = paths[data.draw(st.integers(0, len(paths) - 1), label="leaf")]
+    wrong = data.draw(st.sampled_from([w for w in WRONG if not _same(w, value)]), label=f"value at {path}")
+    crafted = forged(state, path[:-1], lambda parent: parent.__setitem__(path[-1], copy.deepcopy(wrong)))
+    try:
+        got = rest(_resumed(pipe, crafted, options))
+    except StateMismatchError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 500, str(exc)[:600]
+        return
+    assert got == expected, f"a state with {show(wrong)} at {path} resumed with other batches"
+
+
+def _resumed(pipe, state, options):
+    loader = pipe.loader(**options)
+    loader.load_state_dict(state)
+    return loader
+
+
+def _same(a, b) -> bool:
+    """Whether ``a`` is of ``b``'s kind (a value changed in range is the checksum's to catch, not a wrong type)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+    return type(a) is type(b) and not (isinstance(a, int) and abs(a) > 2**64)
