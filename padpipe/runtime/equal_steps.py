@@ -37,10 +37,12 @@ class EqualSteps(BaseNode[Any]):
       a batch another rank holds beyond the one it yields now; once every rank has read its share,
       the batches left are split (the largest first, rows ``[:B//2]`` and the rest) until their
       count divides by the ranks and moved until all hold the same number, so every rank ends at
-      the same step. Moves go rank to rank on the CPU (``equal_steps.moved_batches``, splits
-      ``equal_steps.split_batches``). Only where fewer rows are left than steps to fill does a
-      rank get a *filler*: one real row marked ``"is_filler"`` (a bool tensor), which must train
-      nothing (pop the key and multiply its loss by 0; counted as ``equal_steps.filler_batches``).
+      the same step; a batch of packed rows is then cut into real pieces
+      (:mod:`padpipe.runtime.row_pieces`). Moves go rank to rank on the CPU
+      (``equal_steps.moved_batches``, splits ``equal_steps.split_batches``). Only where no real
+      piece is left for a rank does it get a *filler*: one real row marked ``"is_filler"`` (a
+      bool tensor), which must train nothing (``loss * padpipe.loss_weight(batch)``; counted as
+      ``equal_steps.filler_batches``).
     - ``"repeat"``: ranks that ran out replay, in turn, the first ``REPEAT_BUFFER`` (8) batches
       they yielded this epoch (kept in memory, not read again), until the last rank finishes;
       every dict batch then carries ``"is_repeat"`` (a bool tensor; pop it before

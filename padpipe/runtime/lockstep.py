@@ -76,8 +76,9 @@ class Lockstep:
     its share, the batches left are split (the largest
     first) until their count divides by the ranks and moved until every rank holds the same
     number (:func:`~padpipe.runtime.rebalance.tail_plan`), and then each rank yields its own with
-    no further agreement. Every row comes out once, and only where fewer rows are left than steps
-    to fill does a rank get a filler batch (one real row marked ``"is_filler"``, to train nothing).
+    no further agreement (packed rows are cut into real pieces). Every row comes out once, and only
+    where no real piece is left for a rank does it get a filler batch (one real row marked
+    ``"is_filler"``, to train nothing).
 
     ``"repeat"``: a rank that ran out replays, in turn, the first ``REPEAT_BUFFER`` batches it
     yielded this epoch (kept in memory, never read again), marked ``"is_repeat"``, until every rank
