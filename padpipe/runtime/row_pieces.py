@@ -187,7 +187,7 @@ def _piece(batch: dict[str, Any], spans: list[tuple[int, int]], start: int, end:
     out: dict[str, Any] = {}
     for key, value in batch.items():
         if key in ROW_KEYS:
-            out[key] = value[:, start:stop]
+            out[key] = value[:, start:stop].clone()  # its own storage: a view would carry the whole row along
         elif key in MARKS:
             out[key] = value
     if "seq_idx" in out:
