@@ -55,11 +55,12 @@ def main() -> None:
     steps = rows = 0
     for batch in loader:
         batch.pop("idx")
-        loss = model(**batch).loss
+        weight = pp.loss_weight(batch)  # 0.0 for equal steps' filler (its mark popped): it trains nothing
+        loss = model(**batch).loss * weight
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        steps, rows = steps + 1, rows + len(batch["input_ids"])
+        steps, rows = steps + 1, rows + int(weight) * len(batch["input_ids"])
         if steps % args.log_every == 0:
             accelerator.print(f"step {steps}: loss {loss.item():.4f} (main process)", flush=True)
         if steps == args.max_steps:

@@ -66,11 +66,12 @@ def main() -> None:
         steps = rows = 0
         for batch in loader:  # the same number of steps on every rank: DDP never waits on a finished rank
             batch.pop("idx")
-            loss = model(**batch).loss
+            weight = pp.loss_weight(batch)  # 0.0 for equal steps' filler (its mark popped): it trains nothing
+            loss = model(**batch).loss * weight
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            steps, rows, total = steps + 1, rows + len(batch["input_ids"]), total + 1
+            steps, rows, total = steps + 1, rows + int(weight) * len(batch["input_ids"]), total + 1
             if rank == 0 and total % args.log_every == 0:
                 print(f"epoch {epoch} step {steps}: loss {loss.item():.4f} (rank 0)", flush=True)
             if total == args.max_steps:

@@ -41,7 +41,8 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         batch.pop("idx")
-        loss = self.model(**batch).loss
+        weight = pp.loss_weight(batch)  # 0.0 for equal steps' filler (its mark popped): it trains nothing
+        loss = self.model(**batch).loss * weight
         self.log("loss", loss, prog_bar=True)
         if self.trainer.is_global_zero and (self.global_step + 1) % self.log_every == 0:
             print(

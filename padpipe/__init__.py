@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.pipeline import Pipeline
     from padpipe.readers.retry import Retry
     from padpipe.runtime.equal_steps import equal_steps
+    from padpipe.runtime.marks import loss_weight
     from padpipe.sharing.consumer import Consumer
     from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
     from padpipe.state import StateMismatchError
@@ -56,6 +57,7 @@ _HOMES = {
     "from_hf": "padpipe.sources",
     "from_iterable": "padpipe.sources",
     "inspect": "padpipe.inspection",
+    "loss_weight": "padpipe.runtime.marks",
     "mix": "padpipe.mix",
     "read_arrow": "padpipe.sources",
     "read_jsonl": "padpipe.sources",
@@ -84,6 +86,7 @@ __all__ = [
     "from_hf",
     "from_iterable",
     "inspect",
+    "loss_weight",
     "mix",
     "read_arrow",
     "read_jsonl",

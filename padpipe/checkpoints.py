@@ -15,8 +15,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from padpipe.batch_spec import HeldBatch
 from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.state import ListOf, Plain, StateMismatchError, StateSchema, invalid
+from padpipe.state import ListOf, Plain, StateMismatchError, StateSchema, invalid, load_value
 from padpipe.state_walk import deeper_than
 
 CHECKPOINT = StateSchema("PipelineLoader checkpoint", 1, ranks=ListOf(Plain()))
@@ -86,6 +87,7 @@ def own_part(state: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(one, dict) or set(one) != set(PART_KEYS) or not isinstance(one["ahead"], list):
             found = sorted(one) if isinstance(one, dict) else type(one).__name__
             raise invalid(CHECKPOINT.stage, f"ranks[{r}]", f"a dict with keys {sorted(PART_KEYS)}", found)
+        load_value(CHECKPOINT.stage, f"ranks[{r}].ahead", one["ahead"], ListOf(HeldBatch()))
     return list(loaded.ranks)
 
 

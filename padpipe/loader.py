@@ -216,6 +216,11 @@ class PipelineLoader(Generic[T]):
         if isinstance(state, dict) and is_checkpoint(state):
             return self._load_checkpoint(own_part(state), independent)
         states = list(state) if isinstance(state, (list, tuple)) else [state]
+        if not states:
+            raise StateMismatchError(
+                "PipelineLoader state is invalid: the states must be one rank's state or a list of every saved "
+                "rank's, but is an empty list instead."
+            )
         for one in states:
             self.STATE.check(one, self._settings)
             check_nesting(one)

@@ -98,8 +98,9 @@ class Runnable:
             consumer: This reader's rank slot (default: detected from ``torch.distributed``).
             equal_steps: ``"balance"``: ranks that ran out are given batches by ranks that have
                 more, and the epoch's last batches are split and moved, so every rank ends at
-                the same step with every row once (a batch marked ``"is_filler"`` only where
-                fewer rows are left than ranks); ``"repeat"``: ranks that ran out replay their
+                the same step with every row once (packed rows cut into real pieces; a batch
+                marked ``"is_filler"``, to weigh by :func:`padpipe.loss_weight`, only where no
+                real piece is left for a rank: docs/distributed.md); ``"repeat"``: ranks that ran out replay their
                 epoch's first batches, marked ``"is_repeat"``; ``"drop"``: all ranks stop when
                 the first runs out (the rest is counted as ``equal_steps.dropped_batches``);
                 ``"off"``: unequal.

@@ -198,7 +198,8 @@ class ListOf(Spec):
             try:
                 out.append(self.item.load(item))
             except Invalid as exc:
-                raise Invalid(f"{expected}, each {exc.expected}", f"{show(item)} at index {i}") from None
+                found = exc.found if exc.found is not None else show(item)
+                raise Invalid(f"{expected}, each {exc.expected}", f"{found} at index {i}") from None
         return out
 
 

@@ -86,8 +86,8 @@ class Trainer(transformers.Trainer):
       ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
       ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
     - Training ranks take equal steps with every row once (``equal_steps="balance"``: a rank short
-      of batches is given some by the others; a filler batch, which trains nothing, only where
-      fewer rows are left than ranks).
+      of batches is given some by the others; a filler batch, whose loss is zeroed and whose row
+      ``train_samples`` does not count, only where no real piece is left for a rank).
     - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
       columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
       batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``) are kept when ``forward`` takes

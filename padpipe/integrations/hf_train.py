@@ -75,9 +75,10 @@ class TrainBatches:
         tokens: The real (not padding) tokens of a batch as padpipe made it.
 
     Example:
-        >>> batches = TrainBatches([{"input_ids": torch.ones(2, 3)}], dict)
-        >>> [sorted(b) for b in batches], batches.rows, batches.read, batches.ended
-        ([['input_ids']], 2, 1, True)
+        >>> filler = {"input_ids": torch.ones(1, 3), "is_filler": torch.tensor(True)}
+        >>> batches = TrainBatches([{"input_ids": torch.ones(2, 3)}, filler], dict)
+        >>> [sorted(b) for b in batches], batches.rows, batches.read, batches.ended  # a filler's row is no row trained
+        ([['input_ids'], ['input_ids', 'is_filler']], 2, 2, True)
     """
 
     STATE = StateSchema("padpipe.hf.Trainer", 1, loader=Child(), epoch=Int(0), batches=Int(0), ended=Bool())
@@ -103,7 +104,7 @@ class TrainBatches:
         self._it = iter(self.loader)
         while (batch := self._next()) is not _END:
             self.read += 1
-            self.rows += _rows(batch)
+            self.rows += 0 if bool(batch.get(FILLER_KEY, False)) else _rows(batch)  # a filler trains no row
             out = Batch(self._columns({k: v for k, v in batch.items() if k != ITEMS_KEY}))
             out.tokens, out.loss_items = self._tokens(batch), batch.get(ITEMS_KEY)
             if FILLER_KEY in batch:  # equal steps' filler: compute_loss zeroes its loss

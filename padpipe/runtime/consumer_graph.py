@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchdata.nodes import BaseNode
 
+from padpipe.batch_spec import HeldBatch
 from padpipe.graph import start_at_epoch
 from padpipe.pipes.mix import WeightedMixer
 from padpipe.readers.source import UnitSource, WorkUnit
@@ -44,7 +45,7 @@ class _Plan(Spec):
 
     FIELDS = {
         "epoch": Int(0),
-        "batches": ListOf(Plain()),
+        "batches": ListOf(HeldBatch()),
         "pieces": ListOf(ListOf(Plain())),
         "fresh": Optional(Child()),
     }

@@ -19,11 +19,12 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.batch_spec import HeldBatch
 from padpipe.graph import Parts
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.lockstep import Lockstep, _mark, check_policy
 from padpipe.runtime.step_sync import StepSync, detect_sync
-from padpipe.state import Bool, Child, Int, ListOf, Plain, StateSchema
+from padpipe.state import Bool, Child, Int, ListOf, StateSchema
 from padpipe.stats import PipelineStats
 
 
@@ -36,10 +37,12 @@ class EqualSteps(BaseNode[Any]):
       a batch another rank holds beyond the one it yields now; once every rank has read its share,
       the batches left are split (the largest first, rows ``[:B//2]`` and the rest) until their
       count divides by the ranks and moved until all hold the same number, so every rank ends at
-      the same step. Moves go rank to rank on the CPU (``equal_steps.moved_batches``, splits
-      ``equal_steps.split_batches``). Only where fewer rows are left than steps to fill does a
-      rank get a *filler*: one real row marked ``"is_filler"`` (a bool tensor), which must train
-      nothing (pop the key and multiply its loss by 0; counted as ``equal_steps.filler_batches``).
+      the same step; a batch of packed rows is then cut into real pieces
+      (:mod:`padpipe.runtime.row_pieces`). Moves go rank to rank on the CPU
+      (``equal_steps.moved_batches``, splits ``equal_steps.split_batches``). Only where no real
+      piece is left for a rank does it get a *filler*: one real row marked ``"is_filler"`` (a
+      bool tensor), which must train nothing (``loss * padpipe.loss_weight(batch)``; counted as
+      ``equal_steps.filler_batches``).
     - ``"repeat"``: ranks that ran out replay, in turn, the first ``REPEAT_BUFFER`` (8) batches
       they yielded this epoch (kept in memory, not read again), until the last rank finishes;
       every dict batch then carries ``"is_repeat"`` (a bool tensor; pop it before
@@ -75,8 +78,8 @@ class EqualSteps(BaseNode[Any]):
         "EqualSteps",
         4,
         source=Child(),
-        held=ListOf(Plain()),  # batches read ahead or received, not returned yet
-        ring=ListOf(Plain()),  # "repeat": the first batches returned this epoch, to replay
+        held=ListOf(HeldBatch()),  # batches read ahead or received, not returned yet
+        ring=ListOf(HeldBatch()),  # "repeat": the first batches returned this epoch, to replay
         exhausted=Bool(),  # this rank has read its whole share of the epoch
         tail=Bool(),  # a rank had read its share: every rank reads ahead to the tail
         balanced=Bool(),  # every rank had read its share, and holds the batches it returns until the end

@@ -15,8 +15,17 @@ from typing import Any
 import torch
 
 from padpipe.errors import one_of
-from padpipe.runtime.batch_cut import rows_of, split_batch
-from padpipe.runtime.rebalance import FILLER_KEY, Move, donations, filler, splittable_rows, tail_plan
+from padpipe.runtime.batch_cut import rows_of
+from padpipe.runtime.rebalance import (
+    FILLER_KEY,
+    Move,
+    documents,
+    donations,
+    filler,
+    split,
+    splittable_rows,
+    tail_plan,
+)
 from padpipe.stats import PipelineStats
 
 logger = logging.getLogger("padpipe.runtime.equal_steps")
@@ -67,8 +76,9 @@ class Lockstep:
     its share, the batches left are split (the largest
     first) until their count divides by the ranks and moved until every rank holds the same
     number (:func:`~padpipe.runtime.rebalance.tail_plan`), and then each rank yields its own with
-    no further agreement. Every row comes out once, and only where fewer rows are left than steps
-    to fill does a rank get a filler batch (one real row marked ``"is_filler"``, to train nothing).
+    no further agreement (packed rows are cut into real pieces). Every row comes out once, and only
+    where no real piece is left for a rank does it get a filler batch (one real row marked
+    ``"is_filler"``, to train nothing).
 
     ``"repeat"``: a rank that ran out replays, in turn, the first ``REPEAT_BUFFER`` batches it
     yielded this epoch (kept in memory, never read again), marked ``"is_repeat"``, until every rank
@@ -138,12 +148,12 @@ class Lockstep:
 
     def _even_tail(self, counts: list[int]) -> None:
         """Every rank has read its share: split and move the batches left until every rank holds the same number."""
-        width = max(counts)
-        mine = [splittable_rows(b) for b in self.held]
-        table = self.sync.gather(mine + [-1] * (width - len(mine)))
-        plan = tail_plan([[n for n in row if n >= 0] for row in table])
+        mine = _encode([(splittable_rows(b), documents(b)) for b in self.held])
+        width = max(n for (n,) in self.sync.gather([len(mine)]))
+        table = [_decode(row) for row in self.sync.gather(mine + [-1] * (width - len(mine)))]
+        plan = tail_plan([[n for n, _ in row] for row in table], [[docs for _, docs in row] for row in table])
         for i in plan.splits[self.sync.rank]:
-            self.held[i : i + 1] = list(split_batch(self.held[i]) or ())
+            self.held[i : i + 1] = list(split(self.held[i]))
             self.stats.add(SPLIT, 1)
         surplus = self.held[plan.steps :]
         del self.held[plan.steps :]
@@ -219,3 +229,31 @@ class Lockstep:
                 self.steps,
                 DROPPED,
             )
+
+
+Known = tuple[tuple[int, ...], ...]  # each row's document codes (rebalance.documents)
+
+
+def _encode(batches: list[tuple[int, Known]]) -> list[int]:
+    """Held batches as ints to gather: each ``rows, len(known)``, then each row's ``len(docs), *docs``."""
+    out = []
+    for rows, known in batches:
+        out += [rows, len(known)]
+        for docs in known:
+            out += [len(docs), *docs]
+    return out
+
+
+def _decode(values: list[int]) -> list[tuple[int, Known]]:
+    """:func:`_encode`'s batches back from a gathered row (``-1`` pads it)."""
+    out, at = [], 0
+    while at < len(values) and values[at] >= 0:
+        rows, count = values[at], values[at + 1]
+        at += 2
+        known = []
+        for _ in range(count):
+            width = values[at]
+            known.append(tuple(values[at + 1 : at + 1 + width]))
+            at += 1 + width
+        out.append((rows, tuple(known)))
+    return out

@@ -11,19 +11,19 @@ all-reduce per window and gives every batch of the window the total.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.batch_spec import HeldBatch
 from padpipe.errors import check_bool, positive
 from padpipe.graph import Parts
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.lockstep import REPEAT_KEY
 from padpipe.runtime.rebalance import FILLER_KEY
 from padpipe.runtime.step_sync import StepSync, detect_sync
-from padpipe.state import Bool, Child, Int, Invalid, ListOf, Spec, StateSchema
+from padpipe.state import Bool, Child, Int, ListOf, StateSchema
 
 ITEMS_KEY = "num_items_in_batch"
 IGNORE_INDEX = -100  # the label HF's losses leave out
@@ -57,16 +57,6 @@ def label_tokens(batch: Any, *, causal: bool = True) -> int:
     else:
         labels = batch["labels"][..., 1:] if causal else batch["labels"]
     return int(labels.ne(IGNORE_INDEX).sum())
-
-
-@dataclass(frozen=True)
-class LabelledBatch(Spec):
-    """A batch of a saved window: a dict with ``labels`` or ``shift_labels`` (what :func:`label_tokens` counts)."""
-
-    def load(self, value: Any) -> Any:
-        if not isinstance(value, Mapping) or ("labels" not in value and "shift_labels" not in value):
-            raise Invalid("a batch dict with `labels` or `shift_labels`")
-        return value
 
 
 class LossTokens(BaseNode[Any]):
@@ -104,7 +94,7 @@ class LossTokens(BaseNode[Any]):
         "LossTokens",
         1,
         source=Child(),
-        window=ListOf(LabelledBatch()),  # the window's batches not yet given out
+        window=ListOf(HeldBatch(labelled=True)),  # the window's batches not yet given out
         items=Int(0),  # the window's loss tokens over all ranks
         ended=Bool(),  # whether the source's epoch has ended
     )

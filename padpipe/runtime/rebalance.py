@@ -5,8 +5,10 @@ each of them has) and every rank makes the same plan from the same table, so no 
 another what to do. :func:`donations` feeds a rank that ran out from ranks that hold more than
 the batch they yield now; :func:`tail_plan`, once every rank has read its whole share, splits the
 largest batches until the count divides by the ranks and moves the surplus to the ranks short of
-it. Only where the rows left cannot give every rank a batch does a rank get a *filler*
-(:func:`filler`): one real row marked ``"is_filler"``, which trains nothing.
+it; a batch of one packed row is cut in two real pieces (its documents regrouped, or one
+pretraining document cut, :mod:`padpipe.runtime.row_pieces`). Only where the pieces left cannot
+give every rank a batch does a rank get a *filler* (:func:`filler`): one real row marked
+``"is_filler"``, which must train nothing.
 
 Example:
     >>> donations([3, 0, 2])
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 
 from padpipe.runtime.batch_cut import rows_of, split_batch
+from padpipe.runtime.row_pieces import cut_row, describe, halve, labels_of
 
 FILLER_KEY = "is_filler"
 LABEL_KEYS = ("labels", "shift_labels")
@@ -85,35 +88,54 @@ class TailPlan:
     moves: list[Move] = field(default_factory=list)
 
 
-def tail_plan(rows: list[list[int]]) -> TailPlan:
+def tail_plan(rows: list[list[int]], docs: list[list[tuple[tuple[int, ...], ...]]] | None = None) -> TailPlan:
     """The :class:`TailPlan` for ranks holding batches of ``rows[rank]`` rows each (0: a batch that is no dict).
 
-    ``steps`` is the held batches over the ranks, rounded up. The batch with the most rows (the
-    lowest rank and position on a tie) is split until the ranks hold ``steps`` each in all, or no
-    batch of two rows or more is left; each rank keeps its first ``steps`` and sends the rest, in
-    rank order, to the ranks short of them; a rank still short gets a filler from the lowest rank
-    whose first batch is a dict (a batch that is no dict cannot be split, nor make one). With no
-    such rank the plan moves nothing and ``steps`` is the fewest any rank holds: the caller drops
-    what it cannot even out, and counts it.
+    ``docs[rank][i]``, for a batch of packed rows, is each row's document codes
+    (:func:`~padpipe.runtime.row_pieces.describe`; ``()`` for any other batch). ``steps`` is the
+    held batches over the ranks, rounded up. Until the ranks hold ``steps`` each in all, a batch
+    is split: first the one with the most rows (two or more; rows ``[:B//2]`` and the rest), then
+    a one-row batch whose documents regroup in two pieces (the most documents first), last one
+    whose one document is cut (the most label tokens first; :func:`~padpipe.runtime.row_pieces.halve`),
+    the lowest rank and position on a tie. Each rank keeps its first ``steps`` and sends the rest,
+    in rank order, to the ranks short of them; a rank still short gets a filler from the lowest
+    rank whose first batch is a dict (a batch that is no dict cannot be split, nor make one). With
+    no such rank the plan moves nothing and ``steps`` is the fewest any rank holds: the caller
+    drops what it cannot even out, and counts it.
 
     Example:
         >>> tail_plan([[8, 8], [8]])  # 3 batches: rank 0 splits its first, then sends its last to rank 1
         TailPlan(steps=2, splits=[[0], []], moves=[Move(src=0, dst=1, filler=False)])
         >>> tail_plan([[1], [], []]).moves  # one row for three ranks: two fillers
         [Move(src=0, dst=1, filler=True), Move(src=0, dst=2, filler=True)]
+        >>> tail_plan([[1], [], []], [[((6, 8, 4),)], [], []]).moves  # one row of 3 conversations: regrouped, no filler
+        [Move(src=0, dst=1, filler=False), Move(src=0, dst=2, filler=False)]
     """
     ranks = len(rows)
     held = [list(mine) for mine in rows]
+    pieces: list[list[tuple[tuple[int, ...], ...]]] = (
+        [list(m) for m in docs] if docs is not None else [[()] * len(m) for m in rows]
+    )
     total = sum(len(mine) for mine in held)
     steps = -(-total // ranks)
     splits: list[list[int]] = [[] for _ in range(ranks)]
     while total < steps * ranks:
-        where = [(-n, r, i) for r, mine in enumerate(held) for i, n in enumerate(mine) if n >= 2]
+        where = [
+            key for r, mine in enumerate(held) for i, n in enumerate(mine) if (key := _split_key(n, pieces[r][i], r, i))
+        ]
         if not where:
             break
-        _, r, i = min(where)  # the most rows; the lowest rank and position on a tie
+        *_, r, i = min(where)
         n = held[r][i]
-        held[r][i : i + 1] = [n // 2, n - n // 2]
+        known = pieces[r][i]
+        if n >= 2:
+            held[r][i : i + 1] = [n // 2, n - n // 2]
+            pieces[r][i : i + 1] = [known[: n // 2], known[n // 2 :]] if known else [(), ()]
+        else:
+            plan = halve(known[0])
+            assert plan is not None  # _split_key chose it
+            held[r][i : i + 1] = [1, 1]
+            pieces[r][i : i + 1] = [(plan.left,), (plan.right,)]
         splits[r].append(i)
         total += 1
     counts = [len(mine) for mine in held]
@@ -131,6 +153,17 @@ def tail_plan(rows: list[list[int]]) -> TailPlan:
     return TailPlan(steps, splits, sorted(moves, key=lambda m: (m.src, m.dst)))
 
 
+def _split_key(rows: int, known: tuple[tuple[int, ...], ...], rank: int, at: int) -> tuple[int, ...] | None:
+    """How eagerly a batch is split (the least first), or ``None`` if it cannot be."""
+    if rows >= 2:
+        return (0, -rows, rank, at)
+    if rows != 1 or len(known) != 1 or (plan := halve(docs := known[0])) is None:
+        return None
+    if plan.cuts_a_document:
+        return (2, -sum(labels_of(d) for d in docs), rank, at)
+    return (1, -len(docs), rank, at)
+
+
 def splittable_rows(batch: Any) -> int:
     """What :func:`tail_plan` needs of a batch: its rows if it splits in two, 1 if it is a dict that does not, else 0.
 
@@ -142,6 +175,29 @@ def splittable_rows(batch: Any) -> int:
         return 0
     rows = rows_of(batch) or 1
     return rows if rows >= 2 and split_batch(batch) is not None else 1
+
+
+def documents(batch: Any) -> tuple[tuple[int, ...], ...]:
+    """The document codes :func:`tail_plan` takes for a batch: each row's, for a batch of packed rows, else ``()``.
+
+    Example:
+        >>> row = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[-100, 2, 3]]),
+        ...        "cu_seq_lens_q": torch.tensor([0, 3])}
+        >>> documents(row), documents({"x": torch.ones(3, 2)})
+        (((5,),), ())
+    """
+    rows = splittable_rows(batch)
+    if not rows or (described := describe(batch)) is None or len(described) != rows:
+        return ()
+    return described
+
+
+def split(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cut ``batch`` in two as :func:`tail_plan` planned: by rows if it has two or more, else by documents."""
+    halves = split_batch(batch) if splittable_rows(batch) >= 2 else cut_row(batch)
+    if halves is None:  # the plan is made from these same batches on every rank
+        raise RuntimeError("equal steps planned to split a batch that cannot be split")
+    return halves
 
 
 def filler(batch: dict[str, Any]) -> dict[str, Any]:

@@ -102,3 +102,26 @@ def test_sft_example_trains_packed_conversations_under_torchrun_and_resumes(tmp_
     assert (tmp_path / "run" / "checkpoint-4" / "padpipe_loader_1.pt").is_file()
     out = run_script(script, str(data), run, "--seq-len", "512", "--max-steps", "6", "--log-every", "2").stdout
     assert re.search(r"^trained 6 steps: ", out, re.M) and len(re.findall(r"'loss': ", out)) == 1, out
+
+
+@pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py"])
+def test_examples_under_torchrun_weigh_a_filler_by_zero_and_count_none_of_its_rows(script, tmp_path):
+    """One row for two ranks: rank 1 trains on a filler each epoch; the loops weigh it by 0 and count no row of it."""
+    pytest.importorskip({"train_accelerate.py": "accelerate", "train_lightning.py": "lightning"}.get(script, "torch"))
+    path = tmp_path / "one.parquet"
+    pq.write_table(pq.read_table(pp.examples.SAMPLE_PARQUET).slice(0, 1), path)
+    args = [str(path)] + ([str(tmp_path / "checkpoints")] if script == "train_lightning.py" else [])
+    out = run_script(EXAMPLES / script, *args, "--log-every", "1").stdout
+    if script == "train_ddp.py":  # each epoch: one rank trains the row, the other a filler it counts no row of
+        found = re.findall(r"^rank (\d)/2 epoch (\d): (\d+) steps, (\d+) rows$", out, re.M)
+        assert sorted((epoch, steps, rows) for _, epoch, steps, rows in found) == [
+            ("0", "1", "0"),
+            ("0", "1", "1"),
+            ("1", "1", "0"),
+            ("1", "1", "1"),
+        ], out
+    elif script == "train_accelerate.py":  # (Accelerate under torchrun with cpu=True names each rank 0/1)
+        found = re.findall(r"^rank \d/\d: (\d+) steps, (\d+) rows$", out, re.M)
+        assert sorted(found) == [("1", "0"), ("1", "1")], out
+    else:
+        assert len(re.findall(r"^rank \d/2: 2 steps, 2 epochs$", out, re.M)) == 2, out

@@ -408,3 +408,14 @@ def test_trainer_reports_a_nan_eval_loss_when_no_batch_loss_is_finite(mrpc, tmp_
     trainer = Trainer(model=Broken(bert_config()), args=arguments(tmp_path), eval_dataset=val)
     metrics = trainer.evaluate()
     assert np.isnan(metrics["eval_loss"]) and metrics["eval_samples"] == VAL_ROWS
+
+
+def test_trainer_ddp_zeroes_a_filler_and_counts_no_row_of_it(tmp_path):
+    """One training row for two ranks: each epoch one rank trains on a filler; its loss is 0, train_samples 2."""
+    data = write_mrpc(tmp_path / "mrpc", train_rows=1, val_rows=2)
+    torchrun("hf_filler_run.py", str(data), str(tmp_path))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    seen = [step for rank in ranks for step in rank["seen"]]
+    assert sorted(filler for filler, _ in seen) == [False, False, True, True]  # two epochs, one step each a rank
+    assert all(loss == 0 for filler, loss in seen if filler) and all(loss > 0 for filler, loss in seen if not filler)
+    assert [rank["train_metrics"]["train_samples"] for rank in ranks] == [2, 2]  # the real row, once an epoch

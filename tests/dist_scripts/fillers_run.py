@@ -1,0 +1,94 @@
+"""Run under ``torchrun``: the epoch's uneven tail of the three workloads, in a loop that knows nothing of fillers.
+
+Usage: ``python -m torch.distributed.run --standalone --nproc_per_node=R fillers_run.py DATA OUT TAG``
+
+``DATA`` holds ``pairs.parquet`` (sentence pairs with one label a row, bucketed), ``docs.jsonl``
+(pretraining documents packed with ``pack(256, batch_size=1)``), ``one_doc.jsonl`` (one document,
+one packed row for every rank) and ``chats.jsonl`` (conversations,
+packed with ``pack(1024, batch_size=1)``). Each rank reads every workload for two epochs in a plain
+loop and writes ``OUT/TAG-rank<R>.json``: per workload and epoch, its steps, its fillers, the labels a
+loop that knows nothing of fillers trains on (the causal shift for packed rows: ``labels[:, 1:]``)
+and those a loop with the docs' line (``loss * pp.loss_weight(batch)``) trains, and the stats' split
+and filler counters.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.chat_fixtures
+
+import padpipe as pp  # noqa: E402
+from tests import chat_fixtures  # noqa: E402
+
+EPOCHS = 2
+
+
+def pipelines(data: str) -> dict[str, pp.Pipeline]:
+    pairs = pp.read_parquet(os.path.join(data, "pairs.parquet")).tokenize(
+        pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=64
+    )
+    docs = pp.read_jsonl(os.path.join(data, "docs.jsonl")).tokenize(pp.examples.tokenizer(), truncation=False)
+    one_doc = pp.read_jsonl(os.path.join(data, "one_doc.jsonl")).tokenize(pp.examples.tokenizer(), max_length=250)
+    chats = pp.read_jsonl(os.path.join(data, "chats.jsonl")).chat(chat_fixtures.tokenizer(), max_length=1024)
+    return {
+        "pairs": pairs.bucket(max_tokens=4 * 64).pad(),
+        "docs": docs.pack(256, batch_size=1, long_docs="split"),
+        "chats": chats.pack(1024, batch_size=1),
+        "one_doc": one_doc.pack(256, batch_size=1),  # one row for all ranks: its document is cut
+    }
+
+
+def trained(batch: dict, packed: bool) -> list[int]:
+    """The labels a loss over ``batch`` trains (packed rows: a causal LM's ``labels[:, 1:]``)."""
+    labels = batch["labels"][:, 1:] if packed else batch["labels"]
+    return labels[labels != -100].tolist()
+
+
+def epoch(loader: pp.PipelineLoader, packed: bool) -> dict:
+    plain: collections.Counter = collections.Counter()
+    real: collections.Counter = collections.Counter()
+    steps = fillers = 0
+    for batch in loader:
+        dist.barrier()  # a DDP step: every rank must be here
+        steps += 1
+        labels = trained(batch, packed)
+        plain.update(labels)  # a loop that knows nothing of fillers
+        fillers += int(bool(batch.get("is_filler", False)))
+        if pp.loss_weight(batch):  # the docs' one line: a filler's loss times 0
+            real.update(labels)
+    counters = loader.stats().counters
+    return {
+        "steps": steps,
+        "fillers": fillers,
+        "plain": dict(plain),
+        "real": dict(real),
+        "counters": {k: v for k, v in counters.items() if k.startswith("equal_steps.")},
+    }
+
+
+def main() -> None:
+    data, out, tag = sys.argv[1:4]
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank = dist.get_rank()
+    result = {}
+    for name, pipe in pipelines(data).items():
+        loader = pipe.loader()
+        result[name] = [epoch(loader, name != "pairs") for _ in range(EPOCHS)]
+    with open(os.path.join(out, f"{tag}-rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()

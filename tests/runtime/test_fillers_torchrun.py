@@ -1,0 +1,99 @@
+"""The epoch's uneven tail under real ``torchrun`` x2 and x3: real pieces where tokens can fill a step, no row twice.
+
+The issue-39 tails: ``pack(256, batch_size=1)`` over 40 documents left 4 one-row batches for 3
+ranks (2 fillers) and 41 documents 3 for 2 (1 filler), and packed chats one filler an epoch; a loop
+that knows nothing of fillers trained those rows twice. One launch per world size
+(tests/dist_scripts/fillers_run.py) reads the three workloads for two epochs in a plain loop. With
+token-level labels the ranks must get real pieces (no filler) and the labels they train, summed, must
+be each label of the data once; sentence pairs (one label a row) keep a filler only where fewer
+rows are left than ranks.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch.distributed as dist
+
+import padpipe as pp
+from tests import chat_fixtures
+from tests.runtime.launchers import run_launchers, torchrun_command
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SCRIPT = Path(__file__).parent.parent / "dist_scripts" / "fillers_run.py"
+SIZES = {2: {"pairs": 1, "docs": 41, "chats": 29}, 3: {"pairs": 2, "docs": 37, "chats": 30}}
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("fillers_run", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write(data: Path, sizes: dict[str, int]) -> None:
+    pairs = pq.read_table(pp.examples.SAMPLE_PARQUET).slice(0, sizes["pairs"])
+    pq.write_table(pairs, data / "pairs.parquet")
+    with gzip.open(Path(pp.examples.DATA_DIR) / "corpus.jsonl.gz", "rt") as f:
+        texts = [json.loads(line)["text"] for _, line in zip(range(sizes["docs"]), f)]
+    (data / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (data / "one_doc.jsonl").write_text(json.dumps({"text": " ".join(texts[0].split()[:120])}) + "\n")
+    chats = chat_fixtures.conversations(sizes["chats"], seed=39)
+    (data / "chats.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    run = script()
+    out = {}
+    for ranks, sizes in SIZES.items():
+        data = tmp_path_factory.mktemp(f"fillers{ranks}")
+        write(data, sizes)
+        tag = f"x{ranks}"
+        run_launchers([torchrun_command(SCRIPT, str(data), str(data), tag, nproc=ranks)], timeout=600, what=tag)
+        records = [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(ranks)]
+        every = {}
+        for name, pipe in run.pipelines(str(data)).items():  # one process: the whole data set, each label once
+            every[name] = collections.Counter(x for b in pipe.loader() for x in run.trained(b, name != "pairs"))
+        out[ranks] = (records, every)
+    return out
+
+
+def summed(records: list[dict], name: str, epoch: int, key: str) -> collections.Counter:
+    total: collections.Counter = collections.Counter()
+    for record in records:
+        total.update({int(k): v for k, v in record[name][epoch][key].items()})
+    return total
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("name", ["docs", "chats", "one_doc"])
+def test_packed_rows_are_cut_into_real_pieces_so_a_plain_loop_trains_every_label_once(runs, ranks, name):
+    records, every = runs[ranks]
+    for epoch in range(2):
+        mine = [record[name][epoch] for record in records]
+        assert len({m["steps"] for m in mine}) == 1, "every rank takes the same steps"
+        assert [m["fillers"] for m in mine] == [0] * ranks
+        assert summed(records, name, epoch, "plain") == every[name], "a loop unaware of fillers: each label once"
+        assert all(m["real"] for m in mine), "every rank trains real tokens"
+    splits = sum(record[name][0]["counters"].get("equal_steps.split_batches", 0) for record in records)
+    assert splits > 0, "the tail was uneven: rows were cut"
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_rows_with_one_label_keep_a_filler_only_where_fewer_rows_are_left_than_ranks(runs, ranks):
+    records, every = runs[ranks]
+    for epoch in range(2):
+        mine = [record["pairs"][epoch] for record in records]
+        assert len({m["steps"] for m in mine}) == 1
+        assert sum(m["fillers"] for m in mine) == ranks - SIZES[ranks]["pairs"]
+        assert summed(records, "pairs", epoch, "real") == every["pairs"]
