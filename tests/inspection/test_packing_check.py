@@ -348,3 +348,23 @@ def test_check_packing_inside_the_loop_checks_the_batches_the_loop_reads_next() 
     read = read_batches(loader, 2)
     assert _ids(read) == _ids(itertools.islice(it, 2))
     assert loader.stats().batches == 3  # the copy's batches are not counted in the loader's stats
+
+
+def test_check_packing_runs_the_packed_forward_without_labels_and_compares_in_chunks(monkeypatch) -> None:
+    """The model's own loss over the batch is not computed (a batch's logits held once); chunks change nothing."""
+    import padpipe.inspection.packing_loss as packing_loss
+
+    model = causal_lm("llama", "sdpa", use_cache=False)
+    given: list[set[str]] = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: given.append(set(kwargs)), with_kwargs=True)
+    packed = batches(1)
+    whole = pp.check_packing(model, packed)
+    assert "labels" in packed[0] and given[0] == {"input_ids", "position_ids", "seq_idx", "cu_seq_lens_q",
+                                                   "cu_seq_lens_k", "max_length_q", "max_length_k"}  # fmt: skip
+    monkeypatch.setattr(packing_loss, "ROWS_AT_ONCE", 3)
+    chunked = pp.check_packing(model, packed)
+    for a, b in zip(whole.documents, chunked.documents):
+        assert a.document == b.document and a.max_abs_diff == b.max_abs_diff and a.tolerance == b.tolerance
+        assert a.loss is not None and b.loss is not None
+        assert (a.loss.trained_packed, a.loss.trained_alone) == (b.loss.trained_packed, b.loss.trained_alone)
+        assert a.loss.packed == pytest.approx(b.loss.packed, rel=1e-5) and b.loss.exact
