@@ -21,6 +21,7 @@ packing efficiency and state size. Model compute is not counted anywhere.
 Usage:
     python benchmarks/sft.py [--conversations 20000] [--seq-len 1024] [--chart benchmarks/out/sft.png]
     python benchmarks/sft.py --conversations 300 --rate-conversations 300 --buffers 64   # quick; no TRL needed
+    python benchmarks/sft.py --conversations 10000 --batch-size 4 --sections packing steps   # two sections
 
 Without ``trl`` installed (``pip install 'padpipe[bench]'``) the TRL columns read "not installed".
 """
@@ -44,6 +45,7 @@ os.environ.setdefault("PADPIPE_PROGRESS", "0")
 
 import pyarrow as pa  # noqa: E402
 import sft_arms as arms  # noqa: E402
+import sft_packing  # noqa: E402
 
 import padpipe as pp  # noqa: E402
 from padpipe.chat.options import ChatOptions  # noqa: E402
@@ -78,6 +80,7 @@ def case_row(case: arms.Case, paths: dict[str, str], args: argparse.Namespace) -
     name = f"`{case.name}`" + (", prompt/completion" if case.form == "prompt_completion" else "")
     cells = [name, f"{len(ours['conversations']) + dropped:,}"]
     result: dict[str, Any] = {"case": case, "first": first, "padpipe_eff": ours["efficiency"], "trl": trl}
+    result["lengths_of"] = [ids for _, (ids, _) in sorted(ours["conversations"].items())]
     if trl is None or "refused" in trl:
         reason = "not installed" if trl is None else f"refused: {trl['refused']}"
         cells += [reason, f"{first:.2f}", "", "", f"{ours['efficiency']:.2%}", "", "", "", "", f"{dropped:,}"]
@@ -222,6 +225,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rate-rounds", type=int, default=5, help="interleaved rounds of the rates (the best)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the conversations")
     parser.add_argument("--chart", help="write a PNG chart here")
+    parser.add_argument(
+        "--sections",
+        nargs="*",
+        default=["cases", "packing", "steps", "rates", "buffers"],
+        help="what to run: cases (the table beside TRL), packing (beside TRL's and the bound), steps (script start "
+        "to first optimizer step), rates, buffers (default: all)",
+    )
+    parser.add_argument("--documents", type=int, default=20_000, help="long documents of the packing section")
+    parser.add_argument("--step-repeat", type=int, default=2, help="processes per arm of the steps section (median)")
     args = parser.parse_args(argv)
     import torch
     import transformers  # noqa: F401  imported before any clock starts
@@ -238,12 +250,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"trl {trl_version}, transformers {transformers.__version__}\n"
     )
     rows, results = [], []
-    for case in arms.CASES:
+    for case in arms.CASES if "cases" in args.sections else ():
         cells, result = case_row(case, paths, args)
         rows.append(cells)
         results.append(result)
         print(f"  {cells[0]}: done", file=sys.stderr, flush=True)
-    print(table(COLUMNS, rows) + "\n")
+    if results:
+        print(table(COLUMNS, rows) + "\n")
     for r in results:
         if "trl_seconds" in r:
             fit = "yes" if r["fit_equal"] == r["fit"] else f"no ({r['fit'] - r['fit_equal']:,} differ)"
@@ -253,10 +266,46 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"efficiency {100 * (r['padpipe_eff'] - r['trl_eff']):+.2f} points vs TRL's BFD"
             )
     print()
-    rate_rows = rates(paths["messages"], args.rate_conversations, args.rate_rounds)
-    print(table(["tokenizing with labels", "conversations/s", "vs HF with masks"], rate_rows) + "\n")
-    sweep = buffers(paths["messages"], args)
-    print(table(["pack_buffer", "1st batch (s)", "packing eff.", "state after 20 batches"], sweep))
+    if "packing" in args.sections:
+        first_case = results[0] if results else None
+        if first_case is None:
+            ours = arms.padpipe_arm(arms.CASES[0], paths["messages"], args.seq_len, args.batch_size, args.pack_buffer)
+            first_case = {"lengths_of": [ids for _, (ids, _) in sorted(ours["conversations"].items())],
+                          "padpipe_eff": ours["efficiency"]}  # fmt: skip
+        packing = sft_packing.packing_rows(
+            first_case["lengths_of"], args.seq_len, args.batch_size, HAS_TRL, first_case["padpipe_eff"], args.documents
+        )
+        print(table(sft_packing.PACKING_COLUMNS, packing) + "\n")
+    if "steps" in args.sections and HAS_TRL:
+        case = arms.CASES[0]
+        head = results[0] if results and "trl_seconds" in results[0] else None
+        trl_pass = (
+            head["trl_seconds"]
+            if head
+            else arms.trl_arm(case, paths["messages"], args.seq_len, args.batch_size)["seconds"]
+        )
+        first = (
+            head["first"]
+            if head
+            else arms.first_batch(case, paths["messages"], args.seq_len, args.batch_size, args.pack_buffer, args.repeat)
+        )
+        steps = sft_packing.first_step_rows(
+            paths["messages"],
+            case.template,
+            args.seq_len,
+            args.batch_size,
+            args.step_repeat,
+            str(work),
+            first,
+            trl_pass,
+        )
+        print(table(["`llama3_marked`, messages", "TRL (s)", "padpipe (s)", "padpipe sooner"], steps) + "\n")
+    if "rates" in args.sections:
+        rate_rows = rates(paths["messages"], args.rate_conversations, args.rate_rounds)
+        print(table(["tokenizing with labels", "conversations/s", "vs HF with masks"], rate_rows) + "\n")
+    if "buffers" in args.sections:
+        sweep = buffers(paths["messages"], args)
+        print(table(["pack_buffer", "1st batch (s)", "packing eff.", "state after 20 batches"], sweep))
     if args.chart:
         chart(results, args.chart)
         print(f"\nchart: {args.chart}")

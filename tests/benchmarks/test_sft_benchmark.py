@@ -54,6 +54,13 @@ def test_sft_benchmark_fills_its_tables(tmp_path: Path) -> None:
         "1",
         "--rate-rounds",
         "1",
+        "--documents",
+        "300",
+        "--sections",  # all but steps (four fresh Python processes with TRL: minutes)
+        "cases",
+        "packing",
+        "rates",
+        "buffers",
     ]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sft.py"), *args, "--seq-len", "512", "--chart", str(chart)],
@@ -88,6 +95,16 @@ def test_sft_benchmark_fills_its_tables(tmp_path: Path) -> None:
     assert rates[0][2] == "1.00"
     assert [cells(line)[0] for line in lines if re.match(r"^\| [\d,]+ \| ", line)] == ["64"]
     assert chart.stat().st_size > 1000
+    packing = {cells(line)[0].split(" ")[1]: cells(line) for line in lines if re.match(r"^\| 300 (conv|long)", line)}
+    assert list(packing) == ["conversations", "long"]
+    chats, documents = packing["conversations"], packing["long"]
+    ours, limit = float(chats[4].rstrip("%")), float(chats[5].rstrip("%"))
+    assert limit - 0.1 <= ours <= limit, chats
+    if HAS_TRL:
+        assert ours >= float(chats[2].rstrip("%")), chats
+    # long documents at seq_len 512 (median 300): the subset-sum fill is below TRL's bfd_split here (README,
+    # Known limits); at the benchmark's 1,024 it is not. Only the table is checked.
+    assert 98 < float(documents[4].rstrip("%")) <= float(documents[5].rstrip("%")), documents
 
 
 def test_sft_benchmark_names_the_tokens_one_side_trains_and_the_other_does_not() -> None:

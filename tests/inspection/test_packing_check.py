@@ -87,7 +87,7 @@ def test_check_packing_works_where_packing_is_exact(model, packed) -> None:
     model = model().train()
     report = pp.check_packing(model, packed())
     assert report.exact and len(report.documents) == 8
-    assert sum(d.document.start > 0 for d in report.documents) == 5  # every document after another in its row
+    assert sum(d.document.start > 0 for d in report.documents) == 8  # documents after another in their row first
     assert report.max_abs_diff <= report.atol and model.training  # training mode restored
     assert report.verdict.startswith("exact: 8 documents get their own logits")
 
@@ -96,9 +96,9 @@ def test_check_packing_reports_each_document_and_the_settings() -> None:
     model = causal_lm("llama", "sdpa", use_cache=False)
     report = pp.check_packing(model, iter(batches(3)), max_documents=3, max_batches=1)
     assert [str(d.document) for d in report.documents] == [
-        "batch 0, row 0, tokens 38:62",
-        "batch 0, row 1, tokens 36:58",
-        "batch 0, row 1, tokens 58:64",
+        "batch 0, row 0, tokens 38:47",
+        "batch 0, row 0, tokens 47:64",
+        "batch 0, row 1, tokens 36:42",
     ]
     assert (report.attn_implementation, report.use_cache, report.dtype) == ("sdpa", False, "torch.float32")
     assert (report.atol, report.rtol) == (1e-5, 1e-4)
@@ -157,7 +157,7 @@ CAUSES = [  # model, pack options, batch change, columns, message after the comm
         arange_positions,
         None,
         r"\[position_ids_not_restarting\]: position_ids do not restart at each document: at batch 1, row 0, "
-        r"tokens 36:59 \(column 36\) expected 0, found 36 \(positions \[36, 37, 38, 39, 40, 41\] \.\.\.\)\. Fix: "
+        r"tokens 39:55 \(column 39\) expected 0, found 39 \(positions \[39, 40, 41, 42, 43, 44\] \.\.\.\)\. Fix: "
         r"give the model the position_ids pack\(\) makes, unchanged\.$",
     ),
     (
@@ -212,7 +212,8 @@ def test_check_packing_passes_on_hf_flash_attention_with_the_varlen_kwargs(
         reference_flash.calls.clear()
         report = pp.check_packing(model, batches(), max_documents=4)
         assert report.exact and report.attn_implementation == "flash_attention_2"
-        assert reference_flash.calls.count("varlen") == 2 * 2  # two packed batches, two layers each
+        packed_batches = len({d.document.batch for d in report.documents})  # those holding a checked document
+        assert reference_flash.calls.count("varlen") == 2 * packed_batches  # two layers each
 
 
 def test_check_packing_names_flash_kwargs_dropped_by_a_column_filter(
@@ -347,3 +348,23 @@ def test_check_packing_inside_the_loop_checks_the_batches_the_loop_reads_next() 
     read = read_batches(loader, 2)
     assert _ids(read) == _ids(itertools.islice(it, 2))
     assert loader.stats().batches == 3  # the copy's batches are not counted in the loader's stats
+
+
+def test_check_packing_runs_the_packed_forward_without_labels_and_compares_in_chunks(monkeypatch) -> None:
+    """The model's own loss over the batch is not computed (a batch's logits held once); chunks change nothing."""
+    import padpipe.inspection.packing_loss as packing_loss
+
+    model = causal_lm("llama", "sdpa", use_cache=False)
+    given: list[set[str]] = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: given.append(set(kwargs)), with_kwargs=True)
+    packed = batches(1)
+    whole = pp.check_packing(model, packed)
+    assert "labels" in packed[0] and given[0] == {"input_ids", "position_ids", "seq_idx", "cu_seq_lens_q",
+                                                   "cu_seq_lens_k", "max_length_q", "max_length_k"}  # fmt: skip
+    monkeypatch.setattr(packing_loss, "ROWS_AT_ONCE", 3)
+    chunked = pp.check_packing(model, packed)
+    for a, b in zip(whole.documents, chunked.documents):
+        assert a.document == b.document and a.max_abs_diff == b.max_abs_diff and a.tolerance == b.tolerance
+        assert a.loss is not None and b.loss is not None
+        assert (a.loss.trained_packed, a.loss.trained_alone) == (b.loss.trained_packed, b.loss.trained_alone)
+        assert a.loss.packed == pytest.approx(b.loss.packed, rel=1e-5) and b.loss.exact

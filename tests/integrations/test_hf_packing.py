@@ -78,7 +78,7 @@ def test_trainer_passes_use_cache_false_to_a_model_that_would_attend_across_docu
         for m in messages
     )
     assert any(
-        m.startswith("padpipe.hf.Trainer: packing in the model checked on the first batch: exact: 5") for m in messages
+        m.startswith("padpipe.hf.Trainer: packing in the model checked on the first batch: exact: 6") for m in messages
     )
 
 
@@ -87,7 +87,7 @@ def test_trainer_refuses_to_train_a_model_that_reads_packed_rows_wrong(tmp_path)
     before = [p.detach().clone() for p in model.parameters()]
     trainer = Trainer(model=model, args=arguments(tmp_path), train_dataset=packed())
     message = (
-        r"^padpipe\.hf\.Trainer: check_packing: 5 of 5 documents get other logits packed than alone, worst at .*; "
+        r"^padpipe\.hf\.Trainer: check_packing: 6 of 6 documents get other logits packed than alone, worst at .*; "
         r"cause \[encoder_without_mask\]: a bidirectional model \(BertForMaskedLM, attn_implementation='sdpa'\) reads "
         r"packed rows without a mask: .* Fix: .* Pass `check_packing=False` to padpipe\.hf\.Trainer to train anyway\.$"
     )

@@ -6,6 +6,7 @@ reader or tokenizer stages; the facade test at the end runs the real ones.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -19,7 +20,8 @@ from torchdata.nodes import BaseNode
 import padpipe as pp
 from padpipe.chunks import TokenChunk
 from padpipe.pipes.pack import Packer
-from padpipe.state import StateMismatchError, check_state, make_state
+from padpipe.pipes.pieces import subset_fill
+from padpipe.state import StateMismatchError, check_state, make_state, seal
 from padpipe.stats import PipelineStats
 from tests.contract import check_loader_resume, check_node_resume
 
@@ -420,3 +422,36 @@ def test_pack_places_an_epochs_first_batch_without_waiting_for_a_full_pool():
     ids = torch.cat([first["input_ids"].flatten(), *(b["input_ids"].flatten() for b in rest)])
     assert sorted(ids[ids != 0].unique().tolist()) == list(range(1, 301))
     assert int((ids != 0).sum()) == 300 * 7
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 20), max_size=9), st.integers(0, 40))
+def test_subset_fill_finds_the_largest_sum_that_fits(lengths: list[int], capacity: int) -> None:
+    chosen = subset_fill(lengths, capacity)
+    sums = (sum(c) for r in range(len(lengths) + 1) for c in itertools.combinations(lengths, r))
+    assert chosen == sorted(set(chosen))
+    assert sum(lengths[i] for i in chosen) == max(s for s in sums if s <= capacity)
+
+
+def test_pack_fills_chat_rows_within_a_tenth_of_a_point_of_the_bound() -> None:
+    """Chat-like lengths (lognormal, median 250, at most seq_len): padpipe's default pool against the bound."""
+    rng = np.random.default_rng(3)
+    lengths = np.clip(np.round(rng.lognormal(np.log(250), 0.7, 5_000)), 8, 1024).astype(int)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = np.full(offsets[-1], 7, dtype=np.int32)
+    chunks = [TokenChunk(ids[o[0] : o[-1]], o - o[0]) for o in (offsets[i : i + 1025] for i in range(0, 5_000, 1024))]
+    stats = PipelineStats()
+    rows = sum(len(b["input_ids"]) for b in Packer(IterableChunks(chunks), seq_len=1024, batch_size=4, pad_id=PAD,
+                                                     stats=stats))  # fmt: skip
+    bound = lengths.sum() / (np.ceil(lengths.sum() / 1024) * 1024)
+    assert stats.snapshot().real_tokens == lengths.sum()
+    assert bound - 0.001 <= stats.snapshot().padding_efficiency <= bound and rows >= lengths.sum() / 1024
+
+
+def test_pack_refuses_a_version_4_state_in_one_line() -> None:
+    node = Packer(ToyDocs(make_docs([3, 4])), seq_len=8, pad_id=PAD)
+    old = {k: v for k, v in node.state_dict().items() if k != "checksum"}
+    with pytest.raises(
+        StateMismatchError, match=r"^pack state doesn't match this pipeline: version found 4 instead of 5\.$"
+    ):
+        Packer(ToyDocs(make_docs([3, 4])), seq_len=8, pad_id=PAD).reset(seal({**old, "version": 4}))
