@@ -32,9 +32,6 @@ BATCH_KEYS = (
 """The keys a packed batch holds of its own (a kept column may not take one of these names)."""
 
 
-SLACK = 2
-"""A row's fill may leave this many slots by best fit (not fill them by subset sum) where short pieces are scarce."""
-
 EAGER_ROWS = 2
 """An epoch's first batch is placed once the pool holds this many batches' worth of tokens (or is full)."""
 
@@ -95,11 +92,7 @@ class Packer(EpochAware, BaseNode[dict]):
     pooled piece (ties to the oldest), and the rest of it takes the pooled pieces whose lengths sum
     closest to its remaining space without passing it (an exact subset sum: a bitset dynamic
     programme over the row's remaining slots, at most ``buffer_size`` shifts of ``seq_len`` bits,
-    the oldest pieces first where several subsets fill it). Where short pieces are scarce (the pool
-    holds more pieces of over half a row than of at most a sixteenth of one) and best fit (the longest
-    piece that fits, again until none does) leaves at most ``SLACK`` (2) slots, the row takes best
-    fit's pieces instead: an exact fill there spends the short pieces that later rows opened by long
-    ones need. The pool is refilled before every choice,
+    the oldest pieces first where several subsets fill it). The pool is refilled before every choice,
     and a row is closed when full or when no pooled piece fits what is left of it; at the end of the
     epoch the pool is drained the same way. On a long-tail corpus
     (lognormal lengths, median 300, tail to 10k) at ``seq_len=2048`` this fills 99.99% of the slots;
@@ -391,36 +384,14 @@ class Packer(EpochAware, BaseNode[dict]):
             if self._used == 0:  # a new row opens with the longest pooled piece (every piece fits an empty row)
                 self._place(-self._keys[-1][1])
                 continue
-            # then the rest of the row takes the pooled pieces that fill it best: an exact subset sum, or, where
-            # short pieces are scarce and best fit leaves at most SLACK slots, best fit (it keeps the short ones)
-            space = self.seq_len - self._used
-            chosen, gap = self._best_fit(space)
-            if gap > SLACK or not self._short_scarce():
-                order = list(self._store)  # arrival order: an exact fill takes the oldest pieces it can
-                chosen = [order[j] for j in subset_fill([len(self._store[seq].ids) for seq in order], space)]
-            for seq in chosen:
-                self._place(seq)  # the last closes the row when it fills it
+            # then the rest of the row takes the pooled pieces that fill it best: an exact subset sum
+            order = list(self._store)  # arrival order: an exact fill takes the oldest pieces it can
+            chosen = subset_fill([len(self._store[seq].ids) for seq in order], self.seq_len - self._used)
+            for j in chosen:
+                self._place(order[j])  # the last closes the row when it fills it
             if not chosen:  # no pooled piece fits: closed (else the refilled pool is tried again)
                 self._closed, self._used = self._closed + 1, 0
         return True
-
-    def _best_fit(self, space: int) -> tuple[list[int], int]:
-        """Best fit of ``space`` from the pool: the longest piece that fits (ties to the oldest), again until none
-        fits; the arrival numbers of the pieces it takes and the slots it leaves (nothing is moved)."""
-        keys, chosen = list(self._keys), []
-        while (i := bisect.bisect_right(keys, (space, 1)) - 1) >= 0:
-            length, neg_seq = keys.pop(i)
-            chosen.append(-neg_seq)
-            space -= length
-        return chosen, space
-
-    def _short_scarce(self) -> bool:
-        """Whether the pool holds more pieces of over half a row (and under a row) than of at most a sixteenth."""
-        half, short = self.seq_len // 2, self.seq_len // 16
-        long = bisect.bisect_left(self._keys, (self.seq_len, -self._next_seq)) - bisect.bisect_right(
-            self._keys, (half, 1)
-        )
-        return long > bisect.bisect_right(self._keys, (short, 1))
 
     def _place(self, seq: int) -> None:
         """Move the pooled piece of arrival number ``seq`` into the open row (closing the row when it is full)."""

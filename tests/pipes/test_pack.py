@@ -455,28 +455,3 @@ def test_pack_refuses_a_version_4_state_in_one_line() -> None:
         StateMismatchError, match=r"^pack state doesn't match this pipeline: version found 4 instead of 5\.$"
     ):
         Packer(ToyDocs(make_docs([3, 4])), seq_len=8, pad_id=PAD).reset(seal({**old, "version": 4}))
-
-
-def test_pack_keeps_short_pieces_where_they_are_scarce() -> None:
-    """More pooled pieces over half a row than short ones: best fit (exact here) takes the 12, not the 10 and 2."""
-    lengths = [20, 19, 18, 10, 2, 12]
-    docs = [[i + 1] * n for i, n in enumerate(lengths)]
-    batch = run(docs, seq_len=32, batch_size=1, buffer_size=8)[0]
-    assert batch["cu_seq_lens_q"].tolist() == [0, 20, 32]
-    # with as many short pieces as long ones the exact subset sum takes the oldest pieces that fill the row
-    batch = run([*docs, [9, 9]], seq_len=32, batch_size=1, buffer_size=8)[0]
-    assert batch["cu_seq_lens_q"].tolist() == [0, 20, 30, 32]
-
-
-def test_pack_fills_half_row_documents_as_well_as_best_fit() -> None:
-    """Long documents of a median over half the row (lognormal, median 300, in rows of 512): the subset sum alone
-    spent the short pieces early and reached 98.74%; best fit where they are scarce reaches 99.85%."""
-    rng = np.random.default_rng(0)
-    lengths = np.clip(np.round(rng.lognormal(np.log(300), 1.0, 1_000)), 2, 10_000).astype(int)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    chunk = TokenChunk(np.full(offsets[-1], 7, dtype=np.int32), offsets)
-    stats = PipelineStats()
-    for _ in Packer(IterableChunks([chunk]), seq_len=512, batch_size=8, pad_id=PAD, long_docs="split", stats=stats):
-        pass
-    assert stats.snapshot().real_tokens == lengths.sum()
-    assert stats.snapshot().padding_efficiency >= 0.998
