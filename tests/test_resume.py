@@ -74,6 +74,7 @@ def test_loader_resumes_a_full_pipeline_at_every_step(small):
     check_loader_resume(full(small).loader, epochs=2)
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_loader_resumes_a_full_pipeline_at_random_steps(large):
     make = lambda: full(large, chunk_rows=64, buffer=200, max_tokens=1024).loader()  # noqa: E731
     steps = np.random.default_rng(7).choice(np.arange(1, 99), size=3, replace=False).tolist()

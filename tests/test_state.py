@@ -148,6 +148,7 @@ def test_plain_raises_error_for_objects() -> None:
 
 
 # -- plain-data states (issue 7, part 5) --------------------------------------------------------------
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_loader_state_is_plain_data_and_loads_with_weights_only(data, tmp_path) -> None:
     for name, pipe in pipelines(data).items():
         loader = pipe.loader()

@@ -83,6 +83,7 @@ def test_inspect_all_equals_real_passes_of_every_strategy(pairs: str) -> None:
     assert result.corpus.rows == 3000 and result.corpus.exact and result.rows == 3000 and not result.sampled
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_inspect_all_equals_real_passes_without_truncation_or_shuffle(docs: str) -> None:
     result = pp.inspect(
         docs,
@@ -122,6 +123,7 @@ def test_inspect_cuts_rows_to_a_small_budget_as_on_oversize_truncate_does(pairs:
     assert stats.counters["bucket.truncated"] == result.budget_truncated
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_inspect_lengths_are_the_tokenizers_and_percentiles_are_numpys(pairs: str) -> None:
     result = pp.inspect(pairs, TOK, max_length=128, sample=None, progress=False)
     tok = Tokenizer.from_file(TOK)
@@ -150,6 +152,7 @@ def test_inspect_sample_is_within_tolerance_of_all_rows() -> None:
             assert abs(steps - b.batches) <= SAMPLE_TOLERANCE["steps"] * b.batches, (seed, a.name)
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_inspect_sample_is_spread_over_units_and_seeded(pairs: str) -> None:
     first = pp.inspect(pairs, TOK, sample=500, progress=False)
     assert first.corpus.units == 5 and first.corpus.units_read == 5  # 100 rows from each row group
@@ -189,6 +192,7 @@ def test_inspect_reads_arrow_folders_and_reader_pipelines(tmp_path, docs: str) -
     assert reader.rows == 600
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_inspect_report_and_dict_name_every_figure(pairs: str) -> None:
     result = pp.inspect(pairs, TOK, max_length=128, sample=None, progress=False)
     text = str(result)

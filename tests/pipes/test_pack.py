@@ -372,6 +372,7 @@ def test_pack_raises_error_when_input_is_not_tokenized() -> None:
         next(node)
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_pack_works_through_the_facade() -> None:
     pytest.importorskip("padpipe.readers.jsonl")
     pytest.importorskip("padpipe.pipes.tokenize")

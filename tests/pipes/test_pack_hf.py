@@ -93,6 +93,7 @@ EXACT_CASES = [  # attention, pack options, model call options, model dtype
 ]
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 @pytest.mark.parametrize(("attn", "options", "call", "dtype"), EXACT_CASES)
 def test_pack_gives_each_document_the_logits_and_loss_it_has_alone(
     attn: str, options: dict, call: dict, dtype: torch.dtype

@@ -8,11 +8,13 @@ import sys
 import threading
 import time
 
+import pytest
 from torchdata.nodes import IterableWrapper
 
 from padpipe.pipes.threads import OrderedMapper
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_a_dropped_mapper_works_only_on_the_chunks_already_started() -> None:
     calls: list[int] = []
     lock = threading.Lock()

@@ -71,6 +71,7 @@ def test_a_state_of_a_10000_file_corpus_stays_under_100_kb_and_resumes_every_row
     assert seen + rest == list(range(FILES))
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_the_state_is_as_small_for_10000_files_as_for_one(corpus) -> None:
     def size(paths) -> int:
         loader = pp.read_jsonl(paths, chunk_rows=1).loader()

@@ -153,6 +153,7 @@ def abandoned_loaders():
     yield rows.tokenize(tok, fields="sentence1").batch(8).pad().to("cpu").loader(num_workers=2)
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 @pytest.mark.timeout(120)
 def test_an_abandoned_loader_stops_its_workers_when_dropped_even_in_a_reference_cycle(monkeypatch) -> None:
     gc.disable()  # what frees the loader is reference counting alone: no cycle in the loader's layers

@@ -155,6 +155,7 @@ def test_token_cache_resumes_exactly_while_half_full(tmp_path):
     assert counter(fresh, "cache.hit_rows") > 0
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 @pytest.mark.parametrize("kind", ["parquet", "jsonl", "jsonl.gz"])
 def test_token_cache_resumes_exactly_anywhere_while_cut_points_move(tmp_path, kind):
     source = write(tmp_path, kind)

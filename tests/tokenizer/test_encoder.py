@@ -90,6 +90,7 @@ def test_encoder_truncation_config_equals_transformers(tokenizers_of, max_length
     assert enc._tokenizer.padding is None
 
 
+@pytest.mark.slow  # seconds alone: make test runs it, test-fast leaves it out
 def test_encoder_works_with_left_truncation_side(kind):
     raw, hf = MAKERS[kind](truncation_side="left")
     assert hf.truncation_side == "left"
