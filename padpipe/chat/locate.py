@@ -286,15 +286,6 @@ def trim_separator(text: str, start: int) -> int:
     return start + len(text[start:].rstrip())
 
 
-def _before_content(text: str, start: int, floor: int, message: Mapping[str, Any]) -> int:
-    """``start``, moved back to where the message's content begins if a partly repeated prompt ran into it."""
-    content = visible_content(message)
-    if not content:
-        return start
-    at = text.find(content, floor)
-    return at if floor <= at < start else start
-
-
 def _common_prefix(tail: str, text: str, at: int) -> int:
     n = 0
     limit = min(len(tail), len(text) - at)
