@@ -124,16 +124,26 @@ def tokens(
 
 
 def chat(
-    upstream: BaseNode, ctx: BuildContext, *, template: ChatTemplate, options: ChatOptions, num_threads: int
+    upstream: BaseNode,
+    ctx: BuildContext,
+    *,
+    template: ChatTemplate,
+    options: ChatOptions,
+    num_threads: int,
+    cache: Any = None,
 ) -> BaseNode:
     """Build the chat stage: templates rendered and tokenized by ``num_threads`` threads, chunks in order.
 
     Its state is the upstream position after the last chunk it returned (exact across thread
     counts, as tokenize's), with what changes the tokens and labels checked on resume: the options
-    but ``on_error``, the template and the tokenizer.
+    but ``on_error``, the template and the tokenizer. With a token ``cache`` (its session is
+    ``ctx.cache``), the threads render only the conversations the cache does not hold, and a node
+    after them collects the new ones for the cache.
     """
 
-    fn = ChatTokenizer(template, options, stats=ctx.stats)
-    settings = {**options.settings(), "template": template.fingerprint(), "tokenizer": fn.encoder.fingerprint()}
+    chat_fn = ChatTokenizer(template, options, stats=ctx.stats)
+    fn: Any = chat_fn if ctx.cache is None else ctx.cache.chat(chat_fn)
+    settings = {**options.settings(), "template": template.fingerprint(), "tokenizer": chat_fn.encoder.fingerprint()}
     upstream = FirstChunks(upstream)  # the first rows of an epoch in small chunks: the first tokens come fast
-    return OrderedMapper(upstream, fn, num_threads=num_threads, stage="chat", settings=settings)
+    node = OrderedMapper(upstream, fn, num_threads=num_threads, stage="chat", settings=settings)
+    return node if ctx.cache is None else ctx.cache.filler(node)

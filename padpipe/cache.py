@@ -26,6 +26,7 @@ from padpipe.token_cache.rows import ids_type
 from padpipe.token_cache.session import CacheSession, digest
 from padpipe.token_cache.state import CacheReferences
 from padpipe.token_cache.store import ABOUT, FORMAT, CacheError, Store
+from padpipe.tokenizer import TextEncoder
 
 __all__ = ["CacheError", "CacheInfo", "TokenCache", "clear", "info"]
 
@@ -80,10 +81,11 @@ class TokenCache:
         raise TypeError(f"`cache` must be a path, an fsspec URL or a padpipe.TokenCache, but is {cache!r} instead.")
 
 
-def check_recipe(source: Any, stages: Sequence[Any]) -> None:
-    """Raise ``ValueError`` unless a cache can sit on this recipe's tokenize stage (used by ``Pipeline.tokenize``).
+def check_recipe(source: Any, stages: Sequence[Any], stage: str = "tokenize") -> None:
+    """Raise ``ValueError`` unless a cache can sit on this recipe's next stage, ``stage`` (used by
+    ``Pipeline.tokenize`` and ``Pipeline.chat``).
 
-    The cache keys rows by the reader's work units, and the rows must reach ``tokenize`` unchanged.
+    The cache keys rows by the reader's work units, and the rows must reach ``stage`` unchanged.
     """
     reader = source.options.get("reader")
     if not (isinstance(reader, type) and issubclass(reader, UnitSource)):
@@ -94,7 +96,7 @@ def check_recipe(source: Any, stages: Sequence[Any]) -> None:
     other = [s.name for s in stages if s.name != "shuffle"]
     if other:
         raise ValueError(
-            f"`cache` needs tokenize() right after the reader (and shuffle()), but .{other[0]}() comes before it."
+            f"`cache` needs {stage}() right after the reader (and shuffle()), but .{other[0]}() comes before it."
         )
 
 
@@ -102,9 +104,11 @@ def session(stages: Sequence[Any], stats: Any) -> Any:
     """The cache session of a recipe whose ``tokenize`` stage has a cache, else ``None`` (used by
     ``Pipeline.build``)."""
 
-    position = next((i for i, s in enumerate(stages) if s.name == "tokenize" and s.options.get("cache")), None)
+    position = next((i for i, s in enumerate(stages) if s.name in CACHED_STAGES and s.options.get("cache")), None)
     if position is None:
         return None
+    if stages[position].name == "chat":
+        return _chat_session(stages[position].options, stats)
     options = stages[position].options
     cache, encoder = options["cache"], options["encoder"]
     about = fingerprint_of(encoder, options)
@@ -125,6 +129,53 @@ def session(stages: Sequence[Any], stats: Any) -> Any:
     result.keep_ref = position + 1 < len(stages) and stages[position + 1].name == "bucket"
     use_references(CacheReferences())  # buffers of cached rows are saved as references (padpipe.buffers)
     return result
+
+
+CACHED_STAGES = ("tokenize", "chat")
+"""The stages a token cache can sit on."""
+
+
+def _chat_session(options: dict[str, Any], stats: Any) -> CacheSession:
+    """The cache session of a ``chat`` stage with a cache: segment rows hold what each conversation became."""
+    cache, template, settings = options["cache"], options["template"], options["options"]
+    about = chat_fingerprint_of(template, settings)
+    vocab_size = template.tokenizer.backend_tokenizer.get_vocab_size(True)  # with the added tokens
+    use_references(CacheReferences())  # the shuffle buffer's rows are saved as references (padpipe.buffers)
+    return CacheSession(
+        Store(cache.path, cache.storage_options),
+        digest(about),
+        about,
+        id_type=ids_type(vocab_size),
+        type_ids=False,
+        fields=settings.consumed(),
+        on_write_error=cache.on_write_error,
+        stats=stats,
+        vocab_size=vocab_size,
+        max_length=settings.max_length,
+        chat=True,
+    )
+
+
+def chat_fingerprint_of(template: Any, settings: Any) -> dict[str, Any]:
+    """What decides a conversation's token rows, labels and counters: the tokenizer (a digest of its JSON), the
+    template and its special tokens, every chat option (``on_error`` too: it decides what is skipped) and the
+    libraries that render and tokenize."""
+    import jinja2
+    import tokenizers
+    import transformers
+
+    encoder = TextEncoder.load(template.tokenizer, max_length=None, truncation=False, add_special_tokens=True)
+    return {
+        "format": FORMAT,
+        "stage": "chat",
+        "tokenizer": encoder.fingerprint(),
+        "split_special_tokens": bool(getattr(template.tokenizer, "split_special_tokens", False)),
+        "template": template.fingerprint(),
+        "options": {**settings.settings(), "on_error": settings.on_error},
+        "tokenizers": tokenizers.__version__,
+        "transformers": transformers.__version__,
+        "jinja2": jinja2.__version__,
+    }
 
 
 def longest_row(encoder: Any, append_eos: bool) -> int | None:

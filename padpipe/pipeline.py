@@ -204,6 +204,7 @@ class Pipeline(Runnable, IterableDataset):
         on_error: Literal["raise", "skip"] = "raise",
         reasoning: Literal["every_turn", "as_rendered"] = "every_turn",
         special_text: Literal["keep", "skip", "raise"] = "keep",
+        cache: str | TokenCache | None = None,
     ) -> Pipeline:
         """Turn conversations into token rows with the chat template, and labels where the model is trained.
 
@@ -275,6 +276,13 @@ class Pipeline(Runnable, IterableDataset):
                 an answer: the tokenizer reads it as the token, a turn boundary inside a message):
                 ``"keep"`` it as the tokenizer reads it (counted as ``chat.special_text``), ``"skip"`` the
                 conversation (counted) or ``"raise"`` a ``DataError`` naming the row.
+            cache: A folder, fsspec URL or :class:`padpipe.TokenCache`, as :meth:`tokenize`'s: the first
+                pass stores what each conversation became (its rows' ids and trained tokens, and what it
+                added to the counters), later passes and runs read that instead of rendering and
+                tokenizing: the same batches and ``stats()``. Keyed by the tokenizer, the template, every
+                option here (``on_error`` too) and each source unit's file; a chat cache and a tokenize
+                cache in one folder never read each other's files. Needs a reader with work units and
+                only ``shuffle`` between it and ``chat``.
 
         Example:
             >>> template = ("{% for m in messages %}{{ m.role }}: {{ m.content }} [SEP]{% endfor %}"
@@ -307,6 +315,9 @@ class Pipeline(Runnable, IterableDataset):
             reasoning=reasoning,
             special_text=special_text,
         )
+        if cache is not None:
+            check_recipe(self.source, self.stages, "chat")
+            options["cache"] = TokenCache.of(cache)
         settings = options["options"]
         columns = tuple(c for c in (*settings.required(), settings.tools) if c is not None)
         return self._add(Stage("chat", _build.chat, options), TOKENS, source=_as_written(self.source, columns))

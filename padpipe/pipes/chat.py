@@ -23,6 +23,7 @@ from padpipe.chat.conversation import conversation_rows
 from padpipe.chat.encode import SpanEncoder, Tokens
 from padpipe.chat.labels import IGNORE, cut, row_sums
 from padpipe.chat.options import MISSING_COLUMN, ChatOptions
+from padpipe.chat.outcome import SKIP, Outcome
 from padpipe.chat.rows import CHECK, NOT_PREFIX, SPECIAL, TEMPLATE, RowProblem
 from padpipe.chat.spans import chosen, completion_span, message_spans
 from padpipe.chat.template import ChatTemplate
@@ -33,6 +34,7 @@ from padpipe.stats import PipelineStats
 from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS, row_origin
 
 NO_TRAINED = "no_trained_tokens"
+DROPPED = "chat.dropped_"
 _SAID_LOCK = threading.Lock()
 HINTS = {
     NOT_PREFIX: "the conversation is not well-formed for this template, or the template renders the turns in a way "
@@ -115,43 +117,68 @@ class ChatTokenizer:
     def __call__(self, batch: pa.RecordBatch) -> TokenChunk:
         """Turn one record batch into token rows with labels (thread-safe: no state is kept between calls)."""
         with self.stats.timer("chat"):
-            if not isinstance(batch, pa.RecordBatch):
-                raise TypeError(f"chat expects a pyarrow.RecordBatch, but got {type(batch).__name__} instead.")
-            self._check_columns(batch)
-            values = self._rows(batch)
-            rendered = self._render_shared(values)
-            plans = [_or_problem(self._plan, value, rendered.get(i)) for i, value in enumerate(values)]
-            problems = [i for i, plan in enumerate(plans) if isinstance(plan, RowProblem)]
-            for i in problems:
-                policy = self.options.special_text if plans[i].reason == SPECIAL else self.options.on_error
+            self.check(batch)
+            return self.chunk(batch, self.outcome(batch))
+
+    def check(self, batch: pa.RecordBatch) -> None:
+        """Raise ``TypeError``/``DataError`` for a batch the stage cannot read at all (not one of its rows)."""
+        if not isinstance(batch, pa.RecordBatch):
+            raise TypeError(f"chat expects a pyarrow.RecordBatch, but got {type(batch).__name__} instead.")
+        self._check_columns(batch)
+
+    def outcome(self, batch: pa.RecordBatch, todo: np.ndarray | None = None) -> Outcome:
+        """What the rows of ``batch`` (those ``todo`` marks, default all) become: token rows, trained tokens and
+        counters per row; raises ``DataError`` for a row its policy refuses. Nothing is counted yet (:meth:`chunk`)."""
+        values = self._rows(batch)
+        if todo is not None:
+            values = [value if wanted else None for value, wanted in zip(values, todo)]
+        rendered = self._render_shared(values)
+        counts: list[tuple[int, str, int]] = []
+        plans = [
+            None if value is None else _or_problem(self._plan, value, rendered.get(i), _Counts(i, counts))
+            for i, value in enumerate(values)
+        ]
+        for i, plan in enumerate(plans):
+            if isinstance(plan, RowProblem):
+                policy = self.options.special_text if plan.reason == SPECIAL else self.options.on_error
                 if policy == "raise":
-                    raise DataError(self._message(batch, i, plans[i]))
-                self.stats.record_skip(f"chat.{plans[i].reason}")
-            good = [i for i, plan in enumerate(plans) if isinstance(plan, list) for _ in plan]
-            rows_of = [row for plan in plans if isinstance(plan, list) for row in plan]
-            empty = sum(1 for plan in plans if isinstance(plan, list) and not plan)
-            tokens, trained = self._encode(rows_of)
-            lengths, kept = cut(tokens.offsets, trained, self.options.max_length, self.options.truncation)
+                    raise DataError(self._message(batch, i, plan))
+                counts.append((i, f"{SKIP}chat.{plan.reason}", 1))
+        counts += [(i, f"{SKIP}chat.{NO_TRAINED}", 1) for i, plan in enumerate(plans) if plan == []]
+        good = np.array([i for i, plan in enumerate(plans) if isinstance(plan, list) for _ in plan], dtype=np.int64)
+        tokens, trained = self._encode([row for plan in plans if isinstance(plan, list) for row in plan])
+        lengths, kept = cut(tokens.offsets, trained, self.options.max_length, self.options.truncation)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids, trained = tokens.ids[kept], trained[kept]
+        sums = row_sums(offsets, trained)
+        counts += [(int(i), "chat.truncated", 1) for i in good[(lengths < np.diff(tokens.offsets)) & (sums > 0)]]
+        counts += [(int(i), f"{SKIP}chat.{NO_TRAINED}", 1) for i in good[sums == 0]]
+        if (sums == 0).any():
+            keep = np.repeat(sums > 0, lengths)
+            ids, trained, lengths = ids[keep], trained[keep], lengths[sums > 0]
             offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            ids, trained = tokens.ids[kept], trained[kept]
-            counts = row_sums(offsets, trained)
-            self.stats.add("chat.truncated", int(((lengths < np.diff(tokens.offsets)) & (counts > 0)).sum()))
-            self.stats.record_skip(f"chat.{NO_TRAINED}", empty + int((counts == 0).sum()))
-            rows = np.array(good, dtype=np.int64)[counts > 0]
-            if (counts == 0).any():
-                keep = np.repeat(counts > 0, lengths)
-                ids, trained, lengths = ids[keep], trained[keep], lengths[counts > 0]
-                offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-                np.cumsum(lengths, out=offsets[1:])
-            columns = self._pass_through(batch, rows, dropped=len(rows) < batch.num_rows)
-            labels = np.where(trained, ids.astype(np.int64), IGNORE)
-            columns[LABELS] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(labels))
-            chunk = TokenChunk(ids, offsets, None, columns)
-            self.stats.add("chat.rows", chunk.num_rows)
-            self.stats.add("chat.tokens", chunk.num_tokens)
-            self.stats.add("chat.trained_tokens", int(trained.sum()))
-            return chunk
+        return Outcome(good[sums > 0], ids, offsets, trained, counts)
+
+    def chunk(self, batch: pa.RecordBatch, outcome: Outcome) -> TokenChunk:
+        """The token chunk of ``batch``'s outcome (its other columns passed through, labels), counters counted."""
+        ids, offsets, trained = outcome.ids, outcome.offsets, outcome.trained
+        columns = self._pass_through(batch, outcome.source, dropped=len(outcome.source) < batch.num_rows)
+        labels = np.where(trained, ids.astype(np.int64), IGNORE)
+        columns[LABELS] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(labels))
+        chunk = TokenChunk(ids, offsets, None, columns)
+        for name, n in outcome.totals().items():
+            if name.startswith(SKIP):
+                self.stats.record_skip(name[len(SKIP) :], n)
+            elif name.startswith(DROPPED):
+                self._dropped(name[len(DROPPED) :], n)
+            else:
+                self.stats.add(name, n)
+        self.stats.add("chat.rows", chunk.num_rows)
+        self.stats.add("chat.tokens", chunk.num_tokens)
+        self.stats.add("chat.trained_tokens", int(trained.sum()))
+        return chunk
 
     def _rows(self, batch: pa.RecordBatch) -> list[Any]:
         """Per row: ``(conversation or (prompt, completion), tools, kwargs)``, or a RowProblem."""
@@ -181,7 +208,11 @@ class ChatTokenizer:
         shared = [
             i
             for i, row in enumerate(rows)
-            if not isinstance(row, RowProblem) and isinstance(row[0], list) and row[1] is None and not row[2]
+            if row is not None
+            and not isinstance(row, RowProblem)
+            and isinstance(row[0], list)
+            and row[1] is None
+            and not row[2]
         ]
         if len(shared) < 2:
             return {}
@@ -194,10 +225,11 @@ class ChatTokenizer:
         return {i: (text, None if blocks is None else blocks[j]) for j, (i, text) in enumerate(zip(shared, texts))}
 
     def _plan(
-        self, row: tuple[Any, list | None, dict[str, Any]], rendered: tuple[str, Any] | None = None
+        self, row: tuple[Any, list | None, dict[str, Any]], rendered: tuple[str, Any] | None, count: _Counts
     ) -> list[Plan]:
         """The rows the conversation becomes: texts and spans (``rendered``: its text and markers, when rendered
-        already); ``[]`` when nothing in it is trained (it is dropped, counted)."""
+        already); ``[]`` when nothing in it is trained (it is dropped, counted). What it adds to the counters goes
+        to ``count``."""
         value, tools, row_kwargs = row
         kwargs, o = {**self.options.template_kwargs, **row_kwargs}, self.options
         invert = o.train_on == "all"
@@ -207,11 +239,11 @@ class ChatTokenizer:
             text = prompt + completion + ("" if completion.endswith(eos) else eos)
             return [Plan(text, [] if invert else [(len(prompt), len(text))], invert, plain=True)]
         if isinstance(value, tuple):
-            self._check_special(value[0] + value[1], tools)
+            self._check_special(value[0] + value[1], tools, count)
             full = _render(self.template, value[0] + value[1], tools, kwargs, False)[0]
             span = completion_span(self.template, value[0], value[1], full, tools, kwargs)
             return [Plan(full, [] if invert else [span], invert)]
-        self._check_special(value, tools)
+        self._check_special(value, tools, count)
         trained, untrained = chosen(value, o.train_on, o.training_field)
         if not invert and not trained:
             return []
@@ -234,12 +266,12 @@ class ChatTokenizer:
             reasoning=o.reasoning,
         )
         for what, n in rows.dropped.items():
-            self._dropped(what, n)
+            count(f"{DROPPED}{what}", n)
         if len(rows.texts) > 1:
-            self.stats.add("chat.reasoning_rows", len(rows.texts) - 1)
+            count("chat.reasoning_rows", len(rows.texts) - 1)
         return [Plan(text, spans) for text, spans in rows.texts]
 
-    def _check_special(self, messages: list[dict[str, Any]], tools: list | None) -> None:
+    def _check_special(self, messages: list[dict[str, Any]], tools: list | None, count: _Counts) -> None:
         """Count (or refuse) a conversation whose text holds a special token's text, which the tokenizer reads as
         that token: a turn boundary faked inside a message (its content, reasoning or tool calls) or a tool."""
         found = None
@@ -259,7 +291,7 @@ class ChatTokenizer:
         if found is None:
             return
         if self.options.special_text == "keep":
-            self.stats.add(f"chat.{SPECIAL}", 1)
+            count(f"chat.{SPECIAL}", 1)
             return
         raise RowProblem(
             SPECIAL,
@@ -269,7 +301,7 @@ class ChatTokenizer:
 
     def _dropped(self, what: str, n: int) -> None:
         """Count what the template did not render of the conversations (trained as rendered), said once."""
-        key = f"chat.dropped_{what}"
+        key = f"{DROPPED}{what}"
         self.stats.add(key, n)
         with _SAID_LOCK:
             if key in self._said:
@@ -342,6 +374,17 @@ def _render(
     except Exception as exc:  # a template is user code: anything may come out of it
         raise RowProblem(TEMPLATE, f"the chat template raised {type(exc).__name__}: {exc}") from exc
     return texts[0], blocks[0] if blocks is not None else None
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """Counters one batch row adds, kept as ``(row, counter, n)`` in a list the batch's outcome gets."""
+
+    row: int
+    into: list[tuple[int, str, int]]
+
+    def __call__(self, name: str, n: int) -> None:
+        self.into.append((self.row, name, n))
 
 
 def _or_problem(plan: Any, row: Any, *more: Any) -> Any:

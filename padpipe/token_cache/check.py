@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from padpipe.token_cache import rows as cr
+from padpipe.token_cache.chat_rows import chat_problem
 from padpipe.token_cache.store import Segment
 from padpipe.token_cache.walk import BYTES
 
@@ -37,12 +38,15 @@ class Limits:
         type_ids: Whether rows carry token type ids.
         vocab_size: Every id is below it.
         max_length: Most tokens a row may have (``None``: no limit).
+        chat: Whether a segment row holds a conversation's token rows, trained flags and counters
+            (a chat cache; checked by :func:`padpipe.token_cache.chat_rows.chat_problem`).
     """
 
     id_type: pa.DataType
     type_ids: bool
     vocab_size: int
     max_length: int | None
+    chat: bool = False
 
 
 def segment_problem(table: pa.Table, segment: Segment, kind: str | None, limits: Limits) -> str | None:
@@ -65,6 +69,9 @@ def segment_problem(table: pa.Table, segment: Segment, kind: str | None, limits:
         return f"invalid Arrow data ({exc})"
     if not table.num_rows:
         return None
+    if limits.chat:
+        problem = chat_problem(table.combine_chunks(), limits.id_type, limits.vocab_size, limits.max_length)
+        return problem if problem is not None else _positions_problem(table, segment, kind)
     if table.schema.field(cr.IDS).type != pa.list_(limits.id_type) or (cr.TYPE_IDS in names) != limits.type_ids:
         return "the id columns are not this cache's types"
     table = table.combine_chunks()
@@ -80,6 +87,10 @@ def segment_problem(table: pa.Table, segment: Segment, kind: str | None, limits:
         return f"a row of {int(lengths.max())} tokens is longer than max_length {limits.max_length}"
     if limits.type_ids and not np.array_equal(np.diff(_flat(table.column(cr.TYPE_IDS).chunk(0))[1]), lengths):
         return "token type ids and ids differ in length"
+    return _positions_problem(table, segment, kind)
+
+
+def _positions_problem(table: pa.Table, segment: Segment, kind: str | None) -> str | None:
     positions = table.column(cr.POS).to_numpy()
     if kind in (BYTES, None):  # None: a state's reference, whatever the unit's kind
         inside = positions[0] >= segment.lo and positions[-1] < segment.hi

@@ -34,6 +34,7 @@ class Session(Protocol):
     which imports this module): the ids' type, whether to keep row references, where and whether to write."""
 
     id_type: pa.DataType
+    hidden: dict[str, pa.DataType]  # the hidden token columns (rows.hidden_types)
     keep_ref: bool  # tokenize keeps row references on its chunks (a bucket stage follows)
     fingerprint: str
     writable: bool  # False after a write error under on_write_error='skip'
@@ -263,7 +264,7 @@ def _segment_table(pending: _Pending, session: Session) -> pa.Table | None:
     """The segment's rows sorted by position, or ``None`` when they are not exactly its rows."""
     segment = pending.segment
     if not pending.parts:
-        schema = pa.schema([(cr.IDS, pa.list_(session.id_type)), (cr.STATE, pa.int8()), (cr.POS, pa.int64())])
+        schema = pa.schema([*session.hidden.items(), (cr.STATE, pa.int8()), (cr.POS, pa.int64())])
         return schema.empty_table()
     batch = concat(pending.parts)
     positions = batch.column(cr.POS).to_numpy()

@@ -6,6 +6,10 @@ one schema and the same batch sizes as without a cache:
 
 * ``__padpipe_ids`` (list of the cache's id type): the ids of a cached row, null for a text row;
 * ``__padpipe_type_ids`` (list of int8, only for tokenizers that make them): likewise;
+* with a chat cache (``chat(..., cache=...)``), ``__padpipe_ids`` holds the token rows a conversation
+  became (a list of lists: none when it was skipped, several for reasoning rows), and two more columns
+  go with it: ``__padpipe_trained`` (the same shape, whether each token is trained) and
+  ``__padpipe_counts`` (a map: the counters the conversation added, see :mod:`padpipe.token_cache.chat_rows`);
 * ``__padpipe_state`` (int8): :data:`TEXT` (tokenize it), :data:`CACHED`, or :data:`BAD` (a row
   whose text was bad, dropped and counted as ``tokenize.bad_text`` as when it was tokenized);
 * ``__padpipe_ref`` (int64): where the row lives, ``unit << 40 | position`` (``unit`` numbers the
@@ -30,8 +34,9 @@ from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.readers.jsonl import JsonlReader
 
 IDS, TYPE_IDS, STATE = "__padpipe_ids", "__padpipe_type_ids", "__padpipe_state"
+TRAINED, COUNTS = "__padpipe_trained", "__padpipe_counts"
 POS = JsonlReader.POSITION_COLUMN
-HIDDEN = (IDS, TYPE_IDS, STATE, REF, POS)
+HIDDEN = (IDS, TYPE_IDS, TRAINED, COUNTS, STATE, REF, POS)
 TEXT, CACHED, BAD = 0, 1, 2
 UNIT_SHIFT = 40
 POSITION_MASK = (1 << UNIT_SHIFT) - 1
@@ -47,6 +52,23 @@ def ids_type(vocab_size: int) -> pa.DataType:
     if vocab_size <= 1 << 8:
         return pa.uint8()
     return pa.uint16() if vocab_size <= 1 << 16 else pa.int32()
+
+
+def hidden_types(id_type: pa.DataType, *, type_ids: bool, chat: bool) -> dict[str, pa.DataType]:
+    """The hidden token columns a cache's rows carry (null on a row still to tokenize), by name.
+
+    Example:
+        >>> list(hidden_types(pa.uint16(), type_ids=True, chat=False).values())
+        [ListType(list<item: uint16>), ListType(list<item: int8>)]
+        >>> [str(t) for t in hidden_types(pa.uint16(), type_ids=False, chat=True).values()]
+        ['list<item: list<item: uint16>>', 'list<item: list<item: bool>>', 'map<string, int64>']
+    """
+    if chat:
+        return {IDS: pa.list_(pa.list_(id_type)), TRAINED: pa.list_(pa.list_(pa.bool_())), COUNTS: COUNTS_TYPE}
+    return {IDS: pa.list_(id_type), **({TYPE_IDS: pa.list_(pa.int8())} if type_ids else {})}
+
+
+COUNTS_TYPE = pa.map_(pa.string(), pa.int64())
 
 
 def refs(unit: int, positions: np.ndarray) -> pa.Array:
@@ -69,14 +91,12 @@ def split_refs(ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(none, -1, ref >> UNIT_SHIFT), np.where(none, -1, ref & POSITION_MASK)
 
 
-def as_text_rows(batch: pa.RecordBatch, ref: pa.Array, id_type: pa.DataType, type_ids: bool) -> pa.RecordBatch:
-    """A source batch as rows still to tokenize: null hidden ids, state :data:`TEXT`, references ``ref``."""
+def as_text_rows(batch: pa.RecordBatch, ref: pa.Array, hidden: dict[str, pa.DataType]) -> pa.RecordBatch:
+    """A source batch as rows still to tokenize: null ``hidden`` columns, state :data:`TEXT`, references ``ref``."""
     n = batch.num_rows
     if POS in batch.schema.names:
         batch = batch.drop_columns([POS])
-    columns = {IDS: pa.nulls(n, pa.list_(id_type))}
-    if type_ids:
-        columns[TYPE_IDS] = pa.nulls(n, pa.list_(pa.int8()))
+    columns = {name: pa.nulls(n, kind) for name, kind in hidden.items()}
     columns[STATE] = pa.array(np.zeros(n, np.int8))
     columns[REF] = ref
     for name, column in columns.items():

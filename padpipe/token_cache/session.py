@@ -35,6 +35,8 @@ import pyarrow as pa
 
 from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.stats import PipelineStats
+from padpipe.token_cache import rows as cr
+from padpipe.token_cache.chat_fill import CachedChat
 from padpipe.token_cache.check import Limits, segment_problem
 from padpipe.token_cache.fill import CachedTokenizer, CacheFiller, Collector
 from padpipe.token_cache.store import CacheError, Segment, Store, ipc_bytes
@@ -64,6 +66,8 @@ class CacheSession:
         stats: Counters (``cache.hit_rows``, ``cache.miss_rows``, ``cache.bad_files``, ...).
         vocab_size: Every id is below it (a segment that holds another is a bad file).
         max_length: Most tokens a row can have (``None``: no limit); a longer row makes a bad file.
+        chat: Whether it caches the chat stage (a segment row holds what a conversation became: its token
+            rows, trained flags and counters; see :mod:`padpipe.token_cache.chat_rows`) rather than ``tokenize``.
     """
 
     def __init__(
@@ -79,10 +83,12 @@ class CacheSession:
         stats: PipelineStats,
         vocab_size: int,
         max_length: int | None,
+        chat: bool = False,
     ) -> None:
         self.store, self.fingerprint, self.about = store, fingerprint, about
         self.id_type, self.type_ids, self.fields = id_type, type_ids, fields
-        self.limits = Limits(id_type, type_ids, vocab_size, max_length)
+        self.limits = Limits(id_type, type_ids, vocab_size, max_length, chat)
+        self.hidden = cr.hidden_types(id_type, type_ids=type_ids, chat=chat)
         self.on_write_error = on_write_error
         self.stats = stats
         self.key = f"{store.url()}|{fingerprint}"  # the resolved location: a relative path and its absolute form agree
@@ -101,6 +107,10 @@ class CacheSession:
     def tokenizer(self, tokenize: Any) -> Any:
         """The tokenize stage's function with the cache: tokenize text rows, convert cached ones."""
         return CachedTokenizer(tokenize, self)
+
+    def chat(self, chat: Any) -> Any:
+        """The chat stage's function with the cache: render text rows, read back cached ones."""
+        return CachedChat(chat, self)
 
     def filler(self, node: Any) -> Any:
         """The node after the tokenize threads that hands fresh rows to the collector."""

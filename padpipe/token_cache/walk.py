@@ -37,8 +37,7 @@ class Segments(Protocol):
     """What a walk reads of the cache session (a :class:`padpipe.token_cache.session.CacheSession`, which imports
     this module): a unit's published segments, one segment's checked rows, and where to count and announce."""
 
-    id_type: pa.DataType
-    type_ids: bool
+    hidden: dict[str, pa.DataType]  # the hidden token columns, null on a text row (rows.hidden_types)
     stats: PipelineStats
     collector: Announcer
 
@@ -134,7 +133,7 @@ class Walk:
                     if full:
                         self._announce(seg_lo, int(pos[0]), False, seg_rows, known)
                     seg_lo, seg_rows, known, full, skipped = int(pos[0]), 0, True, False, False
-                yield from self._out(cr.as_text_rows(part, cr.refs(self.uid, pos), s.id_type, s.type_ids), cached=False)
+                yield from self._out(cr.as_text_rows(part, cr.refs(self.uid, pos), s.hidden), cached=False)
                 seg_rows, known = seg_rows + len(pos), known and bool(pos.min() >= 0)
                 position = int(pos[-1]) + 1
                 if bytes_kind:
