@@ -274,4 +274,6 @@ def _segment_table(pending: _Pending, session: Session) -> pa.Table | None:
         return None
     if positions[0] < segment.lo or positions[-1] >= segment.hi:
         return None
-    return pa.Table.from_batches([batch.take(pa.array(order))])
+    # without the batches' row origins (which file and row each came from: the reader's tag, kept for errors):
+    # cached rows make no errors, and the same rows must make the same bytes whichever batches they came in
+    return pa.Table.from_batches([batch.take(pa.array(order))]).replace_schema_metadata(None)
