@@ -232,6 +232,11 @@ class CacheInfo:
             f"{self.path}: {self.files} files, {size_text(self.bytes)}, {len(self.fingerprints)} tokenizer setting(s)"
         ]
         for name, about in sorted(self.fingerprints.items()):
+            if about.get("stage") == "chat" and isinstance(about.get("options"), dict):
+                options = about["options"]
+                chat = ", ".join(f"{k}={options[k]}" for k in ("max_length", "train_on", "messages") if k in options)
+                lines.append(f"  {name}: chat() {chat}")
+                continue
             what = ", ".join(f"{k}={about[k]}" for k in ("max_length", "fields", "append_eos") if k in about)
             lines.append(f"  {name}: {what}")
         return "\n".join(lines)

@@ -11,7 +11,7 @@ Run it from the command line (prints a few batch shapes, the conversations, the 
 packing efficiency, and what was truncated or dropped and why)::
 
     python -m padpipe.recipes.sft --data PATH [PATH ...] --tokenizer DIR [--seq-len N] [--mode pack|bucket]
-        [--train-on assistant|last|all] [--chat-template FILE] [--prompt COL --completion COL]
+        [--train-on assistant|last|all] [--chat-template FILE] [--prompt COL --completion COL] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def sft(
     pack_buffer: int = 256,
     keep: Sequence[str] = (),
     seed: int = 0,
+    cache: str | pp.TokenCache | None = None,
 ) -> pp.Pipeline:
     """Chat SFT batches from conversations, read in one streaming pass: no pre-pass over the corpus.
 
@@ -103,6 +104,10 @@ def sft(
         keep: Columns to carry into packed batches as lists per row (``("id",)``: each row's
             conversation ids); in ``"bucket"`` mode numeric columns pass through by themselves.
         seed: Seed of the file order, the shuffle buffer and batch order.
+        cache: A folder, fsspec URL or :class:`padpipe.TokenCache` for :meth:`padpipe.Pipeline.chat`'s cache:
+            the first epoch stores each conversation's token rows, labels and counters, later epochs and runs
+            read them instead of rendering and tokenizing (the same batches and ``stats()``). Needs files or
+            a ``datasets.Dataset`` (a reader with work units), not a pipeline or an ``IterableDataset``.
 
     Raises:
         ValueError: ``seq_len`` < 2, a tokenizer without a chat template and no ``chat_template``,
@@ -127,7 +132,7 @@ def sft(
     if max_tokens < seq_len:
         raise ValueError(f"`max_tokens` must be at least `seq_len`={seq_len}, but is {max_tokens} instead.")
     options = dict(chat_options or {})
-    taken = {"messages", "prompt", "completion", "train_on", "chat_template", "max_length"} & set(options)
+    taken = {"messages", "prompt", "completion", "train_on", "chat_template", "max_length", "cache"} & set(options)
     if taken:
         raise ValueError(f"`chat_options` must not repeat the recipe's own arguments, but sets {sorted(taken)!r}.")
 
@@ -140,6 +145,7 @@ def sft(
         train_on=train_on,
         chat_template=chat_template,
         max_length=seq_len,
+        cache=cache,
         **options,
     )
     if mode == "pack":
@@ -272,6 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a message holding a special token's text: kept (counted), dropped or refused",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the file order, shuffle and batch order")
+    parser.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="a token cache folder or URL: the first run stores each conversation's token rows and labels, later "
+        "runs read them instead of rendering (same batches)",
+    )
     parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
     args = parser.parse_args(argv)
     if (args.prompt is None) != (args.completion is None):
@@ -297,11 +309,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         chat_template=template,
         chat_options={"on_error": args.on_error, "reasoning": args.reasoning, "special_text": args.special_text},
         seed=args.seed,
+        cache=args.cache,
     )
     print(f"sft {args.mode} seq_len={args.seq_len}, train_on={args.train_on}:")
     efficiency = "packing" if args.mode == "pack" else "padding"
     stats = cli.run(pipe, max_batches=args.max_batches, efficiency=efficiency, unit="conversations", trained=True)
     summary(stats)
+    if args.cache is not None:
+        hits, misses = stats.counters.get("cache.hit_rows", 0), stats.counters.get("cache.miss_rows", 0)
+        print(f"cache {args.cache}: {hits} conversations read from it, {misses} rendered and stored", file=sys.stdout)
     return 0
 
 

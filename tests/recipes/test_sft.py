@@ -157,6 +157,26 @@ def test_sft_shuffles_deterministically_for_a_seed_and_resumes_exactly(tmp_path:
     check_loader_resume(lambda: sft(path, TOK, seq_len=512, batch_size=2, pack_buffer=16).loader(), steps=[0, 3, 7])
 
 
+def test_sft_with_a_cache_gives_the_same_batches_and_counters_and_renders_once(tmp_path: Path) -> None:
+    path, cache = write_chats(tmp_path / "c.jsonl"), str(tmp_path / "cache")
+    plain = sft(path, TOK, seq_len=96, batch_size=2, keep=("id",)).loader()
+    reference = [segments(list(plain)) for _ in range(2)]
+    loader = sft(path, TOK, seq_len=96, batch_size=2, keep=("id",), cache=cache).loader()
+    assert [segments(list(loader)) for _ in range(2)] == reference
+
+    def chat(stats: pp.StatsSnapshot) -> dict[str, int]:
+        return {k: v for k, v in stats.counters.items() if k.startswith("chat.")}
+
+    assert chat(loader.stats()) == chat(plain.stats()) and loader.stats().skipped == plain.stats().skipped
+    assert loader.stats().counters["cache.hit_rows"] == loader.stats().counters["cache.miss_rows"] == len(ROWS)
+    with pytest.raises(ValueError, match=r"^`cache` needs a reader with work units"):
+        sft(pp.from_iterable(ROWS), TOK, cache=cache)
+    with pytest.raises(
+        ValueError, match=r"^`chat_options` must not repeat the recipe's own arguments, but sets \['cache'"
+    ):
+        sft(path, TOK, chat_options={"cache": cache})
+
+
 def test_sft_raises_error_when_options_do_not_fit() -> None:
     with pytest.raises(ValueError, match=r"^`seq_len` must be at least 2, but is 1 instead\.$"):
         sft("c.jsonl", TOK, seq_len=1)
@@ -193,6 +213,18 @@ def test_sft_cli_prints_conversations_trained_share_efficiency_and_drops(
         f"  chat.no_trained_tokens {untrained}: no token left to train (after truncation to seq_len, or under "
         "train_on)",
     ]
+
+
+def test_sft_cli_fills_a_cache_then_reads_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path, cache = write_chats(tmp_path / "c.jsonl"), str(tmp_path / "cache")
+    argv = ["--data", path, "--tokenizer", "chat", "--seq-len", "256", "--cache", cache]
+    assert main(argv) == 0
+    first = capsys.readouterr().out.splitlines()
+    assert first[-1] == f"cache {cache}: 0 conversations read from it, {len(ROWS)} rendered and stored"
+    assert main(argv) == 0
+    again = capsys.readouterr().out.splitlines()
+    assert again[-1] == f"cache {cache}: {len(ROWS)} conversations read from it, 0 rendered and stored"
+    assert again[:-1] == first[:-1]  # the same batches, shares and counts
 
 
 def test_sft_cli_counts_trained_tokens_of_the_batches(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -315,3 +315,4 @@ def test_chat_cache_files_lie_under_the_cache_format_folder(tmp_path, qwen3):
     info = pp.cache.info(str(cache))
     (about,) = info.fingerprints.values()
     assert about["stage"] == "chat" and about["options"]["max_length"] == 256
+    assert re.search(r"\n  [0-9a-f]{20}: chat\(\) max_length=256, train_on=assistant, messages=messages$", str(info))
