@@ -1,0 +1,141 @@
+"""Chat SFT epochs with and without the chat cache (``.chat(..., cache=DIR)``, ``sft(..., cache=DIR)``).
+
+On ``--conversations`` conversations written to a JSON Lines file, for each template: the ``sft`` recipe
+(``read_jsonl -> shuffle -> chat(max_length=seq_len) -> pack(seq_len)``) read for ``--epochs`` epochs
+without a cache, then with a fresh cache (epoch 1 renders, tokenizes and fills it; later epochs read it),
+then one epoch of a new loader on the filled cache (a later run). Every epoch's batches are digested
+and checked equal to the uncached ones, and so are the ``chat.*`` counters. Templates:
+
+- ``chatml``: the shipped chat tokenizer (ChatML with ``{% generation %}`` markers) on
+  ``pp.examples.conversations`` (the shipped sentences; 1-4 exchanges, a system message in 3 of 10);
+- ``qwen3``: TRL's Qwen3 template (prefix rendering, reasoning rows) on the test suite's Qwen3
+  conversations (reasoning in half the answers, a tool call and its result in a third), with a
+  tokenizer made of the shipped BPE and Qwen's control tokens (needs ``trl`` for the template text).
+
+Usage:
+    python benchmarks/sft_cache.py                                  # 10,000 conversations, both templates
+    python benchmarks/sft_cache.py --conversations 500 --templates chatml   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PADPIPE_PROGRESS", "0")
+
+import padpipe as pp  # noqa: E402
+from padpipe.recipes.sft import sft  # noqa: E402
+
+
+def data(template: str, n: int, folder: str) -> tuple[str, Any]:
+    """A JSON Lines file of ``n`` conversations for ``template``, and its tokenizer."""
+    if template == "chatml":
+        rows, tok = pp.examples.conversations(n, seed=0), pp.examples.chat_tokenizer()
+    else:
+        from tests.chat import real_templates as rt
+
+        rows = [{"messages": c, "id": i} for i, c in enumerate(rt.conversations(template, n, seed=0))]
+        tok = rt.tokenizer(template)
+    path = os.path.join(folder, f"{template}.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return path, tok
+
+
+def epoch(loader: Any) -> tuple[float, str, int]:
+    """Seconds for one epoch of ``loader``, a digest of its batches, and how many."""
+    digest, count = hashlib.sha1(), 0
+    start = time.perf_counter()
+    for batch in loader:
+        digest.update(batch["input_ids"].numpy().tobytes())
+        digest.update(batch["labels"].numpy().tobytes())
+        count += 1
+    return time.perf_counter() - start, digest.hexdigest(), count
+
+
+def chat_counters(loader: Any) -> dict[str, int]:
+    stats = loader.stats()
+    return {**{k: v for k, v in stats.counters.items() if k.startswith("chat.")}, **stats.skipped}
+
+
+def measure(template: str, args: argparse.Namespace, folder: str) -> dict[str, Any]:
+    path, tok = data(template, args.conversations, folder)
+    cache = os.path.join(folder, f"cache-{template}")
+
+    def pipe(with_cache: bool) -> pp.Pipeline:
+        return sft(path, tok, seq_len=args.seq_len, batch_size=args.batch_size, cache=cache if with_cache else None)
+
+    plain = pipe(False).loader()
+    uncached = [epoch(plain) for _ in range(args.epochs)]
+    cached_loader = pipe(True).loader()
+    cached = [epoch(cached_loader) for _ in range(args.epochs)]
+    later_loader = pipe(True).loader()
+    later = epoch(later_loader)
+    same = [u[1] for u in uncached] == [c[1] for c in cached] and later[1] == uncached[0][1]
+    same_counts = chat_counters(plain) == chat_counters(cached_loader)
+    stats = later_loader.stats().counters
+    return {
+        "template": template,
+        "uncached": [u[0] for u in uncached],
+        "cached": [c[0] for c in cached],
+        "later run": later[0],
+        "batches": uncached[0][2],
+        "same": same and same_counts and stats.get("cache.hit_rows") == args.conversations,
+        "size": pp.cache.info(cache).bytes,
+        "rows": chat_counters(plain).get("chat.rows", 0) // args.epochs,
+    }
+
+
+def table(results: Sequence[dict[str, Any]], epochs: int) -> str:
+    head = ["template", "rows", "batches"]
+    head += [f"uncached epoch {i + 1}" for i in range(epochs)]
+    head += ["cache: epoch 1 (fills)"] + [f"cache: epoch {i + 1}" for i in range(1, epochs)]
+    head += ["later run, epoch 1", "uncached / cached epoch", "same batches and counters", "cache size"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        served = sum(r["cached"][1:] + [r["later run"]]) / len(r["cached"])
+        ratio = (sum(r["uncached"]) / len(r["uncached"])) / served
+        cells = [r["template"], f"{r['rows']:,}", str(r["batches"])]
+        cells += [f"{s:.2f} s" for s in r["uncached"]] + [f"{s:.2f} s" for s in r["cached"]]
+        cells += [f"{r['later run']:.2f} s", f"{ratio:.0f}x", "yes" if r["same"] else "NO"]
+        cells.append(f"{pp.cache.size_text(r['size'])}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=10_000)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs of each loader (at least 2)")
+    parser.add_argument("--templates", nargs="+", default=["chatml", "qwen3"], choices=["chatml", "qwen3"])
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (epoch 1 fills the cache)")
+    templates = [t for t in args.templates if t == "chatml" or importlib.util.find_spec("trl") is not None]
+    with tempfile.TemporaryDirectory() as folder:
+        results = [measure(t, args, folder) for t in templates]
+    print(
+        f"{args.conversations:,} conversations, sft(seq_len={args.seq_len}, batch_size={args.batch_size}), "
+        f"{os.cpu_count()} CPUs; the ratio is the mean uncached epoch over the mean epoch read from the cache:"
+    )
+    print(table(results, args.epochs))
+    return 0 if all(r["same"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
