@@ -12,6 +12,10 @@ tokenize options could have produced:
 * token type ids, when there are any, have the same lengths as the ids;
 * positions are the segment's: increasing and inside ``[lo, hi)`` (all of them for row numbers).
 
+A chat cache's segment (each row: a conversation's token rows, trained flags and counters) passes
+:func:`padpipe.token_cache.chat_rows.chat_problem` instead of the id checks above (the position
+checks apply alike).
+
 Valid in-vocabulary ids written by someone else cannot be told from padpipe's own without a key:
 a cache location must be trusted like the data itself.
 """

@@ -284,6 +284,35 @@ def test_chat_cache_resumes_exactly_while_filling_and_when_full(tmp_path, qwen3)
         assert epochs(fresh, 2 - epoch) == [reference[epoch][taken:]] + reference[epoch + 1 :], (epoch, taken)
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_chat_cache_assembles_pieces_when_cut_points_move(tmp_path, qwen3, kind):
+    source, cache = write(tmp_path, chats(), kind), str(tmp_path / "cache")
+    slots = [dict(consumer=pp.Consumer(index, 2), equal_steps="off") for index in (0, 1)]
+    for slot in slots:  # two consumers: their shares' cut points move every epoch, batches mix cached rows and text
+        plain = stages(source, qwen3).loader(**slot)
+        reference = epochs(plain, 3)
+        loader = stages(source, qwen3, cache).loader(**slot)
+        assert epochs(loader, 3) == reference
+        assert chat_counters(loader) == chat_counters(plain)
+    hits = 0
+    for slot in slots:
+        loader = stages(source, qwen3, cache).loader(**slot)
+        epochs(loader, 1)
+        hits += counter(loader, "cache.hit_rows")
+        assert counter(loader, "cache.miss_rows") == 0
+    assert hits == ROWS
+
+
+@pytest.mark.slow  # worker processes start in seconds: make test runs it, test-fast leaves it out
+def test_chat_cache_gives_the_same_batches_through_worker_processes(tmp_path, qwen3):
+    source, cache = write(tmp_path, chats(), "parquet"), str(tmp_path / "cache")
+    reference = epochs(stages(source, qwen3).loader(num_workers=2), 2)
+    assert epochs(stages(source, qwen3, cache).loader(num_workers=2), 2) == reference
+    loader = stages(source, qwen3, cache).loader(num_workers=2)
+    assert epochs(loader, 1) == reference[:1]
+    assert counter(loader, "cache.hit_rows") == ROWS and counter(loader, "cache.miss_rows") == 0
+
+
 def test_chat_cache_keeps_the_shuffle_buffer_state_small_on_a_cached_epoch(tmp_path, qwen3):
     source, cache = write(tmp_path, chats()), str(tmp_path / "cache")
     epochs(stages(source, qwen3, cache).loader(), 1)
