@@ -128,7 +128,18 @@ class ChatTokenizer:
 
     def outcome(self, batch: pa.RecordBatch, todo: np.ndarray | None = None) -> Outcome:
         """What the rows of ``batch`` (those ``todo`` marks, default all) become: token rows, trained tokens and
-        counters per row; raises ``DataError`` for a row its policy refuses. Nothing is counted yet (:meth:`chunk`)."""
+        counters per row; raises ``DataError`` for a row its policy refuses. Nothing is counted yet (:meth:`chunk`).
+
+        Example:
+            >>> template = ChatTemplate(pp.examples.hf_tokenizer(), "{% for m in messages %}{{ m.role }}: "
+            ...     "{{ m.content }} [SEP]{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+            >>> fn = ChatTokenizer(template, ChatOptions(on_error="skip"))
+            >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+            >>> batch = pa.RecordBatch.from_pylist([{"messages": None}, {"messages": chat}, {"messages": chat}])
+            >>> out = fn.outcome(batch, todo=np.array([True, True, False]))
+            >>> out.source.tolist(), out.lengths.tolist(), out.counts
+            ([1], [11], [(0, 'skip.chat.bad_messages', 1)])
+        """
         values = self._rows(batch)
         if todo is not None:
             values = [value if wanted else None for value, wanted in zip(values, todo)]
