@@ -236,11 +236,15 @@ class ChatTokenizer:
         return {i: (text, None if blocks is None else blocks[j]) for j, (i, text) in enumerate(zip(shared, texts))}
 
     def _plan(
-        self, row: tuple[Any, list | None, dict[str, Any]], rendered: tuple[str, Any] | None, count: _Counts
+        self,
+        row: tuple[Any, list | None, dict[str, Any]],
+        rendered: tuple[str, Any] | None = None,
+        count: _Counts | None = None,
     ) -> list[Plan]:
         """The rows the conversation becomes: texts and spans (``rendered``: its text and markers, when rendered
         already); ``[]`` when nothing in it is trained (it is dropped, counted). What it adds to the counters goes
-        to ``count``."""
+        to ``count`` (default: nowhere)."""
+        count = count if count is not None else _Counts(-1, [])
         value, tools, row_kwargs = row
         kwargs, o = {**self.options.template_kwargs, **row_kwargs}, self.options
         invert = o.train_on == "all"
