@@ -40,6 +40,11 @@ def small_segments(monkeypatch):
     monkeypatch.setattr(walk, "SEGMENT_ROWS", 16)  # many segments per unit, cut anywhere
 
 
+def fast_first(names):
+    """``names`` as parameters, all but the first marked slow (seconds each: ``make test`` runs them)."""
+    return [pytest.param(n, marks=() if i == 0 else pytest.mark.slow) for i, n in enumerate(names)]
+
+
 def chats(name: str = "qwen3", n: int = ROWS) -> list[dict]:
     """Model ``name``'s conversations with a tools column on the tool-calling ones, and rows that are skipped
     (not a conversation; nothing to train) or hold a special token's text."""
@@ -103,7 +108,7 @@ def no_rendering(monkeypatch):
     monkeypatch.setattr(ChatTemplate, "render", refuse)
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+@pytest.mark.parametrize("kind", fast_first(["jsonl", "parquet"]))
 def test_chat_cache_gives_the_same_batches_and_counters_in_every_epoch(tmp_path, qwen3, kind, monkeypatch):
     source, cache = write(tmp_path, chats(), kind), str(tmp_path / "cache")
     plain = stages(source, qwen3).loader()
@@ -124,6 +129,7 @@ def test_chat_cache_gives_the_same_batches_and_counters_in_every_epoch(tmp_path,
     assert counter(again, "cache.hit_rows") == ROWS and chat_counters(again) == one_epoch
 
 
+@pytest.mark.slow  # seconds: make test runs it, test-fast leaves it out
 def test_chat_cache_counts_and_warns_of_what_the_template_drops_on_a_cached_run(tmp_path):
     tok = rt.tokenizer("deepseek_r1_distill")
     rows = [{"messages": c, "id": i} for i, c in enumerate(rt.conversations("deepseek_r1_distill", 40, seed=4))]
@@ -132,7 +138,8 @@ def test_chat_cache_counts_and_warns_of_what_the_template_drops_on_a_cached_run(
         plain = stages(source, tok, pad_id=0).loader()
         reference = epochs(plain, 1)
     assert chat_counters(plain)[0]["chat.dropped_reasoning"] > 0
-    epochs(stages(source, tok, cache, pad_id=0).loader(), 1)
+    with pytest.warns(UserWarning, match="does not render the reasoning"):
+        epochs(stages(source, tok, cache, pad_id=0).loader(), 1)
     with pytest.warns(UserWarning, match="does not render the reasoning"):
         loader = stages(source, tok, cache, pad_id=0).loader()
         assert epochs(loader, 1) == reference
@@ -152,7 +159,7 @@ CHANGES = {
 }
 
 
-@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("change", fast_first(CHANGES))
 def test_chat_cache_misses_when_an_option_or_the_template_changes(tmp_path, qwen3, change):
     source, cache = write(tmp_path, chats()), str(tmp_path / "cache")
     epochs(stages(source, qwen3, cache).loader(), 1)
@@ -161,6 +168,7 @@ def test_chat_cache_misses_when_an_option_or_the_template_changes(tmp_path, qwen
     assert counter(loader, "cache.hit_rows") == 0 and counter(loader, "cache.miss_rows") == ROWS
 
 
+@pytest.mark.slow  # seconds: make test runs it, test-fast leaves it out
 def test_chat_cache_misses_when_the_tokenizer_or_the_file_changes(tmp_path, qwen3):
     rows = chats()
     source, cache = write(tmp_path, rows), str(tmp_path / "cache")
@@ -185,6 +193,7 @@ def test_chat_cache_keys_on_every_option_on_error_too():
     assert about != changed and about["template"] == changed["template"]
 
 
+@pytest.mark.slow  # seconds: make test runs it, test-fast leaves it out
 def test_chat_and_tokenize_caches_in_one_folder_never_read_each_others_files(tmp_path, qwen3):
     rows = [{**row, "text": f"row {row['id']}"} for row in chats()]
     rows[7]["messages"] = rows[8]["messages"]  # every row a list: the JSON reader parses every key of a line
@@ -248,7 +257,7 @@ HOWS = [
 ]
 
 
-@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("how", fast_first(HOWS))
 def test_chat_cache_rejects_a_crafted_or_corrupted_segment_and_renders_again(tmp_path, qwen3, how):
     source, cache = write(tmp_path, chats()), tmp_path / "cache"
     plain = stages(source, qwen3).loader()
@@ -284,7 +293,7 @@ def test_chat_cache_resumes_exactly_while_filling_and_when_full(tmp_path, qwen3)
         assert epochs(fresh, 2 - epoch) == [reference[epoch][taken:]] + reference[epoch + 1 :], (epoch, taken)
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+@pytest.mark.parametrize("kind", fast_first(["jsonl", "parquet"]))
 def test_chat_cache_assembles_pieces_when_cut_points_move(tmp_path, qwen3, kind):
     source, cache = write(tmp_path, chats(), kind), str(tmp_path / "cache")
     slots = [dict(consumer=pp.Consumer(index, 2), equal_steps="off") for index in (0, 1)]
@@ -313,6 +322,7 @@ def test_chat_cache_gives_the_same_batches_through_worker_processes(tmp_path, qw
     assert counter(loader, "cache.hit_rows") == ROWS and counter(loader, "cache.miss_rows") == 0
 
 
+@pytest.mark.slow  # seconds: make test runs it, test-fast leaves it out
 def test_chat_cache_keeps_the_shuffle_buffer_state_small_on_a_cached_epoch(tmp_path, qwen3):
     source, cache = write(tmp_path, chats()), str(tmp_path / "cache")
     epochs(stages(source, qwen3, cache).loader(), 1)
