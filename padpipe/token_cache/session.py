@@ -60,7 +60,7 @@ class CacheSession:
         about: What the fingerprint stands for (written once to ``about.json``).
         id_type: The Arrow type ids are kept in.
         type_ids: Whether the tokenizer makes token type ids.
-        fields: The text columns.
+        fields: The columns a segment stores as nulls: the text columns (for chat, the conversation columns).
         on_write_error: ``"raise"`` a :class:`CacheError` naming the path, or ``"skip"``: count
             it as ``cache.write_errors`` and go on without writing.
         stats: Counters (``cache.hit_rows``, ``cache.miss_rows``, ``cache.bad_files``, ...).

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import pickle
 import re
+import threading
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -320,6 +321,40 @@ def test_chat_cache_gives_the_same_batches_through_worker_processes(tmp_path, qw
     loader = stages(source, qwen3, cache).loader(num_workers=2)
     assert epochs(loader, 1) == reference[:1]
     assert counter(loader, "cache.hit_rows") == ROWS and counter(loader, "cache.miss_rows") == 0
+
+
+@pytest.mark.slow  # seconds: make test runs it, test-fast leaves it out
+def test_chat_cache_is_filled_by_concurrent_loaders_without_corruption(tmp_path, qwen3):
+    source, cache = write(tmp_path, chats()), str(tmp_path / "cache")
+    reference = epochs(stages(source, qwen3).loader(), 1)
+    results: list = []
+    threads = [
+        threading.Thread(target=lambda: results.append(epochs(stages(source, qwen3, cache).loader(), 1)))
+        for _ in range(3)
+    ]  # the same segments written at once, renamed into place
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [reference] * 3
+    loader = stages(source, qwen3, cache).loader()
+    assert epochs(loader, 1) == reference and counter(loader, "cache.hit_rows") == ROWS
+    assert counter(loader, "cache.bad_files") == 0 and not list((tmp_path / "cache").rglob(".tmp-*"))
+
+
+def test_chat_cache_refuses_a_state_saved_with_another_chat_setting(tmp_path, qwen3):
+    source, cache = write(tmp_path, chats()), str(tmp_path / "cache")
+    epochs(stages(source, qwen3, cache).loader(), 1)
+    loader = stages(source, qwen3, cache).loader()
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()  # its shuffle buffer: references into this chat cache
+    other = stages(source, qwen3, cache, max_length=200).loader()
+    with pytest.raises(
+        pp.StateMismatchError, match=r"^CacheFiller state doesn't match this pipeline: setting 'fingerp"
+    ):
+        other.load_state_dict(state)
+        next(iter(other))
 
 
 @pytest.mark.slow  # seconds: make test runs it, test-fast leaves it out
