@@ -1,4 +1,5 @@
-"""Tiny runs of benchmarks/epochs.py, first_batch.py and train_cpu.py: they run end to end and report what they claim."""
+"""Tiny runs of benchmarks/epochs.py, first_batch.py, train_cpu.py and sft_cache.py: they run end to end and report what
+they claim."""
 
 from __future__ import annotations
 
@@ -60,3 +61,12 @@ def test_train_cpu_benchmark_trains_both_on_the_same_rows() -> None:
     rows = [line for line in out.splitlines() if line.startswith("| padpipe") or line.startswith("| HF")]
     assert len(rows) == 2 and all("| 96 |" in r for r in rows)
     assert re.search(r"padpipe trains [\d.]+x the rows/s", out)
+
+
+@pytest.mark.timeout(300)
+def test_sft_cache_benchmark_reads_every_conversation_from_the_cache_with_the_same_batches() -> None:
+    out = run("sft_cache.py", "--conversations", "60", "--templates", "chatml")
+    (row,) = [line for line in out.splitlines() if line.startswith("| chatml |")]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[1] == "60" and all(re.fullmatch(r"[\d.]+ s", c) for c in cells[3:8])
+    assert re.fullmatch(r"\d+x", cells[8]) and cells[9] == "yes" and re.fullmatch(r"[\d.]+ KiB", cells[10])
