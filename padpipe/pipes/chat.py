@@ -5,6 +5,11 @@
 calls and resume is the upstream reader's position. Per conversation it renders the template (Python,
 unavoidable) and finds the trained spans (padpipe.chat.spans); the chunk's texts are tokenized in one
 Rust batch call, and labels, truncation and dropping are vectorized.
+
+A call is two steps: :meth:`ChatTokenizer.outcome` (what each conversation becomes: token rows, trained
+tokens, the counters it adds) and :meth:`ChatTokenizer.chunk` (the token chunk, labels and counting).
+With ``.chat(cache=...)`` the cache stores each conversation's outcome and gives it back on later epochs,
+and ``chunk`` builds the same chunk and counters from it (:mod:`padpipe.token_cache.chat_fill`).
 """
 
 from __future__ import annotations
