@@ -342,6 +342,30 @@ def test_chat_cache_is_filled_by_concurrent_loaders_without_corruption(tmp_path,
     assert counter(loader, "cache.bad_files") == 0 and not list((tmp_path / "cache").rglob(".tmp-*"))
 
 
+@pytest.mark.slow  # seconds: make test runs it, test-fast leaves it out
+def test_chat_cache_gives_the_same_batches_after_an_elastic_resume(tmp_path, qwen3):
+    source = write(tmp_path, chats(), "parquet")
+
+    def elastic(cache):  # 2 ranks take 2 batches each and save; 3 ranks load both states
+        pipe, states, before = stages(source, qwen3, cache), [], []
+        for rank in range(2):
+            old = pipe.loader(consumer=pp.Consumer(rank=rank, world_size=2))
+            it = iter(old)
+            before += [normalize(next(it)) for _ in range(2)]
+            states.append(pickle.loads(pickle.dumps(old.state_dict())))
+        after = []
+        for rank in range(3):
+            new = pipe.loader(consumer=pp.Consumer(rank=rank, world_size=3))
+            new.load_state_dict(states)
+            after.append(epochs(new, 2))
+        return before, after
+
+    reference = elastic(None)
+    cache = str(tmp_path / "cache")
+    assert elastic(cache) == reference  # filling: re-shared pieces of units cut at the saved rows
+    assert elastic(cache) == reference  # from the cache
+
+
 def test_chat_cache_refuses_a_state_saved_with_another_chat_setting(tmp_path, qwen3):
     source, cache = write(tmp_path, chats()), str(tmp_path / "cache")
     epochs(stages(source, qwen3, cache).loader(), 1)
