@@ -35,6 +35,7 @@ from padpipe.readers.jsonl import JsonlReader
 
 IDS, TYPE_IDS, STATE = "__padpipe_ids", "__padpipe_type_ids", "__padpipe_state"
 TRAINED, COUNTS = "__padpipe_trained", "__padpipe_counts"
+COUNTS_TYPE = pa.map_(pa.string(), pa.int64())
 POS = JsonlReader.POSITION_COLUMN
 HIDDEN = (IDS, TYPE_IDS, TRAINED, COUNTS, STATE, REF, POS)
 TEXT, CACHED, BAD = 0, 1, 2
@@ -66,9 +67,6 @@ def hidden_types(id_type: pa.DataType, *, type_ids: bool, chat: bool) -> dict[st
     if chat:
         return {IDS: pa.list_(pa.list_(id_type)), TRAINED: pa.list_(pa.list_(pa.bool_())), COUNTS: COUNTS_TYPE}
     return {IDS: pa.list_(id_type), **({TYPE_IDS: pa.list_(pa.int8())} if type_ids else {})}
-
-
-COUNTS_TYPE = pa.map_(pa.string(), pa.int64())
 
 
 def refs(unit: int, positions: np.ndarray) -> pa.Array:
