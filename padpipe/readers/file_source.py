@@ -34,7 +34,7 @@ import pyarrow.json as pj
 
 from padpipe.errors import DataError, one_of
 from padpipe.readers.listing import SharedListing
-from padpipe.readers.listing_state import ListingDigest, listing_difference, refuse_old_state
+from padpipe.readers.listing_state import ListingIdentity, refuse_old_state
 from padpipe.readers.paths import ChangedFileError, FileRef, FolderFiles, check_paths, expand_paths
 from padpipe.readers.retry import Attempts, Retry, call, is_transient
 from padpipe.readers.schema import check_columns, tag_source
@@ -46,6 +46,7 @@ from padpipe.stats import PipelineStats
 LOST = (FileNotFoundError, ChangedFileError)
 CONTENT_THREADS, REMOTE_CONTENT_THREADS = 8, 32  # files whose content digest is taken at once (see _content)
 RETRIES = "read.retries"
+IDENTITY = "_identity"  # the listing identity's key among a shared listing's attributes
 T = TypeVar("T")
 
 
@@ -104,7 +105,7 @@ class FileSource(UnitSource):
         self.on_missing = on_missing
         self.listing = listing if listing is not None else SharedListing()
         self._files: dict[str, Any] = {}
-        self._identity = ""
+        self.identity = ListingIdentity(type(self).__name__)
         self._attempts = Attempts(self.retry)
         self._lost: set[str] = set()
         self._checked: set[str] = set()  # files found unchanged since listing, this epoch
@@ -142,7 +143,7 @@ class FileSource(UnitSource):
             files = list(
                 pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files)
             )
-        self._identity = "\n".join(f.identity for f in files)
+        self.identity.text = "\n".join(f.identity for f in files)
         return files
 
     def retried(self, what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -151,11 +152,11 @@ class FileSource(UnitSource):
 
     # -- UnitSource ---------------------------------------------------------------------------------
     def list_units(self) -> list[WorkUnit]:
-        names = (*self.LISTING_ATTRS, "_identity")
+        names = (*self.LISTING_ATTRS, IDENTITY)
 
         def make() -> tuple[list[WorkUnit], dict[str, Any]]:
             units = self.list_files()
-            return units, {name: getattr(self, name) for name in names}
+            return units, {name: getattr(self, name) for name in self.LISTING_ATTRS} | {IDENTITY: self.identity.text}
 
         def decode(data: Any) -> tuple[list[WorkUnit], dict[str, Any]]:
             units, attrs = listing_from_plain(data, self.storage_options)
@@ -166,23 +167,14 @@ class FileSource(UnitSource):
         key = f"{type(self).__name__} {self.describe()} storage_options={self.storage_options!r}"
         units, attrs = self.listing.get(key, make, encode=listing_to_plain, decode=decode)
         for name, value in attrs.items():
-            setattr(self, name, value)
+            if name == IDENTITY:
+                self.identity.text = value
+            else:
+                setattr(self, name, value)
         return units
 
     def fingerprint(self) -> str:
         return f"{type(self).__name__} columns={list(self.columns) if self.columns else None!r}"
-
-    def identity(self) -> str | None:
-        return self._identity
-
-    def check_identity(self, saved: ListingDigest, saved_file: str) -> None:
-        difference = listing_difference(saved, saved_file, self._identity)
-        if difference is None:
-            return
-        raise StateMismatchError(
-            f"{type(self).__name__} state doesn't match this pipeline: its files changed since the state was saved "
-            f"({difference}); resuming would read other rows. Resume with the files as they were, or start a new run."
-        )
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         refuse_old_state(type(self).__name__, initial_state, self.VERSION)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from padpipe.state import VERSION_KEY, Invalid, Spec, StateMismatchError
+from padpipe.state import VERSION_KEY, Invalid, Loaded, Spec, StateMismatchError, Str, invalid
+from padpipe.state_walk import show
 
 FILES_KEY = "files"
 FILE_KEY = "file"
@@ -75,6 +76,53 @@ class DigestSpec(Spec):
         if isinstance(count, bool) or not isinstance(count, int) or count < 0 or not all(map(_is_digest, digests)):
             raise Invalid(expected)
         return ListingDigest(count, *digests)
+
+
+class ListingIdentity:
+    """The part of a file reader that knows what it listed and what its state keeps of that.
+
+    The reader holds one (a reader of something else than files holds none) and fills it when it
+    lists; a state then has the listing's :class:`ListingDigest` under ``"files"`` and the line of
+    the file being read under ``"file"``, and a state whose listing differs is refused, saying how.
+
+    Args:
+        stage: The reader's name in messages (``"ParquetReader"``).
+
+    Example:
+        >>> identity = ListingIdentity("ParquetReader"); identity.text = "a\\t1\\tv1\\nb\\t2\\tv1"
+        >>> sorted(identity.values("b")), identity.values("b")[FILE_KEY]
+        (['file', 'files'], 'b\\t2\\tv1')
+    """
+
+    FIELDS: dict[str, Spec] = {FILES_KEY: DigestSpec(), FILE_KEY: Str(max_length=LINE_CHARS)}
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.text = ""  # one line a file: name, size, version, content digest (FileRef.identity)
+
+    def values(self, path: str | None) -> dict[str, Any]:
+        """The state's keys at a position in file ``path`` (``None``: past the epoch's last unit)."""
+        return {FILES_KEY: ListingDigest.of(self.text).plain(), FILE_KEY: self.line(path)}
+
+    def line(self, path: str | None) -> str:
+        """The listing's line of file ``path`` (``""`` for ``None`` or a file not listed)."""
+        return "" if path is None else line_of(self.text, path)
+
+    def check_listing(self, loaded: Loaded) -> None:
+        """Raise ``StateMismatchError`` unless the state's listing digest is this listing's, saying how it differs."""
+        difference = listing_difference(loaded[FILES_KEY], loaded[FILE_KEY], self.text)
+        if difference is None:
+            return
+        raise StateMismatchError(
+            f"{self.stage} state doesn't match this pipeline: its files changed since the state was saved "
+            f"({difference}); resuming would read other rows. Resume with the files as they were, or start a new run."
+        )
+
+    def check_file(self, loaded: Loaded, unit: int, path: str | None) -> None:
+        """Raise unless the state's file line is the listed line of ``path``, the file of its unit ``unit``."""
+        current = self.line(path)
+        if loaded[FILE_KEY] != current:
+            raise invalid(self.stage, FILE_KEY, f"the file at unit {unit}, {current!r}", show(loaded[FILE_KEY], 300))
 
 
 def refuse_old_state(stage: str, state: Any, version: int) -> None:

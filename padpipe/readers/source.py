@@ -22,12 +22,11 @@ from torchdata.nodes import BaseNode
 from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
-from padpipe.readers.listing_state import FILE_KEY, LINE_CHARS, DigestSpec, ListingDigest, line_of
+from padpipe.readers.listing_state import ListingIdentity
 from padpipe.readers.retry import denied
 from padpipe.sharing.consumer import Consumer
 from padpipe.sharing.shares import Measure, share
-from padpipe.state import Int, Loaded, Spec, StateMismatchError, StateSchema, Str, invalid, load_value
-from padpipe.state_walk import show
+from padpipe.state import Int, Loaded, Spec, StateSchema, load_value
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
@@ -69,6 +68,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
 
     VERSION = 2
     cache: Any = None  # the token cache this reader reads through (use_token_cache), or None
+    identity: ListingIdentity | None = None  # what was listed, for input that is files (held, not inherited)
 
     def __init__(
         self,
@@ -160,17 +160,6 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         :meth:`describe`."""
         return self.describe()
 
-    def identity(self) -> str | None:
-        """The identity of what was listed (files with sizes and versions), saved and checked on resume; ``None``:
-        none."""
-        return None
-
-    def check_identity(self, saved: ListingDigest, saved_file: str) -> None:
-        """Raise ``StateMismatchError`` unless ``saved`` (a state's listing digest) is this listing's; ``saved_file``:
-        the state's line of the file it was reading."""
-        if saved != ListingDigest.of(self.identity() or ""):
-            raise StateMismatchError(f"{type(self).__name__} state doesn't match this pipeline: the input changed.")
-
     def state_fields(self) -> dict[str, Spec]:
         """A subclass's own state keys (their values from :meth:`state_values`) and what each must be."""
         return {}
@@ -186,8 +175,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         """This reader's state: its position (epoch, unit, row), a subclass's own keys and, for files,
         the listing's digest and the line of the file being read."""
         fields = {"epoch": Int(0), "unit": Int(0), "row": Int(0), **self.state_fields()}
-        if self.identity() is not None:
-            fields.update({"files": DigestSpec(), FILE_KEY: Str(max_length=LINE_CHARS)})
+        if self.identity is not None:
+            fields.update(ListingIdentity.FIELDS)
         return StateSchema(type(self).__name__, self.VERSION, **fields)
 
     # -- BaseNode ---------------------------------------------------------------------------------
@@ -211,18 +200,17 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
 
     def _load(self, state: dict[str, Any]) -> Loaded:
         """``state``'s fields after every check: schema, listing, and a position within this consumer's epoch."""
-        schema, identity = self.state_schema(), self.identity()
+        schema, identity = self.state_schema(), self.identity
         stage = schema.stage
 
         def check(loaded: Loaded) -> None:
             if identity is not None:
-                self.check_identity(loaded.files, loaded[FILE_KEY])
+                identity.check_listing(loaded)
             order = self._units_for_epoch(loaded.epoch)
             unit = load_value(stage, "unit", loaded.unit, Int(0, len(order)))
             load_value(stage, "row", loaded.row, Int(0, order[unit].num_rows if unit < len(order) else 0))
-            current = self._file_line(identity, order, unit)
-            if identity is not None and loaded[FILE_KEY] != current:
-                raise invalid(stage, FILE_KEY, f"the file at unit {unit}, {current!r}", show(loaded[FILE_KEY], 300))
+            if identity is not None:
+                identity.check_file(loaded, unit, order[unit].path if unit < len(order) else None)
             self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
 
         return schema.check(state, self._settings(), check=check)
@@ -248,10 +236,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
 
     def get_state(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"epoch": self._epoch, "unit": self._unit, "row": self._row, **self.state_values()}
-        identity = self.identity()
-        if identity is not None:
-            fields["files"] = ListingDigest.of(identity).plain()
-            fields[FILE_KEY] = self._file_line(identity, self._order, self._unit)
+        if self.identity is not None:
+            fields.update(self.identity.values(self._order[self._unit].path if self._unit < len(self._order) else None))
         return self.state_schema().make(self._settings(), **fields)
 
     # -- elastic resume (see padpipe.runtime.elastic) ---------------------------------------------------------
@@ -320,11 +306,6 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             "seed": self.seed,
             "consumer": f"{self.consumer.index}/{self.consumer.count}",
         }
-
-    @staticmethod
-    def _file_line(identity: str | None, order: list[WorkUnit], unit: int) -> str:
-        """The listing's line of the file of ``order[unit]`` (``""`` past the end, or without an identity)."""
-        return line_of(identity, order[unit].path) if identity is not None and unit < len(order) else ""
 
     def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
         """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""
