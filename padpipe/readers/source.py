@@ -10,12 +10,9 @@ are cut into row or byte ranges where shares would otherwise be uneven), and sav
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
@@ -23,36 +20,15 @@ from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
 from padpipe.readers.listing_state import ListingIdentity
+from padpipe.readers.plan import EpochPlan, by_rows, rows_piece
 from padpipe.readers.retry import denied
+from padpipe.readers.unit import WorkUnit
 from padpipe.sharing.consumer import Consumer
-from padpipe.sharing.shares import Measure, share
+from padpipe.sharing.shares import Measure
 from padpipe.state import Int, Loaded, Spec, StateSchema, load_value
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
-
-
-@dataclass(frozen=True)
-class WorkUnit:
-    """The smallest piece of input one consumer reads whole.
-
-    Attributes:
-        path: The file (or a label such as ``"<datasets.Dataset>"``).
-        index: Which unit of that file: row group, record batch, byte range or index range number.
-        num_rows: Rows in the unit when known from metadata, else ``None``.
-        start: Unit-specific start (byte offset for JSONL ranges, first index for datasets).
-        stop: Unit-specific end, exclusive.
-        first: First row of the unit this piece reads (a consumer's share may cut a unit).
-        last: Row of the unit this piece stops before; ``None``: the unit's end.
-    """
-
-    path: str
-    index: int
-    num_rows: int | None = None
-    start: int = 0
-    stop: int | None = None
-    first: int = 0
-    last: int | None = None
 
 
 class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
@@ -82,6 +58,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         positive("chunk_rows", chunk_rows)
         self.chunk_rows = chunk_rows
         self.seed = seed
+        self.plan = EpochPlan(seed=seed, measure=self.measure, piece=self.piece)  # held, not inherited
         self.consumer = consumer
         self.stats = stats or PipelineStats()
         self._units: list[WorkUnit] | None = None
@@ -90,7 +67,6 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         self._unit = 0
         self._row = 0
         self._reader: Iterator[pa.RecordBatch] | None = None
-        self._override: tuple[int, list[WorkUnit]] | None = None  # (epoch, pieces): an elastic resume's share
         self._stop_on_load = False
         self._stop_at: int | None = None
 
@@ -147,13 +123,11 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
 
     def measure(self, unit: WorkUnit) -> Measure:
         """The unit's weight in the epoch and whether it can be cut: its rows when known, else whole."""
-        return Measure(unit.num_rows, cuttable=True) if unit.num_rows is not None else Measure(1, cuttable=False)
+        return by_rows(unit)
 
     def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
         """The part ``[lo, hi)`` (in :meth:`measure`'s weight) of ``unit``: by default rows ``lo`` to ``hi``."""
-        if unit.num_rows is None or (lo, hi) == (0, unit.num_rows):
-            return unit
-        return dataclasses.replace(unit, num_rows=hi - lo, first=unit.first + lo, last=unit.first + hi)
+        return rows_piece(unit, lo, hi)
 
     def fingerprint(self) -> str:
         """What a state must have been saved from besides the listing (the ``input`` setting); default:
@@ -184,8 +158,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         super().reset(initial_state)
         if self.consumer is None:
             self.consumer = Consumer.detect()
-        if self._units is None:
-            self._units = self.list_units()
+        self.listed_units()
         self._reader, self._stop_at = None, None
         if initial_state is None:
             self._epoch += 1
@@ -196,7 +169,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         self._epoch, self._unit, self._row = loaded.epoch, loaded.unit, loaded.row
         self._order = self._units_for_epoch(self._epoch)
         if self._stop_on_load:
-            self._stop_at = self._unit + (0 if self._cut_here() else 1 if self._row else 0)
+            self._stop_at = self.plan.stop_at(self._order, self._unit, self._row)
 
     def _load(self, state: dict[str, Any]) -> Loaded:
         """``state``'s fields after every check: schema, listing, and a position within this consumer's epoch."""
@@ -263,34 +236,14 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         """
         if self.consumer is None:
             self.consumer = Consumer.detect()
-        if self._units is None:
-            self._units = self.list_units()
+        self.listed_units()  # the listing a state is checked against
         start = isinstance(state, dict) and set(state) == {"epoch", "unit", "row"}
         if start and _is_zero(state["unit"]) and _is_zero(state["row"]):
             epoch, unit, row = load_value(type(self).__name__, "epoch", state["epoch"], Int(0)), 0, 0  # not started
         else:
             loaded = self._load(state)
             epoch, unit, row = loaded.epoch, loaded.unit, loaded.row
-        order = self._units_for_epoch(epoch)
-        if unit >= len(order):
-            return []
-        if row == 0:
-            return order[unit:]
-        current = order[unit]
-        if not self._cuttable_by_rows(current):
-            return order[unit + 1 :]
-        return [self.piece(current, row, current.num_rows), *order[unit + 1 :]]
-
-    def override_epoch(self, epoch: int, pieces: list[WorkUnit]) -> None:
-        """Read ``pieces`` in ``epoch`` instead of this consumer's share (the rest of an epoch, re-shared)."""
-        self._override = (epoch, list(pieces))
-
-    def _cut_here(self) -> bool:
-        return self._unit < len(self._order) and self._row > 0 and self._cuttable_by_rows(self._order[self._unit])
-
-    def _cuttable_by_rows(self, unit: WorkUnit) -> bool:
-        measure = self.measure(unit)
-        return unit.num_rows is not None and measure.cuttable and measure.weight == unit.num_rows
+        return self.plan.rest(self._units_for_epoch(epoch), unit, row)
 
     # -- helpers ------------------------------------------------------------------------------------
     @property
@@ -309,15 +262,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
 
     def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
         """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""
-        assert self._units is not None and self.consumer is not None
-        if self._override is not None and self._override[0] == epoch:
-            return list(self._override[1])
-        order = np.arange(len(self._units))
-        if self.seed is not None:
-            order = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(order)
-        units = [self._units[i] for i in order]
-        pieces = share([self.measure(u) for u in units], self.consumer.index, self.consumer.count)
-        return [self.piece(units[p.position], p.lo, p.hi) for p in pieces]
+        assert self.consumer is not None
+        return self.plan.order(self.listed_units(), self.consumer, epoch)
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         """The piece's rows from ``start_row`` (from the token cache when one is on), cut at ``chunk_rows`` boundaries.
