@@ -1,11 +1,13 @@
-"""The shared reader machinery: work units, per-epoch unit order, sharding and exact positions.
+"""The reader node: a :class:`~padpipe.readers.format.Format` read in per-epoch unit order, one share per consumer.
 
-A reader lists its *work units* (a Parquet row group, an Arrow record batch, a JSONL byte range,
-an index range of a ``datasets.Dataset``) and reads one unit from a given row. This base class does
-the rest: lists once, orders units per epoch (shuffled by ``(seed, epoch)`` when asked), gives each
-consumer (rank x DataLoader worker) an equal share of that order (:mod:`padpipe.sharing.shares`: units
-are cut into row or byte ranges where shares would otherwise be uneven), and saves the position as
-``(unit, row)`` so resume reads from there instead of skipping.
+A format lists its *work units* and reads one unit from a given row (:mod:`padpipe.readers.format`).
+The node :class:`UnitSource` holds it with the parts every reader shares, not inherits: the
+elastic planner (:class:`~padpipe.readers.plan.EpochPlan`: orders units per epoch, shuffled by
+``(seed, epoch)`` when asked, and gives each consumer, rank x DataLoader worker, an equal share),
+the listing identity of input that is files
+(:class:`~padpipe.readers.listing_state.ListingIdentity`), and the token cache it reads through.
+It saves the position as ``(unit, row)`` (plus the format's own position keys), so resume reads
+from there instead of skipping.
 """
 
 from __future__ import annotations
@@ -19,22 +21,23 @@ from torchdata.nodes import BaseNode
 from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
+from padpipe.readers.format import Format
 from padpipe.readers.listing_state import ListingIdentity
-from padpipe.readers.plan import EpochPlan, by_rows, rows_piece
+from padpipe.readers.plan import EpochPlan
 from padpipe.readers.retry import denied
 from padpipe.readers.unit import WorkUnit
 from padpipe.sharing.consumer import Consumer
-from padpipe.sharing.shares import Measure
-from padpipe.state import Int, Loaded, Spec, StateSchema, load_value
+from padpipe.state import Int, Loaded, StateSchema, load_value
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
 
 
 class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
-    """Base class of all readers; subclasses implement ``list_units``, ``read_unit`` and ``describe``.
+    """The node of every unit reader: reads ``format``'s units in this consumer's share of each epoch.
 
     Args:
+        format: What is read, and how (:class:`~padpipe.readers.format.Format`).
         chunk_rows: Most rows per emitted record batch.
         seed: When set, the unit order is shuffled per epoch with ``(seed, epoch)``; same on every
             rank, so consumers still split the units exactly.
@@ -48,6 +51,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
 
     def __init__(
         self,
+        format: Format,
         *,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         seed: int | None = None,
@@ -58,7 +62,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         positive("chunk_rows", chunk_rows)
         self.chunk_rows = chunk_rows
         self.seed = seed
-        self.plan = EpochPlan(seed=seed, measure=self.measure, piece=self.piece)  # held, not inherited
+        self.format = format
+        self.plan = EpochPlan(seed=seed, measure=format.measure, piece=format.piece)  # held, not inherited
         self.consumer = consumer
         self.stats = stats or PipelineStats()
         self._units: list[WorkUnit] | None = None
@@ -70,37 +75,20 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         self._stop_on_load = False
         self._stop_at: int | None = None
 
-    # -- subclass hooks -------------------------------------------------------------------------
-    def list_units(self) -> list[WorkUnit]:
-        """All work units of the input, in a fixed natural order (called once, lazily)."""
-        raise NotImplementedError
-
-    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        """Record batches of ``unit`` from its row ``start_row`` on; errors should name ``unit.path``.
-
-        ``start_row`` counts from the whole unit's first row; the base class stops reading at a
-        piece's ``last`` row itself.
-        """
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        """Short description of the input for messages and fingerprints (paths, columns)."""
-        raise NotImplementedError
-
     # -- the token cache's hooks ----------------------------------------------------------------
     def use_token_cache(self, cache: Any) -> None:
         """Read each piece through ``cache`` (a :class:`padpipe.token_cache.session.CacheSession`).
 
         The pipeline builder calls it when the recipe has a token cache; the cache then asks for
-        the rows it misses with :meth:`read_unit` and knows the input by :meth:`listed_units` and
-        :meth:`file_of`.
+        the rows it misses with :meth:`rows` and knows the input by :meth:`listed_units`,
+        :meth:`file_of` and the format's hooks (``reader.format``).
         """
         self.cache = cache
 
     def listed_units(self) -> list[WorkUnit]:
-        """The input's units, listed once (:meth:`list_units`) and kept for the reader's life."""
+        """The input's units, listed once (the format's ``list_units``) and kept for the reader's life."""
         if self._units is None:
-            self._units = self.list_units()
+            self._units = self._list()
         return self._units
 
     def file_of(self, path: str) -> Any:
@@ -111,44 +99,10 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         """Each listed file by name (a :class:`padpipe.readers.paths.FileRef`); ``{}`` for input that is not files."""
         return {}
 
-    def record_row_positions(self) -> bool:
-        """Add each row's byte position to what :meth:`read_unit` yields, where units are cut by bytes.
-
-        The token cache asks for it to cache such units; ``False``: this reader cannot (nor needs to).
-        """
-        return False
-
-    def drop_position_hint(self) -> None:
-        """Forget where in the current piece a resumed read may start (the token cache reads pieces in parts)."""
-
-    def measure(self, unit: WorkUnit) -> Measure:
-        """The unit's weight in the epoch and whether it can be cut: its rows when known, else whole."""
-        return by_rows(unit)
-
-    def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
-        """The part ``[lo, hi)`` (in :meth:`measure`'s weight) of ``unit``: by default rows ``lo`` to ``hi``."""
-        return rows_piece(unit, lo, hi)
-
-    def fingerprint(self) -> str:
-        """What a state must have been saved from besides the listing (the ``input`` setting); default:
-        :meth:`describe`."""
-        return self.describe()
-
-    def state_fields(self) -> dict[str, Spec]:
-        """A subclass's own state keys (their values from :meth:`state_values`) and what each must be."""
-        return {}
-
-    def check_state_fields(self, loaded: Loaded, unit: WorkUnit | None) -> None:
-        """Check a subclass's loaded fields against the position (``unit``: the unit being read, if any)."""
-
-    def state_values(self) -> dict[str, Any]:
-        """A subclass's own state values, saved with the position (see :meth:`state_fields`)."""
-        return {}
-
     def state_schema(self) -> StateSchema:
-        """This reader's state: its position (epoch, unit, row), a subclass's own keys and, for files,
+        """This reader's state: its position (epoch, unit, row), the format's position keys and, for files,
         the listing's digest and the line of the file being read."""
-        fields = {"epoch": Int(0), "unit": Int(0), "row": Int(0), **self.state_fields()}
+        fields = {"epoch": Int(0), "unit": Int(0), "row": Int(0), **self.format.POSITION}
         if self.identity is not None:
             fields.update(ListingIdentity.FIELDS)
         return StateSchema(type(self).__name__, self.VERSION, **fields)
@@ -164,10 +118,12 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             self._epoch += 1
             self._unit, self._row = 0, 0
             self._order = self._units_for_epoch(self._epoch)
+            self.format.restore_position(None)
             return
         loaded = self._load(initial_state)
         self._epoch, self._unit, self._row = loaded.epoch, loaded.unit, loaded.row
         self._order = self._units_for_epoch(self._epoch)
+        self.format.restore_position(loaded)
         if self._stop_on_load:
             self._stop_at = self.plan.stop_at(self._order, self._unit, self._row)
 
@@ -183,8 +139,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             unit = load_value(stage, "unit", loaded.unit, Int(0, len(order)))
             load_value(stage, "row", loaded.row, Int(0, order[unit].num_rows if unit < len(order) else 0))
             if identity is not None:
-                identity.check_file(loaded, unit, order[unit].path if unit < len(order) else None)
-            self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
+                identity.check_line(loaded, unit, order[unit].path if unit < len(order) else None)
+            self.format.check_position(loaded, order[unit] if unit < len(order) else None)
 
         return schema.check(state, self._settings(), check=check)
 
@@ -208,7 +164,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             return batch
 
     def get_state(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"epoch": self._epoch, "unit": self._unit, "row": self._row, **self.state_values()}
+        position = self.format.position(reading=self._reader is not None)
+        fields: dict[str, Any] = {"epoch": self._epoch, "unit": self._unit, "row": self._row, **position}
         if self.identity is not None:
             fields.update(self.identity.values(self._order[self._unit].path if self._unit < len(self._order) else None))
         return self.state_schema().make(self._settings(), **fields)
@@ -254,7 +211,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     def _settings(self) -> dict[str, Any]:
         assert self.consumer is not None  # set in reset, before any state is made or checked
         return {
-            "input": self.fingerprint(),
+            "input": self.format.fingerprint(),
             "chunk_rows": self.chunk_rows,
             "seed": self.seed,
             "consumer": f"{self.consumer.index}/{self.consumer.count}",
@@ -264,6 +221,10 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""
         assert self.consumer is not None
         return self.plan.order(self.listed_units(), self.consumer, epoch)
+
+    def _list(self) -> list[WorkUnit]:
+        """List the input (I/O, once): the format's units."""
+        return self.format.list_units()
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         """The piece's rows from ``start_row`` (from the token cache when one is on), cut at ``chunk_rows`` boundaries.
@@ -279,11 +240,11 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         yield from aligned_batches(rows, unit.first + start_row, self.chunk_rows)
 
     def rows(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        """Wrap ``read_unit``: keep to the piece's rows (``start_row`` counts from its start), name the file in
+        """The format's ``read_unit``, kept to the piece's rows (``start_row`` from its start), naming the file in
         errors."""
         left = None if unit.last is None else unit.last - unit.first - start_row
         try:
-            for batch in self.read_unit(unit, unit.first + start_row):
+            for batch in self.format.read_unit(unit, unit.first + start_row):
                 if left is not None:
                     if left <= 0:
                         return
