@@ -34,8 +34,9 @@ import pyarrow.json as pj
 
 from padpipe.errors import DataError, one_of
 from padpipe.readers.files import RETRIES, FileAccess, FileFormat
+from padpipe.readers.identity import ListingIdentity
 from padpipe.readers.listing import SharedListing
-from padpipe.readers.listing_state import ListingIdentity, refuse_old_state
+from padpipe.readers.listing_state import refuse_old_state
 from padpipe.readers.paths import ChangedFileError, FileRef, check_paths
 from padpipe.readers.retry import Attempts, Retry, is_transient
 from padpipe.readers.schema import check_columns, tag_source

@@ -5,7 +5,7 @@ an index range of a ``datasets.Dataset``), reads one unit from a given row, and,
 number alone cannot say where to resume inside a unit, keeps the state of that position.
 Everything else is held by the reader node (:class:`~padpipe.readers.source.UnitSource`), not
 inherited: the elastic planner (:mod:`padpipe.readers.plan`), the listing identity
-(:class:`~padpipe.readers.listing_state.ListingIdentity`), and the token cache's hooks. A file
+(:class:`~padpipe.readers.identity.ListingIdentity`), and the token cache's hooks. A file
 format also gets the reader's file access (:class:`~padpipe.readers.files.FileAccess`): listing
 paths, retries, the files it listed.
 

@@ -5,7 +5,7 @@ The node :class:`UnitSource` holds it with the parts every reader shares, not in
 elastic planner (:class:`~padpipe.readers.plan.EpochPlan`: orders units per epoch, shuffled by
 ``(seed, epoch)`` when asked, and gives each consumer, rank x DataLoader worker, an equal share),
 the listing identity of input that is files
-(:class:`~padpipe.readers.listing_state.ListingIdentity`), and the token cache it reads through.
+(:class:`~padpipe.readers.identity.ListingIdentity`), and the token cache it reads through.
 It saves the position as ``(unit, row)`` (plus the format's own position keys), so resume reads
 from there instead of skipping.
 """
@@ -22,7 +22,7 @@ from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
 from padpipe.readers.format import Format
-from padpipe.readers.listing_state import ListingIdentity
+from padpipe.readers.identity import ListingIdentity
 from padpipe.readers.plan import EpochPlan
 from padpipe.readers.retry import denied
 from padpipe.readers.unit import WorkUnit
