@@ -151,8 +151,8 @@ def inspect(
     model_limit = limit if max_length is None else _model_limit(tokenizer)
     stats = PipelineStats()
     reader = make_reader(pipe, stats)
-    units = reader.list_units()
-    fields = choose_fields(first_schema(reader, units), fields, units[0].path if units else reader.describe())
+    units = reader.listed_units()
+    fields = choose_fields(first_schema(reader, units), fields, units[0].path if units else reader.format.describe())
     options["fields"] = fields
     _check_limit(options["encoder"], fields, limit)
 

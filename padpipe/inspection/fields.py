@@ -35,6 +35,6 @@ def detect_fields(
     """
     pipe = source_pipeline(data, storage_options=storage_options)
     reader = make_reader(pipe, PipelineStats())
-    units = reader.list_units()
-    where = units[0].path if units else reader.describe()
+    units = reader.listed_units()
+    where = units[0].path if units else reader.format.describe()
     return choose_fields(first_schema(reader, units), fields, where, option=option)

@@ -136,7 +136,7 @@ def first_schema(reader: UnitSource, units: Sequence[WorkUnit]) -> pa.Schema:
             rows.close()
         if batch is not None:
             return batch.schema
-    raise DataError(f"{reader.describe()}: the input has no rows.")
+    raise DataError(f"{reader.format.describe()}: the input has no rows.")
 
 
 def choose_fields(

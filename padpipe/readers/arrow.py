@@ -13,6 +13,7 @@ from fsspec import AbstractFileSystem
 
 from padpipe.errors import DataError
 from padpipe.readers.file_source import FileSource
+from padpipe.readers.files import FileFormat
 from padpipe.readers.paths import FileRef
 from padpipe.readers.retry import is_transient
 from padpipe.readers.schema import require_columns
@@ -28,65 +29,29 @@ SAVED_FILES = ("datasets.arrow_dataset", "Dataset.save_to_disk", "state.json", "
 ``save_to_disk`` folder's ``state.json`` that lists its data files in order."""
 
 
-class ArrowReader(FileSource):
-    """Arrow IPC input as record batches; each record batch is one work unit where it can be.
-
-    The format is told by the first bytes (``ARROW1`` starts the *file* format):
-
-    * file format (``.feather``, ``pa.ipc.new_file``): units are record batches, read by number;
-      local files are memory-mapped.
-    * stream format (``datasets`` cache files, ``Dataset.save_to_disk`` shards): a local file is
-      memory-mapped and its message headers scanned once on the first ``reset`` (zero-copy, only
-      metadata is touched) to find each record batch's offset, so units are record batches too.
-      A remote stream file, or one with dictionary batches, is one unit read front to back.
-
-    A ``save_to_disk`` folder is read in the order of its ``state.json`` ``_data_files``; the
-    folder of a saved ``DatasetDict`` is an error naming its splits. A resumed reader re-reads
-    the record batch it was in (zero-copy when memory-mapped) and drops the rows already read.
-    Local record batches know their row counts, so consumers' shares are equal to within one row
-    (a batch may be cut between two consumers); remote files are shared by whole record batches.
-
-    Args:
-        paths: A file, folder (``.arrow``/``.arrows``/``.feather``/``.ipc`` files, recursively),
-            ``save_to_disk`` folder, glob or list of them; local or any fsspec URL.
-        columns: Columns to read, in this order (default: all).
-        chunk_rows: Most rows per emitted record batch.
-        storage_options: Keyword arguments for the fsspec filesystem.
-        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
-        consumer: This reader's share of the units; default: detected on first ``reset``.
-        stats: Counters to report into.
-        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
-        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
-        listing: The pipeline's shared listing (passed by ``pp.read_arrow``).
-
-    Raises:
-        DataError: On ``reset``, when a file is empty, not Arrow IPC, truncated (local streams) or
-            lacks a requested column; while reading, when a file vanished or a storage error
-            outlasts the retries. The message names the file.
-
-    Example:
-        >>> ds = datasets.Dataset.from_dict({"text": ["a", "b"]}); ds.save_to_disk("saved")  # doctest: +SKIP
-        >>> reader = ArrowReader(paths="saved"); reader.reset(); next(reader).to_pylist()  # doctest: +SKIP
-        [{'text': 'a'}, {'text': 'b'}]
-    """
+class ArrowFormat(FileFormat):
+    """Arrow IPC files and streams: each record batch is one work unit where it can be (see :class:`ArrowReader`)."""
 
     SUFFIXES = SUFFIXES
     _open: tuple[str, Any, Any] | None = None  # (name, source, file reader or schema)
 
-    def describe(self) -> str:
-        return f"read_arrow paths={list(self.paths)!r} columns={self.columns!r}"
+    LISTING = ("files", "modes")
+    modes: dict[str, str]  # each file's mode: RANDOM, OFFSETS or SEQUENTIAL
 
-    def list_files(self) -> list[WorkUnit]:
+    def describe(self) -> str:
+        return f"read_arrow paths={list(self.access.paths)!r} columns={self.columns!r}"
+
+    def list_units(self) -> list[WorkUnit]:
         units = []
-        self._files = {}
-        for file in self.expand(folder_files=_saved_dataset_files):
-            mode, file_units = self.retried(f"{file.name}: read the schema", self._list_file, file)
-            self._files[file.name] = (file, mode)
+        self.files, self.modes = {}, {}
+        for file in self.access.expand(self.SUFFIXES, folder_files=_saved_dataset_files):
+            mode, file_units = self.access.retried(f"{file.name}: read the schema", self._list_file, file)
+            self.files[file.name], self.modes[file.name] = file, mode
             units += file_units
         return units
 
     def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        file, mode = self._files[unit.path]
+        file, mode = self.files[unit.path], self.modes[unit.path]
         if mode == SEQUENTIAL:
             with file.open(block_size=BLOCK_BYTES) as handle:
                 batches: Iterator[pa.RecordBatch] = iter(ipc.open_stream(handle))
@@ -100,7 +65,7 @@ class ArrowReader(FileSource):
             batch = ipc.read_record_batch(ipc.read_message(source), reader)
         yield from self._rows_from(iter([batch]), start_row)
 
-    def drop_handles(self) -> None:
+    def close(self) -> None:
         if self._open is not None:
             source, self._open = self._open[1], None
             try:
@@ -108,7 +73,6 @@ class ArrowReader(FileSource):
             except Exception:  # a broken connection may fail to close; it is dropped either way
                 pass
 
-    # -- helpers ------------------------------------------------------------------------------------
     def _list_file(self, file: FileRef) -> tuple[str, list[WorkUnit]]:
         try:
             return self._list_units_of(file)
@@ -153,7 +117,7 @@ class ArrowReader(FileSource):
     def _source(self, file: FileRef, mode: str) -> tuple[Any, Any]:
         """The open file and its reader (random access) or schema (stream); cached per file."""
         if self._open is None or self._open[0] != file.name:
-            self.drop_handles()
+            self.close()
             source = file.open_native(mmap=True, block_size=BLOCK_BYTES)
             if mode == RANDOM:
                 reader = ipc.open_file(source)
@@ -170,6 +134,52 @@ class ArrowReader(FileSource):
                 continue
             batch, skip = batch.slice(skip), 0
             yield batch if self.columns is None else batch.select(self.columns)
+
+
+class ArrowReader(FileSource):
+    """Arrow IPC input as record batches; each record batch is one work unit where it can be.
+
+    The format is told by the first bytes (``ARROW1`` starts the *file* format):
+
+    * file format (``.feather``, ``pa.ipc.new_file``): units are record batches, read by number;
+      local files are memory-mapped.
+    * stream format (``datasets`` cache files, ``Dataset.save_to_disk`` shards): a local file is
+      memory-mapped and its message headers scanned once on the first ``reset`` (zero-copy, only
+      metadata is touched) to find each record batch's offset, so units are record batches too.
+      A remote stream file, or one with dictionary batches, is one unit read front to back.
+
+    A ``save_to_disk`` folder is read in the order of its ``state.json`` ``_data_files``; the
+    folder of a saved ``DatasetDict`` is an error naming its splits. A resumed reader re-reads
+    the record batch it was in (zero-copy when memory-mapped) and drops the rows already read.
+    Local record batches know their row counts, so consumers' shares are equal to within one row
+    (a batch may be cut between two consumers); remote files are shared by whole record batches.
+
+    Args:
+        paths: A file, folder (``.arrow``/``.arrows``/``.feather``/``.ipc`` files, recursively),
+            ``save_to_disk`` folder, glob or list of them; local or any fsspec URL.
+        columns: Columns to read, in this order (default: all).
+        chunk_rows: Most rows per emitted record batch.
+        storage_options: Keyword arguments for the fsspec filesystem.
+        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
+        consumer: This reader's share of the units; default: detected on first ``reset``.
+        stats: Counters to report into.
+        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
+        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
+        listing: The pipeline's shared listing (passed by ``pp.read_arrow``).
+
+    Raises:
+        DataError: On ``reset``, when a file is empty, not Arrow IPC, truncated (local streams) or
+            lacks a requested column; while reading, when a file vanished or a storage error
+            outlasts the retries. The message names the file.
+
+    Example:
+        >>> ds = datasets.Dataset.from_dict({"text": ["a", "b"]}); ds.save_to_disk("saved")  # doctest: +SKIP
+        >>> reader = ArrowReader(paths="saved"); reader.reset(); next(reader).to_pylist()  # doctest: +SKIP
+        [{'text': 'a'}, {'text': 'b'}]
+    """
+
+    FORMAT = ArrowFormat
+    SUFFIXES = SUFFIXES
 
 
 def _saved_dataset_files(fs: AbstractFileSystem, folder: str) -> list[str] | None:

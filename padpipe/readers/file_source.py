@@ -1,6 +1,7 @@
 """The file readers' common base: paths on any fsspec store, one shared listing, retries, lost files.
 
-:class:`FileSource` adds to :class:`~padpipe.readers.source.UnitSource` what reading files from
+:class:`FileSource` is the node of a :class:`~padpipe.readers.files.FileFormat` (Parquet, Arrow,
+JSON Lines, CSV): it adds to :class:`~padpipe.readers.source.UnitSource` what reading files from
 object storage needs:
 
 * the listing (glob plus per-file metadata) is made once per pipeline and shared with its other
@@ -24,33 +25,31 @@ object storage needs:
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Literal
 
 import fsspec.core
 import pyarrow as pa
 import pyarrow.json as pj
 
 from padpipe.errors import DataError, one_of
+from padpipe.readers.files import RETRIES, FileAccess, FileFormat
+from padpipe.readers.identity import ListingIdentity
 from padpipe.readers.listing import SharedListing
-from padpipe.readers.listing_state import ListingDigest, listing_difference, refuse_old_state
-from padpipe.readers.paths import ChangedFileError, FileRef, FolderFiles, check_paths, expand_paths
-from padpipe.readers.retry import Attempts, Retry, call, is_transient
+from padpipe.readers.listing_state import refuse_old_state
+from padpipe.readers.paths import ChangedFileError, FileRef, check_paths
+from padpipe.readers.retry import Attempts, Retry, is_transient
 from padpipe.readers.schema import check_columns, tag_source
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
 from padpipe.sharing.consumer import Consumer
-from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats
 
 LOST = (FileNotFoundError, ChangedFileError)
-CONTENT_THREADS, REMOTE_CONTENT_THREADS = 8, 32  # files whose content digest is taken at once (see _content)
-RETRIES = "read.retries"
-T = TypeVar("T")
+IDENTITY = "_identity"  # the listing identity's key among a shared listing's attributes
 
 
 class FileSource(UnitSource):
-    """Base of the file readers (Parquet, Arrow IPC, JSONL); subclasses implement ``list_files``.
+    """The node of the file readers (Parquet, Arrow IPC, JSONL, CSV); a reader names its ``FORMAT``.
 
     Args:
         paths: A file, folder, glob or list of them; local or any fsspec URL (``s3://``,
@@ -66,6 +65,7 @@ class FileSource(UnitSource):
         on_missing: A file gone or resized since listing: ``"raise"`` a ``DataError`` naming
             it, or ``"skip"`` it (counted in stats as ``read.missing_file``).
         listing: The pipeline's shared listing (the facade passes one); default: this reader's own.
+        **options: The format's own settings (``FORMAT(access, name=..., columns=..., chunk_rows=..., **options)``).
 
     Example:
         >>> from padpipe.readers.parquet import ParquetReader  # a FileSource
@@ -76,8 +76,10 @@ class FileSource(UnitSource):
     """
 
     VERSION = 3  # 3: the listing as a digest (2 held every file's identity)
-    SUFFIXES: tuple[str, ...] = ()
-    LISTING_ATTRS: tuple[str, ...] = ("_files",)  # what list_files sets besides the units
+    FORMAT: ClassVar[type[FileFormat]]
+    SUFFIXES: tuple[str, ...] = ()  # the FORMAT's, for the facade's checks of paths
+    format: FileFormat
+    identity: ListingIdentity
 
     def __init__(
         self,
@@ -92,8 +94,8 @@ class FileSource(UnitSource):
         retries: int | Retry = 5,
         on_missing: Literal["raise", "skip"] = "raise",
         listing: SharedListing | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
         one_of("on_missing", on_missing, ("raise", "skip"))
         if listing is not None and not isinstance(listing, SharedListing):
             raise TypeError(f"`listing` must be a SharedListing, but is {listing!r} instead.")
@@ -101,61 +103,35 @@ class FileSource(UnitSource):
         self.columns = check_columns(columns)
         self.storage_options = dict(storage_options or {})
         self.retry = Retry.of(retries)
+        stats = stats or PipelineStats()
+        self.access = FileAccess(self.paths, self.storage_options, self.retry, stats)
+        fmt = self.FORMAT(self.access, name=type(self).__name__, columns=self.columns, chunk_rows=chunk_rows, **options)
+        super().__init__(fmt, chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
         self.on_missing = on_missing
         self.listing = listing if listing is not None else SharedListing()
-        self._files: dict[str, Any] = {}
-        self._identity = ""
+        self.identity = ListingIdentity(type(self).__name__)
         self._attempts = Attempts(self.retry)
         self._lost: set[str] = set()
-        self._checked: set[str] = set()  # files found unchanged since listing, this epoch
-        self._verified: dict[str, tuple[int, ...]] = {}  # a local file's signature when it was last found unchanged
         self._first_rows: tuple[list[WorkUnit] | None, dict[tuple[str, int], int]] | None = None
 
-    # -- subclass hooks -----------------------------------------------------------------------------
+    # -- the token cache's hooks ------------------------------------------------------------------
     def file_of(self, path: str) -> Any:
         """The listed file a unit at ``path`` is read from (``None`` before listing, or for no such file)."""
-        ref = self._files.get(path)
-        return ref[0] if isinstance(ref, tuple) else ref
+        return self.format.files.get(path)
 
     def listed_files(self) -> dict[str, Any]:
         """Each listed file by name (empty before listing)."""
-        return {name: ref[0] if isinstance(ref, tuple) else ref for name, ref in self._files.items()}
-
-    def list_files(self) -> list[WorkUnit]:
-        """List the input (I/O: glob, footers) and set the ``LISTING_ATTRS`` attributes."""
-        raise NotImplementedError
-
-    def drop_handles(self) -> None:
-        """Close the files the reader keeps open between units (after an error, before re-opening)."""
-
-    def reopen(self) -> None:
-        """Get ready to re-read the current unit from the current row after a transient error."""
-        self.drop_handles()
-
-    # -- helpers for subclasses ---------------------------------------------------------------------
-    def expand(self, folder_files: FolderFiles | None = None) -> list[FileRef]:
-        """The files ``paths`` name (see :func:`~padpipe.readers.paths.expand_paths`), listing retried."""
-        options = {"suffixes": self.SUFFIXES, "storage_options": self.storage_options, "folder_files": folder_files}
-        files = self.retried(f"listing {list(self.paths)!r}", lambda: expand_paths(self.paths, **options))
-        threads = CONTENT_THREADS if all(f.is_local for f in files) else REMOTE_CONTENT_THREADS
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
-            files = list(
-                pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files)
-            )
-        self._identity = "\n".join(f.identity for f in files)
-        return files
-
-    def retried(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` with transient errors retried (counted as ``read.retries``); ``what`` names the file."""
-        return call(self.retry, what, fn, *args, on_retry=lambda: self.stats.add(RETRIES, 1))
+        return dict(self.format.files)
 
     # -- UnitSource ---------------------------------------------------------------------------------
-    def list_units(self) -> list[WorkUnit]:
-        names = (*self.LISTING_ATTRS, "_identity")
+    def _list(self) -> list[WorkUnit]:
+        """The format's units, from the pipeline's shared listing (listed by the first reader that needs it)."""
+        fmt = self.format
+        names = (*fmt.LISTING, IDENTITY)
 
         def make() -> tuple[list[WorkUnit], dict[str, Any]]:
-            units = self.list_files()
-            return units, {name: getattr(self, name) for name in names}
+            units = fmt.list_units()
+            return units, {name: getattr(fmt, name) for name in fmt.LISTING} | {IDENTITY: self.access.identity}
 
         def decode(data: Any) -> tuple[list[WorkUnit], dict[str, Any]]:
             units, attrs = listing_from_plain(data, self.storage_options)
@@ -163,75 +139,24 @@ class FileSource(UnitSource):
                 raise KeyError(f"the shared listing has {sorted(attrs)}, expected {sorted(names)}")
             return units, attrs
 
-        key = f"{type(self).__name__} {self.describe()} storage_options={self.storage_options!r}"
+        key = f"{type(self).__name__} {fmt.describe()} storage_options={self.storage_options!r}"
         units, attrs = self.listing.get(key, make, encode=listing_to_plain, decode=decode)
         for name, value in attrs.items():
-            setattr(self, name, value)
+            if name == IDENTITY:
+                self.identity.text = value
+            else:
+                setattr(fmt, name, value)
         return units
-
-    def fingerprint(self) -> str:
-        return f"{type(self).__name__} columns={list(self.columns) if self.columns else None!r}"
-
-    def identity(self) -> str | None:
-        return self._identity
-
-    def check_identity(self, saved: ListingDigest, saved_file: str) -> None:
-        difference = listing_difference(saved, saved_file, self._identity)
-        if difference is None:
-            return
-        raise StateMismatchError(
-            f"{type(self).__name__} state doesn't match this pipeline: its files changed since the state was saved "
-            f"({difference}); resuming would read other rows. Resume with the files as they were, or start a new run."
-        )
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         refuse_old_state(type(self).__name__, initial_state, self.VERSION)
         super().reset(initial_state)
         self._attempts.succeeded()
-        self.drop_handles()
-        self._checked = set()
+        self.format.close()
+        self.identity.new_epoch()
         if initial_state is not None:
-            self._check_contents()
-
-    def _check_contents(self) -> None:
-        """On resume: the files still to be read this epoch hold what they held when listed (else a mismatch).
-
-        A fresh listing already has today's digests; this catches a rewrite (same size and mtime)
-        after a listing this pipeline keeps in memory. Once per file per resume, never per batch.
-        """
-        for name in dict.fromkeys(u.path for u in self._order[self._unit :]):
-            try:
-                self._check_file(name)
-            except FileNotFoundError:
-                continue  # a file gone since listing: the reader's on_missing decides when it gets there
-            except ChangedFileError as exc:
-                raise StateMismatchError(
-                    f"{type(self).__name__} state doesn't match this pipeline: {exc}; resuming would read other "
-                    "rows. Resume with the files as they were, or start a new run."
-                ) from exc
-
-    def _check_file(self, name: str) -> None:
-        """Once per file per epoch, before its first unit is read (from the file or the token cache): raise
-        ``ChangedFileError`` (or ``FileNotFoundError``) unless it is the file that was listed.
-
-        A pipeline keeps its listing for its life, so a file rewritten between epochs (same size and
-        mtime, as ``cp -p`` leaves it) would otherwise be read against the old listing, or served
-        from the token cache with its old ids. The check is one small read per file (see
-        :meth:`~padpipe.readers.paths.FileRef.check_unchanged`); a local file found unchanged is
-        only ``stat``-ed in later epochs while its :meth:`~padpipe.readers.paths.FileRef.signature`
-        (which a write changes, and restoring the mtime too) stays the same.
-        """
-        ref = self.file_of(name)
-        if name in self._checked or not isinstance(ref, FileRef):
-            return
-        if self.cache is None and ref.listed_content is None:
-            return  # its ETag is checked whenever the file is opened, and without a cache it is opened to be read
-        signature = ref.signature()
-        if signature is None or self._verified.get(name) != signature:
-            self.retried(f"{name}: read its first and last bytes", ref.check_unchanged)
-            if signature is not None:
-                self._verified[name] = signature
-        self._checked.add(name)
+            refs = [self.file_of(name) for name in dict.fromkeys(u.path for u in self._order[self._unit :])]
+            self.identity.check_resumed(refs, cached=self.cache is not None, retried=self.access.retried)
 
     def next(self) -> pa.RecordBatch:
         while True:
@@ -247,7 +172,7 @@ class FileSource(UnitSource):
                     raise
                 unit = self._order[self._unit]
                 self._reader = None
-                self.reopen()
+                self.format.reopen()
                 self._attempts.failed(exc, f"{unit.path}: cannot read unit {unit.index} from row {self._row}")
                 self.stats.add(RETRIES, 1)
                 continue
@@ -274,7 +199,9 @@ class FileSource(UnitSource):
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         if unit.path in self._lost:
             return iter(())
-        self._check_file(unit.path)
+        self.identity.check_unchanged(
+            self.file_of(unit.path), cached=self.cache is not None, retried=self.access.retried
+        )
         return super()._read(unit, start_row)
 
     def _recoverable(self, exc: BaseException) -> bool:
@@ -284,7 +211,7 @@ class FileSource(UnitSource):
         """A file gone or resized since listing: raise, or skip the rest of it and count it once."""
         unit = self._order[self._unit]
         self._reader = None
-        self.drop_handles()
+        self.format.close()
         if self.on_missing == "raise":
             found = (
                 str(exc) if isinstance(exc, ChangedFileError) else f"{unit.path}: vanished since it was listed ({exc})"

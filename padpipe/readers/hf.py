@@ -12,6 +12,7 @@ from torchdata.nodes import BaseNode
 from padpipe._optional import require
 from padpipe.errors import positive
 from padpipe.graph import EpochAware
+from padpipe.readers.format import Format
 from padpipe.readers.schema import check_columns, require_columns
 from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
 from padpipe.sharing.consumer import Consumer
@@ -97,10 +98,21 @@ class HFDatasetReader(UnitSource):
         consumer: Consumer | None = None,
         stats: PipelineStats | None = None,
     ) -> None:
-        super().__init__(chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
         self.columns = check_columns(columns)
         require_columns(DATASET_LABEL, dataset.column_names, self.columns)
         self.dataset = dataset
+        fmt = DatasetFormat(
+            dataset, columns=self.columns, unit_rows=self.UNIT_CHUNKS * chunk_rows, chunk_rows=chunk_rows
+        )
+        super().__init__(fmt, chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
+
+
+class DatasetFormat(Format):
+    """A ``datasets.Dataset``'s index ranges of ``unit_rows`` rows, sliced ``chunk_rows`` at a time (see
+    :class:`HFDatasetReader`)."""
+
+    def __init__(self, dataset: Any, *, columns: Sequence[str] | None, unit_rows: int, chunk_rows: int) -> None:
+        self.dataset, self.columns, self.unit_rows, self.chunk_rows = dataset, columns, unit_rows, chunk_rows
         self._view: Any = None
 
     def describe(self) -> str:
@@ -117,7 +129,7 @@ class HFDatasetReader(UnitSource):
     def list_units(self) -> list[WorkUnit]:
         dataset = self.dataset if self.columns is None else self.dataset.select_columns(list(self.columns))
         self._view = dataset.with_format("arrow")
-        total, size = len(dataset), self.UNIT_CHUNKS * self.chunk_rows
+        total, size = len(dataset), self.unit_rows
         return [
             WorkUnit(DATASET_LABEL, i, num_rows=min(size, total - start), start=start, stop=min(start + size, total))
             for i, start in enumerate(range(0, total, size))

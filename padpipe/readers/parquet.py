@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from padpipe.errors import DataError
 from padpipe.readers.file_source import FileSource
+from padpipe.readers.files import FileFormat
 from padpipe.readers.paths import FileRef
 from padpipe.readers.retry import is_transient
 from padpipe.readers.schema import require_columns
@@ -19,6 +20,62 @@ from padpipe.readers.source import WorkUnit
 SUFFIXES = (".parquet", ".parq", ".pq")
 LIST_THREADS = 8  # footers read at once from local disk
 REMOTE_LIST_THREADS = 32  # ... and from object storage, where each footer is a round trip
+
+
+class ParquetFormat(FileFormat):
+    """Parquet files: each row group is one work unit (see :class:`ParquetReader`)."""
+
+    SUFFIXES = SUFFIXES
+    _open: tuple[str, Any, pq.ParquetFile] | None = None  # (name, handle, file) kept between units
+
+    def describe(self) -> str:
+        return f"read_parquet paths={list(self.access.paths)!r} columns={self.columns!r}"
+
+    def list_units(self) -> list[WorkUnit]:
+        files = self.access.expand(self.SUFFIXES)
+        threads = LIST_THREADS if all(f.is_local for f in files) else REMOTE_LIST_THREADS
+        with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
+            footers = list(pool.map(self._footer, files))
+        units = []
+        self.files = {}
+        for file, metadata in zip(files, footers):
+            self.files[file.name] = file
+            units += [WorkUnit(file.name, i, metadata.row_group(i).num_rows) for i in range(metadata.num_row_groups)]
+        return units
+
+    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
+        parquet = self._parquet(unit.path)
+        skip = start_row
+        for batch in parquet.iter_batches(batch_size=self.chunk_rows, row_groups=[unit.index], columns=self.columns):
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            batch, skip = batch.slice(skip), 0
+            yield batch if self.columns is None else batch.select(self.columns)
+
+    def close(self) -> None:
+        if self._open is not None:
+            handle, self._open = self._open[1], None
+            try:
+                handle.close()
+            except Exception:  # a broken connection may fail to close; it is dropped either way
+                pass
+
+    def _footer(self, file: FileRef) -> pq.FileMetaData:
+        handle, parquet = self.access.retried(f"{file.name}: read the footer", _open, file)
+        try:
+            require_columns(file.name, parquet.schema_arrow.names, self.columns)
+            return parquet.metadata
+        finally:
+            handle.close()
+
+    def _parquet(self, name: str) -> pq.ParquetFile:
+        """The open file ``name``; consecutive units of one file share the handle and footer."""
+        if self._open is None or self._open[0] != name:
+            self.close()
+            handle, parquet = _open(self.files[name])
+            self._open = (name, handle, parquet)
+        return self._open[2]
 
 
 class ParquetReader(FileSource):
@@ -57,58 +114,8 @@ class ParquetReader(FileSource):
         [{'idx': 0}, {'idx': 1}, {'idx': 2}]
     """
 
+    FORMAT = ParquetFormat
     SUFFIXES = SUFFIXES
-    _open: tuple[str, Any, pq.ParquetFile] | None = None  # (name, handle, file) kept between units
-
-    def describe(self) -> str:
-        return f"read_parquet paths={list(self.paths)!r} columns={self.columns!r}"
-
-    def list_files(self) -> list[WorkUnit]:
-        files = self.expand()
-        threads = LIST_THREADS if all(f.is_local for f in files) else REMOTE_LIST_THREADS
-        with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
-            footers = list(pool.map(self._footer, files))
-        units = []
-        self._files = {}
-        for file, metadata in zip(files, footers):
-            self._files[file.name] = file
-            units += [WorkUnit(file.name, i, metadata.row_group(i).num_rows) for i in range(metadata.num_row_groups)]
-        return units
-
-    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        parquet = self._parquet(unit.path)
-        skip = start_row
-        for batch in parquet.iter_batches(batch_size=self.chunk_rows, row_groups=[unit.index], columns=self.columns):
-            if skip >= batch.num_rows:
-                skip -= batch.num_rows
-                continue
-            batch, skip = batch.slice(skip), 0
-            yield batch if self.columns is None else batch.select(self.columns)
-
-    def drop_handles(self) -> None:
-        if self._open is not None:
-            handle, self._open = self._open[1], None
-            try:
-                handle.close()
-            except Exception:  # a broken connection may fail to close; it is dropped either way
-                pass
-
-    # -- helpers ------------------------------------------------------------------------------------
-    def _footer(self, file: FileRef) -> pq.FileMetaData:
-        handle, parquet = self.retried(f"{file.name}: read the footer", _open, file)
-        try:
-            require_columns(file.name, parquet.schema_arrow.names, self.columns)
-            return parquet.metadata
-        finally:
-            handle.close()
-
-    def _parquet(self, name: str) -> pq.ParquetFile:
-        """The open file ``name``; consecutive units of one file share the handle and footer."""
-        if self._open is None or self._open[0] != name:
-            self.drop_handles()
-            handle, parquet = _open(self._files[name])
-            self._open = (name, handle, parquet)
-        return self._open[2]
 
 
 def _open(file: FileRef) -> tuple[Any, pq.ParquetFile]:

@@ -1,65 +1,43 @@
-"""The shared reader machinery: work units, per-epoch unit order, sharding and exact positions.
+"""The reader node: a :class:`~padpipe.readers.format.Format` read in per-epoch unit order, one share per consumer.
 
-A reader lists its *work units* (a Parquet row group, an Arrow record batch, a JSONL byte range,
-an index range of a ``datasets.Dataset``) and reads one unit from a given row. This base class does
-the rest: lists once, orders units per epoch (shuffled by ``(seed, epoch)`` when asked), gives each
-consumer (rank x DataLoader worker) an equal share of that order (:mod:`padpipe.sharing.shares`: units
-are cut into row or byte ranges where shares would otherwise be uneven), and saves the position as
-``(unit, row)`` so resume reads from there instead of skipping.
+A format lists its *work units* and reads one unit from a given row (:mod:`padpipe.readers.format`).
+The node :class:`UnitSource` holds it with the parts every reader shares, not inherits: the
+elastic planner (:class:`~padpipe.readers.plan.EpochPlan`: orders units per epoch, shuffled by
+``(seed, epoch)`` when asked, and gives each consumer, rank x DataLoader worker, an equal share),
+the listing identity of input that is files
+(:class:`~padpipe.readers.identity.ListingIdentity`), and the token cache it reads through.
+It saves the position as ``(unit, row)`` (plus the format's own position keys), so resume reads
+from there instead of skipping.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
 from padpipe.errors import DataError, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.aligned import aligned_batches
-from padpipe.readers.listing_state import FILE_KEY, LINE_CHARS, DigestSpec, ListingDigest, line_of
+from padpipe.readers.format import Format
+from padpipe.readers.identity import ListingIdentity
+from padpipe.readers.plan import EpochPlan
 from padpipe.readers.retry import denied
+from padpipe.readers.unit import WorkUnit
 from padpipe.sharing.consumer import Consumer
-from padpipe.sharing.shares import Measure, share
-from padpipe.state import Int, Loaded, Spec, StateMismatchError, StateSchema, Str, invalid, load_value
-from padpipe.state_walk import show
+from padpipe.state import Int, Loaded, StateSchema, load_value
 from padpipe.stats import PipelineStats
 
 DEFAULT_CHUNK_ROWS = 1024
 
 
-@dataclass(frozen=True)
-class WorkUnit:
-    """The smallest piece of input one consumer reads whole.
-
-    Attributes:
-        path: The file (or a label such as ``"<datasets.Dataset>"``).
-        index: Which unit of that file: row group, record batch, byte range or index range number.
-        num_rows: Rows in the unit when known from metadata, else ``None``.
-        start: Unit-specific start (byte offset for JSONL ranges, first index for datasets).
-        stop: Unit-specific end, exclusive.
-        first: First row of the unit this piece reads (a consumer's share may cut a unit).
-        last: Row of the unit this piece stops before; ``None``: the unit's end.
-    """
-
-    path: str
-    index: int
-    num_rows: int | None = None
-    start: int = 0
-    stop: int | None = None
-    first: int = 0
-    last: int | None = None
-
-
 class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
-    """Base class of all readers; subclasses implement ``list_units``, ``read_unit`` and ``describe``.
+    """The node of every unit reader: reads ``format``'s units in this consumer's share of each epoch.
 
     Args:
+        format: What is read, and how (:class:`~padpipe.readers.format.Format`).
         chunk_rows: Most rows per emitted record batch.
         seed: When set, the unit order is shuffled per epoch with ``(seed, epoch)``; same on every
             rank, so consumers still split the units exactly.
@@ -69,9 +47,11 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
 
     VERSION = 2
     cache: Any = None  # the token cache this reader reads through (use_token_cache), or None
+    identity: ListingIdentity | None = None  # what was listed, for input that is files (held, not inherited)
 
     def __init__(
         self,
+        format: Format,
         *,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         seed: int | None = None,
@@ -82,6 +62,8 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         positive("chunk_rows", chunk_rows)
         self.chunk_rows = chunk_rows
         self.seed = seed
+        self.format = format
+        self.plan = EpochPlan(seed=seed, measure=format.measure, piece=format.piece)  # held, not inherited
         self.consumer = consumer
         self.stats = stats or PipelineStats()
         self._units: list[WorkUnit] | None = None
@@ -90,41 +72,23 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         self._unit = 0
         self._row = 0
         self._reader: Iterator[pa.RecordBatch] | None = None
-        self._override: tuple[int, list[WorkUnit]] | None = None  # (epoch, pieces): an elastic resume's share
         self._stop_on_load = False
         self._stop_at: int | None = None
-
-    # -- subclass hooks -------------------------------------------------------------------------
-    def list_units(self) -> list[WorkUnit]:
-        """All work units of the input, in a fixed natural order (called once, lazily)."""
-        raise NotImplementedError
-
-    def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        """Record batches of ``unit`` from its row ``start_row`` on; errors should name ``unit.path``.
-
-        ``start_row`` counts from the whole unit's first row; the base class stops reading at a
-        piece's ``last`` row itself.
-        """
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        """Short description of the input for messages and fingerprints (paths, columns)."""
-        raise NotImplementedError
 
     # -- the token cache's hooks ----------------------------------------------------------------
     def use_token_cache(self, cache: Any) -> None:
         """Read each piece through ``cache`` (a :class:`padpipe.token_cache.session.CacheSession`).
 
         The pipeline builder calls it when the recipe has a token cache; the cache then asks for
-        the rows it misses with :meth:`read_unit` and knows the input by :meth:`listed_units` and
-        :meth:`file_of`.
+        the rows it misses with :meth:`rows` and knows the input by :meth:`listed_units`,
+        :meth:`file_of` and the format's hooks (``reader.format``).
         """
         self.cache = cache
 
     def listed_units(self) -> list[WorkUnit]:
-        """The input's units, listed once (:meth:`list_units`) and kept for the reader's life."""
+        """The input's units, listed once (the format's ``list_units``) and kept for the reader's life."""
         if self._units is None:
-            self._units = self.list_units()
+            self._units = self._list()
         return self._units
 
     def file_of(self, path: str) -> Any:
@@ -135,59 +99,12 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         """Each listed file by name (a :class:`padpipe.readers.paths.FileRef`); ``{}`` for input that is not files."""
         return {}
 
-    def record_row_positions(self) -> bool:
-        """Add each row's byte position to what :meth:`read_unit` yields, where units are cut by bytes.
-
-        The token cache asks for it to cache such units; ``False``: this reader cannot (nor needs to).
-        """
-        return False
-
-    def drop_position_hint(self) -> None:
-        """Forget where in the current piece a resumed read may start (the token cache reads pieces in parts)."""
-
-    def measure(self, unit: WorkUnit) -> Measure:
-        """The unit's weight in the epoch and whether it can be cut: its rows when known, else whole."""
-        return Measure(unit.num_rows, cuttable=True) if unit.num_rows is not None else Measure(1, cuttable=False)
-
-    def piece(self, unit: WorkUnit, lo: int, hi: int) -> WorkUnit:
-        """The part ``[lo, hi)`` (in :meth:`measure`'s weight) of ``unit``: by default rows ``lo`` to ``hi``."""
-        if unit.num_rows is None or (lo, hi) == (0, unit.num_rows):
-            return unit
-        return dataclasses.replace(unit, num_rows=hi - lo, first=unit.first + lo, last=unit.first + hi)
-
-    def fingerprint(self) -> str:
-        """What a state must have been saved from besides the listing (the ``input`` setting); default:
-        :meth:`describe`."""
-        return self.describe()
-
-    def identity(self) -> str | None:
-        """The identity of what was listed (files with sizes and versions), saved and checked on resume; ``None``:
-        none."""
-        return None
-
-    def check_identity(self, saved: ListingDigest, saved_file: str) -> None:
-        """Raise ``StateMismatchError`` unless ``saved`` (a state's listing digest) is this listing's; ``saved_file``:
-        the state's line of the file it was reading."""
-        if saved != ListingDigest.of(self.identity() or ""):
-            raise StateMismatchError(f"{type(self).__name__} state doesn't match this pipeline: the input changed.")
-
-    def state_fields(self) -> dict[str, Spec]:
-        """A subclass's own state keys (their values from :meth:`state_values`) and what each must be."""
-        return {}
-
-    def check_state_fields(self, loaded: Loaded, unit: WorkUnit | None) -> None:
-        """Check a subclass's loaded fields against the position (``unit``: the unit being read, if any)."""
-
-    def state_values(self) -> dict[str, Any]:
-        """A subclass's own state values, saved with the position (see :meth:`state_fields`)."""
-        return {}
-
     def state_schema(self) -> StateSchema:
-        """This reader's state: its position (epoch, unit, row), a subclass's own keys and, for files,
+        """This reader's state: its position (epoch, unit, row), the format's position keys and, for files,
         the listing's digest and the line of the file being read."""
-        fields = {"epoch": Int(0), "unit": Int(0), "row": Int(0), **self.state_fields()}
-        if self.identity() is not None:
-            fields.update({"files": DigestSpec(), FILE_KEY: Str(max_length=LINE_CHARS)})
+        fields = {"epoch": Int(0), "unit": Int(0), "row": Int(0), **self.format.POSITION}
+        if self.identity is not None:
+            fields.update(ListingIdentity.FIELDS)
         return StateSchema(type(self).__name__, self.VERSION, **fields)
 
     # -- BaseNode ---------------------------------------------------------------------------------
@@ -195,35 +112,35 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         super().reset(initial_state)
         if self.consumer is None:
             self.consumer = Consumer.detect()
-        if self._units is None:
-            self._units = self.list_units()
+        self.listed_units()
         self._reader, self._stop_at = None, None
         if initial_state is None:
             self._epoch += 1
             self._unit, self._row = 0, 0
             self._order = self._units_for_epoch(self._epoch)
+            self.format.restore_position(None)
             return
         loaded = self._load(initial_state)
         self._epoch, self._unit, self._row = loaded.epoch, loaded.unit, loaded.row
         self._order = self._units_for_epoch(self._epoch)
+        self.format.restore_position(loaded)
         if self._stop_on_load:
-            self._stop_at = self._unit + (0 if self._cut_here() else 1 if self._row else 0)
+            self._stop_at = self.plan.stop_at(self._order, self._unit, self._row)
 
     def _load(self, state: dict[str, Any]) -> Loaded:
         """``state``'s fields after every check: schema, listing, and a position within this consumer's epoch."""
-        schema, identity = self.state_schema(), self.identity()
+        schema, identity = self.state_schema(), self.identity
         stage = schema.stage
 
         def check(loaded: Loaded) -> None:
             if identity is not None:
-                self.check_identity(loaded.files, loaded[FILE_KEY])
+                identity.check_listing(loaded)
             order = self._units_for_epoch(loaded.epoch)
             unit = load_value(stage, "unit", loaded.unit, Int(0, len(order)))
             load_value(stage, "row", loaded.row, Int(0, order[unit].num_rows if unit < len(order) else 0))
-            current = self._file_line(identity, order, unit)
-            if identity is not None and loaded[FILE_KEY] != current:
-                raise invalid(stage, FILE_KEY, f"the file at unit {unit}, {current!r}", show(loaded[FILE_KEY], 300))
-            self.check_state_fields(loaded, order[unit] if unit < len(order) else None)
+            if identity is not None:
+                identity.check_line(loaded, unit, order[unit].path if unit < len(order) else None)
+            self.format.check_position(loaded, order[unit] if unit < len(order) else None)
 
         return schema.check(state, self._settings(), check=check)
 
@@ -247,11 +164,10 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             return batch
 
     def get_state(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"epoch": self._epoch, "unit": self._unit, "row": self._row, **self.state_values()}
-        identity = self.identity()
-        if identity is not None:
-            fields["files"] = ListingDigest.of(identity).plain()
-            fields[FILE_KEY] = self._file_line(identity, self._order, self._unit)
+        position = self.format.position(reading=self._reader is not None)
+        fields: dict[str, Any] = {"epoch": self._epoch, "unit": self._unit, "row": self._row, **position}
+        if self.identity is not None:
+            fields.update(self.identity.values(self._order[self._unit].path if self._unit < len(self._order) else None))
         return self.state_schema().make(self._settings(), **fields)
 
     # -- elastic resume (see padpipe.runtime.elastic) ---------------------------------------------------------
@@ -277,34 +193,14 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         """
         if self.consumer is None:
             self.consumer = Consumer.detect()
-        if self._units is None:
-            self._units = self.list_units()
+        self.listed_units()  # the listing a state is checked against
         start = isinstance(state, dict) and set(state) == {"epoch", "unit", "row"}
         if start and _is_zero(state["unit"]) and _is_zero(state["row"]):
             epoch, unit, row = load_value(type(self).__name__, "epoch", state["epoch"], Int(0)), 0, 0  # not started
         else:
             loaded = self._load(state)
             epoch, unit, row = loaded.epoch, loaded.unit, loaded.row
-        order = self._units_for_epoch(epoch)
-        if unit >= len(order):
-            return []
-        if row == 0:
-            return order[unit:]
-        current = order[unit]
-        if not self._cuttable_by_rows(current):
-            return order[unit + 1 :]
-        return [self.piece(current, row, current.num_rows), *order[unit + 1 :]]
-
-    def override_epoch(self, epoch: int, pieces: list[WorkUnit]) -> None:
-        """Read ``pieces`` in ``epoch`` instead of this consumer's share (the rest of an epoch, re-shared)."""
-        self._override = (epoch, list(pieces))
-
-    def _cut_here(self) -> bool:
-        return self._unit < len(self._order) and self._row > 0 and self._cuttable_by_rows(self._order[self._unit])
-
-    def _cuttable_by_rows(self, unit: WorkUnit) -> bool:
-        measure = self.measure(unit)
-        return unit.num_rows is not None and measure.cuttable and measure.weight == unit.num_rows
+        return self.plan.rest(self._units_for_epoch(epoch), unit, row)
 
     # -- helpers ------------------------------------------------------------------------------------
     @property
@@ -315,28 +211,20 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     def _settings(self) -> dict[str, Any]:
         assert self.consumer is not None  # set in reset, before any state is made or checked
         return {
-            "input": self.fingerprint(),
+            "input": self.format.fingerprint(),
             "chunk_rows": self.chunk_rows,
             "seed": self.seed,
             "consumer": f"{self.consumer.index}/{self.consumer.count}",
         }
 
-    @staticmethod
-    def _file_line(identity: str | None, order: list[WorkUnit], unit: int) -> str:
-        """The listing's line of the file of ``order[unit]`` (``""`` past the end, or without an identity)."""
-        return line_of(identity, order[unit].path) if identity is not None and unit < len(order) else ""
-
     def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
         """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""
-        assert self._units is not None and self.consumer is not None
-        if self._override is not None and self._override[0] == epoch:
-            return list(self._override[1])
-        order = np.arange(len(self._units))
-        if self.seed is not None:
-            order = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(order)
-        units = [self._units[i] for i in order]
-        pieces = share([self.measure(u) for u in units], self.consumer.index, self.consumer.count)
-        return [self.piece(units[p.position], p.lo, p.hi) for p in pieces]
+        assert self.consumer is not None
+        return self.plan.order(self.listed_units(), self.consumer, epoch)
+
+    def _list(self) -> list[WorkUnit]:
+        """List the input (I/O, once): the format's units."""
+        return self.format.list_units()
 
     def _read(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         """The piece's rows from ``start_row`` (from the token cache when one is on), cut at ``chunk_rows`` boundaries.
@@ -352,11 +240,11 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         yield from aligned_batches(rows, unit.first + start_row, self.chunk_rows)
 
     def rows(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
-        """Wrap ``read_unit``: keep to the piece's rows (``start_row`` counts from its start), name the file in
+        """The format's ``read_unit``, kept to the piece's rows (``start_row`` from its start), naming the file in
         errors."""
         left = None if unit.last is None else unit.last - unit.first - start_row
         try:
-            for batch in self.read_unit(unit, unit.first + start_row):
+            for batch in self.format.read_unit(unit, unit.first + start_row):
                 if left is not None:
                     if left <= 0:
                         return

@@ -105,7 +105,7 @@ def override_readers(graph: BaseNode, epoch: int, pieces: list[list[dict[str, An
             f"but this pipeline has {len(mine)}."
         )
     for reader, part in zip(mine, pieces):
-        reader.override_epoch(epoch, [WorkUnit(**p) for p in part])
+        reader.plan.override(epoch, [WorkUnit(**p) for p in part])
     return mine
 
 

@@ -33,7 +33,6 @@ from padpipe.runtime.consumer_graph import ConsumerGraph, override_readers, read
 from padpipe.runtime.loader_state import LOADER_STATE
 from padpipe.runtime.workers import WorkerProcesses
 from padpipe.sharing.consumer import Consumer
-from padpipe.sharing.shares import share
 from padpipe.stage import Recipe
 from padpipe.state import Int, StateMismatchError, load_value
 from padpipe.stats import PipelineStats
@@ -125,8 +124,7 @@ def reshare(
         dealt = [b for j, b in enumerate(batches) if j % ranks == rank and (j // ranks) % slots == worker]
         pieces = []
         for reader, rest in zip(probe, rests):
-            parts = share([reader.measure(u) for u in rest], index, count)
-            pieces.append([dataclasses.asdict(reader.piece(rest[p.position], p.lo, p.hi)) for p in parts])
+            pieces.append([dataclasses.asdict(piece) for piece in reader.plan.share(rest, index, count)])
         plans.append(ConsumerGraph.planned(epoch, dealt, pieces))
     return plans
 

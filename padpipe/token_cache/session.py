@@ -122,7 +122,7 @@ class CacheSession:
         whole = self._whole(reader, unit)
         lo, hi = span(reader, whole, unit)
         self.ready()
-        reader.drop_position_hint()  # the piece is read in parts: a saved block offset means nothing here
+        reader.format.drop_position_hint()  # the piece is read in parts: a saved block offset means nothing here
         kind = unit_kind(reader, whole)
         uid, folder = self._unit(reader, whole, kind)
         walk = Walk(self, reader, unit, whole, kind, uid, folder, start_row)
@@ -201,14 +201,14 @@ class CacheSession:
     def _unit(self, reader: UnitSource, whole: WorkUnit, kind: str) -> tuple[int, str]:
         """This process's number for ``whole`` and its folder (``-1`` when it cannot be cached)."""
         key = (whole.path, whole.index, whole.start)
-        cacheable = kind != BYTES or reader.record_row_positions()  # rows cut by bytes are keyed by position
+        cacheable = kind != BYTES or reader.format.record_row_positions()  # rows cut by bytes are keyed by position
         if key not in self._units:
             if not cacheable:
                 self._units[key] = (-1, "")
             else:
                 identity = {
                     "reader": type(reader).__name__,
-                    "input": reader.describe(),
+                    "input": reader.format.describe(),
                     "kind": kind,
                     "file": self._file_identity(reader, whole.path),
                     "index": whole.index,

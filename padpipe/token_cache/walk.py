@@ -101,10 +101,10 @@ class Walk:
         reader, whole = self.reader, self.whole
         if self.kind == WHOLE:
             return reader.rows(self.unit, p)
-        reader.drop_position_hint()
+        reader.format.drop_position_hint()
         if self.kind == BYTES:  # rows to skip are skipped here, counted from the gap's start
-            return reader.rows(reader.piece(whole, p - whole.start, int(gap_end) - whole.start), 0)  # type: ignore[arg-type]
-        return reader.rows(reader.piece(whole, p, int(gap_end)), 0)  # type: ignore[arg-type]
+            return reader.rows(reader.format.piece(whole, p - whole.start, int(gap_end) - whole.start), 0)  # type: ignore[arg-type]
+        return reader.rows(reader.format.piece(whole, p, int(gap_end)), 0)  # type: ignore[arg-type]
 
     def _fill(self, p: int, gap_end: int | None) -> Iterator[pa.RecordBatch]:
         """Text rows of ``[p, gap_end)``, announced segment by segment; returns ``(next position, unit ended)``.
@@ -191,7 +191,7 @@ def _covering(segments: list[Segment], p: int) -> Segment | None:
 def span(reader: UnitSource, whole: WorkUnit, piece: WorkUnit) -> tuple[int, int]:
     """Where ``piece`` lies in ``whole``, ``[lo, hi)`` in the unit's measure (rows, or bytes for a JSONL range).
 
-    The inverse of ``reader.piece``: readers narrow a unit by its row range (``first``/``last``),
+    The inverse of ``reader.format.piece``: readers narrow a unit by its row range (``first``/``last``),
     or by its index or byte range (``start``/``stop``).
 
     Example:
@@ -200,8 +200,8 @@ def span(reader: UnitSource, whole: WorkUnit, piece: WorkUnit) -> tuple[int, int
         (50, 80)
     """
     if whole.num_rows is None:
-        if whole.stop is None or not reader.measure(whole).cuttable:  # a whole unit
-            return 0, reader.measure(whole).weight
+        if whole.stop is None or not reader.format.measure(whole).cuttable:  # a whole unit
+            return 0, reader.format.measure(whole).weight
         return piece.start - whole.start, piece.stop - whole.start  # type: ignore[operator]
     if (piece.start, piece.stop) != (whole.start, whole.stop):  # an index range (datasets.Dataset)
         return piece.start - whole.start, piece.stop - whole.start  # type: ignore[operator]
@@ -211,7 +211,7 @@ def span(reader: UnitSource, whole: WorkUnit, piece: WorkUnit) -> tuple[int, int
 
 def unit_kind(reader: UnitSource, unit: WorkUnit) -> str:
     """How the cache counts positions in ``unit``: row numbers, byte offsets (JSONL) or rows of a whole unit."""
-    measure = reader.measure(unit)
+    measure = reader.format.measure(unit)
     if not measure.cuttable:
         return WHOLE
     return ROWS if unit.num_rows is not None else BYTES

@@ -165,6 +165,6 @@ def test_every_reader_reads_the_same_rows_from_a_listing_shared_as_json(shared, 
         return [r for b in node for r in b.to_pylist()] + [node.state_dict()["files"]]
 
     first = read(worker_copy(shared))  # lists and writes the JSON file
-    monkeypatch.setattr("padpipe.readers.file_source.expand_paths", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("padpipe.readers.files.expand_paths", lambda *a, **k: 1 / 0)
     again = read(worker_copy(shared))  # reads it: lists nothing
     assert again == first and [r["id"] for r in first[:-1]] == list(range(30))

@@ -23,7 +23,7 @@ import torch.utils.data
 
 import padpipe as pp
 from padpipe import Consumer, DataError
-from padpipe.readers import file_source, jsonl_blocks
+from padpipe.readers import files, jsonl_blocks
 from padpipe.readers.arrow import ArrowReader
 from padpipe.readers.jsonl import JsonlReader
 from padpipe.readers.listing import SharedListing
@@ -265,14 +265,14 @@ def test_object_storage_saves_and_restores_its_state(s3):
 
 def test_object_storage_lists_once_for_all_loaders_and_dataloader_workers(s3, tmp_path, monkeypatch):
     calls = tmp_path / "listings"
-    original = file_source.expand_paths
+    original = files.expand_paths
 
     def counted(*args, **kwargs):
         with open(calls, "a") as f:  # a file: forked DataLoader workers count too
             f.write(f"{os.getpid()}\n")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(file_source, "expand_paths", counted)
+    monkeypatch.setattr(files, "expand_paths", counted)
 
     def listings():
         return len(calls.read_text().split()) if calls.exists() else 0

@@ -17,7 +17,7 @@ from fsspec.implementations.memory import MemoryFile
 
 import padpipe as pp
 from padpipe import Consumer, DataError
-from padpipe.readers import file_source
+from padpipe.readers import files
 from padpipe.readers.arrow import ArrowReader
 from padpipe.readers.jsonl import JsonlReader
 from padpipe.readers.listing import SharedListing
@@ -234,14 +234,14 @@ def test_readers_raise_error_when_reads_keep_failing(fmt, flaky_reads):
 def test_readers_retry_listing(flaky_reads, monkeypatch):
     write_inputs("listing")
     failures = [ConnectionResetError("injected"), TimeoutError("injected")]
-    original = file_source.expand_paths
+    original = files.expand_paths
 
     def flaky_expand(*args, **kwargs):
         if failures:
             raise failures.pop(0)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(file_source, "expand_paths", flaky_expand)
+    monkeypatch.setattr(files, "expand_paths", flaky_expand)
     reader = READERS["parquet"]("listing", consumer=Consumer(), retries=NO_WAIT)
     reader.reset()
     assert ids(reader) == list(range(90)) and reader.stats.snapshot().counters["read.retries"] == 2

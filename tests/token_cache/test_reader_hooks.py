@@ -6,6 +6,7 @@ import ast
 import pathlib
 
 import padpipe as pp
+from padpipe.readers.format import Format
 from padpipe.readers.jsonl import JsonlReader
 from padpipe.readers.source import UnitSource
 
@@ -29,9 +30,12 @@ def test_the_cache_reads_no_private_field_of_another_object_and_sets_no_attribut
 
 
 def test_the_reader_base_names_its_cache_hooks_and_only_byte_cut_readers_record_positions(tmp_path):
-    hooks = ("use_token_cache", "listed_units", "file_of", "listed_files", "record_row_positions")
+    hooks = ("use_token_cache", "listed_units", "file_of", "listed_files", "rows")
     assert all(callable(getattr(UnitSource, name)) for name in hooks)
+    format_hooks = ("describe", "measure", "piece", "record_row_positions", "drop_position_hint")
+    assert all(callable(getattr(Format, name)) for name in format_hooks)
     (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
     reader = JsonlReader(paths=str(tmp_path / "a.jsonl"))
-    assert reader.row_positions is False and reader.record_row_positions() is True and reader.row_positions
+    fmt = reader.format
+    assert fmt.row_positions is False and fmt.record_row_positions() is True and fmt.row_positions
     assert [u.path for u in reader.listed_units()] == list(reader.listed_files())

@@ -1,0 +1,82 @@
+"""What a file format gets from its reader: the paths to list, retries, and the files it listed.
+
+A :class:`FileFormat` lists units from the files :meth:`FileAccess.expand` finds (each with its
+listed size, version and content digest) and opens the :class:`~padpipe.readers.paths.FileRef`
+of a unit to read it; transient storage errors in either are retried by :meth:`FileAccess.retried`.
+The reader (:class:`~padpipe.readers.file_source.FileSource`) does the rest: sharing the listing,
+checking files against it, re-opening after a transient error, skipping lost files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from padpipe.readers.format import Format
+from padpipe.readers.paths import FileRef, FolderFiles, expand_paths
+from padpipe.readers.retry import Retry, call
+from padpipe.stats import PipelineStats
+
+CONTENT_THREADS, REMOTE_CONTENT_THREADS = 8, 32  # files whose first and last bytes are read at once
+RETRIES = "read.retries"
+T = TypeVar("T")
+
+
+class FileAccess:
+    """The paths a file reader reads, and retried access to them.
+
+    Args:
+        paths: Checked paths (:func:`~padpipe.readers.paths.check_paths`).
+        storage_options: Keyword arguments for the fsspec filesystem.
+        retry: The retry policy of transient storage errors.
+        stats: Counters (retries are counted as ``read.retries``).
+    """
+
+    def __init__(
+        self, paths: Sequence[str], storage_options: dict[str, Any], retry: Retry, stats: PipelineStats
+    ) -> None:
+        self.paths, self.storage_options, self.retry, self.stats = paths, storage_options, retry, stats
+        self.identity = ""  # the listing identity of the last expand: one line a file
+
+    def expand(self, suffixes: tuple[str, ...], folder_files: FolderFiles | None = None) -> list[FileRef]:
+        """The files ``paths`` name (see :func:`~padpipe.readers.paths.expand_paths`), listing retried, measured."""
+        files = self.retried(
+            f"listing {list(self.paths)!r}",
+            lambda: expand_paths(
+                self.paths, suffixes=suffixes, storage_options=self.storage_options, folder_files=folder_files
+            ),
+        )
+        threads = CONTENT_THREADS if all(f.is_local for f in files) else REMOTE_CONTENT_THREADS
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
+            files = list(
+                pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files)
+            )
+        self.identity = "\n".join(f.identity for f in files)
+        return files
+
+    def retried(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` with transient errors retried (counted as ``read.retries``); ``what`` names the file."""
+        return call(self.retry, what, fn, *args, on_retry=lambda: self.stats.add(RETRIES, 1))
+
+
+class FileFormat(Format):
+    """A format of files: lists its units from the files it finds, and keeps them by name.
+
+    Args:
+        access: The reader's paths and retries.
+        name: The reader's name (``"ParquetReader"``), in its fingerprint.
+        columns: Checked columns to read (``None``: all).
+        chunk_rows: Most rows per record batch the reader emits (a hint for batch sizes).
+    """
+
+    SUFFIXES: tuple[str, ...] = ()  # the files of a folder this format reads
+    LISTING: tuple[str, ...] = ("files",)  # what list_units sets, shared with the pipeline's other readers
+
+    def __init__(self, access: FileAccess, *, name: str, columns: Sequence[str] | None, chunk_rows: int) -> None:
+        self.access, self.name, self.columns, self.chunk_rows = access, name, columns, chunk_rows
+        self.files: dict[str, FileRef] = {}
+
+    def fingerprint(self) -> str:
+        """The reader and its columns: the listing itself is checked by the reader's listing identity."""
+        return f"{self.name} columns={list(self.columns) if self.columns else None!r}"
