@@ -1,22 +1,20 @@
 """A loader's checkpoints: one rank's state checked as one checkpoint of one run, and every rank's in one value.
 
 :func:`one_checkpoint` checks a list of saved rank states before an elastic resume. :data:`CHECKPOINT`
-is the multi-rank format every framework adapter saves through
-:meth:`~padpipe.loader.PipelineLoader.checkpoint`: for each rank of the loader's process group, its
-loader state and the batches it had returned but its trainer had not trained (a loop's fetch-ahead,
-a count the adapter gives), gathered so that the value is the same on every rank (a checkpoint
-written by rank 0 alone, or by DCP, holds all of them). :class:`Untrained` is where a loader keeps
-those batches: the last ones it returned, and those restored to come first after a resume.
+is the multi-rank format of :meth:`~padpipe.loader.PipelineLoader.checkpoint`, which the framework
+adapters save with only their own fields beside it (Lightning's fit loop, torchtitan, ``padpipe.hf.Trainer``):
+for each rank of the loader's process group, its loader state and the batches it had returned but
+its trainer had not trained (a loop's fetch-ahead, a count the adapter gives), gathered so that the
+value is the same on every rank (a checkpoint written by rank 0 alone, or by DCP, holds all of
+them). A loader keeps those batches in an :class:`~padpipe.runtime.held.Untrained`.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from padpipe.batch_spec import HeldBatch
-from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.runtime.held import SPEC, Held
 from padpipe.state import ListOf, Plain, StateMismatchError, StateSchema, invalid, load_value
 from padpipe.state_walk import deeper_than
 
@@ -25,52 +23,9 @@ CHECKPOINT = StateSchema("PipelineLoader checkpoint", 1, ranks=ListOf(Plain()))
 PART_KEYS = ("loader", "ahead")
 
 
-class Untrained:
-    """The batches a loader returned that its trainer has not trained yet, and those to return first after a resume.
-
-    Example:
-        >>> kept = Untrained(); kept.keep(1)
-        >>> kept.note({"x": 1}); kept.note({"x": 2})
-        >>> kept.last(1)
-        [{'x': 2}]
-    """
-
-    def __init__(self) -> None:
-        self.recent: deque[Any] = deque(maxlen=0)
-        self.restored: deque[Any] = deque()
-
-    def keep(self, count: int) -> None:
-        """Keep the last ``count`` batches returned (a trainer's fetch-ahead; 0: none)."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"`count` must be an int >= 0, but is {count!r} instead.")
-        self.recent = deque(self.recent, maxlen=count)
-
-    def note(self, batch: Any) -> None:
-        """A batch was returned."""
-        self.recent.append(batch)
-
-    def last(self, count: int) -> list[Any]:
-        """The last ``count`` batches returned and those restored not returned again yet: what a checkpoint holds."""
-        if count > (self.recent.maxlen or 0):
-            raise ValueError(
-                f"a checkpoint was asked for the last {count} batches returned, but the loader keeps "
-                f"{self.recent.maxlen or 0}: call loader.keep_untrained({count}) before iterating."
-            )
-        recent = list(self.recent)[len(self.recent) - count :] if count else []
-        return [*recent, *self.restored]
-
-    def restore(self, batches: list[Any], device: Any) -> None:
-        """Return ``batches`` (from a checkpoint, on the CPU) first, on ``device``."""
-        self.restored = deque(to_device(b, device) for b in batches)
-
-    def clear(self) -> None:
-        self.recent.clear()
-        self.restored.clear()
-
-
 def part(state: Any, ahead: list[Any]) -> dict[str, Any]:
     """One rank's part of a checkpoint (its batches on the CPU)."""
-    return {"loader": state, "ahead": [to_cpu(b) for b in ahead]}
+    return {"loader": state, "ahead": Held(ahead).saved()}
 
 
 def is_checkpoint(state: Any) -> bool:
@@ -87,7 +42,7 @@ def own_part(state: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(one, dict) or set(one) != set(PART_KEYS) or not isinstance(one["ahead"], list):
             found = sorted(one) if isinstance(one, dict) else type(one).__name__
             raise invalid(CHECKPOINT.stage, f"ranks[{r}]", f"a dict with keys {sorted(PART_KEYS)}", found)
-        load_value(CHECKPOINT.stage, f"ranks[{r}].ahead", one["ahead"], ListOf(HeldBatch()))
+        load_value(CHECKPOINT.stage, f"ranks[{r}].ahead", one["ahead"], SPEC)
     return list(loaded.ranks)
 
 

@@ -8,9 +8,10 @@ from typing import Any, Generic, TypeVar
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.checkpoints import CHECKPOINT, Untrained, check_nesting, is_checkpoint, one_checkpoint, own_part, part
+from padpipe.checkpoints import CHECKPOINT, check_nesting, is_checkpoint, one_checkpoint, own_part, part
 from padpipe.drivers import loader_driver
 from padpipe.graph import start_at_epoch
+from padpipe.runtime.held import Untrained
 from padpipe.runtime.loader_state import LOADER_STATE
 from padpipe.sharing.ranks import all_ranks
 from padpipe.state import StateMismatchError
@@ -129,7 +130,7 @@ class PipelineLoader(Generic[T]):
         restored ones not returned again yet. :meth:`load_state_dict` takes it on any layout: on the
         same one each rank takes its own part and returns its batches first; on another, the rest
         of the epoch and every rank's batches are shared out (docs/elastic.md). Framework adapters
-        save through it (Lightning's fit loop, torchtitan); it is plain data with CPU tensors.
+        save through it (Lightning's fit loop, torchtitan, padpipe.hf.Trainer); it is plain data with CPU tensors.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -328,7 +329,7 @@ class _Epoch(Iterator[T]):
         loader = self._loader
         untrained = loader._untrained
         if untrained.restored:  # returned before the checkpoint and not trained: counted in its step already
-            item = untrained.restored.popleft()
+            item = untrained.restored.pop(0)
         else:
             try:
                 item = next(loader.root)

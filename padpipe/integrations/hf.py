@@ -61,8 +61,10 @@ check_hooks(transformers.Trainer, transformers.__version__)
 
 logger = logging.getLogger(__name__)
 
-LOADER_STATE = "padpipe_loader_{rank}.pt"
-"""Each rank's loader state in a Trainer checkpoint folder."""
+LOADER_STATE = "padpipe_loader.pt"
+"""The loader's state in a Trainer checkpoint folder: every rank's ``loader.checkpoint()`` and the pass read."""
+OLD_LOADER_STATE = "padpipe_loader_{rank}.pt"
+"""Each rank's loader state, as an older padpipe saved it (still read)."""
 
 
 class Trainer(transformers.Trainer):
@@ -103,7 +105,8 @@ class Trainer(transformers.Trainer):
       ``*_samples_per_second``, ``*_steps_per_second`` and ``{prefix}_samples`` count real rows
       and batches. ``batch_eval_metrics`` and FSDP/DeepSpeed evaluation on pipelines are not
       supported (ranks may take different numbers of evaluation steps).
-    - A checkpoint holds each rank's loader state (``padpipe_loader_{rank}.pt``);
+    - A checkpoint holds every rank's loader state in one file (``padpipe_loader.pt``: ``loader.checkpoint()``
+      and the pass read);
       ``train(resume_from_checkpoint=...)`` loads it and continues the data stream exactly
       instead of skipping batches (``ignore_data_skip=True`` starts the data afresh), bit for bit
       at every kind of checkpoint, with ``state.epoch`` going on.
@@ -153,6 +156,7 @@ class Trainer(transformers.Trainer):
             return super().get_train_dataloader()
         steps = self.args.gradient_accumulation_steps if counts_as_hf(self) else None  # the loader counts the windows
         loader = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="balance", steps=steps)
+        loader.keep_untrained(1)  # a checkpoint holds the batch read ahead to learn whether the pass ended
         pack = next((s.options for s in self.train_dataset.stages if s.name == "pack"), {})
         tokens = real_tokens(pack.get("pad_id"), pack.get("label_pad_id", -100))
         columns = column_filter(self, "training")
@@ -206,16 +210,22 @@ class Trainer(transformers.Trainer):
             self.state.max_steps = self._epochs.total
         if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs, steps
-        paths = sorted(glob.glob(os.path.join(resume_from_checkpoint, LOADER_STATE.format(rank="*"))))
-        if not paths:
+        path = os.path.join(resume_from_checkpoint, LOADER_STATE)
+        old = sorted(glob.glob(os.path.join(resume_from_checkpoint, OLD_LOADER_STATE.format(rank="*"))))
+        if not os.path.isfile(path) and not old:
             raise FileNotFoundError(
-                f"Checkpoint {resume_from_checkpoint} has no padpipe loader state "
-                f"({LOADER_STATE.format(rank='<rank>')}): it was not saved by padpipe.hf.Trainer. Pass "
-                "`TrainingArguments(ignore_data_skip=True)` to resume the model and start the data from the beginning."
+                f"Checkpoint {resume_from_checkpoint} has no padpipe loader state ({LOADER_STATE}): it was not saved "
+                "by padpipe.hf.Trainer. Pass `TrainingArguments(ignore_data_skip=True)` to resume the model and start "
+                "the data from the beginning."
             )
         # every saved rank's state: each rank picks its own, or on another number of ranks the rest of the
         # epoch is shared over the new ones (docs/elastic.md); states are plain data
-        self._padpipe_train.load_state_dict([torch.load(p, weights_only=True) for p in paths])
+        state = (
+            torch.load(path, weights_only=True)
+            if os.path.isfile(path)
+            else [torch.load(p, weights_only=True) for p in old]
+        )
+        self._padpipe_train.load_state_dict(state)
         return self._padpipe_train.epoch, 0  # Trainer's epoch is the pass being read (the next, if it ended)
 
     def _run_epoch(self, **kwargs: Any) -> None:
@@ -269,15 +279,17 @@ class Trainer(transformers.Trainer):
         self.state.num_input_tokens_seen += int(self.accelerator.gather(tokens).sum().item())
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """``Trainer``'s checkpoint plus this rank's loader state in the same folder."""
+        """``Trainer``'s checkpoint plus the loader's state in the same folder (a collective; saved with the model)."""
         if self._padpipe_train is not None:
-            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            folder = os.path.join(self._get_output_dir(trial=trial), name)
-            os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, LOADER_STATE.format(rank=self.args.process_index))
-            torch.save(self._padpipe_train.state_dict(), path)
-            if self._epochs is not None and self.args.should_save:
-                self._epochs.save(folder)
+            state = self._padpipe_train.state_dict()
+            if self.args.should_save:
+                folder = os.path.join(
+                    self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+                )
+                os.makedirs(folder, exist_ok=True)
+                torch.save(state, os.path.join(folder, LOADER_STATE))
+                if self._epochs is not None:
+                    self._epochs.save(folder)
         super()._save_checkpoint(model, trial)
 
     def _finalize_training(self, trial: Any, num_train_samples: int, start_time: float) -> Any:

@@ -4,7 +4,7 @@ A pipeline's pass has no length before it ends (token budgets decide the batch c
 the branch for a loader without one. :class:`PassLength` gives that loop what a length would: the short
 last accumulation window of a pass gets its own optimizer step, and ``state.epoch`` goes on across a
 resume. :class:`TrainBatches` counts each pass's batches, rows and real tokens, and saves where it is
-(the loader's state, the pass, its batches, whether it ended) for an exact resume.
+(``loader.checkpoint()``, the pass, its batches, whether it ended) for an exact resume.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ class TrainBatches:
         ([['input_ids'], ['input_ids', 'is_filler']], 2, 2, True)
     """
 
-    STATE = StateSchema("padpipe.hf.Trainer", 1, loader=Child(), epoch=Int(0), batches=Int(0), ended=Bool())
+    PASS = dict(epoch=Int(0), batches=Int(0), ended=Bool())  # the pass being read, its batches read, whether it ended
+    STATE = StateSchema("padpipe.hf.Trainer", 2, checkpoint=Child(), **PASS)  # checkpoint: loader.checkpoint()
+    STATE_V1 = StateSchema("padpipe.hf.Trainer", 1, loader=Child(), **PASS)  # an older padpipe's, one file a rank
 
     def __init__(
         self, loader: Any, columns: Callable[[dict], dict], tokens: Callable[[dict], int] = lambda batch: 0
@@ -112,18 +114,30 @@ class TrainBatches:
             yield out
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the data stands after the last batch given out (reading one ahead to learn if the pass ended)."""
-        state = self.loader.state_dict()
+        """Where the data stands after the last batch given out: every rank's ``loader.checkpoint()`` and the pass.
+
+        A collective over the loader's ranks. It reads one batch ahead to learn whether the pass ended; that
+        batch is kept in the checkpoint as fetched and not trained (the loader must keep one: ``keep_untrained(1)``).
+        """
         if self._it is not None and not self.ended and self._peeked is _END:
             self._peeked = self._next()
-            if self._peeked is _END:  # the pass is over: resume with the next one
-                state = self.loader.state_dict()
-        return self.STATE.make({}, loader=state, epoch=self.epoch, batches=self.offset + self.read, ended=self.ended)
+        return self.STATE.make(
+            {},
+            checkpoint=self.loader.checkpoint(untrained=int(self._peeked is not _END)),
+            epoch=self.epoch,
+            batches=self.offset + self.read,
+            ended=self.ended,
+        )
 
-    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
-        """Continue from the states of every saved rank (this rank's, or the elastic share of them all)."""
-        loaded = [self.STATE.check(s, {}) for s in states]
-        self.loader.load_state_dict([s.loader for s in loaded])
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Continue from a :meth:`state_dict` (this rank's part, or on another number of ranks the elastic share of
+        them all), or from the list of every rank's state of an older padpipe (:attr:`STATE_V1`)."""
+        if isinstance(state, list):
+            loaded = [self.STATE_V1.check(s, {}) for s in state]
+            self.loader.load_state_dict([s.loader for s in loaded])
+        else:
+            loaded = [self.STATE.check(state, {})]
+            self.loader.load_state_dict(loaded[0].checkpoint)
         first = loaded[0]
         self.ended = False
         self.epoch = first.epoch + first.ended

@@ -7,17 +7,21 @@ list (bytes, a number) is one leaf, written by one rank (the same key on every r
 once) and read whole by every rank. So a per-rank key cannot reach a different number of ranks,
 and padpipe's states (dicts with tensors: buffered rows and batches) would not keep their shape.
 
-The state here is one key, :data:`KEY`, holding every data-parallel rank's position gathered into
-one value (the same on every rank: tensor-, context- and pipeline-parallel peers of a DP rank
-read the same data), serialized with ``torch.save`` into bytes: plain data (dicts, lists,
-numbers, tensors) inside, read back with ``torch.load(weights_only=True)`` and checked by its
-schema. Every new rank gets every saved rank's position, which is what an elastic resume needs.
+The state here is one key, :data:`KEY`, holding :data:`STATE`: the loader's
+:meth:`~padpipe.loader.PipelineLoader.checkpoint` (every data-parallel rank's position, gathered
+into one value, the same on every rank: tensor-, context- and pipeline-parallel peers of a DP rank
+read the same data) and torchtitan's own counts (batches yielded, batches per optimizer step,
+epochs done: the same on every DP rank, which take equal steps), serialized with ``torch.save``
+into bytes: plain data (dicts, lists, numbers, tensors) inside, read back with
+``torch.load(weights_only=True)`` and checked by its schema. Every new rank gets every saved
+rank's position, which is what an elastic resume needs. A state of an older padpipe (version 1:
+each rank's entry apart, :data:`RANK`) is read too.
 
-Each rank's entry carries the loader's :func:`recipe` as its settings: the data (the pipeline's
-reader and what it reads), the tokenizer and ``seq_len``. ``load_state_dict`` checks them when it
-is called, inside torchtitan's ``CheckpointManager.load``, so a checkpoint of another dataset,
-tokenizer or ``seq_len`` is refused there in one line, not at the first batch after the model was
-loaded (the rest of the pipeline's settings are checked by its stages at the first batch).
+The state carries the loader's :func:`recipe` as its settings: the data (the pipeline's reader and
+what it reads), the tokenizer and ``seq_len``. ``load_state_dict`` checks them when it is called,
+inside torchtitan's ``CheckpointManager.load``, so a checkpoint of another dataset, tokenizer or
+``seq_len`` is refused there in one line, not at the first batch after the model was loaded (the
+rest of the pipeline's settings are checked by its stages at the first batch).
 """
 
 from __future__ import annotations
@@ -30,38 +34,39 @@ from typing import Any
 import torch
 
 from padpipe.sharing.ranks import all_ranks
-from padpipe.state import Child, Int, ListOf, StateMismatchError, StateSchema
+from padpipe.state import Child, Int, ListOf, Loaded, StateMismatchError, StateSchema
 
 KEY = "padpipe"
 """The one key of the loader's state (``"dataloader.padpipe"`` in a torchtitan checkpoint)."""
 
-STATE = StateSchema("PadpipeDataLoader", 1, ranks=ListOf(Child()))  # every DP rank's RANK state, by DP rank
-RANK_FIELDS = dict(
-    loader=Child(),  # the rank's pipe.loader() state
+COUNTS = dict(
     yielded=Int(0),  # batches given to torchtitan since the run started (fill batches included)
     batches_per_step=Int(1),  # batches per optimizer step in the run that saved it
     epochs=Int(0),  # epochs finished
 )
-RANK = StateSchema("PadpipeDataLoader rank", 2, **RANK_FIELDS)  # settings: the loader's recipe()
-RANK_V1 = StateSchema("PadpipeDataLoader rank", 1, **RANK_FIELDS)  # saved without a recipe: its stages check it
+STATE = StateSchema("PadpipeDataLoader", 2, checkpoint=Child(), **COUNTS)  # settings: the loader's recipe()
+"""``loader.checkpoint()`` (:data:`padpipe.checkpoints.CHECKPOINT`) and torchtitan's counts."""
+STATE_V1 = StateSchema("PadpipeDataLoader", 1, ranks=ListOf(Child()))  # an older padpipe: every DP rank's RANK state
+RANK = StateSchema("PadpipeDataLoader rank", 2, loader=Child(), **COUNTS)  # settings: the loader's recipe()
+RANK_V1 = StateSchema("PadpipeDataLoader rank", 1, loader=Child(), **COUNTS)  # saved without a recipe
 SOURCE_OPTIONS = ("paths", "columns", "iterable", "dataset")
 """The reader options that say what a pipeline reads (not how: retries, credentials, chunk sizes)."""
 HASHED_ITEMS = 100_000
 """In-memory rows (``from_iterable``) up to this many are told apart by a digest; more, by their number."""
 
 
-def gathered(mine: dict[str, Any], group: Any) -> dict[str, bytes]:
-    """The loader state: every rank's ``mine`` (a :data:`RANK` state) of ``group``, in one bytes value (a collective).
+def packed(state: dict[str, Any]) -> dict[str, bytes]:
+    """The loader state torchtitan saves: ``state`` (a :data:`STATE`) in one bytes value.
 
     Example:
-        >>> mine = RANK.make({}, loader={"checksum": "0"}, yielded=4, batches_per_step=2, epochs=0)
-        >>> state = gathered(mine, None); sorted(state), type(state[KEY]).__name__
+        >>> state = STATE.make({}, checkpoint={"version": 1}, yielded=4, batches_per_step=2, epochs=0)
+        >>> saved = packed(state); sorted(saved), type(saved[KEY]).__name__
         (['padpipe'], 'bytes')
-        >>> [r.yielded for r in saved_ranks(state)]
-        [4]
+        >>> unpacked(saved).yielded
+        4
     """
     buffer = io.BytesIO()
-    torch.save(STATE.make({}, ranks=all_ranks(mine, group)), buffer)
+    torch.save(state, buffer)
     return {KEY: buffer.getvalue()}
 
 
@@ -109,17 +114,21 @@ def _tokenizers(pipe: Any) -> str:
     return ", ".join(found) or "none (token ids)"
 
 
-def saved_ranks(state: Any, expected: Mapping[str, Any] | None = None) -> list[Any]:
-    """Every saved rank's :data:`RANK` state from a loader state, checked and loaded (fields as attributes), by rank.
+def unpacked(state: Any, expected: Mapping[str, Any] | None = None) -> Any:
+    """A loader state's :data:`STATE`, checked and loaded (fields as attributes).
+
+    A state of an older padpipe (:data:`STATE_V1`, each DP rank's :data:`RANK` entry apart) is read
+    as one: its ``checkpoint`` is then the list of every rank's loader state (which
+    ``PipelineLoader.load_state_dict`` takes too).
 
     Args:
         state: The loader state (``{"padpipe": bytes}``).
-        expected: The loading loader's :func:`recipe`, which each rank's must equal (``None``: not checked). A
-            state saved before ranks held one (version 1) is read, its recipe left to the stages to check.
+        expected: The loading loader's :func:`recipe`, which the saved one must equal (``None``: not checked). A
+            version-1 rank's entry holds none: its recipe is left to the stages to check.
 
     Raises:
-        StateMismatchError: ``state`` is not this loader's, a rank's entry is invalid, or it was saved with
-            another recipe (data, tokenizer or ``seq_len``).
+        StateMismatchError: ``state`` is not this loader's, is invalid, or was saved with another recipe (data,
+            tokenizer or ``seq_len``).
     """
     blob = state.get(KEY) if isinstance(state, Mapping) else None
     if not isinstance(blob, bytes):
@@ -132,11 +141,24 @@ def saved_ranks(state: Any, expected: Mapping[str, Any] | None = None) -> list[A
         loaded = torch.load(io.BytesIO(blob), weights_only=True)
     except Exception as exc:  # any unpickling failure: the bytes are not a state this loader wrote
         raise StateMismatchError(f"PadpipeDataLoader state {KEY!r} could not be read: {exc}") from None
-    ranks = STATE.check(loaded, {}).ranks
+    if isinstance(loaded, Mapping) and loaded.get("version") == STATE_V1.version:
+        return _from_v1(STATE_V1.check(loaded, {}).ranks, expected or {})
+    return STATE.check(loaded, expected or {})
+
+
+def _from_v1(ranks: list[Any], expected: Mapping[str, Any]) -> Loaded:
+    """A version-1 state (every rank's entry apart) as a :data:`STATE`'s fields."""
     if not ranks:
         raise StateMismatchError("PadpipeDataLoader state holds no rank's state: it must hold every saved DP rank's.")
     old = [isinstance(one, Mapping) and one.get("version") == RANK_V1.version for one in ranks]
-    return [RANK_V1.check(one, {}) if v1 else RANK.check(one, expected or {}) for one, v1 in zip(ranks, old)]
+    saved = [RANK_V1.check(one, {}) if v1 else RANK.check(one, expected) for one, v1 in zip(ranks, old)]
+    where = {tuple(s[key] for key in COUNTS) for s in saved}
+    if len(where) > 1:
+        raise StateMismatchError(
+            "PadpipeDataLoader state: the saved DP ranks were at different steps (batches yielded, batches per "
+            f"step, epochs done: {sorted(where)}); pass the state of one checkpoint."
+        )
+    return Loaded(dict(zip(COUNTS, where.pop()), checkpoint=[s.loader for s in saved]))
 
 
 def data_parallel_group(dp_rank: int, dp_world_size: int) -> Any:

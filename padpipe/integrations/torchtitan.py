@@ -39,7 +39,7 @@ from padpipe._optional import MissingDependencyError
 from padpipe.errors import positive
 from padpipe.integrations.titan_api import INSTALL, VERSION, check_api
 from padpipe.integrations.titan_batches import TitanBatch, fill_rows, titan_batch
-from padpipe.integrations.titan_state import RANK, data_parallel_group, gathered, recipe, saved_ranks
+from padpipe.integrations.titan_state import STATE, data_parallel_group, packed, recipe, unpacked
 from padpipe.integrations.titan_tokenizer import as_padpipe
 from padpipe.pipeline import Pipeline
 from padpipe.recipes.formats import read_corpus
@@ -219,15 +219,17 @@ class PadpipeDataLoader(BaseDataLoader):
         logger.info("PadpipeDataLoader: the data ended after %d epochs; %s", self._epochs, self.counts)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every DP rank's position, in one value the same on every rank (a collective over the DP group)."""
-        mine = RANK.make(
-            self.recipe,
-            loader=self.loader.state_dict(),
-            yielded=self._yielded,
-            batches_per_step=self.batches_per_step,
-            epochs=self._epochs,
+        """Every DP rank's position (``loader.checkpoint()``) and this loader's counts, in one value the same on every
+        rank (a collective over the DP group): :mod:`padpipe.integrations.titan_state`."""
+        return packed(
+            STATE.make(
+                self.recipe,
+                checkpoint=self.loader.checkpoint(),  # torchtitan trains each batch before it asks for the next
+                yielded=self._yielded,
+                batches_per_step=self.batches_per_step,
+                epochs=self._epochs,
+            )
         )
-        return gathered(mine, self.group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Go on from ``state_dict`` (saved on any number of DP ranks and workers) at the next ``iter()``.
@@ -235,22 +237,16 @@ class PadpipeDataLoader(BaseDataLoader):
         Raises ``StateMismatchError`` at once (inside torchtitan's ``CheckpointManager.load``) for a state of
         another dataset, tokenizer or ``seq_len``; the rest of the pipeline's settings are checked at the first batch.
         """
-        saved = saved_ranks(state_dict, self.recipe)
-        where = {(s.yielded, s.batches_per_step, s.epochs) for s in saved}
-        if len(where) > 1:
-            raise StateMismatchError(
-                "PadpipeDataLoader state: the saved DP ranks were at different steps (batches yielded, batches per "
-                f"step, epochs done: {sorted(where)}); pass the state of one checkpoint."
-            )
-        yielded, steps, epochs = where.pop()
+        saved = unpacked(state_dict, self.recipe)
+        yielded, steps = saved.yielded, saved.batches_per_step
         if steps != self.batches_per_step and yielded % steps:
             raise StateMismatchError(
                 f"PadpipeDataLoader state was saved inside an optimizer step ({yielded} batches at {steps} a step), "
                 f"and this run takes {self.batches_per_step} a step: resume from a checkpoint torchtitan saved."
             )
-        self.loader.load_state_dict([s.loader for s in saved])
+        self.loader.load_state_dict(saved.checkpoint)
         self._yielded = yielded if steps == self.batches_per_step else 0
-        self._epochs, self._resumed = epochs, True
+        self._epochs, self._resumed = saved.epochs, True
 
 
 def _batches_per_step(global_batch_size: int, rows: int, dp_world_size: int) -> int:

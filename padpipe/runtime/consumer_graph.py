@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from torchdata.nodes import BaseNode
 
-from padpipe.batch_spec import HeldBatch
 from padpipe.graph import start_at_epoch
 from padpipe.pipes.mix import WeightedMixer
 from padpipe.readers.source import UnitSource, WorkUnit
+from padpipe.runtime.held import SPEC, Held
 from padpipe.runtime.latch import FailureLatch
 from padpipe.sharing.consumer import Consumer
 from padpipe.stage import Recipe
@@ -45,7 +45,7 @@ class _Plan(Spec):
 
     FIELDS = {
         "epoch": Int(0),
-        "batches": ListOf(HeldBatch()),
+        "batches": SPEC,
         "pieces": ListOf(ListOf(Plain())),
         "fresh": Optional(Child()),
     }
@@ -131,7 +131,7 @@ class ConsumerGraph(BaseNode[Any]):
         self.pipeline, self.consumer, self.stats = pipeline, consumer, stats
         self.source = pipeline.build(consumer=consumer, stats=stats)
         self._plan: ElasticPlan | None = None  # the elastic epoch and pieces, while in that epoch
-        self._batches: list[Any] = []
+        self._batches = Held()  # the plan's batches not yet given out (on the CPU: the graph is below to_cuda)
 
     @staticmethod
     def planned(
@@ -149,13 +149,15 @@ class ConsumerGraph(BaseNode[Any]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        self._plan, self._batches = None, []
+        self._plan = None
+        self._batches.clear()
         plan = None if initial_state is None else self.plan_of(initial_state)
         if plan is None:
             self.source.reset(initial_state)
             return
         override_readers(self.source, plan.epoch, plan.pieces)
-        self._plan, self._batches = plan, list(plan.batches)
+        self._plan = plan
+        self._batches.restore(plan.batches)
         if plan.fresh is None:
             start_at_epoch(self.source, plan.epoch)
         self.source.reset(plan.fresh)
@@ -168,4 +170,4 @@ class ConsumerGraph(BaseNode[Any]):
     def get_state(self) -> dict[str, Any]:
         if self._plan is None:
             return self.source.state_dict()
-        return self.planned(self._plan.epoch, self._batches, self._plan.pieces, self.source.state_dict())
+        return self.planned(self._plan.epoch, self._batches.saved(), self._plan.pieces, self.source.state_dict())

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.batch_spec import HeldBatch
 from padpipe.graph import Parts
 from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.runtime.held import SPEC
 from padpipe.runtime.lockstep import Lockstep, _mark, check_policy
 from padpipe.runtime.step_sync import StepSync, detect_sync
-from padpipe.state import Bool, Child, Int, ListOf, StateSchema
+from padpipe.state import Bool, Child, Int, StateSchema
 from padpipe.stats import PipelineStats
 
 
@@ -78,8 +78,8 @@ class EqualSteps(BaseNode[Any]):
         "EqualSteps",
         4,
         source=Child(),
-        held=ListOf(HeldBatch()),  # batches read ahead or received, not returned yet
-        ring=ListOf(HeldBatch()),  # "repeat": the first batches returned this epoch, to replay
+        held=SPEC,  # batches read ahead or received, not returned yet
+        ring=SPEC,  # "repeat": the first batches returned this epoch, to replay
         exhausted=Bool(),  # this rank has read its whole share of the epoch
         tail=Bool(),  # a rank had read its share: every rank reads ahead to the tail
         balanced=Bool(),  # every rank had read its share, and holds the batches it returns until the end
@@ -144,15 +144,15 @@ class EqualSteps(BaseNode[Any]):
         # a partial, not a lambda of self: the layer and its Lockstep must not form a cycle, which would
         # leave an abandoned loader's worker processes alive until the garbage collector runs
         receive = partial(to_device, device=self.device)
-        self._step = Lockstep(self.policy, self._sync, self.stats, send=to_cpu, receive=receive)
+        self._step = Lockstep(self.policy, self._sync, self.stats, send=to_cpu, receive=receive, device=self.device)
         if initial_state is None:
             self.source.reset(None)
             return
         loaded = self.STATE.check(initial_state, {"policy": self.policy})
         self.source.reset(loaded.source)
         step = self._step
-        step.held = [to_device(b, self.device) for b in loaded.held]
-        step.ring = [to_device(b, self.device) for b in loaded.ring]
+        step.held.restore(loaded.held)
+        step.ring.restore(loaded.ring)
         step.exhausted, step.tail, step.balanced, step.stopped = (
             loaded.exhausted,
             loaded.tail,
@@ -172,8 +172,8 @@ class EqualSteps(BaseNode[Any]):
         return self.STATE.make(
             {"policy": self.policy},
             source=self.source.state_dict(),
-            held=[to_cpu(b) for b in step.held],
-            ring=[to_cpu(b) for b in step.ring],
+            held=step.held.saved(),
+            ring=step.ring.saved(),
             exhausted=step.exhausted,
             tail=step.tail,
             balanced=step.balanced,

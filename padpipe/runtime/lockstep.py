@@ -16,6 +16,7 @@ import torch
 
 from padpipe.errors import one_of
 from padpipe.runtime.batch_cut import rows_of
+from padpipe.runtime.held import Held
 from padpipe.runtime.rebalance import (
     FILLER_KEY,
     Move,
@@ -93,6 +94,7 @@ class Lockstep:
         stats: Where to count moves, splits, fillers, repeats and drops.
         send: What a batch is before it goes to another rank (to the CPU).
         receive: What a batch from another rank becomes here (to this rank's device).
+        device: Where batches restored from a state go (:class:`~padpipe.runtime.held.Held`).
     """
 
     def __init__(
@@ -103,10 +105,11 @@ class Lockstep:
         *,
         send: Callable[[Any], Any] = lambda b: b,
         receive: Callable[[Any], Any] = lambda b: b,
+        device: torch.device | None = None,
     ) -> None:
         self.policy, self.sync, self.stats, self._send, self._receive = policy, sync, stats, send, receive
-        self.held: list[Any] = []  # read ahead (or received), not yielded yet
-        self.ring: list[Any] = []  # "repeat": the first batches yielded this epoch
+        self.held = Held(device=device)  # read ahead (or received), not yielded yet
+        self.ring = Held(device=device)  # "repeat": the first batches yielded this epoch
         self.fresh = self.steps = 0
         self.exhausted = self.stopped = self.balanced = self.tail = False
 
@@ -186,7 +189,7 @@ class Lockstep:
         if min(count for (count,) in self.sync.gather([len(self.held)])) == 0:
             self.stopped = True
             self._drop([*self.held, *drain()])
-            self.held = []
+            self.held.clear()
             raise StopIteration
         return self._yield(self.held.pop(0))
 

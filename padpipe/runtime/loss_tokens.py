@@ -19,7 +19,7 @@ from torchdata.nodes import BaseNode
 from padpipe.batch_spec import HeldBatch
 from padpipe.errors import check_bool, positive
 from padpipe.graph import Parts
-from padpipe.pipes.batch_tensors import to_cpu, to_device
+from padpipe.runtime.held import Held
 from padpipe.runtime.lockstep import REPEAT_KEY
 from padpipe.runtime.rebalance import FILLER_KEY
 from padpipe.runtime.step_sync import StepSync, detect_sync
@@ -117,7 +117,7 @@ class LossTokens(BaseNode[Any]):
         self.across_ranks, self.lockstep, self.group, self.device = across_ranks, lockstep, group, device
         self._sync: StepSync | None = None
         self._detected = False
-        self._window: list[Any] = []
+        self._window = Held(device=device)  # the window's batches not yet given out
         self._items, self._ended = 0, False
 
     @classmethod
@@ -152,11 +152,12 @@ class LossTokens(BaseNode[Any]):
                 )
         if initial_state is None:
             self.source.reset(None)
-            self._window, self._items, self._ended = [], 0, False
+            self._window.clear()
+            self._items, self._ended = 0, False
             return
         loaded = self.STATE.check(initial_state, _settings(self.steps, self.causal))
         self.source.reset(loaded.source)
-        self._window = [to_device(b, self.device) for b in loaded.window]
+        self._window.restore(loaded.window)
         self._items, self._ended = loaded.items, loaded.ended
 
     def next(self) -> Any:
@@ -166,8 +167,8 @@ class LossTokens(BaseNode[Any]):
         return {**batch, ITEMS_KEY: torch.tensor(self._items, dtype=torch.int64, device=_device_of(batch))}
 
     def get_state(self) -> dict[str, Any]:
-        window = [to_cpu(b) for b in self._window]
-        return self._state(self.steps, self.causal, self.source.state_dict(), window, self._items, self._ended)
+        source, window = self.source.state_dict(), self._window.saved()
+        return self._state(self.steps, self.causal, source, window, self._items, self._ended)
 
     def _read_window(self) -> None:
         """Read the next window (``StopIteration`` when the epoch has none left) and count it over the ranks."""

@@ -73,7 +73,7 @@ def test_trainer_example_trains_evaluates_and_predicts_in_row_order(tmp_path):
     assert re.search(r"^eval: 100 rows, loss \d\.\d{4}, accuracy \d\.\d{3}$", out, re.M), out
     labels = pq.read_table(data / "validation-00000-of-00001.parquet").column("label").to_pylist()[:8]
     assert f"predict: 100 rows in split order, labels [{' '.join(map(str, labels))}]" in out
-    assert (tmp_path / "run" / "checkpoint-60" / "padpipe_loader_0.pt").is_file()
+    assert (tmp_path / "run" / "checkpoint-60" / "padpipe_loader.pt").is_file()
 
 
 def test_accelerate_example_trains_one_epoch(parquet):
@@ -99,7 +99,7 @@ def test_sft_example_trains_packed_conversations_under_torchrun_and_resumes(tmp_
     out = run_script(script, str(data), run, "--seq-len", "512", "--max-steps", "4", "--log-every", "2").stdout
     assert len(re.findall(r"'loss': ", out)) == 2, out  # the Trainer's own log lines, at steps 2 and 4 (rank 0)
     assert re.search(r"^trained 4 steps: loss \d+\.\d{4}, [\d,]+ tokens seen$", out, re.M), out
-    assert (tmp_path / "run" / "checkpoint-4" / "padpipe_loader_1.pt").is_file()
+    assert (tmp_path / "run" / "checkpoint-4" / "padpipe_loader.pt").is_file()
     out = run_script(script, str(data), run, "--seq-len", "512", "--max-steps", "6", "--log-every", "2").stdout
     assert re.search(r"^trained 6 steps: ", out, re.M) and len(re.findall(r"'loss': ", out)) == 1, out
 

@@ -12,9 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+import padpipe as pp  # noqa: E402
+from padpipe.checkpoints import CHECKPOINT, PART_KEYS  # noqa: E402
 from padpipe.hf import LOADER_STATE, Trainer  # noqa: E402
 from padpipe.integrations.hf_hooks import HOOKS, check_hooks  # noqa: E402
 from padpipe.integrations.hf_train import Batch, TrainBatches  # noqa: E402
+from padpipe.state import StateMismatchError  # noqa: E402
 from tests.integrations.tiny import packed, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -84,7 +87,7 @@ def test_a_resumed_epoch_reloads_the_rng_state_and_starts_at_the_epoch_padpipe_g
     pipe = packed(6)
     Trainer(model=tiny_llama(), args=arguments(tmp_path / "run", save_strategy="epoch"), train_dataset=pipe).train()
     checkpoint = tmp_path / "run" / "checkpoint-3"
-    assert (checkpoint / LOADER_STATE.format(rank=0)).is_file() and (checkpoint / "trainer_state.json").is_file(), (
+    assert (checkpoint / LOADER_STATE).is_file() and (checkpoint / "trainer_state.json").is_file(), (
         "transformers.Trainer._save_checkpoint no longer saves into checkpoint-<global_step>"
     )
     calls = []
@@ -160,15 +163,57 @@ def test_wrap_model_for_evaluation_leaves_a_one_process_model_as_it_is(tmp_path)
 
 def test_train_batches_state_at_a_pass_end_resumes_with_the_next_pass():
     class Loader(list):
-        def state_dict(self):
-            return {"position": "saved"}
+        def checkpoint(self, *, untrained=0):
+            return {"position": "saved", "untrained": untrained}
 
-        def load_state_dict(self, states):
-            self.loaded = states
+        def load_state_dict(self, state):
+            self.loaded = state
 
     batches = TrainBatches(Loader([{"input_ids": torch.ones(1, 2)}]), dict)
     assert len(list(batches)) == 1 and batches.ended
     state = batches.state_dict()
     again = TrainBatches(Loader(), dict)
-    again.load_state_dict([state])
-    assert (again.epoch, again.offset, again.loader.loaded) == (1, 0, [{"position": "saved"}])
+    again.load_state_dict(state)
+    assert (again.epoch, again.offset, again.loader.loaded) == (1, 0, {"position": "saved", "untrained": 0})
+
+
+def ids(batches) -> list[list[list[int]]]:
+    return [b["input_ids"].tolist() for b in batches]
+
+
+def test_train_batches_save_loader_checkpoint_with_the_batch_read_ahead_and_resume_exactly():
+    pipe = pp.from_iterable([{"text": f"row {i} " * (1 + i % 5)} for i in range(20)])
+    pipe = pipe.tokenize(pp.examples.tokenizer()).batch(3).pad()
+    whole = ids(TrainBatches(pipe.loader(), dict))
+    loader = pipe.loader()
+    loader.keep_untrained(1)
+    batches = TrainBatches(loader, dict)
+    it = iter(batches)
+    first = [next(it), next(it)]
+    state = batches.state_dict()  # reads the third batch ahead: the checkpoint holds it as not trained
+    assert state["version"] == TrainBatches.STATE.version and (state["batches"], state["ended"]) == (2, False)
+    checkpoint = state["checkpoint"]
+    assert set(checkpoint) == set(loader.checkpoint(untrained=1)) and checkpoint["version"] == CHECKPOINT.version
+    assert [set(one) for one in checkpoint["ranks"]] == [set(PART_KEYS)] and len(checkpoint["ranks"][0]["ahead"]) == 1
+    assert ids(first) + ids(it) == whole  # saving changed nothing for the run that saved
+    again = TrainBatches(pipe.loader(), dict)
+    again.load_state_dict(state)
+    assert ids(again) == whole[2:] and again.offset == 2
+
+
+def test_train_batches_read_an_older_padpipes_state_of_every_rank():
+    """padpipe before loader.checkpoint(): one file a rank, the loader's state before the batch read ahead."""
+    pipe = pp.from_iterable([{"text": f"row {i} " * (1 + i % 5)} for i in range(20)])
+    pipe = pipe.tokenize(pp.examples.tokenizer()).batch(3).pad()
+    whole = ids(TrainBatches(pipe.loader(), dict))
+    loader = pipe.loader()
+    it = iter(loader)
+    next(it), next(it)
+    old = TrainBatches.STATE_V1.make({}, loader=loader.state_dict(), epoch=0, batches=2, ended=False)
+    again = TrainBatches(pipe.loader(), dict)
+    again.load_state_dict([old])
+    assert ids(again) == whole[2:] and (again.epoch, again.offset) == (0, 2)
+    with pytest.raises(
+        StateMismatchError, match=r"^padpipe.hf.Trainer state doesn't match .* version found 1 instead of 2"
+    ):
+        TrainBatches(pipe.loader(), dict).load_state_dict(old)

@@ -19,7 +19,10 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 import padpipe as pp  # noqa: E402
+from padpipe.checkpoints import CHECKPOINT, PART_KEYS  # noqa: E402
 from padpipe.hf import LOADER_STATE, Trainer  # noqa: E402
+from padpipe.integrations.hf import OLD_LOADER_STATE  # noqa: E402
+from padpipe.integrations.hf_train import TrainBatches  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from tests.integrations.tiny import (  # noqa: E402
     ROOT,
@@ -162,12 +165,31 @@ def test_trainer_resumes_at_an_epoch_boundary_with_the_next_epoch(mrpc, tmp_path
         train_dataset=train,
     ).train()
     checkpoint = tmp_path / "run" / f"checkpoint-{first_epoch}"
-    assert (checkpoint / LOADER_STATE.format(rank=0)).is_file()
+    saved = torch.load(checkpoint / LOADER_STATE, weights_only=True)  # loader.checkpoint() and the pass
+    assert (saved["version"], saved["epoch"], saved["batches"], saved["ended"]) == (2, 0, first_epoch, True)
+    assert saved["checkpoint"]["version"] == CHECKPOINT.version and set(saved["checkpoint"]) == {
+        "version",
+        "settings",
+        "checksum",
+        "ranks",
+    }
+    assert [set(one) for one in saved["checkpoint"]["ranks"]] == [set(PART_KEYS)]
     resumed = recorder()
     Trainer(model=resumed, args=arguments(tmp_path / "resumed", max_steps=first_epoch + 4), train_dataset=train).train(
         resume_from_checkpoint=str(checkpoint)
     )
     assert len(resumed.steps) == 4
+    assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in full.steps[first_epoch:]]
+    # an older padpipe's checkpoint: one file a rank (at a pass's end nothing was read ahead, so the same position)
+    old = TrainBatches.STATE_V1.make(
+        {}, loader=saved["checkpoint"]["ranks"][0]["loader"], epoch=0, batches=first_epoch, ended=True
+    )
+    torch.save(old, checkpoint / OLD_LOADER_STATE.format(rank=0))
+    (checkpoint / LOADER_STATE).unlink()
+    resumed = recorder()
+    Trainer(model=resumed, args=arguments(tmp_path / "old", max_steps=first_epoch + 4), train_dataset=train).train(
+        resume_from_checkpoint=str(checkpoint)
+    )
     assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in full.steps[first_epoch:]]
 
 
@@ -178,12 +200,12 @@ def test_trainer_resume_needs_the_loader_state_in_the_checkpoint(mrpc, tmp_path)
         args=arguments(tmp_path, max_steps=2, save_strategy="steps", save_steps=2),
         train_dataset=train,
     ).train()
-    (tmp_path / "checkpoint-2" / LOADER_STATE.format(rank=0)).unlink()
+    (tmp_path / "checkpoint-2" / LOADER_STATE).unlink()
     trainer = Trainer(model=recorder(), args=arguments(tmp_path, max_steps=3), train_dataset=train)
     with pytest.raises(
         FileNotFoundError,
         match=r"^Checkpoint .*checkpoint-2 has no padpipe loader state "
-        r"\(padpipe_loader_<rank>\.pt\).*ignore_data_skip=True",
+        r"\(padpipe_loader\.pt\).*ignore_data_skip=True",
     ):
         trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import io
 import pathlib
 import re
 import tempfile
@@ -28,7 +29,8 @@ from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw  # noqa: E402
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 
-from padpipe.integrations.titan_state import RANK_V1, gathered  # noqa: E402
+from padpipe.checkpoints import CHECKPOINT, PART_KEYS  # noqa: E402
+from padpipe.integrations.titan_state import KEY, RANK, RANK_V1, STATE, STATE_V1, unpacked  # noqa: E402
 from padpipe.integrations.torchtitan import PadpipeDataLoader, text_tokenizer  # noqa: E402
 
 TITAN = HuggingFaceTokenizer(tokenizer_path=pp.examples.TOKENIZER_DIR)
@@ -212,7 +214,7 @@ def test_a_checkpoint_of_another_dataset_tokenizer_or_seq_len_is_refused_when_to
     )
     manager = checkpoints(loader, tmp_path)
     with pytest.raises(
-        StateMismatchError, match=r"^PadpipeDataLoader rank state doesn't match this pipeline: setting " + setting
+        StateMismatchError, match=r"^PadpipeDataLoader state doesn't match this pipeline: setting " + setting
     ):
         manager.load()  # refused here, before a model step: not at the first batch
 
@@ -228,28 +230,52 @@ def test_a_checkpoint_of_another_dataset_path_is_refused_when_loaded(tmp_path):
     again.load_state_dict(state)
     assert len(list(again)) == len(list(build(config))) - 1  # the same data resumes
     other = build(PadpipeDataLoader.Config(dataset_path=str(tmp_path / "b.parquet")))
-    with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader rank state .* setting 'data' found .*a\.parquet"):
+    with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader state .* setting 'data' found .*a\.parquet"):
         other.load_state_dict(state)
     text = build(PadpipeDataLoader.Config(dataset_path=str(tmp_path / "a.parquet"), text_field="body"))
     with pytest.raises(StateMismatchError, match=r"setting 'data' found .*\['text'\].* instead of .*\['body'\]"):
         text.load_state_dict(state)
 
 
-def test_a_state_saved_before_ranks_held_their_recipe_still_resumes():
+def test_its_state_is_loader_checkpoint_plus_torchtitans_counts():
+    loader = build(PadpipeDataLoader.Config(pipeline=packed))
+    next(iter(loader))
+    saved = torch.load(io.BytesIO(loader.state_dict()[KEY]), weights_only=True)
+    assert saved["version"] == STATE.version and saved["settings"] == loader.recipe
+    assert set(saved) == {"version", "settings", "checksum", "checkpoint", "yielded", "batches_per_step", "epochs"}
+    checkpoint, own = saved["checkpoint"], loader.loader.checkpoint()
+    assert checkpoint["version"] == own["version"] == CHECKPOINT.version and set(checkpoint) == set(own)
+    assert [set(one) for one in checkpoint["ranks"]] == [set(PART_KEYS)]
+    assert checkpoint["ranks"][0]["loader"]["checksum"] == own["ranks"][0]["loader"]["checksum"]
+    assert unpacked(loader.state_dict()).yielded == 1
+
+
+def v1_state(loader: PadpipeDataLoader, rank_schema) -> dict[str, bytes]:
+    """A state as padpipe saved it before ``loader.checkpoint()``: every DP rank's entry apart (format version 1)."""
+    settings = loader.recipe if rank_schema is RANK else {}
+    mine = rank_schema.make(settings, loader=loader.loader.state_dict(), yielded=1, batches_per_step=1, epochs=0)
+    buffer = io.BytesIO()
+    torch.save(STATE_V1.make({}, ranks=[mine]), buffer)
+    return {KEY: buffer.getvalue()}
+
+
+@pytest.mark.parametrize("rank_schema", [RANK_V1, RANK], ids=["ranks-v1", "ranks-v2"])
+def test_a_state_of_the_format_before_loader_checkpoint_still_resumes(rank_schema):
     loader = build(PadpipeDataLoader.Config(pipeline=packed))
     it = iter(loader)
     first = next(it)
     rest = list(it)
     loader = build(PadpipeDataLoader.Config(pipeline=packed))
-    it = iter(loader)
-    next(it)
-    mine = RANK_V1.make({}, loader=loader.loader.state_dict(), yielded=1, batches_per_step=1, epochs=0)
-    old = gathered(mine, None)
+    next(iter(loader))
+    old = v1_state(loader, rank_schema)
     again = build(PadpipeDataLoader.Config(pipeline=packed))
     again.load_state_dict(old)
     resumed = list(again)
     assert first is not None and len(resumed) == len(rest)
     assert all(torch.equal(a[1], b[1]) for a, b in zip(rest, resumed))
+    if rank_schema is RANK:  # its ranks held their recipe: checked as the new format's
+        with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader rank state .* setting 'seq_len' found 32"):
+            build(PadpipeDataLoader.Config(pipeline=packed), seq_len=16).load_state_dict(old)
 
 
 def test_every_config_field_is_in_the_docs():
