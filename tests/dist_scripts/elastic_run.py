@@ -1,7 +1,11 @@
 """Run under ``torchrun``: elastic resume with real ranks, as a training job resized between runs does it.
 
 Usage: ``python -m torch.distributed.run --standalone --nproc_per_node=R elastic_run.py DATA OUT TAG
-[--workers W] [--load DIR] [--take K --save DIR] [--epochs N] [--kinds bucket,batch,pack,mix,accum,repeat]``
+[--workers W] [--load DIR] [--take K --save DIR] [--epochs N] [--kinds bucket,batch,pack,mix,accum,repeat]
+[--then TAG [options] ...]``
+
+Each ``--then`` starts a further phase in the same launch (one process group, imports paid once), with
+its own tag and options, after the one before it: several layouts of the same world size share a launch.
 
 For each pipeline kind every rank builds ``pipe.loader(num_workers=W)`` (``accum``: with
 ``accumulation_steps=3``, whose windows do not divide its 5 batches a rank; ``repeat``: with
@@ -21,6 +25,7 @@ import argparse
 import glob
 import json
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -111,10 +116,9 @@ def run(kind: str, pipe: pp.Pipeline, args: argparse.Namespace, rank: int) -> di
     return record
 
 
-def main() -> None:
+def phases(argv: list[str]) -> tuple[str, str, list[argparse.Namespace]]:
+    """``DATA OUT`` and the phases after them: ``TAG [options]``, one after another, split at ``--then``."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("data")
-    parser.add_argument("out")
     parser.add_argument("tag")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--load")
@@ -122,15 +126,30 @@ def main() -> None:
     parser.add_argument("--save")
     parser.add_argument("--epochs", type=int, default=1, help="epochs after the rest of this one; -1: stop at the save")
     parser.add_argument("--kinds", default="bucket,batch,pack,mix")
-    args = parser.parse_args()
+    data, out, *rest = argv
+    groups: list[list[str]] = [[]]
+    for arg in rest:
+        if arg == "--then":
+            groups.append([])
+        else:
+            groups[-1].append(arg)
+    return data, out, [parser.parse_args(group) for group in groups]
+
+
+def main() -> None:
+    data, out, todo = phases(sys.argv[1:])
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank()
-    pipes = pipelines(args.data)
-    result = {kind: run(kind, pipes[kind], args, rank) for kind in args.kinds.split(",")}
-    result["env"] = {name: os.environ.get(name) for name in ENV_NAMES}
-    with open(os.path.join(args.out, f"{args.tag}-rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    dist.barrier()
+    saved = {args.save for args in todo if args.save}
+    for args in todo:  # each phase builds fresh loaders
+        if args.load in saved:
+            raise SystemExit(f"{args.tag}: a state is loaded by a later launch, not by the one that saved it")
+        pipes = pipelines(data)
+        result = {kind: run(kind, pipes[kind], args, rank) for kind in args.kinds.split(",")}
+        result["env"] = {name: os.environ.get(name) for name in ENV_NAMES}
+        with open(os.path.join(out, f"{args.tag}-rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        dist.barrier()
     dist.destroy_process_group()
 
 

@@ -1,13 +1,11 @@
-"""Run under ``torchrun``: the epoch's uneven tail of the three workloads, in a loop that knows nothing of fillers.
+"""Under ``torchrun``: the epoch's uneven tail of the three workloads, in a loop that knows nothing of fillers.
 
-Usage: ``python -m torch.distributed.run --standalone --nproc_per_node=R fillers_run.py DATA OUT TAG``
-
-``DATA`` holds ``pairs.parquet`` (sentence pairs with one label a row, bucketed), ``docs.jsonl``
-(pretraining documents packed with ``pack(256, batch_size=1)``), ``one_doc.jsonl`` (one document,
-one packed row for every rank) and ``chats.jsonl`` (conversations,
-packed with ``pack(1024, batch_size=1)``). Each rank reads every workload for two epochs in a plain
-loop and writes ``OUT/TAG-rank<R>.json``: per workload and epoch, its steps, its fillers, the labels a
-loop that knows nothing of fillers trains on (the causal shift for packed rows: ``labels[:, 1:]``)
+Run by workloads_run.py (``fillers=DATA``) on every rank. ``DATA`` holds ``pairs.parquet`` (sentence
+pairs with one label a row, bucketed), ``docs.jsonl`` (pretraining documents packed with
+``pack(256, batch_size=1)``), ``one_doc.jsonl`` (one document, one packed row for every rank) and
+``chats.jsonl`` (conversations, packed with ``pack(1024, batch_size=1)``). Each rank reads every
+workload for two epochs in a plain loop and records: per workload and epoch, its steps, its fillers,
+the labels a loop that knows nothing of fillers trains on (the causal shift for packed rows: ``labels[:, 1:]``)
 and those a loop with the docs' line (``loss * pp.loss_weight(batch)``) trains, and the stats' split
 and filler counters.
 """
@@ -15,13 +13,10 @@ and filler counters.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.chat_fixtures
@@ -75,20 +70,10 @@ def epoch(loader: pp.PipelineLoader, packed: bool) -> dict:
     }
 
 
-def main() -> None:
-    data, out, tag = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    rank = dist.get_rank()
-    result = {}
+def result(data: str) -> dict:
+    """This rank's record (see above)."""
+    out = {}
     for name, pipe in pipelines(data).items():
         loader = pipe.loader()
-        result[name] = [epoch(loader, name != "pairs") for _ in range(EPOCHS)]
-    with open(os.path.join(out, f"{tag}-rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    main()
+        out[name] = [epoch(loader, name != "pairs") for _ in range(EPOCHS)]
+    return out

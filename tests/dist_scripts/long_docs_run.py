@@ -1,14 +1,11 @@
-"""Run under ``torchrun``: long documents of very uneven length, packed, read by every loader kind on real ranks.
+"""Under ``torchrun``: long documents of very uneven length, packed, read by every loader kind on real ranks.
 
-Usage: ``python -m torch.distributed.run --standalone --nproc_per_node=R long_docs_run.py DATA OUT TAG``
-
-``DATA`` holds ``docs.jsonl`` (whose first half by bytes has few tokens per byte, so a byte-balanced
-share holds far fewer tokens on rank 0) and ``docs.parquet`` (longest documents first, so a
+Run by workloads_run.py (``long_docs=DATA``) on every rank. ``DATA`` holds ``docs.jsonl`` (whose first
+half by bytes has few tokens per byte, so a byte-balanced share holds far fewer tokens on rank 0) and ``docs.parquet`` (longest documents first, so a
 row-balanced share holds far more tokens on rank 0). Each is tokenized whole (``[CLS]``/``[SEP]``
 around every document, no truncation) and packed into rows of 256, 4 a batch, then read through
 the loaders users build: the default, with 2 worker processes, ``equal_steps="repeat"``,
-``accumulation_steps=3`` and ``equal_steps="drop"``. Every rank writes ``OUT/TAG-rank<R>.json``: per
-format and loader, per epoch, its steps, the histogram of the token ids it trained on (repeats and
+``accumulation_steps=3`` and ``equal_steps="drop"``. Every rank records: per format and loader, per epoch, its steps, the histogram of the token ids it trained on (repeats and
 fillers left out; the pad id 0 is no text token), its stats' rows, skips and counters, and the
 windows' ``num_items_in_batch`` with the label tokens it counted itself.
 """
@@ -16,12 +13,8 @@ windows' ``num_items_in_batch`` with the label tokens it counted itself.
 from __future__ import annotations
 
 import collections
-import json
 import os
-import sys
-from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
 import padpipe as pp
@@ -69,22 +62,12 @@ def epoch(loader: pp.PipelineLoader) -> dict:
     }
 
 
-def main() -> None:
-    data, out, tag = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    rank = dist.get_rank()
-    result = {}
+def result(data: str) -> dict:
+    """This rank's record (see above)."""
+    out = {}
     for name in ("docs.jsonl", "docs.parquet"):
         pipe = pipeline(os.path.join(data, name))
         for kind, options in LOADERS.items():
             loader = pipe.loader(**options)
-            result[f"{name}/{kind}"] = [epoch(loader) for _ in range(EPOCHS)]
-    with open(os.path.join(out, f"{tag}-rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    main()
+            out[f"{name}/{kind}"] = [epoch(loader) for _ in range(EPOCHS)]
+    return out

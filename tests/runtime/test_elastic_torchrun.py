@@ -1,6 +1,6 @@
 """Elastic resume under real ``torchrun`` (gloo, CPU): a run saved on R x W continues on R' x W' exactly.
 
-Each phase is one ``torch.distributed.run`` launch of tests/dist_scripts/elastic_run.py that serves
+Each phase runs tests/dist_scripts/elastic_run.py under ``torch.distributed.run`` and serves
 six pipelines at once (bucketed, fixed batches, packed, a mix; masked rows under
 ``accumulation_steps=3``, whose windows do not divide the epoch, saved inside its short last
 window; ``equal_steps="repeat"`` over shares of very different length, saved while rank 0
@@ -9,6 +9,8 @@ state and runs the rest of that epoch and the next. Checked per pipeline and lay
 before the save plus those after it are the epoch exactly once (buffered rows included), every rank
 takes the same number of steps, equal steps drops nothing, and the next epoch is whole. One launch
 also saves again in the middle of its elastic epoch, and a third layout finishes that epoch.
+Phases of one world size share a launch (10 phases, 6 launches: imports and process start paid once)
+where none of them loads a state saved in that launch: every state is loaded by fresh processes.
 """
 
 from __future__ import annotations
@@ -37,19 +39,46 @@ KINDS = ("bucket", "batch", "pack", "mix")
 WINDOWED = ("accum", "repeat")  # run on the 2 x 1 save and the layouts it changes to (the cases that lost rows)
 MASKED = 81  # pre-tokenized rows of "accum": 5 batches a rank on 2 ranks, windows of 3 and 2
 # the old layouts, and the steps each takes before saving (2 x 1: inside accum's short last window, and
-# after repeat's rank 0 ran out at step 7)
-SAVED = {(2, 1): "3,accum=4,repeat=10", (1, 2): "5", (3, 1): "2", (4, 2): "2"}
+# after repeat's rank 0 ran out at step 7); in this order the 10 phases share 6 launches (see launches())
+SAVED = {(1, 2): "5", (2, 1): "3,accum=4,repeat=10", (4, 2): "2", (3, 1): "2"}
 CHANGES = [((2, 1), (3, 0)), ((2, 1), (3, 2)), ((1, 2), (4, 1)), ((3, 1), (2, 2)), ((4, 2), (3, 0))]
 TIMEOUT = 300
 
 
-def torchrun(ranks: int, workers: int, data: Path, tag: str, *extra: str, kinds: tuple = KINDS) -> list[dict]:
-    """One launch; every rank's record. Killed whole (its process group) on timeout."""
-    command = torchrun_command(
-        SCRIPT, str(data), str(data), tag, "--workers", str(workers), "--kinds", ",".join(kinds), *extra, nproc=ranks
-    )
-    run_launchers([command], timeout=TIMEOUT, what=tag)
-    return [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(ranks)]
+def phase(ranks: int, workers: int, tag: str, *extra: str, kinds: tuple = KINDS) -> tuple[int, list[str]]:
+    """One phase of elastic_run.py: its world size and its arguments (``tag`` first)."""
+    return ranks, [tag, "--workers", str(workers), "--kinds", ",".join(kinds), *extra]
+
+
+def option(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def launches(plan: dict) -> list[tuple[int, list]]:
+    """The keys of ``plan``'s phases grouped into launches of one world size each, in the order they run.
+
+    A phase joins the first launch of its world size after the launch that saved the state it loads
+    (so a state is always loaded by fresh processes, never by those that saved it), else starts a new one.
+    """
+    out: list[tuple[int, list]] = []
+    saved_in: dict[str, int] = {}
+    for key, (ranks, args) in plan.items():
+        after = saved_in.get(option(args, "--load") or "", -1)
+        at = next((i for i, (n, _) in enumerate(out) if i > after and n == ranks), len(out))
+        if at == len(out):
+            out.append((ranks, []))
+        out[at][1].append(key)
+        if save := option(args, "--save"):
+            saved_in[save] = at
+    return out
+
+
+def torchrun(data: Path, ranks: int, phases: list[list[str]]) -> list[list[dict]]:
+    """One launch running ``phases`` one after another; every rank's record of each. Killed whole on timeout."""
+    args = [arg for i, p in enumerate(phases) for arg in (["--then"] if i else []) + p]
+    command = torchrun_command(SCRIPT, str(data), str(data), *args, nproc=ranks)
+    run_launchers([command], timeout=TIMEOUT * len(phases), what=" + ".join(p[0] for p in phases))
+    return [[json.loads((data / f"{p[0]}-rank{r}.json").read_text()) for r in range(ranks)] for p in phases]
 
 
 def write_corpus(data: Path) -> Path:
@@ -90,28 +119,46 @@ def rows(records: list[dict], kind: str, part: str, epoch: int | None = None) ->
     return collections.Counter(tuple(row) if isinstance(row, list) else row for step in steps for row in step)
 
 
+def plan(data: Path) -> dict:
+    """The phases, keyed as their records are in ``runs``: the saves, the layout changes, the second resize."""
+    out: dict = {}
+    for (ranks, workers), take in SAVED.items():
+        save = ("--take", take, "--save", str(data / f"saved-{ranks}x{workers}"), "--epochs", "-1")
+        out[ranks, workers] = phase(ranks, workers, f"old-{ranks}x{workers}", *save, kinds=kinds_of((ranks, workers)))
+    for old, new in CHANGES:
+        extra = ["--load", str(data / f"saved-{old[0]}x{old[1]}")]
+        if (old, new) == ((2, 1), (3, 0)):  # save again two steps into the elastic epoch
+            extra += ["--take", "2,accum=1", "--save", str(data / "saved-again")]  # accum has 1 step left
+        out[old, new] = phase(*new, f"new-{old[0]}x{old[1]}-{new[0]}x{new[1]}", *extra, kinds=kinds_of(old))
+    out["again"] = phase(1, 2, "again-1x2", "--load", str(data / "saved-again"), kinds=kinds_of((2, 1)))
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     data = write_corpus(tmp_path_factory.mktemp("elastic_torchrun"))
+    phases = plan(data)
+    for _, args in phases.values():
+        if save := option(args, "--save"):
+            Path(save).mkdir()
     out: dict = {"data": data}
-    for (ranks, workers), take in SAVED.items():
-        folder = data / f"saved-{ranks}x{workers}"
-        folder.mkdir()
-        kinds = kinds_of((ranks, workers))
-        out[ranks, workers] = torchrun(
-            ranks, workers, data, f"old-{ranks}x{workers}", "--take", take, "--save", str(folder), "--epochs", "-1",
-            kinds=kinds,
-        )  # fmt: skip
-    for old, new in CHANGES:
-        extra = ["--load", str(data / f"saved-{old[0]}x{old[1]}")]
-        if (old, new) == ((2, 1), (3, 0)):  # save again two steps into the elastic epoch
-            (data / "saved-again").mkdir()
-            extra += ["--take", "2,accum=1", "--save", str(data / "saved-again")]  # accum has 1 step left
-        out[old, new] = torchrun(*new, data, f"new-{old[0]}x{old[1]}-{new[0]}x{new[1]}", *extra, kinds=kinds_of(old))
-    out["again"] = torchrun(1, 2, data, "again-1x2", "--load", str(data / "saved-again"), kinds=kinds_of((2, 1)))
+    for ranks, keys in launches(phases):
+        out.update(zip(keys, torchrun(data, ranks, [phases[key][1] for key in keys])))
     return out
+
+
+def test_the_phases_share_launches_and_each_state_is_loaded_by_a_later_launch(tmp_path):
+    phases = plan(tmp_path)
+    grouped = launches(phases)
+    assert [(ranks, len(keys)) for ranks, keys in grouped] == [(1, 1), (2, 1), (4, 2), (3, 4), (2, 1), (1, 1)]
+    launch_of = {key: i for i, (_, keys) in enumerate(grouped) for key in keys}
+    saved_by = {option(args, "--save"): key for key, (_, args) in phases.items() if option(args, "--save")}
+    for key, (ranks, args) in phases.items():
+        assert grouped[launch_of[key]][0] == ranks
+        if load := option(args, "--load"):
+            assert launch_of[saved_by[load]] < launch_of[key], f"{key} loads {load} in a later launch"
 
 
 def kinds_of(old: tuple[int, int]) -> tuple[str, ...]:

@@ -6,29 +6,25 @@ that knows nothing of fillers trained those rows twice. One launch per world siz
 (tests/dist_scripts/fillers_run.py) reads the three workloads for two epochs in a plain loop. With
 token-level labels the ranks must get real pieces (no filler) and the labels they train, summed, must
 be each label of the data once; sentence pairs (one label a row) keep a filler only where fewer
-rows are left than ranks.
+rows are left than ranks. The launches also serve test_long_docs_torchrun.py (tests/runtime/workloads.py).
 """
 
 from __future__ import annotations
 
 import collections
-import gzip
 import importlib.util
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch.distributed as dist
 
-import padpipe as pp
-from tests import chat_fixtures
-from tests.runtime.launchers import run_launchers, torchrun_command
+from tests.runtime import workloads
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first file to run launches both
 
 SCRIPT = Path(__file__).parent.parent / "dist_scripts" / "fillers_run.py"
-SIZES = {2: {"pairs": 1, "docs": 41, "chats": 29}, 3: {"pairs": 2, "docs": 37, "chats": 30}}
+SIZES = workloads.FILLERS
 
 
 def script():
@@ -38,31 +34,17 @@ def script():
     return module
 
 
-def write(data: Path, sizes: dict[str, int]) -> None:
-    pairs = pq.read_table(pp.examples.SAMPLE_PARQUET).slice(0, sizes["pairs"])
-    pq.write_table(pairs, data / "pairs.parquet")
-    with gzip.open(Path(pp.examples.DATA_DIR) / "corpus.jsonl.gz", "rt") as f:
-        texts = [json.loads(line)["text"] for _, line in zip(range(sizes["docs"]), f)]
-    (data / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    (data / "one_doc.jsonl").write_text(json.dumps({"text": " ".join(texts[0].split()[:120])}) + "\n")
-    chats = chat_fixtures.conversations(sizes["chats"], seed=39)
-    (data / "chats.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     run = script()
     out = {}
-    for ranks, sizes in SIZES.items():
-        data = tmp_path_factory.mktemp(f"fillers{ranks}")
-        write(data, sizes)
-        tag = f"x{ranks}"
-        run_launchers([torchrun_command(SCRIPT, str(data), str(data), tag, nproc=ranks)], timeout=600, what=tag)
-        records = [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(ranks)]
+    for ranks in SIZES:
+        folder = workloads.launched(tmp_path_factory, ranks)  # shared with test_long_docs_torchrun.py
+        records = [json.loads((folder / f"x{ranks}-fillers-rank{r}.json").read_text()) for r in range(ranks)]
         every = {}
-        for name, pipe in run.pipelines(str(data)).items():  # one process: the whole data set, each label once
+        for name, pipe in run.pipelines(str(folder / "fillers")).items():  # one process: each label once
             every[name] = collections.Counter(x for b in pipe.loader() for x in run.trained(b, name != "pairs"))
         out[ranks] = (records, every)
     return out

@@ -2,9 +2,9 @@
 
 Documents of very uneven length, packed, make shares that are uneven by tokens: a byte-balanced
 JSONL share or a row-balanced Parquet share of the same documents packs into very different
-numbers of batches on each rank. One launch per world size (tests/dist_scripts/long_docs_run.py)
-reads them through every loader kind for two epochs; the token histogram of what the ranks
-trained on, summed, must equal the corpus's, every epoch, with equal steps and nothing counted as
+numbers of batches on each rank. One launch per world size (tests/dist_scripts/long_docs_run.py, in
+the launch it shares with test_fillers_torchrun.py: tests/runtime/workloads.py) reads them through
+every loader kind for two epochs; the token histogram of what the ranks trained on, summed, must equal the corpus's, every epoch, with equal steps and nothing counted as
 dropped — except under the explicit ``equal_steps="drop"``, whose skips must account for exactly
 the tokens missing.
 """
@@ -12,39 +12,17 @@ the tokens missing.
 from __future__ import annotations
 
 import collections
-import gzip
 import json
-from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch.distributed as dist
 
 import padpipe as pp
-from tests.runtime.launchers import run_launchers, torchrun_command
+from tests.runtime import workloads
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first file to run launches both
 
-SCRIPT = Path(__file__).parent.parent / "dist_scripts" / "long_docs_run.py"
-DOCS = 700
 LOSSLESS = ("default", "workers", "repeat", "accum")
-
-
-def corpus() -> list[str]:
-    """The shipped documents (median ~100 words, a few of 1,000-3,000), first ``DOCS``."""
-    with gzip.open(Path(pp.examples.DATA_DIR) / "corpus.jsonl.gz", "rt") as f:
-        return [json.loads(line)["text"] for _, line in zip(range(DOCS), f)]
-
-
-def write(data: Path, texts: list[str]) -> None:
-    """docs.jsonl: the first half by bytes spread out by spaces (few tokens a byte); docs.parquet: longest first."""
-    half = len(texts) // 3
-    spread = [text.replace(" ", "        ") for text in texts[:half]] + texts[half:]
-    with open(data / "docs.jsonl", "w") as f:
-        f.writelines(json.dumps({"text": t}) + "\n" for t in spread)
-    longest = sorted(texts, key=len, reverse=True)
-    pq.write_table(pa.table({"text": longest}), data / "docs.parquet", row_group_size=100)
 
 
 def reference(texts: list[str]) -> collections.Counter:
@@ -57,14 +35,10 @@ def reference(texts: list[str]) -> collections.Counter:
 def runs(tmp_path_factory) -> dict:
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    data = tmp_path_factory.mktemp("long_docs")
-    texts = corpus()
-    write(data, texts)
-    out = {"every": reference(texts)}
+    out: dict = {"every": reference(workloads.corpus())}
     for ranks in (2, 3):
-        tag = f"x{ranks}"
-        run_launchers([torchrun_command(SCRIPT, str(data), str(data), tag, nproc=ranks)], timeout=600, what=tag)
-        out[ranks] = [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(ranks)]
+        folder = workloads.launched(tmp_path_factory, ranks)  # shared with test_fillers_torchrun.py
+        out[ranks] = [json.loads((folder / f"x{ranks}-long_docs-rank{r}.json").read_text()) for r in range(ranks)]
     return out
 
 
