@@ -38,6 +38,7 @@ class Untrained:
     def __init__(self) -> None:
         self.recent: deque[Any] = deque(maxlen=0)
         self.restored: deque[Any] = deque()
+        self.outstanding = 0  # returned and not noted trained (PipelineLoader.trained)
 
     def keep(self, count: int) -> None:
         """Keep the last ``count`` batches returned (a trainer's fetch-ahead; 0: none)."""
@@ -48,6 +49,7 @@ class Untrained:
     def note(self, batch: Any) -> None:
         """A batch was returned."""
         self.recent.append(batch)
+        self.outstanding += 1
 
     def last(self, count: int) -> list[Any]:
         """The last ``count`` batches returned and those restored not returned again yet: what a checkpoint holds."""
@@ -66,6 +68,7 @@ class Untrained:
     def clear(self) -> None:
         self.recent.clear()
         self.restored.clear()
+        self.outstanding = 0
 
 
 def part(state: Any, ahead: list[Any]) -> dict[str, Any]:
