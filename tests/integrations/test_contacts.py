@@ -61,6 +61,7 @@ def test_lightning_calls_a_loaders_state_methods_from_its_combined_loader():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
 def test_lightnings_checkpoint_keeps_the_loader_states_where_exact_resume_writes(tmp_path):
     L = pytest.importorskip("lightning")
     pytest.importorskip("transformers")
