@@ -4,9 +4,9 @@
     python examples/train_lightning.py                               # one process; --log-every N too
 
 Needs Lightning and ``transformers``: ``pip install 'padpipe[hf,lightning]'``. PARQUET: MRPC-style files
-(default: the shipped sample). ``train_dataloader()`` returns ``pipe.loader(...)``: in Lightning's checkpoints
-its state is every rank's position after the batches trained, so a run resumed from a mid-epoch checkpoint
-continues with exactly the next batch.
+(default: the shipped sample). ``train_dataloader()`` returns ``pipe.loader(...)`` and the ``ExactResume()``
+callback makes its state in Lightning's checkpoints every rank's position after the batches trained, so a run
+resumed from a mid-epoch checkpoint continues with exactly the next batch.
 Trains a tiny BERT for two epochs with a checkpoint every 50 steps in OUTPUT_DIR (default
 ``runs/lightning``), printing the loss every ``--log-every`` steps (rank 0); rerun with the same
 OUTPUT_DIR to resume from the last one.
@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from transformers import BertConfig, BertForSequenceClassification
 
 import padpipe as pp
+from padpipe.integrations.lightning import ExactResume
 
 
 class Classifier(L.LightningModule):
@@ -37,7 +38,7 @@ class Classifier(L.LightningModule):
         )
 
     def train_dataloader(self) -> pp.PipelineLoader:
-        return self.pipe.loader(num_workers=2)  # Lightning's checkpoints resume it exactly
+        return self.pipe.loader(num_workers=2)  # with ExactResume(), Lightning's checkpoints resume it exactly
 
     def training_step(self, batch, batch_idx):
         batch.pop("idx")
@@ -86,7 +87,7 @@ def main() -> None:
         strategy="ddp" if devices > 1 else "auto",
         max_epochs=2,
         max_steps=args.max_steps,
-        callbacks=[checkpoints],
+        callbacks=[ExactResume(), checkpoints],
         logger=False,
         enable_progress_bar=False,
     )

@@ -1,60 +1,33 @@
-"""Who drives a loader or iterates a pipeline: a registry the framework adapters fill, so the core knows no framework.
+"""Checks of who calls padpipe: a registry the framework adapters fill, so the core knows no framework.
 
-Two hooks, each a list the adapters fill (none imports its framework; each answers only while its
-framework, already imported, is the caller). The adapters are found as plugins are: on the first
-question, the package named by :data:`ADAPTERS` is imported by name, and registers them; the core's
-code imports nothing of it.
+A check only raises or warns: it never changes what the call does. Two hooks, each a list the
+adapters fill (none imports its framework; each looks only while its framework is already
+imported). The adapters are found as plugins are: on the first question, the package named by
+:data:`ADAPTERS` is imported by name, and registers them; the core's code imports nothing of it.
 
-- :func:`loader_driver`: asked by :class:`~padpipe.loader.PipelineLoader` at ``iter``, ``state_dict``
-  and ``load_state_dict``. A finder returns a :class:`Driver` when its framework drives the loader
-  (Lightning's fit loop: :mod:`padpipe.integrations.lightning_fit`), which then runs the call.
 - :func:`check_iteration`: asked by ``Pipeline.__iter__``. A check raises or warns when a wrapper
   reading the pipeline would lose, repeat or stack rows (:mod:`padpipe.integrations.guard`).
-
-An adapter that sees its framework calling in a way it does not recognise raises, naming itself:
-it never answers "not driving" in its place, so no guarantee weakens in silence.
+- :func:`check_state_call`: asked by ``PipelineLoader.state_dict`` and ``load_state_dict``. A check
+  raises when a framework saves or restores the loader in a way that would not resume exactly
+  (Lightning without its ``ExactResume`` callback: :mod:`padpipe.integrations.guard`).
 
 Example:
-    >>> loader_driver(object()) is None  # no framework is driving it
-    True
+    >>> check_iteration(object(), batches=True)  # nobody is wrapping it: nothing to say
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 ADAPTERS = "padpipe.integrations"
-"""The package whose import registers the framework adapters (found by name, like a plugin entry point)."""
+"""The package whose import registers the framework adapters' checks (found by name, like a plugin entry point)."""
 
-
-class Driver(Protocol):
-    """What a framework's driver does in place of the loader's own ``iter``, ``state_dict`` and ``load_state_dict``."""
-
-    def iterate(self) -> Iterator[Any]:
-        """The epoch the framework runs next."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]:
-        """The state the framework's checkpoint holds."""
-        ...
-
-    def load_state_dict(self, state: Any) -> None:
-        """Restore from the framework's checkpoint."""
-        ...
-
-
-LoaderFinder = Callable[[Any], "Driver | None"]
 PipelineCheck = Callable[[Any, bool], None]
-_finders: list[LoaderFinder] = []
+StateCheck = Callable[[Any, str, Any], None]
 _checks: list[PipelineCheck] = []
-
-
-def register_loader_driver(find: LoaderFinder) -> None:
-    """Add ``find(loader)``: a :class:`Driver` when its framework drives ``loader`` now, else ``None``."""
-    if find not in _finders:
-        _finders.append(find)
+_state_checks: list[StateCheck] = []
 
 
 def register_pipeline_check(check: PipelineCheck) -> None:
@@ -63,14 +36,10 @@ def register_pipeline_check(check: PipelineCheck) -> None:
         _checks.append(check)
 
 
-def loader_driver(loader: Any) -> Driver | None:
-    """The driver of ``loader`` when a framework drives the call in progress, else ``None``."""
-    _discover()
-    for find in _finders:
-        driver = find(loader)
-        if driver is not None:
-            return driver
-    return None
+def register_state_check(check: StateCheck) -> None:
+    """Add ``check(loader, method, state)``, run when a loader's ``state_dict`` or ``load_state_dict`` is called."""
+    if check not in _state_checks:
+        _state_checks.append(check)
 
 
 def check_iteration(pipeline: Any, *, batches: bool) -> None:
@@ -78,6 +47,13 @@ def check_iteration(pipeline: Any, *, batches: bool) -> None:
     _discover()
     for check in _checks:
         check(pipeline, batches)
+
+
+def check_state_call(loader: Any, method: str, state: Any) -> None:
+    """Run every registered check on ``loader``, whose ``method`` is called (``state``: the one being loaded)."""
+    _discover()
+    for check in _state_checks:
+        check(loader, method, state)
 
 
 _found: list[bool] = []

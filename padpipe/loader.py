@@ -9,7 +9,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.checkpoints import CHECKPOINT, check_nesting, is_checkpoint, one_checkpoint, own_part, part
-from padpipe.drivers import loader_driver
+from padpipe.drivers import check_state_call
 from padpipe.graph import start_at_epoch
 from padpipe.runtime.held import Untrained
 from padpipe.runtime.loader_state import LOADER_STATE
@@ -32,9 +32,21 @@ class PipelineLoader(Generic[T]):
       that epoch (the next ``iter`` yields no batch), then the following epoch;
     * a state taken after the loop ended resumes with the next epoch.
 
-    This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree. Returned from
-    a Lightning ``train_dataloader()``, it resumes exactly from Lightning's checkpoints too (and its
-    epochs follow Lightning's): see :mod:`padpipe.integrations.lightning_fit`.
+    This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree. An ``iter`` whose
+    epoch returned no batch and did not end leaves that epoch unspent: the next ``iter`` starts it
+    again (a framework that calls ``iter`` once to check the loader moves no epoch on).
+
+    ``iter``, ``state_dict`` and ``load_state_dict`` do the same whoever calls them. A training
+    loop that fetches batches ahead of the step it trains (Lightning's) holds batches the loader
+    returned and the trainer has not trained, which the loader cannot see: that loop's adapter says
+    so, through the framework's own extension point. Lightning's ``ExactResume`` callback calls
+    :meth:`trained` after each step and saves :meth:`checkpoint` with ``untrained=loader.untrained``
+    where Lightning keeps the loader's state (torchtitan's ``BaseDataLoader`` and ``padpipe.hf.Trainer``
+    are adapters of their own). What no method can tell is Lightning saving the
+    loader without that callback from a user saving it: a check in
+    :mod:`padpipe.integrations.guard`, run first by ``state_dict`` and ``load_state_dict``, raises
+    then, naming the callback (it never changes what they return), so such a checkpoint is never
+    silently one batch late.
 
     Args:
         root: The built node graph (equal steps and worker processes included).
@@ -81,29 +93,39 @@ class PipelineLoader(Generic[T]):
         self._started = False
         self._finished = False
         self._epoch, self._step = -1, 0
+        self._unspent = False  # the running epoch started from its start and has returned no batch, nor ended
 
     @property
     def epoch(self) -> int:
         """The epoch the last returned batch belongs to (the one running now); -1 before the first ``iter``."""
         return self._epoch
 
+    @property
+    def in_epoch(self) -> bool:
+        """Whether the epoch of the last ``iter`` is running: started (no state loaded since) and not ended."""
+        return self._started and not self._finished and self._pending is None
+
     def __iter__(self) -> Iterator[T]:
         """Start the next epoch (or continue a loaded state) and return its iterator."""
-        if (driver := loader_driver(self)) is not None:  # a framework's loop (Lightning's fit): the epoch it runs next
-            return driver.iterate()
         pending, self._pending = self._pending, None
+        self._untrained.outstanding = 0
         if pending is not None and pending["root"] is not None:
             self.root.reset(pending["root"])
             self._epoch, self._step = pending["epoch"], pending["step"]
+            self._unspent = False
             if pending["finished"]:
                 self.root.reset(None)
                 self._epoch, self._step = self._epoch + 1, 0
         else:
-            if pending is not None:  # a state saved before the first batch: start at epoch 0
-                start_at_epoch(self.root, 0)
-                self._epoch = -1
+            if pending is not None:  # a state saved before the first batch: start at the epoch it would have
+                self._epoch = pending["epoch"]
+                start_at_epoch(self.root, self._epoch + 1)
+            elif self._unspent:  # the last iter's epoch returned no batch and did not end: read it again
+                start_at_epoch(self.root, self._epoch)
+                self._epoch -= 1
             self.root.reset(None)
             self._epoch, self._step = self._epoch + 1, 0
+            self._unspent = True
         self._started, self._finished = True, False
         return _Epoch(self)
 
@@ -121,6 +143,27 @@ class PipelineLoader(Generic[T]):
         """How many of the batches last returned it keeps now (at most :meth:`keep_untrained`'s count)."""
         return len(self._untrained.recent)
 
+    def trained(self, count: int = 1) -> None:
+        """Note that the trainer has trained the oldest ``count`` batches returned since the last note.
+
+        A loop that fetches ahead calls it after each training step, so that :attr:`untrained` is
+        how many batches it holds; :meth:`checkpoint` saves those (``untrained=loader.untrained``).
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> loader = pipe.loader(); it = iter(loader); first, second = next(it), next(it)
+            >>> loader.trained(); loader.untrained  # the first was trained, the second is fetched
+            1
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"`count` must be an int >= 0, but is {count!r} instead.")
+        self._untrained.outstanding = max(0, self._untrained.outstanding - count)
+
+    @property
+    def untrained(self) -> int:
+        """Batches returned in the running epoch and not noted by :meth:`trained` (restored ones included)."""
+        return self._untrained.outstanding
+
     def checkpoint(self, *, untrained: int = 0) -> dict[str, Any]:
         """Every rank's position in one value, the same on every rank: a collective over the loader's group.
 
@@ -129,8 +172,8 @@ class PipelineLoader(Generic[T]):
         trained yet (a loop's fetch-ahead; :meth:`keep_untrained` must keep that many), with any
         restored ones not returned again yet. :meth:`load_state_dict` takes it on any layout: on the
         same one each rank takes its own part and returns its batches first; on another, the rest
-        of the epoch and every rank's batches are shared out (docs/elastic.md). Framework adapters
-        save through it (Lightning's fit loop, torchtitan, padpipe.hf.Trainer); it is plain data with CPU tensors.
+        of the epoch and every rank's batches are shared out (docs/elastic.md). Lightning's
+        ``ExactResume``, torchtitan and padpipe.hf.Trainer save through it; it is plain data with CPU tensors.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -146,8 +189,7 @@ class PipelineLoader(Generic[T]):
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader returned (see the class docs)."""
-        if (driver := loader_driver(self)) is not None:  # a framework's checkpoint: after the trained batches
-            return driver.state_dict()
+        check_state_call(self, "state_dict", None)
         if self._pending is not None:
             return self._pending
         root = self.root.state_dict() if self._started else None
@@ -210,8 +252,7 @@ class PipelineLoader(Generic[T]):
             >>> rest == 400 - 8 * (10 + 20)  # the rows no rank had taken, each once
             True
         """
-        if (driver := loader_driver(self)) is not None:  # a framework's checkpoint (Lightning: every rank's)
-            return driver.load_state_dict(state)
+        check_state_call(self, "load_state_dict", state)
         if not isinstance(independent, bool):
             raise TypeError(f"`independent` must be a bool, but is {independent!r} instead.")
         if isinstance(state, dict) and is_checkpoint(state):
@@ -280,6 +321,7 @@ class PipelineLoader(Generic[T]):
         self._untrained.clear()
         start_at_epoch(self.root, epoch)
         self._epoch = epoch - 1  # the next iter's
+        self._started = self._unspent = False  # a state_dict() now is "before epoch ``epoch``"
 
     def copy(self) -> PipelineLoader[T]:
         """A new loader of the same pipeline that reads next what this one reads next, leaving this one as it is.
@@ -334,8 +376,9 @@ class _Epoch(Iterator[T]):
             try:
                 item = next(loader.root)
             except StopIteration:
-                loader._finished = True
+                loader._finished, loader._unspent = True, False
                 raise
             loader._step += 1
+        loader._unspent = False
         untrained.note(item)
         return item

@@ -184,7 +184,7 @@ def test_a_circle_through_type_checking_is_found(tmp_path):
 
 
 def test_only_the_framework_adapters_read_call_frames():
-    """Who drives padpipe is seen in call frames by integrations/ only; the core asks padpipe.drivers."""
+    """Who calls padpipe is checked in call frames by integrations/ only (raise or warn); the core asks padpipe.drivers."""
     found = [
         str(path.relative_to(PACKAGE))
         for path in sorted(PACKAGE.rglob("*.py"))

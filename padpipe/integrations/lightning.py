@@ -1,22 +1,25 @@
 """Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop.
 
-A bare ``pipe.loader(...)`` returned from ``train_dataloader()`` needs nothing from here: when
-Lightning's fit loop reads, saves or restores it, the loader itself keeps every rank's position
-after the batches trained and follows Lightning's epochs (:mod:`padpipe.integrations.lightning_fit`).
+Lightning checkpoints a train loader that has ``state_dict``/``load_state_dict``, but its own call
+would save the loader's position one batch late (its loop fetches a batch ahead) and from rank 0
+only. :class:`ExactResume`, a callback, fixes both through Lightning's public hooks:
 
-The pieces here do the same for any loader with ``state_dict``/``load_state_dict`` (a
-``StatefulDataLoader``, a loader of your own), whose own state Lightning would save one batch late
-(its loop fetches a batch ahead) and from rank 0 only:
+- for a ``pipe.loader(...)`` returned from ``train_dataloader()``, it tells the loader after each
+  step that a batch was trained, and saves in the loader's place in Lightning's checkpoint the
+  loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint`: every rank's position and the batches
+  fetched and not trained, which the loader, restored by Lightning, returns first. When ``fit``
+  stops at ``max_steps`` inside an epoch, Lightning counts that epoch as done: so does the loader.
+- for any other stateful loader (a ``StatefulDataLoader``), wrap it in :class:`LightningLoader`,
+  whose state holds the same; the callback tells it which batches the loop has taken.
 
-- :class:`LightningLoader` wraps the loader; its state is the loader's plus the batches fetched
-  but not yet trained (the first ones yielded after a resume), gathered from every rank.
-- :class:`ExactResume` is the callback that tells it which batches the loop has taken.
+Without the callback, Lightning saving or restoring a ``pipe.loader()`` raises, naming it
+(:func:`padpipe.integrations.guard.check_state_caller`); training itself runs as it would.
 
 Example:
     >>> import lightning as L  # doctest: +SKIP
     >>> class Model(L.LightningModule):  # doctest: +SKIP
     ...     def train_dataloader(self):
-    ...         return LightningLoader(pipe.loader())
+    ...         return pipe.loader()
     ...     def training_step(self, batch, batch_idx): ...
     >>> trainer = L.Trainer(strategy="ddp", devices=2, callbacks=[ExactResume()])  # doctest: +SKIP
     >>> trainer.fit(Model(), ckpt_path="last.ckpt")  # doctest: +SKIP
@@ -30,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from padpipe._optional import require
+from padpipe.integrations.guard import LOADER_SLOT, hold
 from padpipe.loader import PipelineLoader
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.sharing.ranks import all_ranks, ranks
@@ -136,14 +140,21 @@ class LightningLoader:
 
 
 class ExactResume(pl.Callback):
-    """Tells every :class:`LightningLoader` of the fit which batches the loop has taken.
+    """Makes Lightning's checkpoints of the train loaders exact: every rank's position after the batches trained.
 
-    Warns at the start of training when the train loader is neither a :class:`LightningLoader` nor a
-    ``pipe.loader(...)`` (which needs no callback).
+    For each ``pipe.loader(...)`` among the train loaders: after each training step it notes the
+    batch trained (:meth:`~padpipe.loader.PipelineLoader.trained`), and in each checkpoint it puts
+    the loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint` (gathered from every rank, a
+    collective as Lightning's checkpoint already is) where Lightning keeps the loader's state, so
+    Lightning's own restore resumes it exactly. For each :class:`LightningLoader` it notes the
+    batches the loop has taken. Warns at the start of training when no train loader is either.
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP
     """
+
+    def __init__(self) -> None:
+        self._loaders: list[PipelineLoader[Any]] = []
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not _loaders(trainer, (LightningLoader, PipelineLoader)):
@@ -152,12 +163,68 @@ class ExactResume(pl.Callback):
                 "will not continue exactly; return `pipe.loader(...)` from `train_dataloader()`.",
                 stacklevel=2,
             )
+        self._loaders = _loaders(trainer, (PipelineLoader,))
+        for loader in self._loaders:
+            hold(loader)
+            loader.keep_untrained(MAX_AHEAD)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         for loader in _loaders(trainer):
             loader.taken()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        for loader in self._loaders:  # after the step: training_step(dataloader_iter) fetches inside it
+            loader.trained()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Make each loader read the epoch Lightning starts (``iter`` reads the loader's next one)."""
+        epoch, restart = trainer.current_epoch, False
+        for loader in self._loaders:
+            if loader.epoch < epoch:  # a new fit resumed after an epoch Lightning counts done, or the next epoch
+                restart |= loader.in_epoch  # Lightning reads on from that iter: of the epoch it should not read
+                loader.set_epoch(epoch)
+        if restart:  # Lightning restored no loader state (it saw a finished epoch) and read one of another epoch
+            if len(_flattened(trainer)) > 1:
+                raise RuntimeError(
+                    f"ExactResume: Lightning started epoch {epoch} on a pipe.loader() reading another epoch, and "
+                    "restarting it would restart the other train loaders too: return one train loader."
+                )
+            iter(trainer.fit_loop._data_fetcher)  # the batch it fetched ahead was of the other epoch
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for loader in self._loaders:  # fit stopped inside an epoch (max_steps): Lightning counts it as done
+            if trainer.current_epoch > loader.epoch:
+                loader.set_epoch(trainer.current_epoch)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        stateful = [one for one in _flattened(trainer) if callable(getattr(one, "state_dict", None))]
+        if not any(isinstance(one, PipelineLoader) for one in stateful):
+            return
+        *path, key = LOADER_SLOT
+        fit_state = checkpoint
+        for name in path:
+            fit_state = fit_state.get(name) if isinstance(fit_state, dict) else None
+        if not isinstance(fit_state, dict) or len(fit_state.get(key, ())) != len(stateful):
+            raise RuntimeError(
+                f"ExactResume: Lightning's checkpoint keeps no state of its {len(stateful)} stateful train loaders "
+                f"under {'/'.join(LOADER_SLOT)}, where this padpipe knows it; use a Lightning version padpipe was "
+                "tested with (README, Install)."
+            )
+        states = list(fit_state[key])
+        for i, loader in enumerate(stateful):
+            if isinstance(loader, PipelineLoader):
+                states[i] = loader.checkpoint(untrained=loader.untrained)
+        fit_state[key] = states
+
+
+def _flattened(trainer: pl.Trainer) -> list[Any]:
+    """The train loaders in the order Lightning keeps their states (its ``CombinedLoader``'s)."""
+    loaders = trainer.train_dataloader
+    return [] if loaders is None else list(pl.utilities.CombinedLoader(loaders).flattened)
 
 
 def _loaders(trainer: pl.Trainer, kinds: tuple[type, ...] = (LightningLoader,)) -> list[Any]:

@@ -69,6 +69,7 @@ class Untrained:
     def __init__(self) -> None:
         self.recent: deque[Any] = deque(maxlen=0)
         self.restored = Held()
+        self.outstanding = 0  # returned and not noted trained (PipelineLoader.trained)
 
     def keep(self, count: int) -> None:
         """Keep the last ``count`` batches returned (a trainer's fetch-ahead; 0: none)."""
@@ -79,6 +80,7 @@ class Untrained:
     def note(self, batch: Any) -> None:
         """A batch was returned."""
         self.recent.append(batch)
+        self.outstanding += 1
 
     def last(self, count: int) -> list[Any]:
         """The last ``count`` batches returned and those restored not returned again yet: what a checkpoint holds."""
@@ -98,3 +100,4 @@ class Untrained:
     def clear(self) -> None:
         self.recent.clear()
         self.restored.clear()
+        self.outstanding = 0

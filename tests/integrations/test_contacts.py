@@ -1,6 +1,6 @@
 """Every private name of a framework that an adapter reads, pinned against the installed release.
 
-Each adapter keeps its contacts in one table (Lightning: ``lightning_fit.CONTACTS``; Accelerate and
+Each adapter keeps its contacts in one table (Lightning: ``guard.LIGHTNING`` and ``guard.LOADER_SLOT``; Accelerate and
 torch's fetcher: ``guard.ACCELERATE`` / ``guard.TORCH_FETCHER``; torchdata's snapshot and worker
 shutdown: ``runtime.loader_snapshot.PARTS`` / ``SHUTDOWN``; transformers: ``hf_hooks.HOOKS``, pinned
 with the behaviour of each hook in test_hf_hooks*.py, and the attributes ``hf_hooks.ATTRIBUTES``
@@ -22,10 +22,11 @@ import json
 import types
 
 import pytest
+import torch
 
 import padpipe as pp
 from padpipe.inspection import packing_causes
-from padpipe.integrations import guard, hf_hooks, lightning_fit
+from padpipe.integrations import guard, hf_hooks
 from padpipe.readers import arrow
 from padpipe.readers import hf as readers_hf
 from padpipe.runtime.loader_snapshot import ITERATOR_PARTS, PARTS, SHUTDOWN, worker_stopper
@@ -35,29 +36,72 @@ def resolve(root, path: str):
     return functools.reduce(getattr, path.split("."), root)
 
 
-@pytest.mark.parametrize(("module", "path"), lightning_fit.CONTACTS, ids=[p for _, p in lightning_fit.CONTACTS])
+@pytest.mark.parametrize(("module", "path"), guard.LIGHTNING, ids=[p for _, p in guard.LIGHTNING])
 def test_every_lightning_contact_exists(module, path):
     pytest.importorskip("lightning")
     from lightning.pytorch import Trainer
 
     owner, _, rest = path.partition(".")
     cls = getattr(importlib.import_module(module), owner)
-    if not rest:
-        return
     if owner == "_FitLoop":  # set in __init__: read on a real trainer's fit loop
         instance = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False).fit_loop
+        assert isinstance(instance, cls)
+        resolve(instance, rest)  # AttributeError names what Lightning renamed
     else:
-        instance = cls()
-    assert isinstance(instance, cls)
-    resolve(instance, rest)  # AttributeError names what Lightning renamed
+        resolve(cls, rest)
 
 
-def test_lightning_loop_names_are_the_loops_lightning_has():
+def test_lightning_calls_a_loaders_state_methods_from_its_combined_loader():
     pytest.importorskip("lightning")
-    from lightning.pytorch import loops
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-    for name in lightning_fit.FIT_LOOPS + lightning_fit.OTHER_LOOPS:
-        assert name.endswith("Loop") and hasattr(loops, name), name
+    assert CombinedLoader.__module__ in guard.LIGHTNING_COMBINED
+    assert ".state_dict()" in inspect.getsource(CombinedLoader._state_dicts)
+    assert ".load_state_dict(" in inspect.getsource(CombinedLoader._load_state_dicts)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
+def test_lightnings_checkpoint_keeps_the_loader_states_where_exact_resume_writes(tmp_path):
+    L = pytest.importorskip("lightning")
+    pytest.importorskip("transformers")
+    from padpipe.integrations.lightning import ExactResume
+
+    pipe = pp.from_iterable([{"text": t} for t in "abcdef"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def train_dataloader(self):
+            return pipe.loader()
+
+        def training_step(self, batch, batch_idx):
+            return (self.weight * batch["input_ids"].float().sum()).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    seen = []
+
+    class Peek(L.Callback):
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            seen.append(functools.reduce(dict.get, guard.LOADER_SLOT, checkpoint))
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[ExactResume(), Peek()],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Tiny())
+    trainer.save_checkpoint(tmp_path / "x.ckpt")
+    assert len(seen) == 1 and len(seen[0]) == 1 and "ranks" in seen[0][0]  # ExactResume's checkpoint() was written
 
 
 @pytest.mark.parametrize(("module", "name", "attribute"), guard.ACCELERATE)

@@ -1,4 +1,5 @@
-"""Lightning on a bare ``pipe.loader()``: exact resume from mid-epoch and end-of-fit checkpoints, epochs in step.
+"""Lightning on ``pipe.loader()`` with ``ExactResume``: exact resume from mid-epoch and end-of-fit checkpoints,
+epochs in step; without the callback, saving or restoring the loader raises, naming it.
 
 One device for the cases, DDP x2 under torchrun (0 and 2 workers) for the ranks: one launch per worker count
 serves the mid-epoch, the ``max_steps`` and the 2-ranks-to-1-device checks.
@@ -6,12 +7,11 @@ serves the mid-epoch, the ``max_steps`` and the 2-ranks-to-1-device checks.
 
 from __future__ import annotations
 
-import gc
 import json
-import weakref
 from pathlib import Path
 
 import pytest
+import torch
 
 L = pytest.importorskip("lightning")
 pytest.importorskip("transformers")
@@ -20,7 +20,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import padpipe as pp  # noqa: E402
 from padpipe.checkpoints import CHECKPOINT  # noqa: E402
-from padpipe.integrations import lightning_fit  # noqa: E402
 from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from padpipe.state import StateMismatchError  # noqa: E402
@@ -60,7 +59,7 @@ def full(request, pipe, tmp_path_factory):
     model = request.param(pipe, 0)
     checkpoints = ModelCheckpoint(dirpath=folder, filename="{step}", every_n_train_steps=4, save_top_k=-1)
     at_epoch_ends = ModelCheckpoint(dirpath=folder, filename="{epoch}", save_top_k=-1)  # in on_train_epoch_end
-    trainer(folder, [checkpoints, at_epoch_ends], max_epochs=2).fit(model)
+    trainer(folder, [ExactResume(), checkpoints, at_epoch_ends], max_epochs=2).fit(model)
     outside = pipe.loader()
     epochs = [[b["idx"].tolist() for b in outside] for _ in range(2)]  # epochs 0 and 1 outside Lightning
     per_epoch = len(epochs[0])
@@ -74,7 +73,7 @@ def test_bare_loader_resumes_a_checkpoint_exactly(pipe, full, tmp_path, where):
     steps, per_epoch, folder, model = full
     at = 4 if where == "mid_epoch" else per_epoch
     resumed = model(pipe, 0)
-    trainer(tmp_path, max_epochs=2).fit(resumed, ckpt_path=folder / f"step={at}.ckpt")
+    trainer(tmp_path, [ExactResume()], max_epochs=2).fit(resumed, ckpt_path=folder / f"step={at}.ckpt")
     assert resumed.steps == steps[at:]  # tensor-equal batches in the same epochs: none skipped, none repeated
 
 
@@ -82,35 +81,55 @@ def test_bare_loader_resumes_an_epoch_end_checkpoint_with_the_next_epoch(pipe, f
     steps, per_epoch, folder, model = full
     for limits in ({"max_epochs": 2}, {"max_steps": 2 * per_epoch}):
         resumed = model(pipe, 0)
-        trainer(tmp_path, **limits).fit(resumed, ckpt_path=folder / "epoch=0.ckpt")
+        trainer(tmp_path, [ExactResume()], **limits).fit(resumed, ckpt_path=folder / "epoch=0.ckpt")
         # the same batches; Lightning itself numbers that epoch 0 again when resumed with max_steps
         assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in steps[per_epoch:]]
 
 
 def test_bare_loader_after_max_steps_resumes_with_the_next_epoch_whole(pipe, full, tmp_path):
     steps, per_epoch, _, model = full
-    stopped = trainer(tmp_path, max_steps=STOP_AT)
+    stopped = trainer(tmp_path, [ExactResume()], max_steps=STOP_AT)
     stopped.fit(model(pipe, 0))
     assert stopped.current_epoch == 1  # Lightning counts epoch 0 as done
     stopped.save_checkpoint(tmp_path / "stopped.ckpt")
     for limits in ({"max_epochs": 2}, {"max_steps": STOP_AT + per_epoch}):
         after = model(pipe, 0)
-        trainer(tmp_path, **limits).fit(after, ckpt_path=tmp_path / "stopped.ckpt")
+        trainer(tmp_path, [ExactResume()], **limits).fit(after, ckpt_path=tmp_path / "stopped.ckpt")
         assert after.steps == steps[per_epoch:]  # epoch 1 from its first batch, as the uninterrupted run
+
+
+SAVES = r"^Lightning is saving pipe\.loader\(\) in a checkpoint without the padpipe\.integrations\.lightning\.ExactResume\(\) "
+RESTORES = r"^Lightning is restoring pipe\.loader\(\) from a checkpoint saved without the padpipe\.integrations\.lightning\.ExactResume"
+
+
+def test_bare_loader_without_exact_resume_trains_and_refuses_to_be_saved(pipe, tmp_path):
+    model = Bare(pipe, 0)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
+    with pytest.raises(RuntimeError, match=SAVES + r".*one batch late .* add `callbacks=\[padpipe\.integrations"):
+        trainer(tmp_path, [checkpoints], max_steps=8).fit(model)
+    outside = [b["idx"].tolist() for b in pipe.loader()]
+    assert [s["idx"] for s in model.steps] == outside[:4]  # it trained as it would, up to the first save
+    stopped = trainer(tmp_path, max_steps=2)
+    stopped.fit(Bare(pipe, 0))
+    with pytest.raises(RuntimeError, match=SAVES):
+        stopped.save_checkpoint(tmp_path / "stopped.ckpt")
+
+
+def test_bare_loader_refuses_a_checkpoint_saved_without_exact_resume(pipe, full, tmp_path):
+    _, _, folder, model = full
+    saved = torch.load(folder / "step=4.ckpt", weights_only=False)
+    saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] = [pipe.loader().state_dict()]  # as Lightning saves it
+    torch.save(saved, tmp_path / "plain.ckpt")
+    for callbacks in ([], [ExactResume()]):
+        with pytest.raises(RuntimeError, match=RESTORES + r"\(\) callback \(one batch late, or rank 0's only\)"):
+            trainer(tmp_path, callbacks, max_steps=8).fit(model(pipe, 0), ckpt_path=tmp_path / "plain.ckpt")
 
 
 def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
     checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
     trainer(tmp_path, [ExactResume(), checkpoints], max_steps=4).fit(Classifier(pipe, 0))  # LightningLoader
-    with pytest.raises(
-        StateMismatchError,
-        match=r"^Lightning is restoring pipe\.loader\(\) from a checkpoint whose "
-        r"loader state was not saved by pipe\.loader\(\) under Lightning .*: "
-        r"expected keys \['checkpoint', 'epoch'\], found \['checksum', 'ranks', "
-        r"'settings', 'version'\]\. Resume it with the train_dataloader\(\) "
-        r"that saved it \(padpipe\.integrations\.lightning\.LightningLoader",
-    ):
-        trainer(tmp_path, max_steps=8).fit(Bare(pipe, 0), ckpt_path=tmp_path / "step=4.ckpt")
+    with pytest.raises(StateMismatchError, match=r"^PipelineLoader checkpoint state doesn't match this pipeline"):
+        trainer(tmp_path, [ExactResume()], max_steps=8).fit(Bare(pipe, 0), ckpt_path=tmp_path / "step=4.ckpt")
 
 
 @pytest.mark.parametrize(
@@ -124,31 +143,30 @@ def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
         (["x"], r"'ranks\[0\]' must be a dict with keys \['ahead', 'loader'\], but is str instead\."),
     ],
 )
-def test_bare_loader_refuses_a_crafted_lightning_state(pipe, entries, says):
-    state = lightning_fit.FitDriver.STATE.make({}, epoch=0, checkpoint=CHECKPOINT.make({}, ranks=entries))
+def test_bare_loader_refuses_a_crafted_checkpoint(pipe, entries, says):
     with pytest.raises(StateMismatchError, match=rf"^PipelineLoader checkpoint state is invalid: {says}$"):
-        lightning_fit.FitDriver(pipe.loader()).load_state_dict(state)
+        pipe.loader().load_state_dict(CHECKPOINT.make({}, ranks=entries))
 
 
 class Fails(Bare):
     def training_step(self, batch, batch_idx):
-        if len(self.steps) == 3:
+        if len(self.steps) == 3 and not getattr(self, "resumed", False):
             raise ValueError("step 4 fails")
         return super().training_step(batch, batch_idx)
 
 
-def test_bare_loader_refuses_to_save_after_an_interrupted_fit(pipe, tmp_path):
-    interrupted = trainer(tmp_path, max_epochs=1)
+def test_bare_loader_saved_after_an_interrupted_fit_resumes_with_the_failed_step(pipe, full, tmp_path):
+    steps, _, _, _ = full
+    if full[3] is not Bare:
+        pytest.skip("one loop flavour is enough")
+    interrupted = trainer(tmp_path, [ExactResume()], max_epochs=1)
     with pytest.raises(ValueError, match="^step 4 fails$"):
         interrupted.fit(Fails(pipe, 0))
-    with pytest.raises(
-        RuntimeError,
-        match=r"^pipe\.loader\(\) under Lightning: a checkpoint saved after fit stopped "
-        r"inside epoch 0 \(interrupted\) cannot hold the batches Lightning had "
-        r"fetched ahead, so a resume would skip them; resume from a "
-        r"ModelCheckpoint saved during fit instead\.$",
-    ):
-        interrupted.save_checkpoint(tmp_path / "interrupted.ckpt")
+    interrupted.save_checkpoint(tmp_path / "interrupted.ckpt")  # the failed batch and the one fetched ahead kept
+    resumed = Fails(pipe, 0)
+    resumed.resumed = True
+    trainer(tmp_path, [ExactResume()], max_epochs=2).fit(resumed, ckpt_path=tmp_path / "interrupted.ckpt")
+    assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in steps[3:]]
 
 
 class ReadsAnother(Bare):
@@ -158,31 +176,18 @@ class ReadsAnother(Bare):
         super().__init__(pipe, 0)
         self.other, self.seen = other, []
 
-    def train_dataloader(self):
-        self.loader = super().train_dataloader()
-        return self.loader
-
     def training_step(self, batch, batch_idx):
         self.seen.append(len(list(self.other)))  # a whole epoch each time, as outside Lightning
+        self.other.state_dict()  # the user's call: no check of Lightning's applies
         return super().training_step(batch, batch_idx)
 
 
-def test_only_the_loader_lightning_reads_is_driven(pipe, tmp_path):
+def test_a_loader_read_inside_training_step_is_a_plain_loader(pipe, tmp_path):
     other = pipe.loader()
     per_epoch = sum(1 for _ in pipe.loader())
     model = ReadsAnother(pipe, other)
     trainer(tmp_path, max_steps=2).fit(model)
-    assert model.seen == [per_epoch, per_epoch] and model.loader in lightning_fit._drivers
-    assert other not in lightning_fit._drivers
-
-
-def test_a_driver_does_not_keep_its_loader_alive(pipe):
-    loader = pipe.loader()
-    lightning_fit._drivers[loader] = lightning_fit.FitDriver(loader)
-    freed = weakref.ref(loader)
-    del loader
-    gc.collect()
-    assert freed() is None
+    assert model.seen == [per_epoch, per_epoch]
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])

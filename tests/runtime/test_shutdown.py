@@ -193,12 +193,13 @@ def test_an_abandoned_loader_stops_its_workers_when_dropped_even_in_a_reference_
 
 
 def test_a_loader_iterated_while_frameworks_are_imported_is_freed_when_dropped(monkeypatch) -> None:
-    for name in ("lightning", "accelerate"):  # their adapters then look at the frames above the loader
+    for name in ("lightning", "accelerate"):  # their checks then look at the frames above the loader
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     rows = pp.read_parquet(pp.examples.SAMPLE_PARQUET)
     loader = rows.tokenize(pp.examples.tokenizer(), fields="sentence1").batch(8).pad().loader()
     it = iter(loader)
     next(it)
+    loader.load_state_dict(loader.state_dict())  # the check of who saves or restores it looks too
     gone = weakref.ref(loader)
     gc.disable()
     try:

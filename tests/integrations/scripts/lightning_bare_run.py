@@ -1,4 +1,4 @@
-"""Under torchrun x2: Lightning DDP on a bare ``pipe.loader(num_workers=W)``, resumed two ways.
+"""Under torchrun x2: Lightning DDP on ``pipe.loader(num_workers=W)`` with ``ExactResume``, resumed two ways.
 
 Usage: ``torchrun --standalone --nproc_per_node=2 lightning_bare_run.py DATA OUT WORKERS``. Four fits, each
 with Lightning's default ``training_step(batch, batch_idx)`` and ``weights_only``:
@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import padpipe as pp
+from padpipe.integrations.lightning import ExactResume
 from padpipe.recipes.glue import glue
 from tests.integrations.scripts.lightning_run import Classifier
 from tests.integrations.tiny import finish
@@ -44,7 +45,7 @@ def trainer(out: str, *callbacks: L.Callback, **limits: int) -> L.Trainer:
         enable_model_summary=False,
         enable_checkpointing=bool(callbacks),
         default_root_dir=out,
-        callbacks=list(callbacks),
+        callbacks=[ExactResume(), *callbacks],
         **limits,
     )
 
