@@ -2,11 +2,12 @@
 cost of the fill per conversation, and seconds from a script's start to its first optimizer step.
 
 - :func:`packing_rows`: on the conversations padpipe packed (their lengths as the ``sft`` recipe made them) and
-  on long documents (lognormal lengths, median 300, tail to 10,000; random ids), the packing efficiency of
+  on long documents (lognormal lengths, median 300, tail to 10,000; random ids; the first 1,000 of them also in
+  rows of 512, 8 a batch), the packing efficiency of
   padpipe's ``pack()`` at its default pool (256 pieces), of TRL's ``pack_dataset`` (``bfd`` on chats,
   ``bfd_split`` on documents: as ``SFTTrainer`` calls it, one ``datasets`` map batch of 1,000 rows at a time,
   and over the whole epoch at once), and the bound: total tokens over ``ceil(total / seq_len)`` rows;
-  padpipe's packer alone on prepared chunks (microseconds per conversation, of which the subset sum), and its
+  padpipe's packer alone on prepared chunks (microseconds per conversation, of which planning rows), and its
   state mid-epoch.
 - :func:`first_step_rows`: a fresh Python process per arm, timed from its start to the end of its first
   optimizer step (imports, tokenizer, a tiny Llama, TRL's pre-pass or padpipe's first batch, one step).
@@ -27,7 +28,6 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import IterableWrapper
 
-import padpipe.pipes.pack as pack_module
 from padpipe.chunks import TokenChunk
 from padpipe.pipes.pack import Packer
 from padpipe.stats import PipelineStats
@@ -58,30 +58,25 @@ def chunks_of(docs: list[np.ndarray], rows: int = 1024) -> list[TokenChunk]:
 
 
 def packer_run(docs: list[np.ndarray], seq_len: int, batch_size: int, long_docs: str | None) -> dict[str, Any]:
-    """padpipe's packer alone over prepared chunks: efficiency, seconds (and in the subset sum), state size."""
-    chunks = chunks_of(docs)
-    spent = [0.0]
-    fill = pack_module.subset_fill
-
-    def timed(lengths: Any, capacity: int) -> list[int]:
-        start = time.perf_counter()
-        out = fill(lengths, capacity)
-        spent[0] += time.perf_counter() - start
-        return out
-
+    """padpipe's packer alone over prepared chunks: efficiency, seconds (and in planning rows), state size."""
     stats = PipelineStats()
-    node = Packer(IterableWrapper(chunks), seq_len=seq_len, batch_size=batch_size, pad_id=0, long_docs=long_docs,
-                  stats=stats)  # fmt: skip
-    pack_module.subset_fill = timed  # type: ignore[assignment]
-    try:
+    node = Packer(IterableWrapper(chunks_of(docs)), seq_len=seq_len, batch_size=batch_size, pad_id=0,
+                  long_docs=long_docs, stats=stats)  # fmt: skip
+    spent = [0.0]
+    plan = node._plan
+
+    def timed() -> None:
         start = time.perf_counter()
-        state = b""
-        for number, _ in enumerate(node):
-            if number == 20:
-                state = pickle.dumps(node.state_dict())
-        seconds = time.perf_counter() - start
-    finally:
-        pack_module.subset_fill = fill  # type: ignore[assignment]
+        plan()
+        spent[0] += time.perf_counter() - start
+
+    node._plan = timed  # type: ignore[method-assign]
+    start = time.perf_counter()
+    state = b""
+    for number, _ in enumerate(node):
+        if number == 20:
+            state = pickle.dumps(node.state_dict())
+    seconds = time.perf_counter() - start
     snap = stats.snapshot()
     return {"efficiency": snap.padding_efficiency, "seconds": seconds, "fill": spent[0], "state": len(state)}
 
@@ -97,16 +92,20 @@ def packing_rows(conversations: list[np.ndarray], seq_len: int, batch_size: int,
     """The packing table: chats (TRL's ``bfd``) and long documents (its ``bfd_split``) beside the bound."""
     out = []
     docs = long_documents(documents)
-    for name, data, strategy, long_docs in (
-        (f"{len(conversations):,} conversations (the `sft` recipe's rows)", conversations, "bfd", None),
-        (f"{len(docs):,} long documents (lognormal, median 300, to 10k)", docs, "bfd_split", "split"),
-    ):
+    short = docs[:1_000]
+    for name, data, strategy, long_docs, rows, size in (
+        (f"{len(conversations):,} conversations (the `sft` recipe's rows)", conversations, "bfd", None, seq_len,
+         batch_size),
+        (f"{len(docs):,} long documents (lognormal, median 300, to 10k)", docs, "bfd_split", "split", seq_len,
+         batch_size),
+        (f"{len(short):,} of them in rows of 512, 8 a batch", short, "bfd_split", "split", 512, 8),
+    ):  # fmt: skip
         lengths = np.array([len(d) for d in data])
-        ours = packer_run(data, seq_len, batch_size, long_docs)
+        ours = packer_run(data, rows, size, long_docs)
         eff = padpipe_eff if strategy == "bfd" and padpipe_eff else ours["efficiency"]
-        trl = trl_efficiency(data, seq_len, strategy) if has_trl else float("nan")
-        trl_whole = trl_efficiency(data, seq_len, strategy, whole=True) if has_trl else float("nan")
-        limit = bound(np.minimum(lengths, seq_len) if strategy == "bfd" else lengths, seq_len)
+        trl = trl_efficiency(data, rows, strategy) if has_trl else float("nan")
+        trl_whole = trl_efficiency(data, rows, strategy, whole=True) if has_trl else float("nan")
+        limit = bound(np.minimum(lengths, rows) if strategy == "bfd" else lengths, rows)
         out.append([
             name, f"`{strategy}`", f"{trl:.2%}", f"{trl_whole:.2%}", f"{eff:.2%}", f"{limit:.2%}",
             f"{100 * (eff - limit):+.2f}", f"{1e6 * ours['seconds'] / len(data):.1f}",
@@ -124,7 +123,7 @@ PACKING_COLUMNS = (
     "bound",
     "padpipe - bound (points)",
     "packer us/doc",
-    "of which subset sum us/doc",
+    "of which planning rows us/doc",
     "packer state after 20 batches",
 )
 

@@ -453,7 +453,7 @@ class Pipeline(Runnable, IterableDataset):
         label_pad_id: int = -100,
         keep: Sequence[str] = (),
     ) -> Pipeline:
-        """Pack documents into rows of exactly ``seq_len`` tokens (each row filled by subset sum from a buffer).
+        """Pack documents into rows of exactly ``seq_len`` tokens (the fullest rows of a buffer, best fit decreasing).
 
         Output per batch, under the names HF models read (see :class:`padpipe.pipes.pack.Packer`
         and docs/packing.md): ``input_ids``, ``position_ids`` (restarting per document),

@@ -159,7 +159,7 @@ def bucket(
 def pack(
     stream: Sequence[np.ndarray], *, seq_len: int, batch_size: int, buffer_size: int, whole: bool = False
 ) -> StrategyResult:
-    """``pack(seq_len, batch_size, buffer_size)``: rows of exactly ``seq_len`` tokens, filled by subset sum.
+    """``pack(seq_len, batch_size, buffer_size)``: rows of exactly ``seq_len`` tokens, best fit decreasing over a pool.
 
     ``whole``: ``stream`` holds the documents untruncated, and the result says so (``long_docs='split'``).
     """

@@ -231,37 +231,3 @@ class Pieces(Spec):
             Piece(chunk.ids[a:b], None if labels is None else labels[a:b], tuple(row))
             for a, b, row in zip(bounds, bounds[1:], rows)
         ]
-
-
-def subset_fill(lengths: Sequence[int], capacity: int) -> list[int]:
-    """The indices (rising) of a subset of ``lengths`` with the largest sum that fits ``capacity``: an exact subset sum.
-
-    A bitset dynamic programme over sums ``0..capacity``, one Python integer of ``capacity + 1`` bits shifted
-    and or-ed per length (the reachable sums after each length are kept to trace the choice back), so the
-    work is at most ``len(lengths)`` big-integer shifts of ``capacity`` bits. It stops at the first length
-    that makes ``capacity`` itself reachable, so an exact fill uses the earliest lengths it can; lengths
-    longer than ``capacity`` are never chosen.
-
-    Example:
-        >>> subset_fill([6, 4, 5, 3, 2], 9)
-        [1, 2]
-        >>> subset_fill([7, 8], 5), subset_fill([3, 3, 3], 8)
-        ([], [0, 1])
-    """
-    if capacity <= 0:
-        return []
-    limit, full = (1 << (capacity + 1)) - 1, 1 << capacity
-    reach, before = 1, []  # bit s set: some subset of the lengths so far sums to s
-    for n in lengths:
-        before.append(reach)
-        if n <= capacity:
-            reach = (reach | (reach << n)) & limit
-        if reach & full:
-            break
-    total, chosen = reach.bit_length() - 1, []
-    for i in range(len(before) - 1, -1, -1):
-        if not (before[i] >> total) & 1:  # not reachable without length i: it is in the subset
-            total -= lengths[i]
-            chosen.append(i)
-    chosen.reverse()
-    return chosen

@@ -71,7 +71,7 @@ def sft(
     and counted as ``chat.no_trained_tokens`` in ``loader.stats().skipped``.
 
     With ``mode="pack"`` conversations are packed whole into ``batch_size`` rows of exactly
-    ``seq_len`` tokens (each row filled by subset sum from ``pack_buffer`` conversations; each keeps its
+    ``seq_len`` tokens (the fullest rows of ``pack_buffer`` conversations packed best fit decreasing; each keeps its
     own labels, with -100 at its first token and at padding, and ``position_ids``/``cu_seq_lens_q`` tell the model
     where each starts: see :meth:`padpipe.Pipeline.pack`). With ``mode="bucket"`` conversations of
     similar length are batched under ``max_tokens`` padded tokens and padded (labels with -100).

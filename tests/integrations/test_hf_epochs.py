@@ -145,30 +145,30 @@ def test_num_train_epochs_resumes_mid_epoch_with_every_row_once_and_the_same_wei
 
 
 def uneven_packs() -> pp.Pipeline:
-    """Documents packed one row per batch from a buffer of one: its epochs make 18, 17, then 18 batches."""
+    """Documents packed one row of 96 per batch from a buffer of four: its epochs make 36, 35, then 36 batches."""
     return (
         pp.from_iterable(texts(20))
         .shuffle(64, seed=0)
         .tokenize(pp.examples.tokenizer())
-        .pack(256, batch_size=1, buffer_size=1)
+        .pack(96, batch_size=1, buffer_size=4)
     )
 
 
 def test_epochs_of_other_lengths_end_with_their_data_and_the_schedule_is_refined(tmp_path):
     loader = uneven_packs().loader()
     counts = [sum(1 for _ in loader) for _ in range(3)]
-    assert counts == [18, 17, 18]  # the premise: a reshuffled epoch makes another number of batches
+    assert counts == [36, 35, 36]  # the premise: a reshuffled epoch makes another number of batches
     rates = Rates()
     trainer = Trainer(model=tiny_llama(), args=arguments(tmp_path, num_train_epochs=3), train_dataset=uneven_packs())
     trainer.add_callback(rates)
     out = trainer.train()
     assert out.global_step == sum(counts) and trainer.state.max_steps == sum(counts)
     assert out.metrics["epoch"] == pytest.approx(3, abs=0.1)
-    # planned on 3 x 18 = 54 steps; after epoch 1 (17 batches) on 18 + 17 + 17 = 52: linear to 0 at step 52,
-    # and the last epoch's 18th batch still trains (at the schedule's end)
+    # planned on 3 x 36 = 108 steps; after epoch 1 (35 batches) on 36 + 35 + 35 = 106: linear to 0 at step 106,
+    # and the last epoch's 36th batch still trains (at the schedule's end)
     lrs = [lr for _, lr in rates.steps]
-    assert lrs[:35] == pytest.approx([1e-3 * (54 - s) / 54 for s in range(1, 36)])
-    assert lrs[35:] == pytest.approx([1e-3 * max(52 - s, 0) / 52 for s in range(36, 54)])
+    assert lrs[:71] == pytest.approx([1e-3 * (108 - s) / 108 for s in range(1, 72)])
+    assert lrs[71:] == pytest.approx([1e-3 * max(106 - s, 0) / 106 for s in range(72, 108)])
 
 
 def test_a_resume_after_the_schedule_was_refined_keeps_the_refined_schedule(tmp_path):
@@ -181,7 +181,7 @@ def test_a_resume_after_the_schedule_was_refined_keeps_the_refined_schedule(tmp_
     full.train()
     resumed = run(tmp_path / "resumed")
     out = resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-40"))
-    assert out.global_step == 53
+    assert out.global_step == 107
     assert resumed.lr_scheduler.get_last_lr() == full.lr_scheduler.get_last_lr()
     for name, value in full.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
@@ -208,7 +208,7 @@ def test_num_train_epochs_under_ddp_counts_optimizer_steps_per_rank_and_resumes_
         assert len(rows) == len(set(rows)) and len(rows) >= TRAIN_ROWS - 50  # stop_first: at most a batch held back
 
 
-@pytest.mark.parametrize(("epochs", "steps"), [(2, 35), (3, 53)])  # the last epoch: shorter, longer than planned
+@pytest.mark.parametrize(("epochs", "steps"), [(2, 71), (3, 107)])  # the last epoch: shorter, longer than planned
 def test_the_last_epoch_ends_training_with_hf_final_checkpoint(tmp_path, epochs, steps):
     """HF saves (and evaluates) at max_steps for "steps" strategies: the data's end does the same."""
     args = arguments(tmp_path, num_train_epochs=epochs, save_strategy="steps", save_steps=1000)

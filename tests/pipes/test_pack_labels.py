@@ -269,7 +269,7 @@ def test_pack_raises_state_mismatch_for_labels_that_do_not_fit_their_pieces() ->
     node = Packer(chunks_node(masked_docs([3, 4, 2, 5])), seq_len=8, buffer_size=8, pad_id=PAD)
     node.reset(None)
     state = node.state_dict()
-    assert state["version"] == 5
+    assert state["version"] == 6
     bad = TokenChunk.from_lists([[1, 2]], {"labels": pa.array([[1]], pa.large_list(pa.int64()))}).to_state()
     state = seal({**state, "pool": bad})
     with pytest.raises(StateMismatchError, match=r"^pack state is invalid: 'pool' must be pieces with one integer "):
