@@ -90,12 +90,12 @@ def test_masked_sft_tokens_and_padding_train_nothing():
 
 
 def test_the_data_ends_at_a_multiple_of_the_batches_per_optimizer_step():
-    config = PadpipeDataLoader.Config(pipeline=packed, epochs=2, global_batch_size=2 * 3)  # 3 batches a step
+    config = PadpipeDataLoader.Config(pipeline=packed, epochs=2, global_batch_size=2 * 5)  # 5 batches a step
     loader = build(config)
     batches = list(loader)
     real = 2 * len(list(packed(None, 32, 2).loader()))
-    assert real % 3 and len(batches) == real + (-real) % 3 and len(batches) % 3 == 0
-    assert loader.counts["end_batches"] == (-real) % 3
+    assert real % 5 and len(batches) == real + (-real) % 5 and len(batches) % 5 == 0
+    assert loader.counts["end_batches"] == (-real) % 5
     for inputs, labels in batches[real:]:
         assert (labels == -100).all() and (inputs["input"] == 0).all()
     assert loader.counts["filled_rows"] == 2 * sum(2 - len(b["input_ids"]) for b in packed(None, 32, 2).loader())
