@@ -8,12 +8,11 @@ from typing import Any, Generic, TypeVar
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.checkpoints import CHECKPOINT, check_nesting, is_checkpoint, one_checkpoint, own_part, part
+from padpipe.checkpoints import check_nesting, gathered, is_checkpoint, one_checkpoint, own_part
 from padpipe.drivers import check_state_call
 from padpipe.graph import start_at_epoch
 from padpipe.runtime.held import Untrained
 from padpipe.runtime.loader_state import LOADER_STATE
-from padpipe.sharing.ranks import all_ranks
 from padpipe.state import StateMismatchError
 from padpipe.stats import PipelineStats, StatsSnapshot
 
@@ -184,8 +183,7 @@ class PipelineLoader(Generic[T]):
             >>> [b["input_ids"].tolist() for b in again] == [b["input_ids"].tolist() for b in pipe.loader()][1:]
             True
         """
-        mine = part(self.state_dict(), self._untrained.last(untrained))
-        return CHECKPOINT.make({}, ranks=all_ranks(mine, self.group))
+        return gathered(self.state_dict(), self._untrained.last(untrained), self.group)
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader returned (see the class docs)."""

@@ -28,21 +28,23 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from padpipe._optional import require
+from padpipe.checkpoints import CHECKPOINT, gathered, own_part
 from padpipe.integrations.guard import LOADER_SLOT, hold
 from padpipe.loader import PipelineLoader
-from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.sharing.ranks import all_ranks, ranks
-from padpipe.state import ListOf, Plain, StateSchema
+from padpipe.runtime.held import Held
+from padpipe.sharing.ranks import ranks
+from padpipe.state import ListOf, Plain, StateMismatchError, StateSchema
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
 MAX_AHEAD = 2
 """Batches yielded and not yet taken by the loop, at most: Lightning fetches one ahead."""
+OLD_STATE = StateSchema("LightningLoader", 2, ranks=ListOf(Plain()))
+"""The state of padpipe's LightningLoader before it saved :data:`~padpipe.checkpoints.CHECKPOINT` (the same parts)."""
 
 
 class LightningLoader:
@@ -75,10 +77,6 @@ class LightningLoader:
         [torch.Size([1, 4])]
     """
 
-    STATE = StateSchema(
-        "LightningLoader", 2, ranks=ListOf(Plain())
-    )  # ranks: per rank, {"loader": its loader state, "ahead": its batches fetched and not trained}
-
     def __init__(self, loader: Any) -> None:
         if not (callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))):
             raise TypeError(
@@ -86,14 +84,13 @@ class LightningLoader:
                 f"{type(loader).__name__} instead."
             )
         self.loader = loader
-        self._ahead: deque[Any] = deque()
-        self._restored: list[Any] = []
+        self._ahead = Held()
+        self._restored = Held(device=getattr(loader, "device", None))
         self._resumed = False
 
     def __iter__(self) -> Iterator[Any]:
         self._ahead.clear()
-        restored = [to_device(b, getattr(self.loader, "device", None)) for b in self._restored]
-        self._restored = []
+        restored, self._restored = list(self._restored), Held(device=self._restored.device)
         resumed, self._resumed = self._resumed, False
         empty = True
         for batch in _chain(restored, self.loader):
@@ -112,30 +109,38 @@ class LightningLoader:
     def taken(self) -> None:
         """Note that the training loop took the oldest batch fetched (called by :class:`ExactResume`)."""
         if self._ahead:
-            self._ahead.popleft()
+            self._ahead.pop(0)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's loader state and its batches fetched but not trained yet (a collective under DDP)."""
-        mine = {"loader": self.loader.state_dict(), "ahead": [to_cpu(b) for b in self._ahead]}
-        return self.STATE.make({}, ranks=all_ranks(mine, getattr(self.loader, "group", None)))
+        """Every rank's loader state and its batches fetched but not trained (a collective under DDP).
+
+        The format of :meth:`~padpipe.loader.PipelineLoader.checkpoint`, so a ``pipe.loader()``
+        saved through this wrapper resumes bare (under ``ExactResume``) and the other way round.
+        """
+        return gathered(self.loader.state_dict(), self._ahead, getattr(self.loader, "group", None))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume this rank's share from ``state`` at the next ``iter()``.
 
-        On another number of ranks (an elastic resume, docs/elastic.md) every saved rank's loader
-        state goes to the loader, with the batches each had fetched ahead, which the loader shares
-        out with the rest of the epoch.
+        A ``pipe.loader()`` takes the checkpoint itself, on any number of ranks (an elastic resume,
+        docs/elastic.md: every rank's batches fetched ahead are shared out with the rest of the
+        epoch). Any other loader resumes on as many ranks as saved it. A state of padpipe's older
+        LightningLoader format (version 2) is read as the same checkpoint.
         """
-        rank, world = ranks(getattr(self.loader, "group", None))
-        saved = self.STATE.check(state, {}).ranks
-        if len(saved) == world:
-            mine = saved[rank]
-            self.loader.load_state_dict(mine["loader"])
-            self._restored = list(mine["ahead"])
-        else:  # the batches fetched ahead are shared out with the rest of the epoch: equal steps on every rank
-            ahead = {r: list(one["ahead"]) for r, one in enumerate(saved)}
-            self.loader.load_state_dict([r["loader"] for r in saved], ahead=ahead)
-            self._restored = []
+        if isinstance(state, Mapping) and state.get("version") == OLD_STATE.version:
+            state = CHECKPOINT.make({}, ranks=OLD_STATE.check(state, {}).ranks)
+        parts = own_part(state)
+        if isinstance(self.loader, PipelineLoader):
+            self.loader.load_state_dict(state)  # it returns its own batches fetched ahead first
+        else:
+            rank, world = ranks(getattr(self.loader, "group", None))
+            if len(parts) != world:
+                raise StateMismatchError(
+                    f"LightningLoader state was saved by {len(parts)} ranks, but this run has {world}: only a "
+                    "pipe.loader() resumes on another number of ranks (docs/elastic.md)."
+                )
+            self.loader.load_state_dict(parts[rank]["loader"])
+            self._restored.restore(parts[rank]["ahead"])
         self._resumed = True
 
 

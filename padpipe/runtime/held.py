@@ -5,7 +5,8 @@ read-ahead and the batches it received (:class:`~padpipe.runtime.lockstep.Lockst
 of ``accumulation_steps`` (:class:`~padpipe.runtime.loss_tokens.LossTokens`), an elastic plan's
 batches (:class:`~padpipe.runtime.consumer_graph.ConsumerGraph`), and the loader's batches restored
 to come first after a resume (:class:`Untrained`, which also keeps the last batches returned, for
-a trainer that fetches ahead). A state saves them with :meth:`Held.saved` (on the CPU: a
+a trainer that fetches ahead), and Lightning's ``LightningLoader`` (the batches its loop fetched and
+has not trained, and those restored to come first). A state saves them with :meth:`Held.saved` (on the CPU: a
 checkpoint never holds GPU tensors) and declares them with :data:`SPEC`; :meth:`Held.restore`
 puts them back on the layer's device.
 """

@@ -17,8 +17,10 @@ from torch.utils.data import DataLoader  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 import padpipe as pp  # noqa: E402
+from padpipe.checkpoints import CHECKPOINT  # noqa: E402
 from padpipe.integrations.lightning import ExactResume, LightningLoader  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
+from padpipe.state import StateMismatchError  # noqa: E402
 from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
 from tests.integrations.tiny import TRAIN_ROWS, torchrun, write_mrpc  # noqa: E402
 
@@ -90,6 +92,27 @@ def test_lightning_loader_needs_a_stateful_loader():
         r"pipe\.loader\(\)\), but is a list instead\.$",
     ):
         LightningLoader([])
+
+
+def test_lightning_loader_over_a_stateful_dataloader_resumes_on_as_many_ranks():
+    pipe = pp.from_iterable([{"text": f"row {i}"} for i in range(6)]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+    wrapped = LightningLoader(StatefulDataLoader(pipe, batch_size=None))
+    batches, seen = iter(wrapped), []
+    for _ in range(3):  # the loop trained two and fetched a third
+        seen.append(next(batches)["input_ids"].tolist())
+        if len(seen) < 3:
+            wrapped.taken()
+    state = wrapped.state_dict()
+    again, rest = LightningLoader(StatefulDataLoader(pipe, batch_size=None)), []
+    again.load_state_dict(state)
+    for batch in again:
+        rest.append(batch["input_ids"].tolist())
+        again.taken()
+    everything = [b["input_ids"].tolist() for b in StatefulDataLoader(pipe, batch_size=None)]
+    assert seen[:2] + rest == everything and rest[0] == seen[2]  # the fetched one again, then the rest
+    two_ranks = CHECKPOINT.make({}, ranks=state["ranks"] * 2)
+    with pytest.raises(StateMismatchError, match=r"^LightningLoader state was saved by 2 ranks, but this run has 1: "):
+        LightningLoader(StatefulDataLoader(pipe, batch_size=None)).load_state_dict(two_ranks)
 
 
 @pytest.mark.parametrize(

@@ -125,11 +125,19 @@ def test_bare_loader_refuses_a_checkpoint_saved_without_exact_resume(pipe, full,
             trainer(tmp_path, callbacks, max_steps=8).fit(model(pipe, 0), ckpt_path=tmp_path / "plain.ckpt")
 
 
-def test_bare_loader_refuses_a_checkpoint_of_another_loader(pipe, tmp_path):
-    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
-    trainer(tmp_path, [ExactResume(), checkpoints], max_steps=4).fit(Classifier(pipe, 0))  # LightningLoader
-    with pytest.raises(StateMismatchError, match=r"^PipelineLoader checkpoint state doesn't match this pipeline"):
-        trainer(tmp_path, [ExactResume()], max_steps=8).fit(Bare(pipe, 0), ckpt_path=tmp_path / "step=4.ckpt")
+def test_a_lightning_loader_checkpoint_resumes_a_bare_loader_and_back(pipe, full, tmp_path):
+    """One format: LightningLoader(pipe.loader()) and a bare pipe.loader() save the same checkpoint."""
+    steps, _, folder, model = full
+    if model is not Bare:
+        pytest.skip("one fetch-ahead flavour is enough")
+    wrapped = ModelCheckpoint(dirpath=tmp_path / "wrapped", filename="{step}", every_n_train_steps=4, save_top_k=-1)
+    trainer(tmp_path, [ExactResume(), wrapped], max_steps=4).fit(Classifier(pipe, 0))  # LightningLoader
+    bare = Bare(pipe, 0)
+    trainer(tmp_path, [ExactResume()], max_epochs=2).fit(bare, ckpt_path=tmp_path / "wrapped" / "step=4.ckpt")
+    assert bare.steps == steps[4:]
+    wrapped_again = Classifier(pipe, 0)
+    trainer(tmp_path, [ExactResume()], max_epochs=2).fit(wrapped_again, ckpt_path=folder / "step=4.ckpt")
+    assert wrapped_again.steps == steps[4:]
 
 
 @pytest.mark.parametrize(
