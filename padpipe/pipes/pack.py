@@ -12,7 +12,7 @@ from torchdata.nodes import BaseNode
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.graph import EpochAware
-from padpipe.pipes.packing import MASK_DTYPES, assemble
+from padpipe.pipes.packing import MASK_DTYPES, assemble, best_fit_decreasing
 from padpipe.pipes.pieces import Piece, Pieces, cut_pieces, pieces_to_chunk
 from padpipe.state import Bool, Child, Int, ListOf, Loaded, StateSchema, invalid
 from padpipe.stats import PipelineStats
@@ -379,22 +379,8 @@ class Packer(EpochAware, BaseNode[dict]):
         """Pack the pool best fit decreasing and move its fullest rows to the plan (class docstring): whole
         batches holding at least ``1 / PLAN_SHARE`` of the pooled pieces, or every row once the input is all
         pooled."""
-        gaps: list[tuple[int, int]] = []  # (slots left, row), sorted
-        rows: list[list[int]] = []
-        used: list[int] = []
-        for length, neg_seq in reversed(self._keys):  # longest first, ties to the oldest
-            at = bisect.bisect_left(gaps, (length, -1))  # the row with the fewest slots left that still fit it
-            if at < len(gaps):
-                left, row = gaps.pop(at)
-                if left > length:
-                    bisect.insort(gaps, (left - length, row))
-                rows[row].append(-neg_seq)
-                used[row] += length
-            else:
-                rows.append([-neg_seq])
-                used.append(length)
-                if length < self.seq_len:
-                    bisect.insort(gaps, (self.seq_len - length, len(rows) - 1))
+        longest_first = ((length, -neg_seq) for length, neg_seq in reversed(self._keys))  # ties to the oldest
+        rows, used = best_fit_decreasing(longest_first, self.seq_len)
         enough, taken = len(self._keys) // PLAN_SHARE, 0
         for row in sorted(range(len(rows)), key=lambda row: -used[row]):  # stable: ties in the order opened
             batches = len(self._planned) >= self.batch_size and len(self._planned) % self.batch_size == 0

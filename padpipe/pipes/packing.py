@@ -1,13 +1,15 @@
-"""Vectorized helper of the packer: lay placed pieces out as a packed batch of tensors.
+"""Helpers of the packer: place pieces in rows (best fit decreasing), lay placed pieces out as a packed batch.
 
-It works on flat arrays with ``np.repeat``/``cumsum`` index arithmetic; nothing loops per token
-or per row (the optional block mask copies one block per segment; kept columns are listed per row).
+:func:`assemble` works on flat arrays with ``np.repeat``/``cumsum`` index arithmetic; nothing loops
+per token or per row (the optional block mask copies one block per segment; kept columns are listed
+per row).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,34 @@ from padpipe.pipes.pieces import Piece, exclusive_cumsum
 
 MASK_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.bool)
 """What ``block_mask`` masks can be: additive floats (HF eager and sdpa) or booleans (sdpa only)."""
+
+
+def best_fit_decreasing(pieces: Iterable[tuple[int, int]], seq_len: int) -> tuple[list[list[int]], list[int]]:
+    """Rows of ``seq_len`` slots for ``pieces`` (``(length, key)`` pairs, longest first): each goes into the row
+    with the fewest slots left that still holds it, else opens a row. Returns each row's keys, in the order
+    placed, and its tokens.
+
+    Example:
+        >>> best_fit_decreasing([(6, 0), (5, 1), (4, 2), (2, 3), (1, 4)], seq_len=8)
+        ([[0, 3], [1, 4], [2]], [8, 6, 4])
+    """
+    gaps: list[tuple[int, int]] = []  # (slots left, row), sorted
+    rows: list[list[int]] = []
+    used: list[int] = []
+    for length, key in pieces:
+        at = bisect.bisect_left(gaps, (length, -1))  # the row with the fewest slots left that still fits it
+        if at < len(gaps):
+            left, row = gaps.pop(at)
+            if left > length:
+                bisect.insort(gaps, (left - length, row))
+            rows[row].append(key)
+            used[row] += length
+        else:
+            rows.append([key])
+            used.append(length)
+            if length < seq_len:
+                bisect.insort(gaps, (seq_len - length, len(rows) - 1))
+    return rows, used
 
 
 def assemble(

@@ -21,6 +21,7 @@ from torchdata.nodes import BaseNode
 import padpipe as pp
 from padpipe.chunks import TokenChunk
 from padpipe.pipes.pack import Packer
+from padpipe.pipes.packing import best_fit_decreasing
 from padpipe.state import StateMismatchError, check_state, make_state, seal
 from padpipe.stats import PipelineStats
 from tests.contract import check_loader_resume, check_node_resume
@@ -490,3 +491,22 @@ def test_pack_refuses_a_version_5_state_in_one_line() -> None:
         StateMismatchError, match=r"^pack state doesn't match this pipeline: version found 5 instead of 6\.$"
     ):
         Packer(ToyDocs(make_docs([3, 4])), seq_len=8, pad_id=PAD).reset(seal({**old, "version": 5}))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 16), min_size=1, max_size=60))
+def test_best_fit_decreasing_places_every_piece_once_in_the_tightest_row_that_holds_it(lengths):
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows, used = best_fit_decreasing([(lengths[i], i) for i in order], seq_len=16)
+    assert sorted(key for row in rows for key in row) == list(range(len(lengths)))  # each once
+    assert used == [sum(lengths[k] for k in row) for row in rows] and max(used) <= 16
+    left: list[int] = []  # replay: each piece went to the row with the fewest slots left that held it, else opened one
+    for i in order:
+        row = next(r for r, keys in enumerate(rows) if i in keys)
+        fits = [gap for gap in left if gap >= lengths[i]]
+        if row < len(left):
+            assert left[row] == min(fits)
+            left[row] -= lengths[i]
+        else:
+            assert not fits and row == len(left)
+            left.append(16 - lengths[i])
