@@ -42,8 +42,14 @@ STARTS_PROCESSES = re.compile(r"\bsubprocess\.|\btorchrun\b|\bnum_workers=[1-9]"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Leave out the docstring examples of a module in :data:`OPTIONAL_MODULES` whose package does not import."""
+    """Leave out the docstring examples of a module in :data:`OPTIONAL_MODULES` whose package does not import, and
+    under ``-m "not slow"`` (``make test-fast``) the files of :data:`SLOW_FILES`: not importing them (Lightning,
+    torchtitan, TRL, a local S3 server) saves each pytest process seconds."""
     path = collection_path.resolve()
+    if config.getoption("markexpr") == "not slow" and path.is_relative_to(ROOT):
+        where = path.relative_to(ROOT).as_posix() + ("/" if path.is_dir() else "")
+        if where.startswith(SLOW_FILES):
+            return True
     needs = OPTIONAL_MODULES.get(path.relative_to(ROOT).as_posix()) if path.is_relative_to(ROOT) else None
     if needs is None:
         return None

@@ -58,3 +58,34 @@ def test_the_slow_marker_is_registered() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert 'test-fast: $(STAMP)\n\t$(PY) $(PYTEST) -m "not slow"\n' in makefile
     assert "\nPYTEST = -m pytest -q -n $(JOBS) --dist loadfile\n" in makefile  # a file's fixtures run once
+
+
+NOT_IMPORTED = """
+import sys, pytest
+
+class Report:
+    def pytest_collection_finish(self, session):
+        print("ITEMS", len(session.items), "LIGHTNING", "lightning" in sys.modules)
+
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.argv[1:]], plugins=[Report()]))
+"""
+
+
+def test_test_fast_does_not_import_the_files_it_leaves_out() -> None:
+    """Under ``-m "not slow"`` the folders and files of SLOW_FILES are not collected (their imports cost each process
+    seconds); a file named on the command line still is."""
+    found = {}
+    for marks in (["-m", "not slow"], []):
+        done = subprocess.run(
+            [sys.executable, "-c", NOT_IMPORTED, *marks, "tests/integrations", "tests/test_stats.py"],
+            capture_output=True,
+            text=True,
+            timeout=200,
+            cwd=ROOT,
+            check=False,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        found[bool(marks)] = next(line for line in done.stdout.splitlines() if line.startswith("ITEMS "))
+    fast, every = found[True].split(), found[False].split()
+    assert fast[3] == "False" and every[3] == "True"  # Lightning imported only when its tests are collected
+    assert 0 < int(fast[1]) < int(every[1])  # test_stats.py's tests still collected
