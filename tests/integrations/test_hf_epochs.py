@@ -1,4 +1,8 @@
-"""padpipe.hf.Trainer with num_train_epochs on a pipeline: steps counted, epochs ended by the data, exact resume."""
+"""padpipe.hf.Trainer with num_train_epochs on a pipeline: steps counted, epochs ended by the data, exact resume.
+
+Its DDP case (steps per rank, exact resume on two ranks) is in test_hf_trainer.py, whose one torchrun launch
+runs every DDP case of the Trainer.
+"""
 
 from __future__ import annotations
 
@@ -185,27 +189,6 @@ def test_a_resume_after_the_schedule_was_refined_keeps_the_refined_schedule(tmp_
     assert resumed.lr_scheduler.get_last_lr() == full.lr_scheduler.get_last_lr()
     for name, value in full.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
-
-
-def test_num_train_epochs_under_ddp_counts_optimizer_steps_per_rank_and_resumes_exactly(mrpc, tmp_path):
-    """Two ranks, gradient accumulation 2: steps per epoch are ceil(this rank's batches / 2), equal on both."""
-    import json
-
-    from tests.integrations.tiny import torchrun
-
-    torchrun("hf_epochs_run.py", str(mrpc), str(tmp_path), timeout=400)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert ranks[0]["batches"] == ranks[1]["batches"]
-    steps = 2 * math.ceil(ranks[0]["batches"] / 2)
-    for rank in ranks:
-        assert rank["global_step"] == rank["max_steps"] == steps
-        assert len(rank["steps"]) == 2 * rank["batches"]
-        assert rank["resumed_weights"] == rank["weights"]
-        resumed = [(s["idx"], s["batch"]) for s in rank["resumed_steps"]]
-        assert resumed == [(s["idx"], s["batch"]) for s in rank["steps"][-len(resumed) :]]
-    for epoch in (0, 1):
-        rows = [i for rank in ranks for s in rank["steps"] if s["epoch"] == epoch for i in s["idx"]]
-        assert len(rows) == len(set(rows)) and len(rows) >= TRAIN_ROWS - 50  # stop_first: at most a batch held back
 
 
 @pytest.mark.parametrize(("epochs", "steps"), [(2, 71), (3, 107)])  # the last epoch: shorter, longer than planned

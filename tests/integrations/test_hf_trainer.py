@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -292,13 +293,31 @@ def test_an_adapter_without_its_framework_names_the_extra(module, package, extra
 
 
 # -- two processes ----------------------------------------------------------------------------------
+# One torchrun launch (scripts/hf_ddp_run.py) runs every DDP case of the Trainer, one after another: the
+# padded run with evaluation (dataloader_num_workers=2), num_train_epochs (test_hf_epochs.py's subject) and
+# the one-row filler. The test that starts it needs the launch's time too.
+DDP = pytest.mark.timeout(900)
+
+
 @pytest.fixture(scope="module")
-def ranks(mrpc, tmp_path_factory) -> list[dict]:
+def ddp(mrpc, tmp_path_factory) -> Path:
+    """The launch's folder: ``trainer/``, ``epochs/`` and ``filler/``, each with ``rank0.json`` and ``rank1.json``."""
     out = tmp_path_factory.mktemp("hf_ddp")
-    torchrun("hf_trainer_run.py", str(mrpc), str(out), "2")  # dataloader_num_workers=2
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    filler = write_mrpc(out / "mrpc_one_row", train_rows=1, val_rows=2)
+    torchrun("hf_ddp_run.py", str(mrpc), str(filler), str(out), timeout=600)
+    return out
 
 
+def records(ddp: Path, run: str) -> list[dict]:
+    return [json.loads((ddp / run / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def ranks(ddp) -> list[dict]:
+    return records(ddp, "trainer")
+
+
+@DDP
 def test_trainer_ddp_reads_every_row_at_most_once_per_epoch_with_equal_steps(ranks):
     per_rank = [by_epoch(rank["steps"]) for rank in ranks]
     assert sorted(per_rank[0]) == sorted(per_rank[1]) == [0, 1, 2]  # 60 steps: two epochs and part of a third
@@ -311,6 +330,7 @@ def test_trainer_ddp_reads_every_row_at_most_once_per_epoch_with_equal_steps(ran
     assert [s["idx"] for s in per_rank[0][0]] != [s["idx"] for s in per_rank[0][1]]
 
 
+@DDP
 def test_trainer_ddp_resumes_from_its_checkpoint_with_the_same_batches_and_losses(ranks):
     for rank in ranks:
         resumed = [(s["idx"], s["batch"]) for s in rank["resumed_steps"]]
@@ -320,6 +340,7 @@ def test_trainer_ddp_resumes_from_its_checkpoint_with_the_same_batches_and_losse
         assert rank["resumed_losses"] == rank["losses"]  # with 2 worker processes: dropout draws the same masks
 
 
+@DDP
 def test_trainer_ddp_predicts_in_row_order_gathered_from_both_ranks(ranks, mrpc):
     assert [rank["eval_steps"] for rank in ranks] == [6, 5]  # unequal evaluation steps: no per-step collective
     for rank in ranks:
@@ -331,6 +352,7 @@ def test_trainer_ddp_predicts_in_row_order_gathered_from_both_ranks(ranks, mrpc)
         assert rank["eval_metrics"]["eval_samples"] == rank["test_metrics"]["test_samples"] == VAL_ROWS
 
 
+@DDP
 def test_trainer_ddp_train_metrics_count_the_rows_of_both_ranks(ranks):
     trained = sum(len(step["idx"]) for rank in ranks for step in rank["steps"])
     for rank in ranks:
@@ -432,12 +454,28 @@ def test_trainer_reports_a_nan_eval_loss_when_no_batch_loss_is_finite(mrpc, tmp_
     assert np.isnan(metrics["eval_loss"]) and metrics["eval_samples"] == VAL_ROWS
 
 
-def test_trainer_ddp_zeroes_a_filler_and_counts_no_row_of_it(tmp_path):
+@DDP
+def test_trainer_ddp_zeroes_a_filler_and_counts_no_row_of_it(ddp):
     """One training row for two ranks: each epoch one rank trains on a filler; its loss is 0, train_samples 2."""
-    data = write_mrpc(tmp_path / "mrpc", train_rows=1, val_rows=2)
-    torchrun("hf_filler_run.py", str(data), str(tmp_path))
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = records(ddp, "filler")
     seen = [step for rank in ranks for step in rank["seen"]]
     assert sorted(filler for filler, _ in seen) == [False, False, True, True]  # two epochs, one step each a rank
     assert all(loss == 0 for filler, loss in seen if filler) and all(loss > 0 for filler, loss in seen if not filler)
     assert [rank["train_metrics"]["train_samples"] for rank in ranks] == [2, 2]  # the real row, once an epoch
+
+
+@DDP
+def test_num_train_epochs_under_ddp_counts_optimizer_steps_per_rank_and_resumes_exactly(ddp):
+    """Two ranks, gradient accumulation 2: steps per epoch are ceil(this rank's batches / 2), equal on both."""
+    ranks = records(ddp, "epochs")
+    assert ranks[0]["batches"] == ranks[1]["batches"]
+    steps = 2 * math.ceil(ranks[0]["batches"] / 2)
+    for rank in ranks:
+        assert rank["global_step"] == rank["max_steps"] == steps
+        assert len(rank["steps"]) == 2 * rank["batches"]
+        assert rank["resumed_weights"] == rank["weights"]
+        resumed = [(s["idx"], s["batch"]) for s in rank["resumed_steps"]]
+        assert resumed == [(s["idx"], s["batch"]) for s in rank["steps"][-len(resumed) :]]
+    for epoch in (0, 1):
+        rows = [i for rank in ranks for s in rank["steps"] if s["epoch"] == epoch for i in s["idx"]]
+        assert len(rows) == len(set(rows)) and len(rows) >= TRAIN_ROWS - 50  # stop_first: at most a batch held back

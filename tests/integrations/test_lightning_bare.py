@@ -1,14 +1,11 @@
 """Lightning on ``pipe.loader()`` with ``ExactResume``: exact resume from mid-epoch and end-of-fit checkpoints,
 epochs in step; without the callback, saving or restoring the loader raises, naming it.
 
-One device for the cases, DDP x2 under torchrun (0 and 2 workers) for the ranks: one launch per worker count
-serves the mid-epoch, the ``max_steps`` and the 2-ranks-to-1-device checks.
+One device here; DDP x2 under torchrun (0 and 2 workers: the mid-epoch, the ``max_steps`` and the
+2-ranks-to-1-device checks) in test_lightning_ddp.py.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,10 +20,10 @@ from padpipe.checkpoints import CHECKPOINT  # noqa: E402
 from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from padpipe.state import StateMismatchError  # noqa: E402
-from tests.integrations.scripts.lightning_bare_run import SAVE_EVERY, STOP_AT, Bare  # noqa: E402
+from tests.integrations.scripts.lightning_bare_run import STOP_AT, Bare  # noqa: E402
 from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
 from tests.integrations.test_lightning import trainer  # noqa: E402
-from tests.integrations.tiny import TRAIN_ROWS, torchrun, write_mrpc  # noqa: E402
+from tests.integrations.tiny import write_mrpc  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -196,46 +193,3 @@ def test_a_loader_read_inside_training_step_is_a_plain_loader(pipe, tmp_path):
     model = ReadsAnother(pipe, other)
     trainer(tmp_path, max_steps=2).fit(model)
     assert model.seen == [per_epoch, per_epoch]
-
-
-@pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
-def ddp(request, tmp_path_factory) -> tuple[list[dict], Path, int]:
-    """Every rank's steps of the four fits, the run's folder (data, checkpoints) and its worker count."""
-    tmp = tmp_path_factory.mktemp(f"lightning_bare_ddp{request.param}")
-    data = write_mrpc(tmp / "mrpc")
-    torchrun("lightning_bare_run.py", str(data), str(tmp), str(request.param))
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)], tmp, request.param
-
-
-@pytest.fixture(scope="module")
-def ranks(ddp) -> list[dict]:
-    return ddp[0]
-
-
-def rows(*fits: list[dict], epoch: int) -> list[int]:
-    return [i for steps in fits for s in steps if s["epoch"] == epoch for i in s["idx"]]
-
-
-def test_bare_loader_ddp_resumes_a_mid_epoch_checkpoint_exactly(ranks):
-    for rank in ranks:
-        assert rank["resumed"] == rank["full"][SAVE_EVERY:]
-    epoch0 = rows(*(r["full"][:SAVE_EVERY] for r in ranks), *(r["resumed"] for r in ranks), epoch=0)
-    assert sorted(epoch0) == sorted(rows(*(r["full"] for r in ranks), epoch=0))  # every row of the epoch once
-    assert len(epoch0) == len(set(epoch0)) >= 0.96 * TRAIN_ROWS
-
-
-def test_bare_loader_ddp_resumes_after_max_steps_with_the_next_epoch_whole(ranks):
-    for rank in ranks:
-        assert rank["stopped"] == rank["full"][:STOP_AT]
-        assert rank["after"] == [s for s in rank["full"] if s["epoch"] == 1]  # epoch 1 whole, no row of epoch 0 again
-    epoch1 = rows(*(r["after"] for r in ranks), epoch=1)
-    assert len(epoch1) == len(set(epoch1)) >= 0.96 * TRAIN_ROWS
-
-
-def test_bare_loader_resumes_a_ddp_checkpoint_on_one_device_with_every_row_once(ddp, tmp_path):
-    ranks, folder, workers = ddp
-    pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=folder / "mrpc", max_tokens=2048)
-    one = Bare(pipe, workers)
-    trainer(tmp_path, max_epochs=1).fit(one, ckpt_path=folder / "checkpoints" / f"step={SAVE_EVERY}.ckpt")
-    epoch0 = rows(*(r["full"][:SAVE_EVERY] for r in ranks), one.steps, epoch=0)  # the 2 ranks' rows, then the one's
-    assert sorted(epoch0) == sorted(rows(*(r["full"] for r in ranks), epoch=0)) and len(epoch0) == len(set(epoch0))

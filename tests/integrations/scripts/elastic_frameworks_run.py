@@ -1,9 +1,10 @@
 """Under torchrun: a framework run checkpointed on one number of ranks resumes on another.
 
-Usage: ``torchrun --standalone --nproc_per_node=N elastic_frameworks_run.py FRAMEWORK PHASE DATA OUT WORKERS``
-with FRAMEWORK ``hf`` (``padpipe.hf.Trainer``) or ``lightning`` (``LightningLoader`` + ``ExactResume``),
-PHASE ``save`` (train ``SAVE_AT`` steps and checkpoint there) or ``resume`` (resume from that
-checkpoint and train past the end of its epoch). Each rank writes
+Usage: ``torchrun --standalone --nproc_per_node=N elastic_frameworks_run.py PHASE DATA OUT WORKERS FRAMEWORKS``
+with PHASE ``save`` (train ``SAVE_AT`` steps and checkpoint there) or ``resume`` (resume from that
+checkpoint and train past the end of its epoch) and FRAMEWORKS a comma-separated list of ``hf``
+(``padpipe.hf.Trainer``) and ``lightning`` (``LightningLoader`` + ``ExactResume``), run one after the other
+in the same processes (imports and process start paid once a launch). Each rank writes
 ``OUT/<FRAMEWORK>-<PHASE>-rank<R>.json``: every training step's epoch and row ids.
 tests/integrations/test_elastic_frameworks.py checks that the saved epoch has every row once.
 """
@@ -20,7 +21,7 @@ import padpipe as pp
 from padpipe.recipes.glue import glue
 from tests.integrations.tiny import bert_config, finish, recording_bert
 
-SAVE_AT, MORE = 6, 30  # steps before the checkpoint; steps after it (past the saved epoch's end on 3 ranks)
+SAVE_AT, MORE = 6, 16  # steps before the checkpoint; after it: the saved epoch's last 12 on 3 ranks, 4 of the next
 
 
 def run_hf(pipe: pp.Pipeline, phase: str, out: str, workers: int) -> list[dict]:
@@ -94,15 +95,16 @@ def run_lightning(pipe: pp.Pipeline, phase: str, out: str, workers: int) -> list
     return module.steps
 
 
-def main(framework: str, phase: str, data: str, out: str, workers: int) -> None:
+def main(phase: str, data: str, out: str, workers: int, frameworks: list[str]) -> None:
     dist.init_process_group("gloo")
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=data, max_tokens=2048)
-    run = run_hf if framework == "hf" else run_lightning
-    steps = run(pipe, phase, out, workers)
-    with open(f"{out}/{framework}-{phase}-rank{dist.get_rank()}.json", "w") as f:
-        json.dump(steps, f)
+    for framework in frameworks:
+        run = run_hf if framework == "hf" else run_lightning
+        steps = run(pipe, phase, out, workers)
+        with open(f"{out}/{framework}-{phase}-rank{dist.get_rank()}.json", "w") as f:
+            json.dump(steps, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split(","))
     finish()

@@ -1,16 +1,15 @@
 """Under torchrun x2: padpipe.hf.Trainer trains 2 epochs (num_train_epochs, gradient accumulation 2), resumes.
 
-Usage: ``torchrun --standalone --nproc_per_node=2 hf_epochs_run.py DATA OUT``. Each rank writes
+``main(DATA, OUT)``, run by hf_ddp_run.py. Each rank writes
 ``OUT/rank<R>.json``: its batches of the first epoch counted by a plain pass, the steps taken, the
 rows of every training step, and a fingerprint of the final weights of the full run and of a run
-resumed from a checkpoint inside the second epoch. tests/integrations/test_hf_epochs.py checks them.
+resumed from a checkpoint inside the second epoch. tests/integrations/test_hf_trainer.py checks them.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainingArguments
@@ -18,7 +17,7 @@ from transformers import TrainerCallback, TrainingArguments
 import padpipe as pp
 from padpipe.hf import Trainer
 from padpipe.recipes.glue import glue
-from tests.integrations.tiny import digest, finish, recording_bert
+from tests.integrations.tiny import digest, recording_bert
 
 
 class Epochs(TrainerCallback):
@@ -71,8 +70,3 @@ def main(data: str, out: str) -> None:
             },
             f,
         )
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
-    finish()

@@ -1,15 +1,14 @@
 """Under torchrun x2: padpipe.hf.Trainer over one training row, so one rank trains on equal steps' filler each epoch.
 
-Usage: ``torchrun --standalone --nproc_per_node=2 hf_filler_run.py DATA OUT`` (DATA: an MRPC folder of
-one training row). Each rank writes ``OUT/rank<R>.json``: the loss ``compute_loss`` returned at each
-step (a filler's must be 0), whether each step's batch was a filler, and the train metrics.
+``main(DATA, OUT)``, run by hf_ddp_run.py (DATA: an MRPC folder of one training row). Each rank writes
+``OUT/rank<R>.json``: the loss ``compute_loss`` returned at each step (a filler's must be 0), whether each
+step's batch was a filler, and the train metrics.
 tests/integrations/test_hf_trainer.py checks them.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 import torch.distributed as dist
 from transformers import TrainingArguments
@@ -17,7 +16,7 @@ from transformers import TrainingArguments
 import padpipe as pp
 from padpipe.hf import Trainer
 from padpipe.recipes.glue import glue
-from tests.integrations.tiny import finish, recording_bert
+from tests.integrations.tiny import recording_bert
 
 
 class Recording(Trainer):
@@ -41,8 +40,3 @@ def main(data: str, out: str) -> None:
     metrics = trainer.train().metrics
     with open(f"{out}/rank{dist.get_rank()}.json", "w") as f:
         json.dump({"seen": trainer.seen, "train_metrics": metrics}, f)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
-    finish()

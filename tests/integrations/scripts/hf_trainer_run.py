@@ -1,7 +1,6 @@
 """Under torchrun x2: padpipe.hf.Trainer trains past two epochs, checkpoints, resumes, evaluates, predicts.
 
-Usage: ``torchrun --standalone --nproc_per_node=2 hf_trainer_run.py DATA OUT WORKERS`` (WORKERS is
-``dataloader_num_workers``). Each rank writes
+``main(DATA, OUT, WORKERS)``, run by hf_ddp_run.py (WORKERS is ``dataloader_num_workers``). Each rank writes
 ``OUT/rank<R>.json``: the rows and batch fingerprints of every training step and the logged losses of
 the full run and of a run resumed from its step-30 checkpoint, the metrics, and predictions with a
 reference computed here.
@@ -11,7 +10,6 @@ tests/integrations/test_hf_trainer.py checks them.
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import torch
@@ -21,7 +19,7 @@ from transformers import TrainerCallback, TrainingArguments
 import padpipe as pp
 from padpipe.hf import Trainer
 from padpipe.recipes.glue import glue
-from tests.integrations.tiny import finish, recording_bert
+from tests.integrations.tiny import recording_bert
 
 MAX_STEPS, SAVE_STEPS, RESUME_AT = 60, 15, 30
 
@@ -110,8 +108,3 @@ def main(data: str, out: str, workers: int) -> None:
             },
             f,
         )
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
-    finish()

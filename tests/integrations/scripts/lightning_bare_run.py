@@ -1,6 +1,6 @@
 """Under torchrun x2: Lightning DDP on ``pipe.loader(num_workers=W)`` with ``ExactResume``, resumed two ways.
 
-Usage: ``torchrun --standalone --nproc_per_node=2 lightning_bare_run.py DATA OUT WORKERS``. Four fits, each
+``main(DATA, OUT, WORKERS)``, run by lightning_ddp_run.py. Four fits, each
 with Lightning's default ``training_step(batch, batch_idx)`` and ``weights_only``:
 
 1. ``full``: two epochs, a ``ModelCheckpoint`` every 12 steps;
@@ -9,13 +9,12 @@ with Lightning's default ``training_step(batch, batch_idx)`` and ``weights_only`
 4. ``after``: from that checkpoint to the end of epoch 1.
 
 Each rank writes ``OUT/rank<R>.json``: every training step (epoch, row ids, batch fingerprint) of each fit.
-tests/integrations/test_lightning_bare.py checks them.
+tests/integrations/test_lightning_ddp.py checks them.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 import lightning as L
 import torch
@@ -25,7 +24,6 @@ import padpipe as pp
 from padpipe.integrations.lightning import ExactResume
 from padpipe.recipes.glue import glue
 from tests.integrations.scripts.lightning_run import Classifier
-from tests.integrations.tiny import finish
 
 SAVE_EVERY = STOP_AT = 12
 
@@ -64,8 +62,3 @@ def main(data: str, out: str, workers: int) -> None:
     trainer(f"{out}/after", max_epochs=2).fit(fits["after"], ckpt_path=f"{out}/stopped.ckpt")
     with open(f"{out}/rank{torch.distributed.get_rank()}.json", "w") as f:
         json.dump({name: fit.steps for name, fit in fits.items()}, f)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
-    finish()

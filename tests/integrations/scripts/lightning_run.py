@@ -1,15 +1,14 @@
 """Under torchrun x2: Lightning DDP trains two epochs on ``LightningLoader(pipe.loader(...))``, then resumes.
 
-Usage: ``torchrun --standalone --nproc_per_node=2 lightning_run.py DATA OUT WORKERS``. The first fit saves a
-checkpoint every 10 steps; a second fit resumes from step 30 (inside the second epoch) with Lightning's
-default ``training_step(batch, batch_idx)``. Each rank writes ``OUT/rank<R>.json``: every training step
-(epoch, row ids, batch fingerprint) of both fits. tests/integrations/test_lightning.py checks them.
+``main(DATA, OUT, WORKERS)``, run by lightning_ddp_run.py (``Classifier`` also serves the one-device tests).
+The first fit saves a checkpoint every 10 steps; a second fit resumes from step 30 (inside the second epoch)
+with Lightning's default ``training_step(batch, batch_idx)``. Each rank writes ``OUT/rank<R>.json``: every
+training step (epoch, row ids, batch fingerprint) of both fits. tests/integrations/test_lightning_ddp.py checks them.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 import lightning as L
 import torch
@@ -19,7 +18,7 @@ from transformers import BertForSequenceClassification
 import padpipe as pp
 from padpipe.integrations.lightning import ExactResume, LightningLoader
 from padpipe.recipes.glue import glue
-from tests.integrations.tiny import bert_config, digest, finish
+from tests.integrations.tiny import bert_config, digest
 
 SAVE_EVERY, RESUME_AT = 10, 30
 
@@ -77,8 +76,3 @@ def main(data: str, out: str, workers: int) -> None:
     trainer(f"{out}/resumed").fit(resumed, ckpt_path=checkpoint)
     with open(f"{out}/rank{torch.distributed.get_rank()}.json", "w") as f:
         json.dump({"steps": full.steps, "resumed_steps": resumed.steps}, f)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
-    finish()
