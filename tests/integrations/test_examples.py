@@ -5,19 +5,32 @@ from __future__ import annotations
 import gzip
 import os
 import re
+from importlib.util import find_spec
 
 import pyarrow.parquet as pq
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("transformers")
 
 import padpipe as pp  # noqa: E402
 from tests.integrations.tiny import ROOT, run_script, write_mrpc  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+
+def require(*modules: str) -> None:
+    """Skip unless ``modules`` are installed: found, not imported (the scripts import them in their own processes;
+    importing Lightning here too would cost the test process about 3 CPU-s)."""
+    for module in modules:
+        if find_spec(module) is None:
+            pytest.skip(f"needs {module}")
+
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(find_spec("transformers") is None, reason="needs transformers"),
+]
 EXAMPLES = ROOT / "examples"
 ROWS = 1000
+MAX_STEPS, LOG_EVERY = 30, 15  # the Trainer example saves every 30 steps: one run stops, logs twice and checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -27,25 +40,49 @@ def parquet(tmp_path_factory):
     return str(path)
 
 
-def test_ddp_example_under_torchrun_takes_equal_steps_over_every_row(parquet):
-    out = run_script(EXAMPLES / "train_ddp.py", parquet, "--log-every", "10").stdout
+@pytest.fixture(scope="module")
+def one_row(tmp_path_factory):
+    """One row for two ranks: under torchrun, one rank trains it and the other a filler each epoch."""
+    path = tmp_path_factory.mktemp("one") / "one.parquet"
+    pq.write_table(pq.read_table(pp.examples.SAMPLE_PARQUET).slice(0, 1), path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ddp_one_row(one_row):
+    """train_ddp.py under torchrun on the one row, logging every step: one launch for the equal-steps test and the
+    filler test (rank 0 prints every line, so they never interleave)."""
+    return run_script(EXAMPLES / "train_ddp.py", one_row, "--log-every", "1").stdout
+
+
+@pytest.fixture(scope="module")
+def trainer_run(tmp_path_factory):
+    """train_hf_trainer.py on one process, stopped at ``MAX_STEPS`` and logging every ``LOG_EVERY`` steps: one run for
+    the max-steps test and the train/evaluate/predict test. Returns the MRPC folder, the output folder and stdout."""
+    folder = tmp_path_factory.mktemp("trainer")
+    data = write_mrpc(folder / "mrpc", train_rows=1200, val_rows=100)
+    steps = ("--max-steps", str(MAX_STEPS), "--log-every", str(LOG_EVERY))
+    out = run_script(EXAMPLES / "train_hf_trainer.py", str(data), str(folder / "run"), *steps, processes=1).stdout
+    return data, folder / "run", out
+
+
+def test_ddp_example_under_torchrun_takes_equal_steps_over_every_row(ddp_one_row):
+    out = ddp_one_row
     lines = out.splitlines()
     found = [re.fullmatch(r"rank (\d)/2 epoch (\d): (\d+) steps, ([\d,]+) rows", line) for line in lines]
     counts = [m.groups() for m in found if m]
     assert [(rank, epoch) for rank, epoch, _, _ in counts] == [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")], out
     for epoch in "01":
         pairs = [(int(steps), int(rows.replace(",", ""))) for _, e, steps, rows in counts if e == epoch]
-        assert pairs[0][0] == pairs[1][0] and pairs[0][1] + pairs[1][1] == ROWS
+        assert pairs[0][0] == pairs[1][0] and pairs[0][1] + pairs[1][1] == 1  # the one row, once
     logs = [line for line, m in zip(lines, found) if not m]  # rank 0 alone prints: whole lines, in step order
     assert logs and all(re.fullmatch(r"epoch [01] step \d+: loss \d+\.\d{4} \(rank 0\)", line) for line in logs), out
 
 
 @pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py", "train_hf_trainer.py"])
-def test_examples_stop_at_max_steps_log_every_n_steps_and_name_their_extra(script, parquet, tmp_path):
+def test_examples_stop_at_max_steps_log_every_n_steps_and_name_their_extra(script, parquet, tmp_path, request):
     if script != "train_ddp.py":
-        pytest.importorskip(
-            "accelerate" if "accelerate" in script else "lightning" if "lightning" in script else "datasets"
-        )
+        require("accelerate" if "accelerate" in script else "lightning" if "lightning" in script else "datasets")
     extra = {
         "train_ddp.py": "[hf]",
         "train_accelerate.py": "[hf,accelerate]",
@@ -53,38 +90,35 @@ def test_examples_stop_at_max_steps_log_every_n_steps_and_name_their_extra(scrip
         "train_hf_trainer.py": "[hf]",
     }[script]
     assert f"pip install 'padpipe{extra}'" in (EXAMPLES / script).read_text()
-    data = (
-        [str(write_mrpc(tmp_path / "mrpc", train_rows=1200, val_rows=100)), str(tmp_path / "run")]
-        if (script == "train_hf_trainer.py")
-        else [parquet] + ([str(tmp_path)] if script == "train_lightning.py" else [])
-    )
-    out = run_script(EXAMPLES / script, *data, "--max-steps", "4", "--log-every", "2", processes=1).stdout
-    if script == "train_hf_trainer.py":
-        assert len(re.findall(r"'loss': ", out)) == 2, out  # the Trainer's own log lines, at steps 2 and 4
+    if script == "train_hf_trainer.py":  # the run the train/evaluate/predict test checks too
+        _, run, out = request.getfixturevalue("trainer_run")
+        assert len(re.findall(r"'loss': ", out)) == 2, out  # the Trainer's own log lines, at steps 15 and 30
+        assert not (run / f"checkpoint-{2 * MAX_STEPS}").exists()
         return
+    data = [parquet] + ([str(tmp_path)] if script == "train_lightning.py" else [])
+    out = run_script(EXAMPLES / script, *data, "--max-steps", "4", "--log-every", "2", processes=1).stdout
     steps = [int(n) for n in re.findall(r"step (\d+): loss \d+\.\d{4}", out)]
     assert steps == [2, 4], out
     assert re.search(r"^rank 0/1(?: epoch 0)?: 4 steps", out, re.M), out
 
 
-def test_trainer_example_trains_evaluates_and_predicts_in_row_order(tmp_path):
-    data = write_mrpc(tmp_path / "mrpc", train_rows=1200, val_rows=100)
-    out = run_script(EXAMPLES / "train_hf_trainer.py", str(data), str(tmp_path / "run"), processes=1).stdout
+def test_trainer_example_trains_evaluates_and_predicts_in_row_order(trainer_run):
+    data, run, out = trainer_run
     assert re.search(r"^eval: 100 rows, loss \d\.\d{4}, accuracy \d\.\d{3}$", out, re.M), out
     labels = pq.read_table(data / "validation-00000-of-00001.parquet").column("label").to_pylist()[:8]
     assert f"predict: 100 rows in split order, labels [{' '.join(map(str, labels))}]" in out
-    assert (tmp_path / "run" / "checkpoint-60" / "padpipe_loader.pt").is_file()
+    assert (run / f"checkpoint-{MAX_STEPS}" / "padpipe_loader.pt").is_file()
 
 
 def test_accelerate_example_trains_one_epoch(parquet):
-    pytest.importorskip("accelerate")
+    require("accelerate")
     out = run_script(EXAMPLES / "train_accelerate.py", parquet, processes=1).stdout
     assert re.search(r"^rank 0/1: \d+ steps, 1,000 rows$", out, re.M), out
 
 
-def test_lightning_example_trains_two_epochs_with_a_last_checkpoint(parquet, tmp_path):
-    pytest.importorskip("lightning")
-    out = run_script(EXAMPLES / "train_lightning.py", parquet, str(tmp_path), processes=1).stdout
+def test_lightning_example_trains_two_epochs_with_a_last_checkpoint(one_row, tmp_path):
+    require("lightning")
+    out = run_script(EXAMPLES / "train_lightning.py", one_row, str(tmp_path), processes=1).stdout
     assert re.search(r"^rank 0/1: \d+ steps, 2 epochs$", out, re.M), out
     assert (tmp_path / "last.ckpt").is_file()
 
@@ -105,13 +139,14 @@ def test_sft_example_trains_packed_conversations_under_torchrun_and_resumes(tmp_
 
 
 @pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py"])
-def test_examples_under_torchrun_weigh_a_filler_by_zero_and_count_none_of_its_rows(script, tmp_path):
+def test_examples_under_torchrun_weigh_a_filler_by_zero_and_count_none_of_its_rows(script, one_row, tmp_path, request):
     """One row for two ranks: rank 1 trains on a filler each epoch; the loops weigh it by 0 and count no row of it."""
-    pytest.importorskip({"train_accelerate.py": "accelerate", "train_lightning.py": "lightning"}.get(script, "torch"))
-    path = tmp_path / "one.parquet"
-    pq.write_table(pq.read_table(pp.examples.SAMPLE_PARQUET).slice(0, 1), path)
-    args = [str(path)] + ([str(tmp_path / "checkpoints")] if script == "train_lightning.py" else [])
-    out = run_script(EXAMPLES / script, *args, "--log-every", "1").stdout
+    require({"train_accelerate.py": "accelerate", "train_lightning.py": "lightning"}.get(script, "torch"))
+    if script == "train_ddp.py":  # the launch the equal-steps test checks too
+        out = request.getfixturevalue("ddp_one_row")
+    else:
+        args = [one_row] + ([str(tmp_path / "checkpoints")] if script == "train_lightning.py" else [])
+        out = run_script(EXAMPLES / script, *args, "--log-every", "1").stdout
     # (the ranks print at once, so one rank's line may run into the other's: the patterns anchor on no line)
     if script == "train_ddp.py":  # each epoch: one rank trains the row, the other a filler it counts no row of
         found = re.findall(r"rank (\d)/2 epoch (\d): (\d+) steps, (\d+) rows", out)
