@@ -49,13 +49,6 @@ def one_row(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ddp_one_row(one_row):
-    """train_ddp.py under torchrun on the one row, logging every step: one launch for the equal-steps test and the
-    filler test (rank 0 prints every line, so they never interleave)."""
-    return run_script(EXAMPLES / "train_ddp.py", one_row, "--log-every", "1").stdout
-
-
-@pytest.fixture(scope="module")
 def trainer_run(tmp_path_factory):
     """train_hf_trainer.py on one process, stopped at ``MAX_STEPS`` and logging every ``LOG_EVERY`` steps: one run for
     the max-steps test and the train/evaluate/predict test. Returns the MRPC folder, the output folder and stdout."""
@@ -66,15 +59,15 @@ def trainer_run(tmp_path_factory):
     return data, folder / "run", out
 
 
-def test_ddp_example_under_torchrun_takes_equal_steps_over_every_row(ddp_one_row):
-    out = ddp_one_row
+def test_ddp_example_under_torchrun_takes_equal_steps_over_every_row(parquet):
+    out = run_script(EXAMPLES / "train_ddp.py", parquet, "--log-every", "10").stdout
     lines = out.splitlines()
     found = [re.fullmatch(r"rank (\d)/2 epoch (\d): (\d+) steps, ([\d,]+) rows", line) for line in lines]
     counts = [m.groups() for m in found if m]
     assert [(rank, epoch) for rank, epoch, _, _ in counts] == [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")], out
     for epoch in "01":
         pairs = [(int(steps), int(rows.replace(",", ""))) for _, e, steps, rows in counts if e == epoch]
-        assert pairs[0][0] == pairs[1][0] and pairs[0][1] + pairs[1][1] == 1  # the one row, once
+        assert pairs[0][0] == pairs[1][0] and pairs[0][1] + pairs[1][1] == ROWS
     logs = [line for line, m in zip(lines, found) if not m]  # rank 0 alone prints: whole lines, in step order
     assert logs and all(re.fullmatch(r"epoch [01] step \d+: loss \d+\.\d{4} \(rank 0\)", line) for line in logs), out
 
@@ -139,14 +132,11 @@ def test_sft_example_trains_packed_conversations_under_torchrun_and_resumes(tmp_
 
 
 @pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py"])
-def test_examples_under_torchrun_weigh_a_filler_by_zero_and_count_none_of_its_rows(script, one_row, tmp_path, request):
+def test_examples_under_torchrun_weigh_a_filler_by_zero_and_count_none_of_its_rows(script, one_row, tmp_path):
     """One row for two ranks: rank 1 trains on a filler each epoch; the loops weigh it by 0 and count no row of it."""
     require({"train_accelerate.py": "accelerate", "train_lightning.py": "lightning"}.get(script, "torch"))
-    if script == "train_ddp.py":  # the launch the equal-steps test checks too
-        out = request.getfixturevalue("ddp_one_row")
-    else:
-        args = [one_row] + ([str(tmp_path / "checkpoints")] if script == "train_lightning.py" else [])
-        out = run_script(EXAMPLES / script, *args, "--log-every", "1").stdout
+    args = [one_row] + ([str(tmp_path / "checkpoints")] if script == "train_lightning.py" else [])
+    out = run_script(EXAMPLES / script, *args, "--log-every", "1").stdout
     # (the ranks print at once, so one rank's line may run into the other's: the patterns anchor on no line)
     if script == "train_ddp.py":  # each epoch: one rank trains the row, the other a filler it counts no row of
         found = re.findall(r"rank (\d)/2 epoch (\d): (\d+) steps, (\d+) rows", out)
