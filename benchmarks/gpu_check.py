@@ -23,8 +23,8 @@
 
 Prints a table and writes ``benchmarks/out/gpu_check.json``; exits 1 if a correctness check fails.
 Without CUDA it prints ``no CUDA device: skipped`` and exits 0; ``--smoke`` then runs the same code
-paths on the CPU (tiny model, a few steps, ``.prefetch(2)`` in place of ``.to_cuda``) to check the
-script itself. With a GPU, run the race tests first (one command):
+paths on the CPU (tiny model, 512-token batches, one warm-up and one timed step a feed, ``.prefetch(2)``
+in place of ``.to_cuda``) to check the script itself. With a GPU, run the race tests first (one command):
 
     python -m pytest -q tests/pipes/test_device_gpu.py tests/pipes/test_device.py && python benchmarks/gpu_check.py
 
@@ -266,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         device, d_model, max_batches = torch.device("cuda", torch.cuda.current_device()), 512, None
         name, pipe = torch.cuda.get_device_name(device), base_pipeline()
     elif args.smoke:
-        device, d_model, max_batches, pipe = torch.device("cpu"), 32, 8, base_pipeline(max_tokens=1024, buffer_size=512)
-        args.steps, args.warmup, name = 2, 1, f"CPU smoke run ({platform.processor() or platform.machine()})"
+        device, d_model, max_batches, pipe = torch.device("cpu"), 32, 8, base_pipeline(max_tokens=512, buffer_size=512)
+        args.steps, args.warmup, name = 1, 1, f"CPU smoke run ({platform.processor() or platform.machine()})"
     else:
         print("no CUDA device: skipped")
         return 0

@@ -57,7 +57,7 @@ def test_first_batch_benchmark_reports_first_batch_and_state_sizes(tmp_path: Pat
 
 @pytest.mark.timeout(300)
 def test_train_cpu_benchmark_trains_both_on_the_same_rows() -> None:
-    out = run("train_cpu.py", "--rows", "96", "--max-length", "32")
+    out = run("train_cpu.py", "--rows", "96", "--max-length", "32", "--threads", "1")
     rows = [line for line in out.splitlines() if line.startswith("| padpipe") or line.startswith("| HF")]
     assert len(rows) == 2 and all("| 96 |" in r for r in rows)
     assert re.search(r"padpipe trains [\d.]+x the rows/s", out)

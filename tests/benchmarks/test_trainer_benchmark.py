@@ -32,7 +32,7 @@ COLUMNS = [
     "tokens",
     "steps",
 ]
-TINY = ["--quick", "--docs", "300", "--cls-rows", "300", "--eval-docs", "16", "--eval-rows", "32"]
+TINY = ["--quick", "--docs", "300", "--cls-rows", "300", "--eval-docs", "16", "--eval-rows", "32", "--threads", "1"]
 
 
 def benchmark(name: str) -> ModuleType:
