@@ -11,15 +11,22 @@ do the docstring examples named in ``SLOW_DOCTESTS``.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import re
-from pathlib import Path
+import os
 
-import numpy as np
-import pytest
+# One intra-op thread in each pytest process and every process a test starts (before numpy or torch read it): the
+# suite runs two pytest processes on two cores, where a second thread per process only spins (a tiny model's steps
+# cost several times the CPU). torchrun gives its ranks one thread too. A test that sets a count keeps its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import padpipe as pp
+import importlib  # noqa: E402
+import inspect  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import padpipe as pp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 SLOW_FILES = (
