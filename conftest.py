@@ -42,7 +42,6 @@ SLOW_FILES = (
     "tests/inspection/test_packing_labels.py",  # the same, on masked rows
     "tests/inspection/test_packing_command.py",  # the same, from the command line
 )
-LONGEST_FIRST = ("tests/test_docs.py",)  # one process running every page: minutes
 OPTIONAL_MODULES = {"padpipe/integrations/torchtitan.py": "torchtitan.components.dataloader"}
 """Modules whose docstring examples run only where an optional package imports (their tests skip on their own)."""
 SLOW_DOCTESTS = ("padpipe.cache.TokenCache", "padpipe.recipes.glue.main")  # examples that take seconds alone
@@ -69,20 +68,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Add the ``slow`` marker to the tests that start processes, ``torchrun`` or a framework, and run the longest
-    first: :data:`LONGEST_FIRST`, then the other slow tests, then the rest (each group in collection order). The
-    pytest-xdist processes take files in this order, so the many short files fill the end of the run instead of
-    one process running a long file alone while the other has nothing left."""
+    """Add the ``slow`` marker to the tests that start processes, ``torchrun`` or a framework."""
     for item in items:
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=_run_order)
-
-
-def _run_order(item: pytest.Item) -> int:
-    path = Path(str(item.path)).resolve()
-    where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
-    return 0 if where in LONGEST_FIRST else 1 if item.get_closest_marker("slow") else 2
 
 
 def _is_slow(item: pytest.Item) -> bool:
