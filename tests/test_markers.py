@@ -22,10 +22,10 @@ sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.arg
 """
 
 
-def collected(*files: str) -> tuple[set[str], set[str]]:
-    """The tests of ``files`` marked ``slow`` and the others, from one collection."""
+def collect(script: str, *args: str) -> list[str]:
+    """The lines ``script`` (a pytest collection with a reporting plugin) prints, run on ``args`` in a fresh process."""
     done = subprocess.run(
-        [sys.executable, "-c", REPORT, *files],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         timeout=200,
@@ -34,7 +34,12 @@ def collected(*files: str) -> tuple[set[str], set[str]]:
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    marked = [line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("SLOW ", "FAST "))]
+    return done.stdout.splitlines()
+
+
+def collected(*files: str) -> tuple[set[str], set[str]]:
+    """The tests of ``files`` marked ``slow`` and the others, from one collection."""
+    marked = [line.split(" ", 1) for line in collect(REPORT, *files) if line.startswith(("SLOW ", "FAST "))]
     return {t for m, t in marked if m == "SLOW"}, {t for m, t in marked if m == "FAST"}
 
 
@@ -73,19 +78,11 @@ sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *sys.arg
 
 def test_test_fast_does_not_import_the_files_it_leaves_out() -> None:
     """Under ``-m "not slow"`` the folders and files of SLOW_FILES are not collected (their imports cost each process
-    seconds); a file named on the command line still is."""
+    seconds)."""
     found = {}
     for marks in (["-m", "not slow"], []):
-        done = subprocess.run(
-            [sys.executable, "-c", NOT_IMPORTED, *marks, "tests/integrations", "tests/test_stats.py"],
-            capture_output=True,
-            text=True,
-            timeout=200,
-            cwd=ROOT,
-            check=False,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        )
-        found[bool(marks)] = next(line for line in done.stdout.splitlines() if line.startswith("ITEMS "))
+        lines = collect(NOT_IMPORTED, *marks, "tests/integrations", "tests/test_stats.py")
+        found[bool(marks)] = next(line for line in lines if line.startswith("ITEMS "))
     fast, every = found[True].split(), found[False].split()
     assert fast[3] == "False" and every[3] == "True"  # Lightning imported only when its tests are collected
     assert 0 < int(fast[1]) < int(every[1])  # test_stats.py's tests still collected
