@@ -90,7 +90,8 @@ class LightningLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._ahead.clear()
-        restored, self._restored = list(self._restored), Held(device=self._restored.device)
+        restored = list(self._restored)
+        self._restored.clear()
         resumed, self._resumed = self._resumed, False
         empty = True
         for batch in _chain(restored, self.loader):
@@ -129,10 +130,10 @@ class LightningLoader:
         """
         if isinstance(state, Mapping) and state.get("version") == OLD_STATE.version:
             state = CHECKPOINT.make({}, ranks=OLD_STATE.check(state, {}).ranks)
-        parts = own_part(state)
         if isinstance(self.loader, PipelineLoader):
-            self.loader.load_state_dict(state)  # it returns its own batches fetched ahead first
+            self.loader.load_state_dict(state)  # it checks the checkpoint and returns its own batches ahead first
         else:
+            parts = own_part(state)
             rank, world = ranks(getattr(self.loader, "group", None))
             if len(parts) != world:
                 raise StateMismatchError(
