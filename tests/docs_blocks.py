@@ -4,8 +4,8 @@ What runs, and how a page's author controls it:
 
 * A ```` ```python ```` block runs on its own, with fresh names (as if pasted into a new
   interpreter), in an empty temporary folder, offline (``HF_HUB_OFFLINE=1``).
-* A ```` ```text ```` block that follows a python block with nothing but blank lines between is
-  that block's output: the block must print exactly that (trailing spaces aside). Put a sentence
+* A ```` ```text ```` block (or a bare ```` ``` ```` one) that follows a python block with nothing but
+  blank lines between is that block's output: the block must print exactly that (trailing spaces aside). Put a sentence
   between them to show text that is not checked (timings, say).
 * A ```` ```bash ```` block runs line by line (a line ending in ``\\`` continues) with ``bash``,
   from a folder that links to the repository's top-level entries (so commands say
@@ -116,7 +116,7 @@ def parse(markdown: str, page: str) -> list[Block]:
             i += 1
         i += 1
         text = "".join(line + "\n" for line in body)
-        if kind == "text" and found and found[-1].kind == "python" and found[-1].output is None and not previous:
+        if kind in ("text", "") and found and found[-1].kind == "python" and found[-1].output is None and not previous:
             found[-1].output = text
         else:
             skip, needs = NO_RUN.match(previous), NEEDS.match(previous)

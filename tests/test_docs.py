@@ -84,6 +84,14 @@ def test_blocks_reads_outputs_markers_and_commands(tmp_path: Path) -> None:
     assert docs_blocks.run_console(found[3]) == ""
 
 
+def test_a_bare_fence_right_after_a_python_block_is_its_output_and_is_checked(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```python\nprint(2 * 20000)\n```\n\n```\n0 40000\n```\n\nTimed:\n\n```\n1.5 s\n```\n")
+    found = docs_blocks.blocks(page)
+    assert [(b.kind, b.output) for b in found] == [("python", "0 40000\n"), ("", None)]  # after a sentence: shown only
+    assert docs_blocks.run_python(found[0]).startswith("output differs:")
+
+
 def test_a_block_marked_continues_goes_on_from_the_python_block_above(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
