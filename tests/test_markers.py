@@ -80,8 +80,8 @@ def test_test_fast_does_not_import_the_files_it_leaves_out() -> None:
     """Under ``-m "not slow"`` the folders and files of SLOW_FILES are not collected (their imports cost each process
     seconds)."""
     found = {}
-    for marks in (["-m", "not slow"], []):
-        lines = collect(NOT_IMPORTED, *marks, "tests/integrations", "tests/test_stats.py")
+    for marks, folder in ((["-m", "not slow"], "tests/integrations"), ([], "tests/integrations/test_lightning.py")):
+        lines = collect(NOT_IMPORTED, *marks, folder, "tests/test_stats.py")  # (the control: one Lightning file)
         found[bool(marks)] = next(line for line in lines if line.startswith("ITEMS "))
     fast, every = found[True].split(), found[False].split()
     assert fast[3] == "False" and every[3] == "True"  # Lightning imported only when its tests are collected

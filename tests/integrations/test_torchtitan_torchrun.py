@@ -27,7 +27,7 @@ pytest.importorskip(
     "torchtitan.components.dataloader",
     reason="needs torchtitan 0.3.0: pip install 'padpipe[torchtitan]' && pip install --no-deps torchtitan==0.3.0",
 )
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the module fixture runs four launches, each bounded
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the module fixture runs three launches, each bounded
 
 SCRIPT = Path(__file__).parent / "scripts" / "titan_run.py"
 WORDS = "the cat sat on a mat and then ran far away from the big dog under blue sky".split()
@@ -59,25 +59,37 @@ def corpus_labels(data: Path, kind: str) -> collections.Counter:
     return collections.Counter(t for piece in pieces for t in piece[1:])
 
 
-def launch(data: Path, tag: str, nproc: int, dp: int, workers: int, *extra: str) -> list[dict]:
-    command = torchrun_command(
-        SCRIPT, str(data), str(data), tag, "--dp", str(dp), "--workers", str(workers), *extra, nproc=nproc
-    )
-    run_launchers([command], timeout=TIMEOUT, what=tag)
-    return [json.loads((data / f"{tag}-rank{r}.json").read_text()) for r in range(nproc)]
+def phase(tag: str, dp: int, workers: int, *extra: str) -> list[str]:
+    """One phase of titan_run.py: its tag, DP degree, loader workers and options."""
+    return [tag, "--dp", str(dp), "--workers", str(workers), *extra]
+
+
+def launch(data: Path, nproc: int, *phases: list[str]) -> list[list[dict]]:
+    """One launch of ``nproc`` processes running ``phases`` one after another; every process's record of each."""
+    args = [arg for i, p in enumerate(phases) for arg in (["--then"] if i else []) + p]
+    command = torchrun_command(SCRIPT, str(data), str(data), *args, nproc=nproc)
+    run_launchers([command], timeout=TIMEOUT * len(phases), what=" + ".join(p[0] for p in phases))
+    return [[json.loads((data / f"{p[0]}-rank{r}.json").read_text()) for r in range(nproc)] for p in phases]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
+    """Three launches: the save on 2 DP ranks; the save on 3 and, in the same processes, the resume of the first
+    save on 3 (a state is loaded by processes that did not save it); the resume of the second on 2 DP x 2 TP."""
     data = tmp_path_factory.mktemp("titan_torchrun")
     write_corpus(data)
     out: dict = {"data": data}
-    for dp, workers in ((2, 1), (3, 0)):
-        folder = data / f"saved-{dp}"
-        folder.mkdir()
-        out["saved", dp] = launch(data, f"save-{dp}", dp, dp, workers, "--take", "2", "--save", str(folder))
-    out["resumed", 3] = launch(data, "resume-2-3", 3, 3, 2, "--load", str(data / "saved-2"))
-    out["resumed", 2] = launch(data, "resume-3-2", 4, 2, 1, "--load", str(data / "saved-3"))  # 2 TP peers a DP rank
+    for dp in (2, 3):
+        (data / f"saved-{dp}").mkdir()
+    save = ("--take", "2", "--save")
+    [out["saved", 2]] = launch(data, 2, phase("save-2", 2, 1, *save, str(data / "saved-2")))
+    out["saved", 3], out["resumed", 3] = launch(
+        data,
+        3,
+        phase("save-3", 3, 0, *save, str(data / "saved-3")),
+        phase("resume-2-3", 3, 2, "--load", str(data / "saved-2")),
+    )
+    [out["resumed", 2]] = launch(data, 4, phase("resume-3-2", 2, 1, "--load", str(data / "saved-3")))  # 2 TP peers
     return out
 
 

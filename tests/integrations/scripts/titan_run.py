@@ -1,7 +1,8 @@
 """Run under ``torchrun`` (gloo, CPU): PadpipeDataLoader checkpointed by torchtitan's CheckpointManager (DCP).
 
 Usage: ``python -m torch.distributed.run --standalone --nproc_per_node=N titan_run.py DATA OUT TAG --dp D
-[--workers W] [--load DIR] [--take S --save DIR]``
+[--workers W] [--load DIR] [--take S --save DIR] [--then TAG --dp D ...]``: each ``--then`` starts another
+phase in the same processes (imports paid once), run after the one before it.
 
 The ``N`` processes are a ``D`` x ``N/D`` mesh in row-major order, as torchtitan lays out data and
 tensor parallelism: process ``r`` is DP rank ``r // (N/D)``, and its tensor-parallel peers read the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -129,7 +131,8 @@ def run(kind: str, args: argparse.Namespace, dp_rank: int) -> dict:
     return out
 
 
-def main() -> None:
+def phase(data: str, out: str, options: list[str]) -> argparse.Namespace:
+    """One phase's arguments: ``TAG --dp D [...]`` of the command line, with its ``DATA`` and ``OUT``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("data")
     parser.add_argument("out")
@@ -140,15 +143,27 @@ def main() -> None:
     parser.add_argument("--take", type=int, help="optimizer steps before the save (with --save)")
     parser.add_argument("--save")
     parser.add_argument("--kinds", default="pack,mix")
-    args = parser.parse_args()
+    return parser.parse_args([data, out, *options])
+
+
+def main() -> None:
+    data, out, *options = sys.argv[1:]
+    phases: list[list[str]] = [[]]
+    for option in options:
+        if option == "--then":
+            phases.append([])
+        else:
+            phases[-1].append(option)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
-    dp_rank = rank // (world // args.dp)
-    result = {kind: run(kind, args, dp_rank) for kind in args.kinds.split(",")}
-    result["dp_rank"] = dp_rank
-    with open(os.path.join(args.out, f"{args.tag}-rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    dist.barrier()
+    for options_of_phase in phases:
+        args = phase(data, out, options_of_phase)
+        dp_rank = rank // (world // args.dp)
+        result = {kind: run(kind, args, dp_rank) for kind in args.kinds.split(",")}
+        result["dp_rank"] = dp_rank
+        with open(os.path.join(args.out, f"{args.tag}-rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        dist.barrier()
     dist.destroy_process_group()
 
 
