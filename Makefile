@@ -32,6 +32,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m padpipe.demo
 
+# The suite starts a few hundred Python processes (torchrun ranks, scripts, CLIs): each reads padpipe's and the
+# tests' compiled bytecode instead of compiling them again, also where the environment turns bytecode writing off
+# (the files go to __pycache__ folders, which git ignores).
+unexport PYTHONDONTWRITEBYTECODE
+
 # The test files are shared by $(JOBS) pytest-xdist processes; a file stays on one (its module fixtures run
 # once). `make test JOBS=0` runs them in this process, one after another.
 JOBS ?= 2

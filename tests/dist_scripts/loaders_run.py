@@ -2,7 +2,8 @@
 
 Usage: ``python -m torch.distributed.run --standalone --nproc_per_node=2 loaders_run.py MODE DATA_DIR OUT_DIR``
 
-* ``MODE=matrix``: ``pipe.loader(num_workers=2)`` with a real DDP step on each file for 2 epochs;
+* ``MODE=matrix``: ``pipe.loader(num_workers=2)`` with a real DDP step for 2 epochs of the uneven file and
+  1 of the shipped sample;
   ``DataLoader(pipe, num_workers=2)`` + ``pp.equal_steps`` for every policy with persistent and
   non-persistent workers for 3 epochs; a plain ``DataLoader`` (which must warn); and a state saved
   mid-epoch with ``torch.save`` plus the batches that followed it.
@@ -53,14 +54,14 @@ def epoch_record(batches: list[list], stats: pp.StatsSnapshot | None = None) -> 
     return out
 
 
-def run_loader_ddp(path: str) -> list[dict]:
-    """``pipe.loader(num_workers=2)`` driving a real DistributedDataParallel step, 2 epochs."""
+def run_loader_ddp(path: str, epochs: int = EPOCHS) -> list[dict]:
+    """``pipe.loader(num_workers=2)`` driving a real DistributedDataParallel step for ``epochs`` epochs."""
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.EmbeddingBag(8000, 4, mode="mean"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = pipeline(path).loader(num_workers=2)
     out = []
-    for _ in range(EPOCHS):
+    for _ in range(epochs):
         batches = []
         for batch in loader:
             loss = model(batch["input_ids"]).square().mean()
@@ -117,7 +118,7 @@ def main() -> None:
     state_file = f"{out_dir}/state-rank{rank}.pt"
     if mode == "matrix":
         result = {
-            "loader_ddp": {"uneven": run_loader_ddp(uneven), "sample": run_loader_ddp(sample)},
+            "loader_ddp": {"uneven": run_loader_ddp(uneven), "sample": run_loader_ddp(sample, epochs=1)},
             "dataloader": {
                 f"{policy}-{'persistent' if p else 'fresh'}": run_dataloader(uneven, policy, p)
                 for policy in ("balance", "repeat", "drop", "off")
