@@ -189,11 +189,13 @@ class TextEncoder:
         # encode_batch_fast (tokenizers >= 0.20) gives the same ids without computing offsets
         self._encode_batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
         # long single texts are cut before encoding where that gives the same ids (see padpipe.tokenizer.prefix)
-        self._prefix_chars = prefix_chars(tok.to_str(), self.max_length, self.truncation_side)
+        text = tok.to_str()  # (one serialization: a large vocabulary takes tens of milliseconds)
+        self._prefix_chars = prefix_chars(text, self.max_length, self.truncation_side)
         # pairs are encoded whole by an untruncated twin and cut by _truncate (see there why)
         self._pair_limit = None
+        self._untruncated = tok  # without truncation or padding: what fingerprint() digests
         if self.max_length is not None:
-            twin = Tokenizer.from_str(tok.to_str())
+            twin = self._untruncated = Tokenizer.from_str(text)
             twin.no_truncation()
             twin.encode_special_tokens = self.encode_special_tokens
             self._encode_pairs = getattr(twin, "encode_batch_fast", twin.encode_batch)
@@ -281,12 +283,9 @@ class TextEncoder:
             'vocab=... sha1=...'
         """
         cached = self.__dict__.get("_fingerprint")
-        if cached is None:
-            twin = Tokenizer.from_str(self._tokenizer.to_str())
-            twin.no_truncation()
-            twin.no_padding()
-            digest = hashlib.sha1(twin.to_str().encode()).hexdigest()[:16]
-            cached = self._fingerprint = f"vocab={twin.get_vocab_size()} sha1={digest}"
+        if cached is None:  # (the untruncated twin of _configure: no copy of the tokenizer made here)
+            digest = hashlib.sha1(self._untruncated.to_str().encode()).hexdigest()[:16]
+            cached = self._fingerprint = f"vocab={self._untruncated.get_vocab_size()} sha1={digest}"
         return cached
 
     def _encode_singles(self, texts: Sequence[str], special: bool) -> list:
@@ -304,7 +303,7 @@ class TextEncoder:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_tokenizer"] = self._tokenizer.to_str()
-        for derived in ("_encode_batch", "_encode_pairs", "_pair_limit", "_prefix_chars"):
+        for derived in ("_encode_batch", "_encode_pairs", "_pair_limit", "_prefix_chars", "_untruncated"):
             state.pop(derived, None)
         return state
 

@@ -312,3 +312,21 @@ def test_encoder_loads_hub_names_with_from_pretrained(name, monkeypatch):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
     assert _load(name).pad_id == 0 and asked == [name]
     assert _load(examples.TOKENIZER_DIR).pad_id == 0 and asked[-1] == examples.TOKENIZER_DIR  # a folder, the same way
+
+
+def test_the_fingerprint_is_the_tokenizers_json_without_truncation_or_padding_for_every_setting() -> None:
+    import hashlib
+
+    plain = examples.tokenizer()
+    plain.no_truncation()
+    plain.no_padding()
+    expected = f"vocab=8000 sha1={hashlib.sha1(plain.to_str().encode()).hexdigest()[:16]}"
+    baked = examples.tokenizer()
+    baked.enable_truncation(5)  # a truncation of its own, left out too
+    for tok in (examples.tokenizer(), baked):
+        for max_length, truncation in ((None, False), (8, True), (3, True)):
+            enc = TextEncoder.load(tok, max_length=max_length, truncation=truncation, add_special_tokens=True)
+            copy = pickle.loads(pickle.dumps(enc))  # as a worker gets it, before anything was digested
+            assert enc.fingerprint() == copy.fingerprint() == expected
+    other = TextEncoder.load(fx.bpe()[0], max_length=8, truncation=True, add_special_tokens=True)
+    assert other.fingerprint() != expected
