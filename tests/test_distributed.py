@@ -99,14 +99,14 @@ def test_loader_with_workers_under_ddp_takes_equal_steps_and_reads_every_row_onc
 @pytest.mark.parametrize("policy", ["balance", "repeat", "drop", "off"])
 def test_dataloader_with_equal_steps_reads_every_row_once_per_epoch(runs, policy, workers):
     records = epochs(runs, "dataloader", f"{policy}-{workers}")
-    assert len(records) == 3
+    assert len(records) == 2
     for epoch in records:
         if policy == "off":
             seen = epoch[0]["rids"] + epoch[1]["rids"]
             assert sorted(seen) == list(range(UNEVEN_ROWS))
         else:
             check_epoch(epoch, UNEVEN_ROWS, exact=policy != "drop")
-    assert records[0][0]["rids"] != records[1][0]["rids"] != records[2][0]["rids"], "epochs differ"
+    assert records[0][0]["rids"] != records[1][0]["rids"], "epochs differ"
 
 
 def test_plain_dataloader_under_ddp_warns_about_the_hang(runs):

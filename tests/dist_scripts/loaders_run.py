@@ -5,7 +5,7 @@ Usage: ``python -m torch.distributed.run --standalone --nproc_per_node=2 loaders
 * ``MODE=matrix``: ``pipe.loader(num_workers=2)`` with a real DDP step for 2 epochs of the uneven file and
   1 of the shipped sample;
   ``DataLoader(pipe, num_workers=2)`` + ``pp.equal_steps`` for every policy with persistent and
-  non-persistent workers for 3 epochs; a plain ``DataLoader`` (which must warn); and a state saved
+  non-persistent workers for 2 epochs; a plain ``DataLoader`` (which must warn); and a state saved
   mid-epoch with ``torch.save`` plus the batches that followed it.
 * ``MODE=resume``: a fresh process loads that state with ``torch.load(weights_only=True)`` and
   records the batches that follow.
@@ -73,7 +73,7 @@ def run_loader_ddp(path: str, epochs: int = EPOCHS) -> list[dict]:
     return out
 
 
-def run_dataloader(path: str, policy: str, persistent: bool, epochs: int = 3) -> list[dict]:
+def run_dataloader(path: str, policy: str, persistent: bool, epochs: int = EPOCHS) -> list[dict]:
     pipe = pipeline(path)
     loader = DataLoader(pipe, batch_size=None, num_workers=2, persistent_workers=persistent)
     out = []
