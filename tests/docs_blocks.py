@@ -161,14 +161,19 @@ def run_page(path: Path) -> list[Result]:
     return results
 
 
+FREEZE = False  # set by the page runner (``python -m tests.docs_blocks``), never in a pytest process
+
+
 def _collect() -> None:
-    """Collect what earlier blocks left (now, not while the next one prints), then freeze what is left.
+    """Collect what earlier blocks left (now, not while the next one prints); in the page runner, freeze what is left.
 
     What survives is the frameworks' modules and caches; frozen, later collections skip it (each full
-    one took 0.2 s with Lightning and transformers imported, some 60 times a run).
+    one took 0.2 s with Lightning and transformers imported, some 60 times a run). A pytest process
+    calling these functions is not frozen: its later tests' garbage must still be collected.
     """
     gc.collect()
-    gc.freeze()
+    if FREEZE:
+        gc.freeze()
 
 
 def _imports(module: str) -> bool:
@@ -350,6 +355,7 @@ def _alarm(seconds: int):
 
 if __name__ == "__main__":
     os.environ["HF_HUB_OFFLINE"] = "1"  # before anything imports huggingface_hub
+    FREEZE = True
     *pages, target = sys.argv[1:]
     report = [asdict(r) for page in pages for r in run_page(Path(page))]
     Path(target).write_text(json.dumps(report), encoding="utf-8")
