@@ -59,6 +59,20 @@ def trainer_run(tmp_path_factory):
     return data, folder / "run", out
 
 
+def test_ddp_example_under_torchrun_takes_equal_steps_over_every_row(parquet):
+    """1,000 rows on 2 ranks: shares that bucket into unequal step counts (on one row they are equal by construction)."""
+    out = run_script(EXAMPLES / "train_ddp.py", parquet, "--log-every", "10").stdout
+    lines = out.splitlines()
+    found = [re.fullmatch(r"rank (\d)/2 epoch (\d): (\d+) steps, ([\d,]+) rows", line) for line in lines]
+    counts = [m.groups() for m in found if m]
+    assert [(rank, epoch) for rank, epoch, _, _ in counts] == [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")], out
+    for epoch in "01":
+        pairs = [(int(steps), int(rows.replace(",", ""))) for _, e, steps, rows in counts if e == epoch]
+        assert pairs[0][0] == pairs[1][0] and pairs[0][1] + pairs[1][1] == ROWS
+    logs = [line for line, m in zip(lines, found) if not m]  # rank 0 alone prints: whole lines, in step order
+    assert logs and all(re.fullmatch(r"epoch [01] step \d+: loss \d+\.\d{4} \(rank 0\)", line) for line in logs), out
+
+
 @pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py", "train_hf_trainer.py"])
 def test_examples_stop_at_max_steps_log_every_n_steps_and_name_their_extra(script, parquet, tmp_path, request):
     if script != "train_ddp.py":
