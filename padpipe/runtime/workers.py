@@ -23,6 +23,7 @@ from torchdata.nodes import BaseNode
 from padpipe.graph import EpochAware
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
 from padpipe.runtime.loader_snapshot import LoaderSnapshot, worker_stopper
+from padpipe.runtime.tensor_bytes import BytesIterator
 from padpipe.sharing.consumer import Consumer
 from padpipe.stage import Recipe
 from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
@@ -49,9 +50,11 @@ class EpochShares(IterableDataset):
 
         it = PipelineIterator(self.pipeline, self.epoch, consumer=self.consumer, managed=True, report_stats=True)
         info = get_worker_info()
-        if self.plans is not None and info is not None:
+        if info is None:
+            return it
+        if self.plans is not None:
             it.load_state_dict(self.plans[info.id])
-        return it
+        return BytesIterator(it)  # batches and states reach the main process as bytes, not shared memory
 
 
 class WorkerProcesses(EpochAware, BaseNode[Any]):
@@ -235,12 +238,29 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         self._dataset.epoch, self._dataset.plans = self._epoch, self._plans
         self._generator.manual_seed(self._epoch)  # the same worker seeds for an epoch in every run
         self._loader.load_state_dict(loader_state or {})
+        import_what_workers_import()
         self._it = iter(self._loader)
         worker_stopper(self._it)  # torchdata's way to stop them, checked now: in the finalizer an error is only printed
         # the workers stop when this node goes, even if the garbage collector frees it in a reference cycle:
         # torch's own ``__del__`` then runs after the queues it signals the workers through were closed, and
         # waits 5 s for each worker before killing it
         self._stop_with_node = weakref.finalize(self, _shutdown, self._it)
+
+
+@functools.cache
+def import_what_workers_import() -> None:
+    """Import here, once, what every worker would import for itself: forked workers inherit it.
+
+    pyarrow imports pandas (where it is installed) on its first conversion of Python or NumPy values,
+    about 300 modules and 0.3-0.4 CPU-s; workers are started afresh each epoch, so without this each of
+    them paid it every epoch (``benchmarks/workers.py``). Spawned workers import it anyway.
+
+    Example:
+        >>> import_what_workers_import()
+    """
+    import pyarrow as pa
+
+    pa.array([0])
 
 
 def _shutdown(it: Any) -> None:

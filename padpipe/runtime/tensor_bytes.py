@@ -1,0 +1,120 @@
+"""Send a worker's batches and states to the main process as bytes in the pipe, not as shared-memory tensors.
+
+torch sends a tensor between processes by moving its storage into a new shared-memory file and handing
+the file's descriptor over a socket: for each tensor a file, a connection to the sender's descriptor
+server and a mapping in the receiver. A :class:`~padpipe.runtime.workers.WorkerProcesses` worker sends a
+batch (3-8 tensors) and its state (a dozen more) after every step, and for batches of a few thousand
+tokens that cost more than reading and tokenizing them: on two cores, one worker served the shipped
+sample's 1,527 batches in 7.7 s against 3.4 s with no worker (``benchmarks/workers.py``).
+
+In a worker, :func:`as_bytes` replaces each plain CPU tensor of a batch or state by a :class:`TensorBytes`:
+its dtype, shape and bytes, pickled into the worker's pipe like any bytes and unpickled in the main process
+as an ordinary tensor (no shared memory, no descriptor). Two equal ``TensorBytes`` compare equal, so of a
+state torchdata's ``StatefulDataLoader`` resends only the parts that changed since the step before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class TensorBytes:
+    """A CPU tensor as its dtype, shape and bytes; unpickled, a tensor again (with memory of its own).
+
+    Example:
+        >>> import pickle
+        >>> sent = TensorBytes(torch.tensor([[1, 2], [3, 4]], dtype=torch.int32))
+        >>> sent == TensorBytes(torch.tensor([[1, 2], [3, 4]], dtype=torch.int32)), sent.data[:8]
+        (True, b'\\x01\\x00\\x00\\x00\\x02\\x00\\x00\\x00')
+        >>> pickle.loads(pickle.dumps(sent))
+        tensor([[1, 2],
+                [3, 4]], dtype=torch.int32)
+    """
+
+    __slots__ = ("dtype", "shape", "data")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.dtype = tensor.dtype
+        self.shape = tuple(tensor.shape)
+        flat = tensor.detach().resolve_conj().resolve_neg().reshape(-1).contiguous()
+        self.data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return tensor_from_bytes, (self.dtype, self.shape, self.data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorBytes):
+            return NotImplemented
+        return self.dtype == other.dtype and self.shape == other.shape and self.data == other.data
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, mutable in principle: like a tensor, no hash
+
+    def __repr__(self) -> str:
+        return f"TensorBytes({self.dtype}, shape={list(self.shape)}, {len(self.data)} bytes)"
+
+
+def tensor_from_bytes(dtype: torch.dtype, shape: tuple[int, ...], data: bytes) -> torch.Tensor:
+    """The tensor a :class:`TensorBytes` holds: ``shape`` of ``dtype`` read from ``data``, in memory of its own.
+
+    Example:
+        >>> tensor_from_bytes(torch.int16, (2,), b"\\x01\\x00\\x02\\x00")
+        tensor([1, 2], dtype=torch.int16)
+    """
+    out = torch.empty(shape, dtype=dtype)
+    if data:
+        out.reshape(-1).view(torch.uint8).numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+    return out
+
+
+def as_bytes(value: Any) -> Any:
+    """``value`` with each plain CPU tensor in its dicts, lists and tuples replaced by a :class:`TensorBytes`.
+
+    Other values are kept as they are (a tensor that needs gradients, lives on a device, is sparse or is
+    a subclass travels as torch sends it), and so are containers of other types.
+
+    Example:
+        >>> as_bytes({"input_ids": torch.tensor([5, 6]), "max_length": 2, "spans": [torch.tensor(1.0)]})
+        {'input_ids': TensorBytes(torch.int64, shape=[2], 16 bytes), 'max_length': 2, 'spans': [TensorBytes(torch.float32, shape=[], 4 bytes)]}
+    """  # noqa: E501
+    kind = type(value)
+    if kind is torch.Tensor:
+        plain = value.device.type == "cpu" and value.layout == torch.strided and not value.requires_grad
+        return TensorBytes(value) if plain and not value.is_quantized else value
+    if kind is dict:
+        return {key: as_bytes(item) for key, item in value.items()}
+    if kind is list:
+        return [as_bytes(item) for item in value]
+    if kind is tuple:
+        return tuple(as_bytes(item) for item in value)
+    return value
+
+
+class BytesIterator:
+    """A worker's pipeline iterator whose batches and states come out through :func:`as_bytes`.
+
+    ``StatefulDataLoader`` reads its ``state_dict`` after every step (it is ``Stateful``) and restores a
+    state through ``load_state_dict`` (a state with tensors: loaded as the wrapped iterator loads it).
+
+    Example:
+        >>> it = BytesIterator(iter([{"ids": torch.tensor([1])}]))
+        >>> next(it)
+        {'ids': TensorBytes(torch.int64, shape=[1], 8 bytes)}
+    """
+
+    def __init__(self, iterator: Any) -> None:
+        self._iterator = iterator
+
+    def __iter__(self) -> BytesIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return as_bytes(next(self._iterator))
+
+    def state_dict(self) -> Any:
+        return as_bytes(self._iterator.state_dict())
+
+    def load_state_dict(self, state: Any) -> None:
+        self._iterator.load_state_dict(state)
