@@ -4,8 +4,9 @@ torch sends a tensor between processes by moving its storage into a new shared-m
 the file's descriptor over a socket: for each tensor a file, a connection to the sender's descriptor
 server and a mapping in the receiver. A :class:`~padpipe.runtime.workers.WorkerProcesses` worker sends a
 batch (3-8 tensors) and its state (a dozen more) after every step, and for batches of a few thousand
-tokens that cost more than reading and tokenizing them: on two cores, one worker served the shipped
-sample's 1,527 batches in 7.7 s against 3.4 s with no worker (``benchmarks/workers.py``).
+tokens that cost more than reading and tokenizing them: an epoch of the shipped sample in batches of
+1,024 tokens took one worker 2.5x the CPU of no worker, and 3x the wall time on two cores
+(``benchmarks/workers.py``; with bytes, 1.7x and 1.8x: benchmarks/RESULTS.md).
 
 In a worker, :func:`as_bytes` replaces each plain CPU tensor of a batch or state by a :class:`TensorBytes`:
 its dtype, shape and bytes, pickled into the worker's pipe like any bytes and unpickled in the main process
