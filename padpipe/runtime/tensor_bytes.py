@@ -64,7 +64,7 @@ def tensor_from_bytes(dtype: torch.dtype, shape: tuple[int, ...], data: bytes) -
         >>> tensor_from_bytes(torch.int16, (2,), b"\\x01\\x00\\x02\\x00")
         tensor([1, 2], dtype=torch.int16)
     """
-    out = torch.empty(shape, dtype=dtype)
+    out = torch.empty(shape, dtype=dtype, device="cpu")  # whatever default device the receiving process set
     if data:
         out.reshape(-1).view(torch.uint8).numpy()[:] = np.frombuffer(data, dtype=np.uint8)
     return out
@@ -73,23 +73,35 @@ def tensor_from_bytes(dtype: torch.dtype, shape: tuple[int, ...], data: bytes) -
 def as_bytes(value: Any) -> Any:
     """``value`` with each plain CPU tensor in its dicts, lists and tuples replaced by a :class:`TensorBytes`.
 
-    Other values are kept as they are (a tensor that needs gradients, lives on a device, is sparse or is
-    a subclass travels as torch sends it), and so are containers of other types.
+    Other values are kept as they are (a tensor that needs gradients, lives on a device, is sparse, nested or
+    quantized, or is a subclass travels as torch sends it), and so are containers of other types. A tensor
+    found twice becomes one ``TensorBytes``, so it arrives as one tensor (a packed batch's ``cu_seq_lens_q``
+    is its ``cu_seq_lens_k``); views of one storage arrive as tensors of their own.
 
     Example:
         >>> as_bytes({"input_ids": torch.tensor([5, 6]), "max_length": 2, "spans": [torch.tensor(1.0)]})
         {'input_ids': TensorBytes(torch.int64, shape=[2], 16 bytes), 'max_length': 2, 'spans': [TensorBytes(torch.float32, shape=[], 4 bytes)]}
     """  # noqa: E501
+    return _as_bytes(value, {})
+
+
+def _as_bytes(value: Any, sent: dict[int, TensorBytes]) -> Any:
+    """:func:`as_bytes` with ``sent``: the tensors converted so far in this value, by ``id``."""
     kind = type(value)
     if kind is torch.Tensor:
-        plain = value.device.type == "cpu" and value.layout == torch.strided and not value.requires_grad
-        return TensorBytes(value) if plain and not value.is_quantized else value
+        if id(value) not in sent:
+            if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad:
+                return value
+            if value.is_nested or value.is_quantized:
+                return value
+            sent[id(value)] = TensorBytes(value)
+        return sent[id(value)]
     if kind is dict:
-        return {key: as_bytes(item) for key, item in value.items()}
+        return {key: _as_bytes(item, sent) for key, item in value.items()}
     if kind is list:
-        return [as_bytes(item) for item in value]
+        return [_as_bytes(item, sent) for item in value]
     if kind is tuple:
-        return tuple(as_bytes(item) for item in value)
+        return tuple(_as_bytes(item, sent) for item in value)
     return value
 
 

@@ -69,6 +69,28 @@ def test_as_bytes_converts_plain_cpu_tensors_in_dicts_lists_and_tuples_and_keeps
     assert back["grad"].requires_grad and isinstance(back["param"], torch.nn.Parameter)
 
 
+def test_a_tensor_found_twice_arrives_as_one_tensor():
+    """A packed batch's ``cu_seq_lens_q`` is its ``cu_seq_lens_k``: the device stage copies it once."""
+    lens = torch.tensor([0, 3, 7], dtype=torch.int32)
+    back = through_a_worker_pipe(as_bytes({"cu_seq_lens_q": lens, "cu_seq_lens_k": lens, "other": lens.clone()}))
+    assert back["cu_seq_lens_q"] is back["cu_seq_lens_k"] and back["other"] is not back["cu_seq_lens_q"]
+    assert torch.equal(back["cu_seq_lens_q"], lens) and torch.equal(back["other"], lens)
+
+
+def test_tensors_arrive_on_the_cpu_whatever_default_device_the_receiving_process_set():
+    sent = ForkingPickler.dumps(as_bytes({"ids": BASE}))
+    with torch.device("meta"):
+        back = ForkingPickler.loads(sent)
+    assert back["ids"].device.type == "cpu" and torch.equal(back["ids"], BASE)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_a_nested_tensor_travels_as_torch_sends_it(layout):
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=layout)
+    assert as_bytes({"x": nested})["x"] is nested
+
+
 def test_equal_tensor_bytes_compare_equal_and_any_difference_does_not():
     one = TensorBytes(BASE)
     assert one == TensorBytes(BASE.clone()) and [one] == [TensorBytes(BASE.clone())]
