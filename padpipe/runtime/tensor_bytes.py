@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from padpipe.state import CHECKSUM_KEY
+
 
 class TensorBytes:
     """A CPU tensor as its dtype, shape and bytes; unpickled, a tensor again (with memory of its own).
@@ -82,34 +84,56 @@ def as_bytes(value: Any) -> Any:
         >>> as_bytes({"input_ids": torch.tensor([5, 6]), "max_length": 2, "spans": [torch.tensor(1.0)]})
         {'input_ids': TensorBytes(torch.int64, shape=[2], 16 bytes), 'max_length': 2, 'spans': [TensorBytes(torch.float32, shape=[], 4 bytes)]}
     """  # noqa: E501
-    return _as_bytes(value, {})
+    return _Conversion(None)(value)
 
 
-def _as_bytes(value: Any, sent: dict[int, TensorBytes]) -> Any:
-    """:func:`as_bytes` with ``sent``: the tensors converted so far in this value, by ``id``."""
-    kind = type(value)
-    if kind is torch.Tensor:
-        if id(value) not in sent:
+class _Conversion:
+    """One :func:`as_bytes` call: the tensors converted so far (by ``id``), and with ``earlier`` (the sealed dicts
+    of the state sent before, by ``id``, each with what was sent for it) the sealed dicts met again, sent as before.
+
+    A sealed dict (one that holds its :data:`~padpipe.state.CHECKSUM_KEY`) is a value: padpipe never changes one
+    after sealing it, as its checksum would no longer hold. The shuffle buffer's rows are such dicts, the same
+    objects in every state until their rows leave the buffer; sent as the same objects, torchdata finds them
+    equal at once and resends nothing of them. ``sealed`` keeps each one met (and so its ``id``) for the next call.
+    """
+
+    def __init__(self, earlier: dict[int, tuple[dict, dict]] | None) -> None:
+        self.tensors: dict[int, TensorBytes] = {}
+        self.earlier = earlier
+        self.sealed: dict[int, tuple[dict, dict]] = {}
+
+    def __call__(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is torch.Tensor:
+            return self._tensor(value)
+        if kind is dict:
+            if self.earlier is not None and CHECKSUM_KEY in value:
+                found = self.earlier.get(id(value)) or (value, {key: self(item) for key, item in value.items()})
+                self.sealed[id(value)] = found
+                return found[1]
+            return {key: self(item) for key, item in value.items()}
+        if kind is list:
+            return [self(item) for item in value]
+        if kind is tuple:
+            return tuple(self(item) for item in value)
+        return value
+
+    def _tensor(self, value: torch.Tensor) -> Any:
+        if id(value) not in self.tensors:
             if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad:
                 return value
             if value.is_nested or value.is_quantized:
                 return value
-            sent[id(value)] = TensorBytes(value)
-        return sent[id(value)]
-    if kind is dict:
-        return {key: _as_bytes(item, sent) for key, item in value.items()}
-    if kind is list:
-        return [_as_bytes(item, sent) for item in value]
-    if kind is tuple:
-        return tuple(_as_bytes(item, sent) for item in value)
-    return value
+            self.tensors[id(value)] = TensorBytes(value)
+        return self.tensors[id(value)]
 
 
 class BytesIterator:
     """A worker's pipeline iterator whose batches and states come out through :func:`as_bytes`.
 
     ``StatefulDataLoader`` reads its ``state_dict`` after every step (it is ``Stateful``) and restores a
-    state through ``load_state_dict`` (a state with tensors: loaded as the wrapped iterator loads it).
+    state through ``load_state_dict`` (a state with tensors: loaded as the wrapped iterator loads it). A
+    sealed dict of the state before is sent again as the same object (see :class:`_Conversion`).
 
     Example:
         >>> it = BytesIterator(iter([{"ids": torch.tensor([1])}]))
@@ -119,6 +143,7 @@ class BytesIterator:
 
     def __init__(self, iterator: Any) -> None:
         self._iterator = iterator
+        self._sealed: dict[int, tuple[dict, dict]] = {}  # the sealed dicts of the last state sent
 
     def __iter__(self) -> BytesIterator:
         return self
@@ -127,7 +152,10 @@ class BytesIterator:
         return as_bytes(next(self._iterator))
 
     def state_dict(self) -> Any:
-        return as_bytes(self._iterator.state_dict())
+        conversion = _Conversion(self._sealed)
+        state = conversion(self._iterator.state_dict())
+        self._sealed = conversion.sealed
+        return state
 
     def load_state_dict(self, state: Any) -> None:
         self._iterator.load_state_dict(state)

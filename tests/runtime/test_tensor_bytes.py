@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import gc
 import sys
+import weakref
 from multiprocessing.reduction import ForkingPickler
 
 import pytest
@@ -14,6 +16,7 @@ from torchdata.stateful_dataloader.incremental_state import _IncrementalState
 import padpipe as pp
 from padpipe.runtime.tensor_bytes import BytesIterator, TensorBytes, as_bytes, tensor_from_bytes
 from padpipe.runtime.workers import import_what_workers_import
+from padpipe.state import CHECKSUM_KEY
 
 
 def through_a_worker_pipe(value):
@@ -133,6 +136,59 @@ def test_bytes_iterator_sends_batches_and_states_as_bytes_and_loads_states_as_gi
     state = {"buffer": [torch.tensor([4])]}
     it.load_state_dict(state)
     assert inner.loaded is state
+
+
+class States:
+    """An iterator whose next state is whatever the test sets."""
+
+    state: dict = {}
+
+    def __next__(self):
+        raise StopIteration
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        raise AssertionError("not called")
+
+
+def sealed(rows: torch.Tensor) -> dict:
+    return {"ipc": rows, CHECKSUM_KEY: f"{int(rows.sum()):08x}"}
+
+
+def test_a_sealed_dict_met_again_is_sent_as_the_same_object_and_torchdata_resends_nothing_of_it():
+    """The shuffle buffer's rows: the same sealed dicts in every state until they leave the buffer."""
+    inner = States()
+    it = BytesIterator(inner)
+    first, second = sealed(torch.arange(1000)), sealed(torch.arange(5))
+    inner.state = {"segments": [first], "live": torch.tensor([1, 2])}
+    sent = it.state_dict()
+    tracker = _IncrementalState(sent)
+    inner.state = {"segments": [first], "live": torch.tensor([2])}
+    again = it.state_dict()
+    assert again["segments"][0] is sent["segments"][0]  # not converted again
+    assert set(tracker.generate_delta(again)) == {("live",)}  # the rows are not resent
+    inner.state = {"segments": [first, second], "live": torch.tensor([2, 1000])}
+    grown = it.state_dict()
+    assert grown["segments"][0] is sent["segments"][0] and grown["segments"][1] == as_bytes(second)
+    assert set(tracker.generate_delta(grown)) == {("segments",), ("live",)}
+    back = through_a_worker_pipe(grown)  # what the main process gets: the rows themselves
+    assert torch.equal(back["segments"][0]["ipc"], torch.arange(1000)) and back["segments"][1][CHECKSUM_KEY]
+
+
+def test_a_sealed_dict_that_left_the_state_is_let_go():
+    inner = States()
+    it = BytesIterator(inner)
+    rows = torch.arange(10)
+    gone = weakref.ref(rows)
+    inner.state = {"segments": [sealed(rows)]}
+    it.state_dict()
+    del rows
+    inner.state = {"segments": [sealed(torch.arange(3))]}
+    it.state_dict()
+    gc.collect()
+    assert gone() is None
 
 
 def test_tensor_from_bytes_reads_the_bytes_of_any_dtype():
