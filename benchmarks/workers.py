@@ -8,7 +8,7 @@ N = 0 is the price of moving batches and states between processes. Each setting 
 table shows the fastest.
 
 Usage:
-    python benchmarks/workers.py [--repeat 3] [--chart benchmarks/out/workers.png]
+    python benchmarks/workers.py [--repeat 3] [--shuffle 10000] [--chart benchmarks/out/workers.png]
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def one_epoch(workers: int, max_tokens: int) -> dict[str, float]:
+def one_epoch(workers: int, max_tokens: int, shuffle: int) -> dict[str, float]:
     """CPU seconds, wall seconds and batches of one epoch read with ``workers`` worker processes."""
     pipe = (
         pp.read_parquet(pp.examples.SAMPLE_PARQUET)
-        .shuffle(buffer_size=1000, seed=0)
+        .shuffle(buffer_size=shuffle, seed=0)
         .tokenize(pp.examples.tokenizer(), fields=("sentence1", "sentence2"), max_length=128)
         .bucket(max_tokens=max_tokens)
         .pad(pad_to_multiple_of=8)
@@ -52,13 +52,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs of each setting (the fastest is shown)")
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="bucket(max_tokens=...)")
+    parser.add_argument("--shuffle", type=int, default=1000, help="shuffle(buffer_size=...): rows in every state")
     parser.add_argument("--chart", help="write a PNG bar chart of CPU seconds per setting here")
     args = parser.parse_args(argv)
-    one_epoch(0, args.budgets[0])  # warm: the tokenizer and file read once, outside the table
+    one_epoch(0, args.budgets[0], args.shuffle)  # warm: the tokenizer and file read once, outside the table
     rows = []
     for max_tokens in args.budgets:
         for workers in WORKERS:
-            runs = [one_epoch(workers, max_tokens) for _ in range(args.repeat)]
+            runs = [one_epoch(workers, max_tokens, args.shuffle) for _ in range(args.repeat)]
             best = min(runs, key=lambda r: r["cpu"])
             rows.append({"max_tokens": max_tokens, "workers": workers, **best, "wall": min(r["wall"] for r in runs)})
     base = {r["max_tokens"]: r for r in rows if r["workers"] == 0}
