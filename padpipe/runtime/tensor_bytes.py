@@ -6,7 +6,7 @@ server and a mapping in the receiver. A :class:`~padpipe.runtime.workers.WorkerP
 batch (3-8 tensors) and its state (a dozen more) after every step, and for batches of a few thousand
 tokens that cost more than reading and tokenizing them: an epoch of the shipped sample in batches of
 1,024 tokens took one worker 2.5x the CPU of no worker, and 3x the wall time on two cores
-(``benchmarks/workers.py``; with bytes, 1.7x and 1.8x: benchmarks/RESULTS.md).
+(``benchmarks/workers.py``; with bytes, 1.6x and 1.7x: benchmarks/RESULTS.md).
 
 In a worker, :func:`as_bytes` replaces each plain CPU tensor of a batch or state by a :class:`TensorBytes`:
 its dtype, shape and bytes, pickled into the worker's pipe like any bytes and unpickled in the main process
