@@ -253,7 +253,7 @@ def import_what_workers_import() -> None:
 
     pyarrow imports pandas (where it is installed) on its first conversion of Python or NumPy values,
     about 300 modules and 0.3-0.4 CPU-s; workers are started afresh each epoch, so without this each of
-    them paid it every epoch (``benchmarks/workers.py``). Spawned workers import it anyway.
+    them paid it every epoch. Spawned workers import it anyway.
 
     Example:
         >>> import_what_workers_import()
