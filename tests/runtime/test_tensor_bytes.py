@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
 import sys
 import weakref
 from multiprocessing.reduction import ForkingPickler
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions DataLoader workers pickle tensors with)
@@ -219,3 +221,42 @@ def test_import_what_workers_import_imports_pandas_where_pyarrow_would():
     pytest.importorskip("pandas")
     import_what_workers_import()
     assert "pandas" in sys.modules
+
+
+@pytest.mark.filterwarnings("ignore:chat... the chat template does not render the reasoning")  # Llama 3.1: counted
+@pytest.mark.parametrize("model", ["qwen3", "llama3_1"])
+def test_packed_chats_under_a_real_template_come_from_a_worker_as_from_the_main_process_and_resume_exactly(
+    model, tmp_path
+):
+    """Multi-turn chats with reasoning and tool calls under a real template, packed with masked labels: one worker
+    serves the main process's batches exactly (ids, positions, labels, ``cu_seq_lens``), and its states resume
+    exactly."""
+    pytest.importorskip("transformers")
+    from tests.chat import real_templates as rt
+    from tests.contract import check_loader_resume, normalize
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in rt.conversations(model, 40, seed=3)))
+    pipe = pp.read_jsonl(str(path), chunk_rows=8).chat(rt.tokenizer(model), max_length=512).pack(512, batch_size=2)
+    loader = pipe.loader()
+    main = [normalize(b) for b in loader]
+    assert loader.stats().skipped == {}
+    assert [normalize(b) for b in pipe.loader(num_workers=1)] == main
+    check_loader_resume(lambda: pipe.loader(num_workers=1), steps=[0, 3])
+
+
+def test_long_documents_packed_by_two_workers_train_every_token_once():
+    """Documents of very uneven length, EOS-joined and packed by two workers: the labels' token histogram of an
+    epoch is the corpus's (each token after the first of each ``seq_len`` piece), as with no worker."""
+    rng = np.random.default_rng(5)
+    words = "the cat sat on a mat and then ran far away".split()
+    docs = [" ".join(rng.choice(words, size=int(n))) for n in rng.pareto(1.2, 60) * 20 + 1]
+    pipe = pp.from_iterable([{"text": d} for d in docs], chunk_rows=7).tokenize(pp.examples.tokenizer())
+    pipe = pipe.pack(64, batch_size=4)
+
+    def label_histogram(loader) -> collections.Counter:
+        return collections.Counter(t for b in loader for t in b["labels"][b["labels"] != -100].tolist())
+
+    expected = label_histogram(pipe.loader())
+    assert sum(expected.values()) > 1000
+    assert label_histogram(pipe.loader(num_workers=2)) == expected
