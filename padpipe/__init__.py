@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.runtime.equal_steps import equal_steps
     from padpipe.runtime.marks import loss_weight
     from padpipe.sharing.consumer import Consumer
-    from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
+    from padpipe.sources import from_hf, from_iterable, read_arrow, read_csv, read_jsonl, read_parquet
     from padpipe.state import StateMismatchError
     from padpipe.stats import PipelineStats, StatsSnapshot
 
@@ -60,6 +60,7 @@ _HOMES = {
     "loss_weight": "padpipe.runtime.marks",
     "mix": "padpipe.mix",
     "read_arrow": "padpipe.sources",
+    "read_csv": "padpipe.sources",
     "read_jsonl": "padpipe.sources",
     "read_parquet": "padpipe.sources",
 }
@@ -89,6 +90,7 @@ __all__ = [
     "loss_weight",
     "mix",
     "read_arrow",
+    "read_csv",
     "read_jsonl",
     "read_parquet",
 ]
