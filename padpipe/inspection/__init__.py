@@ -159,10 +159,11 @@ def inspect(
     chat = chat_stage(
         pipe, tokenizer, columns=columns, messages=messages, chat_template=chat_template, chat_options=chat_options
     )
+    cut = max_length if max_length is not None else seq_len or DEFAULT_SEQ_LEN  # where sft(seq_len=...) cuts
+    limit: int | None = cut
     if chat is not None:
         if fields is not None:
             raise ValueError("`fields` is for text; conversations are read from `messages`, but both were given.")
-        limit = max_length if max_length is not None else seq_len or DEFAULT_SEQ_LEN
         model_limit = chat.model_limit()
         pipe = chat.pipe  # the conversations read as .chat() reads them (JSON as written)
     else:
@@ -202,7 +203,7 @@ def inspect(
     figures = None
     if chat is not None:
         raw, stream, figures = chat_lengths(
-            records, chat, stats, max_length=limit, num_threads=num_threads, total=corpus_rows, progress=progress
+            records, chat, stats, max_length=cut, num_threads=num_threads, total=corpus_rows, progress=progress
         )
     else:
         raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)

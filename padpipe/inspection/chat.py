@@ -66,9 +66,14 @@ def chat_stage(
     taken = {"messages", "chat_template", "max_length", "cache"} & set(options)
     if taken:
         raise ValueError(f"`chat_options` must not repeat inspect's own arguments, but sets {sorted(taken)!r}.")
-    chat = pipe.chat(
-        tokenizer, messages=messages or MESSAGES, chat_template=chat_template, **{"on_error": "skip", **options}
-    )
+    name = messages or MESSAGES
+    try:
+        chat = pipe.chat(tokenizer, messages=name, chat_template=chat_template, **{"on_error": "skip", **options})
+    except TypeError as exc:  # not a tokenizer that renders a template: one line for the command, as a ValueError
+        raise ValueError(
+            f"the conversations (column {name!r}) are inspected as .chat() renders them: {str(exc).rstrip('.')}; "
+            "or name a text column in `fields`."
+        ) from exc
     return Chat(Pipeline(chat.source), chat.stages[-1].options)
 
 
@@ -102,7 +107,7 @@ class ChatFigures:
     trained_tokens: int
     reasoning_tokens: int
     reasoning_trained: int
-    max_length: int | None
+    max_length: int
     truncated_rows: int
     trained_cut: int
     emptied_rows: int
@@ -140,13 +145,12 @@ class ChatFigures:
             f"  trained tokens (labels other than -100): {self.trained_tokens:,} of {self.tokens:,} "
             f"({_share(self.trained_tokens, self.tokens)})",
         ]
-        if self.max_length is not None:
-            emptied = f"; {self.emptied_rows:,} row{'s' if self.emptied_rows != 1 else ''} left with nothing trained"
-            out.append(
-                f"  longer than max_length {self.max_length}: {self.truncated_rows:,} rows "
-                f"({_share(self.truncated_rows, self.rows)}), cutting {self.trained_cut:,} trained tokens "
-                f"({_share(self.trained_cut, self.trained_tokens)})" + (emptied if self.emptied_rows else "")
-            )
+        emptied = f"; {self.emptied_rows:,} row{'s' if self.emptied_rows != 1 else ''} left with nothing trained"
+        out.append(
+            f"  longer than max_length {self.max_length}: {self.truncated_rows:,} rows "
+            f"({_share(self.truncated_rows, self.rows)}), cutting {self.trained_cut:,} trained tokens "
+            f"({_share(self.trained_cut, self.trained_tokens)})" + (emptied if self.emptied_rows else "")
+        )
         if self.unrendered:
             listed = ", ".join(f"the {what} of {n:,} messages" for what, n in sorted(self.unrendered.items()))
             out.append(f"  not rendered by the template (trained as rendered): {listed}")
@@ -161,18 +165,17 @@ class ChatFigures:
             >>> figures.advice(np.array([300] * 90 + [1500] * 4), None)[1]  # doctest: +ELLIPSIS
             "reasoning: 44 of 94 rows are rows of their own for reasoning the whole conversation drops, ..."
         """
-        out = []
-        p99, longest = float(np.percentile(lengths, 99)), int(lengths.max())
-        fit = f"seq_len={round_up(p99, 8)} fits 99% of the rows whole (p99 is {num(p99)} tokens), {round_up(longest, 8)} all"
-        if self.max_length is not None and self.truncated_rows:
-            out.append(
+        p99, longest = float(np.percentile(lengths, 99)), round_up(int(lengths.max()), 8)
+        fit = f"seq_len={round_up(p99, 8)} fits 99% of the rows whole (p99 is {num(p99)} tokens), {longest} all"
+        if not self.truncated_rows:
+            out = [f"every row fits max_length={self.max_length}; {fit}."]
+        else:
+            out = [
                 f"max_length={self.max_length} (sft's seq_len) cuts {_share(self.truncated_rows, self.rows)} of the "
                 f"rows and {_share(self.trained_cut, self.trained_tokens)} of the trained tokens"
                 + (f", and drops {self.emptied_rows:,} rows left with nothing trained" if self.emptied_rows else "")
                 + f"; {fit}."
-            )
-        else:
-            out.append(f"every row fits max_length={self.max_length}; {fit} (the longest).")
+            ]
         if self.reasoning_rows:
             out.append(
                 f"reasoning: {self.reasoning_rows:,} of {self.rows:,} rows are rows of their own for reasoning the "
@@ -185,11 +188,12 @@ class ChatFigures:
                 f"packing: {pack.name} fills {pack.efficiency:.1%} of the token slots with conversations, "
                 "as sft(mode='pack') packs them."
             )
-        if self.skipped:
-            listed = ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped.items()))
+        refused = {k: v for k, v in self.skipped.items() if k != "chat.no_trained_tokens"}  # (always a drop)
+        if refused:
+            listed = ", ".join(f"{k} {v:,}" for k, v in sorted(refused.items()))
             out.append(
-                f".chat() drops {sum(self.skipped.values()):,} conversations ({listed}); under on_error='raise' (its "
-                "default) the first refused one stops training: pass on_error='skip' to train without them."
+                f".chat() refuses {sum(refused.values()):,} conversations ({listed}): under on_error='raise' (its "
+                "default) the first stops training; on_error='skip' trains without them (counted)."
             )
         return out
 
@@ -199,7 +203,7 @@ def chat_lengths(
     chat: Chat,
     stats: PipelineStats,
     *,
-    max_length: int | None,
+    max_length: int,
     num_threads: int,
     total: int | None,
     progress: bool | None,
@@ -221,20 +225,16 @@ def chat_lengths(
     with Progress("inspect: rendering conversations", total=total, enabled=progress) as bar:
         for conversations, out in node:
             lengths, trained = out.lengths, row_sums(out.offsets, out.trained)
-            kept = (
-                trained
-                if max_length is None
-                else row_sums(out.offsets, out.trained & (positions(out.offsets) < max_length))
-            )
+            kept = row_sums(out.offsets, out.trained & (positions(out.offsets) < max_length))
             reasoning = np.append(out.source[1:] == out.source[:-1], False)  # a conversation's rows end with the whole
             raw.append(lengths)
-            yielded.append(lengths[kept > 0] if max_length is None else np.minimum(lengths[kept > 0], max_length))
+            yielded.append(np.minimum(lengths[kept > 0], max_length))
             for name, value in (
                 ("tokens", lengths.sum()),
                 ("trained", trained.sum()),
                 ("reasoning", lengths[reasoning].sum()),
                 ("reasoning_trained", trained[reasoning].sum()),
-                ("truncated", 0 if max_length is None else (lengths > max_length).sum()),
+                ("truncated", (lengths > max_length).sum()),
                 ("cut", (trained - kept).sum()),
                 ("emptied", ((kept == 0) & (trained > 0)).sum()),
             ):

@@ -165,10 +165,11 @@ class InspectResult:
         else:
             inspected = f"read every row{f' (shuffle buffer {s.shuffle_buffer:,})' if s.shuffle_buffer else ''}"
         files = f"{_count(c.files, 'file')}, " if c.files else ""
+        read = f"fields {' + '.join(self.fields)}" if self.chat is None else f"conversations in {self.chat.messages}"
         lines = [
             f"padpipe inspect: {self.source}",
             f"  {self.format}, {files}{_count(c.units, 'unit')}; {c.rows:,} rows ({exact}: {c.how}); {inspected}",
-            f"  tokenizer {self.tokenizer}; fields {' + '.join(self.fields)}; max_length {self.max_length}"
+            f"  tokenizer {self.tokenizer}; {read}; max_length {self.max_length}"
             + (f"; {self.skipped_rows:,} rows without text left out" if self.skipped_rows and not self.chat else ""),
             "",
             *([*self.chat.lines(), ""] if self.chat is not None else []),
