@@ -37,11 +37,6 @@ class Chat:
     pipe: Pipeline
     options: dict[str, Any]
 
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """The columns the stage reads (conversations, tools, template arguments)."""
-        return tuple(self.options["options"].consumed())
-
     def model_limit(self) -> int | None:
         """The tokenizer's ``model_max_length`` (``None`` for ``transformers``' "no limit" placeholder)."""
         limit = self.options["template"].tokenizer.model_max_length
@@ -218,28 +213,16 @@ def chat_lengths(
         chat_fn.chunk(batch, outcome)  # counts as the stage counts
         return batch.num_rows, outcome
 
-    raw: list[np.ndarray] = []
-    yielded: list[np.ndarray] = []
-    sums = dict.fromkeys(("tokens", "trained", "reasoning", "reasoning_trained", "truncated", "cut", "emptied"), 0)
+    parts: list[tuple[np.ndarray, ...]] = []  # per batch: lengths, trained and kept tokens, reasoning row or not
     node = OrderedMapper(records, render, num_threads=num_threads, stage="chat", settings={})
     with Progress("inspect: rendering conversations", total=total, enabled=progress) as bar:
         for conversations, out in node:
-            lengths, trained = out.lengths, row_sums(out.offsets, out.trained)
-            kept = row_sums(out.offsets, out.trained & (positions(out.offsets) < max_length))
-            reasoning = np.append(out.source[1:] == out.source[:-1], False)  # a conversation's rows end with the whole
-            raw.append(lengths)
-            yielded.append(np.minimum(lengths[kept > 0], max_length))
-            for name, value in (
-                ("tokens", lengths.sum()),
-                ("trained", trained.sum()),
-                ("reasoning", lengths[reasoning].sum()),
-                ("reasoning_trained", trained[reasoning].sum()),
-                ("truncated", (lengths > max_length).sum()),
-                ("cut", (trained - kept).sum()),
-                ("emptied", ((kept == 0) & (trained > 0)).sum()),
-            ):
-                sums[name] += int(value)
+            kept = out.trained & (positions(out.offsets) < max_length)
+            reasoning = np.diff(out.source, append=-1) == 0  # a conversation's rows end with the whole one
+            parts.append((out.lengths, row_sums(out.offsets, out.trained), row_sums(out.offsets, kept), reasoning))
             bar.update(conversations)
+    empty = (np.zeros(0, np.int64),) * 3 + (np.zeros(0, bool),)
+    lengths, trained, kept, reasoning = [np.concatenate(c) for c in zip(*parts)] if parts else empty
     snap = stats.snapshot()
     counters = snap.counters
     figures = ChatFigures(
@@ -247,24 +230,25 @@ def chat_lengths(
         conversations=counters.get("chat.conversations", 0),
         rows=counters.get("chat.rows", 0),
         reasoning_rows=counters.get("chat.reasoning_rows", 0),
-        tokens=sums["tokens"],
-        trained_tokens=sums["trained"],
-        reasoning_tokens=sums["reasoning"],
-        reasoning_trained=sums["reasoning_trained"],
+        tokens=int(lengths.sum()),
+        trained_tokens=int(trained.sum()),
+        reasoning_tokens=int(lengths[reasoning].sum()),
+        reasoning_trained=int(trained[reasoning].sum()),
         max_length=max_length,
-        truncated_rows=sums["truncated"],
-        trained_cut=sums["cut"],
-        emptied_rows=sums["emptied"],
+        truncated_rows=int((lengths > max_length).sum()),
+        trained_cut=int((trained - kept).sum()),
+        emptied_rows=int(((kept == 0) & (trained > 0)).sum()),
         skipped=dict(snap.skipped),
         unrendered={k.removeprefix("chat.dropped_"): v for k, v in counters.items() if k.startswith("chat.dropped_")},
     )
-    return raw, yielded, figures
+    raw = [part[0] for part in parts]
+    return raw, [np.minimum(part[0][part[2] > 0], max_length) for part in parts], figures
 
 
 def check_columns(where: str, names: list[str], chat: Chat) -> tuple[str, ...]:
-    """The stage's columns that the data has (its conversations column must be one)."""
+    """The columns the stage reads that the data has (conversations, tools, template arguments; the first a must)."""
     require_columns(where, names, chat.options["options"].required())
-    return tuple(c for c in chat.columns if c in names)
+    return tuple(c for c in chat.options["options"].consumed() if c in names)
 
 
 def _share(part: int, whole: int) -> str:

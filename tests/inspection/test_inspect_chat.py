@@ -123,6 +123,13 @@ def test_inspect_chat_refuses_what_it_cannot_do_in_one_line(chats: str) -> None:
         pp.inspect(chats, pp.examples.TOKENIZER_JSON, progress=False)
 
 
+def test_inspect_says_when_chat_drops_every_conversation(tmp_path: Any) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps({"messages": "hello", "id": i}) + "\n" for i in range(3)))
+    with pytest.raises(pp.DataError, match=r"chat\(\) drops all 3 conversations read \({'chat\.bad_messages': 3}\)"):
+        pp.inspect(str(path), qwen3(), progress=False)
+
+
 def test_cli_inspects_the_shipped_chats_with_a_chat_template_file(capsys: pytest.CaptureFixture, tmp_path) -> None:
     assert main(["inspect", "chats", "--tokenizer", "chat", "--max-length", "512", "--no-progress"]) == 0
     out = capsys.readouterr().out
