@@ -155,7 +155,7 @@ def inspect(
 
     pipe = source_pipeline(data, storage_options=storage_options)
     stats = PipelineStats()
-    columns = [] if fields is not None else _columns(Pipeline(as_written(pipe.source, (MESSAGES, "tools"))), stats)
+    columns = [] if fields is not None else _columns(Pipeline(as_written(pipe.source, (MESSAGES, "tools"))))
     chat = chat_stage(
         pipe, tokenizer, columns=columns, messages=messages, chat_template=chat_template, chat_options=chat_options
     )
@@ -208,7 +208,11 @@ def inspect(
     else:
         raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)
     lengths = np.concatenate(raw) if raw else np.zeros(0, np.int64)
-    skipped = sum(stats.snapshot().skipped.values())
+    skipped = (
+        stats.snapshot().skipped.get("tokenize.bad_text", 0)
+        if figures is None
+        else figures.read - figures.conversations
+    )
     read = figures.read if figures is not None else len(lengths) + skipped
     if not len(lengths):
         found = f"all {skipped:,} rows read have no text there (None or not a string)" if skipped else "it has no rows"
@@ -273,9 +277,9 @@ def inspect(
     )
 
 
-def _columns(pipe: Pipeline, stats: PipelineStats) -> list[str]:
+def _columns(pipe: Pipeline) -> list[str]:
     """The columns of the first rows of ``pipe``'s reader."""
-    reader = make_reader(pipe, stats)
+    reader = make_reader(pipe, PipelineStats())
     return list(first_schema(reader, reader.listed_units()).names)
 
 

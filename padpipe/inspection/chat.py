@@ -238,7 +238,7 @@ def chat_lengths(
         truncated_rows=int((lengths > max_length).sum()),
         trained_cut=int((trained - kept).sum()),
         emptied_rows=int(((kept == 0) & (trained > 0)).sum()),
-        skipped=dict(snap.skipped),
+        skipped={k: v for k, v in snap.skipped.items() if k.startswith("chat.")},  # not the reader's
         unrendered={k.removeprefix("chat.dropped_"): v for k, v in counters.items() if k.startswith("chat.dropped_")},
     )
     raw = [part[0] for part in parts]
