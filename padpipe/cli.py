@@ -133,17 +133,9 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         metavar="A[,B]",
         help="the text field, or two for pairs (default: 'text', else the one or two string columns)",
     )
-    p.add_argument(
-        "--messages",
-        metavar="NAME",
-        help="the column of conversations, read as .chat() reads them (default: 'messages' when the data has it)",
-    )
-    p.add_argument("--tools", metavar="NAME", help="with conversations, the column of tool schemas (default: 'tools')")
-    p.add_argument(
-        "--chat-template",
-        metavar="FILE",
-        help="with conversations, a Jinja chat template to render them with (default: the tokenizer's)",
-    )
+    p.add_argument("--messages", metavar="NAME", help="the conversations' column (default: 'messages' if there)")
+    p.add_argument("--tools", metavar="NAME", help="with conversations, the tool schemas' column (default: 'tools')")
+    p.add_argument("--chat-template", metavar="FILE", help="with conversations, a Jinja template to render them with")
     p.add_argument(
         "--max-length",
         type=_positive,

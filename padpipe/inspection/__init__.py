@@ -39,6 +39,7 @@ from padpipe.pipes.tokenize import tokenize_options
 from padpipe.sharing.consumer import Consumer
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.encoder import MODEL_MAX_LENGTH_LIMIT
 
 __all__ = ["ChatFigures", "InspectResult", "Settings", "StrategyResult", "inspect"]
 
@@ -155,7 +156,8 @@ def inspect(
 
     pipe = source_pipeline(data, storage_options=storage_options)
     stats = PipelineStats()
-    columns = [] if fields is not None else _columns(Pipeline(as_written(pipe.source, (MESSAGES, "tools"))))
+    probe = make_reader(Pipeline(as_written(pipe.source, (MESSAGES, "tools"))), PipelineStats())  # as .chat() reads
+    columns = [] if fields is not None else list(first_schema(probe, probe.listed_units()).names)
     chat = chat_stage(
         pipe, tokenizer, columns=columns, messages=messages, chat_template=chat_template, chat_options=chat_options
     )
@@ -164,8 +166,9 @@ def inspect(
     if chat is not None:
         if fields is not None:
             raise ValueError("`fields` is for text; conversations are read from `messages`, but both were given.")
-        model_limit = chat.model_limit()
-        pipe = chat.pipe  # the conversations read as .chat() reads them (JSON as written)
+        most = chat.stages[-1].options["template"].tokenizer.model_max_length
+        model_limit = int(most) if most is not None and most < MODEL_MAX_LENGTH_LIMIT else None
+        pipe = Pipeline(chat.source)  # the conversations read as .chat() reads them (JSON as written)
     else:
         options = tokenize_options(
             tokenizer,
@@ -177,8 +180,7 @@ def inspect(
             on_error="skip",
             append_eos=False,
         )
-        encoder = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True)
-        limit = encoder.max_length
+        limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
         model_limit = limit if max_length is None else _model_limit(tokenizer)
     reader = make_reader(pipe, stats)
     units = reader.listed_units()
@@ -203,7 +205,7 @@ def inspect(
     figures = None
     if chat is not None:
         raw, stream, figures = chat_lengths(
-            records, chat, stats, max_length=cut, num_threads=num_threads, total=corpus_rows, progress=progress
+            records, chat, stats, max_length=cut, num_threads=num_threads, total=corpus_rows, enabled=progress
         )
     else:
         raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)
@@ -275,12 +277,6 @@ def inspect(
         model_max_length=model_limit,
         chat=figures,
     )
-
-
-def _columns(pipe: Pipeline) -> list[str]:
-    """The columns of the first rows of ``pipe``'s reader."""
-    reader = make_reader(pipe, PipelineStats())
-    return list(first_schema(reader, reader.listed_units()).names)
 
 
 def _model_limit(tokenizer: Any) -> int | None:

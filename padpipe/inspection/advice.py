@@ -90,11 +90,7 @@ def recommendations(result: Findings) -> list[str]:
     s, dist = result.settings, result.distribution()
     if not result.rows or not result.strategies:
         return []
-    out = (
-        _length_advice(result, dist)
-        if result.chat is None
-        else result.chat.advice(result.lengths, result.strategies[-1])
-    )
+    out = _length_advice(result, dist) if result.chat is None else result.chat.advice(result.lengths)
     least = min(st.attention for st in result.strategies)
     fullest = result.best()
     lightest = min(result.strategies, key=lambda st: (st.attention, -st.efficiency))

@@ -1,11 +1,6 @@
-"""``inspect`` on conversations: the rows ``.chat()`` makes of them, their trained tokens, reasoning rows, and what a
-``max_length`` cuts.
-
-Nothing here reads or renders on its own: the conversations are read as ``.chat()`` reads them (JSON columns as
-written, so a tool call's arguments reach the template as the data has them) and rendered, tokenized and
-labelled by the chat stage's own :class:`~padpipe.pipes.chat.ChatTokenizer`, untruncated (``on_error="skip"``
-unless told: a conversation it refuses is counted by reason, as ``stats()`` would count it).
-"""
+"""``inspect`` on conversations: read as ``.chat()`` reads them (JSON columns as written) and rendered, tokenized and
+labelled by the chat stage's own :class:`~padpipe.pipes.chat.ChatTokenizer`, untruncated, with ``on_error="skip"``
+unless told (a refused conversation is counted by reason, as ``stats()`` counts it)."""
 
 from __future__ import annotations
 
@@ -17,30 +12,15 @@ import numpy as np
 
 from padpipe._progress import Progress
 from padpipe.chat.labels import positions, row_sums
-from padpipe.chat.outcome import Outcome
 from padpipe.inspection.advice import num, round_up
 from padpipe.pipeline import Pipeline
 from padpipe.pipes.chat import ChatTokenizer
 from padpipe.pipes.threads import OrderedMapper
 from padpipe.readers.schema import require_columns
 from padpipe.stats import PipelineStats
-from padpipe.tokenizer.encoder import MODEL_MAX_LENGTH_LIMIT
 
 MESSAGES = "messages"
 """The conversations' column ``inspect`` looks for when no text field is asked for."""
-
-
-@dataclass(frozen=True)
-class Chat:
-    """The chat stage ``inspect`` runs: its pipeline (reading the conversations as ``.chat()`` does) and options."""
-
-    pipe: Pipeline
-    options: dict[str, Any]
-
-    def model_limit(self) -> int | None:
-        """The tokenizer's ``model_max_length`` (``None`` for ``transformers``' "no limit" placeholder)."""
-        limit = self.options["template"].tokenizer.model_max_length
-        return int(limit) if limit is not None and limit < MODEL_MAX_LENGTH_LIMIT else None
 
 
 def chat_stage(
@@ -51,25 +31,30 @@ def chat_stage(
     messages: str | None,
     chat_template: str | None,
     chat_options: Mapping[str, Any] | None,
-) -> Chat | None:
-    """The chat stage for ``pipe``'s data, or ``None`` to inspect text: conversations when ``messages`` or
-    ``chat_template`` is given, or the data has a ``messages`` column (``columns``: its columns, or ``[]`` when
-    text fields were asked for)."""
+) -> Pipeline | None:
+    """``pipe.chat(...)`` (its source reads the conversations as written), or ``None`` to inspect text: conversations
+    when ``messages`` or ``chat_template`` is given, or ``columns`` (the data's, or ``[]``) has ``messages``."""
     if messages is None and chat_template is None and MESSAGES not in columns:
         return None
-    options = dict(chat_options or {})
+    options = {"on_error": "skip", **(chat_options or {})}
     taken = {"messages", "chat_template", "max_length", "cache"} & set(options)
     if taken:
         raise ValueError(f"`chat_options` must not repeat inspect's own arguments, but sets {sorted(taken)!r}.")
     name = messages or MESSAGES
     try:
-        chat = pipe.chat(tokenizer, messages=name, chat_template=chat_template, **{"on_error": "skip", **options})
+        return pipe.chat(tokenizer, messages=name, chat_template=chat_template, **options)
     except TypeError as exc:  # not a tokenizer that renders a template: one line for the command, as a ValueError
         raise ValueError(
             f"the conversations (column {name!r}) are inspected as .chat() renders them: {str(exc).rstrip('.')}; "
             "or name a text column in `fields`."
         ) from exc
-    return Chat(Pipeline(chat.source), chat.stages[-1].options)
+
+
+def check_columns(where: str, names: list[str], chat: Pipeline) -> tuple[str, ...]:
+    """The columns the stage reads that the data has (conversations, tools, template arguments; the first a must)."""
+    settings = chat.stages[-1].options["options"]
+    require_columns(where, names, settings.required())
+    return tuple(c for c in settings.consumed() if c in names)
 
 
 @dataclass(frozen=True)
@@ -79,18 +64,13 @@ class ChatFigures:
     Attributes:
         messages: The conversations' column.
         conversations: Conversations that gave rows.
-        rows: The rows they gave: one each, plus a row of its own per answer whose reasoning the whole
-            conversation does not render (``reasoning="every_turn"``).
-        reasoning_rows: Those rows of their own.
-        tokens: Tokens of all rows.
-        trained_tokens: Of them trained (labels other than -100).
-        reasoning_tokens: Tokens of the reasoning rows.
-        reasoning_trained: Trained tokens of the reasoning rows.
-        max_length: The cut measured (``sft(seq_len=...)`` cuts every row to it).
-        truncated_rows: Rows longer than ``max_length``.
-        trained_cut: Trained tokens past ``max_length`` (never trained once cut).
-        emptied_rows: Rows left with no trained token by the cut (``.chat()`` drops them).
-        skipped: Conversations the stage refuses or drops, by reason (``chat.not_prefix``, ...).
+        rows: Their rows: one each, and one of its own per answer whose reasoning the whole conversation does
+            not render (``reasoning_rows``: those).
+        tokens: Tokens of all rows; ``trained_tokens`` those with a label other than -100;
+            ``reasoning_tokens`` and ``reasoning_trained`` those of the reasoning rows.
+        max_length: The cut measured (``sft(seq_len=...)`` cuts every row to it): ``truncated_rows`` are longer,
+            ``trained_cut`` trained tokens lie past it, ``emptied_rows`` keep no trained token (dropped).
+        skipped: Conversations the stage drops, by reason (``chat.not_prefix``, ...).
         unrendered: What the template does not render, by what (``{"reasoning": 12}``: messages).
     """
 
@@ -122,55 +102,42 @@ class ChatFigures:
             ...                       {"chat.not_prefix": 2})
             >>> print("\\n".join(figures.lines()))
             conversations (column messages, rendered and labelled by .chat())
-              50 conversations -> 94 rows (44 rows of their own for reasoning: 30.0% of the tokens); 2 dropped (chat.not_prefix 2)
+              50 conversations -> 94 rows (44 rows of their own for reasoning: 30.0% of the tokens); dropped: chat.not_prefix 2
               trained tokens (labels other than -100): 12,000 of 30,000 (40.0%)
-              longer than max_length 1024: 3 rows (3.2%), cutting 40 trained tokens (0.3%); 1 row left with nothing trained
+              longer than max_length 1024: 3 rows (3.2%), cutting 40 trained tokens (0.3%); 1 left with nothing trained
         """  # noqa: E501
-        reasoning = (
-            f" ({self.reasoning_rows:,} rows of their own for reasoning: {_share(self.reasoning_tokens, self.tokens)} "
-            "of the tokens)"
-            if self.reasoning_rows
-            else ""
-        )
-        skipped = ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped.items()))
-        out = [
+        reasoning = f" ({self.reasoning_rows:,} rows of their own for reasoning: {_share(self.reasoning_tokens, self.tokens)} of the tokens)"  # noqa: E501
+        dropped = ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped.items()))
+        unrendered = ", ".join(f"the {what} of {n:,} messages" for what, n in sorted(self.unrendered.items()))
+        return [
             f"conversations (column {self.messages}, rendered and labelled by .chat())",
-            f"  {self.conversations:,} conversations -> {self.rows:,} rows{reasoning}"
-            + (f"; {sum(self.skipped.values()):,} dropped ({skipped})" if skipped else ""),
+            f"  {self.conversations:,} conversations -> {self.rows:,} rows{reasoning if self.reasoning_rows else ''}"
+            + (f"; dropped: {dropped}" if dropped else ""),
             f"  trained tokens (labels other than -100): {self.trained_tokens:,} of {self.tokens:,} "
             f"({_share(self.trained_tokens, self.tokens)})",
-        ]
-        emptied = f"; {self.emptied_rows:,} row{'s' if self.emptied_rows != 1 else ''} left with nothing trained"
-        out.append(
             f"  longer than max_length {self.max_length}: {self.truncated_rows:,} rows "
             f"({_share(self.truncated_rows, self.rows)}), cutting {self.trained_cut:,} trained tokens "
-            f"({_share(self.trained_cut, self.trained_tokens)})" + (emptied if self.emptied_rows else "")
-        )
-        if self.unrendered:
-            listed = ", ".join(f"the {what} of {n:,} messages" for what, n in sorted(self.unrendered.items()))
-            out.append(f"  not rendered by the template (trained as rendered): {listed}")
-        return out
+            f"({_share(self.trained_cut, self.trained_tokens)})"
+            + (f"; {self.emptied_rows:,} left with nothing trained" if self.emptied_rows else ""),
+            *([f"  not rendered by the template (trained as rendered): {unrendered}"] if unrendered else []),
+        ]
 
-    def advice(self, lengths: np.ndarray, pack: Any) -> list[str]:
-        """Recommendations on conversations: a ``seq_len`` that fits them, the cost of reasoning rows, packing,
-        drops. ``pack``: the pack strategy's result (``None``: none).
+    def advice(self, lengths: np.ndarray) -> list[str]:
+        """Recommendations on conversations: a ``seq_len`` that fits them, the cost of reasoning rows, refusals.
 
         Example:
             >>> figures = ChatFigures("messages", 50, 94, 44, 30_000, 12_000, 9_000, 2_000, 1024, 3, 40, 1)
-            >>> figures.advice(np.array([300] * 90 + [1500] * 4), None)[1]  # doctest: +ELLIPSIS
-            "reasoning: 44 of 94 rows are rows of their own for reasoning the whole conversation drops, ..."
-        """
+            >>> figures.advice(np.array([300] * 90 + [1500] * 4))[0]
+            "max_length=1024 (sft's seq_len) cuts 3.2% of the rows and 0.3% of the trained tokens, leaving 1 with nothing trained (dropped); seq_len=1504 fits 99% of the rows whole (p99 is 1,500 tokens), 1504 all."
+        """  # noqa: E501
         p99, longest = float(np.percentile(lengths, 99)), round_up(int(lengths.max()), 8)
-        fit = f"seq_len={round_up(p99, 8)} fits 99% of the rows whole (p99 is {num(p99)} tokens), {longest} all"
-        if not self.truncated_rows:
-            out = [f"every row fits max_length={self.max_length}; {fit}."]
-        else:
-            out = [
-                f"max_length={self.max_length} (sft's seq_len) cuts {_share(self.truncated_rows, self.rows)} of the "
-                f"rows and {_share(self.trained_cut, self.trained_tokens)} of the trained tokens"
-                + (f", and drops {self.emptied_rows:,} rows left with nothing trained" if self.emptied_rows else "")
-                + f"; {fit}."
-            ]
+        fit = f"seq_len={round_up(p99, 8)} fits 99% of the rows whole (p99 is {num(p99)} tokens), {longest} all."
+        out = [
+            f"max_length={self.max_length} (sft's seq_len) cuts {_share(self.truncated_rows, self.rows)} of the rows "
+            f"and {_share(self.trained_cut, self.trained_tokens)} of the trained tokens"
+            + (f", leaving {self.emptied_rows:,} with nothing trained (dropped)" if self.emptied_rows else "")
+            + f"; {fit}"
+        ]
         if self.reasoning_rows:
             out.append(
                 f"reasoning: {self.reasoning_rows:,} of {self.rows:,} rows are rows of their own for reasoning the "
@@ -178,45 +145,33 @@ class ChatFigures:
                 f"{_share(self.reasoning_trained, self.trained_tokens)} of the trained ones (each repeats its "
                 "conversation's start); reasoning='as_rendered' saves them and leaves that reasoning untrained."
             )
-        if pack is not None:
-            out.append(
-                f"packing: {pack.name} fills {pack.efficiency:.1%} of the token slots with conversations, "
-                "as sft(mode='pack') packs them."
-            )
-        refused = {k: v for k, v in self.skipped.items() if k != "chat.no_trained_tokens"}  # (always a drop)
+        refused = {k: v for k, v in sorted(self.skipped.items()) if k != "chat.no_trained_tokens"}  # (always a drop)
         if refused:
-            listed = ", ".join(f"{k} {v:,}" for k, v in sorted(refused.items()))
             out.append(
-                f".chat() refuses {sum(refused.values()):,} conversations ({listed}): under on_error='raise' (its "
-                "default) the first stops training; on_error='skip' trains without them (counted)."
+                f".chat() refuses {sum(refused.values()):,} conversations ({', '.join(f'{k} {v:,}' for k, v in refused.items())}): "  # noqa: E501
+                "under on_error='raise' (its default) the first stops training; on_error='skip' trains without them."
             )
         return out
 
 
 def chat_lengths(
-    records: Any,
-    chat: Chat,
-    stats: PipelineStats,
-    *,
-    max_length: int,
-    num_threads: int,
-    total: int | None,
-    progress: bool | None,
+    records: Any, chat: Pipeline, stats: PipelineStats, *, max_length: int, num_threads: int, **progress: Any
 ) -> tuple[list[np.ndarray], list[np.ndarray], ChatFigures]:
-    """The token length of every row ``.chat()`` makes of ``records`` untruncated, the lengths of those that
-    ``.chat(max_length=max_length)`` yields (cut, and without the rows left with no trained token), and figures."""
-    chat_fn = ChatTokenizer(chat.options["template"], chat.options["options"], stats=stats)
+    """The token length of every row ``.chat()`` makes of ``records`` untruncated, those of the rows that
+    ``.chat(max_length=max_length)`` yields (cut, and without the rows left with no trained token), and figures.
+    ``progress``: ``total`` and ``enabled`` for the progress bar."""
+    options = chat.stages[-1].options
+    chat_fn = ChatTokenizer(options["template"], options["options"], stats=stats)
 
-    def render(batch: Any) -> tuple[int, Outcome]:
+    def render(batch: Any) -> tuple[int, Any]:
         chat_fn.check(batch)
         outcome = chat_fn.outcome(batch)
         chat_fn.chunk(batch, outcome)  # counts as the stage counts
         return batch.num_rows, outcome
 
     parts: list[tuple[np.ndarray, ...]] = []  # per batch: lengths, trained and kept tokens, reasoning row or not
-    node = OrderedMapper(records, render, num_threads=num_threads, stage="chat", settings={})
-    with Progress("inspect: rendering conversations", total=total, enabled=progress) as bar:
-        for conversations, out in node:
+    with Progress("inspect: rendering conversations", **progress) as bar:
+        for conversations, out in OrderedMapper(records, render, num_threads=num_threads, stage="chat", settings={}):
             kept = out.trained & (positions(out.offsets) < max_length)
             reasoning = np.diff(out.source, append=-1) == 0  # a conversation's rows end with the whole one
             parts.append((out.lengths, row_sums(out.offsets, out.trained), row_sums(out.offsets, kept), reasoning))
@@ -226,7 +181,7 @@ def chat_lengths(
     snap = stats.snapshot()
     counters = snap.counters
     figures = ChatFigures(
-        messages=chat.options["options"].messages,
+        messages=options["options"].messages,
         conversations=counters.get("chat.conversations", 0),
         rows=counters.get("chat.rows", 0),
         reasoning_rows=counters.get("chat.reasoning_rows", 0),
@@ -241,14 +196,7 @@ def chat_lengths(
         skipped={k: v for k, v in snap.skipped.items() if k.startswith("chat.")},  # not the reader's
         unrendered={k.removeprefix("chat.dropped_"): v for k, v in counters.items() if k.startswith("chat.dropped_")},
     )
-    raw = [part[0] for part in parts]
-    return raw, [np.minimum(part[0][part[2] > 0], max_length) for part in parts], figures
-
-
-def check_columns(where: str, names: list[str], chat: Chat) -> tuple[str, ...]:
-    """The columns the stage reads that the data has (conversations, tools, template arguments; the first a must)."""
-    require_columns(where, names, chat.options["options"].required())
-    return tuple(c for c in chat.options["options"].consumed() if c in names)
+    return [p[0] for p in parts], [np.minimum(p[0][p[2] > 0], max_length) for p in parts], figures
 
 
 def _share(part: int, whole: int) -> str:

@@ -183,24 +183,16 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
         >>> summary(snap)
         rendered: 5 conversations into 9 rows (4 rows of their own for reasoning the whole conversation drops)
         truncated to seq_len: 2 rows (their first seq_len tokens kept)
-        dropped: 1 row with no token to train
+        dropped: 1 rows with no token to train
           chat.no_trained_tokens 1: no token left to train (after truncation to seq_len, or under train_on)
     """
     out = out or sys.stdout
-    counters = stats.counters
-    reasoning = counters.get("chat.reasoning_rows", 0)
-    print(
-        f"rendered: {_count(counters.get('chat.conversations', 0), 'conversation')} into "
-        f"{_count(counters.get('chat.rows', 0), 'row')}"
-        + (
-            f" ({_count(reasoning, 'row')} of their own for reasoning the whole conversation drops)"
-            if reasoning
-            else ""
-        ),
-        file=out,
-    )
+    counters, reasoning = stats.counters, stats.counters.get("chat.reasoning_rows", 0)
+    rows = f"{counters.get('chat.conversations', 0)} conversations into {counters.get('chat.rows', 0)} rows"
+    own = f" ({reasoning} rows of their own for reasoning the whole conversation drops)" if reasoning else ""
+    print(f"rendered: {rows}{own}", file=out)
     truncated = counters.get("chat.truncated", 0)
-    print(f"truncated to seq_len: {_count(truncated, 'row')} (their first seq_len tokens kept)", file=out)
+    print(f"truncated to seq_len: {truncated} rows (their first seq_len tokens kept)", file=out)
     unrendered = {k[len("chat.dropped_") :]: v for k, v in sorted(counters.items()) if k.startswith("chat.dropped_")}
     if unrendered:
         listed = ", ".join(f"{what} of {n} messages" for what, n in unrendered.items())
@@ -209,15 +201,12 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
         print(f"conversations holding special-token text (kept): {counters['chat.special_text']}", file=out)
     untrained = stats.skipped.get("chat.no_trained_tokens", 0)  # a row (a conversation's only row, or one of them)
     refused = sum(stats.skipped.values()) - untrained
-    parts = [_count(refused, "conversation")] if refused else []
-    parts += [f"{_count(untrained, 'row')} with no token to train"] if untrained else []
+    parts = [f"{refused} conversations"] * bool(refused) + [f"{untrained} rows with no token to train"] * bool(
+        untrained
+    )
     print(f"dropped: {' and '.join(parts) or 'none'}", file=out)
     for name, count in sorted(stats.skipped.items()):
         print(f"  {name} {count}: {DROPPED.get(name, 'skipped under an on_error policy')}", file=out)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 PROG = "python -m padpipe.recipes.sft"

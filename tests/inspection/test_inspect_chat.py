@@ -92,7 +92,7 @@ def test_inspect_chat_figures_and_strategies_equal_real_passes_of_sft_stages(cha
     check_equals_real_passes(result, pp.read_jsonl(chats).shuffle(50, seed=2).chat(tok, max_length=96))
     text = str(result)
     assert f"  {chat.conversations} conversations -> {chat.rows} rows ({chat.reasoning_rows} rows of their own" in text
-    assert re.search(rf"longer than max_length 96: {chat.truncated_rows} rows .*; {chat.emptied_rows} rows left", text)
+    assert re.search(rf"longer than max_length 96: {chat.truncated_rows} rows .*; {chat.emptied_rows} left with", text)
     advice = result.recommendations()
     assert advice[0].startswith(f"max_length=96 (sft's seq_len) cuts {chat.truncated_rows / chat.rows:.1%} of the rows")
     assert advice[1].startswith(f"reasoning: {chat.reasoning_rows} of {chat.rows} rows are rows of their own")
