@@ -32,7 +32,7 @@ from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
 from padpipe.stage import Stage
 
 
-def _as_written(source: Stage, columns: tuple[str, ...]) -> Stage:
+def as_written(source: Stage, columns: tuple[str, ...]) -> Stage:
     """``source``, reading ``columns`` as JSON text where its reader can (JSON Lines, ``from_iterable``): a
     conversation reaches the chat template as written, not as Arrow's struct inference unifies it across rows
     (Parquet and ``datasets`` keep their own types; their ``Json`` feature is JSON text already)."""
@@ -320,7 +320,7 @@ class Pipeline(Runnable, IterableDataset):
             options["cache"] = TokenCache.of(cache)
         settings = options["options"]
         columns = tuple(c for c in (*settings.required(), settings.tools) if c is not None)
-        return self._add(Stage("chat", _build.chat, options), TOKENS, source=_as_written(self.source, columns))
+        return self._add(Stage("chat", _build.chat, options), TOKENS, source=as_written(self.source, columns))
 
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
         """Group rows into batches of ``batch_size`` in arrival order (no length grouping).

@@ -95,7 +95,7 @@ class ChatTokenizer:
     Args:
         template: The :class:`~padpipe.chat.template.ChatTemplate` to render with.
         options: What to read and how to label.
-        stats: Counters to report into (``chat`` time; ``chat.rows``, ``chat.tokens``,
+        stats: Counters to report into (``chat`` time; ``chat.conversations``, ``chat.rows``, ``chat.tokens``,
             ``chat.trained_tokens``, ``chat.truncated``; skips ``chat.<reason>``); default: new.
 
     Example:
@@ -191,6 +191,7 @@ class ChatTokenizer:
                 self._dropped(name[len(DROPPED) :], n)
             else:
                 self.stats.add(name, n)
+        self.stats.add("chat.conversations", len(np.unique(outcome.source)))  # those giving rows: 1, or more
         self.stats.add("chat.rows", chunk.num_rows)
         self.stats.add("chat.tokens", chunk.num_tokens)
         self.stats.add("chat.trained_tokens", int(trained.sum()))
