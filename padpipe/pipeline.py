@@ -18,6 +18,7 @@ from torchdata.nodes import BaseNode
 from padpipe import _build
 from padpipe._checks import check_budget, shuffle_too_late, steps_missing
 from padpipe.cache import TokenCache, check_recipe
+from padpipe.chat.pairs import PREFERENCE_COLUMNS
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes.bucket import check_bucket_options
 from padpipe.pipes.chat import chat_options
@@ -26,7 +27,7 @@ from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
 from padpipe.pipes.pad import check_pad_options
 from padpipe.pipes.pairs import CHOSEN
-from padpipe.pipes.preference import PREFERENCE_COLUMNS, preference_options
+from padpipe.pipes.preference import preference_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
 from padpipe.readers.listing import SharedListing

@@ -27,7 +27,8 @@ import pyarrow as pa
 from padpipe.chat.labels import IGNORE, positions
 from padpipe.chat.options import ChatOptions
 from padpipe.chat.outcome import SKIP, Outcome
-from padpipe.chat.rows import BAD, RowProblem, read_kwargs, read_prompt_completion, read_tools
+from padpipe.chat.pairs import CHOSEN_COLUMN, COMPLETION, LABEL, PROMPT, REJECTED, read_members
+from padpipe.chat.rows import RowProblem, read_kwargs, read_tools
 from padpipe.chat.template import ChatTemplate
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError
@@ -39,11 +40,6 @@ from padpipe.readers.schema import row_of
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS
 
-PROMPT, CHOSEN_COLUMN, REJECTED, COMPLETION, LABEL = "prompt", "chosen", "rejected", "completion", "label"
-"""The columns of TRL's preference formats (paired: ``prompt``, ``chosen``, ``rejected``; unpaired: ``prompt``,
-``completion``, ``label``); ``prompt`` is optional for pairs (an implicit prompt)."""
-PREFERENCE_COLUMNS = (PROMPT, CHOSEN_COLUMN, REJECTED, COMPLETION)
-"""The columns a JSON Lines reader passes as written (JSON text), so conversations reach the template unchanged."""
 SHARED = {"tools", "kwargs_column", "template_kwargs", "on_error", "special_text"}
 """The ``.chat()`` options ``chat_options=`` may set."""
 TOO_LONG = "too_long"
@@ -102,37 +98,19 @@ class PreferenceTokenizer:
     def __call__(self, batch: pa.RecordBatch) -> TokenChunk:
         """One token row per kept pair (thread-safe: no state is kept between calls)."""
         with self.stats.timer("preference"):
-            o = self.options
-            members = (COMPLETION,) if o.unpaired else (CHOSEN_COLUMN, REJECTED)
-            values = self._read(batch, members)
+            members = (COMPLETION,) if self.options.unpaired else (CHOSEN_COLUMN, REJECTED)
+            values = self._read(batch)
             outcomes = [self._encode(batch, values, k, name) for k, name in enumerate(members)]
             return self._rows(batch, values, outcomes)
 
-    def _read(self, batch: pa.RecordBatch, members: tuple[str, ...]) -> list[Any]:
+    def _read(self, batch: pa.RecordBatch) -> list[Any]:
         """Per row: ``(prompt, completion)`` per member, or a RowProblem (raised under ``on_error="raise"``)."""
-        names = batch.schema.names
-        needed = (PROMPT, *members) if self.options.unpaired or PROMPT in names else members
-        other = (CHOSEN_COLUMN, REJECTED) if self.options.unpaired else (COMPLETION, LABEL)
-        missing = [name for name in needed if name not in names]
-        if missing:
-            hint = ""
-            if all(name in names for name in other):
-                hint = f"; these rows hold {' and '.join(other)}: pass unpaired={not self.options.unpaired}"
-            raise DataError(f"preference: the data has no column {missing[0]!r} (columns: {names}){hint}.")
-        if PROMPT in names:
-            pairs = [read_prompt_completion(batch.column(PROMPT), batch.column(m), (PROMPT, m)) for m in members]
-            rows = [tuple(p) for p in zip(*pairs)]
-        else:  # an implicit prompt: the longest common start of both conversations (as TRL's extract_prompt)
-            both = read_prompt_completion(batch.column(CHOSEN_COLUMN), batch.column(REJECTED), members)
-            rows = [value if isinstance(value, RowProblem) else _split_prompt(*value) for value in both]
-        labels = batch.column(LABEL).to_pylist() if self.options.unpaired else [True] * batch.num_rows
-        out = []
-        for i, (row, label) in enumerate(zip(rows, labels)):
-            problem = _problem(row, label)
-            if problem is not None and self.options.conversation.on_error == "raise":
-                raise DataError(f"preference: {_where(batch, i)}: {problem}; pass on_error='skip' to drop such rows.")
-            out.append(problem or row)
-        return out
+        values = read_members(batch, unpaired=self.options.unpaired)
+        if self.options.conversation.on_error == "raise":
+            for i, value in enumerate(values):
+                if isinstance(value, RowProblem):
+                    raise DataError(f"preference: {_where(batch, i)}: {value}; pass on_error='skip' to drop such rows.")
+        return values
 
     def _encode(self, batch: pa.RecordBatch, values: list[Any], k: int, member: str) -> Outcome:
         """Member ``k`` of every row encoded by ``.chat()``: conversations, and plain text rows."""
@@ -318,34 +296,6 @@ def preference_options(
     conversation = ChatOptions(train_on="last", training_field=None, reasoning="as_rendered", **shared)
     options = PreferenceOptions(conversation, loaded["options"], max_length, unpaired)
     return {"template": loaded["template"], "options": options, "num_threads": num_threads}
-
-
-def _split_prompt(chosen: Any, rejected: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
-    """An implicit prompt split off as TRL's ``extract_prompt`` splits it: the longest common start (of messages,
-    or of characters, then without a space it ends in)."""
-    idx = 0
-    for idx in range(min(len(chosen), len(rejected))):
-        if chosen[idx] != rejected[idx]:
-            if chosen[idx - 1] == " ":
-                idx -= 1
-            break
-    return (chosen[:idx], chosen[idx:]), (rejected[:idx], rejected[idx:])
-
-
-def _problem(row: Any, label: Any) -> RowProblem | None:
-    """Why a row's members cannot be encoded: not what TRL's formats hold."""
-    if isinstance(row, RowProblem):
-        return row
-    if not isinstance(label, bool):
-        return RowProblem(BAD, f"'label' is {label!r}; expected true or false")
-    for prompt, completion in row:
-        if isinstance(prompt, str):
-            continue
-        if not prompt:
-            return RowProblem(BAD, "the prompt is empty; expected the messages before the completion")
-        if len(completion) != 1 or completion[0].get("role") != "assistant":
-            return RowProblem(BAD, f"a completion is {completion!r:.80}; expected one assistant message")
-    return None
 
 
 def _members(outcomes: list[Outcome], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -25,6 +25,7 @@ import torch
 from tokenizers import Tokenizer
 
 import padpipe as pp
+from padpipe.chat.pairs import split_prompt
 from tests.chat import real_templates as rt
 
 trl = pytest.importorskip("trl")
@@ -139,7 +140,7 @@ def test_preference_plain_text_and_implicit_prompts_are_trls(tmp_path):
         got, stats = ours(pp.from_iterable(data).preference(tok))
         warned = 0
         for row, theirs in zip(data, trl_dataset(DPOTrainer, tok, data, tmp_path)):
-            (prompt, chosen), (_, rejected) = pp.pipes.preference._split_prompt(row["chosen"], row["rejected"]) if (
+            (prompt, chosen), (_, rejected) = split_prompt(row["chosen"], row["rejected"]) if (
                 "prompt" not in row) else ((row["prompt"], row["chosen"]), (row["prompt"], row["rejected"]))  # fmt: skip
             prompt_ids = tok(prompt)["input_ids"]
             texts = {"chosen": prompt + chosen + tok.eos_token, "rejected": prompt + rejected + tok.eos_token}
