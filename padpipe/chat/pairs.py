@@ -45,7 +45,7 @@ def read_members(batch: pa.RecordBatch, *, unpaired: bool) -> list[Any]:
         pairs = [read_prompt_completion(batch.column(PROMPT), batch.column(m), (PROMPT, m)) for m in members]
         rows = [next((v for v in p if isinstance(v, RowProblem)), tuple(p)) for p in zip(*pairs)]
     else:  # an implicit prompt: the longest common start of both conversations (as TRL's extract_prompt)
-        both = read_prompt_completion(batch.column(CHOSEN_COLUMN), batch.column(REJECTED), members)
+        both = read_prompt_completion(batch.column(CHOSEN_COLUMN), batch.column(REJECTED), (CHOSEN_COLUMN, REJECTED))
         rows = [value if isinstance(value, RowProblem) else split_prompt(*value) for value in both]
     labels = batch.column(LABEL).to_pylist() if unpaired else [True] * batch.num_rows
     return [_problem(row, label) or row for row, label in zip(rows, labels)]
