@@ -4,8 +4,9 @@ Each member of a pair is the conversation ``prompt + [completion]``, encoded by 
 (:meth:`padpipe.pipes.chat.ChatTokenizer.outcome` under ``train_on="last"``): its ids are the template's rendering
 of the whole conversation, and its completion starts where ``.chat()`` finds the last answer's output starts (after
 the generation prompt as the conversation renders it), so every template ``.chat()`` supports, reasoning included,
-is labelled as exactly, also where the prompt rendered alone is no prefix of the conversation (Qwen3, DeepSeek-R1:
-counted as ``preference.prompt_not_prefix``, the pairs where TRL's prefix check warns). The completion runs to the
+is labelled as exactly, also where the prompt rendered alone is no prefix of the conversation (DeepSeek-R1's
+``<think>`` generation prompt, Mistral's system message moved to the last user turn: counted as
+``preference.prompt_not_prefix``, the pairs where TRL's prefix check warns). The completion runs to the
 end of the rendering, as TRL's DPO trains it (the separator after the end-of-turn token included). Plain text rows
 are ``prompt + completion + eos`` (TRL's), tokenized with the tokenizer's special tokens.
 
@@ -67,9 +68,10 @@ class PreferenceOptions:
 class PreferenceTokenizer:
     """Encode each row's pair (or labelled completion) with the chat template and cut it to ``max_length``.
 
-    A member longer than ``max_length`` loses the start of its prompt: the same tokens from both members of a
-    pair, as few as make the longer member fit, so the last turn and both completions stay whole; a pair whose
-    completions do not fit with one token of prompt before them is skipped (``preference.too_long``).
+    Truncation, named ``prompt_start``: a member longer than ``max_length`` loses the start of its prompt, the same
+    tokens from both members of a pair, as few as make the longer member fit, so the last turn and both completions
+    stay whole (``preference.prompt_cut``); a pair whose completions do not fit with one token of prompt before them
+    is skipped (``preference.too_long``).
 
     Args:
         template: The :class:`~padpipe.chat.template.ChatTemplate` to render with.
@@ -105,6 +107,9 @@ class PreferenceTokenizer:
 
     def _read(self, batch: pa.RecordBatch) -> list[Any]:
         """Per row: ``(prompt, completion)`` per member, or a RowProblem (raised under ``on_error="raise"``)."""
+        written = {LABELS, CHOSEN} & set(batch.schema.names)
+        if written:
+            raise DataError(f"preference: the data has a column {sorted(written)[0]!r}, which the stage writes.")
         values = read_members(batch, unpaired=self.options.unpaired)
         if self.options.conversation.on_error == "raise":
             for i, value in enumerate(values):
@@ -114,13 +119,13 @@ class PreferenceTokenizer:
 
     def _encode(self, batch: pa.RecordBatch, values: list[Any], k: int, member: str) -> Outcome:
         """Member ``k`` of every row encoded by ``.chat()``: conversations, and plain text rows."""
-        rows = [v if isinstance(v, tuple) else None for v in values]
-        conversations = [None if r is None or isinstance(r[k][0], str) else json.dumps(r[k][0] + r[k][1]) for r in rows]
-        plain = [r is not None and isinstance(r[k][0], str) for r in rows]
+        pairs = [v[k] if isinstance(v, tuple) else (None, None) for v in values]  # (prompt, completion)
+        plain = [isinstance(prompt, str) for prompt, _ in pairs]
+        conversations = [json.dumps(p + c) if isinstance(p, list) else None for p, c in pairs]
         columns = {
             "messages": pa.array(conversations, pa.string()),
-            PROMPT: pa.array([r[k][0] if p else None for r, p in zip(rows, plain)], pa.string()),  # type: ignore[index]
-            COMPLETION: pa.array([r[k][1] if p else None for r, p in zip(rows, plain)], pa.string()),  # type: ignore[index]
+            PROMPT: pa.array([p if text else None for (p, _), text in zip(pairs, plain)], pa.string()),
+            COMPLETION: pa.array([c if text else None for (_, c), text in zip(pairs, plain)], pa.string()),
         }
         names = batch.schema.names
         kept = (self.options.conversation.tools, self.options.conversation.kwargs_column, *ROW_ID_COLUMNS)
@@ -225,8 +230,6 @@ class PreferenceTokenizer:
         consumed = self.options.consumed()
         taken = pa.array(kept, pa.int64())
         out = {name: batch.column(name).take(taken) for name in batch.schema.names if name not in consumed}
-        if LABELS in out or CHOSEN in out:
-            raise DataError(f"preference: the data has a column {LABELS!r} or {CHOSEN!r}, which the stage writes.")
         if self.options.unpaired:
             out[LABEL] = out[LABEL].cast(pa.int64())
         return out
