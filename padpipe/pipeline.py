@@ -337,32 +337,24 @@ class Pipeline(Runnable, IterableDataset):
     ) -> Pipeline:
         """Turn preference data (DPO, ORPO, reward pairs; KTO's labelled completions) into token rows, one per pair.
 
-        Reads TRL's formats: ``prompt`` (messages) with ``chosen`` and ``rejected`` (one assistant message each,
-        with tool calls and reasoning as ``.chat()`` takes them; a ``tools`` column), the same as plain text
-        (``prompt + completion + eos_token``, as TRL), or ``chosen``/``rejected`` whole conversations with an
-        implicit prompt (their common start, as TRL's ``extract_prompt``); with ``unpaired=True``, ``prompt``,
-        ``completion`` and a bool ``label`` (KTO). Each member is the conversation ``prompt + [completion]``,
-        rendered, tokenized and labelled by ``.chat()``'s own machinery: its ids are
-        ``apply_chat_template(prompt + completion)``'s, and its completion runs from where ``.chat()`` finds the
-        answer's output starts to the end of the rendering (what TRL's DPO trains), also where the prompt rendered
-        alone is no prefix of the conversation (Qwen3, DeepSeek-R1; counted as ``preference.prompt_not_prefix``,
-        where TRL warns).
+        Reads TRL's formats (docs/preference.md): ``prompt`` messages with one assistant message ``chosen`` and
+        one ``rejected`` (tools and reasoning as ``.chat()`` takes them), the same as plain text, an implicit prompt
+        (``chosen``/``rejected`` whole conversations), or with ``unpaired=True`` KTO's ``prompt``/``completion``/
+        ``label``. Each member, the conversation ``prompt + [completion]``, is encoded by ``.chat()``'s machinery:
+        its ids are ``apply_chat_template``'s, its completion runs from where the answer's output starts to the end
+        of the rendering (what TRL's DPO trains), also where the prompt rendered alone is no prefix of it (counted
+        as ``preference.prompt_not_prefix``, where TRL warns).
 
-        A pair is one token row (the chosen member's tokens, then the rejected one's) until ``.pad()`` or
-        ``.pack()`` lays it out, so both members go through shuffle, bucketing, packing, sharding, equal steps and
-        resume together: ``.batch(n).pad()`` or ``.bucket(batch_size=n).pad()`` gives TRL's DPO collator layout
-        (``input_ids``, ``attention_mask``, ``completion_mask`` ``[2n, L]``, chosen rows then rejected rows, and
-        ``chosen`` ``[2n]``); ``.pack(seq_len)`` packs whole pairs, each member its own sequence
-        (:mod:`padpipe.pipes.pairs`; :func:`padpipe.pair_logps` sums each member's log-probabilities from either).
-        Unpaired rows are one row each, with ``labels`` (the completion's ids) and ``label`` (1 or 0), for the
-        ordinary ``.pad()``/``.pack(keep=("label",))``.
+        A pair stays one token row through shuffle, bucketing, packing, sharding, equal steps and resume;
+        ``.batch(n).pad()`` then gives TRL's DPO collator layout (``input_ids``, ``attention_mask``,
+        ``completion_mask`` ``[2n, L]``, chosen rows then rejected rows; ``chosen`` ``[2n]``), ``.pack(seq_len)``
+        whole pairs, each member its own sequence (:mod:`padpipe.pipes.pairs`, :func:`padpipe.pair_logps`).
+        Unpaired rows are one row each, with ``labels`` and ``label`` (1 or 0).
 
-        Truncation, named ``prompt_start``: a member longer than ``max_length`` loses its prompt's first tokens,
-        the same number from both members, as few as make the longer one fit; the completions and the prompt's last
-        turn stay whole. A pair whose completions do not fit after one prompt token is skipped, counted as
-        ``preference.too_long``. Counters: ``preference.rows``, ``.tokens``, ``.completion_tokens``,
-        ``.prompt_cut``, ``.prompt_not_prefix``, and ``.chat()``'s under ``preference.`` (a pair skipped once, for
-        its first member's reason).
+        Truncation, ``prompt_start``: a member longer than ``max_length`` loses its prompt's first tokens, the
+        same number from both members, as few as make the longer fit; a pair whose completions do not fit after one
+        prompt token is skipped (``preference.too_long``). Counters ``preference.*``: rows, tokens,
+        completion_tokens, prompt_cut, prompt_not_prefix and ``.chat()``'s (a pair skipped once).
 
         Args:
             tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (as :meth:`chat`'s).

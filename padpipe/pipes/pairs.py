@@ -1,20 +1,12 @@
 """Preference pairs as batches: padded in TRL's DPO layout, or packed with each member its own sequence.
 
-A pair arrives as one token row (``.preference()``): its chosen member's tokens, then its rejected member's, with
-token-level ``labels`` on the completions and :data:`CHOSEN`, the chosen member's length. It stays one row through
-shuffle, bucketing, packing, sharding, equal steps and resume, so both members are always in one batch, on one
-rank, at one step. Only the last stage lays the members out:
-
-- **Padded** (:class:`PairPadder`, ``.pad()``): TRL's ``DataCollatorForPreference`` layout: ``input_ids``,
-  ``attention_mask`` and ``completion_mask`` ``[2B, L]``, the ``B`` chosen members then the ``B`` rejected ones in
-  pair order, and ``chosen`` ``[2B]`` (``True`` on the first ``B`` rows); the other columns once per member.
-- **Packed** (:class:`PairLayout` on ``.pack()``): rows of ``seq_len`` tokens holding whole pairs, each member its
-  own sequence (``position_ids`` from 0, ``seq_idx``, ``cu_seq_lens_q``/``_k``, ``max_length_q``/``_k``, the block
-  mask), with ``completion_mask`` and ``chosen`` per token. A pair's chosen member comes right before its
-  rejected one, so the ``k``-th chosen sequence of a batch and its ``k``-th rejected sequence are pair ``k``.
-
-:func:`pair_logps` sums each member's completion log-probabilities from either layout; :func:`count_pairs` is how
-``num_items_in_batch`` counts a preference batch (pairs, the unit a DPO loss averages over).
+A pair arrives as one token row (``.preference()``: the chosen member's tokens then the rejected one's, ``labels``
+on the completions, :data:`CHOSEN`) and stays one row until the last stage: :class:`PairPadder` (``.pad()``) gives
+TRL's ``DataCollatorForPreference`` layout, ``B`` chosen rows then ``B`` rejected rows, with ``completion_mask`` and
+``chosen`` (``[2B]``); :class:`PairLayout` (on ``.pack()``) cuts each packed pair into two sequences, with
+``completion_mask`` and ``chosen`` per token, a pair's chosen sequence right before its rejected one.
+:func:`pair_logps` sums each member's completion log-probabilities from either; :func:`count_pairs` is what
+``num_items_in_batch`` counts of a preference batch; :func:`paired_rows` lets equal steps cut TRL's layout by pairs.
 """
 
 from __future__ import annotations
@@ -76,11 +68,7 @@ class PairPadder(Padder):
 
 
 class PairLayout(BaseNode[dict]):
-    """Lay out the pairs of packed batches (``pack(keep=(CHOSEN, ...))``) as two sequences each.
-
-    Each pair's segment is cut in two where its rejected member starts: ``position_ids`` restart there,
-    ``seq_idx``, ``cu_seq_lens_*``, ``max_length_*`` and the block mask count both, and ``labels`` become
-    ``completion_mask`` and ``chosen`` (per token).
+    """Lay out the pairs of packed batches (``pack(keep=(CHOSEN, ...))``) as two sequences each (:func:`pair_layout`).
 
     Args:
         source: A :class:`~padpipe.pipes.pack.Packer` keeping :data:`CHOSEN`.
@@ -105,7 +93,9 @@ class PairLayout(BaseNode[dict]):
 
 
 def pair_layout(batch: dict[str, Any], position_offset: int = 0) -> dict[str, Any]:
-    """A packed batch of pair rows with each member its own sequence (see :class:`PairLayout`).
+    """A packed batch of pair rows with each member its own sequence: each pair's segment cut where its rejected
+    member starts (``position_ids``, ``seq_idx``, ``cu_seq_lens_*``, ``max_length_*`` and the block mask with it),
+    ``labels`` turned into ``completion_mask`` and ``chosen`` per token.
 
     Example:
         >>> batch = {"input_ids": torch.tensor([[1, 2, 3, 4, 5, 0]]), "position_ids": torch.tensor([[0, 1, 2, 3, 4, 0]]),

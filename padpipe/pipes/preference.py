@@ -1,18 +1,10 @@
 """The preference stage's work: rows of preference data in, one token row per pair (or per labelled completion) out.
 
-Each member of a pair is the conversation ``prompt + [completion]``, encoded by ``.chat()``'s own machinery
-(:meth:`padpipe.pipes.chat.ChatTokenizer.outcome` under ``train_on="last"``): its ids are the template's rendering
-of the whole conversation, and its completion starts where ``.chat()`` finds the last answer's output starts (after
-the generation prompt as the conversation renders it), so every template ``.chat()`` supports, reasoning included,
-is labelled as exactly, also where the prompt rendered alone is no prefix of the conversation (DeepSeek-R1's
-``<think>`` generation prompt, Mistral's system message moved to the last user turn: counted as
-``preference.prompt_not_prefix``, the pairs where TRL's prefix check warns). The completion runs to the
-end of the rendering, as TRL's DPO trains it (the separator after the end-of-turn token included). Plain text rows
-are ``prompt + completion + eos`` (TRL's), tokenized with the tokenizer's special tokens.
-
-A pair becomes one token row, the chosen member's tokens then the rejected one's, with token-level ``labels`` (the
-completion's ids, -100 on the prompt) and :data:`padpipe.pipes.pairs.CHOSEN` (the chosen member's tokens), so
-shuffle, bucketing, packing, sharding and resume carry it as one unit; ``.pad()`` and ``.pack()`` lay it out.
+Each member is the conversation ``prompt + [completion]`` encoded by :meth:`padpipe.pipes.chat.ChatTokenizer.outcome`
+(``train_on="last"``): ids the template's rendering, the completion from where ``.chat()`` finds the answer's output
+starts to the end of the rendering (as TRL's DPO trains it). A pair becomes one token row, the chosen member's tokens
+then the rejected one's, with token-level ``labels`` and :data:`padpipe.pipes.pairs.CHOSEN`, so every later stage
+carries it as one unit; ``.pad()`` and ``.pack()`` lay it out (docs/preference.md).
 """
 
 from __future__ import annotations
