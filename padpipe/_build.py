@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.chat.options import ChatOptions
@@ -115,8 +116,9 @@ def pair_pad(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
 
 def pair_pack(upstream: BaseNode, ctx: BuildContext, *, keep: tuple[str, ...], **options: Any) -> BaseNode:
     """Build the packer of preference pairs: whole pairs packed, each member laid out as its own sequence."""
+    mask = (options.pop("mask_dtype") or torch.float32) if options.pop("block_mask") else None  # the members' mask
     packer = Packer(upstream, stats=ctx.stats, keep=(*keep, CHOSEN), **options)
-    return PairLayout(packer, position_offset=options["position_offset"])
+    return PairLayout(packer, position_offset=options["position_offset"], mask_dtype=mask)
 
 
 def preference(

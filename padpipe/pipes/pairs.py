@@ -73,26 +73,30 @@ class PairLayout(BaseNode[dict]):
     Args:
         source: A :class:`~padpipe.pipes.pack.Packer` keeping :data:`CHOSEN`.
         position_offset: The packer's first position id.
+        mask_dtype: Build the 4-D block-diagonal causal mask of the members in this dtype (``None``: none; the
+            packer below builds none).
     """
 
     STATE = StateSchema("PairLayout", 1, source=Child())
 
-    def __init__(self, source: BaseNode, *, position_offset: int = 0) -> None:
+    def __init__(self, source: BaseNode, *, position_offset: int = 0, mask_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.source, self.position_offset = source, position_offset
+        self.source, self.position_offset, self.mask_dtype = source, position_offset, mask_dtype
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self.source.reset(None if initial_state is None else self.STATE.check(initial_state, {}).source)
 
     def next(self) -> dict:
-        return pair_layout(next(self.source), self.position_offset)
+        return pair_layout(next(self.source), self.position_offset, self.mask_dtype)
 
     def get_state(self) -> dict[str, Any]:
         return self.STATE.make({}, source=self.source.state_dict())
 
 
-def pair_layout(batch: dict[str, Any], position_offset: int = 0) -> dict[str, Any]:
+def pair_layout(
+    batch: dict[str, Any], position_offset: int = 0, mask_dtype: torch.dtype | None = None
+) -> dict[str, Any]:
     """A packed batch of pair rows with each member its own sequence: each pair's segment cut where its rejected
     member starts (``position_ids``, ``seq_idx``, ``cu_seq_lens_*``, ``max_length_*`` and the block mask with it),
     ``labels`` turned into ``completion_mask`` and ``chosen`` per token.
@@ -134,8 +138,8 @@ def pair_layout(batch: dict[str, Any], position_offset: int = 0) -> dict[str, An
     for key in ("max_length_q", "max_length_k"):
         if key in batch:
             out[key] = int(segments.max())
-    if "attention_mask" in batch:
-        out["attention_mask"] = block_causal_mask(segments, rows, width, batch["attention_mask"].dtype)
+    if mask_dtype is not None:
+        out["attention_mask"] = block_causal_mask(segments, rows, width, mask_dtype)
     out[COMPLETION_MASK] = (labels != IGNORE).long().reshape(shape)
     out[MEMBER] = torch.from_numpy(np.repeat(chosen, segments).reshape(shape))
     return out
