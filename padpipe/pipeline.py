@@ -385,7 +385,7 @@ class Pipeline(Runnable, IterableDataset):
         stage = Stage("preference", _build.preference, options)
         tools = options["options"].conversation.tools
         columns = (*PREFERENCE_COLUMNS, *((tools,) if tools is not None else ()))
-        return self._add(stage, TOKENS, source=_as_written(self.source, columns))
+        return self._add(stage, TOKENS, source=as_written(self.source, columns))
 
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
         """Group rows into batches of ``batch_size`` in arrival order (no length grouping).
