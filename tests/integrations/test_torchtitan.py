@@ -79,6 +79,18 @@ def test_labels_are_each_documents_next_token_and_positions_restart():
         assert torch.equal(labels[:, :-1][inside], inputs["input"][:, 1:][inside])
 
 
+def test_every_prediction_of_a_cut_document_is_trained_once_from_the_token_before_it():
+    """Rows of 12 cut most documents: torchtitan's (input, label) pairs are each document's (token, next token) once,
+    ``[SEP]`` included; the continuation's first input is the token before the cut, so no prediction is lost."""
+    pairs: collections.Counter = collections.Counter()
+    for inputs, labels in build(PadpipeDataLoader.Config(pipeline=packed), seq_len=12):
+        taken = labels != -100
+        pairs.update(zip(inputs["input"][taken].tolist(), labels[taken].tolist()))
+    corpus = [e.ids for e in pp.examples.tokenizer().encode_batch(TEXTS)]
+    assert sum(len(ids) > 12 for ids in corpus) > 20
+    assert pairs == collections.Counter(pair for ids in corpus for pair in zip(ids, ids[1:]))
+
+
 def test_masked_sft_tokens_and_padding_train_nothing():
     def masked(tokenizer, seq_len, batch_size):
         rows = [{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}]  # a prompt (5 6) and its answer (7 8)
