@@ -585,6 +585,7 @@ class Pipeline(Runnable, IterableDataset):
             "pad_id": pad_id,
             "label_pad_id": label_pad_id,
             "keep": tuple(keep) if isinstance(keep, (list, tuple)) else keep,
+            "vocab_size": self._tokenizer_id("vocab_size"),  # ids and labels checked in, and in a state
         }
         check_pack_options(**options)
         if self._paired():
@@ -675,12 +676,14 @@ class Pipeline(Runnable, IterableDataset):
             raise ValueError(steps_missing(method, " or ".join(kinds), self.output))
 
     def _tokenizer_id(self, name: str) -> int | None:
-        """``pad_id``/``eos_id``/``max_length`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``;
-        of mixed sub-pipelines, when all agree), or ``None``."""
+        """``pad_id``/``eos_id``/``max_length``/``vocab_size`` of the recipe's tokenizer (or the ``pad_id`` given to
+        ``tokens()``; of mixed sub-pipelines, when all agree), or ``None``."""
         encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
         if encoder is not None:
             return getattr(encoder, name, None)
         chat = next((s.options for s in self.stages if s.name in ("chat", "preference")), None)
+        if chat is not None and name == "vocab_size":  # with the added tokens, as the chat cache checks ids
+            return chat["template"].tokenizer.backend_tokenizer.get_vocab_size(True)
         if chat is not None:
             return chat["options"].max_length if name == "max_length" else chat["template"].token_id(name)
         if self.source.name == "mix":
