@@ -195,7 +195,7 @@ def own_start(prompted: str, own: str, prompt: str, message: Mapping[str, Any], 
     part in; past the generation ``prompt`` where ``own`` writes it next, before the message's own text.
 
     Example:
-        >>> own_start("<u>Hi<e>\n<a>", "<u>Hi\n<e>\n<a>Yes", "<a>", {"content": "Yes"}, NO_SPECIALS)
+        >>> own_start("<u>Hi<e>\\n<a>", "<u>Hi\\n<e>\\n<a>Yes", "<a>", {"content": "Yes"}, NO_SPECIALS)
         13
     """
     at = len(os.path.commonprefix([prompted, own]))

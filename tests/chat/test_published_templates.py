@@ -17,6 +17,7 @@ import pytest
 from tokenizers import Tokenizer
 
 import padpipe as pp
+from padpipe.chat.template import ChatTemplate
 from tests.chat import published as pb
 
 transformers = pytest.importorskip("transformers")
@@ -102,3 +103,113 @@ def test_chat_packs_every_answer_once_on_its_reference_span_under_the_published_
     assert {w: counters.get(f"chat.dropped_{w}", 0) for w in dropped} == dict(dropped)
     extra = counters.get("chat.reasoning_rows", 0) + counters.get("chat.split_rows", 0)
     assert len(packed) == len(rows) + extra
+
+
+CALL = {"id": "abcdefghi", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+TOOL = {"role": "tool", "tool_call_id": "abcdefghi", "name": "get_weather", "content": '{"temperature": 21}'}
+ASK, ANSWER = {"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "It is 21 in Paris."}
+HI = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+
+
+def calling(content: str | None = None, **more: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, "tool_calls": [CALL], **more}
+
+
+@pytest.mark.parametrize(
+    ("name", "chat", "trained"),
+    [
+        (  # no end-of-turn token of its own: the next role token, where the model stops (a stop token)
+            "glm4_6",
+            [ASK, calling(), TOOL, ANSWER],
+            [
+                "\n<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+                "</tool_call><|observation|>\n<think></think>\nIt is 21 in Paris."
+            ],
+        ),
+        (  # a call ends with <|call|>; its `thinking` rendered only while no final answer follows: a row of its own
+            "gpt_oss",
+            [ASK, calling(thinking="Ask the tool."), TOOL, ANSWER],
+            [
+                "<|channel|>analysis<|message|>Ask the tool.<|end|><|start|>assistant to=functions.get_weather"
+                '<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>',
+                "<|channel|>final<|message|>It is 21 in Paris.<|return|>",
+            ],
+        ),
+        (  # the call's turn ends with <|tool_response>; the answer goes on after the result, on the same turn
+            "gemma4",
+            [ASK, calling(), TOOL, ANSWER],
+            ['<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|><|tool_response>It is 21 in Paris.<turn|>'],
+        ),
+        (
+            "functionary_v3_1",
+            [ASK, calling(), TOOL, ANSWER],
+            ['<function=get_weather>{"city": "Paris"}</function><|eom_id|>It is 21 in Paris.<|eot_id|>'],
+        ),
+        (  # ignores add_generation_prompt: the header its renderings share stays prompt, and its empty thinking
+            "command_r7b",
+            [*HI, ASK, calling(), TOOL, ANSWER],
+            [
+                "<|START_RESPONSE|>Hello.<|END_RESPONSE|><|END_OF_TURN_TOKEN|><|START_ACTION|>[\n    "
+                '{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}\n]<|END_ACTION|>'
+                "<|END_OF_TURN_TOKEN|><|START_RESPONSE|>It is 21 in Paris.<|END_RESPONSE|><|END_OF_TURN_TOKEN|>"
+            ],
+        ),
+        (  # an earlier answer ends with <|assistant_end|>, never the next <|user_start|>
+            "apertus",
+            [*HI, ASK, calling(), TOOL, ANSWER],
+            [
+                'Hello.<|assistant_end|><|tools_prefix|>[{"get_weather": {"city": "Paris"}}]<|tools_suffix|>'
+                "It is 21 in Paris."
+            ],
+        ),
+        (  # renders no tool call: the call's turn is its end-of-turn token, the call counted, never searched for
+            "smollm3",
+            [ASK, calling(""), TOOL, ANSWER],
+            ["<|im_end|>It is 21 in Paris.<|im_end|>"],
+        ),
+        (  # needs `tools`: rendered with the row's
+            "hermes3_tool_use",
+            [ASK, calling(), TOOL, ANSWER],
+            [
+                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+                "It is 21 in Paris.<|im_end|>"
+            ],
+        ),
+    ],
+)
+def test_each_turn_trains_the_token_that_ends_it_for_the_model(
+    name: str, chat: list[dict[str, Any]], trained: list[str], tokenizers: dict[str, tuple[Path, Any]]
+) -> None:
+    folder, tok = tokenizers[name]
+    loader = (
+        pp.from_iterable([{"idx": 0, "messages": chat, "tools": [pb.WEATHER]}])
+        .chat(str(folder))
+        .pack(4096, batch_size=1, keep=("idx",))
+        .loader()
+    )
+    rows = pb.packed_rows(loader)  # (in the order packed)
+    assert sorted(tok.decode([i for i, x in zip(r["ids"], r["labels"]) if x != -100]) for r in rows) == sorted(trained)
+    assert loader.stats().counters.get("chat.dropped_tool_calls", 0) == (name == "smollm3")
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt", "honours", "ends"),
+    [
+        ("glm4_6", "<|assistant|>", True, ("", "<|user|>", "<|observation|>", "<|endoftext|>")),
+        ("gpt_oss", "<|start|>assistant", True, ("<|return|>", "<|end|>", "<|call|>", "<|endoftext|>")),
+        ("gemma4", "<|turn>model\n<|channel>thought\n<channel|>", True, ("<turn|>", "<|tool_response>", "<eos>")),
+        ("apertus", "<|assistant_start|>", True, ("", "<|assistant_end|>", "<|tools_suffix|>")),
+        (  # written after every conversation, whatever add_generation_prompt says
+            "command_r7b",
+            "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>",
+            False,
+            ("<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
+        ),
+        ("hermes3_tool_use", "<|im_start|>assistant\n", True, ("<|im_end|>", "<|end_of_text|>")),  # with tools
+    ],
+)
+def test_the_probe_reads_each_templates_prompt_and_every_way_a_turn_ends(
+    name: str, prompt: str, honours: bool, ends: tuple[str, ...], tokenizers: dict[str, tuple[Path, Any]]
+) -> None:
+    probe = ChatTemplate(str(tokenizers[name][0])).probe
+    assert (probe.generation_prompt, probe.honours_generation_prompt, probe.ends) == (prompt, honours, ends)

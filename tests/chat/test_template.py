@@ -4,6 +4,7 @@ cannot use in one line."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -95,6 +96,21 @@ def test_template_loads_a_pretrained_folder(tmp_path) -> None:
     template = ChatTemplate(str(tmp_path))
     assert template.probe == PROBES["llama3"]
     assert template.token_id("eos_id") == template.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+
+
+def test_template_stops_at_the_tokenizers_eos_and_its_generation_configs_and_keys_them(tmp_path) -> None:
+    tok = fx.tokenizer(name="chatml")
+    template = ChatTemplate(tok)
+    assert template.stop_tokens == ("<|endoftext|>",) and template.probe == PROBES["chatml"]
+    tok.save_pretrained(tmp_path)
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
+    from_folder = ChatTemplate(str(tmp_path))  # as a model ships it: the stops its generation config lists
+    assert from_folder.stop_tokens == ("<|endoftext|>", "<|im_end|>")
+    assert from_folder.fingerprint() != template.fingerprint()  # a chat cache keyed on them
+    hub = fx.tokenizer(name="chatml")
+    hub.name_or_path = "no-such-org/no-such-model"  # not in the local cache: never fetched
+    assert ChatTemplate(hub).stop_tokens == ("<|endoftext|>",)
 
 
 def test_template_raises_error_without_a_template() -> None:
