@@ -65,9 +65,9 @@ class Probe:
             none there.
         ends: Every way an answer's turn ends: ``end_of_turn``; how an earlier answer's does where that differs
             (gpt-oss ends the last with ``<|return|>``, the others with ``<|end|>``; GLM-4 writes nothing after the
-            last, ``""``, and the next turn's ``<|user|>`` after the others); and the tokens generation stops at
-            (the tokenizer's EOS and its generation config's, as GLM-4's ``<|observation|>``, gpt-oss's
-            ``<|call|>``): a turn with no end-of-turn token of its own ends with the stop token that follows it.
+            last, ``""``, and the next turn's ``<|user|>`` after the others); how a tool call's does (gpt-oss's
+            ``<|call|>``; GLM-4's next ``<|observation|>``, the stop token that ends a turn with no end-of-turn
+            token of its own); and the tokens generation stops at (the tokenizer's EOS, its generation config's).
     """
 
     generation_prompt: str | None
