@@ -69,13 +69,6 @@ def chat_options(tokenizer: Any, *, chat_template: str | None, num_threads: int,
             "prompt/completion rows of plain text get the tokenizer's EOS token after the completion "
             "(as TRL appends it), but this tokenizer has none: set tokenizer.eos_token."
         )
-    marked = template.marked() and settings.prompt is None
-    if settings.train_on != "all" and not marked and not template.probe.honours_generation_prompt:
-        raise ValueError(
-            "chat(): the chat template ignores add_generation_prompt (it adds nothing after a user message, yet an "
-            "answer's turn opens with a header), so where an answer starts is unknown: pass chat_template= one "
-            "that writes the generation prompt, or one with {% generation %} markers."
-        )
     return {"template": template, "options": settings, "num_threads": num_threads}
 
 
@@ -288,8 +281,8 @@ class ChatTokenizer:
         )
         for what, n in rows.dropped.items():
             count(f"{DROPPED}{what}", n)
-        if len(rows.texts) > 1:
-            count("chat.reasoning_rows", len(rows.texts) - 1)
+        for what, n in rows.added.items():
+            count(f"chat.{what}", n)
         return [Plan(text, spans) for text, spans in rows.texts]
 
     def _check_special(self, messages: list[dict[str, Any]], tools: list | None, count: _Counts) -> None:
