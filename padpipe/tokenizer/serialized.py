@@ -18,7 +18,6 @@ from tokenizers import Tokenizer
 
 MEMO_SIZE = 4
 """Tokenizers whose JSON is kept (an entry holds a weak reference to its tokenizer)."""
-MODEL_SETTINGS = ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback")
 _memo: dict[int, tuple[Any, tuple[Any, ...], TokenizerJson]] = {}  # id -> (weak reference, key, JSON)
 
 
@@ -75,8 +74,15 @@ def _key(tokenizer: Tokenizer) -> tuple[Any, ...]:
         repr(sorted(tokenizer.get_added_tokens_decoder().items())),
         tuple(None if part is None else part.__getstate__() for part in parts),
         type(model).__name__,
-        tuple(getattr(model, name, None) for name in MODEL_SETTINGS),
+        _settings(model),
     )
+
+
+def _settings(model: Any) -> tuple[tuple[str, Any], ...]:
+    """Every setting the model exposes (BPE's ``dropout``, ``ignore_merges``, ``fuse_unk``, WordPiece's
+    ``max_input_chars_per_word``...): all its public attributes that are not methods, so none is left out."""
+    values = ((name, getattr(model, name)) for name in dir(model) if not name.startswith("_"))
+    return tuple((name, value) for name, value in values if not callable(value))
 
 
 def _untruncated(text: str) -> str:

@@ -101,6 +101,28 @@ def test_a_tokenizer_changed_in_place_is_read_again_and_misses_the_cache_it_fill
     assert tokenizer_json(backend).fingerprint != after.fingerprint
 
 
+@pytest.mark.parametrize(
+    "make, setting, value",
+    [
+        (pp.examples.tokenizer, "max_input_chars_per_word", 4),  # WordPiece: a longer word becomes [UNK]
+        (lambda: tf.bpe()[0], "ignore_merges", True),  # BPE: a word in the vocabulary taken whole
+        (lambda: tf.bpe()[0], "fuse_unk", True),
+    ],
+    ids=["max_input_chars_per_word", "ignore_merges", "fuse_unk"],
+)
+def test_a_model_setting_changed_in_place_is_read_again(make, setting, value):
+    tok = make()
+    before = tokenizer_json(tok)
+    assert getattr(tok.model, setting) != value
+    setattr(tok.model, setting, value)
+    after = tokenizer_json(tok)
+    assert after.fingerprint != before.fingerprint
+    assert after.text == tokenizer_json(Tokenizer.from_str(tok.to_str())).text  # a fresh object: serialized anew
+    text = "internationalization matters"
+    enc = TextEncoder.load(tok, max_length=None, truncation=False, add_special_tokens=True)
+    assert enc.encode([text]).ids.tolist() == tok.encode(text).ids
+
+
 def test_truncation_and_padding_left_by_a_call_do_not_change_the_fingerprint():
     tok = tf.bpe()[1]
     before = TextEncoder.load(tok, max_length=None, truncation=False, add_special_tokens=True).fingerprint()
