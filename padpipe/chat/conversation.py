@@ -48,7 +48,8 @@ class Rows:
 
     texts: list[tuple[str, list[tuple[int, int]]]]
     dropped: dict[str, int] = field(default_factory=dict)
-    added: dict[str, int] = field(default_factory=dict)  # rows besides the whole conversation: reasoning_rows, ...
+    kinds: list[str | None] = field(default_factory=list)  # per text: a row besides the conversation's own
+    # ("reasoning_rows", "split_rows"), or None; empty: every row the conversation's own
 
 
 def conversation_rows(
@@ -106,13 +107,14 @@ def conversation_rows(
         content = visible_content(message)
         if message["role"] != ASSISTANT and content and not _rendered(content, full):
             dropped[message["role"]] = dropped.get(message["role"], 0) + 1
-    texts = [(text, [found[k] for k in sorted(found)]) for _, text, found in sorted(rows, key=lambda row: row[0])]
+    rows.sort(key=lambda row: row[0])
+    texts = [(text, [found[k] for k in sorted(found)]) for _, text, found in rows]
+    kinds: list[str | None] = ["split_rows" if last in split else "reasoning_rows" for last, _, _ in rows]
     if base or not rows:
         texts.append((full, [base[k] for k in sorted(base)]))
-    extra = len(texts) - 1
-    splits = min(extra, sum(last in split for last, _, _ in rows))
-    added = {"reasoning_rows": extra - splits, "split_rows": splits}
-    return Rows(texts, dropped, {k: n for k, n in added.items() if n})
+        kinds.append(None)
+    kinds[-1] = None  # the conversation's own row: its whole rendering, or else its last row
+    return Rows(texts, dropped, kinds)
 
 
 def _placed(

@@ -53,7 +53,7 @@ def chat_stage(
 def check_columns(where: str, names: list[str], chat: Pipeline) -> tuple[str, ...]:
     """The columns the stage reads that the data has (conversations, tools, template arguments; the first a must)."""
     settings = chat.stages[-1].options["options"]
-    require_columns(where, names, settings.required())
+    require_columns(where, names, settings.named())
     return tuple(c for c in settings.consumed() if c in names)
 
 

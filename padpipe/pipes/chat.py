@@ -80,6 +80,7 @@ class Plan:
     spans: list[tuple[int, int]]
     invert: bool = False
     plain: bool = False  # plain prompt/completion text, tokenized with the tokenizer's special tokens
+    kind: str | None = None  # a row besides the conversation's own: its counter (chat.reasoning_rows, ...)
 
 
 class ChatTokenizer:
@@ -155,6 +156,7 @@ class ChatTokenizer:
                 counts.append((i, f"{SKIP}chat.{plan.reason}", 1))
         counts += [(i, f"{SKIP}chat.{NO_TRAINED}", 1) for i, plan in enumerate(plans) if plan == []]
         good = np.array([i for i, plan in enumerate(plans) if isinstance(plan, list) for _ in plan], dtype=np.int64)
+        kinds = [row.kind for plan in plans if isinstance(plan, list) for row in plan]
         tokens, trained = self._encode([row for plan in plans if isinstance(plan, list) for row in plan])
         lengths, kept = cut(tokens.offsets, trained, self.options.max_length, self.options.truncation)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -163,6 +165,7 @@ class ChatTokenizer:
         sums = row_sums(offsets, trained)
         counts += [(int(i), "chat.truncated", 1) for i in good[(lengths < np.diff(tokens.offsets)) & (sums > 0)]]
         counts += [(int(i), f"{SKIP}chat.{NO_TRAINED}", 1) for i in good[sums == 0]]
+        counts += [(int(i), f"chat.{kind}", 1) for i, kind, n in zip(good, kinds, sums) if kind and n]  # rows given
         if (sums == 0).any():
             keep = np.repeat(sums > 0, lengths)
             ids, trained, lengths = ids[keep], trained[keep], lengths[sums > 0]
@@ -281,9 +284,7 @@ class ChatTokenizer:
         )
         for what, n in rows.dropped.items():
             count(f"{DROPPED}{what}", n)
-        for what, n in rows.added.items():
-            count(f"chat.{what}", n)
-        return [Plan(text, spans) for text, spans in rows.texts]
+        return [Plan(text, spans, kind=kind) for (text, spans), kind in zip(rows.texts, rows.kinds)]
 
     def _check_special(self, messages: list[dict[str, Any]], tools: list | None, count: _Counts) -> None:
         """Count (or refuse) a conversation whose text holds a special token's text, which the tokenizer reads as
@@ -343,8 +344,8 @@ class ChatTokenizer:
 
     def _check_columns(self, batch: pa.RecordBatch) -> None:
         names = batch.schema.names
-        for name in self.options.required():
-            if name not in names and self.options.on_error == "raise":
+        for name in self.options.named():
+            if name not in names and (self.options.on_error == "raise" or name not in self.options.required()):
                 missing = MISSING_COLUMN.format(names)
                 raise DataError(f"chat: column {name!r} is not in the data{row_origin(batch)}; {missing}")
         if LABELS in names:

@@ -2,8 +2,11 @@
 
 (Qwen's 151k-id vocabulary takes 0.3 s to serialize and 1 s to parse.) The JSON is kept for the last few
 tokenizers, each under the object and a cheap key of what can change in place (sizes, added tokens, pipeline
-parts, model settings): a tokenizer changed after it was read is read again, never served stale. Truncation
-and padding are written as null: the copies set their own, and ``transformers`` leaves its last call's there.
+parts, model settings): a tokenizer changed after it was read is read again. One change is not seen, since
+seeing it costs a whole serialization: a model replaced in place by another of the same kind and size (a
+vocabulary with entries renamed, set as ``tok.backend_tokenizer.model = ...``); build a new tokenizer object for
+that (``Tokenizer.from_str``, ``from_pretrained``). Truncation and padding are written as null: the copies set
+their own, and ``transformers`` leaves its last call's there.
 """
 
 from __future__ import annotations

@@ -299,3 +299,24 @@ def test_special_text_in_tool_calls_is_counted_and_the_call_trained_whole() -> N
 def test_a_content_or_reasoning_of_another_type_is_refused(message: dict[str, Any], found: str) -> None:
     with pytest.raises(DataError, match=re.escape(found)):
         run_chat(rt.tokenizer("qwen3"), [[U("Hi."), message]])
+
+
+def test_qwen3_rows_cut_to_nothing_by_max_length_are_not_counted_as_reasoning_rows() -> None:
+    """A reasoning row truncation leaves with nothing to train is dropped (counted as such), and is no longer among
+    the rows of their own for reasoning: those are counted among the rows given (found by review)."""
+    tok = rt.tokenizer("qwen3")
+    chats = rt.conversations("qwen3", 24, seed=5)
+    batch = pa.RecordBatch.from_pylist([{"messages": json.dumps(c)} for c in chats])
+    whole = ChatTokenizer(ChatTemplate(tok), ChatOptions())
+    whole(batch)
+    cut = ChatTokenizer(ChatTemplate(tok), ChatOptions(max_length=48))
+    chunk = cut(batch)
+    full, short = whole.stats.snapshot(), cut.stats.snapshot()
+    assert short.skipped["chat.no_trained_tokens"] > 0, "the test needs rows max_length leaves with nothing to train"
+    assert full.counters["chat.reasoning_rows"] > short.counters["chat.reasoning_rows"] > 0
+    assert (
+        short.counters["chat.rows"]
+        == chunk.num_rows
+        == full.counters["chat.rows"] - short.skipped["chat.no_trained_tokens"]
+    )
+    assert short.counters["chat.reasoning_rows"] < short.counters["chat.rows"]

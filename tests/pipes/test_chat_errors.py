@@ -173,6 +173,25 @@ def test_chat_raises_error_on_missing_columns_and_a_labels_column() -> None:
     )
 
 
+def test_chat_raises_error_on_a_tools_column_named_otherwise_than_the_data_has(tmp_path: Path) -> None:
+    """``tools="tool"`` where the data has ``tools`` is a misspelling, not conversations without tools: refused at the
+    loader (Parquet), at the first batch (any reader) and by ``pp.inspect``, even under ``on_error="skip"``; the
+    default names (``tools``, ``chat_template_kwargs``) stay optional (found by review)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tools = json.dumps([{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    expected = r"^chat: column 'tool' is not in the data; expected one of the columns \["
+    pipe = pp.from_iterable([{"messages": GOOD, "tools": tools}]).chat(fx.tokenizer(), tools="tool", on_error="skip")
+    assert re.match(expected, first_error(pipe))
+    pq.write_table(pa.Table.from_pylist([{"messages": json.dumps(GOOD), "tools": tools}]), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match=expected):
+        pp.read_parquet(str(tmp_path / "a.parquet")).chat(fx.tokenizer(), tools="tool").pack(64).loader()
+    with pytest.raises(DataError, match=r"no column 'tool'"):
+        pp.inspect(str(tmp_path / "a.parquet"), fx.tokenizer(), chat_options={"tools": "tool"})
+    assert len(rows_of(pp.from_iterable([{"messages": GOOD}]).chat(fx.tokenizer()))) == 1  # no tools column: fine
+
+
 def test_chat_raises_error_on_bad_tools_arguments_and_mixed_prompts() -> None:
     cases = [
         ({"tools": "{not json"}, r"'tools' holds text that is not JSON"),
