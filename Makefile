@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml constraints-dev.txt
 	# CPU build of torch from the local wheel store; an unpinned torch may pull a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev,torchtitan]' -c constraints-dev.txt
-	# torchtitan 0.3.0 without its own requirements (datasets<4.8, tensorboard, wandb): docs/torchtitan.md
-	$(PY) -m pip install --quiet --no-deps -c constraints-dev.txt torchtitan
+	# torchtitan 0.3.0 without its own requirements (datasets<4.8, tensorboard, wandb): docs/torchtitan.md;
+	# dashscope only for the Qwen vocabulary file it ships (qwen.tiktoken: tests/tokenizer_fixtures.py, qwen())
+	$(PY) -m pip install --quiet --no-deps -c constraints-dev.txt torchtitan dashscope
 	touch $(STAMP)
 
 setup: $(STAMP)

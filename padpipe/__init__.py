@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.loader import PipelineLoader
     from padpipe.mix import mix
     from padpipe.pipeline import Pipeline
+    from padpipe.pipes.pairs import pair_logps
     from padpipe.readers.retry import Retry
     from padpipe.runtime.equal_steps import equal_steps
     from padpipe.runtime.marks import loss_weight
@@ -59,6 +60,7 @@ _HOMES = {
     "inspect": "padpipe.inspection",
     "loss_weight": "padpipe.runtime.marks",
     "mix": "padpipe.mix",
+    "pair_logps": "padpipe.pipes.pairs",
     "read_arrow": "padpipe.sources",
     "read_csv": "padpipe.sources",
     "read_jsonl": "padpipe.sources",
@@ -89,6 +91,7 @@ __all__ = [
     "inspect",
     "loss_weight",
     "mix",
+    "pair_logps",
     "read_arrow",
     "read_csv",
     "read_jsonl",

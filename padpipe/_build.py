@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.chat.options import ChatOptions
@@ -15,6 +16,8 @@ from padpipe.pipes.device import DevicePrefetcher
 from padpipe.pipes.first_chunks import FirstChunks
 from padpipe.pipes.pack import Packer
 from padpipe.pipes.pad import Padder
+from padpipe.pipes.pairs import CHOSEN, PairLayout, PairPadder
+from padpipe.pipes.preference import PreferenceOptions, PreferenceTokenizer
 from padpipe.pipes.shuffle import ShuffleBuffer
 from padpipe.pipes.threads import OrderedMapper
 from padpipe.pipes.tokens import TokenColumns
@@ -104,6 +107,29 @@ def source(upstream: None, ctx: BuildContext, *, reader: type, **options: Any) -
 def pack(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
     """Build the sequence packer."""
     return Packer(upstream, stats=ctx.stats, **options)
+
+
+def pair_pad(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
+    """Build the pad-collate stage of preference pairs: TRL's DPO layout."""
+    return PairPadder(upstream, stats=ctx.stats, **options)
+
+
+def pair_pack(upstream: BaseNode, ctx: BuildContext, *, keep: tuple[str, ...], **options: Any) -> BaseNode:
+    """Build the packer of preference pairs: whole pairs packed, each member laid out as its own sequence."""
+    mask = (options.pop("mask_dtype") or torch.float32) if options.pop("block_mask") else None  # the members' mask
+    packer = Packer(upstream, stats=ctx.stats, keep=(*keep, CHOSEN), **options)
+    return PairLayout(packer, position_offset=options["position_offset"], mask_dtype=mask)
+
+
+def preference(
+    upstream: BaseNode, ctx: BuildContext, *, template: ChatTemplate, options: PreferenceOptions, num_threads: int
+) -> BaseNode:
+    """Build the preference stage: pairs rendered and tokenized by ``num_threads`` threads, chunks in order (its
+    state is the upstream position after the last chunk, with the options, the template and the tokenizer checked
+    on resume, as the chat stage's)."""
+    fn = PreferenceTokenizer(template, options, stats=ctx.stats)
+    settings = {**options.settings(), "template": template.fingerprint(), "tokenizer": fn.chat.encoder.fingerprint()}
+    return OrderedMapper(FirstChunks(upstream), fn, num_threads=num_threads, stage="preference", settings=settings)
 
 
 def tokens(

@@ -176,7 +176,7 @@ def check_fields(pipe: Recipe) -> None:
                         f"{list(names)!r}."
                     )
         if stage.name == "chat":
-            for name in stage.options["options"].required():
+            for name in stage.options["options"].named():
                 if name not in names:
                     raise DataError(f"chat: column {name!r} is not in the data; {MISSING_COLUMN.format(list(names))}")
         if stage.name not in COLUMN_KEEPING_STAGES:

@@ -1,7 +1,8 @@
 """The shipped sample data and tokenizer by name, for the command lines: ``--data sample --tokenizer sample``.
 
 A command line resolves ``sample`` (the sentence pairs, ``sample.parquet``), ``corpus`` (the
-documents, ``corpus.jsonl.gz``) and ``chats`` (the conversations, ``chats.jsonl.gz``) as data, and
+documents, ``corpus.jsonl.gz``), ``chats`` (the conversations, ``chats.jsonl.gz``) and ``preferences`` (pairs,
+``preferences.jsonl.gz``) as data, and
 ``sample`` (``tokenizer.json``) and ``chat`` (the chat tokenizer's folder) as tokenizers, to
 the files installed inside the package, so the documented commands run from any folder, not only
 from a clone's root. A file or folder of that name in the current folder wins: it is what the user
@@ -14,7 +15,12 @@ import os
 
 from padpipe import examples
 
-DATA = {"sample": examples.SAMPLE_PARQUET, "corpus": examples.SAMPLE_JSONL, "chats": examples.CHATS_JSONL}
+DATA = {
+    "sample": examples.SAMPLE_PARQUET,
+    "corpus": examples.SAMPLE_JSONL,
+    "chats": examples.CHATS_JSONL,
+    "preferences": examples.PREFERENCES_JSONL,
+}
 """Data names and the installed files they stand for."""
 TOKENIZERS = {"sample": examples.TOKENIZER_JSON, "chat": examples.CHAT_TOKENIZER_DIR}
 """Tokenizer names and the installed files they stand for."""
@@ -49,7 +55,8 @@ def data_help() -> str:
     """
     return (
         f"'sample' is the shipped sentence pairs ({DATA['sample']}), 'corpus' the shipped documents "
-        f"({DATA['corpus']}), 'chats' the shipped conversations ({DATA['chats']})"
+        f"({DATA['corpus']}), 'chats' the shipped conversations ({DATA['chats']}), 'preferences' the shipped "
+        f"preference pairs ({DATA['preferences']})"
     )
 
 

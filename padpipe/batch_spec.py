@@ -25,7 +25,7 @@ import torch
 from padpipe.state import Invalid, Spec
 from padpipe.state_walk import show
 
-INTEGER = ("input_ids", "shift_labels", "position_ids", "token_type_ids", "seq_idx")  # one integer a token
+INTEGER = ("input_ids", "shift_labels", "position_ids", "token_type_ids", "seq_idx", "completion_mask")  # one a token
 BOUNDS = ("cu_seq_lens_q", "cu_seq_lens_k")
 LENGTHS = ("max_length_q", "max_length_k")
 MARKS = ("is_filler", "is_repeat")
@@ -136,17 +136,17 @@ class HeldBatch(Spec):
     """A batch a state holds: a dict batch is checked by :func:`batch_problem`; anything else, unless ``labelled``.
 
     Args:
-        labelled: The batch must be a dict with ``labels`` or ``shift_labels`` (what a window of
-            accumulation steps counts).
+        labelled: The batch must be a dict with ``labels``, ``shift_labels`` or (a preference batch)
+            ``completion_mask`` (what a window of accumulation steps counts).
     """
 
     labelled: bool = False
 
     def load(self, value: Any) -> Any:
         if self.labelled and (
-            not isinstance(value, Mapping) or ("labels" not in value and "shift_labels" not in value)
+            not isinstance(value, Mapping) or not {"labels", "shift_labels", "completion_mask"} & set(value)
         ):
-            raise Invalid("a batch dict with `labels` or `shift_labels`")
+            raise Invalid("a batch dict with `labels`, `shift_labels` or `completion_mask`")
         if isinstance(value, Mapping) and (problem := batch_problem(value)) is not None:
             raise Invalid(f"a batch whose {problem[0]}", problem[1])
         return value

@@ -26,7 +26,7 @@ from padpipe.token_cache.rows import ids_type
 from padpipe.token_cache.session import CacheSession, digest
 from padpipe.token_cache.state import CacheReferences
 from padpipe.token_cache.store import ABOUT, FORMAT, CacheError, Store
-from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.serialized import tokenizer_json
 
 __all__ = ["CacheError", "CacheInfo", "TokenCache", "clear", "info"]
 
@@ -164,11 +164,10 @@ def chat_fingerprint_of(template: Any, settings: Any) -> dict[str, Any]:
     import tokenizers
     import transformers
 
-    encoder = TextEncoder.load(template.tokenizer, max_length=None, truncation=False, add_special_tokens=True)
     return {
         "format": FORMAT,
         "stage": "chat",
-        "tokenizer": encoder.fingerprint(),
+        "tokenizer": tokenizer_json(template.tokenizer.backend_tokenizer).fingerprint,  # read once per process
         "split_special_tokens": bool(getattr(template.tokenizer, "split_special_tokens", False)),
         "template": template.fingerprint(),
         "options": {**settings.settings(), "on_error": settings.on_error},

@@ -12,6 +12,7 @@ the package, wherever it is installed (``--help`` prints their paths).
 
 Example:
     $ padpipe inspect sample --tokenizer sample --max-length 128
+    $ padpipe inspect chats --tokenizer chat --max-length 512
     $ padpipe cache info ~/.cache/padpipe-tokens
 """
 
@@ -22,6 +23,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from padpipe import _command, _shipped
 
@@ -105,7 +107,9 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
             "Tokenize a sample of DATA (or all of it) and compare static padding, dynamic padding of random\n"
             "batches, bucket(batch_size), bucket(max_tokens) and pack(seq_len) on it: padding efficiency,\n"
             "steps per epoch, real and padded tokens per step and attention work, computed by padpipe's\n"
-            "own stages on the token lengths. Prints the table and recommendations."
+            "own stages on the token lengths. Prints the table and recommendations. Conversations (a\n"
+            "'messages' column, or --messages) are read and rendered as .chat() does: the report adds their\n"
+            "rows, trained-token share, reasoning rows and what --max-length (sft's --seq-len) cuts."
         ),
     )
     p.set_defaults(run=_inspect)
@@ -129,11 +133,15 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         metavar="A[,B]",
         help="the text field, or two for pairs (default: 'text', else the one or two string columns)",
     )
+    p.add_argument("--messages", metavar="NAME", help="the conversations' column (default: 'messages' if there)")
+    p.add_argument("--tools", metavar="NAME", help="with conversations, the tool schemas' column (default: 'tools')")
+    p.add_argument("--chat-template", metavar="FILE", help="with conversations, a Jinja template to render them with")
     p.add_argument(
         "--max-length",
         type=_positive,
         metavar="N",
-        help="truncation length (default: the tokenizer's model_max_length if any, else none)",
+        help="truncation length (default: the tokenizer's model_max_length if any, else none; with "
+        "conversations: --seq-len, else 2048)",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument(
@@ -258,10 +266,14 @@ def _inspect(args: argparse.Namespace) -> int:
 
     _command.show_log_lines()
     data = [_shipped.data(path) for path in args.data]
+    template = None if args.chat_template is None else Path(args.chat_template).read_text(encoding="utf-8")
     result = inspect(
         data if len(data) > 1 else data[0],
         _shipped.tokenizer(args.tokenizer),
         fields=args.fields,
+        messages=args.messages,
+        chat_template=template,
+        chat_options=None if args.tools is None else {"tools": args.tools},
         max_length=args.max_length,
         sample=args.sample,
         batch_size=args.batch_size,

@@ -7,9 +7,11 @@ imported). The adapters are found as plugins are: on the first question, the pac
 
 - :func:`check_iteration`: asked by ``Pipeline.__iter__``. A check raises or warns when a wrapper
   reading the pipeline would lose, repeat or stack rows (:mod:`padpipe.integrations.guard`).
-- :func:`check_state_call`: asked by ``PipelineLoader.state_dict`` and ``load_state_dict``. A check
-  raises when a framework saves or restores the loader in a way that would not resume exactly
-  (Lightning without its ``ExactResume`` callback: :mod:`padpipe.integrations.guard`).
+- :func:`check_loader_call`: asked by ``PipelineLoader.state_dict`` and ``load_state_dict``, and by
+  each epoch's iterator at its first batch (``"__next__"``; the iterator's ``loader`` is the loader).
+  A check raises (or warns) when a framework saves or restores the loader, or will, in a way that
+  would not resume exactly (Lightning without its ``ExactResume`` callback:
+  :mod:`padpipe.integrations.loader_guard`).
 
 Example:
     >>> check_iteration(object(), batches=True)  # nobody is wrapping it: nothing to say
@@ -25,9 +27,9 @@ ADAPTERS = "padpipe.integrations"
 """The package whose import registers the framework adapters' checks (found by name, like a plugin entry point)."""
 
 PipelineCheck = Callable[[Any, bool], None]
-StateCheck = Callable[[Any, str, Any], None]
+LoaderCheck = Callable[[Any, str, Any], None]
 _checks: list[PipelineCheck] = []
-_state_checks: list[StateCheck] = []
+_loader_checks: list[LoaderCheck] = []
 
 
 def register_pipeline_check(check: PipelineCheck) -> None:
@@ -36,10 +38,11 @@ def register_pipeline_check(check: PipelineCheck) -> None:
         _checks.append(check)
 
 
-def register_state_check(check: StateCheck) -> None:
-    """Add ``check(loader, method, state)``, run when a loader's ``state_dict`` or ``load_state_dict`` is called."""
-    if check not in _state_checks:
-        _state_checks.append(check)
+def register_loader_check(check: LoaderCheck) -> None:
+    """Add ``check(loader, method, state)``, run when a loader's ``state_dict`` or ``load_state_dict`` is called, or
+    an epoch's first batch is taken (``method`` ``"__next__"``, ``loader`` the epoch's iterator)."""
+    if check not in _loader_checks:
+        _loader_checks.append(check)
 
 
 def check_iteration(pipeline: Any, *, batches: bool) -> None:
@@ -49,10 +52,10 @@ def check_iteration(pipeline: Any, *, batches: bool) -> None:
         check(pipeline, batches)
 
 
-def check_state_call(loader: Any, method: str, state: Any) -> None:
+def check_loader_call(loader: Any, method: str, state: Any) -> None:
     """Run every registered check on ``loader``, whose ``method`` is called (``state``: the one being loaded)."""
     _discover()
-    for check in _state_checks:
+    for check in _loader_checks:
         check(loader, method, state)
 
 

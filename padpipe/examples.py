@@ -31,6 +31,9 @@ TOKENIZER_JSON = str(DATA_DIR / "tokenizer" / "tokenizer.json")
 """The same tokenizer's ``tokenizers`` file (the folder's own copy: the package ships one)."""
 CHATS_JSONL = str(DATA_DIR / "chats.jsonl.gz")
 """1,000 conversations (``messages``, ``id``): :func:`conversations` ``(1000, seed=0)``, for the SFT examples."""
+PREFERENCES_JSONL = str(DATA_DIR / "preferences.jsonl.gz")
+"""400 preference pairs (``prompt``, ``chosen``, ``rejected``, ``id``): :func:`preferences` ``(400, seed=0)``, for the
+DPO examples."""
 CHAT_TOKENIZER_DIR = str(DATA_DIR / "chat_tokenizer")
 """A byte-level BPE chat tokenizer (vocab 4,096) trained on the sample text, with a ChatML chat template, as a
 folder that ``transformers.AutoTokenizer.from_pretrained`` loads (EOS ``<|endoftext|>``, pad ``<|pad|>``; the
@@ -109,6 +112,23 @@ def conversations(n: int, *, seed: int = 0, corpus: str | os.PathLike = SAMPLE_J
             messages.append({"role": "assistant", "content": text(min(24, 1 + int(rng.lognormvariate(0.5, 0.9))))})
         rows.append({"messages": messages, "id": i})
     return rows
+
+
+def preferences(n: int, *, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` preference pairs in TRL's conversational format, made of :func:`conversations`: each one's messages
+    before its last answer are the ``prompt``, that answer is ``chosen``, and the last answer of the next
+    conversation is ``rejected`` (an answer to another question). ``PREFERENCES_JSONL`` holds ``preferences(400)``.
+
+    Example:
+        >>> row = pp.examples.preferences(2)[0]
+        >>> [m["role"] for m in row["prompt"]][-1], row["chosen"][0]["role"], row["rejected"][0]["role"], row["id"]
+        ('user', 'assistant', 'assistant', 0)
+    """
+    chats = [row["messages"] for row in conversations(n + 1, seed=seed)]
+    return [
+        {"prompt": chat[:-1], "chosen": chat[-1:], "rejected": after[-1:], "id": i}
+        for i, (chat, after) in enumerate(zip(chats, chats[1:]))
+    ]
 
 
 @functools.lru_cache(maxsize=2)

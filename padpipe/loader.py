@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -9,7 +10,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.checkpoints import check_nesting, gathered, is_checkpoint, one_checkpoint, own_part
-from padpipe.drivers import check_state_call
+from padpipe.drivers import check_loader_call
 from padpipe.graph import start_at_epoch
 from padpipe.runtime.held import Untrained
 from padpipe.runtime.loader_state import LOADER_STATE
@@ -29,7 +30,9 @@ class PipelineLoader(Generic[T]):
 
     * a state taken inside the loop after the epoch's last batch resumes with nothing left of
       that epoch (the next ``iter`` yields no batch), then the following epoch;
-    * a state taken after the loop ended resumes with the next epoch.
+    * a state taken after the loop ended resumes with the next epoch;
+    * a :meth:`checkpoint` holding batches not trained yet resumes with them, then (if its loop
+      had ended, a trainer fetching ahead having met the epoch's end) that epoch ends.
 
     This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree. An ``iter`` whose
     epoch returned no batch and did not end leaves that epoch unspent: the next ``iter`` starts it
@@ -41,11 +44,12 @@ class PipelineLoader(Generic[T]):
     so, through the framework's own extension point. Lightning's ``ExactResume`` callback calls
     :meth:`trained` after each step and saves :meth:`checkpoint` with ``untrained=loader.untrained``
     where Lightning keeps the loader's state (torchtitan's ``BaseDataLoader`` and ``padpipe.hf.Trainer``
-    are adapters of their own). What no method can tell is Lightning saving the
-    loader without that callback from a user saving it: a check in
-    :mod:`padpipe.integrations.guard`, run first by ``state_dict`` and ``load_state_dict``, raises
-    then, naming the callback (it never changes what they return), so such a checkpoint is never
-    silently one batch late.
+    are adapters of their own). What no method can tell is Lightning training or saving the
+    loader without that callback from a user doing so: a check in
+    :mod:`padpipe.integrations.loader_guard`, run by ``state_dict``, ``load_state_dict`` and an
+    epoch's first batch, raises then, naming the callback (it never changes what they return), so
+    such a checkpoint is never silently one batch late, and a fit that would save one fails before
+    its first step.
 
     Args:
         root: The built node graph (equal steps and worker processes included).
@@ -92,6 +96,7 @@ class PipelineLoader(Generic[T]):
         self._started = False
         self._finished = False
         self._epoch, self._step = -1, 0
+        self._returned = 0  # batches returned to the loop, every epoch (stats().batches)
         self._unspent = False  # the running epoch started from its start and has returned no batch, nor ended
 
     @property
@@ -112,7 +117,7 @@ class PipelineLoader(Generic[T]):
             self.root.reset(pending["root"])
             self._epoch, self._step = pending["epoch"], pending["step"]
             self._unspent = False
-            if pending["finished"]:
+            if pending["finished"] and not self._untrained.restored:  # else: those batches, then the epoch's end
                 self.root.reset(None)
                 self._epoch, self._step = self._epoch + 1, 0
         else:
@@ -187,7 +192,7 @@ class PipelineLoader(Generic[T]):
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch this loader returned (see the class docs)."""
-        check_state_call(self, "state_dict", None)
+        check_loader_call(self, "state_dict", None)
         if self._pending is not None:
             return self._pending
         root = self.root.state_dict() if self._started else None
@@ -250,7 +255,7 @@ class PipelineLoader(Generic[T]):
             >>> rest == 400 - 8 * (10 + 20)  # the rows no rank had taken, each once
             True
         """
-        check_state_call(self, "load_state_dict", state)
+        check_loader_call(self, "load_state_dict", state)
         if not isinstance(independent, bool):
             raise TypeError(f"`independent` must be a bool, but is {independent!r} instead.")
         if isinstance(state, dict) and is_checkpoint(state):
@@ -347,8 +352,20 @@ class PipelineLoader(Generic[T]):
         return fresh
 
     def stats(self) -> StatsSnapshot:
-        """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far."""
-        return self._stats.snapshot()
+        """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far.
+
+        ``batches`` counts the batches this loader returned to the loop (a filler of equal steps
+        included; a batch a stage such as ``prefetch`` or ``to_cuda`` made ahead is not, though its
+        rows and tokens are counted once made). A loop that fetches ahead of its step (Lightning's)
+        has one more than it trained.
+
+        Example:
+            >>> pipe = pp.from_iterable([{"text": t} for t in "abcd"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+            >>> loader = pipe.prefetch(2).loader(); batches = iter(loader); first = next(batches)
+            >>> loader.stats().batches
+            1
+        """
+        return dataclasses.replace(self._stats.snapshot(), batches=self._returned)
 
 
 class _Epoch(Iterator[T]):
@@ -360,13 +377,17 @@ class _Epoch(Iterator[T]):
     """
 
     def __init__(self, loader: PipelineLoader[T]) -> None:
-        self._loader = loader
+        self.loader = loader
+        self._checked = False
 
     def __iter__(self) -> _Epoch[T]:
         return self
 
     def __next__(self) -> T:
-        loader = self._loader
+        loader = self.loader
+        if not self._checked:  # the first batch: a framework about to save or resume the loader wrongly raises now
+            check_loader_call(self, "__next__", None)
+            self._checked = True
         untrained = loader._untrained
         if untrained.restored:  # returned before the checkpoint and not trained: counted in its step already
             item = untrained.restored.pop(0)
@@ -378,5 +399,6 @@ class _Epoch(Iterator[T]):
                 raise
             loader._step += 1
         loader._unspent = False
+        loader._returned += 1
         untrained.note(item)
         return item

@@ -18,6 +18,7 @@ from torchdata.nodes import BaseNode
 from padpipe import _build
 from padpipe._checks import check_budget, shuffle_too_late, steps_missing
 from padpipe.cache import TokenCache, check_recipe
+from padpipe.chat.pairs import PREFERENCE_COLUMNS
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes.bucket import check_bucket_options
 from padpipe.pipes.chat import chat_options
@@ -25,6 +26,8 @@ from padpipe.pipes.cut import longest_row_allowed
 from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
 from padpipe.pipes.pad import check_pad_options
+from padpipe.pipes.pairs import CHOSEN
+from padpipe.pipes.preference import preference_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
 from padpipe.readers.listing import SharedListing
@@ -32,7 +35,7 @@ from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
 from padpipe.stage import Stage
 
 
-def _as_written(source: Stage, columns: tuple[str, ...]) -> Stage:
+def as_written(source: Stage, columns: tuple[str, ...]) -> Stage:
     """``source``, reading ``columns`` as JSON text where its reader can (JSON Lines, ``from_iterable``): a
     conversation reaches the chat template as written, not as Arrow's struct inference unifies it across rows
     (Parquet and ``datasets`` keep their own types; their ``Json`` feature is JSON text already)."""
@@ -320,7 +323,69 @@ class Pipeline(Runnable, IterableDataset):
             options["cache"] = TokenCache.of(cache)
         settings = options["options"]
         columns = tuple(c for c in (*settings.required(), settings.tools) if c is not None)
-        return self._add(Stage("chat", _build.chat, options), TOKENS, source=_as_written(self.source, columns))
+        return self._add(Stage("chat", _build.chat, options), TOKENS, source=as_written(self.source, columns))
+
+    def preference(
+        self,
+        tokenizer: Any,
+        *,
+        max_length: int | None = None,
+        unpaired: bool = False,
+        chat_template: str | None = None,
+        num_threads: int = 2,
+        chat_options: Mapping[str, Any] | None = None,
+    ) -> Pipeline:
+        """Turn preference data (DPO, ORPO, reward pairs; KTO's labelled completions) into token rows, one per pair.
+
+        Reads TRL's formats (docs/preference.md): ``prompt`` messages with one assistant message ``chosen`` and
+        one ``rejected`` (tools and reasoning as ``.chat()`` takes them), the same as plain text, an implicit prompt
+        (``chosen``/``rejected`` whole conversations), or with ``unpaired=True`` KTO's ``prompt``/``completion``/
+        ``label``. Each member, the conversation ``prompt + [completion]``, is encoded by ``.chat()``'s machinery:
+        its ids are ``apply_chat_template``'s, its completion runs from where the answer's output starts to the end
+        of the rendering (what TRL's DPO trains), also where the prompt rendered alone is no prefix of it (counted
+        as ``preference.prompt_not_prefix``, where TRL warns).
+
+        A pair stays one token row through shuffle, bucketing, packing, sharding, equal steps and resume;
+        ``.batch(n).pad()`` then gives TRL's DPO collator layout (``input_ids``, ``attention_mask``,
+        ``completion_mask`` ``[2n, L]``, chosen rows then rejected rows; ``chosen`` ``[2n]``), ``.pack(seq_len)``
+        whole pairs, each member its own sequence (:mod:`padpipe.pipes.pairs`, :func:`padpipe.pair_logps`).
+        Unpaired rows are one row each, with ``labels`` and ``label`` (1 or 0).
+
+        Truncation, ``prompt_start``: a member longer than ``max_length`` loses its prompt's first tokens, the
+        same number from both members, as few as make the longer fit; a pair whose completions do not fit after one
+        prompt token is skipped (``preference.too_long``). Counters ``preference.*``: rows, tokens,
+        completion_tokens, prompt_cut, prompt_not_prefix and ``.chat()``'s (a pair skipped once).
+
+        Args:
+            tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (as :meth:`chat`'s).
+            max_length: The most tokens of a member (TRL's ``max_length``); ``None``: no limit.
+            unpaired: Read KTO's ``prompt``/``completion``/``label`` rows instead of pairs.
+            chat_template: A Jinja template to use instead of the tokenizer's.
+            num_threads: Chunks rendered and tokenized concurrently.
+            chat_options: The :meth:`chat` settings that mean the same here: ``tools``, ``kwargs_column``,
+                ``template_kwargs``, ``on_error`` (a pair that cannot be read or labelled: ``"raise"`` a
+                ``DataError`` naming the row, or ``"skip"`` it, counted) and ``special_text``.
+
+        Example:
+            >>> row = {"prompt": [{"role": "user", "content": "2+2?"}],
+            ...        "chosen": [{"role": "assistant", "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}]}
+            >>> batch = next(iter(pp.from_iterable([row]).preference(pp.examples.chat_tokenizer()).batch(1).pad().loader()))
+            >>> batch["input_ids"].shape, batch["completion_mask"].sum(1).tolist(), batch["chosen"].tolist()
+            (torch.Size([2, 17]), [3, 3], [True, False])
+        """  # noqa: E501
+        self._expect("preference", RECORDS)
+        options = preference_options(
+            tokenizer,
+            chat_template=chat_template,
+            num_threads=num_threads,
+            max_length=max_length,
+            unpaired=unpaired,
+            chat_options=chat_options,
+        )
+        stage = Stage("preference", _build.preference, options)
+        tools = options["options"].conversation.tools
+        columns = (*PREFERENCE_COLUMNS, *((tools,) if tools is not None else ()))
+        return self._add(stage, TOKENS, source=as_written(self.source, columns))
 
     def batch(self, batch_size: int, *, drop_last: bool = False) -> Pipeline:
         """Group rows into batches of ``batch_size`` in arrival order (no length grouping).
@@ -382,6 +447,11 @@ class Pipeline(Runnable, IterableDataset):
             "eager": eager,
         }
         check_bucket_options(**options)
+        if max_tokens is not None and self._paired():
+            raise ValueError(
+                "bucket(max_tokens=) counts a row's tokens, but a preference pair pads to twice its longer member: "
+                "pass bucket(batch_size=) (pairs per batch), or pack() them."
+            )
         check_budget(max_tokens, on_oversize, self._tokenizer_id("max_length"))
         return self._add(Stage("bucket", _build.bucket, options), TOKEN_BATCHES)
 
@@ -436,7 +506,9 @@ class Pipeline(Runnable, IterableDataset):
             "dtype": dtype,
         }
         check_pad_options(**options)
-        return self._add(Stage("pad", _build.pad, options), TENSORS)
+        if self._paired() and label_pad_id != -100:
+            raise ValueError(f"`label_pad_id` must be -100 for preference pairs, but is {label_pad_id} instead.")
+        return self._add(Stage("pad", _build.pair_pad if self._paired() else _build.pad, options), TENSORS)
 
     def pack(
         self,
@@ -513,8 +585,17 @@ class Pipeline(Runnable, IterableDataset):
             "pad_id": pad_id,
             "label_pad_id": label_pad_id,
             "keep": tuple(keep) if isinstance(keep, (list, tuple)) else keep,
+            "vocab_size": self._tokenizer_id("vocab_size"),  # ids and labels checked in, and in a state
         }
         check_pack_options(**options)
+        if self._paired():
+            if long_docs in ("split", "truncate") or label_pad_id != -100 or CHOSEN in options["keep"]:
+                raise ValueError(
+                    "pack() keeps a preference pair whole: `long_docs` must be None, 'raise' or 'drop', `label_pad_id` "
+                    f"-100 and `keep` without {CHOSEN!r}, but they are {long_docs!r}, {label_pad_id}, {keep!r}; cut "
+                    "pairs with preference(max_length=) instead."
+                )
+            return self._add(Stage("pack", _build.pair_pack, options), TENSORS)
         return self._add(Stage("pack", _build.pack, options), TENSORS)
 
     def prefetch(self, prefetch: int = 2) -> Pipeline:
@@ -595,18 +676,24 @@ class Pipeline(Runnable, IterableDataset):
             raise ValueError(steps_missing(method, " or ".join(kinds), self.output))
 
     def _tokenizer_id(self, name: str) -> int | None:
-        """``pad_id``/``eos_id``/``max_length`` of the recipe's tokenizer (or the ``pad_id`` given to ``tokens()``;
-        of mixed sub-pipelines, when all agree), or ``None``."""
+        """``pad_id``/``eos_id``/``max_length``/``vocab_size`` of the recipe's tokenizer (or the ``pad_id`` given to
+        ``tokens()``; of mixed sub-pipelines, when all agree), or ``None``."""
         encoder = next((s.options["encoder"] for s in self.stages if s.name == "tokenize"), None)
         if encoder is not None:
             return getattr(encoder, name, None)
-        chat = next((s.options for s in self.stages if s.name == "chat"), None)
+        chat = next((s.options for s in self.stages if s.name in ("chat", "preference")), None)
+        if chat is not None and name == "vocab_size":  # with the added tokens, as the chat cache checks ids
+            return chat["template"].tokenizer.backend_tokenizer.get_vocab_size(True)
         if chat is not None:
             return chat["options"].max_length if name == "max_length" else chat["template"].token_id(name)
         if self.source.name == "mix":
             found = {pipe._tokenizer_id(name) for pipe in self.source.options["pipelines"].values()}
             return found.pop() if len(found) == 1 else None
         return next((s.options.get(name) for s in self.stages if s.name == "tokens"), None)
+
+    def _paired(self) -> bool:
+        """Whether the rows are preference pairs (``.preference()`` without ``unpaired``)."""
+        return any(s.name == "preference" and not s.options["options"].unpaired for s in self.stages)
 
     def _has_stage(self, name: str) -> bool:
         return any(s.name == name for s in self.stages)

@@ -7,10 +7,12 @@ Each is returned as ``(tokenizers.Tokenizer, transformers fast tokenizer)`` over
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from padpipe import examples
@@ -128,3 +130,57 @@ def chunk_rows(chunk: Any) -> tuple[list, list | None]:
         return ids, None
     o = chunk.offsets
     return ids, [chunk.type_ids[o[i] : o[i + 1]].tolist() for i in range(chunk.num_rows)]
+
+
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""Qwen2/2.5/3's pre-tokenizer split (one digit a piece)."""
+QWEN_SPECIAL = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>",
+]  # fmt: skip
+"""Qwen3's added tokens, ids 151643-151668 in this order (those of the ``<|...|>`` form are special)."""
+
+
+@functools.cache
+def _qwen_json() -> str:
+    """Qwen's 151,643-token BPE (``qwen.tiktoken``, as the ``dashscope`` package ships it; ``make setup`` installs
+    it without its dependencies) converted by ``transformers``' ``TikTokenConverter``, with Qwen3's added tokens."""
+    import base64
+    import importlib.util
+    import os
+
+    from tokenizers import AddedToken
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    spec = importlib.util.find_spec("dashscope")  # (found, not imported: only its vocabulary file is read)
+    folder = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = os.path.join(folder[0], "resources", "qwen.tiktoken") if folder else ""
+    if not os.path.isfile(path):
+        pytest.skip("needs Qwen's vocabulary from the dashscope package (make setup installs it)")
+
+    class Converter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:  # tiktoken's own reader, without tiktoken
+            with open(tiktoken_url, "rb") as f:
+                return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in f if line)}
+
+    tok = Converter(path, pattern=QWEN_PATTERN).converted()
+    tok.add_tokens([AddedToken(t, special=t.startswith("<|"), normalized=False) for t in QWEN_SPECIAL])
+    return tok.to_str()
+
+
+def qwen(chat_template: str | None = None) -> Any:
+    """Qwen3's real tokenizer (151,669 ids) as a fresh ``PreTrainedTokenizerFast``, EOS ``<|im_end|>``, with
+    ``chat_template`` (default: none). Skipped where ``dashscope`` is not installed."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_qwen_json()), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tok.chat_template = chat_template
+    return tok

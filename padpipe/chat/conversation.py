@@ -3,13 +3,19 @@ every trained message in exactly one of them, and what the template left out of 
 
 Most templates render every answer the same whatever follows: one row, the whole conversation. A reasoning
 template renders an answer's reasoning only while no user message follows it (Qwen3 keeps ``<think>`` blocks
-after the last user message and drops the earlier ones). An answer whose reasoning the whole conversation
-does not render is trained in a row that ends with it (``reasoning="every_turn"``, the default), where it is
-rendered, together with the earlier answers whose reasoning that row renders too; the whole conversation
-still trains the rest. ``reasoning="as_rendered"`` trains the whole rendering as one row instead. Where
-no row renders it (DeepSeek-R1-Distill drops every answer's reasoning), the answer is trained as rendered
-and its reasoning counted as dropped; so is a message of another role the template does not render
-(Mistral-v0.3 writes the system message only when a user message ends the conversation).
+after the last user message and drops the earlier ones; gpt-oss writes a tool call's words only while no final
+answer follows). An answer whose reasoning (or content) the whole conversation does not render is trained in a
+row that ends with it (``reasoning="every_turn"``, the default), where it is rendered, together with the earlier
+answers whose reasoning that row renders too; the whole conversation still trains the rest.
+``reasoning="as_rendered"`` trains the whole rendering as one row instead. Where no row renders it
+(DeepSeek-R1-Distill drops every answer's reasoning), the answer is trained as rendered and its reasoning
+counted as dropped; so is a message of another role the template does not render (Mistral-v0.3 writes the system
+message only when a user message ends the conversation), and a tool call it does not render (SmolLM3).
+
+A template may also render the messages before an answer otherwise once later ones come (Mistral-Nemo moves the
+tools and the system message to the last user message): an answer the whole conversation cannot place is
+trained in the row that ends with it, as a reasoning row is (``split_rows``); only an answer that even that row
+cannot place refuses the conversation.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from padpipe.chat.locate import ASSISTANT, reasoning_of, visible_content
+from padpipe.chat.rows import NOT_PREFIX, RowProblem
 
 REASONING = ("every_turn", "as_rendered")
 """The ``reasoning=`` modes of ``.chat()``."""
@@ -41,6 +48,8 @@ class Rows:
 
     texts: list[tuple[str, list[tuple[int, int]]]]
     dropped: dict[str, int] = field(default_factory=dict)
+    kinds: list[str | None] = field(default_factory=list)  # per text: a row besides the conversation's own
+    # ("reasoning_rows", "split_rows"), or None; empty: every row the conversation's own
 
 
 def conversation_rows(
@@ -71,34 +80,57 @@ def conversation_rows(
         >>> rows.texts, rows.dropped
         ([('<user>Hi<assistant>Yes<end>', [(19, 27)])], {})
     """  # noqa: E501
-    base = dict(zip(trained, spans(messages, trained, full, blocks)))
+    base, split = _placed(spans, messages, trained, full, blocks)
     rows: list[tuple[int, str, dict[int, tuple[int, int]]]] = []
-    pending = [k for k in trained if _hidden(messages[k], full, base[k])] if reasoning == "every_turn" else []
+    hidden = [k for k in base if _missing(messages[k], full, base[k])] if reasoning == "every_turn" else []
+    pending = sorted([*split, *hidden])
     while pending:
         last = pending[-1]
         text, marks = render(messages[: last + 1])
-        found = dict(zip(pending, spans(messages[: last + 1], pending, text, marks)))
-        shown = [k for k in pending if not _hidden(messages[k], text, found[k])]
+        found, problems = _placed(spans, messages[: last + 1], pending, text, marks)
+        if last in problems:  # even as its last message: not well-formed for the template
+            raise problems[last]
+        shown = [k for k in found if k in split or not _missing(messages[k], text, found[k])]
         if last not in shown:  # not even as the last answer: trained where the whole conversation has it
             pending.remove(last)
             continue
         rows.append((last, text, {k: found[k] for k in shown}))
         for k in shown:
             pending.remove(k)
-            base.pop(k)
+            base.pop(k, None)
     dropped: dict[str, int] = {}
     for _, text, trained_spans in rows + [(len(messages), full, base)]:
-        hidden = sum(_hidden(messages[k], text, span) for k, span in trained_spans.items())
-        if hidden:
-            dropped["reasoning"] = dropped.get("reasoning", 0) + hidden
+        for k, span in trained_spans.items():
+            for what, n in _missing(messages[k], text, span).items():
+                dropped[what] = dropped.get(what, 0) + n
     for message in messages:
         content = visible_content(message)
         if message["role"] != ASSISTANT and content and not _rendered(content, full):
             dropped[message["role"]] = dropped.get(message["role"], 0) + 1
-    texts = [(text, [found[k] for k in sorted(found)]) for _, text, found in sorted(rows, key=lambda row: row[0])]
+    rows.sort(key=lambda row: row[0])
+    texts = [(text, [found[k] for k in sorted(found)]) for _, text, found in rows]
+    kinds: list[str | None] = ["split_rows" if last in split else "reasoning_rows" for last, _, _ in rows]
     if base or not rows:
         texts.append((full, [base[k] for k in sorted(base)]))
-    return Rows(texts, dropped)
+        kinds.append(None)
+    kinds[-1] = None  # the conversation's own row: its whole rendering, or else its last row
+    return Rows(texts, dropped, kinds)
+
+
+def _placed(
+    spans: Spans, messages: list[dict[str, Any]], indices: Sequence[int], text: str, blocks: Any
+) -> tuple[dict[int, tuple[int, int]], dict[int, RowProblem]]:
+    """The spans of ``messages[indices]`` in ``text``, and the problem of each that ``text`` renders otherwise than
+    the messages up to it do (``not_prefix``; any other problem raises)."""
+    todo, problems = list(indices), dict[int, RowProblem]()
+    while True:
+        try:
+            return dict(zip(todo, spans(messages, todo, text, blocks))), problems
+        except RowProblem as problem:
+            if problem.reason != NOT_PREFIX or problem.at not in todo:
+                raise
+            problems[problem.at] = problem
+            todo.remove(problem.at)
 
 
 def _rendered(content: str, text: str) -> bool:
@@ -106,9 +138,18 @@ def _rendered(content: str, text: str) -> bool:
     return content in text or json.dumps(content, ensure_ascii=False)[1:-1] in text
 
 
-def _hidden(message: Mapping[str, Any], text: str, span: tuple[int, int]) -> bool:
-    """Whether ``message`` is an answer with reasoning its span in ``text`` does not hold."""
+def _missing(message: Mapping[str, Any], text: str, span: tuple[int, int]) -> dict[str, int]:
+    """What of answer ``message`` its span in ``text`` does not hold: its ``reasoning``, its ``answer_content``
+    (gpt-oss writes a tool call's words only while no final answer follows), its ``tool_calls`` (how many)."""
     if message["role"] != ASSISTANT:
-        return False
-    thought = reasoning_of(message)
-    return bool(thought) and thought not in text[span[0] : span[1]]
+        return {}
+    held = text[span[0] : span[1]]
+    thought, content = reasoning_of(message), visible_content(message)
+    calls = [call.get("function", call) for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    names = [str(f["name"]) for f in calls if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    missing = {
+        "reasoning": int(bool(thought) and not _rendered(thought, held)),
+        "answer_content": int(bool(content) and not _rendered(content, held)),
+        "tool_calls": sum(not _rendered(name, held) for name in names),
+    }
+    return {what: n for what, n in missing.items() if n}

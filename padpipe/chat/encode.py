@@ -10,8 +10,10 @@ with the special tokens, as TRL does, and mapped onto the same offsets.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain
 from operator import attrgetter
 from typing import Any
@@ -22,6 +24,7 @@ from tokenizers import Tokenizer
 from padpipe.chat.labels import positions
 from padpipe.chunks import ID_DTYPE
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.serialized import tokenizer_json
 
 _IDS, _OFFSETS = attrgetter("ids"), attrgetter("offsets")
 
@@ -50,17 +53,29 @@ class SpanEncoder:
     """
 
     def __init__(self, tokenizer: Any) -> None:
-        raw = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-        raw.no_truncation()
-        raw.no_padding()
-        raw.post_processor = None
-        raw.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
-        self._raw = raw
-        self._special = TextEncoder.load(tokenizer, max_length=None, truncation=False, add_special_tokens=True)
+        self._source = tokenizer_json(tokenizer.backend_tokenizer)  # serialized once per process
+        self._tokenizer, self._lock = tokenizer, threading.Lock()
+        self._copy: Tokenizer | None = None
+
+    @property
+    def _raw(self) -> Tokenizer:
+        """The private copy (parsed at the first text to encode: an epoch read from a cache never needs it)."""
+        with self._lock:
+            if self._copy is None:
+                raw = self._source.copy()
+                raw.post_processor = None
+                raw.encode_special_tokens = bool(getattr(self._tokenizer, "split_special_tokens", False))
+                self._copy = raw
+            return self._copy
 
     def fingerprint(self) -> str:
         """The tokenizer's identity (see :meth:`padpipe.tokenizer.TextEncoder.fingerprint`)."""
-        return self._special.fingerprint()
+        return self._source.fingerprint
+
+    @cached_property
+    def _special(self) -> TextEncoder:
+        """An encoder with the post-processor's special tokens, for plain prompt/completion text only."""
+        return TextEncoder.load(self._tokenizer, max_length=None, truncation=False, add_special_tokens=True)
 
     def encode(self, texts: Sequence[str]) -> Tokens:
         """The tokens of ``texts`` (one Rust batch call) with their character spans."""

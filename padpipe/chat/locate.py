@@ -22,6 +22,7 @@ wrong span.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -54,14 +55,14 @@ def visible_content(message: Mapping[str, Any]) -> str:
 
 
 def reasoning_of(message: Mapping[str, Any]) -> str:
-    """A message's reasoning: its ``reasoning_content`` (or ``reasoning``), else the ``<think>`` block of its
-    content; stripped (``""``: none).
+    """A message's reasoning: its ``reasoning_content`` (or ``reasoning``, or gpt-oss's ``thinking``), else the
+    ``<think>`` block of its content; stripped (``""``: none).
 
     Example:
         >>> reasoning_of({"content": "<think>\\nSum them.\\n</think>\\n\\n4"}), reasoning_of({"content": "4"})
         ('Sum them.', '')
     """
-    for key in ("reasoning_content", "reasoning"):
+    for key in ("reasoning_content", "reasoning", "thinking"):
         value = message.get(key)
         if isinstance(value, str) and value.strip():
             return value.strip()
@@ -127,7 +128,7 @@ def check(
         problem = f"its span [{start}:{end}] is not after the previous trained message's (which ends at {cursor})"
     elif ends and not any(span.endswith(e) for e in ends):
         problem = f"its span does not end in an end-of-turn token ({' or '.join(map(repr, ends))})"
-    elif content and content not in span:
+    elif content and content not in span and _find(text, content, 0)[0] >= 0:  # (a template may not render it)
         problem = "its span does not hold its content"
     if problem is not None:
         raise RowProblem(CHECK, f"message {k}: {problem}; the rendered text there is {_show(span)}")
@@ -148,7 +149,10 @@ def output_start(
 
     Where the turn repeats the generation prompt only in part (DeepSeek-R1's ``<｜Assistant｜><think>\\n``
     before an answer without reasoning), the span starts after the prompt's header: its first line, or its
-    special tokens, as far as the turn repeats them.
+    special tokens, as far as the turn repeats them. Where the turn before it ends otherwise than when it is
+    the last (Hermes-3 writes a newline after a tool's result only when more follows; Apertus's answers go on
+    after a tool's result), the span starts where the messages up to it, rendered with the generation prompt and
+    with message ``k``, part (:func:`own_start`), if ``text`` renders them alike.
 
     Example:
         >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
@@ -161,24 +165,45 @@ def output_start(
         return len(prompted)
     plain = render(list(messages[:k]), False)
     prompt = prompted[len(plain) :] if prompted.startswith(plain) else prompted
-    anchor = visible_content(messages[k - 1]) if k > 0 else ""
+    if prompt and text.startswith(plain) and len(plain) >= cursor:  # the messages before it render alike
+        return len(plain) + _header(prompt, _common_prefix(prompt, text, len(plain)), specials)
+    content = visible_content(messages[k - 1]) if k > 0 else ""
+    anchor = next((a for a in (content, _as_json(content)) if a and a in prompted), "")  # as written, or in JSON
     at = prompted.rfind(anchor) if anchor else -1
-    if at < 0:
-        if text.startswith(plain) and len(plain) >= cursor and prompt:  # nothing to anchor on: after the messages
-            return len(plain) + _header(prompt, _common_prefix(prompt, text, len(plain)), specials)
-        raise _unaligned(text, prompted, k, "the messages before it")
     tail = prompted[at + len(anchor) :]  # the previous turn's end, then the generation prompt
     needed = len(tail) - len(prompt)  # the previous turn's end must be there whole
-    found = text.find(anchor, cursor if lower is None else lower)
+    found = text.find(anchor, cursor if lower is None else lower) if at >= 0 else -1
     while found >= 0:
         after = found + len(anchor)
         matched = _common_prefix(tail, text, after)
         if matched == len(tail):
             return after + matched
-        if matched >= needed and (matched > needed or not prompt):
-            return after + needed + _header(prompt, matched - needed, specials)
+        head = _header(prompt, matched - needed, specials) if matched >= needed else -1
+        if head > 0 or (head == 0 and not prompt):  # the turn before it, then its header (or no prompt)
+            return after + needed + head
         found = text.find(anchor, found + 1)
-    raise _unaligned(text, prompted, k, f"message {k - 1}")
+    own = render(list(messages[: k + 1]), False)
+    start = own_start(prompted, own, prompt, messages[k], specials)
+    if start >= cursor and text.startswith(own[:start]) and content and _find(own[:start], content, 0)[0] >= 0:
+        return start  # (past the message before it)
+    raise _unaligned(text, prompted, k, f"message {k - 1}" if anchor else "the messages before it")
+
+
+def own_start(prompted: str, own: str, prompt: str, message: Mapping[str, Any], specials: re.Pattern[str]) -> int:
+    """Where ``message``'s output starts in ``own``, the messages up to it rendered with it: where ``prompted`` (the
+    messages before it with the generation prompt) and ``own`` part, back at the start of a special token they
+    part in; past the generation ``prompt`` where ``own`` writes it next, before the message's own text.
+
+    Example:
+        >>> own_start("<u>Hi<e>\\n<a>", "<u>Hi\\n<e>\\n<a>Yes", "<a>", {"content": "Yes"}, NO_SPECIALS)
+        13
+    """
+    at = len(os.path.commonprefix([prompted, own]))
+    at = next((m.start() for m in specials.finditer(own) if m.start() < at < m.end()), at)
+    texts = _rendered_texts(message)
+    first = _find(own, texts[0], at)[0] if texts else -1
+    header = own.find(prompt, max(0, at - len(prompt) + 1)) if prompt else -1
+    return header + len(prompt) if header >= 0 and (first < 0 or header + len(prompt) <= first) else at
 
 
 def _header(prompt: str, matched: int, specials: re.Pattern[str]) -> int:
@@ -198,14 +223,16 @@ def _header(prompt: str, matched: int, specials: re.Pattern[str]) -> int:
 
 
 def _past_answers(text: str, cursor: int, messages: Sequence[dict[str, Any]], first: int, stop: int) -> int:
-    """``cursor`` moved past the content of each answer of ``messages[first:stop]`` (those after the last trained
-    one), found one after another: where the anchor of a later answer cannot be (a user message may read the
-    same as an earlier answer)."""
+    """``cursor`` moved past the texts of ``messages[first:stop]`` (those after the last trained answer), found one
+    after another before the last place of message ``stop``'s: where the anchor of a later answer cannot be (two
+    tools may answer alike)."""
+    anchor = _rendered_texts(messages[stop])[:1]
+    limit = max((text.rfind(form) for a in anchor for form in (a, _as_json(a))), default=-1)
     for message in messages[first:stop]:
-        content = visible_content(message) if message["role"] == ASSISTANT else ""
-        at = text.find(content, cursor) if content else -1
-        if at >= 0:
-            cursor = at + len(content)
+        for part in _rendered_texts(message):
+            at, size = _find(text, part, cursor)
+            if 0 <= at and at + size <= (limit if limit >= 0 else len(text)):
+                cursor = at + size
     return cursor
 
 
@@ -221,11 +248,9 @@ def _turn_end(
 ) -> int:
     after = start
     for part in _rendered_texts(messages[k]):  # past its content and tool calls (they may hold end-of-turn text)
-        for form in (part, json.dumps(part, ensure_ascii=False)[1:-1]):  # as written, or inside JSON
-            at = text.find(form, after)
-            if at >= 0:
-                after = at + len(form)
-                break
+        at, size = _find(text, part, after)
+        if 0 <= at <= _turn_bound(text, after, messages[k + 1 :], ends):  # a template may not render it
+            after = at + size
     if ends:
         rest = len(text.rstrip())  # "": the last answer's turn ends with the rendering (GLM writes no end)
         found = [(at, len(e)) for e in ends if (at := text.find(e, after) if e else rest) >= after]
@@ -234,7 +259,7 @@ def _turn_end(
         at, size = min(found)  # the first; of two at one place the shorter (never an EOS after the end of turn)
         following = visible_content(messages[k + 1]) if k + 1 < len(messages) else ""
         between = text[after:at]
-        if following and (following in between or json.dumps(following, ensure_ascii=False)[1:-1] in between):
+        if following and (following in between or _as_json(following) in between):
             raise RowProblem(
                 CHECK,
                 f"message {k}: the end-of-turn token that follows it comes after message {k + 1}'s text (the template "
@@ -253,6 +278,32 @@ def _turn_end(
             f"as its last message ({_show(turn)}), and writes no end-of-turn token to end it",
         )
     return start + len(turn)
+
+
+def _as_json(text: str) -> str:
+    """``text`` as a JSON string writes it, without the quotes."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _find(text: str, part: str, start: int) -> tuple[int, int]:
+    """Where ``part`` is in ``text`` from ``start``, as written or inside JSON (-1: nowhere), and its size there."""
+    for form in (part, _as_json(part)):
+        at = text.find(form, start)
+        if at >= 0:
+            return at, len(form)
+    return -1, 0
+
+
+def _turn_bound(text: str, start: int, following: Sequence[dict[str, Any]], ends: Sequence[str]) -> int:
+    """How far the turn from ``start`` can go: to the first end-of-turn token after it, or to the first text of
+    the messages ``following`` it, whichever is later (a turn may hold end-of-turn text, or the next message's)."""
+    end = min((at for e in ends if e and (at := text.find(e, start)) >= 0), default=-1)
+    for message in following:
+        texts = _rendered_texts(message)
+        at = _find(text, texts[0], start)[0] if texts else -1
+        if at >= 0:
+            return max(at, end)
+    return len(text)
 
 
 def _rendered_texts(message: Mapping[str, Any]) -> list[str]:
@@ -300,6 +351,7 @@ def _unaligned(text: str, prompted: str, k: int, what: str) -> RowProblem:
         NOT_PREFIX,
         f"message {k}: the template renders {what} otherwise alone than in the whole conversation, from character "
         f"{n}: {_show(prompted[n:])} alone against {_show(text[n:])}",
+        k,
     )
 
 

@@ -85,6 +85,12 @@ class ChatOptions:
         """The columns every row must have: ``messages``, or ``prompt`` and ``completion``."""
         return (self.messages,) if self.prompt is None or self.completion is None else (self.prompt, self.completion)
 
+    def named(self) -> tuple[str, ...]:
+        """The columns every row must have, and the optional ones named other than their defaults (``tools="tool"``
+        where the data has ``tools`` is a misspelling, not a conversation without tools)."""
+        optional = ((self.tools, "tools"), (self.kwargs_column, "chat_template_kwargs"))
+        return self.required() + tuple(c for c, default in optional if c is not None and c != default)
+
     def consumed(self) -> tuple[str, ...]:
         """The columns the stage reads (the others pass through)."""
         return tuple(c for c in (*self.required(), self.tools, self.kwargs_column) if c is not None)

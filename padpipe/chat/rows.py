@@ -28,9 +28,9 @@ class RowProblem(Exception):
         'bad_messages'
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, at: int | None = None) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.reason, self.at = reason, at  # at: the message it is about, where one is
 
 
 def read_messages(column: pa.Array, name: str) -> list[Any]:

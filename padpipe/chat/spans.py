@@ -76,16 +76,8 @@ def message_spans(
     spans = {k: normalise(full, *marked[k], template.probe, template.special_tokens) for k in indices if k in marked}
     rest = [k for k in indices if k not in marked]
     if rest:
-        answers_rest = [k for k in rest if messages[k]["role"] == ASSISTANT]
-        if answers_rest and not template.probe.honours_generation_prompt:
-            raise RowProblem(
-                TEMPLATE,
-                "the chat template ignores add_generation_prompt and does not mark every answer with "
-                "{% generation %}, so where an answer's header ends is unknown",
-            )
         render = _prefixes(template, messages, tools, kwargs)
-        probe = template.probe
-        spans.update(zip(rest, locate(full, messages, rest, render, probe.ends, template.special_tokens)))
+        spans.update(zip(rest, locate(full, messages, rest, render, template.probe.ends, template.special_tokens)))
     return [spans[k] for k in indices]
 
 
@@ -157,28 +149,16 @@ def _after_prompt(full: str, start: int, end: int, prompt: str, specials: re.Pat
 def _prefixes(
     template: ChatTemplate, messages: list[dict[str, Any]], tools: list | None, kwargs: Mapping[str, Any]
 ) -> Render:
-    """Render prefixes of ``messages`` (each at most once per row)."""
+    """Render prefixes of ``messages`` as the model sees them before an answer (each at most once per row)."""
     seen: dict[tuple[int, bool], str] = {}
 
     def render(prefix: list[dict[str, Any]], generation_prompt: bool) -> str:
         key = (len(prefix), generation_prompt)
         if key not in seen:
-            seen[key] = _render(template, [prefix], tools, kwargs, generation_prompt)[0]
+            try:
+                seen[key] = template.render_prefix(prefix, generation_prompt, tools=tools, kwargs=kwargs)
+            except Exception as exc:  # a template is user code: anything may come out of it
+                raise RowProblem(TEMPLATE, f"the chat template raised {type(exc).__name__}: {exc}") from exc
         return seen[key]
 
     return render
-
-
-def _render(
-    template: ChatTemplate,
-    conversations: list[list[dict[str, Any]]],
-    tools: list | None,
-    kwargs: Mapping[str, Any],
-    generation_prompt: bool,
-) -> list[str]:
-    if not conversations:
-        return []
-    try:
-        return template.render(conversations, tools=tools, kwargs=kwargs, generation_prompt=generation_prompt)[0]
-    except Exception as exc:  # a template is user code: anything may come out of it
-        raise RowProblem(TEMPLATE, f"the chat template raised {type(exc).__name__}: {exc}") from exc

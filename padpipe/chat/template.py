@@ -1,5 +1,5 @@
-"""A tokenizer's chat template, rendered exactly as ``tokenizer.apply_chat_template`` renders it, and what a
-plain conversation shows of it (its generation prompt and its end-of-turn token).
+"""A tokenizer's chat template, rendered exactly as ``tokenizer.apply_chat_template`` renders it (what a probe
+conversation shows of it: :mod:`padpipe.chat.probe`).
 
 :class:`ChatTemplate` renders with ``transformers``' own renderer (``render_jinja_template``, the function
 ``apply_chat_template`` calls) with the same inputs: the messages without their ``None`` values, the
@@ -15,46 +15,16 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from padpipe._optional import require
+from padpipe.chat.probe import Probe, read_probe, stop_tokens
 from padpipe.tokenizer.encoder import _from_path
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 """A ``{% generation %}`` marker, as ``transformers`` finds one."""
-PROBE_USER = {"role": "user", "content": "Hi"}
-PROBE_ANSWER = {"role": "assistant", "content": "Hello"}
-PROBE_MORE = [{"role": "user", "content": "Again"}, {"role": "assistant", "content": "Bye"}]
-"""A second exchange: how an answer that is not the last one ends (gpt-oss: ``<|end|>``, the last ``<|return|>``)."""
-PROBE_OPENINGS: tuple[list[dict[str, str]], ...] = ([], [{"role": "system", "content": "Be brief."}])
-"""What the probe conversation opens with: some templates need a system message."""
-
-
-@dataclass(frozen=True)
-class Probe:
-    """What rendering ``[user, assistant]`` shows of a template.
-
-    Attributes:
-        generation_prompt: The text ``add_generation_prompt=True`` adds (``""``: none, as Mistral's
-            ``[INST]`` templates), or ``None`` when the rendering with it does not extend the one without.
-        honours_generation_prompt: ``False`` when the prompt is empty yet the answer's turn opens with
-            more than whitespace before its content (a header the template writes only for a message,
-            so a span taken after the prompt would hold the header).
-        end_of_turn: The special tokens the template writes right after the last answer's content, one after
-            another (``<|im_end|>``, ``<|eot_id|>``, Phi-3's ``<|end|>``, not the ``<|endoftext|>`` it writes
-            after a newline; Cohere2's ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``), or ``None`` when it writes
-            none there.
-        ends: Every way an answer's turn ends: ``end_of_turn``, and how an earlier answer's does where that
-            differs (gpt-oss ends the last with ``<|return|>``, the others with ``<|end|>``).
-    """
-
-    generation_prompt: str | None
-    honours_generation_prompt: bool
-    end_of_turn: str | None
-    ends: tuple[str, ...] = ()
 
 
 def load_chat_tokenizer(tokenizer: Any) -> Any:
@@ -112,6 +82,7 @@ class ChatTemplate:
         self._chosen = chat_template
         self._render = require("transformers.utils.chat_template_utils", "chat()").render_jinja_template
         self.special_tokens = _special_tokens(self.tokenizer)
+        self.stop_tokens = stop_tokens(self.tokenizer)
         self._special_tokens_map = dict(self.tokenizer.special_tokens_map)  # what apply_chat_template passes
         self._templates: dict[bool, str] | None = None
         self.probe = Probe(None, True, None)
@@ -123,7 +94,7 @@ class ChatTemplate:
             False: self.tokenizer.get_chat_template(chat_template, None),
             True: self.tokenizer.get_chat_template(chat_template, []),
         }
-        self.probe = self._probe()
+        self.probe = read_probe(self._render_one, self.special_tokens, self.stop_tokens)
 
     def marked(self, tools: bool = False) -> bool:
         """Whether the template (the ``tool_use`` one when ``tools``) has ``{% generation %}`` markers."""
@@ -170,7 +141,7 @@ class ChatTemplate:
             >>> ChatTemplate(pp.examples.hf_tokenizer(), "{{ messages[0].content }}").fingerprint()
             'template sha1=...'
         """
-        text = repr((self._templates, sorted(self._special_tokens_map.items())))
+        text = repr((self._templates, sorted(self._special_tokens_map.items()), self.stop_tokens))
         return f"template sha1={hashlib.sha1(text.encode()).hexdigest()[:16]}"
 
     def _missing(self) -> str:
@@ -179,61 +150,26 @@ class ChatTemplate:
             "`chat_template=` was given: pass chat_template= a Jinja template string."
         )
 
-    def _probe(self) -> Probe:
-        error: Exception | None = None
-        for opening in PROBE_OPENINGS:
-            try:
-                plain = self.render([opening + [PROBE_USER]])[0][0]
-                prompted = self.render([opening + [PROBE_USER]], generation_prompt=True)[0][0]
-                whole = self.render([opening + [PROBE_USER, PROBE_ANSWER]])[0][0]
-            except Exception as exc:  # a template is user code: anything may come out of it
-                error = exc
-                continue
-            probe = self._read_probe(plain, prompted, whole)
-            try:
-                longer = self.render([opening + [PROBE_USER, PROBE_ANSWER, *PROBE_MORE]])[0][0]
-            except Exception:  # a template may take one exchange only: the last answer's end is all there is
-                longer = ""
-            earlier = self._earlier_end(longer, probe.end_of_turn)
-            last = probe.end_of_turn or ("" if earlier else None)  # "": the last answer ends the rendering (GLM)
-            ends = tuple(dict.fromkeys(e for e in (last, earlier) if e is not None))
-            return Probe(probe.generation_prompt, probe.honours_generation_prompt, probe.end_of_turn, ends)
-        raise ValueError(
-            "chat(): the chat template fails on a plain conversation (a user message and an answer): "
-            f"{type(error).__name__}: {error}"
-        )
+    def _render_one(self, chat: list[dict[str, Any]], tools: list | None, generation_prompt: bool) -> str:
+        return self.render([chat], tools=tools, generation_prompt=generation_prompt)[0][0]
 
-    def _read_probe(self, plain: str, prompted: str, whole: str) -> Probe:
-        prompt = prompted[len(plain) :] if prompted.startswith(plain) else None
-        if whole.startswith(prompted):
-            turn = whole[len(prompted) :]
-        elif prompt is not None and whole.startswith(plain):  # the answer repeats only part of the prompt
-            turn = whole[len(plain) + len(os.path.commonprefix([prompt, whole[len(plain) :]])) :]
-        else:
-            return Probe(prompt, True, None)
-        at = turn.find(PROBE_ANSWER["content"])
-        honours = prompt != "" or (at >= 0 and not turn[:at].strip())
-        tail = turn[at + len(PROBE_ANSWER["content"]) :] if at >= 0 else ""
-        return Probe(prompt, honours, self._specials_run(tail, None))
+    def render_prefix(self, messages: list[dict[str, Any]], generation_prompt: bool, **options: Any) -> str:
+        """``messages`` rendered (with ``render``'s ``options``) as the model sees them before its answer: for a
+        template that ignores ``add_generation_prompt``, without the prompt it writes after every conversation,
+        and with :attr:`Probe.generation_prompt` when ``generation_prompt``.
 
-    def _earlier_end(self, text: str, last: str | None) -> str | None:
-        """How the first answer of a two-exchange rendering ends: its first special token after the content, and
-        those right after it that the last answer's end also has (Cohere2's two tokens, not the next header)."""
-        at = text.find(PROBE_ANSWER["content"])
-        return self._specials_run(text[at + len(PROBE_ANSWER["content"]) :], last) if at >= 0 else None
-
-    def _specials_run(self, tail: str, within: str | None) -> str | None:
-        """The special tokens at the start of ``tail`` (after whitespace), one right after another; with
-        ``within``, only as long as they begin it."""
-        first = self.special_tokens.search(tail)
-        if first is None or tail[: first.start()].strip():
-            return None
-        end = first.end()
-        while (more := self.special_tokens.match(tail, end)) is not None:
-            if within is not None and not within.startswith(tail[first.start() : more.end()]):
-                break
-            end = more.end()
-        return tail[first.start() : end]
+        Example:
+            >>> template = ChatTemplate(pp.examples.chat_tokenizer(), "{% for m in messages %}<{{ m.role }}>"
+            ...                         "{{ m.content }}{% endfor %}")
+            >>> template.probe.generation_prompt, template.render_prefix([{"role": "user", "content": "Hi"}], True)
+            ('<assistant>', '<user>Hi<assistant>')
+        """
+        text = self.render([messages], generation_prompt=generation_prompt, **options)[0][0]
+        prompt = self.probe.generation_prompt or ""
+        if self.probe.honours_generation_prompt:
+            return text
+        text = text[: len(text) - len(prompt)] if text.endswith(prompt) else text
+        return text + prompt if generation_prompt else text
 
     def __repr__(self) -> str:
         return f"ChatTemplate({type(self.tokenizer).__name__}, chat_template={'given' if self._chosen else 'own'})"

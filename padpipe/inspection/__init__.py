@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from padpipe._progress import Progress
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.inspection import strategies
 from padpipe.inspection.advice import budget_length, splits_long_documents
+from padpipe.inspection.chat import MESSAGES, ChatFigures, chat_lengths, chat_stage, check_columns
 from padpipe.inspection.report import InspectResult, Settings
 from padpipe.inspection.sample import (
     READERS,
@@ -32,14 +33,15 @@ from padpipe.inspection.sample import (
     source_pipeline,
 )
 from padpipe.inspection.strategies import StrategyResult
-from padpipe.pipeline import Pipeline
+from padpipe.pipeline import Pipeline, as_written
 from padpipe.pipes.pad import padded_length
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.sharing.consumer import Consumer
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.encoder import MODEL_MAX_LENGTH_LIMIT
 
-__all__ = ["InspectResult", "Settings", "StrategyResult", "inspect"]
+__all__ = ["ChatFigures", "InspectResult", "Settings", "StrategyResult", "inspect"]
 
 BUCKET_BUFFERS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 PACK_BUFFERS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -52,6 +54,9 @@ def inspect(
     tokenizer: Any,
     *,
     fields: str | Sequence[str] | None = None,
+    messages: str | None = None,
+    chat_template: str | None = None,
+    chat_options: Mapping[str, Any] | None = None,
     max_length: int | None = None,
     sample: int | None = 20_000,
     batch_size: int = 32,
@@ -84,8 +89,18 @@ def inspect(
         tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes.
         fields: The text field, or two for pairs; default ``text``, else the only one or two
             string columns.
+        messages: The column of conversations: inspect what :meth:`padpipe.Pipeline.chat` makes of
+            them (its rows, trained tokens, reasoning rows; see :class:`ChatFigures`), read and rendered
+            by the chat stage itself. Default: ``messages`` where the data has that column (and no
+            ``fields`` are asked for) or a ``chat_template`` is given; else text.
+        chat_template: With conversations, a Jinja template to render them with instead of the
+            tokenizer's (then ``tokenizer`` is a ``transformers`` tokenizer or its folder).
+        chat_options: With conversations, more ``.chat()`` settings (``tools``, ``template_kwargs``,
+            ``train_on``, ``reasoning``, ``on_error``: ``"skip"`` here unless given, so refused
+            conversations are counted, ...).
         max_length: Truncation length; ``None``: the tokenizer's ``model_max_length`` when it has
-            one, else no truncation (static padding then pads to the longest row).
+            one, else no truncation (static padding then pads to the longest row). With
+            conversations, the length ``sft(seq_len=...)`` cuts rows to; ``None``: ``seq_len``, else 2048.
         sample: Rows to sample; ``None`` reads every row (exact figures).
         batch_size: Rows per batch of the static, dynamic and ``bucket(batch_size)`` strategies.
         max_tokens: Budget of ``bucket(max_tokens)``; default ``batch_size`` times ``max_length``
@@ -113,6 +128,9 @@ def inspect(
         ...                     sample=2000, progress=False)
         >>> result.rows, result.fields, [s.name for s in result.strategies][2:]
         (2000, ('sentence1', 'sentence2'), ['bucket(batch_size=32)', 'bucket(max_tokens=4096)', 'pack(seq_len=128)'])
+        >>> chats = pp.inspect(pp.examples.CHATS_JSONL, pp.examples.chat_tokenizer(), max_length=512, progress=False)
+        >>> chats.chat.conversations, chats.rows, chats.chat.truncated_rows
+        (1000, 1000, 44)
     """
     started = time.perf_counter()
     positive("sample", sample, allow_none=True)
@@ -137,24 +155,42 @@ def inspect(
         raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
 
     pipe = source_pipeline(data, storage_options=storage_options)
-    options = tokenize_options(
-        tokenizer,
-        fields="text",
-        max_length=None,
-        truncation=False,
-        add_special_tokens=True,
-        num_threads=num_threads,
-        on_error="skip",
-        append_eos=False,
-    )
-    limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
-    model_limit = limit if max_length is None else _model_limit(tokenizer)
     stats = PipelineStats()
+    probe = make_reader(Pipeline(as_written(pipe.source, (MESSAGES, "tools"))), PipelineStats())  # as .chat() reads
+    columns = [] if fields is not None else list(first_schema(probe, probe.listed_units()).names)
+    chat = chat_stage(
+        pipe, tokenizer, columns=columns, messages=messages, chat_template=chat_template, chat_options=chat_options
+    )
+    cut = max_length if max_length is not None else seq_len or DEFAULT_SEQ_LEN  # where sft(seq_len=...) cuts
+    limit: int | None = cut
+    if chat is not None:
+        if fields is not None:
+            raise ValueError("`fields` is for text; conversations are read from `messages`, but both were given.")
+        most = chat.stages[-1].options["template"].tokenizer.model_max_length
+        model_limit = int(most) if most is not None and most < MODEL_MAX_LENGTH_LIMIT else None
+        pipe = Pipeline(chat.source)  # the conversations read as .chat() reads them (JSON as written)
+    else:
+        options = tokenize_options(
+            tokenizer,
+            fields="text",
+            max_length=None,
+            truncation=False,
+            add_special_tokens=True,
+            num_threads=num_threads,
+            on_error="skip",
+            append_eos=False,
+        )
+        limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
+        model_limit = limit if max_length is None else _model_limit(tokenizer)
     reader = make_reader(pipe, stats)
     units = reader.listed_units()
-    fields = choose_fields(first_schema(reader, units), fields, units[0].path if units else reader.format.describe())
-    options["fields"] = fields
-    _check_limit(options["encoder"], fields, limit)
+    where = units[0].path if units else reader.format.describe()
+    if chat is not None:
+        fields = check_columns(where, first_schema(reader, units).names, chat)
+    else:
+        fields = choose_fields(first_schema(reader, units), fields, where)
+        options["fields"] = fields
+        _check_limit(options["encoder"], fields, limit)
 
     if sample is None:
         records = _all_records(pipe, fields, shuffle_buffer=shuffle_buffer, seed=seed, stats=stats)
@@ -166,19 +202,31 @@ def inspect(
         chunk_rows = pipe.source.options.get("chunk_rows", 1024)
         records = IterableWrapper(table.to_batches(max_chunksize=chunk_rows))
         corpus_rows = table.num_rows
-    raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)
+    figures = None
+    if chat is not None:
+        raw, stream, figures = chat_lengths(
+            records, chat, stats, max_length=cut, num_threads=num_threads, total=corpus_rows, enabled=progress
+        )
+    else:
+        raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)
     lengths = np.concatenate(raw) if raw else np.zeros(0, np.int64)
-    skipped = stats.snapshot().skipped.get("tokenize.bad_text", 0)
+    skipped = (
+        stats.snapshot().skipped.get("tokenize.bad_text", 0)
+        if figures is None
+        else figures.read - figures.conversations
+    )
+    read = figures.read if figures is not None else len(lengths) + skipped
     if not len(lengths):
         found = f"all {skipped:,} rows read have no text there (None or not a string)" if skipped else "it has no rows"
+        if figures is not None and skipped:
+            found = f"chat() drops all {skipped:,} conversations read ({figures.skipped})"
         raise DataError(f"{_describe(data)}: nothing to inspect in field(s) {list(fields)!r}: {found}.")
-    sampled = sample is not None and not (corpus is not None and corpus.exact and len(lengths) + skipped >= corpus.rows)
+    sampled = sample is not None and not (corpus is not None and corpus.exact and read >= corpus.rows)
     if corpus is None:
         files = files_of(reader)
-        corpus = Corpus(
-            len(lengths) + skipped, True, "every row read", len(units), len(units), len(files), sum(files.values())
-        )
-    stream = raw if limit is None else [np.minimum(part, limit) for part in raw]
+        corpus = Corpus(read, True, "every row read", len(units), len(units), len(files), sum(files.values()))
+    if chat is None:
+        stream = raw if limit is None else [np.minimum(part, limit) for part in raw]
 
     static_length = limit if limit is not None else int(lengths.max(initial=1))
     budget = ""
@@ -206,7 +254,7 @@ def inspect(
         budget=budget,
     )
     shuffled = sample is not None or shuffle_buffer > 0
-    split = splits_long_documents(lengths, limit, len(fields))  # as advised: pack the documents whole, split
+    split = chat is None and splits_long_documents(lengths, limit, len(fields))  # as advised: whole, split
     results, bucket_sweep, pack_sweep, budget_truncated = _compare(
         stream, settings, shuffled=shuffled, packed=raw if split else None
     )
@@ -227,6 +275,7 @@ def inspect(
         budget_truncated=budget_truncated,
         seconds=time.perf_counter() - started,
         model_max_length=model_limit,
+        chat=figures,
     )
 
 

@@ -35,6 +35,7 @@ class Findings(Protocol):
     bucket_sweep: Sequence[tuple[int, float]]
     pack_sweep: Sequence[tuple[int, float]]
     budget_truncated: int
+    chat: Any  # with conversations, what .chat() made of them (a ChatFigures, with its own advice); else None
 
     @property
     def rows(self) -> int: ...
@@ -89,7 +90,7 @@ def recommendations(result: Findings) -> list[str]:
     s, dist = result.settings, result.distribution()
     if not result.rows or not result.strategies:
         return []
-    out = _length_advice(result, dist)
+    out = _length_advice(result, dist) if result.chat is None else result.chat.advice(result.lengths)
     least = min(st.attention for st in result.strategies)
     fullest = result.best()
     lightest = min(result.strategies, key=lambda st: (st.attention, -st.efficiency))

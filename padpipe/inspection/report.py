@@ -9,6 +9,7 @@ import numpy as np
 
 from padpipe.inspection.advice import num as _num
 from padpipe.inspection.advice import recommendations
+from padpipe.inspection.chat import ChatFigures
 from padpipe.inspection.sample import Corpus
 from padpipe.inspection.strategies import StrategyResult
 
@@ -69,6 +70,8 @@ class InspectResult:
         pack_sweep: ``(buffer_size, efficiency)`` of ``pack(seq_len)`` per buffer size tried.
         budget_truncated: Rows longer than ``max_tokens`` allows (``bucket(max_tokens)`` cut them).
         seconds: Time ``inspect`` took.
+        chat: With conversations, what ``.chat()`` made of them (``None`` for text); then a row is one of
+            the rows it makes (a conversation's, or one of its own for reasoning).
     """
 
     source: str
@@ -87,6 +90,7 @@ class InspectResult:
     budget_truncated: int
     seconds: float
     model_max_length: int | None = None
+    chat: ChatFigures | None = None
 
     # -- figures ----------------------------------------------------------------------------------
     @property
@@ -96,8 +100,9 @@ class InspectResult:
 
     @property
     def scale(self) -> float:
-        """Corpus rows per row inspected (1.0 when every row was read)."""
-        return self.corpus.rows / self.rows if self.sampled and self.rows else 1.0
+        """Corpus rows per row inspected (per conversation read, for conversations; 1.0 when every row was read)."""
+        read = self.chat.read if self.chat is not None else self.rows
+        return self.corpus.rows / read if self.sampled and read else 1.0
 
     def distribution(self) -> dict[str, float]:
         """Count, mean, min, p50/p90/p99 (``numpy.percentile``), max and the share longer than ``max_length``.
@@ -160,12 +165,14 @@ class InspectResult:
         else:
             inspected = f"read every row{f' (shuffle buffer {s.shuffle_buffer:,})' if s.shuffle_buffer else ''}"
         files = f"{_count(c.files, 'file')}, " if c.files else ""
+        read = f"fields {' + '.join(self.fields)}" if self.chat is None else f"conversations in {self.chat.messages}"
         lines = [
             f"padpipe inspect: {self.source}",
             f"  {self.format}, {files}{_count(c.units, 'unit')}; {c.rows:,} rows ({exact}: {c.how}); {inspected}",
-            f"  tokenizer {self.tokenizer}; fields {' + '.join(self.fields)}; max_length {self.max_length}"
-            + (f"; {self.skipped_rows:,} rows without text left out" if self.skipped_rows else ""),
+            f"  tokenizer {self.tokenizer}; {read}; max_length {self.max_length}"
+            + (f"; {self.skipped_rows:,} rows without text left out" if self.skipped_rows and not self.chat else ""),
             "",
+            *([*self.chat.lines(), ""] if self.chat is not None else []),
             "token lengths (before truncation, special tokens included)",
         ]
         if self.rows:
@@ -267,6 +274,7 @@ class InspectResult:
             "budget_truncated": self.budget_truncated,
             "recommendations": self.recommendations(),
             "seconds": self.seconds,
+            "chat": None if self.chat is None else {**asdict(self.chat), "read": self.chat.read},
         }
 
     def chart(self, path: str) -> str:

@@ -8,24 +8,18 @@ A pipeline shards itself by rank and DataLoader worker. Accelerate's ``prepare``
 batches (``DataLoaderDispatcher``): either way each rank trains on part of its share, silently.
 Lightning over a plain ``DataLoader`` saves no data position, so a resumed run starts the epoch
 again. The frames above ``Pipeline.__iter__`` show which wrapper is reading; nothing here imports
-a framework, and nothing runs unless one is already imported.
-
-Lightning saves and restores a ``pipe.loader()`` it trains on (its ``CombinedLoader`` calls the
-loader's ``state_dict``/``load_state_dict``); without the ``ExactResume`` callback that state would
-be one batch late (the loop fetches a batch ahead) and rank 0's only, so :func:`check_state_caller`
-refuses it, naming the callback. Both checks only raise or warn: what padpipe does never depends
-on who calls it.
+a framework, and nothing runs unless one is already imported. The check only raises or warns: what
+padpipe does never depends on who calls it. (Frameworks iterating, saving or restoring a
+``pipe.loader()``: :mod:`padpipe.integrations.loader_guard`.)
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
-import weakref
 from typing import Any
 
-from padpipe.checkpoints import is_checkpoint
-from padpipe.integrations.frames import caller_of, self_of, takes_self
+from padpipe.integrations.frames import caller_of, self_of
 
 MAX_DEPTH = 32
 """Frames looked at above ``Pipeline.__iter__`` (a ``DataLoader`` under a framework is ~12 deep)."""
@@ -44,20 +38,6 @@ ACCELERATE = (
 
 _READ = ("padpipe.", "accelerate.", "torch.utils.data.", "torchdata.", *_LIGHTNING_FETCHERS)
 """The modules whose method frames ``check_caller`` reads ``self`` from (never a user's frame)."""
-
-LIGHTNING_COMBINED = ("lightning.pytorch.utilities.combined_loader", "pytorch_lightning.utilities.combined_loader")
-"""The module of Lightning's ``CombinedLoader``, whose methods call a train loader's state methods."""
-LOADER_SLOT = ("loops", "fit_loop", "state_dict", "combined_loader")
-"""Where Lightning's checkpoint holds the states of its stateful train loaders (``ExactResume`` writes there)."""
-LIGHTNING = (
-    # (module, attribute path): every private name of Lightning padpipe reads (tests/integrations pins each)
-    ("lightning.pytorch.utilities.combined_loader", "CombinedLoader._state_dicts"),  # the caller saving a loader
-    ("lightning.pytorch.utilities.combined_loader", "CombinedLoader._load_state_dicts"),  # the caller restoring one
-    ("lightning.pytorch.loops.fit_loop", "_FitLoop._data_fetcher"),  # ExactResume: restart an epoch read wrong
-)
-"""Lightning's contacts, with :data:`LOADER_SLOT` (``padpipe.integrations.lightning`` and this module)."""
-EXACT_RESUME = "padpipe.integrations.lightning.ExactResume()"
-_held: weakref.WeakSet[Any] = weakref.WeakSet()
 
 ACCELERATE_FIX = (
     "pass `pipe.loader(...)` to `accelerator.prepare(...)` instead (Accelerate passes it through; padpipe "
@@ -159,43 +139,3 @@ def _warn_lightning(dataloader: Any) -> None:
         "`train_dataloader()` (Lightning's checkpoints then hold every rank's position after the batches trained).",
         stacklevel=3,
     )
-
-
-def hold(loader: Any) -> None:
-    """Note that a callback saves ``loader`` exactly under Lightning (``ExactResume`` calls it at the start of fit)."""
-    _held.add(loader)
-
-
-def check_state_caller(loader: Any, method: str, state: Any) -> None:
-    """Raise when Lightning saves or restores ``loader`` and no ``ExactResume`` callback makes that exact.
-
-    Registered in :mod:`padpipe.drivers`, asked by ``PipelineLoader.state_dict`` (``method``) and
-    ``load_state_dict`` (``state``: the state given). Lightning is the caller when the first method
-    above the loader's is its ``CombinedLoader``'s. Saving needs the loader held by the callback
-    (:func:`hold`); restoring needs a state the callback saved (every rank's checkpoint), which the
-    loader resumes exactly by itself.
-
-    Example:
-        >>> check_state_caller(pipe.loader(), "state_dict", None)  # doctest: +SKIP
-    """
-    if not any(name.split(".")[0] in sys.modules for name in LIGHTNING_COMBINED):
-        return
-    frame = caller_of(loader, (method,))
-    for _ in range(MAX_DEPTH):  # up to the first method (past Lightning's list comprehension)
-        if frame is None or takes_self(frame):
-            break
-        frame = frame.f_back
-    if frame is None or frame.f_globals.get("__name__") not in LIGHTNING_COMBINED:
-        return
-    if method == "state_dict" and loader not in _held:
-        raise RuntimeError(
-            f"Lightning is saving pipe.loader() in a checkpoint without the {EXACT_RESUME} callback, so the state "
-            "would be one batch late (its loop fetches a batch ahead) and rank 0's only: add "
-            f"`callbacks=[{EXACT_RESUME}]` to the Trainer."
-        )
-    if method == "load_state_dict" and not is_checkpoint(state):
-        raise RuntimeError(
-            "Lightning is restoring pipe.loader() from a checkpoint saved without the "
-            f"{EXACT_RESUME} callback (one batch late, or rank 0's only): resume from a checkpoint saved with "
-            f"`callbacks=[{EXACT_RESUME}]` in the Trainer."
-        )

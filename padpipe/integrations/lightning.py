@@ -10,10 +10,12 @@ only. :class:`ExactResume`, a callback, fixes both through Lightning's public ho
   fetched and not trained, which the loader, restored by Lightning, returns first. When ``fit``
   stops at ``max_steps`` inside an epoch, Lightning counts that epoch as done: so does the loader.
 - for any other stateful loader (a ``StatefulDataLoader``), wrap it in :class:`LightningLoader`,
-  whose state holds the same; the callback tells it which batches the loop has taken.
+  whose state holds the same; the callback tells it which batches the loop has trained.
 
-Without the callback, Lightning saving or restoring a ``pipe.loader()`` raises, naming it
-(:func:`padpipe.integrations.guard.check_state_caller`); training itself runs as it would.
+Without the callback, a fit that will save a ``pipe.loader()`` (a ``ModelCheckpoint``, Lightning's
+default) or resumes one raises at its first batch, before any step, naming it; one that can only
+save it through ``trainer.save_checkpoint`` warns, and that save raises
+(:mod:`padpipe.integrations.loader_guard`). A ``LightningLoader`` raises at its first batch too.
 
 Example:
     >>> import lightning as L  # doctest: +SKIP
@@ -33,7 +35,7 @@ from typing import Any
 
 from padpipe._optional import require
 from padpipe.checkpoints import CHECKPOINT, gathered, own_part
-from padpipe.integrations.guard import LOADER_SLOT, hold
+from padpipe.integrations.loader_guard import LOADER_SLOT, fit_trainer, held, hold, train_loaders
 from padpipe.loader import PipelineLoader
 from padpipe.runtime.held import Held
 from padpipe.sharing.ranks import ranks
@@ -45,6 +47,10 @@ MAX_AHEAD = 2
 """Batches yielded and not yet taken by the loop, at most: Lightning fetches one ahead."""
 OLD_STATE = StateSchema("LightningLoader", 2, ranks=ListOf(Plain()))
 """The state of padpipe's LightningLoader before it saved :data:`~padpipe.checkpoints.CHECKPOINT` (the same parts)."""
+NEEDS_CALLBACK = (
+    "LightningLoader needs `padpipe.integrations.lightning.ExactResume()` in `Trainer(callbacks=...)` (it tells the "
+    "loader which batches were trained on), and must be returned from `train_dataloader()` only."
+)
 
 
 class LightningLoader:
@@ -86,29 +92,22 @@ class LightningLoader:
         self.loader = loader
         self._ahead = Held()
         self._restored = Held(device=getattr(loader, "device", None))
-        self._resumed = False
 
     def __iter__(self) -> Iterator[Any]:
+        trainer = fit_trainer(self, "__iter__")  # at the first batch: Lightning's fit without the callback fails now
+        if trainer is not None and not held(trainer):
+            raise RuntimeError(NEEDS_CALLBACK)
         self._ahead.clear()
         restored = list(self._restored)
         self._restored.clear()
-        resumed, self._resumed = self._resumed, False
-        empty = True
         for batch in _chain(restored, self.loader):
-            empty = False
             self._ahead.append(_copy(batch))
             if len(self._ahead) > MAX_AHEAD:
-                raise RuntimeError(
-                    "LightningLoader: the training loop took no batch from it: add "
-                    "`padpipe.integrations.lightning.ExactResume()` to `Trainer(callbacks=...)` (it tells the loader "
-                    "which batches were trained on), and return the loader from `train_dataloader()` only."
-                )
+                raise RuntimeError(NEEDS_CALLBACK)
             yield batch
-        if empty and resumed:  # saved right after an epoch's last batch: that epoch is over, read the next
-            yield from self
 
     def taken(self) -> None:
-        """Note that the training loop took the oldest batch fetched (called by :class:`ExactResume`)."""
+        """Note that the training loop trained the oldest batch fetched (called by :class:`ExactResume`)."""
         if self._ahead:
             self._ahead.pop(0)
 
@@ -142,7 +141,6 @@ class LightningLoader:
                 )
             self.loader.load_state_dict(parts[rank]["loader"])
             self._restored.restore(parts[rank]["ahead"])
-        self._resumed = True
 
 
 class ExactResume(pl.Callback):
@@ -153,7 +151,8 @@ class ExactResume(pl.Callback):
     the loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint` (gathered from every rank, a
     collective as Lightning's checkpoint already is) where Lightning keeps the loader's state, so
     Lightning's own restore resumes it exactly. For each :class:`LightningLoader` it notes the
-    batches the loop has taken. Warns at the start of training when no train loader is either.
+    batches the loop has trained. Each epoch a ``pipe.loader()`` (bare or wrapped) reads is the one
+    Lightning runs. Warns at the start of training when no train loader is either.
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP
@@ -161,39 +160,52 @@ class ExactResume(pl.Callback):
 
     def __init__(self) -> None:
         self._loaders: list[PipelineLoader[Any]] = []
+        self._wrapped: list[LightningLoader] = []
+        self._epochs: list[PipelineLoader[Any]] = []  # bare and wrapped: each reads Lightning's epoch
+        self._first = False  # the fit's first epoch is to start
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        hold(trainer)  # before the fit's first batch, which Lightning fetches before on_train_start
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not _loaders(trainer, (LightningLoader, PipelineLoader)):
+        self._find(trainer)
+        self._first = True
+        if not (self._wrapped or self._loaders):
             warnings.warn(
                 "ExactResume: the train dataloader is neither a LightningLoader nor a pipe.loader(), so a resumed run "
                 "will not continue exactly; return `pipe.loader(...)` from `train_dataloader()`.",
                 stacklevel=2,
             )
-        self._loaders = _loaders(trainer, (PipelineLoader,))
-        for loader in self._loaders:
-            hold(loader)
-            loader.keep_untrained(MAX_AHEAD)
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        for loader in _loaders(trainer):
-            loader.taken()
+    def _find(self, trainer: pl.Trainer) -> None:
+        """The train loaders Lightning reads now (new ones each epoch with ``reload_dataloaders_every_n_epochs``)."""
+        self._wrapped = [one for one in train_loaders(trainer) if isinstance(one, LightningLoader)]
+        self._loaders = [one for one in train_loaders(trainer) if isinstance(one, PipelineLoader)]
+        inner = [one.loader for one in self._wrapped if isinstance(one.loader, PipelineLoader)]
+        self._epochs = self._loaders + inner
+        for loader in self._loaders:
+            loader.keep_untrained(MAX_AHEAD)  # it kept its first batch, fetched before this hook
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        for loader in self._loaders:  # after the step: training_step(dataloader_iter) fetches inside it
+        """After the step (a step that raised leaves its batch untrained; ``training_step(dataloader_iter)``
+        fetches inside it)."""
+        for wrapped in self._wrapped:
+            wrapped.taken()
+        for loader in self._loaders:
             loader.trained()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Make each loader read the epoch Lightning starts (``iter`` reads the loader's next one)."""
+        self._find(trainer)
         epoch, restart = trainer.current_epoch, False
-        for loader in self._loaders:
+        first, self._first = self._first, False
+        for loader in self._epochs:
             if loader.epoch < epoch:  # a new fit resumed after an epoch Lightning counts done, or the next epoch
-                restart |= loader.in_epoch  # Lightning reads on from that iter: of the epoch it should not read
+                restart |= loader.in_epoch  # an iter of the epoch it should not read (or a loader reloaded anew) ...
                 loader.set_epoch(epoch)
-        if restart:  # Lightning restored no loader state (it saw a finished epoch) and read one of another epoch
+        if restart and first:  # ... which Lightning reads on in a fit's first epoch (it iterates again in later ones)
             if len(_flattened(trainer)) > 1:
                 raise RuntimeError(
                     f"ExactResume: Lightning started epoch {epoch} on a pipe.loader() reading another epoch, and "
@@ -202,7 +214,7 @@ class ExactResume(pl.Callback):
             iter(trainer.fit_loop._data_fetcher)  # the batch it fetched ahead was of the other epoch
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for loader in self._loaders:  # fit stopped inside an epoch (max_steps): Lightning counts it as done
+        for loader in self._epochs:  # fit stopped inside an epoch (max_steps): Lightning counts it as done
             if trainer.current_epoch > loader.epoch:
                 loader.set_epoch(trainer.current_epoch)
 
@@ -231,19 +243,6 @@ def _flattened(trainer: pl.Trainer) -> list[Any]:
     """The train loaders in the order Lightning keeps their states (its ``CombinedLoader``'s)."""
     loaders = trainer.train_dataloader
     return [] if loaders is None else list(pl.utilities.CombinedLoader(loaders).flattened)
-
-
-def _loaders(trainer: pl.Trainer, kinds: tuple[type, ...] = (LightningLoader,)) -> list[Any]:
-    found, todo = [], [trainer.train_dataloader]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, kinds):
-            found.append(item)
-        elif isinstance(item, dict):
-            todo.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            todo.extend(item)
-    return found
 
 
 def _chain(first: list[Any], loader: Any) -> Iterator[Any]:

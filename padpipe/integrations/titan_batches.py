@@ -5,9 +5,10 @@ predict (its text loader shifts inside each document, so a document's last token
 nothing). :func:`titan_batch` does the same to a ``.pack()`` batch, whose labels are unshifted
 (HF's convention, ``-100`` at each document's first token and at padding): a position's label is
 the next position's, so it is ``-100`` at each document's last token, at padding, on masked SFT
-tokens (``.chat()``) and at the row's end. Every batch has exactly ``rows`` rows: a short batch
+tokens (``.chat()``) and at the row's end. Every batch is exactly ``rows`` x ``seq_len``: a short batch
 (the epoch's last, or one that equal steps split) is filled with rows that train nothing
-(:func:`fill_rows`), and a batch equal steps marks ``"is_filler"`` trains nothing either.
+(:func:`fill_rows`), a piece of a row that equal steps cut (as long as its tokens) with a padding
+run that trains nothing, and a batch equal steps marks ``"is_filler"`` trains nothing either.
 
 Pure ``torch``: no torchtitan import here (:mod:`padpipe.integrations.torchtitan` uses it).
 """
@@ -27,13 +28,15 @@ IGNORE_INDEX = -100
 TitanBatch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
 
-def titan_batch(batch: Mapping[str, Any], *, rows: int, pad_id: int) -> tuple[TitanBatch, int]:
-    """torchtitan's batch of ``batch`` (a ``.pack()`` batch) with ``rows`` rows, and how many rows were filled.
+def titan_batch(batch: Mapping[str, Any], *, rows: int, seq_len: int, pad_id: int) -> tuple[TitanBatch, int]:
+    """torchtitan's batch of ``batch`` (a ``.pack()`` batch) as ``rows`` x ``seq_len``, and how many rows were filled.
 
     Args:
-        batch: A packed batch: ``input_ids``, ``position_ids`` and ``labels``, ``[b, seq_len]`` int64, ``b <= rows``.
+        batch: A packed batch: ``input_ids``, ``position_ids`` and ``labels``, ``[b, n]`` int64, ``b <= rows``,
+            ``n <= seq_len`` (a piece of a cut row is as long as its tokens: a padding run ends it).
         rows: The rows torchtitan takes per batch (its ``local_batch_size``).
-        pad_id: The token id of filled rows.
+        seq_len: The tokens torchtitan takes per row.
+        pad_id: The token id of filled rows and padding runs.
 
     Raises:
         ValueError: A key is missing, the shapes differ, or the batch has more than ``rows`` rows.
@@ -42,7 +45,7 @@ def titan_batch(batch: Mapping[str, Any], *, rows: int, pad_id: int) -> tuple[Ti
         >>> packed = {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 0]]),  # documents 5 6 7 and 8 9, one padding slot
         ...           "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0]]),
         ...           "labels": torch.tensor([[-100, 6, 7, -100, 9, -100]])}
-        >>> (inputs, labels), filled = titan_batch(packed, rows=2, pad_id=0)
+        >>> (inputs, labels), filled = titan_batch(packed, rows=2, seq_len=6, pad_id=0)
         >>> inputs["input"].tolist(), inputs["positions"][0].tolist(), filled
         ([[5, 6, 7, 8, 9, 0], [0, 0, 0, 0, 0, 0]], [0, 1, 2, 0, 1, 0], 1)
         >>> labels.tolist()
@@ -55,17 +58,23 @@ def titan_batch(batch: Mapping[str, Any], *, rows: int, pad_id: int) -> tuple[Ti
             f"{', '.join(missing)}: found keys {sorted(batch)}."
         )
     ids, positions, labels = batch["input_ids"], batch["position_ids"], batch["labels"]
-    if ids.dim() != 2 or positions.shape != ids.shape or labels.shape != ids.shape or len(ids) > rows:
+    shapes = [list(t.shape) for t in (ids, positions, labels)]
+    if ids.dim() != 2 or ids.shape[1] > seq_len or shapes.count(shapes[0]) != 3 or len(ids) > rows:
         raise ValueError(
-            f"padpipe.integrations.torchtitan: a packed batch must be [at most {rows}, seq_len] in input_ids, "
-            f"position_ids and labels alike, but they are {[list(t.shape) for t in (ids, positions, labels)]}."
+            f"padpipe.integrations.torchtitan: a packed batch must be [at most {rows}, at most {seq_len}] in "
+            f"input_ids, position_ids and labels alike, but they are {shapes}."
         )
     shifted = torch.full_like(labels, IGNORE_INDEX)
     if not _is_filler(batch):  # equal steps' filler: one real row, to train nothing
         shifted[:, :-1] = labels[:, 1:]
+    if ids.shape[1] < seq_len:  # a piece of a cut row: a padding run, positions from 0, trains nothing
+        run, runs = seq_len - ids.shape[1], len(ids)
+        ids = torch.cat([ids, ids.new_full((runs, run), pad_id)], 1)
+        positions = torch.cat([positions, torch.arange(run, dtype=positions.dtype).expand(runs, run)], 1)
+        shifted = torch.cat([shifted, shifted.new_full((runs, run), IGNORE_INDEX)], 1)
     filled = rows - len(ids)
     if filled:
-        (fill_inputs, fill_labels) = fill_rows(filled, ids.shape[1], pad_id)
+        (fill_inputs, fill_labels) = fill_rows(filled, seq_len, pad_id)
         ids, positions = torch.cat([ids, fill_inputs["input"]]), torch.cat([positions, fill_inputs["positions"]])
         shifted = torch.cat([shifted, fill_labels])
     return ({"input": ids, "positions": positions}, shifted), filled

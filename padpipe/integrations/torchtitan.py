@@ -201,7 +201,7 @@ class PadpipeDataLoader(BaseDataLoader):
             empty = True
             for batch in self.loader:
                 empty = False
-                converted, filled = titan_batch(batch, rows=self.rows, pad_id=self.pad_id)
+                converted, filled = titan_batch(batch, rows=self.rows, seq_len=self.seq_len, pad_id=self.pad_id)
                 self.counts["filled_rows"] += filled
                 self.counts["filler_batches"] += int(bool(batch.get(FILLER_KEY, False)))
                 self._yielded += 1

@@ -69,13 +69,6 @@ def chat_options(tokenizer: Any, *, chat_template: str | None, num_threads: int,
             "prompt/completion rows of plain text get the tokenizer's EOS token after the completion "
             "(as TRL appends it), but this tokenizer has none: set tokenizer.eos_token."
         )
-    marked = template.marked() and settings.prompt is None
-    if settings.train_on != "all" and not marked and not template.probe.honours_generation_prompt:
-        raise ValueError(
-            "chat(): the chat template ignores add_generation_prompt (it adds nothing after a user message, yet an "
-            "answer's turn opens with a header), so where an answer starts is unknown: pass chat_template= one "
-            "that writes the generation prompt, or one with {% generation %} markers."
-        )
     return {"template": template, "options": settings, "num_threads": num_threads}
 
 
@@ -87,6 +80,7 @@ class Plan:
     spans: list[tuple[int, int]]
     invert: bool = False
     plain: bool = False  # plain prompt/completion text, tokenized with the tokenizer's special tokens
+    kind: str | None = None  # a row besides the conversation's own: its counter (chat.reasoning_rows, ...)
 
 
 class ChatTokenizer:
@@ -95,7 +89,7 @@ class ChatTokenizer:
     Args:
         template: The :class:`~padpipe.chat.template.ChatTemplate` to render with.
         options: What to read and how to label.
-        stats: Counters to report into (``chat`` time; ``chat.rows``, ``chat.tokens``,
+        stats: Counters to report into (``chat`` time; ``chat.conversations``, ``chat.rows``, ``chat.tokens``,
             ``chat.trained_tokens``, ``chat.truncated``; skips ``chat.<reason>``); default: new.
 
     Example:
@@ -162,6 +156,7 @@ class ChatTokenizer:
                 counts.append((i, f"{SKIP}chat.{plan.reason}", 1))
         counts += [(i, f"{SKIP}chat.{NO_TRAINED}", 1) for i, plan in enumerate(plans) if plan == []]
         good = np.array([i for i, plan in enumerate(plans) if isinstance(plan, list) for _ in plan], dtype=np.int64)
+        kinds = [row.kind for plan in plans if isinstance(plan, list) for row in plan]
         tokens, trained = self._encode([row for plan in plans if isinstance(plan, list) for row in plan])
         lengths, kept = cut(tokens.offsets, trained, self.options.max_length, self.options.truncation)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -170,6 +165,7 @@ class ChatTokenizer:
         sums = row_sums(offsets, trained)
         counts += [(int(i), "chat.truncated", 1) for i in good[(lengths < np.diff(tokens.offsets)) & (sums > 0)]]
         counts += [(int(i), f"{SKIP}chat.{NO_TRAINED}", 1) for i in good[sums == 0]]
+        counts += [(int(i), f"chat.{kind}", 1) for i, kind, n in zip(good, kinds, sums) if kind and n]  # rows given
         if (sums == 0).any():
             keep = np.repeat(sums > 0, lengths)
             ids, trained, lengths = ids[keep], trained[keep], lengths[sums > 0]
@@ -191,6 +187,7 @@ class ChatTokenizer:
                 self._dropped(name[len(DROPPED) :], n)
             else:
                 self.stats.add(name, n)
+        self.stats.add("chat.conversations", len(np.unique(outcome.source)))  # those giving rows: 1, or more
         self.stats.add("chat.rows", chunk.num_rows)
         self.stats.add("chat.tokens", chunk.num_tokens)
         self.stats.add("chat.trained_tokens", int(trained.sum()))
@@ -287,9 +284,7 @@ class ChatTokenizer:
         )
         for what, n in rows.dropped.items():
             count(f"{DROPPED}{what}", n)
-        if len(rows.texts) > 1:
-            count("chat.reasoning_rows", len(rows.texts) - 1)
-        return [Plan(text, spans) for text, spans in rows.texts]
+        return [Plan(text, spans, kind=kind) for (text, spans), kind in zip(rows.texts, rows.kinds)]
 
     def _check_special(self, messages: list[dict[str, Any]], tools: list | None, count: _Counts) -> None:
         """Count (or refuse) a conversation whose text holds a special token's text, which the tokenizer reads as
@@ -349,8 +344,8 @@ class ChatTokenizer:
 
     def _check_columns(self, batch: pa.RecordBatch) -> None:
         names = batch.schema.names
-        for name in self.options.required():
-            if name not in names and self.options.on_error == "raise":
+        for name in self.options.named():
+            if name not in names and (self.options.on_error == "raise" or name not in self.options.required()):
                 missing = MISSING_COLUMN.format(names)
                 raise DataError(f"chat: column {name!r} is not in the data{row_origin(batch)}; {missing}")
         if LABELS in names:

@@ -2,14 +2,14 @@
 
 A piece is what :class:`~padpipe.pipes.pack.Packer` places in a row: a document of at most
 ``seq_len`` tokens, or a part of a longer one. :func:`cut_pieces` cuts a chunk's documents
-(vectorized, the labels cut with their ids), and :func:`pieces_to_chunk` and the :class:`Pieces`
-state spec turn pieces into one chunk and back, for the packer's state.
+(vectorized, the labels cut with their ids) after :func:`token_problem` finds no id or label a
+model cannot take; :func:`pieces_to_chunk` turns pieces into one chunk, for the packer's state
+(:mod:`padpipe.pipes.piece_state` loads them back).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,8 +18,10 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import TokenChunk
 from padpipe.errors import DataError
-from padpipe.state import Invalid, Spec
 from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS
+
+IGNORE = -100
+"""The label HF's losses leave out (besides the packer's own ``label_pad_id``)."""
 
 
 class Piece(NamedTuple):
@@ -107,17 +109,60 @@ def kept_values(chunk: TokenChunk, keep: Sequence[str]) -> list[list[Any]]:
     return out
 
 
+def token_problem(
+    ids: np.ndarray, labels: np.ndarray | None, *, vocab_size: int | None, ignore: Sequence[int]
+) -> tuple[int, str, str] | None:
+    """The first id or label that no model takes, as ``(its index, what it must be, what it is)``, else ``None``.
+
+    Ids are ``[0, vocab_size)`` (``>= 0`` where the vocabulary is not known); labels are such ids
+    or one of ``ignore`` (the labels a loss leaves out). Whole-array reductions, no loop.
+
+    Example:
+        >>> token_problem(np.array([5, 2, 9]), np.array([-100, 2, 9]), vocab_size=8, ignore=(-100,))
+        (2, 'ids from 0 to 7', 'id 9')
+        >>> token_problem(np.array([5, 2]), np.array([-1, 2]), vocab_size=None, ignore=(-100,))
+        (0, 'labels that are ids >= 0 or -100', 'label -1')
+    """
+    span = "ids >= 0" if vocab_size is None else f"ids from 0 to {vocab_size - 1}"
+    high = np.iinfo(np.int64).max if vocab_size is None else vocab_size - 1
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) > high):
+        at = int(np.argmax((ids < 0) | (ids > high)))
+        return at, span, f"id {int(ids[at])}"
+    if labels is not None and len(labels) and (int(labels.min()) < 0 or int(labels.max()) > high):
+        bad = ((labels < 0) | (labels > high)) & ~np.isin(labels, ignore)
+        if bad.any():
+            at = int(np.argmax(bad))
+            return (
+                at,
+                f"labels that are {span} or {' or '.join(map(str, sorted(set(ignore))))}",
+                f"label {int(labels[at])}",
+            )
+    return None
+
+
 def cut_pieces(
-    chunk: TokenChunk, *, seq_len: int, long_docs: str | None, keep_tail: bool, keep: Sequence[str] = ()
+    chunk: TokenChunk,
+    *,
+    seq_len: int,
+    long_docs: str | None,
+    keep_tail: bool,
+    keep: Sequence[str] = (),
+    vocab_size: int | None = None,
+    ignore: Sequence[int] = (IGNORE,),
 ) -> tuple[list[Piece], dict[str, int]]:
     """The pieces a packer places for the documents of ``chunk``, in order, with their counts.
 
-    A document of at most ``seq_len`` tokens is one piece. A longer one is split into ``seq_len``
-    pieces plus its tail (``"split"``; the tail dropped when ``keep_tail`` is false), cut to its
-    first ``seq_len`` tokens (``"truncate"``), dropped (``"drop"``), or refused with a
+    A document of at most ``seq_len`` tokens is one piece. A longer one is split into pieces of
+    ``seq_len`` tokens plus its tail (``"split"``; the tail dropped when ``keep_tail`` is false),
+    cut to its first ``seq_len`` tokens (``"truncate"``), dropped (``"drop"``), or refused with a
     :class:`~padpipe.errors.DataError` naming it (``"raise"``). ``None`` is ``"raise"`` when the
     chunk has token-level labels (a masked row is never split unless asked) and ``"split"``
     otherwise. Token-level labels are cut with their ids. Empty documents are dropped.
+
+    A split document's pieces overlap by one token: each piece after the first starts with the
+    token before the cut, as context (the packer gives a piece's first token no label), so the
+    cut token is still predicted from it and every token but the document's first is a target
+    exactly once. A piece then holds ``seq_len - 1`` new tokens: one token more per cut.
 
     Args:
         chunk: Tokenized documents, one per row.
@@ -125,31 +170,42 @@ def cut_pieces(
         long_docs: ``None``, ``"split"``, ``"truncate"``, ``"drop"`` or ``"raise"``.
         keep_tail: With ``"split"``, keep the last piece shorter than ``seq_len``.
         keep: Columns whose values each piece carries (its document's).
+        vocab_size: Every id is below it (``None``: not known, every id ``>= 0``).
+        ignore: Labels a loss leaves out; every other label is an id.
 
     Returns:
         ``(pieces, counts)``: the pieces and how many documents were ``"split"``, ``"truncated"``,
-        ``"dropped"`` (too long), ``"tails_dropped"`` and ``"empty"``.
+        ``"dropped"`` (too long), ``"tails_dropped"`` and ``"empty"``, and the ``"context"``
+        tokens repeated at the start of a split document's later pieces (one per cut).
 
     Example:
-        >>> pieces, counts = cut_pieces(TokenChunk.from_lists([[1, 2, 3, 4, 5], [6]]), seq_len=2,
+        >>> pieces, counts = cut_pieces(TokenChunk.from_lists([[1, 2, 3, 4, 5, 6], [7]]), seq_len=3,
         ...                             long_docs=None, keep_tail=True)
-        >>> [p.ids.tolist() for p in pieces], counts["split"]
-        ([[1, 2], [3, 4], [5], [6]], 1)
+        >>> [p.ids.tolist() for p in pieces], counts["split"], counts["context"]
+        ([[1, 2, 3], [3, 4, 5], [5, 6], [7]], 1, 2)
     """
     labels = token_labels(chunk)
     values = kept_values(chunk, keep)
+    problem = token_problem(chunk.ids, labels, vocab_size=vocab_size, ignore=ignore)
+    if problem is not None:
+        at, expected, found = problem
+        row = int(np.searchsorted(chunk.offsets, at, side="right")) - 1
+        raise DataError(f"pack: {_where(chunk, row)} has {found}; expected {expected}.")
     policy = long_docs or ("raise" if labels is not None else "split")
     lengths = chunk.lengths
     long = lengths > seq_len
     if policy == "raise" and long.any():
         raise _long_row_error(chunk, long, seq_len, labelled=labels is not None, explicit=long_docs == "raise")
     counts = {"split": 0, "truncated": 0, "dropped": 0, "tails_dropped": 0, "empty": int((lengths == 0).sum())}
+    counts["context"] = 0
     pieces = (lengths > 0).astype(np.int64)
+    step = seq_len - 1  # new tokens per piece after a document's first: the rest is the cut token, again
     if policy == "split":
-        tails = long & (lengths % seq_len > 0)
-        pieces[long] = lengths[long] // seq_len + (tails[long] if keep_tail else 0)
+        tails = long & ((lengths - 1) % step > 0)
+        pieces[long] = (lengths[long] - 1) // step + (tails[long] if keep_tail else 0)
         counts["split"] = int(long.sum())
         counts["tails_dropped"] = 0 if keep_tail else int(tails.sum())
+        counts["context"] = int(pieces[long].sum() - long.sum())
     elif policy == "truncate":
         counts["truncated"] = int(long.sum())
     elif policy == "drop":
@@ -157,8 +213,8 @@ def cut_pieces(
         counts["dropped"] = int(long.sum())
     doc = np.repeat(np.arange(len(lengths), dtype=np.int64), pieces)
     part = np.arange(len(doc), dtype=np.int64) - np.repeat(exclusive_cumsum(pieces)[:-1], pieces)
-    starts = chunk.offsets[:-1][doc] + part * seq_len
-    sizes = np.minimum(seq_len, lengths[doc] - part * seq_len)
+    starts = chunk.offsets[:-1][doc] + part * step
+    sizes = np.minimum(seq_len, lengths[doc] - part * step)
     offsets = exclusive_cumsum(sizes)
     index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(starts - offsets[:-1], sizes)
     ids = chunk.ids[index]
@@ -206,28 +262,3 @@ def pieces_to_chunk(pieces: Sequence[Piece], keep: Sequence[str] = ()) -> TokenC
     for j, name in enumerate(keep):
         columns[name] = pa.array([p.values[j] for p in pieces])
     return TokenChunk(np.concatenate([p.ids for p in pieces]), offsets, None, columns)
-
-
-@dataclass(frozen=True)
-class Pieces(Spec):
-    """A sealed chunk of pieces made by :func:`pieces_to_chunk` with these ``keep`` columns; loads a list of pieces."""
-
-    keep: tuple[str, ...] = ()
-
-    def load(self, value: Any) -> list[Piece]:
-        chunk = TokenChunk.from_state(value)
-        names = sorted(chunk.columns)
-        allowed = {LABELS, *self.keep}
-        if chunk.num_rows and (set(names) - allowed or set(self.keep) - set(names)):
-            raise Invalid(f"pieces with the kept columns {list(self.keep)} (and labels)", f"pieces with {names}")
-        try:
-            labels = token_labels(chunk)
-            values = kept_values(chunk, self.keep) if chunk.num_rows else []
-        except DataError as exc:
-            raise Invalid("pieces with one integer label per token", str(exc)[:120]) from None
-        rows = list(zip(*values)) if self.keep else [()] * chunk.num_rows
-        bounds = chunk.offsets.tolist()
-        return [
-            Piece(chunk.ids[a:b], None if labels is None else labels[a:b], tuple(row))
-            for a, b, row in zip(bounds, bounds[1:], rows)
-        ]

@@ -7,8 +7,8 @@ Example:
     >>> batch["input_ids"].shape, bool((batch["labels"] != -100).any())
     (torch.Size([4, 1024]), True)
 
-Run it from the command line (prints a few batch shapes, the conversations, the trained-token share, the
-packing efficiency, and what was truncated or dropped and why)::
+Run it from the command line (prints a few batch shapes, the rows, the trained-token share, the packing
+efficiency, the conversations and the rows they became, and what was truncated or dropped and why)::
 
     python -m padpipe.recipes.sft --data PATH [PATH ...] --tokenizer DIR [--seq-len N] [--mode pack|bucket]
         [--train-on assistant|last|all] [--chat-template FILE] [--prompt COL --completion COL] [--cache DIR]
@@ -170,37 +170,41 @@ def _records(data: Any) -> pp.Pipeline:
 
 
 def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
-    """Print what was truncated and what was dropped, by reason, from a loader's stats.
+    """Print the conversations and the rows they became, what was truncated and what was dropped, by reason.
+
+    A conversation is one row, or more where its reasoning is trained in rows of its own (``chat.reasoning_rows``);
+    truncation counts rows, and drops count conversations, and rows left with no token to train.
 
     Example:
         >>> snap = pp.StatsSnapshot(rows=9, batches=1, real_tokens=900, padded_tokens=1024, seconds={},
-        ...                         skipped={"chat.no_trained_tokens": 1}, counters={"chat.truncated": 2})
+        ...                         skipped={"chat.no_trained_tokens": 1},
+        ...                         counters={"chat.conversations": 5, "chat.rows": 9, "chat.reasoning_rows": 4,
+        ...                                   "chat.truncated": 2})
         >>> summary(snap)
-        truncated to seq_len: 2 conversations (their first seq_len tokens kept)
-        dropped: 1 conversation
+        rendered: 5 conversations into 9 rows (4 rows of their own for reasoning the whole conversation drops)
+        truncated to seq_len: 2 rows (their first seq_len tokens kept)
+        dropped: 1 rows with no token to train
           chat.no_trained_tokens 1: no token left to train (after truncation to seq_len, or under train_on)
     """
     out = out or sys.stdout
-    truncated = stats.counters.get("chat.truncated", 0)
-    print(f"truncated to seq_len: {truncated} conversations (their first seq_len tokens kept)", file=out)
-    if stats.counters.get("chat.reasoning_rows"):
-        print(
-            f"rows of their own for reasoning the whole conversation drops: {stats.counters['chat.reasoning_rows']}",
-            file=out,
-        )
-    unrendered = {
-        k[len("chat.dropped_") :]: v for k, v in sorted(stats.counters.items()) if k.startswith("chat.dropped_")
-    }
+    counters, reasoning = stats.counters, stats.counters.get("chat.reasoning_rows", 0)
+    rows = f"{counters.get('chat.conversations', 0)} conversations into {counters.get('chat.rows', 0)} rows"
+    own = f" ({reasoning} rows of their own for reasoning the whole conversation drops)" if reasoning else ""
+    print(f"rendered: {rows}{own}", file=out)
+    truncated = counters.get("chat.truncated", 0)
+    print(f"truncated to seq_len: {truncated} rows (their first seq_len tokens kept)", file=out)
+    unrendered = {k[len("chat.dropped_") :]: v for k, v in sorted(counters.items()) if k.startswith("chat.dropped_")}
     if unrendered:
         listed = ", ".join(f"{what} of {n} messages" for what, n in unrendered.items())
         print(f"not rendered by the template (trained as rendered): {listed}", file=out)
-    if stats.counters.get("chat.special_text"):
-        print(f"conversations holding special-token text (kept): {stats.counters['chat.special_text']}", file=out)
-    dropped = sum(stats.skipped.values())
-    if not dropped:
-        print("dropped: none", file=out)
-        return
-    print(f"dropped: {dropped} conversation{'s' if dropped != 1 else ''}", file=out)
+    if counters.get("chat.special_text"):
+        print(f"conversations holding special-token text (kept): {counters['chat.special_text']}", file=out)
+    untrained = stats.skipped.get("chat.no_trained_tokens", 0)  # a row (a conversation's only row, or one of them)
+    refused = sum(stats.skipped.values()) - untrained
+    parts = [f"{refused} conversations"] * bool(refused) + [f"{untrained} rows with no token to train"] * bool(
+        untrained
+    )
+    print(f"dropped: {' and '.join(parts) or 'none'}", file=out)
     for name, count in sorted(stats.skipped.items()):
         print(f"  {name} {count}: {DROPPED.get(name, 'skipped under an on_error policy')}", file=out)
 
@@ -208,7 +212,7 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
 PROG = "python -m padpipe.recipes.sft"
 DESCRIPTION = """\
 Chat SFT batches from conversations, read in one streaming pass: prints the first batches' shapes,
-the conversations, the share of tokens trained (labels other than -100), the packing (or padding)
+the rows, the share of tokens trained (labels other than -100), the packing (or padding)
 efficiency, and what was truncated to --seq-len or dropped, by reason. Each conversation is
 rendered with the tokenizer's chat template (or --chat-template) exactly as apply_chat_template
 renders it; only the assistant's answers are trained (--train-on). --mode pack packs whole
@@ -227,9 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ...       "--seq-len", "1024", "--max-batches", "1"])  # doctest: +ELLIPSIS
         sft pack seq_len=1024, train_on=assistant:
         batch 0: input_ids [8, 1024] int64, position_ids [8, 1024] int64, labels [8, 1024] int64, ...
-        1 batches, ... conversations, ... tokens in 8192 slots: packing efficiency ...%
+        1 batches, ... rows, ... tokens in 8192 slots: packing efficiency ...%
         trained tokens (labels other than -100): ... of ... (...%)
-        truncated to seq_len: 0 conversations (their first seq_len tokens kept)
+        rendered: ... conversations into ... rows
+        truncated to seq_len: 0 rows (their first seq_len tokens kept)
         dropped: none
         0
     """
@@ -313,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"sft {args.mode} seq_len={args.seq_len}, train_on={args.train_on}:")
     efficiency = "packing" if args.mode == "pack" else "padding"
-    stats = cli.run(pipe, max_batches=args.max_batches, efficiency=efficiency, unit="conversations", trained=True)
+    stats = cli.run(pipe, max_batches=args.max_batches, efficiency=efficiency, trained=True)
     summary(stats)
     if args.cache is not None:
         hits, misses = stats.counters.get("cache.hit_rows", 0), stats.counters.get("cache.miss_rows", 0)

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from padpipe.pipes.pairs import paired_rows
+
 PACKED_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
@@ -33,6 +35,8 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     rows = rows_of(batch)
     if rows is None or rows < 2:
         return None
+    if (pairs := paired_rows(batch)) is not None:  # TRL's DPO layout: a half keeps both members of its pairs
+        return _split_pairs(batch, pairs) if pairs >= 2 else None
     cut = rows // 2
     first: dict[str, Any] = {}
     second: dict[str, Any] = {}
@@ -49,6 +53,29 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
             return None
     if "cu_seq_lens_q" in batch and not _split_packed(batch, cut, first, second):
         return None
+    return first, second
+
+
+def _split_pairs(batch: dict[str, Any], pairs: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A padded preference batch (``2B`` rows: chosen members, then rejected ones) cut into its first ``B // 2`` pairs
+    and the rest, each laid out as the whole was."""
+    cut = pairs // 2
+    halves = (torch.cat([torch.arange(cut), torch.arange(pairs, pairs + cut)]),
+              torch.cat([torch.arange(cut, pairs), torch.arange(pairs + cut, 2 * pairs)]))  # fmt: skip
+    first: dict[str, Any] = {}
+    second: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 or isinstance(value, (list, tuple)):
+            if len(value) != 2 * pairs:
+                return None
+            for half, rows in zip((first, second), halves):
+                half[key] = (
+                    value[rows.to(value.device)] if isinstance(value, torch.Tensor) else [value[i] for i in rows]
+                )
+        elif isinstance(value, (torch.Tensor, int, float, str, bool)) or value is None:
+            first[key] = second[key] = value
+        else:
+            return None
     return first, second
 
 
@@ -86,6 +113,8 @@ def merge_batches(first: Any, second: Any) -> dict[str, Any] | None:
         (torch.Size([3, 3]), ['a', 'b', 'c'])
     """
     if not isinstance(first, dict) or not isinstance(second, dict) or set(first) != set(second):
+        return None
+    if paired_rows(first) is not None or paired_rows(second) is not None:  # pairs would not stay in TRL's layout
         return None
     rows = (rows_of(first), rows_of(second))
     if None in rows:

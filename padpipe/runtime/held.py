@@ -57,8 +57,9 @@ class Held(list[Any]):
 class Untrained:
     """The batches a loader returned that its trainer has not trained yet, and those to return first after a resume.
 
-    ``recent`` keeps the last :meth:`keep` batches returned (a trainer's fetch-ahead); ``restored``
-    holds those a checkpoint gave back (:meth:`restore`) until they are returned again.
+    ``recent`` keeps the last :meth:`keep` batches returned (a trainer's fetch-ahead; the last one
+    until told, as a trainer may fetch its first batch before it can say how many it fetches ahead);
+    ``restored`` holds those a checkpoint gave back (:meth:`restore`) until they are returned again.
 
     Example:
         >>> kept = Untrained(); kept.keep(1)
@@ -68,7 +69,7 @@ class Untrained:
     """
 
     def __init__(self) -> None:
-        self.recent: deque[Any] = deque(maxlen=0)
+        self.recent: deque[Any] = deque(maxlen=1)
         self.restored = Held()
         self.outstanding = 0  # returned and not noted trained (PipelineLoader.trained)
 

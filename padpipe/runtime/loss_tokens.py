@@ -19,6 +19,7 @@ from torchdata.nodes import BaseNode
 from padpipe.batch_spec import HeldBatch
 from padpipe.errors import check_bool, positive
 from padpipe.graph import Parts
+from padpipe.pipes.pairs import count_pairs
 from padpipe.runtime.held import Held
 from padpipe.runtime.lockstep import REPEAT_KEY
 from padpipe.runtime.rebalance import FILLER_KEY
@@ -36,7 +37,8 @@ def label_tokens(batch: Any, *, causal: bool = True) -> int:
     first position predicts nothing) or ``labels`` (masked LM, classification), each without the
     ``-100`` entries. A packed row's document starts are ``-100`` already (``.pack()``), so no
     token is counted across a document boundary. A batch marked as a repeat (``"is_repeat"``) or a
-    filler (``"is_filler"``), whose loss is zeroed, counts 0.
+    filler (``"is_filler"``), whose loss is zeroed, counts 0. A preference batch (``.preference()``) counts its
+    pairs, the unit a DPO loss averages over.
 
     Example:
         >>> label_tokens({"labels": torch.tensor([[-100, 5, 6, -100], [7, 8, -100, -100]])})
@@ -44,6 +46,9 @@ def label_tokens(batch: Any, *, causal: bool = True) -> int:
         >>> label_tokens({"labels": torch.tensor([1, 0, 1])}, causal=False)
         3
     """
+    pairs = count_pairs(batch) if isinstance(batch, dict) else None
+    if pairs is not None:
+        return 0 if any(bool(batch.get(key, False)) for key in (REPEAT_KEY, FILLER_KEY)) else pairs
     if not isinstance(batch, dict) or ("labels" not in batch and "shift_labels" not in batch):
         found = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise ValueError(
@@ -190,7 +195,7 @@ class LossTokens(BaseNode[Any]):
 
 
 def _device_of(batch: dict[str, Any]) -> torch.device:
-    labels = batch.get("shift_labels", batch.get("labels"))
+    labels = batch.get("shift_labels", batch.get("labels", batch.get("input_ids")))
     return labels.device if isinstance(labels, torch.Tensor) else torch.device("cpu")
 
 

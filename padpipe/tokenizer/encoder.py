@@ -8,7 +8,6 @@ into one flat :class:`~padpipe.chunks.TokenChunk`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from padpipe._optional import require
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.errors import positive
 from padpipe.tokenizer.prefix import cut, prefix_chars
+from padpipe.tokenizer.serialized import TokenizerJson, tokenizer_json
 from padpipe.tokenizer.truncate import truncate_pairs
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.\-]{0,95}(/[A-Za-z0-9][\w.\-]{0,95})?")
@@ -70,6 +70,7 @@ class TextEncoder:
     def __init__(
         self,
         tokenizer: Tokenizer,
+        source: TokenizerJson,
         *,
         max_length: int | None,
         truncation_side: str,
@@ -80,7 +81,7 @@ class TextEncoder:
         bos_id: int | None,
         returns_token_type_ids: bool,
     ) -> None:
-        self._tokenizer = tokenizer
+        self._tokenizer, self._source = tokenizer, source
         self.max_length = max_length
         self.truncation_side = truncation_side
         self.add_special_tokens = add_special_tokens
@@ -142,17 +143,19 @@ class TextEncoder:
 
     @classmethod
     def _from_transformers(cls, tok: Any, max_length: int | None, truncation: bool, special: bool) -> TextEncoder:
-        rust = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+        source = tokenizer_json(tok.backend_tokenizer)
+        rust = source.copy()
         if truncation and max_length is None:
             limit = tok.model_max_length
             max_length = int(limit) if limit is not None and limit < MODEL_MAX_LENGTH_LIMIT else None
         return cls(
             rust,
+            source,
             max_length=max_length if truncation else None,
             truncation_side=tok.truncation_side,
             add_special_tokens=special,
             encode_special_tokens=bool(getattr(tok, "split_special_tokens", False)),
-            pad_id=_first_id(rust, [tok.pad_token_id, _padding_id(rust)], PAD_TOKENS),
+            pad_id=_first_id(rust, [tok.pad_token_id, _padding_id(tok.backend_tokenizer)], PAD_TOKENS),
             eos_id=tok.eos_token_id,
             bos_id=tok.bos_token_id,
             returns_token_type_ids="token_type_ids" in tok.model_input_names,
@@ -160,14 +163,16 @@ class TextEncoder:
 
     @classmethod
     def _from_rust(cls, tok: Tokenizer, max_length: int | None, truncation: bool, special: bool) -> TextEncoder:
-        rust = Tokenizer.from_str(tok.to_str())
+        source = tokenizer_json(tok)
+        rust = source.copy()
         baked = tok.truncation or {}
-        pad_id = _first_id(rust, [_padding_id(rust)], PAD_TOKENS)
+        pad_id = _first_id(rust, [_padding_id(tok)], PAD_TOKENS)
         rust.no_truncation()
         rust.no_padding()
         pair = rust.encode("a", "b")
         return cls(
             rust,
+            source,
             max_length=max_length if truncation else None,
             truncation_side=str(baked.get("direction", "right")).lower(),
             add_special_tokens=special,
@@ -189,16 +194,10 @@ class TextEncoder:
         # encode_batch_fast (tokenizers >= 0.20) gives the same ids without computing offsets
         self._encode_batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
         # long single texts are cut before encoding where that gives the same ids (see padpipe.tokenizer.prefix)
-        text = tok.to_str()  # (one serialization: a large vocabulary takes tens of milliseconds)
-        self._prefix_chars = prefix_chars(text, self.max_length, self.truncation_side)
-        # pairs are encoded whole by an untruncated twin and cut by _truncate (see there why)
+        self._prefix_chars = prefix_chars(self._source.text, self.max_length, self.truncation_side)
+        # pairs are encoded whole by an untruncated twin (parsed at the first pair) and cut by _truncate (see there)
         self._pair_limit = None
-        self._untruncated = tok  # without truncation or padding: what fingerprint() digests
         if self.max_length is not None:
-            twin = self._untruncated = Tokenizer.from_str(text)
-            twin.no_truncation()
-            twin.encode_special_tokens = self.encode_special_tokens
-            self._encode_pairs = getattr(twin, "encode_batch_fast", twin.encode_batch)
             added = tok.num_special_tokens_to_add(True) if self.add_special_tokens else 0
             # the Rust tokenizer does not truncate at all when max_length < added tokens
             self._pair_limit = self.max_length - added if self.max_length >= added else None
@@ -227,7 +226,7 @@ class TextEncoder:
         inputs = list(zip(texts, pairs))
         if self.max_length is None:
             return _flatten(self._encode_batch(inputs, add_special_tokens=special), self.returns_token_type_ids)
-        encodings = self._encode_pairs(inputs, add_special_tokens=special)
+        encodings = self._twin()(inputs, add_special_tokens=special)
         chunk = _flatten(encodings, self.returns_token_type_ids)
         lengths = chunk.lengths
         rows = np.flatnonzero(lengths > self.max_length) if self._pair_limit is not None else []
@@ -282,11 +281,16 @@ class TextEncoder:
             >>> enc.fingerprint()
             'vocab=... sha1=...'
         """
-        cached = self.__dict__.get("_fingerprint")
-        if cached is None:  # (the untruncated twin of _configure: no copy of the tokenizer made here)
-            digest = hashlib.sha1(self._untruncated.to_str().encode()).hexdigest()[:16]
-            cached = self._fingerprint = f"vocab={self._untruncated.get_vocab_size()} sha1={digest}"
-        return cached
+        return self._source.fingerprint
+
+    def _twin(self) -> Any:
+        """The batch call of an untruncated copy, for pairs (parsed once, at the first pair)."""
+        twin = self.__dict__.get("_encode_pairs")
+        if twin is None:
+            copy = self._source.copy()
+            copy.encode_special_tokens = self.encode_special_tokens
+            twin = self._encode_pairs = getattr(copy, "encode_batch_fast", copy.encode_batch)
+        return twin
 
     def _encode_singles(self, texts: Sequence[str], special: bool) -> list:
         """Encodings of single texts; long ones from their start only where the ids are the same."""
@@ -301,15 +305,14 @@ class TextEncoder:
         return encodings
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_tokenizer"] = self._tokenizer.to_str()
-        for derived in ("_encode_batch", "_encode_pairs", "_pair_limit", "_prefix_chars", "_untruncated"):
+        state = dict(self.__dict__)  # the tokenizer travels as its source's JSON: nothing serialized here
+        for derived in ("_tokenizer", "_encode_batch", "_encode_pairs", "_pair_limit", "_prefix_chars"):
             state.pop(derived, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._tokenizer = Tokenizer.from_str(state["_tokenizer"])
+        self._tokenizer = self._source.copy()
         self._configure()
 
     def __repr__(self) -> str:

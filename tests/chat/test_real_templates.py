@@ -16,13 +16,14 @@ import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer
 
+import padpipe as pp
 from padpipe.chat.labels import IGNORE
 from padpipe.chat.locate import reasoning_of
 from padpipe.chat.options import ChatOptions
-from padpipe.chat.rows import RowProblem
 from padpipe.chat.template import ChatTemplate
 from padpipe.errors import DataError
 from padpipe.pipes.chat import ChatTokenizer
+from tests.chat import published as pb
 from tests.chat import real_templates as rt
 
 pytest.importorskip("transformers")
@@ -81,8 +82,10 @@ def answers_trained(name: str, tok: Any, chat: list[dict[str, Any]], row: dict[s
 def test_chat_trains_every_answer_once_on_its_canonical_span_under_the_real_template(name: str) -> None:
     tok = rt.tokenizer(name)
     chats = rt.conversations(name, N, seed=3)
-    rows, stats = run_chat(tok, chats)
-    assert not stats.snapshot().skipped, stats.snapshot().skipped
+    source = pp.from_iterable([{"idx": i, "messages": chat} for i, chat in enumerate(chats)])
+    loader = source.chat(tok).pack(2048, batch_size=2, keep=("idx",)).loader()
+    rows, stats = pb.packed_rows(loader), loader.stats()
+    assert not stats.skipped, stats.skipped
     trained: Counter[tuple[int, int]] = Counter()
     for row in rows:
         trained.update((row["idx"], j) for j in answers_trained(name, tok, chats[row["idx"]], row))
@@ -96,14 +99,14 @@ def test_chat_trains_every_answer_once_on_its_canonical_span_under_the_real_temp
             if m["role"] == "assistant" and reasoning_of(m) and any(n["role"] == "user" for n in chat[j + 1 :])
         )
         assert extra > 0 and len(rows) > len(chats)
-        assert stats.snapshot().counters.get("chat.dropped_reasoning", 0) == 0
+        assert stats.counters.get("chat.dropped_reasoning", 0) == 0
     if name == "deepseek_r1_distill":  # never rendered: trained as rendered, counted
         thoughts = sum(1 for chat in chats for m in chat if m["role"] == "assistant" and reasoning_of(m))
-        assert thoughts > 0 and stats.snapshot().counters["chat.dropped_reasoning"] == thoughts
+        assert thoughts > 0 and stats.counters["chat.dropped_reasoning"] == thoughts
         assert len(rows) == len(chats)
     if name == "mistral_v0_3":  # the system message is rendered only when a user message ends the conversation
         systems = sum(1 for chat in chats if chat[0]["role"] == "system")
-        assert systems > 0 and stats.snapshot().counters["chat.dropped_system"] == systems
+        assert systems > 0 and stats.counters["chat.dropped_system"] == systems
 
 
 def test_qwen3_without_thinking_leaves_the_empty_think_block_of_the_prompt_untrained() -> None:
@@ -159,7 +162,6 @@ def test_deepseek_training_template_never_trains_the_assistant_header() -> None:
 
 
 def test_qwen3_reasoning_rows_pack_with_their_labels_and_resume_exactly(tmp_path: Any) -> None:
-    import padpipe as pp
     from tests.contract import check_loader_resume
 
     tok = rt.tokenizer("qwen3")
@@ -266,11 +268,15 @@ def test_other_2026_templates_train_their_end_of_turn_and_whole_output(
     assert trained_text(tok, row) == trained
 
 
-def test_a_tool_call_turn_a_template_ends_otherwise_is_refused_not_mislabelled() -> None:
-    tok = rt.trl_tokenizer("gptoss", eos="<|return|>")  # a tool call ends with <|call|>, which no probe shows
+def test_a_tool_call_turn_that_ends_otherwise_trains_its_own_end_of_turn() -> None:
+    tok = rt.trl_tokenizer("gptoss", eos="<|return|>")  # a tool call ends with <|call|>, the probe's call shows it
     chat = [U("Weather in Paris?"), *rt.tool_turns("gptoss", "Paris"), A("It is 21 degrees.")]
-    with pytest.raises(RowProblem, match=r"^message 1: the end-of-turn token that follows it comes after message 2"):
-        ChatTokenizer(ChatTemplate(tok), ChatOptions())._plan((chat, None, {}))
+    (row,), stats = run_chat(tok, [chat])
+    assert row["ids"] == rt.fx.reference(tok, chat) and not stats.snapshot().skipped
+    assert trained_text(tok, row) == (
+        ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+        "<|channel|>final<|message|>It is 21 degrees.<|return|>"
+    )
 
 
 def test_special_text_in_tool_calls_is_counted_and_the_call_trained_whole() -> None:
@@ -293,3 +299,24 @@ def test_special_text_in_tool_calls_is_counted_and_the_call_trained_whole() -> N
 def test_a_content_or_reasoning_of_another_type_is_refused(message: dict[str, Any], found: str) -> None:
     with pytest.raises(DataError, match=re.escape(found)):
         run_chat(rt.tokenizer("qwen3"), [[U("Hi."), message]])
+
+
+def test_qwen3_rows_cut_to_nothing_by_max_length_are_not_counted_as_reasoning_rows() -> None:
+    """A reasoning row truncation leaves with nothing to train is dropped (counted as such), and is no longer among
+    the rows of their own for reasoning: those are counted among the rows given (found by review)."""
+    tok = rt.tokenizer("qwen3")
+    chats = rt.conversations("qwen3", 24, seed=5)
+    batch = pa.RecordBatch.from_pylist([{"messages": json.dumps(c)} for c in chats])
+    whole = ChatTokenizer(ChatTemplate(tok), ChatOptions())
+    whole(batch)
+    cut = ChatTokenizer(ChatTemplate(tok), ChatOptions(max_length=48))
+    chunk = cut(batch)
+    full, short = whole.stats.snapshot(), cut.stats.snapshot()
+    assert short.skipped["chat.no_trained_tokens"] > 0, "the test needs rows max_length leaves with nothing to train"
+    assert full.counters["chat.reasoning_rows"] > short.counters["chat.reasoning_rows"] > 0
+    assert (
+        short.counters["chat.rows"]
+        == chunk.num_rows
+        == full.counters["chat.rows"] - short.skipped["chat.no_trained_tokens"]
+    )
+    assert short.counters["chat.reasoning_rows"] < short.counters["chat.rows"]

@@ -4,6 +4,7 @@ cannot use in one line."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -15,15 +16,19 @@ from tests import chat_fixtures as fx
 transformers = pytest.importorskip("transformers")
 
 PROBES = {
-    "chatml": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>",)),
-    "chatml_marked": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>",)),
-    "qwen25": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>",)),
-    "llama3": Probe("<|start_header_id|>assistant<|end_header_id|>\n\n", True, "<|eot_id|>", ("<|eot_id|>",)),
-    "llama3_marked": Probe("<|start_header_id|>assistant<|end_header_id|>\n\n", True, "<|eot_id|>", ("<|eot_id|>",)),
+    "chatml": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>", "<|endoftext|>")),
+    "chatml_marked": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>", "<|endoftext|>")),
+    "qwen25": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>", "<|endoftext|>")),
+    "llama3": Probe(
+        "<|start_header_id|>assistant<|end_header_id|>\n\n", True, "<|eot_id|>", ("<|eot_id|>", "<|endoftext|>")
+    ),
+    "llama3_marked": Probe(
+        "<|start_header_id|>assistant<|end_header_id|>\n\n", True, "<|eot_id|>", ("<|eot_id|>", "<|endoftext|>")
+    ),
     "mistral": Probe("", True, "</s>", ("</s>",)),
-    "gemma": Probe("<start_of_turn>model\n", True, "<end_of_turn>", ("<end_of_turn>",)),
-    "gemma_marked": Probe("<start_of_turn>model\n", True, "<end_of_turn>", ("<end_of_turn>",)),
-    "qwen3": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>",)),
+    "gemma": Probe("<start_of_turn>model\n", True, "<end_of_turn>", ("<end_of_turn>", "<|endoftext|>")),
+    "gemma_marked": Probe("<start_of_turn>model\n", True, "<end_of_turn>", ("<end_of_turn>", "<|endoftext|>")),
+    "qwen3": Probe("<|im_start|>assistant\n", True, "<|im_end|>", ("<|im_end|>", "<|endoftext|>")),
 }
 
 
@@ -74,7 +79,8 @@ def test_template_reads_the_generation_prompt_and_end_of_turn_of_each_shape(name
 
 def test_template_sees_a_template_that_ignores_add_generation_prompt() -> None:
     ignoring = fx.CHATML.replace("{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}", "")
-    assert ChatTemplate(fx.tokenizer(ignoring)).probe == Probe("", False, "<|im_end|>", ("<|im_end|>",))
+    probe = Probe("<|im_start|>assistant\n", False, "<|im_end|>", ("<|im_end|>", "<|endoftext|>"))
+    assert ChatTemplate(fx.tokenizer(ignoring)).probe == probe  # the header its answers open with: their prompt
 
 
 def test_template_given_overrides_the_tokenizers_and_changes_the_fingerprint() -> None:
@@ -90,6 +96,21 @@ def test_template_loads_a_pretrained_folder(tmp_path) -> None:
     template = ChatTemplate(str(tmp_path))
     assert template.probe == PROBES["llama3"]
     assert template.token_id("eos_id") == template.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+
+
+def test_template_stops_at_the_tokenizers_eos_and_its_generation_configs_and_keys_them(tmp_path) -> None:
+    tok = fx.tokenizer(name="chatml")
+    template = ChatTemplate(tok)
+    assert template.stop_tokens == ("<|endoftext|>",) and template.probe == PROBES["chatml"]
+    tok.save_pretrained(tmp_path)
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
+    from_folder = ChatTemplate(str(tmp_path))  # as a model ships it: the stops its generation config lists
+    assert from_folder.stop_tokens == ("<|endoftext|>", "<|im_end|>")
+    assert from_folder.fingerprint() != template.fingerprint()  # a chat cache keyed on them
+    hub = fx.tokenizer(name="chatml")
+    hub.name_or_path = "no-such-org/no-such-model"  # not in the local cache: never fetched
+    assert ChatTemplate(hub).stop_tokens == ("<|endoftext|>",)
 
 
 def test_template_raises_error_without_a_template() -> None:
@@ -138,4 +159,4 @@ def test_template_reads_how_an_earlier_answer_ends_where_the_last_ends_otherwise
     )
     tok = fx.tokenizer(template, additional_special_tokens=["<|start|>", "<|message|>", "<|end|>", "<|return|>"])
     probe = ChatTemplate(tok).probe
-    assert probe.end_of_turn == "<|return|>" and probe.ends == ("<|return|>", "<|end|>")
+    assert probe.end_of_turn == "<|return|>" and probe.ends == ("<|return|>", "<|end|>", "<|endoftext|>")

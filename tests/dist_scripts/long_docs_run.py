@@ -5,8 +5,10 @@ half by bytes has few tokens per byte, so a byte-balanced share holds far fewer 
 row-balanced share holds far more tokens on rank 0). Each is tokenized whole (``[CLS]``/``[SEP]``
 around every document, no truncation) and packed into rows of 256, 4 a batch, then read through
 the loaders users build: the default, with 2 worker processes, ``equal_steps="repeat"``,
-``accumulation_steps=3`` and ``equal_steps="drop"``. Every rank records: per format and loader, per epoch, its steps, the histogram of the token ids it trained on (repeats and
-fillers left out; the pad id 0 is no text token), its stats' rows, skips and counters, and the
+``accumulation_steps=3`` and ``equal_steps="drop"``. Every rank records: per format and loader, per epoch, its
+steps, the histograms of the token ids it read (the pad id 0 is no text token) and of the predictions it trained
+(the labels other than -100 of ``labels[:, 1:]``, as a causal LM shifts them), repeats and fillers left out, its
+stats' rows, skips and counters (equal steps', and the context tokens ``pack()`` repeats at its cuts), and the
 windows' ``num_items_in_batch`` with the label tokens it counted itself.
 """
 
@@ -41,13 +43,15 @@ def trains(batch: dict) -> bool:
 
 def epoch(loader: pp.PipelineLoader) -> dict:
     histogram: collections.Counter = collections.Counter()
+    predicted: collections.Counter = collections.Counter()
     steps, windows = 0, []
     for batch in loader:
         dist.barrier()  # a DDP step: every rank must be here
         steps += 1
         if trains(batch):
-            ids = batch["input_ids"]
+            ids, labels = batch["input_ids"], batch["labels"][:, 1:]
             histogram.update(ids[ids != 0].tolist())
+            predicted.update(labels[labels != -100].tolist())
         if "num_items_in_batch" in batch:
             mine = 0 if not trains(batch) else int(batch["labels"][:, 1:].ne(-100).sum())
             windows.append([int(batch["num_items_in_batch"]), mine])
@@ -55,9 +59,12 @@ def epoch(loader: pp.PipelineLoader) -> dict:
     return {
         "steps": steps,
         "histogram": dict(histogram),
+        "predicted": dict(predicted),
         "rows": stats.rows,
         "skipped": stats.skipped,
-        "counters": {k: v for k, v in stats.counters.items() if k.startswith("equal_steps.")},
+        "counters": {
+            k: v for k, v in stats.counters.items() if k.startswith("equal_steps.") or k == "pack.context_tokens"
+        },
         "windows": windows,
     }
 

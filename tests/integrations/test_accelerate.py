@@ -66,6 +66,32 @@ def test_accelerate_prepare_of_a_dataloader_over_a_pipeline_fails_naming_the_fix
         assert re.search(FIX, message)
 
 
+def test_accelerate_save_state_of_a_registered_loader_fails_at_the_first_save(ranks):
+    for rank in ranks:  # not at the resume, where every rank would load rank 0's state
+        assert re.match(
+            r"^Accelerate's save_state is saving pipe\.loader\(\) \(given to register_for_checkpointing\) from rank 0 "
+            r"of 2 alone, which no other rank could resume from: do not register the loader; save each rank's ",
+            rank["registered"],
+        )
+
+
+def test_accelerate_save_state_of_a_registered_loader_resumes_on_one_process(tmp_path):
+    from accelerate import Accelerator
+
+    pipe = pp.from_iterable([{"text": f"row {i}", "i": i} for i in range(10)]).tokenize(pp.examples.tokenizer())
+    pipe = pipe.batch(2).pad()
+    accelerator, loader = Accelerator(cpu=True), pipe.loader()
+    accelerator.register_for_checkpointing(loader)
+    batches = iter(loader)
+    first = next(batches)["i"].tolist()
+    accelerator.save_state(tmp_path / "state")
+    again = Accelerator(cpu=True)
+    resumed = pipe.loader()
+    again.register_for_checkpointing(resumed)
+    again.load_state(tmp_path / "state")
+    assert first + [i for b in resumed for i in b["i"].tolist()] == list(range(10))
+
+
 def test_accelerate_prepare_of_a_dataloader_is_fine_on_one_process():
     from accelerate import Accelerator
     from torch.utils.data import DataLoader

@@ -1,7 +1,8 @@
 """Every private name of a framework that an adapter reads, pinned against the installed release.
 
-Each adapter keeps its contacts in one table (Lightning: ``guard.LIGHTNING`` and ``guard.LOADER_SLOT``; Accelerate and
-torch's fetcher: ``guard.ACCELERATE`` / ``guard.TORCH_FETCHER``; torchdata's snapshot and worker
+Each adapter keeps its contacts in one table (Lightning: ``loader_guard.LIGHTNING``, ``LOADER_SLOT`` and
+``LIGHTNING_TRAINER``; Accelerate and torch's fetcher: ``guard.ACCELERATE``, ``loader_guard.ACCELERATE_SAVE`` and
+``guard.TORCH_FETCHER``; torchdata's snapshot and worker
 shutdown: ``runtime.loader_snapshot.PARTS`` / ``SHUTDOWN``; transformers: ``hf_hooks.HOOKS``, pinned
 with the behaviour of each hook in test_hf_hooks*.py, and the attributes ``hf_hooks.ATTRIBUTES``
 (Accelerate's ``_models`` too); the packing check's ``inspection.packing_causes.CONTACTS``;
@@ -26,7 +27,7 @@ import torch
 
 import padpipe as pp
 from padpipe.inspection import packing_causes
-from padpipe.integrations import guard, hf_hooks
+from padpipe.integrations import guard, hf_hooks, loader_guard
 from padpipe.readers import arrow
 from padpipe.readers import hf as readers_hf
 from padpipe.runtime.loader_snapshot import ITERATOR_PARTS, PARTS, SHUTDOWN, worker_stopper
@@ -36,7 +37,7 @@ def resolve(root, path: str):
     return functools.reduce(getattr, path.split("."), root)
 
 
-@pytest.mark.parametrize(("module", "path"), guard.LIGHTNING, ids=[p for _, p in guard.LIGHTNING])
+@pytest.mark.parametrize(("module", "path"), loader_guard.LIGHTNING, ids=[p for _, p in loader_guard.LIGHTNING])
 def test_every_lightning_contact_exists(module, path):
     pytest.importorskip("lightning")
     from lightning.pytorch import Trainer
@@ -53,11 +54,16 @@ def test_every_lightning_contact_exists(module, path):
 
 def test_lightning_calls_a_loaders_state_methods_from_its_combined_loader():
     pytest.importorskip("lightning")
+    from lightning.pytorch import Trainer
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-    assert CombinedLoader.__module__ in guard.LIGHTNING_COMBINED
+    assert CombinedLoader.__module__ in loader_guard.LIGHTNING_COMBINED
     assert ".state_dict()" in inspect.getsource(CombinedLoader._state_dicts)
     assert ".load_state_dict(" in inspect.getsource(CombinedLoader._load_state_dicts)
+    # the methods that run the loops (fit, save_checkpoint) are Trainer's own, in the module the checks look for
+    assert all(
+        getattr(Trainer, name).__module__ in loader_guard.LIGHTNING_TRAINER for name in ("fit", "save_checkpoint")
+    )
 
 
 @pytest.mark.timeout(120)
@@ -87,7 +93,7 @@ def test_lightnings_checkpoint_keeps_the_loader_states_where_exact_resume_writes
 
     class Peek(L.Callback):
         def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-            seen.append(functools.reduce(dict.get, guard.LOADER_SLOT, checkpoint))
+            seen.append(functools.reduce(dict.get, loader_guard.LOADER_SLOT, checkpoint))
 
     trainer = L.Trainer(
         accelerator="cpu",
@@ -111,6 +117,13 @@ def test_every_accelerate_contact_exists(module, name, attribute):
     first = attribute.split(".")[0]
     source = inspect.getsource(cls.__init__)
     assert f"self.{first} = " in source or first in inspect.signature(cls.__init__).parameters, (name, first)
+
+
+def test_accelerates_save_state_contact_saves_the_registered_objects():
+    pytest.importorskip("accelerate")
+    module, method = loader_guard.ACCELERATE_SAVE
+    source = inspect.getsource(getattr(importlib.import_module(module).Accelerator, method))
+    assert "_custom_objects" in source and "save_custom_state(" in source  # it calls each object's state_dict()
 
 
 def test_torchs_fetcher_contact_exists():

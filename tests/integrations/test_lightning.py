@@ -76,15 +76,24 @@ def test_lightning_loader_resumes_a_mid_epoch_checkpoint_exactly(mrpc, tmp_path)
     assert resumed.steps == full.steps[5:]  # the default loop fetches a batch ahead: none is skipped
 
 
-def test_lightning_loader_without_exact_resume_fails_at_once(mrpc, tmp_path):
+def test_lightning_loader_without_exact_resume_fails_at_its_first_batch(mrpc, tmp_path):
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=mrpc, max_tokens=2048)
+    model = Classifier(pipe, 0)
     with pytest.raises(
         RuntimeError,
-        match=r"^LightningLoader: the training loop took no batch from it: add "
-        r"`padpipe\.integrations\.lightning\.ExactResume\(\)` to "
-        r"`Trainer\(callbacks=\.\.\.\)`",
+        match=r"^LightningLoader needs `padpipe\.integrations\.lightning\.ExactResume\(\)` in "
+        r"`Trainer\(callbacks=\.\.\.\)` \(it tells the loader which batches were trained on\)",
     ):
-        trainer(tmp_path, max_steps=5).fit(Classifier(pipe, 0))
+        trainer(tmp_path, max_steps=5).fit(model)
+    assert model.steps == []
+
+
+def test_lightning_loader_taken_more_than_its_loop_fetches_ahead_raises():
+    pipe = pp.from_iterable([{"text": f"row {i}"} for i in range(6)]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+    batches = iter(LightningLoader(pipe.loader()))  # outside Lightning, no callback says what was trained
+    with pytest.raises(RuntimeError, match=r"^LightningLoader needs `padpipe\.integrations\.lightning\.ExactResume"):
+        for _ in range(3):
+            next(batches)
 
 
 def test_lightning_loader_needs_a_stateful_loader():

@@ -1,5 +1,5 @@
 """Lightning on ``pipe.loader()`` with ``ExactResume``: exact resume from mid-epoch and end-of-fit checkpoints,
-epochs in step; without the callback, saving or restoring the loader raises, naming it.
+epochs in step (without the callback: test_lightning_fail_fast.py; at an epoch's end: test_lightning_epoch_end.py).
 
 One device here; DDP x2 under torchrun (0 and 2 workers: the mid-epoch, the ``max_steps`` and the
 2-ranks-to-1-device checks) in test_lightning_ddp.py.
@@ -8,7 +8,6 @@ One device here; DDP x2 under torchrun (0 and 2 workers: the mid-epoch, the ``ma
 from __future__ import annotations
 
 import pytest
-import torch
 
 L = pytest.importorskip("lightning")
 pytest.importorskip("transformers")
@@ -95,33 +94,6 @@ def test_bare_loader_after_max_steps_resumes_with_the_next_epoch_whole(pipe, ful
         assert after.steps == steps[per_epoch:]  # epoch 1 from its first batch, as the uninterrupted run
 
 
-SAVES = r"^Lightning is saving pipe\.loader\(\) in a checkpoint without the padpipe\.integrations\.lightning\.ExactResume\(\) "
-RESTORES = r"^Lightning is restoring pipe\.loader\(\) from a checkpoint saved without the padpipe\.integrations\.lightning\.ExactResume"
-
-
-def test_bare_loader_without_exact_resume_trains_and_refuses_to_be_saved(pipe, tmp_path):
-    model = Bare(pipe, 0)
-    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
-    with pytest.raises(RuntimeError, match=SAVES + r".*one batch late .* add `callbacks=\[padpipe\.integrations"):
-        trainer(tmp_path, [checkpoints], max_steps=8).fit(model)
-    outside = [b["idx"].tolist() for b in pipe.loader()]
-    assert [s["idx"] for s in model.steps] == outside[:4]  # it trained as it would, up to the first save
-    stopped = trainer(tmp_path, max_steps=2)
-    stopped.fit(Bare(pipe, 0))
-    with pytest.raises(RuntimeError, match=SAVES):
-        stopped.save_checkpoint(tmp_path / "stopped.ckpt")
-
-
-def test_bare_loader_refuses_a_checkpoint_saved_without_exact_resume(pipe, full, tmp_path):
-    _, _, folder, model = full
-    saved = torch.load(folder / "step=4.ckpt", weights_only=False)
-    saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] = [pipe.loader().state_dict()]  # as Lightning saves it
-    torch.save(saved, tmp_path / "plain.ckpt")
-    for callbacks in ([], [ExactResume()]):
-        with pytest.raises(RuntimeError, match=RESTORES + r"\(\) callback \(one batch late, or rank 0's only\)"):
-            trainer(tmp_path, callbacks, max_steps=8).fit(model(pipe, 0), ckpt_path=tmp_path / "plain.ckpt")
-
-
 def test_a_lightning_loader_checkpoint_resumes_a_bare_loader_and_back(pipe, full, tmp_path):
     """One format: LightningLoader(pipe.loader()) and a bare pipe.loader() save the same checkpoint."""
     steps, _, folder, model = full
@@ -187,6 +159,7 @@ class ReadsAnother(Bare):
         return super().training_step(batch, batch_idx)
 
 
+@pytest.mark.filterwarnings("ignore:Lightning may save pipe.loader():UserWarning")  # the train loader's, no callback
 def test_a_loader_read_inside_training_step_is_a_plain_loader(pipe, tmp_path):
     other = pipe.loader()
     per_epoch = sum(1 for _ in pipe.loader())

@@ -3,12 +3,14 @@
 One launch (scripts/lightning_ddp_run.py) runs every fit one after another: two epochs on ``LightningLoader``
 with equal steps, every row once and an exact mid-epoch resume; on a bare loader, for each worker count, an
 exact mid-epoch resume, a resume after ``max_steps`` with the next epoch whole, and (here, on one device) a
-resume of the 2 ranks' checkpoint with every row once.
+resume of the 2 ranks' checkpoint with every row once; without ``ExactResume``, fits that will save the loader
+refuse at their first batch, before any step, on every rank.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ L = pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 
 import padpipe as pp  # noqa: E402
+from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from tests.integrations.scripts.lightning_bare_run import SAVE_EVERY, STOP_AT, Bare  # noqa: E402
 from tests.integrations.test_lightning import trainer  # noqa: E402
@@ -102,6 +105,26 @@ def test_bare_loader_resumes_a_ddp_checkpoint_on_one_device_with_every_row_once(
     ranks, folder, workers = ddp
     pipe = glue("mrpc", "train", pp.examples.tokenizer(), data=launch / "mrpc", max_tokens=2048)
     one = Bare(pipe, workers)
-    trainer(tmp_path, max_epochs=1).fit(one, ckpt_path=folder / "checkpoints" / f"step={SAVE_EVERY}.ckpt")
+    trainer(tmp_path, [ExactResume()], max_epochs=1).fit(
+        one, ckpt_path=folder / "checkpoints" / f"step={SAVE_EVERY}.ckpt"
+    )
     epoch0 = rows(*(r["full"][:SAVE_EVERY] for r in ranks), one.steps, epoch=0)  # the 2 ranks' rows, then the one's
     assert sorted(epoch0) == sorted(rows(*(r["full"] for r in ranks), epoch=0)) and len(epoch0) == len(set(epoch0))
+
+
+# -- without ExactResume ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "fit, says",
+    [
+        ("default", r"Lightning will save pipe\.loader\(\) in its checkpoints \(ModelCheckpoint\) without the "),
+        (
+            "every_n_train_steps",
+            r"Lightning will save pipe\.loader\(\) in its checkpoints \(ModelCheckpoint\) without ",
+        ),
+        ("lightning_loader", r"LightningLoader needs `padpipe\.integrations\.lightning\.ExactResume\(\)` in "),
+    ],
+)
+def test_lightning_ddp_without_exact_resume_refuses_at_the_first_batch_on_every_rank(launch, fit, says):
+    for rank in records(launch / "fail_fast"):
+        assert re.match(f"^{says}", rank[fit]["error"])
+        assert rank[fit]["steps"] == rank[fit]["global_step"] == 0  # no training step ran: no work lost

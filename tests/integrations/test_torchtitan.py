@@ -79,6 +79,39 @@ def test_labels_are_each_documents_next_token_and_positions_restart():
         assert torch.equal(labels[:, :-1][inside], inputs["input"][:, 1:][inside])
 
 
+def test_every_prediction_of_a_cut_document_is_trained_once_from_the_token_before_it():
+    """Rows of 12 cut most documents: torchtitan's (input, label) pairs are each document's (token, next token) once,
+    ``[SEP]`` included; the continuation's first input is the token before the cut, so no prediction is lost."""
+    pairs: collections.Counter = collections.Counter()
+    for inputs, labels in build(PadpipeDataLoader.Config(pipeline=packed), seq_len=12):
+        taken = labels != -100
+        pairs.update(zip(inputs["input"][taken].tolist(), labels[taken].tolist()))
+    corpus = [e.ids for e in pp.examples.tokenizer().encode_batch(TEXTS)]
+    assert sum(len(ids) > 12 for ids in corpus) > 20
+    assert pairs == collections.Counter(pair for ids in corpus for pair in zip(ids, ids[1:]))
+
+
+def test_a_row_cut_by_equal_steps_reaches_torchtitan_as_rows_of_seq_len_with_its_predictions():
+    """A piece of a cut row is as long as its tokens; torchtitan gets it as [rows, seq_len], a padding run after it
+    that trains nothing (a launch on 3 DP ranks met [2, 23] before)."""
+    from padpipe.integrations.titan_batches import titan_batch
+    from padpipe.runtime.row_pieces import cut_row
+
+    (row, *_) = packed(None, 32, 1).loader()
+    pieces = cut_row(row)
+    assert pieces is not None and all(p["input_ids"].shape[1] < 32 for p in pieces)
+    whole: collections.Counter = collections.Counter()
+    for piece in pieces:
+        (inputs, labels), filled = titan_batch(piece, rows=2, seq_len=32, pad_id=0)
+        assert [t.shape for t in (inputs["input"], inputs["positions"], labels)] == [torch.Size([2, 32])] * 3
+        n = piece["input_ids"].shape[1]
+        assert filled == 1 and (inputs["input"][0, n:] == 0).all() and (labels[0, n - 1 :] == -100).all()
+        assert inputs["positions"][0, n:].tolist() == list(range(32 - n))
+        whole.update((i, t) for i, t in zip(inputs["input"][0].tolist(), labels[0].tolist()) if t != -100)
+    ids, labels = row["input_ids"][0].tolist(), row["labels"][0].tolist()
+    assert whole == collections.Counter((ids[j - 1], labels[j]) for j in range(1, 32) if labels[j] != -100)
+
+
 def test_masked_sft_tokens_and_padding_train_nothing():
     def masked(tokenizer, seq_len, batch_size):
         rows = [{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}]  # a prompt (5 6) and its answer (7 8)
@@ -140,11 +173,15 @@ def test_simulated_dp_ranks_without_torch_distributed_share_the_corpus(tmp_path)
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"text": TEXTS}), path, row_group_size=10)
     config = PadpipeDataLoader.Config(dataset_path=str(path), shuffle_buffer=16)
-    tokens = collections.Counter()
+    tokens, trained = collections.Counter(), collections.Counter()
     for rank in range(2):
-        for inputs, _ in build(config, dp=2, rank=rank):
+        for inputs, labels in build(config, dp=2, rank=rank):
             tokens.update(t for t in inputs["input"].flatten().tolist() if t != 0)
-    assert tokens == collections.Counter(t for e in pp.examples.tokenizer().encode_batch(TEXTS) for t in e.ids)
+            trained.update(labels[labels != -100].tolist())
+    docs = [e.ids for e in pp.examples.tokenizer().encode_batch(TEXTS)]
+    cuts = [doc[i] for doc in docs for i in range(31, len(doc) - 1, 31)]  # rows of 32: each cut's token again
+    assert cuts and tokens == collections.Counter(t for doc in docs for t in doc) + collections.Counter(cuts)
+    assert trained == collections.Counter(t for doc in docs for t in doc[1:])
 
 
 def test_bad_configs_and_pipelines_are_refused():

@@ -50,13 +50,15 @@ def documents(data: Path, kind: str) -> list[list[int]]:
 
 
 def corpus_tokens(data: Path, kind: str) -> collections.Counter:
-    return collections.Counter(t for doc in documents(data, kind) for t in doc)
+    """What the epoch reads: every token of each document, and the token before each cut again (a piece after a
+    document's first starts with it, as context, then ``SEQ_LEN - 1`` new tokens)."""
+    cut = [doc[i] for doc in documents(data, kind) for i in range(SEQ_LEN - 1, len(doc) - 1, SEQ_LEN - 1)]
+    return collections.Counter(t for doc in documents(data, kind) for t in doc) + collections.Counter(cut)
 
 
 def corpus_labels(data: Path, kind: str) -> collections.Counter:
-    """What the epoch trains: each ``SEQ_LEN`` piece of each document, its tokens after the first."""
-    pieces = [doc[i : i + SEQ_LEN] for doc in documents(data, kind) for i in range(0, len(doc), SEQ_LEN)]
-    return collections.Counter(t for piece in pieces for t in piece[1:])
+    """What the epoch trains: every token of each document but its first (cut or not), each once."""
+    return collections.Counter(t for doc in documents(data, kind) for t in doc[1:])
 
 
 def phase(tag: str, dp: int, workers: int, *extra: str) -> list[str]:

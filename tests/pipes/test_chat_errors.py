@@ -67,18 +67,14 @@ def test_chat_raises_error_at_once_on_bad_settings() -> None:
         source.chat(tok).chat(tok)
 
 
-def test_chat_raises_error_at_once_on_a_template_that_ignores_the_generation_prompt() -> None:
+def test_chat_trains_the_answers_of_a_template_that_ignores_the_generation_prompt_without_their_header() -> None:
     ignoring = fx.CHATML.replace("{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}", "")
     source = pp.from_iterable([{"messages": GOOD}])
-    with pytest.raises(
-        ValueError,
-        match=r"^chat\(\): the chat template ignores add_generation_prompt \(it adds nothing "
-        r"after a user message, yet an answer's turn opens with a header\), so where an answer starts "
-        r"is unknown: pass chat_template= one that writes the generation prompt, or one with "
-        r"\{% generation %\} markers\.$",
-    ):
-        source.chat(fx.tokenizer(ignoring))
-    (row,) = rows_of(source.chat(fx.tokenizer(ignoring), train_on="all"))  # nothing to find: every token trained
+    tok = fx.tokenizer(ignoring)
+    (row,) = rows_of(source.chat(tok))  # the header its answers open with is their prompt: never trained
+    trained = tok.decode([i for i, label in zip(row["ids"], row["labels"]) if label != -100])
+    assert trained == "".join(m["content"] + "<|im_end|>" for m in GOOD if m["role"] == "assistant")
+    (row,) = rows_of(source.chat(tok, train_on="all"))  # nothing to find: every token trained
     assert row["labels"] == row["ids"]
 
 
@@ -133,24 +129,34 @@ def test_chat_raises_error_where_the_template_raises(tmp_path: Path) -> None:
     assert stats.snapshot().skipped == {"chat.template_error": 1}
 
 
-def test_chat_refuses_rows_a_template_renders_otherwise_in_a_prefix_naming_the_text(tmp_path: Path) -> None:
+def test_chat_splits_rows_a_template_renders_otherwise_in_a_prefix_and_refuses_those_it_cannot_place(
+    tmp_path: Path,
+) -> None:
     from tests.chat.test_spans import UPPER
 
     chats = [GOOD, GOOD + [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye"}], GOOD]
     path = write_jsonl(tmp_path / "chats.jsonl", [{"idx": i, "messages": c} for i, c in enumerate(chats)])
-    tok = fx.tokenizer(UPPER, eos_token="[SEP]")
+    tok = fx.tokenizer(UPPER, eos_token="[SEP]")  # the whole conversation upper-cases answer 1: its own row
+    stats = PipelineStats()
+    rows = rows_of(pp.read_jsonl(path).chat(tok), stats)
+    assert [r["idx"] for r in rows] == [0, 1, 1, 2]
+    assert [r["ids"] for r in rows[1:3]] == [fx.reference(tok, chats[1][:2]), fx.reference(tok, chats[1])]
+    trained = [tok.decode([i for i, label in zip(r["ids"], r["labels"]) if label != -100]) for r in rows[1:3]]
+    assert trained == ["Hello[SEP]", "Bye[SEP]"]
+    assert stats.snapshot().counters["chat.split_rows"] == 1 and not stats.snapshot().skipped
+    hidden = UPPER.replace("m.content if loop.revindex <= 2 else m.content | upper", "m.content if loop.last else '-'")
+    tok = fx.tokenizer(hidden, eos_token="[SEP]")  # no rendering of an answer shows the message before it
     expected = (
-        f"chat: row 1 of {path} (idx=1; row 1 of the chunk): message 1: the template renders message 0 otherwise "
-        "alone than in the whole conversation, from character 7: 'i[SEP]<assistant>' alone against "
-        "'I[SEP]<assistant>HELLO[SEP]<user>Bye[SEP]<assistant>Bye[SEP]'; the conversation is not well-formed for "
-        "this template, or the template renders the turns in a way padpipe cannot align: pass chat_template= one "
-        "with {% generation %} markers, or on_error='skip' to drop such rows (counted as chat.not_prefix)."
+        f"chat: row 0 of {path} (idx=0; row 0 of the chunk): message 1: the template renders message 0 otherwise "
+        "alone than in the whole conversation, from character 6: 'Hi[SEP]<assistant>' alone against "
+        "'-[SEP]<assistant>Hello[SEP]'; the conversation is not well-formed for this template, or the template "
+        "renders the turns in a way padpipe cannot align: pass chat_template= one with {% generation %} markers, or "
+        "on_error='skip' to drop such rows (counted as chat.not_prefix)."
     )
     assert first_error(pp.read_jsonl(path).chat(tok)) == expected
     stats = PipelineStats()
-    rows = rows_of(pp.read_jsonl(path).chat(tok, on_error="skip"), stats)
-    assert [r["idx"] for r in rows] == [0, 2]
-    assert stats.snapshot().skipped == {"chat.not_prefix": 1}
+    assert rows_of(pp.read_jsonl(path).chat(tok, on_error="skip"), stats) == []
+    assert stats.snapshot().skipped == {"chat.not_prefix": 3}
 
 
 def test_chat_raises_error_on_missing_columns_and_a_labels_column() -> None:
@@ -165,6 +171,25 @@ def test_chat_raises_error_on_missing_columns_and_a_labels_column() -> None:
     assert first_error(pipe) == (
         "chat: the data has a column 'labels', which the token-level labels of .chat() would replace; drop or rename it."
     )
+
+
+def test_chat_raises_error_on_a_tools_column_named_otherwise_than_the_data_has(tmp_path: Path) -> None:
+    """``tools="tool"`` where the data has ``tools`` is a misspelling, not conversations without tools: refused at the
+    loader (Parquet), at the first batch (any reader) and by ``pp.inspect``, even under ``on_error="skip"``; the
+    default names (``tools``, ``chat_template_kwargs``) stay optional (found by review)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tools = json.dumps([{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    expected = r"^chat: column 'tool' is not in the data; expected one of the columns \["
+    pipe = pp.from_iterable([{"messages": GOOD, "tools": tools}]).chat(fx.tokenizer(), tools="tool", on_error="skip")
+    assert re.match(expected, first_error(pipe))
+    pq.write_table(pa.Table.from_pylist([{"messages": json.dumps(GOOD), "tools": tools}]), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match=expected):
+        pp.read_parquet(str(tmp_path / "a.parquet")).chat(fx.tokenizer(), tools="tool").pack(64).loader()
+    with pytest.raises(DataError, match=r"no column 'tool'"):
+        pp.inspect(str(tmp_path / "a.parquet"), fx.tokenizer(), chat_options={"tools": "tool"})
+    assert len(rows_of(pp.from_iterable([{"messages": GOOD}]).chat(fx.tokenizer()))) == 1  # no tools column: fine
 
 
 def test_chat_raises_error_on_bad_tools_arguments_and_mixed_prompts() -> None:

@@ -7,6 +7,7 @@ reader or tokenizer stages; the facade test at the end runs the real ones.
 from __future__ import annotations
 
 import bisect
+import collections
 import re
 import time
 from typing import Any
@@ -101,6 +102,23 @@ def docs_out(batches: list[dict]) -> list[list[int]]:
     return [tokens for b in batches for _, tokens in segments_of(b)]
 
 
+def predictions(batches: list[dict]) -> collections.Counter:
+    """``(context token, target)`` of every prediction a causal-LM loss takes, as it shifts the labels itself: a
+    target is a label other than -100 at column ``c > 0``, predicted from the token at ``c - 1`` of its segment."""
+    out: collections.Counter = collections.Counter()
+    for b in batches:
+        ids, labels, seg = b["input_ids"], b["labels"], b["seq_idx"]
+        taken = labels[:, 1:] != -100
+        assert bool((seg[:, 1:] == seg[:, :-1])[taken].all()), "a target is predicted from its own segment"
+        out.update(zip(ids[:, :-1][taken].tolist(), labels[:, 1:][taken].tolist()))
+    return out
+
+
+def corpus_predictions(docs: list[list[int]]) -> collections.Counter:
+    """``(token before, token)`` of every token of ``docs`` but each one's first: what every-prediction-once trains."""
+    return collections.Counter((a, b) for doc in docs for a, b in zip(doc, doc[1:]))
+
+
 def check_layout(batch: dict, *, seq_len: int, position_offset: int = 0, pad_id: int = PAD) -> None:
     """Positions, labels, ``cu_seq_lens_*`` and ``max_length_*`` agree with ``seq_idx``, slot by slot."""
     assert sorted(batch) == KEYS
@@ -188,27 +206,39 @@ def test_pack_keeps_every_token_exactly_once(lengths, seq_len, batch_size, buffe
     batches = list(node)
     for b in batches:
         check_layout(b, seq_len=seq_len)
-    # ids are consecutive within a document, so pieces rejoin by sorting on their first id
+    assert predictions(batches) == corpus_predictions(docs), "every prediction once, from the token before it"
+    # ids are consecutive within a document, so pieces rejoin by sorting on their first id; a piece after a
+    # document's first starts with the token before the cut, again (one per cut)
     rejoined: dict[int, list[int]] = {}
     first_id = {doc[0]: i for i, doc in enumerate(docs) if doc}
     owner = {t: first_id[doc[0]] for doc in docs if doc for t in doc}
     for piece in sorted(docs_out(batches)):
         assert 0 < len(piece) <= seq_len
-        rejoined.setdefault(owner[piece[0]], []).extend(piece)
+        again = rejoined.get(owner[piece[0]], [])
+        assert not again or (again[-1] == piece[0] and (len(again) - 1) % (seq_len - 1) == 0), (
+            "cut after seq_len - 1 new"
+        )
+        rejoined[owner[piece[0]]] = again + piece[1 if again else 0 :]
     assert rejoined == {i: doc for i, doc in enumerate(docs) if doc}
+    cuts = sum(len(piece) for piece in docs_out(batches)) - sum(lengths)
+    assert cuts == node.stats.snapshot().counters["pack.context_tokens"]
 
 
 def test_pack_splits_truncates_or_drops_long_documents() -> None:
-    docs = make_docs([11, 3, 8, 4])  # seq_len 4: 11 -> 4+4+3, 8 -> 4+4
-    stats = PipelineStats()
+    docs = make_docs([11, 3, 8, 4])  # seq_len 4: 11 -> 4+4+4+2, 8 -> 4+4+2, each piece after a document's first
+    stats = PipelineStats()  # starting with the token before the cut (3 new tokens a piece)
     split = list(Packer(ToyDocs(docs), seq_len=4, batch_size=8, pad_id=PAD, stats=stats))
-    pieces = [docs[0][:4], docs[0][4:8], docs[0][8:], docs[1], docs[2][:4], docs[2][4:], docs[3]]
-    assert sorted(docs_out(split)) == sorted(pieces)
-    assert stats.snapshot().counters["pack.split_docs"] == 2
+    pieces = [docs[0][:4], docs[0][3:7], docs[0][6:10], docs[0][9:], docs[1], docs[2][:4], docs[2][3:7], docs[2][6:]]
+    assert sorted(docs_out(split)) == sorted([*pieces, docs[3]])
+    assert predictions(split) == corpus_predictions(docs)
+    assert stats.snapshot().counters["pack.split_docs"] == 2 and stats.snapshot().counters["pack.context_tokens"] == 5
     stats = PipelineStats()
     no_tail = list(Packer(ToyDocs(docs), seq_len=4, batch_size=8, keep_tail=False, pad_id=PAD, stats=stats))
-    assert sorted(docs_out(no_tail)) == sorted([docs[0][:4], docs[0][4:8], docs[1], docs[2][:4], docs[2][4:], docs[3]])
-    assert stats.snapshot().skipped == {"pack.long_doc_tail": 1}
+    assert sorted(docs_out(no_tail)) == sorted([docs[0][:4], docs[0][3:7], docs[0][6:10], docs[1], docs[2][:4],
+                                                docs[2][3:7], docs[3]])  # fmt: skip
+    assert (
+        stats.snapshot().skipped == {"pack.long_doc_tail": 2} and stats.snapshot().counters["pack.context_tokens"] == 3
+    )
     stats = PipelineStats()
     truncated = list(Packer(ToyDocs(docs), seq_len=4, batch_size=8, long_docs="truncate", pad_id=PAD, stats=stats))
     assert sorted(docs_out(truncated)) == sorted([docs[0][:4], docs[1], docs[2][:4], docs[3]])
@@ -272,7 +302,8 @@ def test_pack_fills_long_tail_rows_at_least_99_percent() -> None:
         f"packing efficiency {snap.padding_efficiency:.4f} over {batches} batches, "
         f"{len(lengths) / seconds:,.0f} docs/s, {snap.real_tokens / seconds:,.0f} tokens/s"
     )
-    assert snap.real_tokens == lengths.sum()
+    assert snap.real_tokens == lengths.sum() + snap.counters["pack.context_tokens"]
+    assert snap.counters["pack.context_tokens"] == len(split_lengths(lengths, 2048)) - len(lengths)  # one per cut
     assert snap.padding_efficiency >= 0.99
 
 
@@ -437,19 +468,30 @@ def best_fit_decreasing_rows(lengths: list[int], seq_len: int) -> int:
     return len(left)
 
 
+def split_lengths(lengths: np.ndarray, seq_len: int) -> list[int]:
+    """The lengths of the pieces a split cuts documents of ``lengths`` into: ``seq_len`` tokens, ``seq_len - 1``
+    new after a document's first, the last holding what is left (and the token before it)."""
+    full = np.where(lengths > seq_len, (lengths - 1) // (seq_len - 1), (lengths > 0).astype(int))
+    tails = np.where(lengths > seq_len, lengths - full * (seq_len - 1), 0)
+    return [seq_len if n > seq_len else int(n) for n, k in zip(lengths, full) for _ in range(k)] + [
+        int(t) for t in tails if t > 1
+    ]
+
+
 def test_pack_fills_split_long_documents_at_seq_len_512_as_well_as_best_fit_decreasing_over_them_all() -> None:
     """Long documents (lognormal, median 300, to 10k) split into rows of 512: most pieces are over half a row, so
     a row opened by one needs a short piece of just the right length. Filling one row at a time by subset sum
-    (version 5) gave 98.74% here; best fit decreasing over all 1,000 documents at once (TRL's bfd_split packs
-    map batches of 1,000) gives 99.85%, and pack()'s pool of 256 pieces does as well."""
+    (version 5) gave 98.74% here; best fit decreasing over all the pieces of the 1,000 documents at once (TRL's
+    bfd_split packs map batches of 1,000) gives 99.84% (a cut's context token included), and pack()'s pool of 256
+    pieces does as well."""
     rng = np.random.default_rng(0)
     lengths = np.clip(np.round(rng.lognormal(np.log(300), 1.0, 1_000)), 2, 10_000).astype(int)
     chunks = [TokenChunk.from_lists([[7] * int(n) for n in lengths[i : i + 100]]) for i in range(0, 1_000, 100)]
     stats = PipelineStats()
     batches = list(Packer(ListNode(chunks), seq_len=512, batch_size=8, long_docs="split", pad_id=0, stats=stats))
-    assert sum(int((b["input_ids"] != 0).sum()) for b in batches) == lengths.sum()
-    pieces = [512] * int((lengths // 512).sum()) + [int(n) for n in lengths % 512 if n]
-    assert stats.snapshot().padding_efficiency >= lengths.sum() / (best_fit_decreasing_rows(pieces, 512) * 512)
+    pieces = split_lengths(lengths, 512)
+    assert sum(int((b["input_ids"] != 0).sum()) for b in batches) == sum(pieces) == stats.snapshot().real_tokens
+    assert stats.snapshot().padding_efficiency >= sum(pieces) / (best_fit_decreasing_rows(pieces, 512) * 512)
 
 
 @pytest.mark.parametrize(

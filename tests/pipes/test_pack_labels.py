@@ -7,6 +7,7 @@ packed row the ids of its documents, in order.
 
 from __future__ import annotations
 
+import collections
 import pickle
 from typing import Any
 
@@ -141,6 +142,47 @@ def test_pack_gives_every_document_its_own_labels_once(
     assert sum(label_tokens(b) for b in batches) == sum(trained(d["labels"]) for d in docs)
 
 
+def predictions(batches: list[dict]) -> collections.Counter:
+    """``(context token, target)`` of every prediction the model's shifted loss takes (labels at ``c > 0`` other
+    than -100, predicted from the token at ``c - 1``, in the same segment)."""
+    out: collections.Counter = collections.Counter()
+    for b in batches:
+        taken = b["labels"][:, 1:] != -100
+        assert bool((b["seq_idx"][:, 1:] == b["seq_idx"][:, :-1])[taken].all())
+        out.update(zip(b["input_ids"][:, :-1][taken].tolist(), b["labels"][:, 1:][taken].tolist()))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=20),
+    seq_len=st.integers(2, 12),
+    batch_size=st.integers(1, 3),
+    buffer_size=st.integers(1, 8),
+    seed=st.integers(0, 3),
+)
+def test_pack_trains_every_label_of_a_split_masked_row_once_from_the_token_before_it(
+    lengths, seq_len, batch_size, buffer_size, seed
+):
+    """A cut inside a masked conversation keeps its label semantics: every label other than -100 but a row's
+    first is predicted once, from the token before it (the piece after a cut starts with it, as context), a
+    masked token stays masked, and the counters name one repeated token per cut."""
+    docs = masked_docs(lengths, seed)
+    stats = PipelineStats()
+    node = Packer(chunks_node(docs), seq_len=seq_len, batch_size=batch_size, buffer_size=buffer_size,
+                  long_docs="split", pad_id=PAD, stats=stats)  # fmt: skip
+    node.reset(None)
+    batches = list(node)
+    expected = collections.Counter(
+        (d["input_ids"][i - 1], d["labels"][i]) for d in docs for i in range(1, len(d["input_ids"]))
+        if d["labels"][i] != -100
+    )  # fmt: skip
+    assert predictions(batches) == expected
+    assert sum(label_tokens(b) for b in batches) == sum(trained(d["labels"]) for d in docs)
+    placed = sum(int((b["input_ids"] != PAD).sum()) for b in batches)
+    assert placed - sum(lengths) == stats.snapshot().counters["pack.context_tokens"]
+
+
 LONG = (
     r"^pack: row 1 of the chunk \(idx=1\) has 9 tokens with token-level labels; expected at most seq_len=8 "
     r"\(a row with token-level labels is not split across packed rows unless asked\); 1 more row\(s\) of this "
@@ -169,7 +211,7 @@ def test_pack_raises_error_when_a_masked_row_is_longer_than_seq_len() -> None:
 
 
 def test_pack_splits_truncates_or_drops_long_masked_rows_when_asked() -> None:
-    docs = masked_docs([11, 3, 8, 4], seed=1)  # seq_len 4: 11 -> 4+4+3, 8 -> 4+4
+    docs = masked_docs([11, 3, 8, 4], seed=1)  # seq_len 4: 11 -> 4+4+4+2, 8 -> 4+4+2 (overlapping by one token)
     tokens = pp.from_iterable(docs).tokens(pad_id=PAD)
 
     def run(**options: Any) -> tuple[list, dict]:
@@ -182,9 +224,10 @@ def test_pack_splits_truncates_or_drops_long_masked_rows_when_asked() -> None:
         return (d["idx"], d["input_ids"][a:b], [-100] + d["labels"][a + 1 : b])
 
     split, counts = run(long_docs="split")
-    pieces = [piece(docs[0], 0, 4), piece(docs[0], 4, 8), piece(docs[0], 8, 11), piece(docs[1], 0, 3)]
-    pieces += [piece(docs[2], 0, 4), piece(docs[2], 4, 8), piece(docs[3], 0, 4)]
-    assert split == sorted(pieces) and counts["pack.split_docs"] == 2
+    pieces = [piece(docs[0], 0, 4), piece(docs[0], 3, 7), piece(docs[0], 6, 10), piece(docs[0], 9, 11)]
+    pieces += [piece(docs[1], 0, 3), piece(docs[2], 0, 4), piece(docs[2], 3, 7), piece(docs[2], 6, 8)]
+    assert split == sorted([*pieces, piece(docs[3], 0, 4)]) and counts["pack.split_docs"] == 2
+    assert counts["pack.context_tokens"] == 5
     truncated, counts = run(long_docs="truncate")
     assert truncated == sorted([piece(docs[0], 0, 4), piece(docs[1], 0, 3), piece(docs[2], 0, 4), piece(docs[3], 0, 4)])
     assert counts["pack.truncated_docs"] == 2
@@ -193,11 +236,11 @@ def test_pack_splits_truncates_or_drops_long_masked_rows_when_asked() -> None:
 
 
 def test_pack_keeps_string_ids_and_gives_a_split_document_in_each_of_its_rows() -> None:
-    rows = [{"input_ids": list(range(1, 11)), "id": "long"}, {"input_ids": [20, 21], "id": "short"}]
+    rows = [{"input_ids": list(range(1, 10)), "id": "long"}, {"input_ids": [20, 21], "id": "short"}]
     (batch,) = list(pp.from_iterable(rows).tokens(pad_id=PAD).pack(6, batch_size=2, keep=("id",)).loader())
-    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 20, 21]]
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6], [6, 7, 8, 9, 20, 21]]  # 6 again: 7's context
     assert batch["id"] == [["long"], ["long", "short"]]
-    assert batch["labels"].tolist() == [[-100, 2, 3, 4, 5, 6], [-100, 8, 9, 10, -100, 21]]
+    assert batch["labels"].tolist() == [[-100, 2, 3, 4, 5, 6], [-100, 7, 8, 9, -100, 21]]
 
 
 def test_pack_raises_error_when_a_kept_column_is_missing_or_not_ids() -> None:

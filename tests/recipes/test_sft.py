@@ -203,13 +203,13 @@ def test_sft_cli_prints_conversations_trained_share_efficiency_and_drops(
     assert lines[0] == "sft pack seq_len=48, train_on=assistant:"
     assert re.match(r"^batch 0: input_ids \[4, 48\] int64, position_ids \[4, 48\] int64, labels \[4, 48\]", lines[1])
     assert re.fullmatch(
-        rf"\d+ batches, {len(ROWS) - untrained} conversations, \d+ tokens in \d+ slots: packing efficiency \d+\.\d%",
-        lines[-5],
+        rf"\d+ batches, {len(ROWS) - untrained} rows, \d+ tokens in \d+ slots: packing efficiency \d+\.\d%", lines[-6]
     )
-    assert re.fullmatch(r"trained tokens \(labels other than -100\): \d+ of \d+ \(\d+\.\d%\)", lines[-4])
-    assert re.fullmatch(r"truncated to seq_len: \d+ conversations \(their first seq_len tokens kept\)", lines[-3])
+    assert re.fullmatch(r"trained tokens \(labels other than -100\): \d+ of \d+ \(\d+\.\d%\)", lines[-5])
+    assert lines[-4] == f"rendered: {len(ROWS) - untrained} conversations into {len(ROWS) - untrained} rows"
+    assert re.fullmatch(r"truncated to seq_len: \d+ rows \(their first seq_len tokens kept\)", lines[-3])
     assert lines[-2:] == [
-        f"dropped: {untrained} conversations",
+        f"dropped: {untrained} rows with no token to train",
         f"  chat.no_trained_tokens {untrained}: no token left to train (after truncation to seq_len, or under "
         "train_on)",
     ]
@@ -263,7 +263,7 @@ def test_sft_cli_reads_a_chat_template_file(tmp_path: Path, capsys: pytest.Captu
     args = ["--data", path, "--tokenizer", "chat", "--chat-template", str(template), "--seq-len", "1024"]
     assert main(args) == 0
     tokens = sum(len(reference(r["messages"], chat_template=template.read_text())) for r in ROWS[:10])
-    assert re.search(rf"^\d+ batches, 10 conversations, {tokens} tokens in ", capsys.readouterr().out, re.M)
+    assert re.search(rf"^\d+ batches, 10 rows, {tokens} tokens in ", capsys.readouterr().out, re.M)
 
 
 @pytest.mark.filterwarnings("ignore:.*the chat template does not render:UserWarning")
@@ -281,6 +281,11 @@ def test_sft_cli_says_reasoning_rows_and_what_the_template_drops(tmp_path: Path,
     template.write_text(fx.QWEN3)
     args = ["--data", path, "--tokenizer", "chat", "--chat-template", str(template), "--seq-len", "256"]
     assert main(args) == 0
-    assert "rows of their own for reasoning the whole conversation drops: 3\n" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert re.search(r"^\d+ batches, 6 rows, \d+ tokens in ", out, re.M)  # a conversation and its reasoning row, each
+    assert (
+        "rendered: 3 conversations into 6 rows (3 rows of their own for reasoning the whole conversation drops)\n"
+        in out
+    )
     assert main([*args, "--reasoning", "as_rendered"]) == 0
     assert "not rendered by the template (trained as rendered): reasoning of 3 messages\n" in capsys.readouterr().out

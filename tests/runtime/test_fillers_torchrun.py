@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+import padpipe as pp
 from tests.runtime import workloads
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first file to run launches both
@@ -69,6 +70,17 @@ def test_packed_rows_are_cut_into_real_pieces_so_a_plain_loop_trains_every_label
         assert all(m["real"] for m in mine), "every rank trains real tokens"
     splits = sum(record[name][0]["counters"].get("equal_steps.split_batches", 0) for record in records)
     assert splits > 0, "the tail was uneven: rows were cut"
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_labels_each_trained_once_are_every_prediction_of_the_documents(runs, ranks):
+    """The reference above is no artefact of packing: it is every token of the documents but each one's first (the
+    pieces after a cut start with the token before it, as context), ``[SEP]`` included."""
+    _, every = runs[ranks]
+    tok = pp.examples.tokenizer()
+    texts = workloads.corpus()[: SIZES[ranks]["docs"]]
+    assert any(len(tok.encode(text).ids) > 256 for text in texts), "some documents are cut"
+    assert every["docs"] == collections.Counter(i for text in texts for i in tok.encode(text).ids[1:])
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -212,8 +212,8 @@ def test_loss_tokens_raises_state_mismatch_for_a_resealed_window_batch_without_l
     state = seal({**state, "window": [batch, *state["window"][1:]]})
     with pytest.raises(
         StateMismatchError,
-        match=r"^LossTokens state is invalid: 'window' must be a list of items, each a batch dict with `labels` "
-        r"or `shift_labels`, but is .+ at index 0 instead\.$",
+        match=r"^LossTokens state is invalid: 'window' must be a list of items, each a batch dict with `labels`, "
+        r"`shift_labels` or `completion_mask`, but is .+ at index 0 instead\.$",
     ):
         LossTokens(IterableWrapper(batches), steps=3).reset(state)
 

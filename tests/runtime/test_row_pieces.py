@@ -204,13 +204,22 @@ def test_rows_of_a_packed_batch_split_by_rows_are_then_cut_into_pieces(monkeypat
     assert sum((trained(mine[0]) for mine in result), collections.Counter()) == trained(rows[0]) + trained(rows[1])
 
 
-def test_a_packed_pipeline_of_one_row_batches_splits_its_rows_into_pieces():
-    """Real packed rows (``pack(256, batch_size=1)``) describe as their documents, and cut into pieces that train them once."""
+@pytest.mark.parametrize("seq_len", [256, 32])
+def test_a_packed_pipeline_of_one_row_batches_splits_its_rows_into_pieces(seq_len):
+    """Real packed rows (``pack(seq_len, batch_size=1)``) describe as their documents, and cut into pieces that train
+    them once; at 32 most documents are cut by pack() too, and a continuation (its first token the one before the
+    cut, as context) is cut again as any document."""
     tok = pp.examples.tokenizer()
     rows = [{"text": " ".join(f"w{i}x{j}" for j in range(5 + 7 * (i % 9)))} for i in range(40)]
-    batches = list(pp.from_iterable(rows).tokenize(tok).pack(256, batch_size=1).loader())
+    batches = list(pp.from_iterable(rows).tokenize(tok).pack(seq_len, batch_size=1).loader())
     assert batches and all(describe(b) is not None for b in batches)
+    pairs: collections.Counter = collections.Counter()
     for batch in batches:
         pieces = cut_row(batch)
         assert pieces is not None
         assert trained(pieces[0]) + trained(pieces[1]) == trained(batch)
+        pairs.update(
+            (context, label) for piece in pieces for (context, _, label), n in trained(piece).items() for _ in range(n)
+        )
+    corpus = [tok.encode(row["text"]).ids for row in rows]
+    assert pairs == collections.Counter(pair for ids in corpus for pair in zip(ids, ids[1:])), "every prediction once"

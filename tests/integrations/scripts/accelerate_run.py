@@ -2,7 +2,8 @@
 
 Usage: ``torchrun --standalone --nproc_per_node=2 accelerate_run.py DATA OUT``. Each rank writes
 ``OUT/rank<R>.json``: the row ids it trained on per epoch, its steps, whether ``prepare`` passed the loader
-through, a resume check, and the errors ``prepare(DataLoader(pipe))`` raised.
+through, a resume check, the errors ``prepare(DataLoader(pipe))`` raised, and what ``save_state`` raised for a
+registered loader.
 tests/integrations/test_accelerate.py checks them.
 """
 
@@ -84,6 +85,18 @@ def misuse(pipe: pp.Pipeline) -> dict[str, str]:
     return errors
 
 
+def registered(accelerator: Accelerator, pipe: pp.Pipeline, out: str) -> str:
+    """What ``save_state`` raises for a ``pipe.loader()`` given to ``register_for_checkpointing`` (2 processes)."""
+    loader = pipe.loader()
+    next(iter(loader))
+    accelerator.register_for_checkpointing(loader)
+    try:
+        accelerator.save_state(f"{out}/saved")
+        return "no error"
+    except RuntimeError as exc:
+        return str(exc)
+
+
 def main(data: str, out: str) -> None:
     accelerator = Accelerator(cpu=True)
     pipe = pipeline(data)
@@ -94,6 +107,7 @@ def main(data: str, out: str) -> None:
         "epochs": epochs,
         "resumed": resume(pipe, f"{out}/state{rank}.pt"),
         "errors": misuse(pipe),
+        "registered": registered(accelerator, pipe, out),
     }
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(result, f)
