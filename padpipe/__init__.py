@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.runtime.equal_steps import equal_steps
     from padpipe.runtime.marks import loss_weight
     from padpipe.sharing.consumer import Consumer
-    from padpipe.sources import from_hf, from_iterable, read_arrow, read_jsonl, read_parquet
+    from padpipe.sources import from_hf, from_iterable, read_arrow, read_csv, read_jsonl, read_parquet
     from padpipe.state import StateMismatchError
     from padpipe.stats import PipelineStats, StatsSnapshot
 
@@ -62,6 +62,7 @@ _HOMES = {
     "mix": "padpipe.mix",
     "pair_logps": "padpipe.pipes.pairs",
     "read_arrow": "padpipe.sources",
+    "read_csv": "padpipe.sources",
     "read_jsonl": "padpipe.sources",
     "read_parquet": "padpipe.sources",
 }
@@ -92,6 +93,7 @@ __all__ = [
     "mix",
     "pair_logps",
     "read_arrow",
+    "read_csv",
     "read_jsonl",
     "read_parquet",
 ]

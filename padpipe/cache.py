@@ -90,7 +90,7 @@ def check_recipe(source: Any, stages: Sequence[Any], stage: str = "tokenize") ->
     reader = source.options.get("reader")
     if not (isinstance(reader, type) and issubclass(reader, UnitSource)):
         raise ValueError(
-            "`cache` needs a reader with work units (read_parquet, read_arrow, read_jsonl or from_hf of a "
+            "`cache` needs a reader with work units (read_parquet, read_arrow, read_jsonl, read_csv or from_hf of a "
             f"datasets.Dataset), but this pipeline starts with {source.name}() instead."
         )
     other = [s.name for s in stages if s.name != "shuffle"]

@@ -10,6 +10,7 @@ from padpipe._checks import check_sources
 from padpipe.errors import one_of, positive
 from padpipe.pipeline import Pipeline, Stage
 from padpipe.readers.arrow import ArrowReader
+from padpipe.readers.csv import CsvReader
 from padpipe.readers.hf import hf_reader
 from padpipe.readers.iterable import IterableReader
 from padpipe.readers.jsonl import JsonlReader
@@ -149,6 +150,46 @@ def read_jsonl(
         chunk_rows=chunk_rows,
         storage_options=storage_options,
         on_error=on_error,
+        **_file_options(retries, on_missing),
+    )
+
+
+def read_csv(
+    paths: PathsLike,
+    *,
+    columns: Sequence[str] | None = None,
+    chunk_rows: int = 1024,
+    storage_options: dict | None = None,
+    retries: int | Retry = 5,
+    on_missing: Literal["raise", "skip"] = "raise",
+) -> Pipeline:
+    """Read CSV files with a header line (``pyarrow.csv``; column types from each file's first MiB).
+
+    Args:
+        paths: A path, glob, folder or list of them.
+        columns: Columns to keep (default: all).
+        chunk_rows: Most rows per chunk passed downstream.
+        storage_options: Options for the fsspec filesystem.
+        retries: Retries of a transient storage error, as in :func:`read_parquet`.
+        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since it was listed.
+
+    A file is one work unit, shared whole between consumers; a resumed reader parses its file
+    again up to the saved row.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp(), "pairs.csv")
+        >>> _ = path.write_text("sentence1,sentence2,label\\nA cat.,A dog.,0\\n")
+        >>> next(iter(pp.read_csv(str(path)).loader())).to_pylist()
+        [{'sentence1': 'A cat.', 'sentence2': 'A dog.', 'label': 0}]
+    """
+    return _start(
+        "read_csv",
+        CsvReader,
+        paths=paths,
+        columns=columns,
+        chunk_rows=chunk_rows,
+        storage_options=storage_options,
         **_file_options(retries, on_missing),
     )
 

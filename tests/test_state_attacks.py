@@ -341,8 +341,12 @@ def test_states_sealed_before_the_walk_became_iterative_keep_their_checksums(sav
 @pytest.mark.parametrize(
     ("where", "edit", "pattern"),
     [
-        ("steps", lambda s: s.update(stopped="yes"), r"^EqualSteps state is invalid: 'stopped' must be a bool"),
-        ("steps", lambda s: s.update(held={"x": 1}), r"^EqualSteps state is invalid: 'held' must be a list"),
+        (
+            "steps",
+            lambda s: s.update(stopped="yes"),
+            r"^EqualSteps lockstep state is invalid: 'stopped' must be a bool",
+        ),
+        ("steps", lambda s: s.update(held={"x": 1}), r"^EqualSteps lockstep state is invalid: 'held' must be a list"),
         ("reader", lambda r: r.update(epoch="9" * 5000), r"^reader state is invalid: 'epoch' must be an int >= 0"),
     ],
 )
@@ -354,6 +358,6 @@ def test_an_elastic_resume_checks_equal_steps_and_the_epoch_before_planning(pipe
         for _, _ in zip(range(3), loader):
             pass
         states.append(loader.state_dict())
-    path = ("root",) if where == "steps" else reader_at(states[0])
+    path = ("root", "lockstep") if where == "steps" else reader_at(states[0])
     states[0] = forged(states[0], path, edit)
     refused(pipe, states, pattern, consumer=Consumer(rank=0, world_size=3))

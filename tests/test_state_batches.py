@@ -49,7 +49,7 @@ def held(pipe) -> dict:
     next(it)
     batch = next(it)
     state = copy.deepcopy(loader.state_dict())
-    return forged(state, path_to(state, lambda d: "held" in d), lambda s: s.update(held=[batch]))
+    return forged(state, path_to(state, lambda d: "ring" in d), lambda s: s.update(held=[batch]))
 
 
 def in_window(state: dict, edit) -> dict:
@@ -57,7 +57,7 @@ def in_window(state: dict, edit) -> dict:
 
 
 def in_held(state: dict, edit) -> dict:
-    return forged(state, path_to(state, lambda d: "held" in d), lambda s: edit(s["held"][0]))
+    return forged(state, path_to(state, lambda d: "ring" in d), lambda s: edit(s["held"][0]))
 
 
 def halved(t: torch.Tensor) -> torch.Tensor:
@@ -78,7 +78,7 @@ def test_the_issues_crafted_batches_are_refused_with_one_line(pipe, window, held
     state, options = (
         (in_window(window, edit), {"accumulation_steps": 3}) if where == "window" else (in_held(held, edit), {})
     )
-    stage = "LossTokens" if where == "window" else "EqualSteps"
+    stage = "LossTokens" if where == "window" else "EqualSteps lockstep"
     refused(
         pipe,
         state,
@@ -150,7 +150,7 @@ def test_every_key_of_a_held_batch_with_another_type_dtype_or_shape_is_refused(p
     ],
 )
 def test_marks_and_columns_that_disagree_with_the_batch_are_refused(pipe, held, edit, pattern):
-    refused(pipe, in_held(held, edit), rf"^EqualSteps state is invalid: 'held' .*{pattern}")
+    refused(pipe, in_held(held, edit), rf"^EqualSteps lockstep state is invalid: 'held' .*{pattern}")
 
 
 def test_a_checkpoints_fetch_ahead_batch_is_checked_too(pipe):

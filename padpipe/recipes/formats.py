@@ -1,4 +1,4 @@
-"""Tell a corpus path's format (Parquet, Arrow, JSON Lines) from its name, or by looking inside a folder."""
+"""Tell a corpus path's format (Parquet, Arrow, JSON Lines, CSV) from its name, or by looking inside a folder."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ SUFFIXES: dict[str, tuple[str, ...]] = {
     "parquet": (".parquet", ".parq", ".pq"),
     "arrow": (".arrow", ".arrows", ".feather", ".ipc"),
     "jsonl": tuple(base + comp for base in (".jsonl", ".ndjson", ".json") for comp in ("", ".gz", ".zst", ".zstd")),
+    "csv": (".csv",),
 }
 READERS: dict[str, Callable[..., pp.Pipeline]] = {
     "parquet": pp.read_parquet,
     "arrow": pp.read_arrow,
     "jsonl": pp.read_jsonl,
+    "csv": pp.read_csv,
 }
 GLOB_CHARS = frozenset("*?[")
 SAVED_DATASET_FILES = ("state.json", "dataset_dict.json")
 
 
 def format_of(path: str) -> str:
-    """``"parquet"``, ``"arrow"`` or ``"jsonl"`` for a file, glob, folder or URL.
+    """``"parquet"``, ``"arrow"``, ``"jsonl"`` or ``"csv"`` for a file, glob, folder or URL.
 
     A name (or glob) ending in a known suffix decides alone, without I/O. A folder is looked into:
     a ``save_to_disk`` folder is Arrow; otherwise the one format of the files it holds
@@ -57,7 +59,7 @@ def format_of(path: str) -> str:
         raise FileNotFoundError(f"No such file or folder: {path!r}.")
     formats = sorted({f for f in map(_suffix_format, files) if f is not None})
     if not formats:
-        raise FileNotFoundError(f"{path!r} holds no Parquet, Arrow or JSON Lines files.")
+        raise FileNotFoundError(f"{path!r} holds no Parquet, Arrow, JSON Lines or CSV files.")
     if len(formats) > 1:
         raise ValueError(
             f"{path!r} holds files of several formats {formats!r}; expected one format per corpus "

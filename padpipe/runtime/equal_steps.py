@@ -21,10 +21,9 @@ from torchdata.nodes import BaseNode
 
 from padpipe.graph import Parts
 from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.runtime.held import SPEC
 from padpipe.runtime.lockstep import Lockstep, _mark, check_policy
 from padpipe.runtime.step_sync import StepSync, detect_sync
-from padpipe.state import Bool, Child, Int, StateSchema
+from padpipe.state import Child, StateSchema
 from padpipe.stats import PipelineStats
 
 
@@ -74,19 +73,7 @@ class EqualSteps(BaseNode[Any]):
         [{'x': 1, 'is_repeat': tensor(False)}]
     """
 
-    STATE = StateSchema(
-        "EqualSteps",
-        4,
-        source=Child(),
-        held=SPEC,  # batches read ahead or received, not returned yet
-        ring=SPEC,  # "repeat": the first batches returned this epoch, to replay
-        exhausted=Bool(),  # this rank has read its whole share of the epoch
-        tail=Bool(),  # a rank had read its share: every rank reads ahead to the tail
-        balanced=Bool(),  # every rank had read its share, and holds the batches it returns until the end
-        stopped=Bool(),  # the epoch ended on every rank
-        fresh=Int(0),
-        steps=Int(0),
-    )
+    STATE = StateSchema("EqualSteps", 5, source=Child(), lockstep=Child())  # lockstep: Lockstep.STATE
 
     def __init__(
         self,
@@ -107,18 +94,8 @@ class EqualSteps(BaseNode[Any]):
     @classmethod
     def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
         """The state of an epoch that goes on from ``source`` (its upstream state) with nothing held or counted."""
-        return cls.STATE.make(
-            {"policy": settings["policy"]},
-            source=source,
-            held=[],
-            ring=[],
-            exhausted=False,
-            tail=False,
-            balanced=False,
-            stopped=False,
-            fresh=0,
-            steps=0,
-        )
+        policy = settings["policy"]
+        return cls.STATE.make({"policy": policy}, source=source, lockstep=Lockstep.start(policy))
 
     @classmethod
     def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:
@@ -129,7 +106,8 @@ class EqualSteps(BaseNode[Any]):
         ended the epoch.
         """
         loaded = cls.STATE.check(state, {"policy": settings["policy"]})
-        return Parts(loaded.source, list(loaded.held), loaded.stopped)
+        step = Lockstep.load(loaded.lockstep, settings["policy"])
+        return Parts(loaded.source, list(step.held), step.stopped)
 
     @property
     def in_lockstep(self) -> bool:
@@ -150,16 +128,7 @@ class EqualSteps(BaseNode[Any]):
             return
         loaded = self.STATE.check(initial_state, {"policy": self.policy})
         self.source.reset(loaded.source)
-        step = self._step
-        step.held.restore(loaded.held)
-        step.ring.restore(loaded.ring)
-        step.exhausted, step.tail, step.balanced, step.stopped = (
-            loaded.exhausted,
-            loaded.tail,
-            loaded.balanced,
-            loaded.stopped,
-        )
-        step.fresh, step.steps = loaded.fresh, loaded.steps
+        self._step.restore(loaded.lockstep)
 
     def next(self) -> Any:
         if self._sync is None:  # batches read ahead on another layout (an elastic resume) come first
@@ -168,19 +137,7 @@ class EqualSteps(BaseNode[Any]):
         return self._step.step(lambda: next(self.source, None), lambda: iter(self.source))
 
     def get_state(self) -> dict[str, Any]:
-        step = self._step
-        return self.STATE.make(
-            {"policy": self.policy},
-            source=self.source.state_dict(),
-            held=step.held.saved(),
-            ring=step.ring.saved(),
-            exhausted=step.exhausted,
-            tail=step.tail,
-            balanced=step.balanced,
-            stopped=step.stopped,
-            fresh=step.fresh,
-            steps=step.steps,
-        )
+        return self.STATE.make({"policy": self.policy}, source=self.source.state_dict(), lockstep=self._step.state())
 
 
 def equal_steps(

@@ -16,7 +16,7 @@ import torch
 
 from padpipe.errors import one_of
 from padpipe.runtime.batch_cut import rows_of
-from padpipe.runtime.held import Held
+from padpipe.runtime.held import SPEC, Held
 from padpipe.runtime.rebalance import (
     FILLER_KEY,
     Move,
@@ -27,6 +27,7 @@ from padpipe.runtime.rebalance import (
     splittable_rows,
     tail_plan,
 )
+from padpipe.state import Bool, Int, StateSchema
 from padpipe.stats import PipelineStats
 
 logger = logging.getLogger("padpipe.runtime.equal_steps")
@@ -97,6 +98,19 @@ class Lockstep:
         device: Where batches restored from a state go (:class:`~padpipe.runtime.held.Held`).
     """
 
+    STATE = StateSchema(
+        "EqualSteps lockstep",
+        1,
+        held=SPEC,  # batches read ahead or received, not returned yet
+        ring=SPEC,  # "repeat": the first batches returned this epoch, to replay
+        exhausted=Bool(),  # this rank has read its whole share of the epoch
+        tail=Bool(),  # a rank had read its share: every rank reads ahead to the tail
+        balanced=Bool(),  # every rank had read its share, and holds the batches it returns until the end
+        stopped=Bool(),  # the epoch ended on every rank
+        fresh=Int(0),  # batches returned this epoch that were neither repeats nor fillers
+        steps=Int(0),
+    )
+
     def __init__(
         self,
         policy: str,
@@ -112,6 +126,35 @@ class Lockstep:
         self.ring = Held(device=device)  # "repeat": the first batches yielded this epoch
         self.fresh = self.steps = 0
         self.exhausted = self.stopped = self.balanced = self.tail = False
+
+    @classmethod
+    def start(cls, policy: str) -> dict[str, Any]:
+        """The state of an epoch's start: nothing held or counted.
+
+        Example:
+            >>> Lockstep.STATE.check(Lockstep.start("balance"), {"policy": "balance"}).steps
+            0
+        """
+        flags = dict.fromkeys(("exhausted", "tail", "balanced", "stopped"), False)
+        return cls.STATE.make({"policy": policy}, held=[], ring=[], fresh=0, steps=0, **flags)
+
+    @classmethod
+    def load(cls, state: Any, policy: str) -> Any:
+        """``state`` checked (a :class:`~padpipe.state.Loaded`): its batches held, flags and counts."""
+        return cls.STATE.check(state, {"policy": policy})
+
+    def state(self) -> dict[str, Any]:
+        """This rank's protocol state: the batches it holds (on the CPU), its flags and its counts."""
+        flags = {k: getattr(self, k) for k in ("exhausted", "tail", "balanced", "stopped", "fresh", "steps")}
+        return self.STATE.make({"policy": self.policy}, held=self.held.saved(), ring=self.ring.saved(), **flags)
+
+    def restore(self, state: Any) -> None:
+        """Go on from a saved :meth:`state` (checked here)."""
+        loaded = self.load(state, self.policy)
+        self.held.restore(loaded.held)
+        self.ring.restore(loaded.ring)
+        for key in ("exhausted", "tail", "balanced", "stopped", "fresh", "steps"):
+            setattr(self, key, loaded[key])
 
     def step(self, pull: Callable[[], Any], drain: Callable[[], Iterator[Any]]) -> Any:
         """The next item of this rank's epoch; ``StopIteration`` when the group ends it."""

@@ -103,7 +103,7 @@ def run(kind: str, pipe: pp.Pipeline, args: argparse.Namespace, rank: int) -> di
         state = loader.state_dict()
         torch.save(state, os.path.join(args.save, f"{kind}-rank{rank}.pt"))
         window = state["root"] if "window" in state["root"] else None  # LossTokens on top (accumulation)
-        steps_state = window["source"] if window else state["root"]
+        steps_state = (window["source"] if window else state["root"])["lockstep"]
         record["saved"] = {
             "window": len(window["window"]) if window else 0,
             "exhausted": steps_state["exhausted"],

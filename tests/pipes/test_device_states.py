@@ -62,7 +62,7 @@ def test_equal_steps_saves_held_batches_on_the_cpu_and_restores_them_on_its_devi
         node.reset(None)
         next(node)
         state = saved(node.state_dict())
-        assert [type(t) for b in state["held"] for t in iter_tensors(b)] == [torch.Tensor] * 3
+        assert [type(t) for b in state["lockstep"]["held"] for t in iter_tensors(b)] == [torch.Tensor] * 3
         again = EqualSteps(ListNode(items), device=device)
         again.reset(state)
         rest = list(again)
@@ -192,7 +192,7 @@ def test_elastic_resume_of_a_to_cuda_pipeline_from_cpu_checkpoints(monkeypatch, 
             batches = iter(old)
             seen += [r for _ in range(2) for r in next(batches)["rid"].tolist()]
             states.append(saved(old.state_dict()))  # GPU tensors in a state would not load here
-        assert [len(s["root"]["held"]) for s in states] == [1, 1]
+        assert [len(s["root"]["lockstep"]["held"]) for s in states] == [1, 1]
         new = loader(0, 1)
         new.load_state_dict(states)
         rest = list(new)

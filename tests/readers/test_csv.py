@@ -47,3 +47,25 @@ def test_read_csv_saves_and_restores_its_state(folder):
 def test_read_csv_raises_error_naming_the_file_when_a_column_is_missing(folder):
     with pytest.raises(DataError, match=r"^\S+a\.csv: cannot read unit 0 from row 0: .*'nope'"):
         epoch_batches(reader(folder, columns=["nope"]))
+
+
+def test_pp_read_csv_tokenizes_pairs_and_resumes_through_the_loader(folder):
+    """The public reader: a whole pipeline (tokenize, bucket, pad) over CSV files, every row once, exact resume."""
+    import padpipe as pp
+    from padpipe.recipes.formats import format_of, read_corpus
+
+    pipe = pp.read_csv(str(folder)).tokenize(pp.examples.tokenizer(), fields=("text",)).batch(4).pad()
+    loader = pipe.loader()
+    batches = list(loader)
+    assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(15))
+    again = pipe.loader()
+    it = iter(again)
+    next(it)
+    state = again.state_dict()
+    resumed = pipe.loader()
+    resumed.load_state_dict(state)
+    assert [b["input_ids"].tolist() for b in resumed] == [b["input_ids"].tolist() for b in batches[1:]]
+    assert format_of(str(folder)) == "csv"
+    assert read_corpus([str(folder / "a.csv")]).source.name == "read_csv"
+    with pytest.raises(FileNotFoundError, match=r"nothing\.csv"):
+        pp.read_csv(str(folder / "nothing.csv"))

@@ -253,7 +253,7 @@ def test_elastic_resume_yields_the_batches_equal_steps_had_read_ahead(data, monk
 
     saved = run_ranks(monkeypatch, [lambda r=r: old_rank(r) for r in range(2)])
     states = [state for state, _ in saved]
-    assert all(state["root"]["held"] for state in states), "equal steps had batches read ahead"
+    assert all(state["root"]["lockstep"]["held"] for state in states), "equal steps had batches read ahead"
     monkeypatch.undo()  # the new run: one process, no torch.distributed
     rest, later = resume_new(pipe, states, 3, 0, epochs=1)
     assert saved[0][1] + saved[1][1] + rest == expected_rows("bucketed", data)
