@@ -8,7 +8,9 @@ the next position's, so it is ``-100`` at each document's last token, at padding
 tokens (``.chat()``) and at the row's end. Every batch is exactly ``rows`` x ``seq_len``: a short batch
 (the epoch's last, or one that equal steps split) is filled with rows that train nothing
 (:func:`fill_rows`), a piece of a row that equal steps cut (as long as its tokens) with a padding
-run that trains nothing, and a batch equal steps marks ``"is_filler"`` trains nothing either.
+run that trains nothing, and a batch equal steps marks ``"is_filler"`` trains nothing either. A piece
+that starts inside a document has its positions start at 0 there: torchtitan's flex and varlen masks
+start a document only where positions are 0 (RoPE sees the same distances).
 
 Pure ``torch``: no torchtitan import here (:mod:`padpipe.integrations.torchtitan` uses it).
 """
@@ -67,6 +69,8 @@ def titan_batch(batch: Mapping[str, Any], *, rows: int, seq_len: int, pad_id: in
     shifted = torch.full_like(labels, IGNORE_INDEX)
     if not _is_filler(batch):  # equal steps' filler: one real row, to train nothing
         shifted[:, :-1] = labels[:, 1:]
+    lead = (positions == 0).cumsum(1) == 0  # a piece equal steps cut inside a document, up to the row's first 0:
+    positions = torch.where(lead, positions - positions[:, :1], positions)  # torchtitan starts documents at 0
     if ids.shape[1] < seq_len:  # a piece of a cut row: a padding run, positions from 0, trains nothing
         run, runs = seq_len - ids.shape[1], len(ids)
         ids = torch.cat([ids, ids.new_full((runs, run), pad_id)], 1)

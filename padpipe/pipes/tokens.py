@@ -170,7 +170,14 @@ def _mask_as_labels(labels: np.ndarray, ids: np.ndarray, column: str) -> str:
 
 
 def _is_list(kind: pa.DataType) -> bool:
-    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    """Any Arrow list type (list views too: a ``labels`` column not read as lists would pass as a class label)."""
+    return (
+        pa.types.is_list(kind)
+        or pa.types.is_large_list(kind)
+        or pa.types.is_fixed_size_list(kind)
+        or pa.types.is_list_view(kind)
+        or pa.types.is_large_list_view(kind)
+    )
 
 
 def _where(batch: pa.RecordBatch, row: int) -> str:

@@ -112,6 +112,23 @@ def test_a_row_cut_by_equal_steps_reaches_torchtitan_as_rows_of_seq_len_with_its
     assert whole == collections.Counter((ids[j - 1], labels[j]) for j in range(1, 32) if labels[j] != -100)
 
 
+def test_a_piece_that_starts_inside_a_document_starts_a_document_torchtitan_finds():
+    """torchtitan 0.3.0's flex and varlen masks start a document where positions are 0: the second piece of a row that
+    equal steps cut inside its one document must start at 0 too (from 15, its tokens were in no document: varlen left
+    them out, flex let them attend nothing, or indexed -1), its positions still rising by one (RoPE: the same logits)."""
+    from padpipe.integrations.titan_batches import titan_batch
+    from padpipe.runtime.row_pieces import cut_row
+
+    (row, *_) = pp.from_iterable([{"input_ids": list(range(1, 101))}]).tokens(pad_id=0).pack(32).loader()
+    first, second = cut_row(row)
+    assert second["position_ids"][0, 0] > 0  # equal steps keeps the document's own positions (HF)
+    for piece in (first, second):
+        (inputs, labels), _ = titan_batch(piece, rows=2, seq_len=32, pad_id=0)
+        n, positions = piece["input_ids"].shape[1], inputs["positions"]
+        assert positions[0].tolist() == list(range(n)) + list(range(32 - n))
+        assert torch.equal(labels[0, : n - 1], piece["labels"][0, 1:])
+
+
 def test_masked_sft_tokens_and_padding_train_nothing():
     def masked(tokenizer, seq_len, batch_size):
         rows = [{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}]  # a prompt (5 6) and its answer (7 8)

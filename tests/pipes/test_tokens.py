@@ -88,6 +88,22 @@ def test_tokens_drops_earlier_padding_and_truncates_with_type_ids_and_token_labe
     assert list(chunk.columns) == ["labels"]
 
 
+@pytest.mark.parametrize("kind", [pa.list_view, pa.large_list_view])
+def test_tokens_reads_list_view_columns_as_lists_so_pack_keeps_their_masks(tmp_path: Path, kind) -> None:
+    """Arrow IPC (DuckDB, Velox) may hold list views: ``labels`` as one was passed through as a class label before,
+    and pack() trained the masked prompt tokens (labels [-100, 2, 3, 4, -100, 6, 7])."""
+    table = pa.table(
+        {
+            "input_ids": pa.array([[1, 2, 3, 4], [5, 6, 7]], kind(pa.int32())),
+            "labels": pa.array([[-100, -100, 3, 4], [-100, -100, 7]], kind(pa.int64())),
+        }
+    )
+    with pa.ipc.new_file(tmp_path / "rows.arrow", table.schema) as writer:
+        writer.write_table(table)
+    (batch,) = pp.read_arrow(str(tmp_path / "rows.arrow")).tokens(pad_id=0).pack(8).loader()
+    assert batch["labels"].tolist() == [[-100, -100, 3, 4, -100, -100, 7, -100]]
+
+
 @pytest.mark.parametrize("max_length", [None, 24])
 def test_tokens_bucket_and_pad_equal_tokenize_on_a_pretokenized_dataset(hf_tok, sample, max_length) -> None:
     def encode(rows: dict) -> dict:
