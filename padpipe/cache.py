@@ -139,7 +139,7 @@ def _chat_session(options: dict[str, Any], stats: Any) -> CacheSession:
     """The cache session of a ``chat`` stage with a cache: segment rows hold what each conversation became."""
     cache, template, settings = options["cache"], options["template"], options["options"]
     about = chat_fingerprint_of(template, settings)
-    vocab_size = template.tokenizer.backend_tokenizer.get_vocab_size(True)  # with the added tokens
+    vocab_size = tokenizer_json(template.tokenizer.backend_tokenizer).id_bound  # with the added tokens
     use_references(CacheReferences())  # the shuffle buffer's rows are saved as references (padpipe.buffers)
     return CacheSession(
         Store(cache.path, cache.storage_options),

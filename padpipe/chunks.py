@@ -9,6 +9,7 @@ saving chunks are vectorized; no stage loops over rows in Python.
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,6 +269,8 @@ def record_batch_to_bytes(batch: pa.RecordBatch | pa.Table) -> bytes:
 def record_batch_from_bytes(data: bytes | np.ndarray) -> pa.RecordBatch:
     """Inverse of :func:`record_batch_to_bytes`; always one record batch (``StateMismatchError`` if unreadable)."""
     try:
+        if any(_compressed(m.metadata.to_pybytes()) for m in pa.ipc.MessageReader.open_stream(pa.py_buffer(data))):
+            raise ValueError("its body is compressed, which padpipe never writes (a small state could inflate to GBs)")
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
         table.validate(full=True)  # offsets and lengths within their buffers, before anything reads them
         return (
@@ -275,8 +278,32 @@ def record_batch_from_bytes(data: bytes | np.ndarray) -> pa.RecordBatch:
             if table.num_rows
             else pa.RecordBatch.from_pylist([], schema=table.schema)
         )
-    except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+    except (pa.ArrowException, OSError, ValueError, TypeError, struct.error, IndexError) as exc:
         raise StateMismatchError(f"a saved record batch is not readable Arrow IPC ({str(exc)[:200]})") from None
+
+
+def _compressed(meta: bytes) -> bool:
+    """Whether an IPC message's metadata (a flatbuffer ``Message``) declares a compressed body: its record batch
+    (or dictionary batch's) ``compression`` field is set. Read by hand, as pyarrow reads a body only to inflate it."""
+
+    def slot(table: int, index: int) -> int:  # the field's offset in its table, 0 when absent
+        vtable = table - struct.unpack_from("<i", meta, table)[0]
+        return (
+            struct.unpack_from("<H", meta, vtable + 4 + 2 * index)[0]
+            if 4 + 2 * index < struct.unpack_from("<H", meta, vtable)[0]
+            else 0
+        )
+
+    def child(table: int, index: int) -> int | None:
+        at = slot(table, index)
+        return None if not at else table + at + struct.unpack_from("<I", meta, table + at)[0]
+
+    root = struct.unpack_from("<I", meta, 0)[0]
+    kind = meta[root + slot(root, 1)] if slot(root, 1) else 0  # the header union's type: 2 dictionary, 3 batch
+    header = child(root, 2) if kind in (2, 3) else None
+    if header is not None and kind == 2:
+        header = child(header, 1)
+    return header is not None and slot(header, 3) != 0
 
 
 @dataclass(frozen=True)

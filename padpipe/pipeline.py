@@ -33,6 +33,7 @@ from padpipe.pipes.tokens import tokens_options
 from padpipe.readers.listing import SharedListing
 from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
 from padpipe.stage import Stage
+from padpipe.tokenizer.serialized import tokenizer_json
 
 
 def as_written(source: Stage, columns: tuple[str, ...]) -> Stage:
@@ -683,7 +684,7 @@ class Pipeline(Runnable, IterableDataset):
             return getattr(encoder, name, None)
         chat = next((s.options for s in self.stages if s.name in ("chat", "preference")), None)
         if chat is not None and name == "vocab_size":  # with the added tokens, as the chat cache checks ids
-            return chat["template"].tokenizer.backend_tokenizer.get_vocab_size(True)
+            return tokenizer_json(chat["template"].tokenizer.backend_tokenizer).id_bound
         if chat is not None:
             return chat["options"].max_length if name == "max_length" else chat["template"].token_id(name)
         if self.source.name == "mix":

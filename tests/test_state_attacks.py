@@ -361,3 +361,25 @@ def test_an_elastic_resume_checks_equal_steps_and_the_epoch_before_planning(pipe
     path = ("root", "lockstep") if where == "steps" else reader_at(states[0])
     states[0] = forged(states[0], path, edit)
     refused(pipe, states, pattern, consumer=Consumer(rank=0, world_size=3))
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_a_compressed_record_batch_in_a_state_is_refused_before_it_is_inflated(compression: str) -> None:
+    """12.8 kB of ZSTD-compressed IPC inflated to 760 MB before its refusal: a compressed body (which padpipe never
+    writes) is refused from its metadata alone (found by review)."""
+    import io
+
+    import pyarrow as pa
+
+    from padpipe.chunks import record_batch_from_bytes, record_batch_to_bytes
+
+    batch = pa.record_batch({"ids": pa.array([0] * 100_000, pa.int64())})
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
+        writer.write(batch)
+    assert len(sink.getvalue()) < 20_000
+    with pytest.raises(
+        StateMismatchError, match=r"^a saved record batch is not readable Arrow IPC \(its body is compr"
+    ):
+        record_batch_from_bytes(sink.getvalue())
+    assert record_batch_from_bytes(record_batch_to_bytes(batch)).equals(batch)

@@ -241,14 +241,14 @@ class TextEncoder:
 
     @property
     def vocab_size(self) -> int:
-        """The vocabulary size, added tokens included (token ids are below it).
+        """The vocabulary size, added tokens included: ids are below it (past the highest id where ids leave gaps).
 
         Example:
             >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=8, truncation=True, add_special_tokens=True)
             >>> enc.vocab_size
             8000
         """
-        return self._tokenizer.get_vocab_size(True)
+        return self._source.id_bound
 
     def special_tokens_added(self, pair: bool = True) -> int:
         """How many special tokens a row gets (of a sentence pair when ``pair``), whatever ``add_special_tokens`` says.

@@ -308,3 +308,17 @@ def test_pack_knows_the_vocabulary_of_the_recipes_tokenizer_or_checks_ids_non_ne
     vocab = {pipe.stages[-1].options["vocab_size"] for pipe in (tokenized, chats, tokens)}
     chat_vocab = pp.examples.chat_tokenizer().backend_tokenizer.get_vocab_size(True)
     assert vocab == {pp.examples.tokenizer().get_vocab_size(True), chat_vocab, None}
+
+
+def test_pack_takes_every_id_of_a_vocabulary_whose_ids_leave_gaps() -> None:
+    """A vocabulary with holes (CamemBERT lacks id 3) counts fewer entries than its highest id: the bound the packer
+    checks ids against is one past the highest id, so valid ids are never refused (found by review)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    tok = Tokenizer(WordLevel({"a": 0, "b": 1, "[UNK]": 2, "z": 9}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    pipe = pp.from_iterable([{"text": "a z b"}, {"text": "z z"}]).tokenize(tok).pack(8, pad_id=2)
+    assert sorted(t for b in pipe.loader() for t in b["input_ids"].flatten().tolist() if t != 2) == [0, 1, 9, 9, 9]
+    assert pipe.stages[-1].options["vocab_size"] == 10
