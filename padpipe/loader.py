@@ -97,6 +97,7 @@ class PipelineLoader(Generic[T]):
         self._finished = False
         self._epoch, self._step = -1, 0
         self._returned = 0  # batches returned to the loop, every epoch (stats().batches)
+        self._trained: int | None = None  # batches its trainer noted trained (stats().batches once it notes)
         self._unspent = False  # the running epoch started from its start and has returned no batch, nor ended
 
     @property
@@ -161,7 +162,9 @@ class PipelineLoader(Generic[T]):
         """
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"`count` must be an int >= 0, but is {count!r} instead.")
-        self._untrained.outstanding = max(0, self._untrained.outstanding - count)
+        done = min(count, self._untrained.outstanding)
+        self._untrained.outstanding -= done
+        self._trained = (self._trained or 0) + done
 
     @property
     def untrained(self) -> int:
@@ -356,8 +359,9 @@ class PipelineLoader(Generic[T]):
 
         ``batches`` counts the batches this loader returned to the loop (a filler of equal steps
         included; a batch a stage such as ``prefetch`` or ``to_cuda`` made ahead is not, though its
-        rows and tokens are counted once made). A loop that fetches ahead of its step (Lightning's)
-        has one more than it trained.
+        rows and tokens are counted once made); once a trainer notes the batches it trained
+        (:meth:`trained`: Lightning's ``ExactResume``), those: a batch its loop fetched ahead, or
+        fetched and dropped, is not counted.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abcd"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -365,7 +369,9 @@ class PipelineLoader(Generic[T]):
             >>> loader.stats().batches
             1
         """
-        return dataclasses.replace(self._stats.snapshot(), batches=self._returned)
+        return dataclasses.replace(
+            self._stats.snapshot(), batches=self._returned if self._trained is None else self._trained
+        )
 
 
 class _Epoch(Iterator[T]):

@@ -7,7 +7,8 @@ the same figures under flat, stable keys for loggers (TensorBoard, Weights & Bia
 key                   value
 ====================  ====================================================================
 ``rows``              rows in the batches made (for ``pack``: document pieces)
-``batches``           batches the loader returned to the loop (made ahead and not returned: not yet)
+``batches``           batches the loader returned to the loop, or those trained where a trainer says
+                      (Lightning's ``ExactResume``: not the batch its loop fetched ahead)
 ``real_tokens``       non-padding tokens in the output
 ``padded_tokens``     token slots in the output, padding included
 ``padding_efficiency``  ``real_tokens / padded_tokens`` (0.0 before any batch)
@@ -47,7 +48,8 @@ class StatsSnapshot:
 
     Attributes:
         rows: Rows that reached the output (batched or packed).
-        batches: Batches produced; in ``loader.stats()``, those the loader returned to the loop.
+        batches: Batches produced; in ``loader.stats()``, those the loader returned to the loop (those trained,
+            where a trainer notes them: ``PipelineLoader.trained``).
         real_tokens: Non-padding tokens in the output.
         padded_tokens: Token slots in the output, padding included.
         skipped: Rows dropped under an explicit policy, by reason.

@@ -63,3 +63,19 @@ def test_stats_batches_are_the_batches_the_loader_returned(ahead):
     per_epoch = 3 + sum(1 for _ in batches)
     assert loader.stats().batches == per_epoch
     assert sum(1 for _ in loader) == per_epoch and loader.stats().batches == 2 * per_epoch
+
+
+def test_stats_batches_are_the_batches_trained_once_the_trainer_notes_them():
+    loader = epochs_pipe().loader()
+    loader.keep_untrained(1)
+    batches = iter(loader)
+    next(batches)
+    assert loader.stats().batches == 1  # nobody noted a batch trained yet: those returned
+    for _ in range(3):
+        next(batches)  # a loop fetching one ahead of its step
+        loader.trained()
+    assert loader.stats().batches == 3  # the batch fetched ahead is not counted
+    loader.set_epoch(1)  # the trainer drops it and starts another epoch
+    next(iter(loader))
+    loader.trained(5)  # more than it returned and did not note: only that one counts
+    assert loader.stats().batches == 4

@@ -8,7 +8,8 @@ only. :class:`ExactResume`, a callback, fixes both through Lightning's public ho
   step that a batch was trained, and saves in the loader's place in Lightning's checkpoint the
   loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint`: every rank's position and the batches
   fetched and not trained, which the loader, restored by Lightning, returns first. When ``fit``
-  stops at ``max_steps`` inside an epoch, Lightning counts that epoch as done: so does the loader.
+  stops at ``max_steps`` inside an epoch, or ``limit_train_batches`` cuts it short, Lightning counts
+  that epoch as done: so does the loader.
 - for any other stateful loader (a ``StatefulDataLoader``), wrap it in :class:`LightningLoader`,
   whose state holds the same; the callback tells it which batches the loop has trained.
 
@@ -110,6 +111,8 @@ class LightningLoader:
         """Note that the training loop trained the oldest batch fetched (called by :class:`ExactResume`)."""
         if self._ahead:
             self._ahead.pop(0)
+        if isinstance(self.loader, PipelineLoader):
+            self.loader.trained()  # its stats() count the batches trained
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's loader state and its batches fetched but not trained (a collective under DDP).
@@ -152,7 +155,8 @@ class ExactResume(pl.Callback):
     collective as Lightning's checkpoint already is) where Lightning keeps the loader's state, so
     Lightning's own restore resumes it exactly. For each :class:`LightningLoader` it notes the
     batches the loop has trained. Each epoch a ``pipe.loader()`` (bare or wrapped) reads is the one
-    Lightning runs. Warns at the start of training when no train loader is either.
+    Lightning runs (one cut short by ``limit_train_batches`` ends there). Warns at the start of training
+    when no train loader is either; refuses several train loaders (it keeps one exact).
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP
@@ -162,14 +166,18 @@ class ExactResume(pl.Callback):
         self._loaders: list[PipelineLoader[Any]] = []
         self._wrapped: list[LightningLoader] = []
         self._epochs: list[PipelineLoader[Any]] = []  # bare and wrapped: each reads Lightning's epoch
-        self._first = False  # the fit's first epoch is to start
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         hold(trainer)  # before the fit's first batch, which Lightning fetches before on_train_start
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._find(trainer)
-        self._first = True
+        loaders = train_loaders(trainer)
+        if (self._wrapped or self._loaders) and len(loaders) > 1:
+            raise RuntimeError(
+                f"ExactResume resumes one train loader exactly, but train_dataloader() returns {len(loaders)}: mix "
+                "their data in one pipeline (pp.mix) and return its pipe.loader()."
+            )
         if not (self._wrapped or self._loaders):
             warnings.warn(
                 "ExactResume: the train dataloader is neither a LightningLoader nor a pipe.loader(), so a resumed run "
@@ -190,28 +198,27 @@ class ExactResume(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """After the step (a step that raised leaves its batch untrained; ``training_step(dataloader_iter)``
-        fetches inside it)."""
+        fetches inside it). An epoch Lightning cuts short (``limit_train_batches``) ends for the loaders too."""
         for wrapped in self._wrapped:
             wrapped.taken()
         for loader in self._loaders:
             loader.trained()
+        if trainer.fit_loop.batch_idx + 1 >= trainer.num_training_batches:  # (a dataloader_iter's batch_idx may lie)
+            for loader in self._epochs:
+                if loader.in_epoch:
+                    loader.set_epoch(loader.epoch + 1)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Make each loader read the epoch Lightning starts (``iter`` reads the loader's next one)."""
+        """Make each loader read the epoch Lightning starts: through Lightning's ``iter`` where it calls one for this
+        epoch (the test of its ``_TrainingEpochLoop.on_run_start``), else through a new one here."""
         self._find(trainer)
-        epoch, restart = trainer.current_epoch, False
-        first, self._first = self._first, False
-        for loader in self._epochs:
-            if loader.epoch < epoch:  # a new fit resumed after an epoch Lightning counts done, or the next epoch
-                restart |= loader.in_epoch  # an iter of the epoch it should not read (or a loader reloaded anew) ...
-                loader.set_epoch(epoch)
-        if restart and first:  # ... which Lightning reads on in a fit's first epoch (it iterates again in later ones)
-            if len(_flattened(trainer)) > 1:
-                raise RuntimeError(
-                    f"ExactResume: Lightning started epoch {epoch} on a pipe.loader() reading another epoch, and "
-                    "restarting it would restart the other train loaders too: return one train loader."
-                )
-            iter(trainer.fit_loop._data_fetcher)  # the batch it fetched ahead was of the other epoch
+        epoch, loop = trainer.current_epoch, trainer.fit_loop
+        iterates = epoch > 0 and not loop.is_resuming and not loop.epoch_loop.restarting
+        stale = [one for one in self._epochs if iterates or one.epoch != epoch]
+        for loader in stale:
+            loader.set_epoch(epoch)
+        if stale and not iterates:  # the iterator made at the fit's start reads another epoch
+            iter(loop._data_fetcher)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for loader in self._epochs:  # fit stopped inside an epoch (max_steps): Lightning counts it as done

@@ -46,6 +46,10 @@ LIGHTNING = (
     ("lightning.pytorch.utilities.combined_loader", "CombinedLoader._state_dicts"),  # the caller saving a loader
     ("lightning.pytorch.utilities.combined_loader", "CombinedLoader._load_state_dicts"),  # the caller restoring one
     ("lightning.pytorch.loops.fit_loop", "_FitLoop._data_fetcher"),  # ExactResume: restart an epoch read wrong
+    # ExactResume: whether the epoch loop's on_run_start calls iter() on the train loaders (its own test)
+    ("lightning.pytorch.loops.fit_loop", "_FitLoop.is_resuming"),
+    ("lightning.pytorch.loops.fit_loop", "_FitLoop.epoch_loop.restarting"),
+    ("lightning.pytorch.loops.fit_loop", "_FitLoop.batch_idx"),  # ExactResume: the epoch's last batch trained
 )
 """Lightning's contacts, with :data:`LOADER_SLOT` and :data:`LIGHTNING_TRAINER` (read by this module and
 ``padpipe.integrations.lightning``)."""
@@ -153,7 +157,10 @@ def _check_fit_start(trainer: Any) -> None:
             f"Lightning is resuming pipe.loader() from {trainer.ckpt_path} without the {EXACT_RESUME} callback, so "
             f"its epochs would not follow Lightning's: add `callbacks=[{EXACT_RESUME}]` to the Trainer."
         )
-    saving = sorted({type(one).__name__ for one in trainer.checkpoint_callbacks})
+    saves = [
+        one for one in trainer.checkpoint_callbacks if getattr(one, "save_top_k", 1) or getattr(one, "save_last", 0)
+    ]
+    saving = sorted({type(one).__name__ for one in saves})  # ModelCheckpoint(save_top_k=0) without save_last: never
     if saving:
         raise RuntimeError(f"Lightning will save pipe.loader() in its checkpoints ({', '.join(saving)}) {WITHOUT}")
     warnings.warn(f"Lightning may save pipe.loader() in `trainer.save_checkpoint(...)` {WITHOUT}", stacklevel=2)

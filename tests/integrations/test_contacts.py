@@ -66,6 +66,16 @@ def test_lightning_calls_a_loaders_state_methods_from_its_combined_loader():
     )
 
 
+def test_lightning_iterates_the_train_loaders_at_an_epochs_start_as_exact_resume_expects():
+    """``ExactResume.on_train_epoch_start`` repeats the test by which Lightning's epoch loop calls ``iter()``."""
+    pytest.importorskip("lightning")
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    source = inspect.getsource(_TrainingEpochLoop.on_run_start)
+    assert "current_epoch > 0 and not self.trainer.fit_loop.is_resuming and not self.restarting:" in source
+    assert "iter(data_fetcher)" in source
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
 def test_lightnings_checkpoint_keeps_the_loader_states_where_exact_resume_writes(tmp_path):

@@ -3,6 +3,7 @@
 One device here (Lightning's default checkpointing, a ``ModelCheckpoint`` every few steps, a resume, a
 ``LightningLoader``); DDP x2 under torchrun in test_lightning_ddp.py. A fit that can only save the loader through
 ``trainer.save_checkpoint`` warns at its start and trains; that save raises. Old checkpoints are refused by version.
+With ``ExactResume``, several train loaders are refused before a step.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ L = pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.utilities import CombinedLoader  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 import padpipe as pp  # noqa: E402
@@ -25,6 +27,7 @@ from padpipe.integrations.lightning import ExactResume  # noqa: E402
 from padpipe.integrations.loader_guard import LOADER_SLOT  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from padpipe.state import make_state  # noqa: E402
+from tests.integrations import test_lightning  # noqa: E402
 from tests.integrations.scripts.lightning_bare_run import Bare  # noqa: E402
 from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
 from tests.integrations.test_lightning import trainer  # noqa: E402
@@ -83,9 +86,10 @@ def test_a_fit_that_will_save_the_loader_without_exact_resume_refuses_before_a_s
     assert model.steps == [] and steps.started == 0 and fit.global_step == 0  # nothing trained, nothing lost
 
 
-def test_a_fit_that_saves_only_by_save_checkpoint_warns_at_its_start_and_that_save_raises(pipe, tmp_path):
+@pytest.mark.parametrize("never_saves", [[], [ModelCheckpoint(save_top_k=0)]], ids=["no_callback", "save_top_k_0"])
+def test_a_fit_that_saves_only_by_save_checkpoint_warns_at_its_start_and_that_save_raises(pipe, tmp_path, never_saves):
     model = Bare(pipe, 0)
-    fit = trainer(tmp_path, max_steps=2)
+    fit = trainer(tmp_path, never_saves, max_steps=2)
     with pytest.warns(
         UserWarning, match=r"^Lightning may save pipe\.loader\(\) in `trainer\.save_checkpoint\(\.\.\.\)` " + CALLBACK
     ):
@@ -93,6 +97,25 @@ def test_a_fit_that_saves_only_by_save_checkpoint_warns_at_its_start_and_that_sa
     assert len(model.steps) == 2
     with pytest.raises(RuntimeError, match=SAVES):
         fit.save_checkpoint(tmp_path / "stopped.ckpt")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda pipe: {"a": pipe.loader(), "b": pipe.loader()},
+        lambda pipe: CombinedLoader([pipe.loader(), DataLoader([torch.zeros(1)] * 4, batch_size=None)], "max_size"),
+    ],
+    ids=["two_pipe_loaders", "one_and_a_dataloader"],
+)
+def test_exact_resume_refuses_several_train_loaders_before_a_step(pipe, tmp_path, make):
+    model = test_lightning.Bare(pipe, make)  # its train_dataloader() returns make(pipe)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^ExactResume resumes one train loader exactly, but train_dataloader\(\) returns 2: mix their data in "
+        r"one pipeline \(pp\.mix\) and return its pipe\.loader\(\)\.$",
+    ):
+        trainer(tmp_path, [ExactResume()], max_steps=2).fit(model)
+    assert model.steps == []
 
 
 class Validated(Bare):
