@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.chunks import TokenChunk
     from padpipe.errors import DataError
     from padpipe.inspection import InspectResult, inspect
+    from padpipe.inspection.model_kind import ModelKind, model_kind
     from padpipe.inspection.packing_check import PackingError, PackingReport, check_packing
     from padpipe.loader import PipelineLoader
     from padpipe.mix import mix
@@ -42,6 +43,7 @@ _HOMES = {
     "Consumer": "padpipe.sharing.consumer",
     "DataError": "padpipe.errors",
     "InspectResult": "padpipe.inspection",
+    "ModelKind": "padpipe.inspection.model_kind",
     "Pipeline": "padpipe.pipeline",
     "PackingError": "padpipe.inspection.packing_check",
     "PackingReport": "padpipe.inspection.packing_check",
@@ -58,6 +60,7 @@ _HOMES = {
     "from_iterable": "padpipe.sources",
     "inspect": "padpipe.inspection",
     "loss_weight": "padpipe.runtime.marks",
+    "model_kind": "padpipe.inspection.model_kind",
     "mix": "padpipe.mix",
     "read_arrow": "padpipe.sources",
     "read_jsonl": "padpipe.sources",
@@ -70,6 +73,7 @@ __all__ = [
     "Consumer",
     "DataError",
     "InspectResult",
+    "ModelKind",
     "PackingError",
     "PackingReport",
     "Pipeline",
@@ -88,6 +92,7 @@ __all__ = [
     "inspect",
     "loss_weight",
     "mix",
+    "model_kind",
     "read_arrow",
     "read_jsonl",
     "read_parquet",

@@ -452,6 +452,7 @@ class Pipeline(Runnable, IterableDataset):
         pad_id: int | None = None,
         label_pad_id: int = -100,
         keep: Sequence[str] = (),
+        layout: Literal["rows", "flat"] = "rows",
     ) -> Pipeline:
         """Pack documents into rows of exactly ``seq_len`` tokens (the fullest rows of a buffer, best fit decreasing).
 
@@ -461,9 +462,10 @@ class Pipeline(Runnable, IterableDataset):
         column, else its ids; -100 at document starts and padding) ``[B, seq_len]`` int64, ``seq_idx``
         ``[B, seq_len]`` int32, flash-attention ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and
         ``max_length_q``/``max_length_k`` (``int``), and with ``block_mask=True`` a 4-D
-        block-diagonal causal ``attention_mask``. In HF ``eager``/``sdpa`` attention the default
-        batch is exact only with ``use_cache=False`` (HF ``Trainer`` sets it); ``block_mask=True``
-        is exact with any ``use_cache``; flash-attention is exact with the default batch.
+        block-diagonal causal ``attention_mask``, and ``use_cache=False`` (in HF ``eager``/``sdpa``
+        attention a cache would hide the packed rows). Attention models read it right as it is;
+        models whose layers carry state (Mamba, Gated DeltaNet, short convolutions) need kernels
+        and sometimes ``layout="flat"``, or no packing at all: :func:`padpipe.model_kind` says which.
 
         Args:
             seq_len: Tokens per packed row.
@@ -487,6 +489,9 @@ class Pipeline(Runnable, IterableDataset):
             keep: Columns (integers or strings, such as the row id ``idx``) to carry into batches,
                 each as a list of ``B`` lists: the values of each row's documents, in order. Off
                 by default, so that ``model(**batch)`` gets only what a model reads.
+            layout: ``"rows"``, or ``"flat"``: each batch one row of ``batch_size * seq_len``
+                tokens (documents of at most ``seq_len``), as flash-linear-attention's varlen
+                kernels take it (docs/packing.md).
 
         Example:
             >>> pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer())
@@ -513,6 +518,7 @@ class Pipeline(Runnable, IterableDataset):
             "pad_id": pad_id,
             "label_pad_id": label_pad_id,
             "keep": tuple(keep) if isinstance(keep, (list, tuple)) else keep,
+            "layout": layout,
         }
         check_pack_options(**options)
         return self._add(Stage("pack", _build.pack, options), TENSORS)

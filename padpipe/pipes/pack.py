@@ -12,6 +12,7 @@ from torchdata.nodes import BaseNode
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.graph import EpochAware
+from padpipe.pipes.flat import bins, check_layout
 from padpipe.pipes.packing import MASK_DTYPES, assemble, best_fit_decreasing
 from padpipe.pipes.pieces import Piece, Pieces, cut_pieces, pieces_to_chunk
 from padpipe.state import Bool, Child, Int, ListOf, Loaded, StateSchema, invalid
@@ -28,6 +29,7 @@ BATCH_KEYS = (
     "max_length_q",
     "max_length_k",
     "attention_mask",
+    "use_cache",
 )
 """The keys a packed batch holds of its own (a kept column may not take one of these names)."""
 
@@ -52,6 +54,7 @@ def check_pack_options(
     pad_id: int,
     label_pad_id: int,
     keep: tuple[str, ...] = (),
+    layout: str = "rows",
 ) -> None:
     """Raise ``ValueError``/``TypeError`` for packing settings that cannot work.
 
@@ -70,6 +73,7 @@ def check_pack_options(
     one_of("long_docs", long_docs, LONG_DOCS)
     check_bool("keep_tail", keep_tail)
     check_bool("block_mask", block_mask)
+    check_layout(layout, block_mask=block_mask)
     if mask_dtype is not None:
         if not block_mask:
             raise ValueError(f"`mask_dtype` must be None without `block_mask=True`, but is {mask_dtype} instead.")
@@ -125,6 +129,8 @@ class Packer(EpochAware, BaseNode[dict]):
       attention as it is. A float mask is additive (0, or the dtype's lowest value), as HF's own
       eager masks: right for ``eager`` and ``sdpa``. A bool mask (True = attend) is right for
       ``sdpa`` only: HF's eager attention adds the mask to the scores.
+    - ``use_cache``: ``False``, so that ``model(**batch)`` builds no cache (with one, HF's
+      ``eager``/``sdpa`` attention does not look for packed rows in ``position_ids``).
 
     Which batches give every document exactly the logits it has alone in HF models (tested on
     Llama for ``eager`` and ``sdpa``, and on HF's flash-attention code path with a reference
@@ -132,11 +138,9 @@ class Packer(EpochAware, BaseNode[dict]):
 
     - ``flash_attention_2``/``_3``: the default batch, with any ``use_cache``. Not with
       ``block_mask`` (HF's flash path takes only a 2-D mask and fails on a 4-D one).
-    - ``eager``/``sdpa``, the default batch: only with ``use_cache=False`` (``model(**batch,
-      use_cache=False)`` or ``config.use_cache = False``; HF ``Trainer`` sets it from
-      ``TrainingArguments.use_cache``, False by default). Under a model's default
-      ``use_cache=True`` HF does not look for packed rows in ``position_ids`` and attention
-      crosses documents, silently.
+    - ``eager``/``sdpa``, the default batch: with the ``use_cache=False`` it carries, whatever the
+      config says. A caller that drops it and a config's ``use_cache=True`` (every pretrained
+      one) make HF skip the packed rows in ``position_ids``: attention crosses documents.
     - ``eager``/``sdpa``, ``block_mask=True``: with any ``use_cache``; costs ``B * seq_len**2``
       mask entries per batch (4 bytes each in float32, 2 in bfloat16, 1 as bool).
 
@@ -175,6 +179,8 @@ class Packer(EpochAware, BaseNode[dict]):
         label_pad_id: Label at document starts and padding.
         keep: Columns of the input (integers or strings, such as ``idx``) to carry into batches,
             as a list per row; a column missing from the input raises ``DataError``.
+        layout: ``"rows"`` (``[batch_size, seq_len]``) or ``"flat"``: each batch one row of
+            ``batch_size * seq_len`` tokens, of pieces of at most ``seq_len`` (:mod:`padpipe.pipes.flat`).
         stats: Counters to report into (``record_batch`` per batch, time under ``"pack"``).
 
     Example:
@@ -222,6 +228,7 @@ class Packer(EpochAware, BaseNode[dict]):
         pad_id: int,
         label_pad_id: int = -100,
         keep: tuple[str, ...] = (),
+        layout: str = "rows",
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
@@ -237,9 +244,11 @@ class Packer(EpochAware, BaseNode[dict]):
             pad_id=pad_id,
             label_pad_id=label_pad_id,
             keep=keep,
+            layout=layout,
         )
         self.source = source
-        self.seq_len, self.batch_size, self.buffer_size = seq_len, batch_size, buffer_size
+        self.seq_len, self.batch_size = bins(seq_len, batch_size, layout)  # the rows it fills
+        self.buffer_size, self.piece_len, self.layout = buffer_size, seq_len, layout  # pieces of at most seq_len
         self.long_docs, self.keep_tail = long_docs, keep_tail
         self.position_offset, self.block_mask = position_offset, block_mask
         self.mask_dtype = (mask_dtype or torch.float32) if block_mask else None
@@ -304,8 +313,8 @@ class Packer(EpochAware, BaseNode[dict]):
         """Pieces fit ``seq_len``, the pool ``buffer_size``."""
         stage = self.STATE.stage
         for key in ("incoming", "pool"):
-            if any(len(p.ids) > self.seq_len for p in loaded[key]):
-                raise invalid(stage, key, f"pieces of at most seq_len={self.seq_len} tokens", "a longer piece")
+            if any(len(p.ids) > self.piece_len for p in loaded[key]):
+                raise invalid(stage, key, f"pieces of at most seq_len={self.piece_len} tokens", "a longer piece")
         lengths = [len(p.ids) for p in loaded.pool]
         if len(lengths) > self.buffer_size and sum(lengths[:-1]) >= self.batch_size * self.seq_len:
             limit = f"at most buffer_size={self.buffer_size} pieces, or fewer than a batch's tokens before the last"
@@ -342,7 +351,7 @@ class Packer(EpochAware, BaseNode[dict]):
             raise TypeError(f"pack() needs tokenized rows (TokenChunk) as input, but got {type(chunk).__name__}.")
         with self.stats.timer("pack"):
             pieces, counts = cut_pieces(
-                chunk, seq_len=self.seq_len, long_docs=self.long_docs, keep_tail=self.keep_tail, keep=self.keep
+                chunk, seq_len=self.piece_len, long_docs=self.long_docs, keep_tail=self.keep_tail, keep=self.keep
             )
             self.stats.add("pack.split_docs", counts["split"])
             self.stats.add("pack.truncated_docs", counts["truncated"])
