@@ -26,8 +26,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.chunks import TokenChunk
     from padpipe.errors import DataError
     from padpipe.inspection import InspectResult, inspect
-    from padpipe.inspection.model_kind import ModelKind, model_kind
     from padpipe.inspection.packing_check import PackingError, PackingReport, check_packing
+    from padpipe.inspection.packing_model import ModelKind, model_kind
     from padpipe.loader import PipelineLoader
     from padpipe.mix import mix
     from padpipe.pipeline import Pipeline
@@ -43,7 +43,7 @@ _HOMES = {
     "Consumer": "padpipe.sharing.consumer",
     "DataError": "padpipe.errors",
     "InspectResult": "padpipe.inspection",
-    "ModelKind": "padpipe.inspection.model_kind",
+    "ModelKind": "padpipe.inspection.packing_model",
     "Pipeline": "padpipe.pipeline",
     "PackingError": "padpipe.inspection.packing_check",
     "PackingReport": "padpipe.inspection.packing_check",
@@ -60,7 +60,7 @@ _HOMES = {
     "from_iterable": "padpipe.sources",
     "inspect": "padpipe.inspection",
     "loss_weight": "padpipe.runtime.marks",
-    "model_kind": "padpipe.inspection.model_kind",
+    "model_kind": "padpipe.inspection.packing_model",
     "mix": "padpipe.mix",
     "read_arrow": "padpipe.sources",
     "read_jsonl": "padpipe.sources",

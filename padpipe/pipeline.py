@@ -394,6 +394,7 @@ class Pipeline(Runnable, IterableDataset):
         pad_to_length: int | None = None,
         label_pad_id: int = -100,
         dtype: torch.dtype = torch.int64,
+        ids_as_labels: bool = False,
     ) -> Pipeline:
         """Pad each batch to its longest row (rounded up to a multiple) and make tensors.
 
@@ -408,6 +409,8 @@ class Pipeline(Runnable, IterableDataset):
             pad_to_length: Pad every batch to this fixed length instead (static padding).
             label_pad_id: Fill value for token-level labels.
             dtype: ``torch.int64`` (default) or ``torch.int32`` for ids.
+            ids_as_labels: Rows without token-level labels get their ids as ``labels`` (``label_pad_id``
+                at padding): the targets of causal-LM training on unpacked rows.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a b"}]).tokenize(pp.examples.tokenizer()).batch(1)
@@ -436,6 +439,8 @@ class Pipeline(Runnable, IterableDataset):
             "dtype": dtype,
         }
         check_pad_options(**options)
+        check_bool("ids_as_labels", ids_as_labels)
+        options["ids_as_labels"] = ids_as_labels
         return self._add(Stage("pad", _build.pad, options), TENSORS)
 
     def pack(

@@ -35,6 +35,7 @@ class Findings(Protocol):
     bucket_sweep: Sequence[tuple[int, float]]
     pack_sweep: Sequence[tuple[int, float]]
     budget_truncated: int
+    model: Any  # the ModelKind of the model given, or None
 
     @property
     def rows(self) -> int: ...
@@ -89,7 +90,7 @@ def recommendations(result: Findings) -> list[str]:
     s, dist = result.settings, result.distribution()
     if not result.rows or not result.strategies:
         return []
-    out = _length_advice(result, dist)
+    out = _model_advice(result) + _length_advice(result, dist)
     least = min(st.attention for st in result.strategies)
     fullest = result.best()
     lightest = min(result.strategies, key=lambda st: (st.attention, -st.efficiency))
@@ -116,6 +117,21 @@ def recommendations(result: Findings) -> list[str]:
             "bucket(max_tokens) raises on them unless on_oversize='truncate' or 'drop'."
         )
     return [line for line in out if line]
+
+
+def _model_advice(result: Findings) -> list[str]:
+    """How the model given batches: as :func:`padpipe.model_kind` says, with the efficiency of what it says."""
+    kind = result.model
+    if kind is None:
+        return []
+    if kind.layout != "bucket":
+        return [f"model: {kind}"]
+    bucket, pack = result.strategies[3], result.strategies[-1]  # bucket(max_tokens), pack(seq_len)
+    return [
+        f"model: {kind.why}; do not pack: {bucket.name} fills {bucket.efficiency:.1%} of token slots here (one "
+        f"document a row, padding on the right: .pad(side='right')), where {pack.name} would fill "
+        f"{pack.efficiency:.1%} and let documents see each other."
+    ]
 
 
 def _length_advice(result: Findings, dist: dict[str, float]) -> list[str]:

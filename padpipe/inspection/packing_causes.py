@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from padpipe.inspection.model_kind import BUCKET, ModelKind, model_kind
+from padpipe.inspection.packing_model import BUCKET, ModelKind, model_kind
 from padpipe.inspection.packing_rows import Document
 
 FLASH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")

@@ -9,6 +9,7 @@ import numpy as np
 
 from padpipe.inspection.advice import num as _num
 from padpipe.inspection.advice import recommendations
+from padpipe.inspection.packing_model import ModelKind
 from padpipe.inspection.sample import Corpus
 from padpipe.inspection.strategies import StrategyResult
 
@@ -69,6 +70,7 @@ class InspectResult:
         pack_sweep: ``(buffer_size, efficiency)`` of ``pack(seq_len)`` per buffer size tried.
         budget_truncated: Rows longer than ``max_tokens`` allows (``bucket(max_tokens)`` cut them).
         seconds: Time ``inspect`` took.
+        model: What keeps packed documents apart in the model given to ``inspect`` (``None``: none given).
     """
 
     source: str
@@ -87,6 +89,7 @@ class InspectResult:
     budget_truncated: int
     seconds: float
     model_max_length: int | None = None
+    model: ModelKind | None = None
 
     # -- figures ----------------------------------------------------------------------------------
     @property
@@ -251,6 +254,7 @@ class InspectResult:
         return {
             "source": self.source,
             "format": self.format,
+            "model": None if self.model is None else {"kind": self.model.kind, "layout": self.model.layout},
             "fields": list(self.fields),
             "tokenizer": self.tokenizer,
             "max_length": self.max_length,

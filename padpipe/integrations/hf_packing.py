@@ -18,9 +18,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from padpipe.inspection.model_kind import model_kind
 from padpipe.inspection.packing_causes import attention_of, is_causal, layer_cause, use_cache_of
 from padpipe.inspection.packing_check import NothingToCheck, PackingError, check_packing
+from padpipe.inspection.packing_model import model_kind
 
 logger = logging.getLogger("padpipe.hf")
 
