@@ -185,10 +185,10 @@ def diagnose(
             "or give a bidirectional 4-D block mask built from seq_idx",
         )
     if not flash and not mask_4d and use_cache_of(model, inputs):
-        dropped = " (the batch's use_cache=False was dropped before the model)" if "use_cache" in batch else ""
+        how = " (the batch's use_cache=False was dropped before the model)" if "use_cache" in batch else ""
         return Cause(
             "use_cache",
-            f"use_cache=True{dropped} with attn_implementation={attn!r} and no 4-D mask: HF looks for packed rows "
+            f"use_cache=True{how} with attn_implementation={attn!r} and no 4-D mask: HF looks for packed rows "
             "in position_ids only when there is no cache",
             "pass the batch's use_cache=False to the model (or set model.config.use_cache = False), or pack with "
             "block_mask=True",

@@ -1,20 +1,13 @@
 """``pp.model_kind(model)``: does packing keep documents apart in this model, and what does it need?
 
-A layer *carries state* from one token to the next when transformers caches a conv or recurrent
-state for it (its config's layer types that transformers' cache maps to a linear-attention cache
-layer: ``conv``, ``linear_attention``, ``hybrid`` ...), or when it is one of the recurrent blocks
-of :data:`RECURRENT_BLOCKS`, whose configs declare no layer types. Such a layer carries state from
-one packed document into the next unless its kernel is given the boundaries: transformers passes
-``seq_idx``/``cu_seq_lens_q`` to the kernels it hooks (``use_kernel_func_from_hub_with_fallback``),
-and only the kernels of :data:`KERNELS` honour them, on the devices of :data:`PACKAGES` (the torch
-fallbacks refuse them). For a model with such layers a one-time probe (one forward of 16 tokens,
-no gradient) records which kernels its layers actually call and whether each gets its boundary:
-a layer that drops them (a caller that does not pass ``**kwargs`` on) is found by what it does,
-not by its name. No step of training pays for it.
-
-The verdict, :attr:`ModelKind.layout`: ``"rows"`` (``pack()`` as it is), ``"flat"`` (``pack(...,
-layout="flat")``: flash-linear-attention takes one row), or ``"bucket"`` (nothing keeps packed
-documents apart here: one document a row, ``.bucket(max_tokens=...).pad()``, padding on the right).
+A layer carries state from token to token, so from one packed document into the next, when its
+config's layer type is one transformers caches a conv or recurrent state for (``conv``,
+``linear_attention``, ``hybrid`` ...) or it is one of :data:`RECURRENT_BLOCKS`. Only the kernels of
+:data:`KERNELS` keep documents apart in it, given the boundaries, on the devices of :data:`PACKAGES`
+(transformers' torch fallbacks refuse them). A one-time probe (one 16-token forward, no gradient)
+records which hooked kernels the layers call and whether each gets its boundary, so a layer whose
+caller drops them is found by what it does. The verdict, :attr:`ModelKind.layout`: ``"rows"``,
+``"flat"`` (flash-linear-attention takes one row) or ``"bucket"`` (nothing keeps them apart here).
 """
 
 from __future__ import annotations
@@ -166,10 +159,9 @@ def model_kind(model: Any, *, device: str | torch.device | None = None, probe: b
         boundaries); do not pack: .bucket(max_tokens=...).pad(): one document a row, padding on the right.
     """
     module = _as_module(model)
-    kind = functools.partial(
-        ModelKind, type(module).__name__, device=_target_device(module, device),
-        mask_without_positions=not _mask_reads_positions(module),
-    )  # fmt: skip
+    target = _target_device(module, device)
+    positions = not _mask_reads_positions(module)
+    kind = functools.partial(ModelKind, type(module).__name__, device=target, mask_without_positions=positions)
     types = _state_layer_types(getattr(module, "config", None))
     blocks = [m for m in module.modules() if type(m).__name__ in RECURRENT_BLOCKS]
     if not types and not blocks:
@@ -190,7 +182,6 @@ def model_kind(model: Any, *, device: str | torch.device | None = None, probe: b
         if dropped:
             return kind("recurrent", layers, f"the model calls {_listed(dropped)} without {KERNELS[dropped[0]]}")
     packages = tuple(sorted({package for _, package, _, _ in hooks}))
-    target = _target_device(module, device)
     missing = tuple(p for p in packages if not _usable(p, target))
     return kind("varlen", layers, "", packages, missing, any(KERNELS.get(k) == "cu_seqlens" for k in kernels))
 
@@ -211,7 +202,9 @@ def _target_device(module: torch.nn.Module, device: str | torch.device | None) -
     if device is not None:
         return torch.device(device).type
     found = next((p.device.type for p in module.parameters()), "cpu")
-    return "cuda" if found in ("cpu", "meta") and torch.cuda.is_available() else found
+    if found in ("cpu", "meta"):  # not moved to its device yet (or a config's model)
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return found
 
 
 def _state_layer_types(config: Any) -> list[str]:
@@ -282,21 +275,12 @@ def _probe(module: torch.nn.Module, hooks: list[tuple[Any, str, str, str]]) -> d
 
         return record
 
-    parameter = next(module.parameters())
     vocab = int(getattr(getattr(module, "config", None), "vocab_size", 0) or 0) or 16
-    ids = (torch.arange(16, device=parameter.device) % max(1, vocab - 3) + 3)[None]
-    positions = torch.arange(16, device=parameter.device).remainder(8)[None]
-    bounds = torch.tensor([0, 8, 16], dtype=torch.int32, device=parameter.device)
-    batch = {
-        "input_ids": ids,
-        "position_ids": positions,
-        "seq_idx": (positions.new_tensor([0] * 8 + [1] * 8, dtype=torch.int32))[None],
-        "cu_seq_lens_q": bounds,
-        "cu_seq_lens_k": bounds,
-        "max_length_q": 8,
-        "max_length_k": 8,
-        "use_cache": False,
-    }
+    tokens = torch.arange(16, device=next(module.parameters()).device)
+    bounds = torch.tensor([0, 8, 16], dtype=torch.int32, device=tokens.device)  # two documents of 8 tokens
+    batch = dict(input_ids=(tokens % max(1, vocab - 3) + 3)[None], position_ids=(tokens % 8)[None], use_cache=False,
+                 seq_idx=(tokens // 8).int()[None], cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=8,
+                 max_length_k=8)  # fmt: skip
     training = module.training
     with contextlib.ExitStack() as stack:
         for code, _, kernel, python in hooks:

@@ -49,7 +49,7 @@ def guard_columns(trainer: Any, columns: Callable[[dict], dict]) -> Callable[[di
         nonlocal checked
         if not checked:
             checked = True
-            _refuse_layers(trainer.model, batch, columns(batch))
+            _refuse_layers(trainer, batch, columns(batch))
             extra.update(_safe_fixes(trainer.model, columns(batch)))
             _check_on_rank_zero(trainer, batch, lambda b: {**columns(b), **extra})
         return {**columns(batch), **extra}
@@ -72,10 +72,13 @@ def _safe_fixes(model: Any, inputs: dict) -> dict[str, Any]:
     return {"use_cache": False}
 
 
-def _refuse_layers(model: Any, batch: dict, inputs: dict) -> None:
-    """Raise, on every rank alike, where the model's layers would carry state across documents (no forward needed)."""
+def _refuse_layers(trainer: Any, batch: dict, inputs: dict) -> None:
+    """Raise, on every rank alike, where the model's layers would carry state across documents (its probe: one
+    small forward on every rank, none under FSDP or DeepSpeed, whose forward is a collective)."""
+    model, sharded = trainer.model, trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
     parameter = next(iter(model.parameters()), None)
-    cause = layer_cause(model_kind(model, device=None if parameter is None else parameter.device), batch, inputs)
+    kind = model_kind(model, device=None if parameter is None else parameter.device, probe=not sharded)
+    cause = layer_cause(kind, batch, inputs)
     if cause is not None:
         raise PackingError(
             f"padpipe.hf.Trainer: packed documents would see each other in this model; cause [{cause.key}]: "

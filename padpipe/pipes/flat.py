@@ -1,21 +1,11 @@
-"""``pack(layout="flat")``: each batch as one row of ``batch_size * seq_len`` tokens, for varlen kernels.
+"""``pack(layout="flat")``: each batch one row of ``batch_size * seq_len`` tokens, as varlen kernels read it.
 
-A model whose layers carry state from token to token (Gated DeltaNet, KDA, short convolutions,
-Mamba-2) keeps packed documents apart only in kernels given the documents' boundaries, and
-flash-linear-attention takes them (``cu_seqlens``) for a batch of one row only ("The batch size is
-expected to be 1 rather than B when using `cu_seqlens`"). So the flat layout packs each batch as
-that one row: the packer fills bins of ``batch_size * seq_len`` tokens (one a batch) with pieces of
-at most ``seq_len`` tokens, so only the batch's end is padding, and the batch's keys describe that
-row as the kernels' varlen contracts read them:
-
-- ``input_ids``, ``position_ids``, ``labels`` ``[1, batch_size * seq_len]`` int64;
-- ``seq_idx`` ``[1, batch_size * seq_len]`` int32, contiguous (causal-conv1d's and mamba-ssm's
-  ``seq_idx``: ``[batch, seqlen]`` int32);
-- ``cu_seq_lens_q``/``_k`` ``[S + 1]`` int32 from 0 to ``batch_size * seq_len`` (flash-linear-attention's
-  ``cu_seqlens``: ``[N + 1]``, batch size 1; its own helpers make them int32), ``max_length_q``/``_k``.
-
-The token budget is that of ``[batch_size, seq_len]`` rows; every promise of ``pack()`` holds as
-for any packed batch of one row (the epoch's last steps cut it between documents).
+flash-linear-attention takes document boundaries (``cu_seqlens``) for a batch of one row only, so
+the flat layout packs bins of ``batch_size * seq_len`` tokens (one a batch) with pieces of at most
+``seq_len``: padding only at the batch's end; ``seq_idx`` ``[1, N]`` int32 (causal-conv1d, mamba-ssm),
+``cu_seq_lens_*`` ``[S + 1]`` int32 from 0 to ``N`` (FLA's ``cu_seqlens``). The token budget is the
+rows'; the epoch's last batch is as long as the rows it needs (the rows layout gives it fewer rows);
+every promise of ``pack()`` holds as for a packed batch of one row.
 """
 
 from __future__ import annotations
@@ -49,3 +39,13 @@ def bins(seq_len: int, batch_size: int, layout: str) -> tuple[int, int]:
         ((512, 8), (4096, 1))
     """
     return (seq_len * batch_size, 1) if layout == "flat" else (seq_len, batch_size)
+
+
+def flat_width(tokens: int, seq_len: int) -> int:
+    """The epoch's last flat row: ``tokens`` rounded up to whole rows of ``seq_len``, as rows would hold them.
+
+    Example:
+        >>> flat_width(130, 64)
+        192
+    """
+    return max(1, -(-tokens // seq_len)) * seq_len

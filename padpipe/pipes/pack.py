@@ -12,7 +12,7 @@ from torchdata.nodes import BaseNode
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.graph import EpochAware
-from padpipe.pipes.flat import bins, check_layout
+from padpipe.pipes.flat import bins, check_layout, flat_width
 from padpipe.pipes.packing import MASK_DTYPES, assemble, best_fit_decreasing
 from padpipe.pipes.pieces import Piece, Pieces, cut_pieces, pieces_to_chunk
 from padpipe.state import Bool, Child, Int, ListOf, Loaded, StateSchema, invalid
@@ -409,18 +409,20 @@ class Packer(EpochAware, BaseNode[dict]):
         """Assemble planned rows as one batch."""
         placed = [piece for row in rows for piece in row]
         placed_rows = [number for number, row in enumerate(rows) for _ in row]
+        real = sum(len(p.ids) for p in placed)
+        last = self._exhausted and not self._planned  # the epoch's last batch: a flat row of only the rows it needs
+        width = flat_width(real, self.piece_len) if self.layout == "flat" and last else self.seq_len
         out = assemble(
             placed,
             placed_rows,
             len(rows),
-            seq_len=self.seq_len,
+            seq_len=width,
             pad_id=self.pad_id,
             position_offset=self.position_offset,
             label_pad_id=self.label_pad_id,
             mask_dtype=self.mask_dtype,
             keep=self.keep,
         )
-        real = sum(len(p.ids) for p in placed)
-        self.stats.record_batch(rows=len(placed), real_tokens=real, padded_tokens=len(rows) * self.seq_len)
+        self.stats.record_batch(rows=len(placed), real_tokens=real, padded_tokens=len(rows) * width)
         self._started = True
         return out

@@ -36,9 +36,10 @@ def assert_varlen_contract(batch: dict, *, seq_len: int, batch_size: int) -> lis
 
     Returns the ids of each document piece, in order.
     """
-    n = batch_size * seq_len
     ids, positions, labels, seq_idx = (batch[k] for k in ("input_ids", "position_ids", "labels", "seq_idx"))
+    n = ids.shape[1]  # batch_size * seq_len; the epoch's last batch: the rows it needs
     assert ids.shape == positions.shape == labels.shape == seq_idx.shape == (1, n)  # a batch of one row
+    assert n % seq_len == 0 and n <= batch_size * seq_len
     assert ids.dtype == positions.dtype == labels.dtype == torch.int64
     assert seq_idx.dtype == torch.int32 and seq_idx.is_contiguous()
     cu = batch["cu_seq_lens_q"]
@@ -81,6 +82,7 @@ def test_pack_flat_meets_the_kernels_contract_and_keeps_every_token_once(seq_len
     flat = run(docs, seq_len=seq_len, batch_size=batch_size, buffer_size=buffer_size, layout="flat")
     rows = run(docs, seq_len=seq_len, batch_size=batch_size, buffer_size=buffer_size)
     pieces = [p for b in flat for p in assert_varlen_contract(b, seq_len=seq_len, batch_size=batch_size)]
+    assert all(b["input_ids"].shape == (1, batch_size * seq_len) for b in flat[:-1])  # the same budget a batch
     assert sorted(t for p in pieces for t in p) == sorted(t for d in docs for t in d)  # every token once
     cut = [p for d in docs for p in (d[i : i + seq_len] for i in range(0, len(d), seq_len))]  # long_docs split
     assert sorted(map(tuple, pieces)) == sorted(map(tuple, cut))  # the same pieces as the rows layout packs
@@ -175,13 +177,13 @@ def test_pack_flat_from_worker_processes_equals_the_main_process() -> None:
     assert real(t for b in workers for t in b["input_ids"][0].tolist() if t != PAD) == real(
         t for b in alone for t in b["input_ids"][0].tolist() if t != PAD
     )
-    assert all(b["input_ids"].shape == (1, 36) for b in workers)
+    assert all(b["input_ids"].shape[1] in (12, 24, 36) for b in workers)  # each worker's last: its rows only
     for batch in workers:
         assert_varlen_contract(batch, seq_len=12, batch_size=3)
 
 
 def test_pack_flat_pads_only_the_end_of_the_batch() -> None:
     chunk = TokenChunk.from_lists([[5, 6, 7], [8, 9]])
-    (batch,) = list(Packer(ListNode([chunk]), seq_len=4, batch_size=2, pad_id=0, layout="flat"))
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0, 0, 0]]
+    (batch,) = list(Packer(ListNode([chunk]), seq_len=4, batch_size=3, pad_id=0, layout="flat"))
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0, 0, 0]]  # the epoch's last: 2 rows' worth, not 3
     assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9, -100, -100, -100]]
