@@ -96,6 +96,13 @@ def test_check_packing_names_the_real_cause_in_each_class(model_type: str) -> No
     assert caught.value.report.max_abs_diff > 1e-2  # what training on position_ids alone would have done
 
 
+@pytest.mark.parametrize("model_type", ["mamba", "jamba", "minimax", "recurrent_gemma", "rwkv", "xlstm", "zaya"])
+def test_check_packing_names_the_state_not_the_mask_when_given_a_block_mask(model_type: str) -> None:
+    """A 4-D mask keeps attention apart, never a recurrent layer's state (it crashed Mamba's forward before)."""
+    with pytest.raises(pp.PackingError, match=r"; cause \[recurrent_state\]: .*Fix: do not pack: \.bucket"):
+        pp.check_packing(tiny(model_type), packed(block_mask=True).loader())
+
+
 @pytest.mark.parametrize("model_type", TYPES)
 def test_recipes_bucket_each_class_so_the_docs_loop_gives_every_document_its_own_logits(model_type: str) -> None:
     model = tiny(model_type)
@@ -125,6 +132,14 @@ def test_padpipe_hf_trainer_refuses_packed_rows_of_each_class_before_a_step(mode
         trainer.train()
     assert trainer.state.global_step == 0 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     model.eval()
+
+
+def test_a_plain_transformers_trainer_given_a_packed_pipeline_stops_at_its_first_batch(tmp_path) -> None:
+    """Its column filter would keep position_ids only (the layers' silent leak): it never gets that far."""
+    trainer = transformers.Trainer(model=build("qwen3_5_text"), args=arguments(tmp_path), train_dataset=packed())
+    with pytest.raises(RuntimeError, match=r"batches them again .* use padpipe\.hf\.Trainer \(it reads"):
+        trainer.train()
+    assert trainer.state.global_step == 0
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "qwen3_5_text", "rwkv", "granitemoehybrid"])
