@@ -142,7 +142,8 @@ def diagnose(
             "give it a bidirectional block mask, seq_idx[:, None, :, None] == seq_idx[:, None, None, :] "
             "(bool, for sdpa), or use flash-attention with the default batch",
         )
-    if "position_ids" not in inputs and causal is not False:
+    attention = causal is not False and not (kind.kind == "varlen" and causal is None)  # Mamba2: no positions read
+    if "position_ids" not in inputs and attention:
         how = " (the batch has them; they were dropped before the model)" if "position_ids" in batch else ""
         return Cause(
             "position_ids_missing",

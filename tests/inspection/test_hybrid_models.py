@@ -193,3 +193,14 @@ def test_flat_layout_is_exact_with_reference_kernels_in_every_class_that_keeps_d
         rows = "PackingError flat_layout" if "fla" in packages else "exact"  # FLA: "The batch size is expected to be 1"
         assert got["rows"].startswith(rows), (model_type, got)
     assert results["trained"] == {"qwen3_5_text": 2}  # padpipe.hf.Trainer on the flat layout
+
+
+def test_a_model_that_reads_no_positions_is_never_told_to_take_them(monkeypatch) -> None:
+    """Mamba2 on a device with its kernels, given seq_idx but not position_ids: no `position_ids_missing`."""
+    from padpipe.inspection.packing_causes import diagnose
+
+    monkeypatch.setattr(packing_model, "_usable", lambda package, device: True)
+    batch = next(iter(packed().loader()))
+    inputs = {k: v for k, v in batch.items() if k != "position_ids"}
+    assert diagnose(tiny("mamba2"), batch, inputs, []).key == "state_leak"
+    assert diagnose(tiny("qwen3_5_text"), batch, inputs, []).key == "flat_layout"  # it reads them: first the row
