@@ -7,7 +7,10 @@
    the model is on the GPU gives the same batches; a packed batch through a real varlen
    flash-attention kernel (``flash_attn``, else torch's ``varlen_attn``) equals attention over
    each document alone; ``pp.check_packing`` on a tiny bf16 Llama with the GPU's sdpa and
-   ``flash_attention_2`` kernels gives the verdicts docs/packing.md states (benchmarks/gpu_packing.py).
+   ``flash_attention_2`` kernels gives the verdicts docs/packing.md states (benchmarks/gpu_packing.py);
+   tiny bf16 hybrids (Qwen3.5, Mamba2, Lfm2) with the real causal-conv1d, mamba-ssm and
+   flash-linear-attention kernels keep packed documents apart in the layout ``pp.model_kind`` names,
+   flat for flash-linear-attention, and train a step on it (benchmarks/gpu_hybrid.py).
 2. Host-to-device copy speed (GB/s), pinned vs pageable memory, for a batch-sized buffer and a
    256 MB one.
 3. Input stall of a small model's training step (4-layer ``TransformerEncoder``, ``d_model``
@@ -47,6 +50,7 @@ from typing import Any
 
 import torch
 from gpu_correctness import check_equal, check_split, check_varlen, check_workers, device_pipeline, to_device
+from gpu_hybrid import check_hybrid_packing
 from gpu_packing import check_model_packing
 from torch import nn
 
@@ -231,7 +235,7 @@ def print_report(report: dict[str, Any]) -> None:
         f"\n1. device batches == CPU batches: {eq['ok']} over {eq['batches']} batches; "
         f"resume equal: {eq['resume_equal']}"
     )
-    for name in ("split", "workers", "varlen", "packing"):
+    for name in ("split", "workers", "varlen", "packing", "hybrid"):
         row = report[name]
         print(f"   {name}: {row['ok']}  " + ", ".join(f"{k}={v}" for k, v in row.items() if k != "ok"))
     for problem in eq["problems"]:
@@ -281,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     report["workers"] = check_workers(pipe, device, model, max_batches)
     report["varlen"] = check_varlen(device)
     report["packing"] = check_model_packing(device)
+    report["hybrid"] = check_hybrid_packing(device)
     if device.type == "cuda":
         first = next(iter(pipe.loader()))
         report["copies"] = check_copies(device, sum(t.nbytes for t in iter_tensors(first)))
@@ -292,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
-    checks = [report[k]["ok"] for k in ("equal", "split", "workers", "varlen", "packing")] + [
+    checks = [report[k]["ok"] for k in ("equal", "split", "workers", "varlen", "packing", "hybrid")] + [
         report["equal"]["resume_equal"]
     ]
     return 1 if False in checks else 0

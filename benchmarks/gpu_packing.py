@@ -1,8 +1,9 @@
 """GPU check of ``pp.check_packing`` in a real model: a tiny Llama, bf16, with the GPU's own attention kernels.
 
-Three settings, each with the verdict the CPU suite pins (docs/packing.md): ``sdpa`` with
-``use_cache=False`` is exact; ``sdpa`` with ``use_cache=True`` leaks and the check names
-``use_cache``; ``flash_attention_2`` (``flash_attn`` installed) is exact on the default batch.
+Four settings, each with the verdict the CPU suite pins (docs/packing.md): ``sdpa`` with
+``use_cache=False`` is exact, and so with ``use_cache=True`` in the config (the batch's own
+``use_cache=False`` wins); with that key dropped the check names ``use_cache``;
+``flash_attention_2`` (``flash_attn`` installed) is exact on the default batch.
 On the CPU (``gpu_check.py --smoke``) the two ``sdpa`` settings run in float32 and flash is skipped.
 """
 
@@ -14,7 +15,12 @@ import torch
 
 import padpipe as pp
 
-EXPECTED = {"sdpa, use_cache=False": "exact", "sdpa, use_cache=True": "use_cache", "flash_attention_2": "exact"}
+EXPECTED = {
+    "sdpa, use_cache=False": "exact",
+    "sdpa, use_cache=True": "exact",
+    "sdpa, use_cache=True, dropped": "use_cache",
+    "flash_attention_2": "exact",
+}
 
 
 def tiny_llama(attn: str, use_cache: bool, device: torch.device) -> Any:
@@ -42,9 +48,10 @@ def packed_batches(device: torch.device) -> list[dict]:
     return [batch for batch, _ in zip(pipe.loader(), range(2))]
 
 
-def verdict(model: Any, batches: list[dict]) -> str:
+def verdict(model: Any, batches: list[dict], dropped: bool = False) -> str:
+    columns = (lambda batch: {k: v for k, v in batch.items() if k != "use_cache"}) if dropped else None
     try:
-        pp.check_packing(model, batches)
+        pp.check_packing(model, batches, columns=columns)
     except pp.PackingError as error:
         return error.cause.key if error.cause else "unknown cause"
     return "exact"
@@ -59,11 +66,11 @@ def check_model_packing(device: torch.device) -> dict[str, Any]:
             found[name] = None
             continue
         try:
-            model = tiny_llama(attn, use_cache=name.endswith("True"), device=device)
+            model = tiny_llama(attn, use_cache="use_cache=True" in name, device=device)
         except ImportError as error:  # flash_attn not installed
             found[name] = f"skipped ({str(error)[:80]})"
             continue
-        found[name] = verdict(model, batches)
+        found[name] = verdict(model, batches, dropped=name.endswith("dropped"))
     ran = {k: v for k, v in found.items() if v is not None and not v.startswith("skipped")}
     ok = all(v == EXPECTED[k] for k, v in ran.items()) if ran else None
     return {"ok": ok, **found}

@@ -80,6 +80,12 @@ def dropped(batch: dict) -> dict:
 
 CAUSAL = [  # setting, model, batches, columns
     ("default batch, `use_cache=True` (every pretrained config)", lambda: llama(), lambda: batches(), None),
+    (
+        "default batch without its `use_cache=False`, `use_cache=True` in the config",
+        lambda: llama(),
+        lambda: batches(),
+        lambda batch: {k: v for k, v in batch.items() if k != "use_cache"},
+    ),
     ("default batch, `use_cache=False`", lambda: llama(use_cache=False), lambda: batches(), None),
     (
         "default batch, `use_cache=False`, flash kwargs dropped (`remove_unused_columns`)",

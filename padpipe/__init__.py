@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.errors import DataError
     from padpipe.inspection import InspectResult, inspect
     from padpipe.inspection.packing_check import PackingError, PackingReport, check_packing
+    from padpipe.inspection.packing_model import ModelKind, model_kind
     from padpipe.loader import PipelineLoader
     from padpipe.mix import mix
     from padpipe.pipeline import Pipeline
@@ -43,6 +44,7 @@ _HOMES = {
     "Consumer": "padpipe.sharing.consumer",
     "DataError": "padpipe.errors",
     "InspectResult": "padpipe.inspection",
+    "ModelKind": "padpipe.inspection.packing_model",
     "Pipeline": "padpipe.pipeline",
     "PackingError": "padpipe.inspection.packing_check",
     "PackingReport": "padpipe.inspection.packing_check",
@@ -59,6 +61,7 @@ _HOMES = {
     "from_iterable": "padpipe.sources",
     "inspect": "padpipe.inspection",
     "loss_weight": "padpipe.runtime.marks",
+    "model_kind": "padpipe.inspection.packing_model",
     "mix": "padpipe.mix",
     "pair_logps": "padpipe.pipes.pairs",
     "read_arrow": "padpipe.sources",
@@ -73,6 +76,7 @@ __all__ = [
     "Consumer",
     "DataError",
     "InspectResult",
+    "ModelKind",
     "PackingError",
     "PackingReport",
     "Pipeline",
@@ -91,6 +95,7 @@ __all__ = [
     "inspect",
     "loss_weight",
     "mix",
+    "model_kind",
     "pair_logps",
     "read_arrow",
     "read_csv",

@@ -48,13 +48,16 @@ def batch_problem(batch: Mapping[Any, Any]) -> tuple[str, str] | None:
     ``attention_mask`` any number or bool); every tensor and list of one dimension or more has the
     batch's rows (``input_ids``' first dimension, or the first tensor's); the per-token keys have
     ``input_ids``' shape; ``input_ids`` are ``>= 0``; ``cu_seq_lens_*`` run from 0 up to the tokens
-    of ``input_ids`` and ``max_length_*`` is their longest segment; the marks ``is_filler``/``is_repeat`` are 0-d bools.
+    of ``input_ids`` and ``max_length_*`` is their longest segment; the marks ``is_filler``/``is_repeat`` are 0-d bools;
+    ``use_cache`` is ``False``.
     """
     for key, value in batch.items():
         if not isinstance(key, str):
             return "keys are strings", f"a key {show(key, 40)}"
         if key in TENSORS and not isinstance(value, torch.Tensor):
             return f"`{key}` is a tensor", show(value, 40)
+    if "use_cache" in batch and batch["use_cache"] is not False:  # pack() makes it False, and only that
+        return "`use_cache` is False", show(batch["use_cache"], 40)
     ids = batch.get("input_ids")
     for key in (*INTEGER, *BOUNDS):
         if key in batch and not _is_int(batch[key]):

@@ -207,6 +207,11 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON to this file (default: no JSON)")
     p.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a model's config.json or folder: say whether packing keeps documents apart in it (default: none)",
+    )
+    p.add_argument(
         "--no-progress",
         dest="progress",
         action="store_const",
@@ -287,6 +292,7 @@ def _inspect(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         storage_options=args.storage_options,
         progress=args.progress,
+        model=args.model,
     )
     result = dataclasses.replace(result, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(result)

@@ -465,6 +465,7 @@ class Pipeline(Runnable, IterableDataset):
         pad_to_length: int | None = None,
         label_pad_id: int = -100,
         dtype: torch.dtype = torch.int64,
+        ids_as_labels: bool = False,
     ) -> Pipeline:
         """Pad each batch to its longest row (rounded up to a multiple) and make tensors.
 
@@ -479,6 +480,8 @@ class Pipeline(Runnable, IterableDataset):
             pad_to_length: Pad every batch to this fixed length instead (static padding).
             label_pad_id: Fill value for token-level labels.
             dtype: ``torch.int64`` (default) or ``torch.int32`` for ids.
+            ids_as_labels: Rows without token-level labels get their ids as ``labels`` (``label_pad_id``
+                at padding): the targets of causal-LM training on unpacked rows.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a b"}]).tokenize(pp.examples.tokenizer()).batch(1)
@@ -507,9 +510,16 @@ class Pipeline(Runnable, IterableDataset):
             "dtype": dtype,
         }
         check_pad_options(**options)
-        if self._paired() and label_pad_id != -100:
-            raise ValueError(f"`label_pad_id` must be -100 for preference pairs, but is {label_pad_id} instead.")
-        return self._add(Stage("pad", _build.pair_pad if self._paired() else _build.pad, options), TENSORS)
+        check_bool("ids_as_labels", ids_as_labels)
+        if self._paired():
+            if label_pad_id != -100 or ids_as_labels:
+                raise ValueError(
+                    "pad() of preference pairs takes `label_pad_id` -100 and no `ids_as_labels`, but they are "
+                    f"{label_pad_id} and {ids_as_labels} instead."
+                )
+            return self._add(Stage("pad", _build.pair_pad, options), TENSORS)
+        options["ids_as_labels"] = ids_as_labels
+        return self._add(Stage("pad", _build.pad, options), TENSORS)
 
     def pack(
         self,
@@ -525,6 +535,7 @@ class Pipeline(Runnable, IterableDataset):
         pad_id: int | None = None,
         label_pad_id: int = -100,
         keep: Sequence[str] = (),
+        layout: Literal["rows", "flat"] = "rows",
     ) -> Pipeline:
         """Pack documents into rows of exactly ``seq_len`` tokens (the fullest rows of a buffer, best fit decreasing).
 
@@ -534,9 +545,10 @@ class Pipeline(Runnable, IterableDataset):
         column, else its ids; -100 at document starts and padding) ``[B, seq_len]`` int64, ``seq_idx``
         ``[B, seq_len]`` int32, flash-attention ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and
         ``max_length_q``/``max_length_k`` (``int``), and with ``block_mask=True`` a 4-D
-        block-diagonal causal ``attention_mask``. In HF ``eager``/``sdpa`` attention the default
-        batch is exact only with ``use_cache=False`` (HF ``Trainer`` sets it); ``block_mask=True``
-        is exact with any ``use_cache``; flash-attention is exact with the default batch.
+        block-diagonal causal ``attention_mask``, and ``use_cache=False`` (in HF ``eager``/``sdpa``
+        attention a cache would hide the packed rows). Attention models read it right as it is;
+        models whose layers carry state (Mamba, Gated DeltaNet, short convolutions) need kernels
+        and sometimes ``layout="flat"``, or no packing at all: :func:`padpipe.model_kind` says which.
 
         Args:
             seq_len: Tokens per packed row.
@@ -560,6 +572,9 @@ class Pipeline(Runnable, IterableDataset):
             keep: Columns (integers or strings, such as the row id ``idx``) to carry into batches,
                 each as a list of ``B`` lists: the values of each row's documents, in order. Off
                 by default, so that ``model(**batch)`` gets only what a model reads.
+            layout: ``"rows"``, or ``"flat"``: each batch one row of ``batch_size * seq_len``
+                tokens (documents of at most ``seq_len``), as flash-linear-attention's varlen
+                kernels take it (docs/packing.md).
 
         Example:
             >>> pipe = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer())
@@ -587,14 +602,20 @@ class Pipeline(Runnable, IterableDataset):
             "label_pad_id": label_pad_id,
             "keep": tuple(keep) if isinstance(keep, (list, tuple)) else keep,
             "vocab_size": self._tokenizer_id("vocab_size"),  # ids and labels checked in, and in a state
+            "layout": layout,
         }
         check_pack_options(**options)
         if self._paired():
-            if long_docs in ("split", "truncate") or label_pad_id != -100 or CHOSEN in options["keep"]:
+            if (
+                long_docs in ("split", "truncate")
+                or label_pad_id != -100
+                or CHOSEN in options["keep"]
+                or layout != "rows"
+            ):
                 raise ValueError(
-                    "pack() keeps a preference pair whole: `long_docs` must be None, 'raise' or 'drop', `label_pad_id` "
-                    f"-100 and `keep` without {CHOSEN!r}, but they are {long_docs!r}, {label_pad_id}, {keep!r}; cut "
-                    "pairs with preference(max_length=) instead."
+                    "pack() keeps a preference pair whole in rows: `long_docs` must be None, 'raise' or 'drop', "
+                    f"`label_pad_id` -100, `keep` without {CHOSEN!r} and `layout` 'rows', but they are {long_docs!r}, "
+                    f"{label_pad_id}, {keep!r}, {layout!r}; cut pairs with preference(max_length=) instead."
                 )
             return self._add(Stage("pack", _build.pair_pack, options), TENSORS)
         return self._add(Stage("pack", _build.pack, options), TENSORS)

@@ -21,6 +21,7 @@ from padpipe.errors import DataError, check_seed, positive
 from padpipe.inspection import strategies
 from padpipe.inspection.advice import budget_length, splits_long_documents
 from padpipe.inspection.chat import MESSAGES, ChatFigures, chat_lengths, chat_stage, check_columns
+from padpipe.inspection.packing_model import model_kind
 from padpipe.inspection.report import InspectResult, Settings
 from padpipe.inspection.sample import (
     READERS,
@@ -70,6 +71,7 @@ def inspect(
     num_threads: int = 2,
     storage_options: dict[str, Any] | None = None,
     progress: bool | None = None,
+    model: Any = None,
 ) -> InspectResult:
     """Tokenize a sample (or all) of ``data`` and run every batching strategy on its lengths.
 
@@ -119,6 +121,9 @@ def inspect(
         num_threads: Tokenizer threads.
         storage_options: fsspec options for a path or URL ``data``.
         progress: Show progress; ``None`` reads ``PADPIPE_PROGRESS`` (``0`` turns it off).
+        model: The model to train: a transformers model or config, or a local ``config.json`` or model
+            folder. The advice then says whether packing keeps documents apart in it
+            (:func:`padpipe.model_kind`), and where it cannot, what bucketing fills instead.
 
     Returns:
         An :class:`InspectResult`: ``print`` it, or use ``as_dict()`` and ``chart(path)``.
@@ -133,6 +138,7 @@ def inspect(
         (1000, 1000, 44)
     """
     started = time.perf_counter()
+    kind = None if model is None else model_kind(_config_of(model) if isinstance(model, (str, os.PathLike)) else model)
     positive("sample", sample, allow_none=True)
     for name, value in (
         ("batch_size", batch_size),
@@ -276,7 +282,15 @@ def inspect(
         seconds=time.perf_counter() - started,
         model_max_length=model_limit,
         chat=figures,
+        model=kind,
     )
+
+
+def _config_of(path: str | os.PathLike) -> Any:
+    """The transformers config of a local ``config.json`` or model folder."""
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(os.fspath(path), local_files_only=True)
 
 
 def _model_limit(tokenizer: Any) -> int | None:

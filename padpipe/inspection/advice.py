@@ -36,6 +36,7 @@ class Findings(Protocol):
     pack_sweep: Sequence[tuple[int, float]]
     budget_truncated: int
     chat: Any  # with conversations, what .chat() made of them (a ChatFigures, with its own advice); else None
+    model: Any  # the ModelKind of the model given, or None
 
     @property
     def rows(self) -> int: ...
@@ -90,7 +91,9 @@ def recommendations(result: Findings) -> list[str]:
     s, dist = result.settings, result.distribution()
     if not result.rows or not result.strategies:
         return []
-    out = _length_advice(result, dist) if result.chat is None else result.chat.advice(result.lengths)
+    out = _model_advice(result) + (
+        _length_advice(result, dist) if result.chat is None else result.chat.advice(result.lengths)
+    )
     least = min(st.attention for st in result.strategies)
     fullest = result.best()
     lightest = min(result.strategies, key=lambda st: (st.attention, -st.efficiency))
@@ -117,6 +120,21 @@ def recommendations(result: Findings) -> list[str]:
             "bucket(max_tokens) raises on them unless on_oversize='truncate' or 'drop'."
         )
     return [line for line in out if line]
+
+
+def _model_advice(result: Findings) -> list[str]:
+    """How the model given batches: as :func:`padpipe.model_kind` says, with the efficiency of what it says."""
+    kind = result.model
+    if kind is None:
+        return []
+    if kind.layout != "bucket":
+        return [f"model: {kind}"]
+    bucket, pack = result.strategies[3], result.strategies[-1]  # bucket(max_tokens), pack(seq_len)
+    return [
+        f"model: {kind.why}; do not pack: {bucket.name} fills {bucket.efficiency:.1%} of token slots here (one "
+        f"document a row, padding on the right: .pad(side='right')), where {pack.name} would fill "
+        f"{pack.efficiency:.1%} and let documents see each other."
+    ]
 
 
 def _length_advice(result: Findings, dist: dict[str, float]) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from padpipe.inspection.packing_model import BUCKET, ModelKind, model_kind
 from padpipe.inspection.packing_rows import Document
 
 FLASH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -97,6 +98,10 @@ def diagnose(
 ) -> Cause | None:
     """The first known cause that applies to ``model`` given ``inputs`` (``batch`` is the loader's).
 
+    The model's layers come first (:func:`padpipe.model_kind`: state that runs on across documents,
+    a missing kernel, boundaries dropped, a batch of several rows for flash-linear-attention), then
+    the attention's causes.
+
     Example:
         >>> model = torch.nn.Linear(2, 2)
         >>> diagnose(model, {"position_ids": 1}, {"input_ids": 1}, []).key
@@ -107,6 +112,13 @@ def diagnose(
     mask = inputs.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) else None
     mask_4d = mask is not None and mask.dim() == 4
+    parameter = next(iter(model.parameters()), None)
+    kind = model_kind(model, device=None if parameter is None else parameter.device)
+    found = layer_cause(kind, batch, inputs) or (
+        Cause("mask_without_positions", kind.why, kind.fix) if kind.mask_without_positions and not flash else None
+    )
+    if found is not None:
+        return found
     causal = is_causal(model)
     block = "4-D attention_mask (pack(block_mask=True))"
     if mask_4d and flash:
@@ -130,7 +142,8 @@ def diagnose(
             "give it a bidirectional block mask, seq_idx[:, None, :, None] == seq_idx[:, None, None, :] "
             "(bool, for sdpa), or use flash-attention with the default batch",
         )
-    if "position_ids" not in inputs and causal is not False:
+    attention = causal is not False and not (kind.kind == "varlen" and causal is None)  # Mamba2: no positions read
+    if "position_ids" not in inputs and attention:
         how = " (the batch has them; they were dropped before the model)" if "position_ids" in batch else ""
         return Cause(
             "position_ids_missing",
@@ -167,16 +180,60 @@ def diagnose(
         return Cause(
             "encoder_without_mask",
             f"a bidirectional model ({type(model).__name__}, attn_implementation={attn!r}) reads packed rows "
-            "without a mask: HF finds packed rows in position_ids for causal masks only",
-            "use flash-attention with the default batch, or give a bidirectional 4-D block mask built from seq_idx",
+            "without a mask: HF finds packed rows in the position_ids of bidirectional masks only from transformers "
+            "5.25 on, and only when given them",
+            "give it the position_ids pack() makes (transformers>=5.25), use flash-attention with the default batch, "
+            "or give a bidirectional 4-D block mask built from seq_idx",
         )
     if not flash and not mask_4d and use_cache_of(model, inputs):
+        how = " (the batch's use_cache=False was dropped before the model)" if "use_cache" in batch else ""
         return Cause(
             "use_cache",
-            f"use_cache=True with attn_implementation={attn!r} and no 4-D mask: HF looks for packed rows in "
-            "position_ids only when there is no cache",
-            "set model.config.use_cache = False (or call model(**batch, use_cache=False)), or pack with "
+            f"use_cache=True{how} with attn_implementation={attn!r} and no 4-D mask: HF looks for packed rows "
+            "in position_ids only when there is no cache",
+            "pass the batch's use_cache=False to the model (or set model.config.use_cache = False), or pack with "
             "block_mask=True",
+        )
+    if kind.kind == "varlen":  # every boundary given, yet a state runs on
+        return Cause("state_leak", f"{kind.why}, yet a document sees another", f"do not pack: {BUCKET}")
+    return None
+
+
+def layer_cause(kind: ModelKind, batch: Mapping[str, Any], inputs: Mapping[str, Any]) -> Cause | None:
+    """Why layers that carry state would see other documents in ``inputs`` (``batch``: the loader's), or ``None``.
+
+    ``None`` for a model of attention layers only, or for layers given what they need: the kernels on
+    this device, ``seq_idx``/``cu_seq_lens_q``, and one row for flash-linear-attention.
+
+    Example:
+        >>> kind = ModelKind("MambaForCausalLM", "recurrent", "2 linear_attention layers", "no kernel takes any")
+        >>> layer_cause(kind, {}, {}).key
+        'recurrent_state'
+    """
+    if kind.kind == "recurrent":
+        return Cause("recurrent_state", kind.why, kind.fix)
+    if kind.kind != "varlen":
+        return None
+    if kind.missing:
+        return Cause("kernel_missing", kind.why, kind.fix)
+    dropped = [k for k in ("seq_idx", "cu_seq_lens_q") if k not in inputs]
+    if dropped:
+        how = (
+            " (dropped before the model, as remove_unused_columns=True does)"
+            if all(k in batch for k in dropped)
+            else ""
+        )
+        return Cause(
+            "boundaries_missing",
+            f"{kind.why}, but the model gets no {', '.join(dropped)}{how}",
+            "keep them: padpipe.hf.Trainer keeps them, or TrainingArguments(remove_unused_columns=False)",
+        )
+    if kind.one_row and _rows(inputs) > 1:
+        return Cause(
+            "flat_layout",
+            f"{kind.why}, and flash-linear-attention takes cu_seqlens for a batch of one row only (this one has "
+            f"{_rows(inputs)})",
+            "pack(..., layout='flat')",
         )
     return None
 

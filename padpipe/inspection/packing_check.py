@@ -209,8 +209,10 @@ def check_packing(
                         _message(cause, f"the packed forward failed ({exc!r:.160})"), cause, None
                     ) from exc
                 labels = _labels(batch)
+                cache = {"use_cache": given["use_cache"]} if "use_cache" in given else {}  # as the batch says
                 for d in docs:
-                    alone = _logits(model(input_ids=batch["input_ids"][d.row, d.start : d.end][None].to(device)))[0]
+                    ids = batch["input_ids"][d.row, d.start : d.end][None].to(device)
+                    alone = _logits(model(input_ids=ids, **cache))[0]
                     diff, top = max_difference(packed[d.row, d.start : d.end], alone)
                     within = atol + rtol * top
                     loss = None

@@ -10,6 +10,7 @@ import numpy as np
 from padpipe.inspection.advice import num as _num
 from padpipe.inspection.advice import recommendations
 from padpipe.inspection.chat import ChatFigures
+from padpipe.inspection.packing_model import ModelKind
 from padpipe.inspection.sample import Corpus
 from padpipe.inspection.strategies import StrategyResult
 
@@ -72,6 +73,7 @@ class InspectResult:
         seconds: Time ``inspect`` took.
         chat: With conversations, what ``.chat()`` made of them (``None`` for text); then a row is one of
             the rows it makes (a conversation's, or one of its own for reasoning).
+        model: What keeps packed documents apart in the model given to ``inspect`` (``None``: none given).
     """
 
     source: str
@@ -91,6 +93,7 @@ class InspectResult:
     seconds: float
     model_max_length: int | None = None
     chat: ChatFigures | None = None
+    model: ModelKind | None = None
 
     # -- figures ----------------------------------------------------------------------------------
     @property
@@ -258,6 +261,7 @@ class InspectResult:
         return {
             "source": self.source,
             "format": self.format,
+            "model": None if self.model is None else {"kind": self.model.kind, "layout": self.model.layout},
             "fields": list(self.fields),
             "tokenizer": self.tokenizer,
             "max_length": self.max_length,

@@ -92,9 +92,11 @@ class Trainer(transformers.Trainer):
       ``train_samples`` does not count, only where no real piece is left for a rank).
     - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
       columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
-      batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``) are kept when ``forward`` takes
-      ``**kwargs``.
-    - Before training on a packed pipeline, the first batch is checked in the model
+      batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``, ``use_cache``) are kept when ``forward``
+      takes ``**kwargs``.
+    - Before training on a packed pipeline, a model whose layers carry state across documents
+      with nothing here to keep them apart is refused on every rank (:func:`padpipe.model_kind`),
+      and the first batch is checked in the model
       (:func:`padpipe.check_packing`, on rank 0): ``use_cache=False`` goes to the training forward
       of an ``eager``/``sdpa`` model whose ``use_cache=True`` would let attention cross documents,
       and any other leak raises :class:`padpipe.PackingError` naming the cause and the fix, before

@@ -2,10 +2,13 @@
 
 On the first packed training batch, :func:`guard_columns` fixes what it safely can (it passes
 ``use_cache=False`` to the training forward of an ``eager``/``sdpa`` model that would otherwise
-attend across documents, on every rank alike) and then, on rank 0, runs
-:func:`padpipe.check_packing` on that batch exactly as the model will get it. Where a document
-still sees another it raises :class:`padpipe.PackingError` before the first optimizer step, naming
-the cause and the fix. ``Trainer(check_packing=False)`` turns the guard off.
+attend across documents, on every rank alike), refuses on every rank a model whose layers carry
+state across documents that no setting of this run keeps apart (:func:`padpipe.model_kind`: a
+recurrent layer, a kernel missing on this device, boundaries the column filter dropped, several
+rows for flash-linear-attention), and then, on rank 0, runs :func:`padpipe.check_packing` on that
+batch exactly as the model will get it. Where a document still sees another it raises
+:class:`padpipe.PackingError` before the first optimizer step, naming the cause and the fix.
+``Trainer(check_packing=False)`` turns the guard off.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from padpipe.inspection.packing_causes import attention_of, is_causal, use_cache_of
+from padpipe.inspection.packing_causes import attention_of, is_causal, layer_cause, use_cache_of
 from padpipe.inspection.packing_check import NothingToCheck, PackingError, check_packing
+from padpipe.inspection.packing_model import model_kind
 
 logger = logging.getLogger("padpipe.hf")
 
@@ -45,6 +49,7 @@ def guard_columns(trainer: Any, columns: Callable[[dict], dict]) -> Callable[[di
         nonlocal checked
         if not checked:
             checked = True
+            _refuse_layers(trainer, batch, columns(batch))
             extra.update(_safe_fixes(trainer.model, columns(batch)))
             _check_on_rank_zero(trainer, batch, lambda b: {**columns(b), **extra})
         return {**columns(batch), **extra}
@@ -65,6 +70,22 @@ def _safe_fixes(model: Any, inputs: dict) -> dict[str, Any]:
         "a cache, so attention would cross documents (model.config.use_cache is left as it is)."
     )
     return {"use_cache": False}
+
+
+def _refuse_layers(trainer: Any, batch: dict, inputs: dict) -> None:
+    """Raise, on every rank alike, where the model's layers would carry state across documents (its probe: one
+    small forward on every rank, none under FSDP or DeepSpeed, whose forward is a collective)."""
+    model, sharded = trainer.model, trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
+    parameter = next(iter(model.parameters()), None)
+    kind = model_kind(model, device=None if parameter is None else parameter.device, probe=not sharded)
+    cause = layer_cause(kind, batch, inputs)
+    if cause is not None:
+        raise PackingError(
+            f"padpipe.hf.Trainer: packed documents would see each other in this model; cause [{cause.key}]: "
+            f"{cause.what}. Fix: {cause.fix}. {OFF}",
+            cause,
+            None,
+        )
 
 
 def _check_on_rank_zero(trainer: Any, batch: dict, columns: Callable[[dict], dict]) -> None:

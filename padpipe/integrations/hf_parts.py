@@ -23,8 +23,9 @@ logger = logging.getLogger("padpipe.hf")
 
 ROW_INDEX = "row_index"
 """The column of evaluation batches giving each row's position in its split (as ``glue()`` makes)."""
-FLASH_ATTENTION_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
-"""Packed-batch columns kept for a model whose ``forward`` takes ``**kwargs`` (HF's flash-attention names)."""
+FLASH_ATTENTION_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "use_cache")
+"""Packed-batch columns kept for a model whose ``forward`` takes ``**kwargs`` (HF's flash-attention and varlen kernel
+names: the boundaries its attention, convolution and recurrent layers read; and the batch's ``use_cache=False``)."""
 
 
 class EvalBatches:

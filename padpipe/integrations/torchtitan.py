@@ -19,6 +19,13 @@ packed rows (positions restart at each document, labels shifted within each docu
   refuse a changed DP degree.
 - Packing, ``.chat()`` masks, mixing and the token cache of any padpipe pipeline.
 
+What the batch gives a model: positions that restart at each document and labels that never
+cross one, nothing else (no ``seq_idx``, ``cu_seq_lens_*``, no flat layout: torchtitan's batch is
+``[local_batch_size, seq_len]``). Attention stays within a document where torchtitan's own
+attention masking does that (its ``block_causal`` masks, which find documents from EOS tokens);
+a layer that carries state from token to token (Mamba, Gated DeltaNet, short convolutions, in a
+torchtitan model of one's own) carries it from one packed document into the next.
+
 Example:
     >>> from padpipe.integrations.torchtitan import PadpipeDataLoader  # doctest: +SKIP
     >>> config = llama3_debugmodel()  # a torchtitan Trainer.Config  # doctest: +SKIP
@@ -278,12 +285,13 @@ def _pack_pad_id(pipe: Any, seq_len: int, rows: int) -> int:
     while stages and stages[-1].name == "prefetch":
         stages.pop()
     pack = stages[-1].options if isinstance(pipe, Pipeline) and stages and stages[-1].name == "pack" else None
-    wanted = {"seq_len": seq_len, "batch_size": rows, "position_offset": 0, "block_mask": False}
+    wanted = {"seq_len": seq_len, "batch_size": rows, "position_offset": 0, "block_mask": False, "layout": "rows"}
     if pack is None or any(pack[key] != value for key, value in wanted.items()):
         found = "no .pack() last" if pack is None else ", ".join(f"{k}={pack[k]!r}" for k in wanted)
         raise ValueError(
             f"PadpipeDataLoader needs a padpipe pipeline ending in .pack({seq_len}, batch_size={rows}) (torchtitan's "
-            f"seq_len and local_batch_size; position_offset=0, no block_mask: torchtitan builds its own masks), but "
+            f"seq_len and local_batch_size; position_offset=0, no block_mask: torchtitan builds its own masks; "
+            f"layout='rows'), but "
             f"found {found}."
         )
     return int(pack["pad_id"])

@@ -12,6 +12,7 @@ from torchdata.nodes import BaseNode
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_int, one_of, positive
 from padpipe.graph import EpochAware
+from padpipe.pipes.flat import bins, check_layout, flat_width
 from padpipe.pipes.packing import MASK_DTYPES, assemble, best_fit_decreasing
 from padpipe.pipes.piece_state import Pieces
 from padpipe.pipes.pieces import IGNORE, Piece, cut_pieces, pieces_to_chunk
@@ -29,6 +30,7 @@ BATCH_KEYS = (
     "max_length_q",
     "max_length_k",
     "attention_mask",
+    "use_cache",
 )
 """The keys a packed batch holds of its own (a kept column may not take one of these names)."""
 
@@ -54,6 +56,7 @@ def check_pack_options(
     label_pad_id: int,
     keep: tuple[str, ...] = (),
     vocab_size: int | None = None,
+    layout: str = "rows",
 ) -> None:
     """Raise ``ValueError``/``TypeError`` for packing settings that cannot work.
 
@@ -72,6 +75,7 @@ def check_pack_options(
     one_of("long_docs", long_docs, LONG_DOCS)
     check_bool("keep_tail", keep_tail)
     check_bool("block_mask", block_mask)
+    check_layout(layout, block_mask=block_mask)
     if mask_dtype is not None:
         if not block_mask:
             raise ValueError(f"`mask_dtype` must be None without `block_mask=True`, but is {mask_dtype} instead.")
@@ -130,6 +134,8 @@ class Packer(EpochAware, BaseNode[dict]):
       attention as it is. A float mask is additive (0, or the dtype's lowest value), as HF's own
       eager masks: right for ``eager`` and ``sdpa``. A bool mask (True = attend) is right for
       ``sdpa`` only: HF's eager attention adds the mask to the scores.
+    - ``use_cache``: ``False``, so that ``model(**batch)`` builds no cache (with one, HF's
+      ``eager``/``sdpa`` attention does not look for packed rows in ``position_ids``).
 
     Which batches give every document exactly the logits it has alone in HF models (tested on
     Llama for ``eager`` and ``sdpa``, and on HF's flash-attention code path with a reference
@@ -137,11 +143,9 @@ class Packer(EpochAware, BaseNode[dict]):
 
     - ``flash_attention_2``/``_3``: the default batch, with any ``use_cache``. Not with
       ``block_mask`` (HF's flash path takes only a 2-D mask and fails on a 4-D one).
-    - ``eager``/``sdpa``, the default batch: only with ``use_cache=False`` (``model(**batch,
-      use_cache=False)`` or ``config.use_cache = False``; HF ``Trainer`` sets it from
-      ``TrainingArguments.use_cache``, False by default). Under a model's default
-      ``use_cache=True`` HF does not look for packed rows in ``position_ids`` and attention
-      crosses documents, silently.
+    - ``eager``/``sdpa``, the default batch: with the ``use_cache=False`` it carries, whatever the
+      config says. A caller that drops it and a config's ``use_cache=True`` (every pretrained
+      one) make HF skip the packed rows in ``position_ids``: attention crosses documents.
     - ``eager``/``sdpa``, ``block_mask=True``: with any ``use_cache``; costs ``B * seq_len**2``
       mask entries per batch (4 bytes each in float32, 2 in bfloat16, 1 as bool).
 
@@ -186,6 +190,8 @@ class Packer(EpochAware, BaseNode[dict]):
         vocab_size: Every id is below it, and every label is such an id, ``-100`` or
             ``label_pad_id`` (``DataError`` naming the row otherwise; a state holding another is
             refused); ``None``: not known, ids and labels are checked ``>= 0`` only.
+        layout: ``"rows"`` (``[batch_size, seq_len]``) or ``"flat"``: each batch one row of
+            ``batch_size * seq_len`` tokens, of pieces of at most ``seq_len`` (:mod:`padpipe.pipes.flat`).
         stats: Counters to report into (``record_batch`` per batch, time under ``"pack"``).
 
     Example:
@@ -234,6 +240,7 @@ class Packer(EpochAware, BaseNode[dict]):
         label_pad_id: int = -100,
         keep: tuple[str, ...] = (),
         vocab_size: int | None = None,
+        layout: str = "rows",
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
@@ -250,9 +257,11 @@ class Packer(EpochAware, BaseNode[dict]):
             label_pad_id=label_pad_id,
             keep=keep,
             vocab_size=vocab_size,
+            layout=layout,
         )
         self.source = source
-        self.seq_len, self.batch_size, self.buffer_size = seq_len, batch_size, buffer_size
+        self.seq_len, self.batch_size = bins(seq_len, batch_size, layout)  # the rows it fills
+        self.buffer_size, self.piece_len, self.layout = buffer_size, seq_len, layout  # pieces of at most seq_len
         self.long_docs, self.keep_tail = long_docs, keep_tail
         self.position_offset, self.block_mask = position_offset, block_mask
         self.mask_dtype = (mask_dtype or torch.float32) if block_mask else None
@@ -270,7 +279,7 @@ class Packer(EpochAware, BaseNode[dict]):
             self._epoch += 1
             self.source.reset(None)
             return
-        pieces = Pieces(self.keep, self.seq_len, self.vocab_size, self._ignore)  # every leaf (piece_state.py)
+        pieces = Pieces(self.keep, self.piece_len, self.vocab_size, self._ignore)  # every leaf (piece_state.py)
         specs = {"incoming": pieces, "pool": pieces, "planned": pieces}
         loaded = self.STATE.check(initial_state, self._settings(), specs=specs, check=self._check_loaded)
         self.source.reset(loaded.source)
@@ -355,7 +364,7 @@ class Packer(EpochAware, BaseNode[dict]):
         with self.stats.timer("pack"):
             pieces, counts = cut_pieces(
                 chunk,
-                seq_len=self.seq_len,
+                seq_len=self.piece_len,
                 long_docs=self.long_docs,
                 keep_tail=self.keep_tail,
                 keep=self.keep,
@@ -419,18 +428,20 @@ class Packer(EpochAware, BaseNode[dict]):
         """Assemble planned rows as one batch."""
         placed = [piece for row in rows for piece in row]
         placed_rows = [number for number, row in enumerate(rows) for _ in row]
+        real = sum(len(p.ids) for p in placed)
+        last = self._exhausted and not self._planned  # the epoch's last batch: a flat row of only the rows it needs
+        width = flat_width(real, self.piece_len) if self.layout == "flat" and last else self.seq_len
         out = assemble(
             placed,
             placed_rows,
             len(rows),
-            seq_len=self.seq_len,
+            seq_len=width,
             pad_id=self.pad_id,
             position_offset=self.position_offset,
             label_pad_id=self.label_pad_id,
             mask_dtype=self.mask_dtype,
             keep=self.keep,
         )
-        real = sum(len(p.ids) for p in placed)
-        self.stats.record_batch(rows=len(placed), real_tokens=real, padded_tokens=len(rows) * self.seq_len)
+        self.stats.record_batch(rows=len(placed), real_tokens=real, padded_tokens=len(rows) * width)
         self._started = True
         return out

@@ -128,6 +128,7 @@ def assemble(
         "cu_seq_lens_k": cu_seq_lens,
         "max_length_q": max_length,
         "max_length_k": max_length,
+        "use_cache": False,  # a cache would stop HF's eager/sdpa attention from finding packed rows in position_ids
     }
     if mask_dtype is not None:
         out["attention_mask"] = block_causal_mask(segments, num_rows, seq_len, mask_dtype)

@@ -10,7 +10,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.chunks import TokenChunk
-from padpipe.errors import DataError, check_int, one_of, positive
+from padpipe.errors import DataError, check_bool, check_int, one_of, positive
 from padpipe.state import Child, StateSchema
 from padpipe.stats import PipelineStats
 
@@ -80,6 +80,8 @@ class Padder(BaseNode[dict[str, Any]]):
         pad_to_length: Use this fixed ``L`` for every batch; a longer row raises ``ValueError``.
         label_pad_id: Fill value for token-level labels.
         dtype: ``torch.int64`` or ``torch.int32`` for ``input_ids`` and ``token_type_ids``.
+        ids_as_labels: Where the chunk has no ``labels`` column, give ``labels``: the ids, with
+            ``label_pad_id`` at padding (what a causal LM trains on).
         stats: Counters to report into (batches, real and padded tokens, time under ``"pad"``).
 
     Example:
@@ -102,6 +104,7 @@ class Padder(BaseNode[dict[str, Any]]):
         pad_to_length: int | None = None,
         label_pad_id: int = -100,
         dtype: torch.dtype = torch.int64,
+        ids_as_labels: bool = False,
         stats: PipelineStats | None = None,
     ) -> None:
         super().__init__()
@@ -119,7 +122,8 @@ class Padder(BaseNode[dict[str, Any]]):
         self.pad_to_multiple_of = pad_to_multiple_of
         self.pad_to_length = pad_to_length
         self.label_pad_id = label_pad_id
-        self.dtype = dtype
+        check_bool("ids_as_labels", ids_as_labels)
+        self.dtype, self.ids_as_labels = dtype, ids_as_labels
         self.stats = stats or PipelineStats()
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -166,6 +170,8 @@ class Padder(BaseNode[dict[str, Any]]):
             out["token_type_ids"] = torch.from_numpy(self._fill(mask, chunk.type_ids, 0, ids_dtype))
         for name, column in chunk.columns.items():
             out[name] = self._column(name, column, mask, lengths)
+        if self.ids_as_labels and LABELS not in out:
+            out[LABELS] = torch.from_numpy(self._fill(mask, chunk.ids, self.label_pad_id, np.int64))
         real = int(lengths.sum())
         self.stats.record_batch(rows=rows, real_tokens=real, padded_tokens=rows * width)
         return out

@@ -24,8 +24,9 @@ from typing import Any, Literal
 import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe._optional import require
-from padpipe.errors import one_of, positive
+from padpipe.errors import positive
 from padpipe.recipes import cli
+from padpipe.recipes.batching import batching
 from padpipe.recipes.formats import read_corpus
 from padpipe.tokenizer import TextEncoder
 
@@ -37,13 +38,14 @@ def pretrain(
     tokenizer: Any,
     *,
     seq_len: int = 2048,
-    mode: Literal["pack", "bucket"] = "pack",
+    mode: Literal["pack", "bucket"] | None = None,
     batch_size: int = 8,
     max_tokens: int | None = None,
     weights: Mapping[str, float] | Sequence[float] | None = None,
     text_field: str = "text",
     shuffle_buffer: int = 10_000,
     seed: int = 0,
+    model: Any = None,
 ) -> pp.Pipeline:
     """Language-model pretraining batches from raw text corpora, read in one streaming pass.
 
@@ -53,8 +55,8 @@ def pretrain(
     split across rows; see :meth:`padpipe.Pipeline.pack` for ``position_ids``, ``labels``,
     ``cu_seq_lens_q``). With ``mode="bucket"`` each document is truncated to ``seq_len`` tokens and
     documents of similar length are batched under a budget of ``max_tokens`` padded tokens, then
-    padded (``input_ids``, ``attention_mask``). Rows are shuffled by ``seed`` through a
-    ``shuffle_buffer`` buffer (and the file order per epoch).
+    padded on the right (``input_ids``, ``attention_mask``, ``labels``: the ids, -100 at padding).
+    Rows are shuffled by ``seed`` through a ``shuffle_buffer`` buffer (and the file order per epoch).
 
     The format of each path comes from its name: ``.parquet`` (Parquet), ``.arrow`` (Arrow IPC),
     ``.jsonl``/``.jsonl.gz``/``.jsonl.zst``/``.json`` (JSON Lines); a folder is looked into.
@@ -65,13 +67,17 @@ def pretrain(
         tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes; it must have an EOS token
             for ``mode="pack"``.
         seq_len: Tokens per packed row; the truncation length with ``mode="bucket"``.
-        mode: ``"pack"`` or ``"bucket"``.
+        mode: ``"pack"`` or ``"bucket"``; ``None``: ``"pack"``, or ``"bucket"`` for a ``model`` that
+            packing cannot keep documents apart in.
         batch_size: Packed rows per batch (``"pack"``).
         max_tokens: Padded-token budget per batch (``"bucket"``; default ``seq_len * batch_size``).
         weights: Mixing weights, by corpus name (dict ``sources``) or in the order of a list.
         text_field: The column holding each document's text.
         shuffle_buffer: Documents held in the shuffle buffer (and the bucketing buffer).
         seed: Seed of the file order, the shuffle buffer, batch order and mixing.
+        model: The model to train (a transformers model or config, or its :class:`padpipe.ModelKind`):
+            packs with the layout it needs (:func:`padpipe.model_kind`), or buckets where packed
+            documents would see each other in it (a warning says why).
 
     Raises:
         ValueError: ``seq_len`` < 2, a tokenizer without EOS with ``mode="pack"``, or bad options.
@@ -83,12 +89,12 @@ def pretrain(
     positive("seq_len", seq_len)
     if seq_len < 2:
         raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
-    one_of("mode", mode, ("pack", "bucket"))
     positive("batch_size", batch_size)
     positive("max_tokens", max_tokens, allow_none=True)
     positive("shuffle_buffer", shuffle_buffer)
     if not isinstance(text_field, str):
         raise TypeError(f"`text_field` must be a column name, but is {text_field!r} instead.")
+    mode, layout = batching(model, mode, "pretrain")
     if mode == "pack" and max_tokens is not None:
         raise ValueError("`max_tokens` is for mode='bucket'; with mode='pack' a batch is `batch_size` x `seq_len`.")
     max_tokens = seq_len * batch_size if max_tokens is None else max_tokens
@@ -114,13 +120,13 @@ def pretrain(
 
     if mode == "pack":
         pipe = pipe.tokenize(tokenizer, fields=text_field, truncation=False, add_special_tokens=False, append_eos=True)
-        return pipe.pack(seq_len, batch_size=batch_size)
+        return pipe.pack(seq_len, batch_size=batch_size, layout=layout)
     # room for the EOS after truncation, whether or not append_eos counts it within max_length
     eos = {} if eos_id is None else {"append_eos": True}
     length = seq_len if eos_id is None else seq_len - 1
     pipe = pipe.tokenize(tokenizer, fields=text_field, max_length=length, add_special_tokens=False, **eos)
     pipe = pipe.bucket(max_tokens=max_tokens, buffer_size=shuffle_buffer, seed=seed)
-    return pipe.pad(pad_id=pad_id if pad_id is not None else eos_id)
+    return pipe.pad(pad_id=pad_id if pad_id is not None else eos_id, ids_as_labels=True)
 
 
 def _corpora(sources: Sources, weights: Any) -> list[str] | dict[str, list[str]]:
@@ -211,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["--data", pp.examples.SAMPLE_JSONL, "--tokenizer", pp.examples.TOKENIZER_JSON, "--mode", "bucket",
         ...       "--seq-len", "512", "--max-tokens", "16384", "--max-batches", "1"])  # doctest: +ELLIPSIS
         pretrain bucket seq_len=512:
-        batch 0: input_ids [...] int64, attention_mask [...] int64, token_type_ids [...] int64
+        batch 0: input_ids [...] int64, attention_mask [...] int64, token_type_ids [...] int64, labels [...] int64
         1 batches, ... rows, ... tokens in ... slots: padding efficiency ...%
         0
     """

@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 import padpipe as pp
 from padpipe import _command, _shipped
-from padpipe.errors import one_of, positive
+from padpipe.errors import positive
 from padpipe.recipes import cli
+from padpipe.recipes.batching import batching
 from padpipe.recipes.formats import read_corpus
 
 DROPPED = {
@@ -46,7 +47,7 @@ def sft(
     tokenizer: Any,
     *,
     seq_len: int = 2048,
-    mode: Literal["pack", "bucket"] = "pack",
+    mode: Literal["pack", "bucket"] | None = None,
     batch_size: int = 8,
     max_tokens: int | None = None,
     messages: str = "messages",
@@ -60,6 +61,7 @@ def sft(
     keep: Sequence[str] = (),
     seed: int = 0,
     cache: str | pp.TokenCache | None = None,
+    model: Any = None,
 ) -> pp.Pipeline:
     """Chat SFT batches from conversations, read in one streaming pass: no pre-pass over the corpus.
 
@@ -83,7 +85,8 @@ def sft(
             :class:`padpipe.Pipeline` of records (``pp.from_iterable(rows)``).
         tokenizer: A ``transformers`` fast tokenizer with a chat template, or its pretrained folder.
         seq_len: Tokens per packed row, and the length a longer conversation is cut to.
-        mode: ``"pack"`` or ``"bucket"``.
+        mode: ``"pack"`` or ``"bucket"``; ``None``: ``"pack"``, or ``"bucket"`` for a ``model`` that
+            packing cannot keep conversations apart in.
         batch_size: Packed rows per batch (``"pack"``).
         max_tokens: Padded-token budget per batch (``"bucket"``; default ``seq_len * batch_size``).
         messages: The column of conversations (lists of ``{"role", "content"}`` messages).
@@ -108,6 +111,9 @@ def sft(
             the first epoch stores each conversation's token rows, labels and counters, later epochs and runs
             read them instead of rendering and tokenizing (the same batches and ``stats()``). Needs files or
             a ``datasets.Dataset`` (a reader with work units), not a pipeline or an ``IterableDataset``.
+        model: The model to train (a transformers model or config, or its :class:`padpipe.ModelKind`):
+            packs with the layout it needs (:func:`padpipe.model_kind`), or buckets where packed
+            conversations would see each other in it (a warning says why).
 
     Raises:
         ValueError: ``seq_len`` < 2, a tokenizer without a chat template and no ``chat_template``,
@@ -119,11 +125,11 @@ def sft(
     positive("seq_len", seq_len)
     if seq_len < 2:
         raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
-    one_of("mode", mode, ("pack", "bucket"))
     positive("batch_size", batch_size)
     positive("max_tokens", max_tokens, allow_none=True)
     positive("shuffle_buffer", shuffle_buffer)
     positive("pack_buffer", pack_buffer)
+    mode, layout = batching(model, mode, "sft")
     if mode == "pack" and max_tokens is not None:
         raise ValueError("`max_tokens` is for mode='bucket'; with mode='pack' a batch is `batch_size` x `seq_len`.")
     if mode == "bucket" and keep:
@@ -149,7 +155,7 @@ def sft(
         **options,
     )
     if mode == "pack":
-        return pipe.pack(seq_len, batch_size=batch_size, buffer_size=pack_buffer, keep=tuple(keep))
+        return pipe.pack(seq_len, batch_size=batch_size, buffer_size=pack_buffer, keep=tuple(keep), layout=layout)
     return pipe.bucket(max_tokens=max_tokens, buffer_size=shuffle_buffer, seed=seed).pad()
 
 

@@ -37,7 +37,7 @@ IGNORE = -100
 ROW_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")  # one value per token of the row
 BOUND_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k")
 LENGTH_KEYS = ("max_length_q", "max_length_k")
-MARKS = ("is_filler", "is_repeat")  # 0-d marks a piece keeps
+MARKS = ("is_filler", "is_repeat", "use_cache")  # 0-d marks and the batch's use_cache=False: each piece keeps them
 
 
 def code(labels: int, cuttable: bool) -> int:

@@ -26,5 +26,5 @@ def test_packing_table_prints_the_tables_of_the_packing_docs() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     tables = done.stdout.strip()
     rows = [line for line in tables.splitlines() if line.startswith("| ")]
-    assert len(rows) == 2 + 5 + 3 and "exact" in tables and "wrong (`use_cache`)" in tables  # 2 headers, 8 settings
+    assert len(rows) == 2 + 6 + 3 and "exact" in tables and "wrong (`use_cache`)" in tables  # 2 headers, 9 settings
     assert tables in (ROOT / "docs" / "packing.md").read_text()

@@ -381,7 +381,7 @@ def test_trainer_passes_packed_batches_with_hf_flash_attention_names(tmp_path):
     )
     packed = pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(pp.examples.tokenizer()).pack(128, batch_size=2)
     Trainer(model=Llama(config), args=arguments(tmp_path, max_steps=3), train_dataset=packed).train()
-    assert seen == [["cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q", "seq_idx"]] * 3
+    assert seen == [["cu_seq_lens_k", "cu_seq_lens_q", "max_length_k", "max_length_q", "seq_idx", "use_cache"]] * 3
 
 
 def test_trainer_warns_once_that_predictions_without_row_index_come_in_batch_order(mrpc, tmp_path):

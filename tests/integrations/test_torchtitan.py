@@ -208,6 +208,9 @@ def test_bad_configs_and_pipelines_are_refused():
         ValueError, match=r"^PadpipeDataLoader needs a padpipe pipeline ending in \.pack\(32, batch_size=2\)"
     ):
         build(PadpipeDataLoader.Config(pipeline=lambda **_: packed(None, 16, 2)))
+    with pytest.raises(ValueError, match=r"layout='rows'\), but found .*, layout='flat'\.$"):
+        rows = pp.from_iterable([{"text": t} for t in TEXTS]).tokenize(pp.examples.tokenizer(), truncation=False)
+        build(PadpipeDataLoader.Config(pipeline=lambda **_: rows.pack(32, batch_size=2, layout="flat")))
     with pytest.raises(ValueError, match=r"found no \.pack\(\) last\.$"):
         build(
             PadpipeDataLoader.Config(

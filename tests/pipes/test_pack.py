@@ -83,6 +83,7 @@ KEYS = [
     "max_length_q",
     "position_ids",
     "seq_idx",
+    "use_cache",
 ]
 
 

@@ -88,7 +88,8 @@ EXACT_CASES = [  # attention, pack options, model call options, model dtype
     ("sdpa", dict(block_mask=True), {}, torch.bfloat16),
     ("eager", dict(block_mask=True, mask_dtype=torch.bfloat16), {}, torch.bfloat16),
     ("sdpa", dict(block_mask=True, mask_dtype=torch.bfloat16), {}, torch.bfloat16),
-    ("eager", {}, dict(use_cache=False), torch.float32),
+    ("eager", {}, {}, torch.float32),  # the batch's own use_cache=False, under the config's use_cache=True
+    ("sdpa", {}, {}, torch.float32),
     ("sdpa", {}, dict(use_cache=False), torch.float32),
 ]
 
@@ -107,7 +108,7 @@ def test_pack_gives_each_document_the_logits_and_loss_it_has_alone(
     tolerance = EXACT if dtype == torch.float32 else 1e-2
     with torch.no_grad():
         for batch in batches:
-            out = model(**batch, **call)
+            out = model(**{**batch, **call})
             assert error_against_alone(model, batch, out.logits) < tolerance
             torch.testing.assert_close(out.loss, loss_alone(model, batch), atol=tolerance, rtol=0)
 
@@ -131,10 +132,11 @@ def test_pack_mask_of_another_float_dtype_than_the_model_fails_loudly_in_sdpa() 
     [("eager", {}), ("sdpa", {}), ("eager", dict(block_mask=True, mask_dtype=torch.bool))],
 )
 def test_pack_batch_attends_across_documents_where_the_docs_say_so(attn: str, options: dict) -> None:
-    """Pinned HF behaviour: position-only packing under the default ``use_cache=True``, and a bool mask in eager."""
+    """Pinned HF behaviour: position-only packing under the default ``use_cache=True`` (the batch's
+    ``use_cache=False`` dropped), and a bool mask in eager."""
     model = tiny_llama(attn)
     with torch.no_grad():
-        batch = packed_batches(**options)[0]
+        batch = {k: v for k, v in packed_batches(**options)[0].items() if k != "use_cache"}
         assert error_against_alone(model, batch, model(**batch).logits) > 1e-2
 
 
@@ -215,7 +217,7 @@ def reference_flash(monkeypatch: pytest.MonkeyPatch) -> ReferenceFlash:
     return install_reference_flash(fa, monkeypatch.setattr)
 
 
-@pytest.mark.parametrize("call", [{}, dict(use_cache=False)])
+@pytest.mark.parametrize("call", [{}, dict(use_cache=True)])
 def test_pack_batch_runs_hf_flash_attention_varlen_at_any_batch_size(
     reference_flash: ReferenceFlash, call: dict
 ) -> None:
@@ -224,7 +226,7 @@ def test_pack_batch_runs_hf_flash_attention_varlen_at_any_batch_size(
     assert len(batch["input_ids"]) == 3
     with torch.no_grad():
         model.config._attn_implementation = "flash_attention_2"
-        packed = model(**batch, **call).logits
+        packed = model(**{**batch, **call}).logits
         assert reference_flash.calls == ["varlen"] * 2  # once per layer, from cu_seq_lens_*/max_length_*
         position_only = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
         assert reference_flash.calls[2:] == ["dense"] * 2  # HF detects packing from positions only at B == 1
@@ -251,7 +253,7 @@ def test_pack_batch_equals_data_collator_with_flattening_on_a_full_row() -> None
     order = [[6, 7, 8, 9], [1, 2, 3], [4, 5], [10]]  # best fit decreasing: longest first
     assert batch["input_ids"].tolist() == [sum(order, [])]
     hf = hf_flattened(order)
-    assert sorted(batch) == sorted(hf)
+    assert sorted(batch) == sorted([*hf, "use_cache"]) and batch["use_cache"] is False  # padpipe's one more key
     for key, value in hf.items():
         if isinstance(value, torch.Tensor):
             assert batch[key].dtype == value.dtype and torch.equal(batch[key], value), key

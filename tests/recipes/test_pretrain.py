@@ -93,6 +93,7 @@ def test_pretrain_works_in_pack_mode(tmp_path: Path) -> None:
         "max_length_q",
         "position_ids",
         "seq_idx",
+        "use_cache",
     ]
 
 
