@@ -83,8 +83,10 @@ def test_pack_flat_meets_the_kernels_contract_and_keeps_every_token_once(seq_len
     rows = run(docs, seq_len=seq_len, batch_size=batch_size, buffer_size=buffer_size)
     pieces = [p for b in flat for p in assert_varlen_contract(b, seq_len=seq_len, batch_size=batch_size)]
     assert all(b["input_ids"].shape == (1, batch_size * seq_len) for b in flat[:-1])  # the same budget a batch
-    assert sorted(t for p in pieces for t in p) == sorted(t for d in docs for t in d)  # every token once
-    cut = [p for d in docs for p in (d[i : i + seq_len] for i in range(0, len(d), seq_len))]  # long_docs split
+    predicted = sorted(t for b in flat for t in b["labels"].flatten().tolist() if t != -100)
+    assert predicted == sorted(t for d in docs for t in d[1:])  # every prediction once (a cut token: context again)
+    step = seq_len - 1  # a split document's later pieces start with the token before the cut (long_docs split)
+    cut = [p for d in docs for p in [d[:seq_len]] + [d[i - 1 : i - 1 + seq_len] for i in range(seq_len, len(d), step)]]
     assert sorted(map(tuple, pieces)) == sorted(map(tuple, cut))  # the same pieces as the rows layout packs
     assert len(flat) <= len(rows)  # the same token budget a batch, never more batches
 
@@ -99,7 +101,8 @@ def test_pack_flat_fills_at_least_as_well_as_rows_and_counts_its_tokens() -> Non
                               stats=stats))  # fmt: skip
         snap = stats.snapshot()
         assert snap.padded_tokens == sum(b["input_ids"].numel() for b in batches)
-        assert snap.real_tokens == sum(map(len, docs)) and snap.batches == len(batches)
+        assert snap.real_tokens == sum(map(len, docs)) + snap.counters["pack.context_tokens"]
+        assert snap.batches == len(batches)
         efficiency[layout] = snap.padding_efficiency
     assert efficiency["flat"] >= efficiency["rows"] > 0.98
 

@@ -194,7 +194,7 @@ def test_preference_refuses_bad_options_at_once():
         pairs_pipe.pack(128, long_docs="split")
     with pytest.raises(ValueError, match="pack\\(\\) keeps a preference pair whole"):
         pairs_pipe.pack(128, keep=("chosen_tokens",))
-    with pytest.raises(ValueError, match="`label_pad_id` must be -100"):
+    with pytest.raises(ValueError, match="takes `label_pad_id` -100"):
         pairs_pipe.batch(2).pad(label_pad_id=0)
 
 

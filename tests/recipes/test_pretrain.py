@@ -202,7 +202,7 @@ def test_format_of_raises_error_when_the_format_is_unclear(tmp_path: Path) -> No
     with pytest.raises(ValueError, match=r"^'.*mixed' holds files of several formats \['jsonl', 'parquet'\]; "):
         format_of(str(tmp_path / "mixed"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"^'.*empty' holds no Parquet, Arrow or JSON Lines files\.$"):
+    with pytest.raises(FileNotFoundError, match=r"^'.*empty' holds no Parquet, Arrow, JSON Lines or CSV files\.$"):
         format_of(str(tmp_path / "empty"))
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match=r"^'.*notes\.txt': unknown file format; expected a name ending in \.parquet"):
