@@ -6,7 +6,8 @@ cost of the fill per conversation, and seconds from a script's start to its firs
   rows of 512, 8 a batch), the packing efficiency of
   padpipe's ``pack()`` at its default pool (256 pieces), of TRL's ``pack_dataset`` (``bfd`` on chats,
   ``bfd_split`` on documents: as ``SFTTrainer`` calls it, one ``datasets`` map batch of 1,000 rows at a time,
-  and over the whole epoch at once), and the bound: total tokens over ``ceil(total / seq_len)`` rows;
+  and over the whole epoch at once), and the bound: total tokens over ``ceil(total / seq_len)`` rows (padpipe's
+  efficiency counts the documents' own tokens: the cut token a split piece repeats as context is not counted);
   padpipe's packer alone on prepared chunks (microseconds per conversation, of which planning rows), and its
   state mid-epoch.
 - :func:`first_step_rows`: a fresh Python process per arm, timed from its start to the end of its first
@@ -78,7 +79,8 @@ def packer_run(docs: list[np.ndarray], seq_len: int, batch_size: int, long_docs:
             state = pickle.dumps(node.state_dict())
     seconds = time.perf_counter() - start
     snap = stats.snapshot()
-    return {"efficiency": snap.padding_efficiency, "seconds": seconds, "fill": spent[0], "state": len(state)}
+    own = snap.real_tokens - snap.counters.get("pack.context_tokens", 0)  # a cut token repeated as context: not counted
+    return {"efficiency": own / snap.padded_tokens, "seconds": seconds, "fill": spent[0], "state": len(state)}
 
 
 def long_documents(n: int, seed: int = 0) -> list[np.ndarray]:

@@ -155,7 +155,7 @@ CHANGES = {
     "template_kwargs": {"template_kwargs": {"enable_thinking": False}},
     "special_text": {"special_text": "skip"},
     "training_field": {"training_field": None},
-    "kwargs column": {"kwargs_column": "template_arguments"},  # not in the data: the same rows, yet a miss
+    "kwargs column": {"kwargs_column": "tools"},  # template arguments from another column: a miss
     "template text": {"chat_template": rt.template_text("trl:qwen3") + "{# a comment changes no rendering #}"},
 }
 
