@@ -249,7 +249,7 @@ def _turn_end(
     after = start
     for part in _rendered_texts(messages[k]):  # past its content and tool calls (they may hold end-of-turn text)
         at, size = _find(text, part, after)
-        if 0 <= at <= _turn_bound(text, after, messages[k + 1 :], ends):  # a template may not render it
+        if 0 <= at < _turn_bound(text, after, messages[k + 1 :], ends):  # a template may not render it
             after = at + size
     if ends:
         rest = len(text.rstrip())  # "": the last answer's turn ends with the rendering (GLM writes no end)
@@ -295,8 +295,9 @@ def _find(text: str, part: str, start: int) -> tuple[int, int]:
 
 
 def _turn_bound(text: str, start: int, following: Sequence[dict[str, Any]], ends: Sequence[str]) -> int:
-    """How far the turn from ``start`` can go: to the first end-of-turn token after it, or to the first text of
-    the messages ``following`` it, whichever is later (a turn may hold end-of-turn text, or the next message's)."""
+    """Where the turn from ``start`` ends at the latest (a part found there is not its own): the first end-of-turn
+    token after it, or the first text of the messages ``following`` it, whichever is later (a turn may hold
+    end-of-turn text, or the next message's)."""
     end = min((at for e in ends if e and (at := text.find(e, start)) >= 0), default=-1)
     for message in following:
         texts = _rendered_texts(message)

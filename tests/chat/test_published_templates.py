@@ -213,3 +213,20 @@ def test_the_probe_reads_each_templates_prompt_and_every_way_a_turn_ends(
 ) -> None:
     probe = ChatTemplate(str(tokenizers[name][0])).probe
     assert (probe.generation_prompt, probe.honours_generation_prompt, probe.ends) == (prompt, honours, ends)
+
+
+@pytest.mark.parametrize("name", ["smollm3", "granite3_3", "lfm2_5"])
+def test_a_tool_call_the_template_does_not_render_is_not_found_in_the_result_that_echoes_its_argument(
+    name: str, tokenizers: dict[str, tuple[Path, Any]]
+) -> None:
+    folder, tok = tokenizers[name]
+    echo = {**TOOL, "content": "Paris: 21 degrees."}  # a result that opens with the call's argument
+    loader = (
+        pp.from_iterable([{"idx": 0, "messages": [ASK, calling(""), echo, ANSWER], "tools": [pb.WEATHER]}])
+        .chat(str(folder))
+        .pack(4096, batch_size=1, keep=("idx",))
+        .loader()
+    )
+    (row,) = pb.packed_rows(loader)
+    eot = tok.eos_token
+    assert tok.decode([i for i, x in zip(row["ids"], row["labels"]) if x != -100]) == f"{eot}It is 21 in Paris.{eot}"
