@@ -168,7 +168,8 @@ def output_start(
     if prompt and text.startswith(plain) and len(plain) >= cursor:  # the messages before it render alike
         return len(plain) + _header(prompt, _common_prefix(prompt, text, len(plain)), specials)
     content = visible_content(messages[k - 1]) if k > 0 else ""
-    anchor = next((a for a in (content, _as_json(content)) if a and a in prompted), "")  # as written, or in JSON
+    forms = [a for a in (content, _as_json(content)) if a and a in prompted]  # as written, or in JSON: its last
+    anchor = max(forms, key=prompted.rfind, default="")  # place (an earlier message may hold it the other way)
     at = prompted.rfind(anchor) if anchor else -1
     tail = prompted[at + len(anchor) :]  # the previous turn's end, then the generation prompt
     needed = len(tail) - len(prompt)  # the previous turn's end must be there whole

@@ -230,3 +230,25 @@ def test_a_tool_call_the_template_does_not_render_is_not_found_in_the_result_tha
     (row,) = pb.packed_rows(loader)
     eot = tok.eos_token
     assert tok.decode([i for i, x in zip(row["ids"], row["labels"]) if x != -100]) == f"{eot}It is 21 in Paris.{eot}"
+
+
+def test_an_answer_after_a_result_starts_after_the_result_written_in_json_that_an_earlier_message_holds_as_is(
+    tokenizers: dict[str, tuple[Path, Any]],
+) -> None:
+    """gpt-oss writes a tool's result as a JSON string; the user's message holds the same text as it is."""
+    folder, tok = tokenizers["gpt_oss"]
+    second = {**CALL, "id": "bcdefghij", "function": {"name": "get_weather", "arguments": {"city": "Lima"}}}
+    chat = [
+        {"role": "user", "content": TOOL["content"]},
+        calling(thinking="Ask the tool."),
+        {**TOOL, "content": "Cold."},
+        {"role": "assistant", "content": None, "tool_calls": [second]},
+        {**TOOL, "tool_call_id": "bcdefghij"},  # the user's text, written in JSON here
+        ANSWER,
+    ]
+    row = {"messages": chat, "tools": [pb.WEATHER]}
+    loader = pp.from_iterable([{"idx": 0, **row}]).chat(str(folder)).pack(4096, keep=("idx",)).loader()
+    times: Counter[int] = Counter()
+    for packed in pb.packed_rows(loader):
+        times.update(check_row("gpt_oss", tok, row, packed).keys())
+    assert times == {1: 1, 3: 1, 5: 1}
