@@ -248,8 +248,9 @@ def _turn_end(
     text: str, start: int, messages: Sequence[dict[str, Any]], k: int, render: Render, ends: Sequence[str]
 ) -> int:
     after = start
-    for part in _rendered_texts(messages[k]):  # past its content and tool calls (they may hold end-of-turn text)
-        at, size = _find(text, part, after)
+    thought = reasoning_of(messages[k])  # written before its content (which it may hold: "2+2 makes 4." before "4.")
+    for part in filter(None, [thought, *_rendered_texts(messages[k])]):  # past its reasoning, content and tool calls
+        at, size = _find(text, part, after)  # (they may hold end-of-turn text)
         if 0 <= at < _turn_bound(text, after, messages[k + 1 :], ends):  # a template may not render it
             after = at + size
     if ends:

@@ -252,3 +252,18 @@ def test_an_answer_after_a_result_starts_after_the_result_written_in_json_that_a
     for packed in pb.packed_rows(loader):
         times.update(check_row("gpt_oss", tok, row, packed).keys())
     assert times == {1: 1, 3: 1, 5: 1}
+
+
+@pytest.mark.parametrize("name", list(pb.MODELS))
+def test_an_answer_its_reasoning_holds_is_trained_on_its_reference_span(
+    name: str, tokenizers: dict[str, tuple[Path, Any]]
+) -> None:
+    """ "4." is in "2+2 makes 4." too: the answer's span ends after the answer (gpt-oss ended it after its analysis)."""
+    folder, tok = tokenizers[name]
+    how = pb.MODELS[name].reasoning[0]
+    answer = {"role": "assistant", "content": "<think>\n2+2 makes 4.\n</think>\n\n4."} if how == "think" else {
+        "role": "assistant", "content": "4.", how: "2+2 makes 4."}  # fmt: skip
+    row = {"messages": [{"role": "user", "content": "2+2?"}, answer], "tools": [pb.WEATHER]}
+    loader = pp.from_iterable([{"idx": 0, **row}]).chat(str(folder)).pack(8192, keep=("idx",)).loader()
+    (packed,) = pb.packed_rows(loader)
+    assert set(check_row(name, tok, row, packed)) == {1}
