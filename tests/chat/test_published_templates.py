@@ -258,7 +258,7 @@ def test_an_answer_after_a_result_starts_after_the_result_written_in_json_that_a
 def test_an_answer_its_reasoning_holds_is_trained_on_its_reference_span(
     name: str, tokenizers: dict[str, tuple[Path, Any]]
 ) -> None:
-    """ "4." is in "2+2 makes 4." too: the answer's span ends after the answer (gpt-oss ended it after its analysis)."""
+    """The answer "4." is in its reasoning "2+2 makes 4." too: its span ends after it (gpt-oss ended it earlier)."""
     folder, tok = tokenizers[name]
     how = pb.MODELS[name].reasoning[0]
     answer = {"role": "assistant", "content": "<think>\n2+2 makes 4.\n</think>\n\n4."} if how == "think" else {
