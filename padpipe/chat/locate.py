@@ -288,12 +288,9 @@ def _as_json(text: str) -> str:
 
 
 def _find(text: str, part: str, start: int) -> tuple[int, int]:
-    """Where ``part`` is in ``text`` from ``start``, as written or inside JSON (-1: nowhere), and its size there."""
-    for form in (part, _as_json(part)):
-        at = text.find(form, start)
-        if at >= 0:
-            return at, len(form)
-    return -1, 0
+    """Where ``part`` first is in ``text`` from ``start``, as written or in JSON (-1: nowhere), and its size there."""
+    found = [(at, len(form)) for form in (part, _as_json(part)) if (at := text.find(form, start)) >= 0]
+    return min(found, default=(-1, 0))
 
 
 def _turn_bound(text: str, start: int, following: Sequence[dict[str, Any]], ends: Sequence[str]) -> int:

@@ -267,3 +267,17 @@ def test_an_answer_its_reasoning_holds_is_trained_on_its_reference_span(
     loader = pp.from_iterable([{"idx": 0, **row}]).chat(str(folder)).pack(8192, keep=("idx",)).loader()
     (packed,) = pb.packed_rows(loader)
     assert set(check_row(name, tok, row, packed)) == {1}
+
+
+def test_a_message_written_in_json_bounds_the_turn_before_it_where_a_later_message_holds_its_text_as_is(
+    tokenizers: dict[str, tuple[Path, Any]],
+) -> None:
+    """Llama 3.1 writes a tool's result in JSON; the user quotes it as is later: the call's turn ends at the result."""
+    folder, tok = tokenizers["llama3_1"]
+    chat = [ASK, calling("Paris"), TOOL, ANSWER, {"role": "user", "content": f"{TOOL['content']}?"}, HI[1]]
+    row = {"messages": chat, "tools": [pb.WEATHER]}
+    loader = pp.from_iterable([{"idx": 0, **row}]).chat(str(folder)).pack(4096, keep=("idx",)).loader()
+    times: Counter[int] = Counter()
+    for packed in pb.packed_rows(loader):
+        times.update(check_row("llama3_1", tok, row, packed).keys())
+    assert times == {1: 1, 3: 1, 5: 1}
