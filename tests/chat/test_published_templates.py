@@ -281,3 +281,16 @@ def test_a_message_written_in_json_bounds_the_turn_before_it_where_a_later_messa
     for packed in pb.packed_rows(loader):
         times.update(check_row("llama3_1", tok, row, packed).keys())
     assert times == {1: 1, 3: 1, 5: 1}
+
+
+def test_reasoning_the_template_drops_is_not_found_in_the_text_it_writes_after_the_turn(
+    tokenizers: dict[str, tuple[Path, Any]],
+) -> None:
+    """Mistral Small 3.2 drops reasoning and writes the tools (their descriptions) after the answer before the last."""
+    folder, tok = tokenizers["mistral_small_3_2"]
+    chat = [*HI, ASK, ANSWER]
+    chat[1] = {**chat[1], "reasoning_content": pb.WEATHER["function"]["description"]}
+    row = {"messages": chat, "tools": [pb.WEATHER]}
+    loader = pp.from_iterable([{"idx": 0, **row}]).chat(str(folder)).pack(4096, keep=("idx",)).loader()
+    (packed,) = pb.packed_rows(loader)
+    assert set(check_row("mistral_small_3_2", tok, row, packed)) == {1, 3}
