@@ -247,9 +247,7 @@ def _turn_start(text: str, messages: Sequence[dict[str, Any]], k: int, render: R
 def _turn_end(
     text: str, start: int, messages: Sequence[dict[str, Any]], k: int, render: Render, ends: Sequence[str]
 ) -> int:
-    thought = reasoning_of(messages[k])  # where written, first and before an end: past it (it may hold the content:
-    at, size = _find(text, thought, start) if thought else (-1, 0)  # "4." in "2+2 makes 4.")
-    after = at + size if 0 <= at < _first_end(text, start, ends) else start
+    after = start
     for part in _rendered_texts(messages[k]):  # past its content and tool calls (they may hold end-of-turn text)
         at, size = _find(text, part, after)
         if 0 <= at < _turn_bound(text, after, messages[k + 1 :], ends):  # a template may not render it
@@ -298,18 +296,13 @@ def _turn_bound(text: str, start: int, following: Sequence[dict[str, Any]], ends
     """Where the turn from ``start`` ends at the latest (a part found there is not its own): the first end-of-turn
     token after it, or the first text of the messages ``following`` it, whichever is later (a turn may hold
     end-of-turn text, or the next message's)."""
-    end = _first_end(text, start, ends)
+    end = min((at for e in ends if e and (at := text.find(e, start)) >= 0), default=-1)
     for message in following:
         texts = _rendered_texts(message)
         at = _find(text, texts[0], start)[0] if texts else -1
         if at >= 0:
             return max(at, end)
     return len(text)
-
-
-def _first_end(text: str, start: int, ends: Sequence[str]) -> int:
-    """Where the first end-of-turn token after ``start`` is (-1: none)."""
-    return min((at for e in ends if e and (at := text.find(e, start)) >= 0), default=-1)
 
 
 def _rendered_texts(message: Mapping[str, Any]) -> list[str]:
