@@ -168,7 +168,8 @@ def output_start(
     if prompt and text.startswith(plain) and len(plain) >= cursor:  # the messages before it render alike
         return len(plain) + _header(prompt, _common_prefix(prompt, text, len(plain)), specials)
     content = visible_content(messages[k - 1]) if k > 0 else ""
-    anchor = next((a for a in (content, _as_json(content)) if a and a in prompted), "")  # as written, or in JSON
+    forms = [a for a in (content, _as_json(content)) if a and a in prompted]  # as written, or in JSON: its last
+    anchor = max(forms, key=prompted.rfind, default="")  # place (an earlier message may hold it the other way)
     at = prompted.rfind(anchor) if anchor else -1
     tail = prompted[at + len(anchor) :]  # the previous turn's end, then the generation prompt
     needed = len(tail) - len(prompt)  # the previous turn's end must be there whole
@@ -249,7 +250,7 @@ def _turn_end(
     after = start
     for part in _rendered_texts(messages[k]):  # past its content and tool calls (they may hold end-of-turn text)
         at, size = _find(text, part, after)
-        if 0 <= at <= _turn_bound(text, after, messages[k + 1 :], ends):  # a template may not render it
+        if 0 <= at < _turn_bound(text, after, messages[k + 1 :], ends):  # a template may not render it
             after = at + size
     if ends:
         rest = len(text.rstrip())  # "": the last answer's turn ends with the rendering (GLM writes no end)
@@ -286,17 +287,15 @@ def _as_json(text: str) -> str:
 
 
 def _find(text: str, part: str, start: int) -> tuple[int, int]:
-    """Where ``part`` is in ``text`` from ``start``, as written or inside JSON (-1: nowhere), and its size there."""
-    for form in (part, _as_json(part)):
-        at = text.find(form, start)
-        if at >= 0:
-            return at, len(form)
-    return -1, 0
+    """Where ``part`` first is in ``text`` from ``start``, as written or in JSON (-1: nowhere), and its size there."""
+    found = [(at, len(form)) for form in (part, _as_json(part)) if (at := text.find(form, start)) >= 0]
+    return min(found, default=(-1, 0))
 
 
 def _turn_bound(text: str, start: int, following: Sequence[dict[str, Any]], ends: Sequence[str]) -> int:
-    """How far the turn from ``start`` can go: to the first end-of-turn token after it, or to the first text of
-    the messages ``following`` it, whichever is later (a turn may hold end-of-turn text, or the next message's)."""
+    """Where the turn from ``start`` ends at the latest (a part found there is not its own): the first end-of-turn
+    token after it, or the first text of the messages ``following`` it, whichever is later (a turn may hold
+    end-of-turn text, or the next message's)."""
     end = min((at for e in ends if e and (at := text.find(e, start)) >= 0), default=-1)
     for message in following:
         texts = _rendered_texts(message)

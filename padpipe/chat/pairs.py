@@ -33,7 +33,7 @@ def read_members(batch: pa.RecordBatch, *, unpaired: bool) -> list[Any]:
     """
     names = batch.schema.names
     members = (COMPLETION,) if unpaired else (CHOSEN_COLUMN, REJECTED)
-    needed = (PROMPT, *members) if unpaired or PROMPT in names else members
+    needed = (PROMPT, *members, LABEL) if unpaired else (PROMPT, *members) if PROMPT in names else members
     missing = [name for name in needed if name not in names]
     if missing:
         other = (CHOSEN_COLUMN, REJECTED) if unpaired else (COMPLETION, LABEL)

@@ -213,3 +213,77 @@ def test_the_probe_reads_each_templates_prompt_and_every_way_a_turn_ends(
 ) -> None:
     probe = ChatTemplate(str(tokenizers[name][0])).probe
     assert (probe.generation_prompt, probe.honours_generation_prompt, probe.ends) == (prompt, honours, ends)
+
+
+@pytest.mark.parametrize("name", ["smollm3", "granite3_3", "lfm2_5"])
+def test_a_tool_call_the_template_does_not_render_is_not_found_in_the_result_that_echoes_its_argument(
+    name: str, tokenizers: dict[str, tuple[Path, Any]]
+) -> None:
+    folder, tok = tokenizers[name]
+    echo = {**TOOL, "content": "Paris: 21 degrees."}  # a result that opens with the call's argument
+    loader = (
+        pp.from_iterable([{"idx": 0, "messages": [ASK, calling(""), echo, ANSWER], "tools": [pb.WEATHER]}])
+        .chat(str(folder))
+        .pack(4096, batch_size=1, keep=("idx",))
+        .loader()
+    )
+    (row,) = pb.packed_rows(loader)
+    eot = tok.eos_token
+    assert tok.decode([i for i, x in zip(row["ids"], row["labels"]) if x != -100]) == f"{eot}It is 21 in Paris.{eot}"
+
+
+def test_an_answer_after_a_result_starts_after_the_result_written_in_json_that_an_earlier_message_holds_as_is(
+    tokenizers: dict[str, tuple[Path, Any]],
+) -> None:
+    """gpt-oss writes a tool's result as a JSON string; the user's message holds the same text as it is."""
+    folder, tok = tokenizers["gpt_oss"]
+    second = {**CALL, "id": "bcdefghij", "function": {"name": "get_weather", "arguments": {"city": "Lima"}}}
+    chat = [
+        {"role": "user", "content": TOOL["content"]},
+        calling(thinking="Ask the tool."),
+        {**TOOL, "content": "Cold."},
+        {"role": "assistant", "content": None, "tool_calls": [second]},
+        {**TOOL, "tool_call_id": "bcdefghij"},  # the user's text, written in JSON here
+        ANSWER,
+    ]
+    row = {"messages": chat, "tools": [pb.WEATHER]}
+    loader = pp.from_iterable([{"idx": 0, **row}]).chat(str(folder)).pack(4096, keep=("idx",)).loader()
+    times: Counter[int] = Counter()
+    for packed in pb.packed_rows(loader):
+        times.update(check_row("gpt_oss", tok, row, packed).keys())
+    assert times == {1: 1, 3: 1, 5: 1}
+
+
+KNOWN_BUG = pytest.mark.xfail(
+    strict=True, reason="review2: the answer is found inside its analysis, its final untrained"
+)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=KNOWN_BUG) if n == "gpt_oss" else n for n in pb.MODELS])
+def test_an_answer_its_reasoning_holds_is_trained_on_its_reference_span(
+    name: str, tokenizers: dict[str, tuple[Path, Any]]
+) -> None:
+    """The answer "4." is in its reasoning "2+2 makes 4." too: its span ends after it (gpt-oss ends it after the
+    analysis, and its final "4.<|return|>" is never trained)."""
+    folder, tok = tokenizers[name]
+    how = pb.MODELS[name].reasoning[0]
+    answer = {"role": "assistant", "content": "<think>\n2+2 makes 4.\n</think>\n\n4."} if how == "think" else {
+        "role": "assistant", "content": "4.", how: "2+2 makes 4."}  # fmt: skip
+    row = {"messages": [{"role": "user", "content": "2+2?"}, answer], "tools": [pb.WEATHER]}
+    loader = pp.from_iterable([{"idx": 0, **row}]).chat(str(folder)).pack(8192, keep=("idx",)).loader()
+    (packed,) = pb.packed_rows(loader)
+    assert set(check_row(name, tok, row, packed)) == {1}
+
+
+def test_a_message_written_in_json_bounds_the_turn_before_it_where_a_later_message_holds_its_text_as_is(
+    tokenizers: dict[str, tuple[Path, Any]],
+) -> None:
+    """Llama 3.1 writes a tool's result in JSON; the user quotes it as is later: the call's turn ends at the result."""
+    folder, tok = tokenizers["llama3_1"]
+    chat = [ASK, calling("Paris"), TOOL, ANSWER, {"role": "user", "content": f"{TOOL['content']}?"}, HI[1]]
+    row = {"messages": chat, "tools": [pb.WEATHER]}
+    loader = pp.from_iterable([{"idx": 0, **row}]).chat(str(folder)).pack(4096, keep=("idx",)).loader()
+    times: Counter[int] = Counter()
+    for packed in pb.packed_rows(loader):
+        times.update(check_row("llama3_1", tok, row, packed).keys())
+    assert times == {1: 1, 3: 1, 5: 1}

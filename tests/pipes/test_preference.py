@@ -112,6 +112,9 @@ def test_preference_reads_unpaired_rows_with_their_label():
         next(iter(pp.from_iterable(rows).preference(tok).batch(2).pad().loader()))
     with pytest.raises(DataError, match=r"pass unpaired=False"):
         next(iter(pp.from_iterable(pairs(2)).preference(tok, unpaired=True).batch(2).pad().loader()))
+    unlabelled = [{k: v for k, v in r.items() if k != "label"} for r in rows]
+    with pytest.raises(DataError, match=r"^preference: the data has no column 'label' \(columns: "):
+        next(iter(pp.from_iterable(unlabelled).preference(tok, unpaired=True).batch(2).pad().loader()))
 
 
 def test_preference_cuts_the_prompt_start_alike_in_both_members_and_skips_what_cannot_fit():
