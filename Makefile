@@ -1,7 +1,7 @@
 # Two commands on a fresh clone: `make demo` and `make test`. Both create .venv and install first.
 # `make test-fast` leaves out the tests marked slow (processes, torchrun, frameworks; see conftest.py).
 # `make test-latest`: the suite on the newest release of every dependency (`make test-lowest`: on the
-# lowest versions pyproject.toml allows); README.md, "Install", says which versions were tested.
+# lowest versions pyproject.toml allows); docs/install.md says which versions were tested.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 LATEST := .venv-latest
 # The lower bounds of pyproject.toml (tokenizers 0.23.3: transformers 5.18 needs 0.23.1, and 0.23.1-0.23.2
-# truncate pairs otherwise; README.md, "Install"). torch 2.6.0, like the newest torch, is a CUDA build of several GB.
+# truncate pairs otherwise; docs/install.md). torch 2.6.0, like the newest torch, is a CUDA build of several GB.
 LOWEST := .venv-lowest
 LOWEST_VERSIONS := torch==2.6.0 torchdata==0.10.0 tokenizers==0.23.3 pyarrow==19.0.1 numpy==1.24.4 fsspec==2023.6.0 \
 	tqdm==4.66.3 transformers==5.18.0 datasets==3.1.0 accelerate==1.3.0 lightning==2.5.0 s3fs==2023.6.0 matplotlib==3.8.0

@@ -2,7 +2,7 @@
 
 Pass pipelines that end in ``.pad()`` or ``.pack()`` as ``train_dataset``, ``eval_dataset`` or to
 ``predict``; any other dataset goes to ``transformers.Trainer`` unchanged. Needs ``transformers``
-(``pip install 'padpipe[hf]'``); tested with transformers 5.18 to 5.24.
+(``pip install 'padpipe[hf]'``); tested with transformers 5.18 to 5.25.
 
 Example:
     >>> from padpipe.hf import Trainer  # doctest: +SKIP

@@ -1,4 +1,4 @@
-"""The README's layout section names every module of the tree, and only those; the import graph has no circle.
+"""CONTRIBUTING.md's layout section names every module of the tree, and only those; the import graph has no circle.
 
 Imports count wherever they are: at the top, inside a function, and under ``TYPE_CHECKING`` (a type a
 lower module needs from a higher one is a small ``typing.Protocol`` of the lower module's own).
@@ -15,7 +15,7 @@ PACKAGE = ROOT / "padpipe"
 
 
 def _layout_block() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "CONTRIBUTING.md").read_text()
     section = text.split("## Layout", 1)[1]
     return section.split("```", 2)[1]
 
@@ -44,7 +44,7 @@ def test_the_layout_section_lists_every_module_in_the_tree():
         for p in PACKAGE.rglob("*.py")
         if p.name not in ("__init__.py", "__main__.py") and "data" not in p.parts
     }
-    assert sorted(modules - named) == []  # in the tree, missing from the README
+    assert sorted(modules - named) == []  # in the tree, missing from CONTRIBUTING.md
     wings = {m for m in named if m.count("/") == 2}
     assert sorted(wings - modules) == []  # listed in a wing, but no such module
 

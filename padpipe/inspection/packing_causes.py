@@ -75,7 +75,7 @@ def transformers_private(owner: Any, name: str) -> Any:
     except AttributeError:
         raise ImportError(
             f"padpipe.check_packing reads transformers' `{name}` (of {classes}), but this {type(owner).__name__} has "
-            "none: install a transformers release padpipe was tested with (pip install 'transformers>=5.18,<=5.24') "
+            "none: install a transformers release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') "
             "or a padpipe release for yours."
         ) from None
 

@@ -65,7 +65,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "_set_signature_columns_if_needed": (),
     "_prepare_inputs": ("inputs",),
 }
-"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in 5.18-5.24."""
+"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in 5.18-5.25."""
 
 OVERRIDDEN = frozenset(
     {
@@ -117,7 +117,7 @@ def private(owner: Any, name: str) -> Any:
     except AttributeError:
         raise ImportError(
             f"padpipe.hf reads {module}.{cls}'s `{name}` ({why}), but this {type(owner).__name__} has none: install "
-            "a transformers and accelerate release padpipe was tested with (pip install 'transformers>=5.18,<=5.24') "
+            "a transformers and accelerate release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') "
             "or a padpipe release for yours."
         ) from None
 
@@ -131,7 +131,7 @@ def check_hooks(trainer: type, version: str) -> None:
         >>> check_hooks(Old, "4.0")
         Traceback (most recent call last):
         ...
-        ImportError: padpipe.hf needs transformers.Trainer._validate_args() (transformers 5.18 to 5.24), but ...
+        ImportError: padpipe.hf needs transformers.Trainer._validate_args() (transformers 5.18 to 5.25), but ...
     """
     for name, expected in HOOKS.items():
         method = getattr(trainer, name, None)
@@ -139,9 +139,9 @@ def check_hooks(trainer: type, version: str) -> None:
         if found != expected:
             shown = "missing" if found is None else f"{name}({', '.join(found)})"
             raise ImportError(
-                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.18 to 5.24), "
+                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.18 to 5.25), "
                 f"but transformers {version} has {shown} instead: install a transformers release padpipe was tested "
-                "with (pip install 'transformers>=5.18,<=5.24') or a padpipe release for yours."
+                "with (pip install 'transformers>=5.18,<=5.25') or a padpipe release for yours."
             )
 
 
@@ -164,7 +164,7 @@ def loss_shifts_labels(trainer: Any, version: str) -> bool:
         raise ImportError(
             "padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since "
             f"transformers 5.11), but found {shifts!r} in transformers {version} instead: install a transformers "
-            "release padpipe was tested with (pip install 'transformers>=5.18,<=5.24') or a padpipe release for yours."
+            "release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') or a padpipe release for yours."
         )
     return shifts
 

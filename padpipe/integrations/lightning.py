@@ -237,7 +237,7 @@ class ExactResume(pl.Callback):
             raise RuntimeError(
                 f"ExactResume: Lightning's checkpoint keeps no state of its {len(stateful)} stateful train loaders "
                 f"under {'/'.join(LOADER_SLOT)}, where this padpipe knows it; use a Lightning version padpipe was "
-                "tested with (README, Install)."
+                "tested with (docs/install.md)."
             )
         states = list(fit_state[key])
         for i, loader in enumerate(stateful):
