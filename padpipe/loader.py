@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.checkpoints import check_nesting, gathered, is_checkpoint, one_checkpoint, own_part
 from padpipe.drivers import check_loader_call
 from padpipe.graph import start_at_epoch
+from padpipe.runtime.assemble import LoaderOptions, assemble
 from padpipe.runtime.held import Untrained
 from padpipe.runtime.loader_state import LOADER_STATE
+from padpipe.stage import Recipe
 from padpipe.state import StateMismatchError
-from padpipe.stats import PipelineStats, StatsSnapshot
+from padpipe.stats import StatsSnapshot
 
 T = TypeVar("T")
 
@@ -52,14 +53,8 @@ class PipelineLoader(Generic[T]):
     its first step.
 
     Args:
-        root: The built node graph (equal steps and worker processes included).
-        stats: The counters its stages report into.
-        settings: What a loaded state must match (e.g. the number of worker processes).
-        device: The device its batches are on (a ``to_cuda`` stage's; ``"cuda"`` without an
-            index: resolved when used), for wrappers that restore batches kept in their own
-            state (``LightningLoader``); ``None``: the CPU.
-        group: The process group whose ranks share the data (``None``: the world).
-        rebuild: Makes a new loader of the same pipeline with the same options (for :meth:`copy`).
+        pipeline: The recipe it reads.
+        options: How it runs it (:meth:`padpipe.Pipeline.loader`'s arguments).
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -72,25 +67,11 @@ class PipelineLoader(Generic[T]):
 
     STATE = LOADER_STATE
 
-    def __init__(
-        self,
-        root: BaseNode[T],
-        stats: PipelineStats,
-        *,
-        settings: dict[str, Any] | None = None,
-        layout: Callable[[], list[int]] | None = None,
-        reshare: Callable[..., dict[str, Any]] | None = None,
-        device: torch.device | None = None,
-        group: Any = None,
-        rebuild: Callable[[], PipelineLoader[T]] | None = None,
-    ) -> None:
-        self.root = root
-        self.device, self.group = device, group
-        self._stats = stats
-        self._settings = dict(settings or {})
-        self._layout = layout or (lambda: [0, 1, 0])
-        self._reshare = reshare
-        self._rebuild = rebuild
+    def __init__(self, pipeline: Recipe, options: LoaderOptions) -> None:
+        self.pipeline, self.options = pipeline, options
+        self._built = assemble(pipeline, options)
+        self.root: BaseNode[T] = self._built.root
+        self.device, self.group = self._built.device, options.group  # read by wrappers that restore batches
         self._untrained = Untrained()
         self._pending: dict[str, Any] | None = None
         self._started = False
@@ -142,11 +123,6 @@ class PipelineLoader(Generic[T]):
             >>> loader = pipe.loader(); loader.keep_untrained(1)
         """
         self._untrained.keep(count)
-
-    @property
-    def kept_untrained(self) -> int:
-        """How many of the batches last returned it keeps now (at most :meth:`keep_untrained`'s count)."""
-        return len(self._untrained.recent)
 
     def trained(self, count: int = 1) -> None:
         """Note that the trainer has trained the oldest ``count`` batches returned since the last note.
@@ -200,10 +176,10 @@ class PipelineLoader(Generic[T]):
             return self._pending
         root = self.root.state_dict() if self._started else None
         return self.STATE.make(
-            self._settings,
+            self.options.settings(),
             root=root,
             finished=self._finished,
-            layout=self._layout(),
+            layout=self._built.layout(),
             epoch=self._epoch,
             step=self._step,
             lockstep=bool(getattr(self.root, "in_lockstep", False)),
@@ -270,10 +246,10 @@ class PipelineLoader(Generic[T]):
                 "rank's, but is an empty list instead."
             )
         for one in states:
-            self.STATE.check(one, self._settings)
+            self.STATE.check(one, self.options.settings())
             check_nesting(one)
         states = one_checkpoint(states, independent=independent)
-        layout = self._layout()
+        layout = self._built.layout()
         own = [s for s in states if s["layout"] == layout]
         if own and states[0]["layout"][1:] == layout[1:]:
             if any(ahead.values() if ahead else ()):
@@ -284,7 +260,7 @@ class PipelineLoader(Generic[T]):
             self._pending = dict(own[0])
             return
         saved = states[0]["layout"]
-        if len(states) < saved[1] or self._reshare is None:
+        if len(states) < saved[1]:
             raise StateMismatchError(
                 f"PipelineLoader state was saved by rank {saved[0]} of {saved[1]} with {saved[2]} workers, but this "
                 f"loader is rank {layout[0]} of {layout[1]} with {layout[2]} workers: to resume on another layout, "
@@ -292,14 +268,14 @@ class PipelineLoader(Generic[T]):
                 "(docs/elastic.md)."
             )
         carried = {key: states[0][key] for key in ("epoch", "step", "lockstep")}
-        self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
+        self._pending = self._built.reshare(states, layout, carried, dict(ahead or {}))
 
     def _load_checkpoint(self, parts: list[dict[str, Any]], independent: bool) -> None:
         """Resume from every rank's parts of a :meth:`checkpoint`: this rank's, or an elastic share of them all."""
         states = [one["loader"] for one in parts]
         for one in states:
-            self.STATE.check(one, self._settings)
-        layout = self._layout()
+            self.STATE.check(one, self.options.settings())
+        layout = self._built.layout()
         if states[0]["layout"][1:] != layout[1:]:
             ahead = {rank: list(one["ahead"]) for rank, one in enumerate(parts)}
             self.load_state_dict(states, ahead=ahead, independent=independent)
@@ -342,12 +318,10 @@ class PipelineLoader(Generic[T]):
             >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
             >>> loader = pipe.loader(); it = iter(loader); first = next(it)
             >>> ahead = next(iter(loader.copy()))["input_ids"]
-            >>> torch.equal(next(it)["input_ids"], ahead), loader.state_dict()["step"]
+            >>> next(it)["input_ids"].tolist() == ahead.tolist(), loader.state_dict()["step"]
             (True, 2)
         """
-        if self._rebuild is None:
-            raise TypeError("This PipelineLoader was built without `rebuild`, so it cannot copy itself.")
-        fresh = self._rebuild()
+        fresh = PipelineLoader[T](self.pipeline, self.options)
         if self._pending is not None or (self._started and not self._finished):
             fresh.load_state_dict(self.state_dict())
         else:  # before its first epoch, after an epoch's loop ended, or after set_epoch: the next epoch from its start
@@ -370,7 +344,7 @@ class PipelineLoader(Generic[T]):
             1
         """
         return dataclasses.replace(
-            self._stats.snapshot(), batches=self._returned if self._trained is None else self._trained
+            self._built.stats.snapshot(), batches=self._returned if self._trained is None else self._trained
         )
 
 

@@ -7,7 +7,6 @@ file reads at once. Methods here only read the recipe's fields.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterator
 from typing import Any, Literal, Self, cast
 
@@ -18,7 +17,7 @@ from padpipe.cache import session as cache_session
 from padpipe.drivers import check_iteration
 from padpipe.errors import one_of
 from padpipe.loader import PipelineLoader
-from padpipe.runtime.assemble import assemble
+from padpipe.runtime.assemble import LoaderOptions
 from padpipe.runtime.iterable import PipelineIterator
 from padpipe.runtime.latch import FailureLatch
 from padpipe.sharing.consumer import Consumer
@@ -136,43 +135,9 @@ class Runnable:
             1
         """
         self._check_runnable()
-        built = assemble(
-            self._recipe(),
-            num_workers=num_workers,
-            consumer=consumer,
-            equal_steps=equal_steps,
-            accumulation_steps=accumulation_steps,
-            causal=causal,
-            group=group,
-            options={
-                "pin_memory": pin_memory,
-                "prefetch_factor": prefetch_factor,
-                "multiprocessing_context": multiprocessing_context,
-                "timeout": timeout,
-            },
-        )
-        return PipelineLoader(
-            built.root,
-            built.stats,
-            settings=built.settings,
-            layout=built.layout,
-            reshare=built.reshare,
-            device=built.device,
-            group=built.group,
-            rebuild=functools.partial(
-                self.loader,
-                num_workers,
-                consumer=consumer,
-                equal_steps=equal_steps,
-                pin_memory=pin_memory,
-                prefetch_factor=prefetch_factor,
-                multiprocessing_context=multiprocessing_context,
-                timeout=timeout,
-                accumulation_steps=accumulation_steps,
-                causal=causal,
-                group=group,
-            ),
-        )
+        arguments = dict(locals())  # the signature's names are LoaderOptions' fields
+        del arguments["self"]
+        return PipelineLoader(self._recipe(), LoaderOptions(**arguments))
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Self:
         """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.errors import one_of
 from padpipe.graph import Parts
 from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.runtime.lockstep import Lockstep, _mark, check_policy
+from padpipe.runtime.lockstep import POLICIES, Lockstep, _mark
 from padpipe.runtime.step_sync import StepSync, detect_sync
 from padpipe.state import Child, StateSchema
 from padpipe.stats import PipelineStats
@@ -85,7 +86,7 @@ class EqualSteps(BaseNode[Any]):
         device: torch.device | None = None,
     ) -> None:
         super().__init__()
-        check_policy("policy", policy)
+        one_of("policy", policy, POLICIES)
         self.source, self.policy, self.group, self.device = source, policy, group, device
         self.stats = stats or PipelineStats()
         self._sync: StepSync | None = None
@@ -162,7 +163,7 @@ def equal_steps(
         >>> for batch in pp.equal_steps(DataLoader(pipe, batch_size=None, num_workers=4)):  # doctest: +SKIP
         ...     loss = model(**batch).loss
     """
-    check_policy("policy", policy)
+    one_of("policy", policy, POLICIES)
     return _equal_steps(iterable, policy, stats or PipelineStats(), group)
 
 

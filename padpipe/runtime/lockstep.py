@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from padpipe.errors import one_of
 from padpipe.runtime.batch_cut import rows_of
 from padpipe.runtime.held import SPEC, Held
 from padpipe.runtime.rebalance import (
@@ -42,24 +41,6 @@ REPEATED = "equal_steps.repeated_batches"
 SPLIT = "equal_steps.split_batches"
 MOVED = "equal_steps.moved_batches"
 FILLERS = "equal_steps.filler_batches"
-
-
-def check_policy(name: str, policy: Any) -> None:
-    """Raise ``ValueError`` unless ``policy`` is one of :data:`POLICIES` (naming today's for the old ``"stop_first"``).
-
-    Example:
-        >>> check_policy("equal_steps", "stop_first")
-        Traceback (most recent call last):
-        ...
-        ValueError: `equal_steps='stop_first'` is gone: 'balance' (the default) now ends every rank at the same step with every row once, moving batches between ranks; pass 'drop' to stop when the first rank runs out and drop the rest, as 'stop_first' did where it could not even out.
-    """  # noqa: E501
-    if policy == "stop_first":
-        raise ValueError(
-            f"`{name}='stop_first'` is gone: 'balance' (the default) now ends every rank at the same step with every "
-            "row once, moving batches between ranks; pass 'drop' to stop when the first rank runs out and drop the "
-            "rest, as 'stop_first' did where it could not even out."
-        )
-    one_of(name, policy, POLICIES)
 
 
 def _mark(item: Any, repeat: bool) -> Any:
