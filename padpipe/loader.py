@@ -10,6 +10,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.checkpoints import check_nesting, gathered, is_checkpoint, one_checkpoint, own_part
 from padpipe.drivers import check_loader_call
+from padpipe.errors import non_negative
 from padpipe.graph import start_at_epoch
 from padpipe.runtime.assemble import LoaderOptions, assemble
 from padpipe.runtime.held import Untrained
@@ -35,22 +36,14 @@ class PipelineLoader(Generic[T]):
     * a :meth:`checkpoint` holding batches not trained yet resumes with them, then (if its loop
       had ended, a trainer fetching ahead having met the epoch's end) that epoch ends.
 
-    This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree. An ``iter`` whose
-    epoch returned no batch and did not end leaves that epoch unspent: the next ``iter`` starts it
-    again (a framework that calls ``iter`` once to check the loader moves no epoch on).
+    This is what ``torchdata``'s ``StatefulDataLoader`` does. An ``iter`` whose epoch returned no
+    batch and did not end leaves that epoch unspent: the next ``iter`` starts it again (a framework
+    that calls ``iter`` once to check the loader moves no epoch on).
 
-    ``iter``, ``state_dict`` and ``load_state_dict`` do the same whoever calls them. A training
-    loop that fetches batches ahead of the step it trains (Lightning's) holds batches the loader
-    returned and the trainer has not trained, which the loader cannot see: that loop's adapter says
-    so, through the framework's own extension point. Lightning's ``ExactResume`` callback calls
-    :meth:`trained` after each step and saves :meth:`checkpoint` with ``untrained=loader.untrained``
-    where Lightning keeps the loader's state (torchtitan's ``BaseDataLoader`` and ``padpipe.hf.Trainer``
-    are adapters of their own). What no method can tell is Lightning training or saving the
-    loader without that callback from a user doing so: a check in
-    :mod:`padpipe.integrations.loader_guard`, run by ``state_dict``, ``load_state_dict`` and an
-    epoch's first batch, raises then, naming the callback (it never changes what they return), so
-    such a checkpoint is never silently one batch late, and a fit that would save one fails before
-    its first step.
+    A loop that fetches batches ahead of the step it trains (Lightning's) holds batches the loader
+    cannot see: its adapter notes them (:meth:`trained`, :meth:`checkpoint`), and
+    :mod:`padpipe.integrations.loader_guard` raises where Lightning would save or resume the loader
+    without its ``ExactResume`` callback (docs/training.md).
 
     Args:
         pipeline: The recipe it reads.
@@ -136,8 +129,7 @@ class PipelineLoader(Generic[T]):
             >>> loader.trained(); loader.untrained  # the first was trained, the second is fetched
             1
         """
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"`count` must be an int >= 0, but is {count!r} instead.")
+        non_negative("count", count)
         done = min(count, self._untrained.outstanding)
         self._untrained.outstanding -= done
         self._trained = (self._trained or 0) + done
@@ -297,8 +289,7 @@ class PipelineLoader(Generic[T]):
             >>> [b["input_ids"].tolist() for b in again] == epochs[2] != epochs[0]
             True
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"`epoch` must be an int >= 0, but is {epoch!r} instead.")
+        non_negative("epoch", epoch)
         self._pending = None
         self._untrained.clear()
         start_at_epoch(self.root, epoch)

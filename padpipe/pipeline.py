@@ -489,15 +489,7 @@ class Pipeline(Runnable, IterableDataset):
             torch.Size([1, 8])
         """
         self._expect("pad", TOKEN_BATCHES)
-        if pad_id is None:
-            pad_id = self._tokenizer_id("pad_id")
-            if pad_id is None and self._has_stage("tokens"):
-                raise ValueError(self._no_tokenizer_pad_id("pad"))
-            if pad_id is None:
-                raise ValueError(
-                    "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed "
-                    "sub-pipelines): pass `pad_id=`."
-                )
+        pad_id = self._pad_id("pad") if pad_id is None else pad_id
         budget = next((s.options["max_tokens"] for s in self.stages if s.name == "bucket"), None)
         if budget is not None:  # the bucket stage's budget must hold one padded row
             longest_row_allowed(budget, pad_to_multiple_of, pad_to_length)
@@ -582,13 +574,7 @@ class Pipeline(Runnable, IterableDataset):
             torch.Size([4, 512])
         """
         self._expect("pack", TOKENS)
-        if pad_id is None:
-            pad_id = self._tokenizer_id("pad_id")
-            pad_id = self._tokenizer_id("eos_id") if pad_id is None else pad_id
-            if pad_id is None and self._has_stage("tokens"):
-                raise ValueError(self._no_tokenizer_pad_id("pack"))
-            if pad_id is None:
-                raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
+        pad_id = self._pad_id("pack") if pad_id is None else pad_id
         options: dict[str, Any] = {
             "seq_len": seq_len,
             "batch_size": batch_size,
@@ -717,14 +703,23 @@ class Pipeline(Runnable, IterableDataset):
         """Whether the rows are preference pairs (``.preference()`` without ``unpaired``)."""
         return any(s.name == "preference" and not s.options["options"].unpaired for s in self.stages)
 
-    def _has_stage(self, name: str) -> bool:
-        return any(s.name == name for s in self.stages)
-
-    @staticmethod
-    def _no_tokenizer_pad_id(method: str) -> str:
-        return (
-            f"{method}() has no pad id: the rows entered as token ids through tokens(), with no tokenizer "
-            f"to take one from; pass `pad_id=` to {method}() or to tokens()."
+    def _pad_id(self, method: str) -> int:
+        """The tokenizer's pad id (for ``pack``, else its EOS id), or the error that asks ``method`` for one."""
+        pad_id = self._tokenizer_id("pad_id")
+        if pad_id is None and method == "pack":
+            pad_id = self._tokenizer_id("eos_id")
+        if pad_id is not None:
+            return pad_id
+        if any(s.name == "tokens" for s in self.stages):
+            raise ValueError(
+                f"{method}() has no pad id: the rows entered as token ids through tokens(), with no tokenizer "
+                f"to take one from; pass `pad_id=` to {method}() or to tokens()."
+            )
+        if method == "pack":
+            raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
+        raise ValueError(
+            "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed sub-pipelines): "
+            "pass `pad_id=`."
         )
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:

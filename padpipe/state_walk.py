@@ -1,19 +1,11 @@
 """Walks over a state's values, which anyone may have written: its CRC, its nesting depth, a short display.
 
-A state comes from a file, so it may hold anything plain data can: a list nested 100,000 deep, an
-int of 5,000 digits, a string of a gigabyte. Each walk here takes time linear in the state's size
-and never recurses (a deep list is no ``RecursionError``), never converts an int of more than
-:data:`INT_BITS` bits to decimal (Python refuses past 4,300 digits, and the conversion is
-quadratic), and copies or shows at most a bounded part of a long string or bytes:
-
-* :func:`crc` is the CRC-32 of a value, the same as the recursive walk states were always sealed
-  with (ints up to :data:`INT_BITS` bits in decimal; longer ones, which padpipe never saves, in
-  hex), reading a long string in pieces of :data:`PIECE` characters;
-* :func:`deeper_than` tells where a value nests lists and dicts deeper than a limit;
-* :func:`show` is a repr of at most ``limit`` characters.
-
-A dict holding the ``sealed`` key (a nested state or buffer with its own checksum) counts by that
-checksum in :func:`crc` and is not entered by :func:`deeper_than`: it is checked on its own.
+A state from a file may hold a list nested 100,000 deep, an int of 5,000 digits, a string of a gigabyte. Each
+walk here takes time linear in the state's size, never recurses (no ``RecursionError``), never converts an int of
+more than :data:`INT_BITS` bits to decimal (Python refuses past 4,300 digits, and the conversion is quadratic),
+and copies or shows at most a bounded part of a long string. A dict holding the ``sealed`` key (a nested state
+or buffer with its own checksum) counts by that checksum in :func:`crc` and is not entered by
+:func:`deeper_than`: it is checked on its own.
 """
 
 from __future__ import annotations

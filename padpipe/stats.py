@@ -1,28 +1,8 @@
 """Counters every stage reports into: rows, tokens, padding, skips and time per stage.
 
-``print(loader.stats())`` gives a short report people can read; ``loader.stats().as_dict()`` gives
-the same figures under flat, stable keys for loggers (TensorBoard, Weights & Biases, MLflow):
-
-====================  ====================================================================
-key                   value
-====================  ====================================================================
-``rows``              rows in the batches made (for ``pack``: document pieces)
-``batches``           batches the loader returned to the loop, or those trained where a trainer says
-                      (Lightning's ``ExactResume``: not the batch its loop fetched ahead)
-``real_tokens``       non-padding tokens in the output
-``padded_tokens``     token slots in the output, padding included
-``padding_efficiency``  ``real_tokens / padded_tokens`` (0.0 before any batch)
-``skipped``           rows dropped under an explicit policy, all reasons together
-``wall_seconds``      seconds since the pipeline's first work (read, tokenize, ...)
-``skipped/<reason>``  rows dropped for one reason, e.g. ``skipped/tokenize.bad_text``
-``seconds/<stage>``   seconds spent inside one stage's own work, e.g. ``seconds/tokenize``
-``share/<stage>``     ``seconds/<stage>`` over ``wall_seconds``
-``counters/<name>``   other counters, e.g. ``counters/read.rows``
-====================  ====================================================================
-
-A stage's time is what its own code took, summed over its threads: tokenize runs in several
-threads, so its share of the wall time can pass 1.0, and the shares need not add up to 1.0
-(the rest is the consumer's time between batches).
+``print(loader.stats())`` gives a short report people can read; ``loader.stats().as_dict()`` the same figures
+under flat, stable keys for loggers (docs/inspect.md lists them). A stage's time is what its own code took,
+summed over its threads, so the shares of the wall time may pass 1.0 (tokenize runs in several threads).
 """
 
 from __future__ import annotations
@@ -40,11 +20,7 @@ OVERLAP = "stages overlap in threads, so shares may sum past 100%"
 
 @dataclass(frozen=True)
 class StatsSnapshot:
-    """A consistent copy of a pipeline's counters.
-
-    Snapshots of the processes or workers that read one pipeline add up: ``a + b`` (or
-    :meth:`merge`) sums every counter and stage time and keeps the longest wall time, since they
-    ran side by side.
+    """A consistent copy of a pipeline's counters; the snapshots of processes that read one pipeline add up.
 
     Attributes:
         rows: Rows that reached the output (batched or packed).

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.errors import check_bool, one_of, positive
+from padpipe.errors import check_bool, non_negative, one_of, positive
 from padpipe.graph import LayerRecord
 from padpipe.pipes.device import DevicePrefetcher
 from padpipe.runtime.consumer_graph import ConsumerGraph
@@ -66,10 +66,8 @@ class LoaderOptions:
                 "`causal=False` says how `accumulation_steps` counts loss tokens, but `accumulation_steps` is None: "
                 "set it too."
             )
-        workers = self.num_workers
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ValueError(f"`num_workers` must be an int >= 0, but is {workers!r} instead.")
-        if workers == 0 and (self.pin_memory or self.prefetch_factor is not None or self.timeout):
+        non_negative("num_workers", self.num_workers)
+        if self.num_workers == 0 and (self.pin_memory or self.prefetch_factor is not None or self.timeout):
             raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
 
     def dataloader(self) -> dict[str, Any]:
@@ -109,7 +107,7 @@ class Assembly:
         if self.consumer is not None:
             rank, size = self.consumer.rank, self.consumer.world_size
         else:
-            rank, size = Consumer.ranks() if self.graph.sharding == "auto" else (0, 1)
+            rank, size = ranks() if self.graph.sharding == "auto" else (0, 1)
         return [rank, size, self.options.num_workers]
 
     def reshare(

@@ -1,23 +1,11 @@
-"""Elastic resume: the rest of an epoch saved on ``R x W`` consumers, re-shared over ``R' x W'``.
+"""Elastic resume: the rest of an epoch saved on ``R x W`` consumers, re-shared over ``R' x W'`` (docs/elastic.md).
 
-Each old consumer (rank x worker) had, when its state was saved, batches it held (read ahead by
-equal steps, or given to it by an earlier elastic plan), rows buffered in its stages (shuffle,
-bucket, pack, mix buffers) and pieces it had not read yet. Every row that had not come out in a
-batch comes out exactly once over the new consumers, and none that had:
-
-* the **held and buffered rows** are turned into batches here, while the state is loaded: each old
-  consumer's graph is restored with its readers told to read nothing new
-  (:meth:`UnitSource.stop_on_load`), so its buffers drain as at an epoch's end, through the same
-  stages (batches keep their budget). These batches are evened out (split where their count does
-  not divide by ``R'``) and dealt round-robin over the new ranks and their workers, so every new
-  rank starts with the same number of them and equal steps has nothing to drop;
-* the **unread pieces** (a unit cut at the saved row where rows can be cut) are laid end to end in
-  the epoch's order and shared again, in equal stretches, over the new consumers
-  (:mod:`padpipe.sharing.shares`), read through each new consumer's own graph.
-
-A state saved anywhere in that epoch holds each consumer's batches and pieces, so it resumes
-exactly on the same layout or is re-shared again. The next epochs follow the normal seeded plan
-for ``R' x W'``. Every new rank makes the same plan from the same states and keeps its own part.
+Every row that had not come out in a batch comes out exactly once over the new consumers, and none that had:
+each old consumer's graph is restored with its readers told to read nothing new
+(:meth:`UnitSource.stop_on_load`), so its buffers drain into batches through the same stages; those and the
+batches held above the graphs are evened out and dealt round-robin over the new ranks and workers; the pieces no
+consumer had read are laid end to end in the epoch's order and shared again in equal stretches
+(:mod:`padpipe.sharing.shares`). Every new rank makes the same plan from the same states and keeps its own part.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Equal steps' protocol: what every rank does each step, under each policy, from what the group gathers.
 
-:class:`Lockstep` is the protocol :class:`~padpipe.runtime.equal_steps.EqualSteps` and
-:func:`~padpipe.runtime.equal_steps.equal_steps` follow (see its docs); it talks to the other
-ranks only through a :class:`~padpipe.runtime.step_sync.StepSync` and plans with
+It talks to the other ranks only through a :class:`~padpipe.runtime.step_sync.StepSync` and plans with
 :mod:`padpipe.runtime.rebalance`.
 """
 
@@ -48,27 +46,16 @@ def _mark(item: Any, repeat: bool) -> Any:
 
 
 class Lockstep:
-    """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow, under each policy.
+    """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow (see those for the policies).
 
     ``"balance"``: every rank reads up to two batches ahead and the group gathers how many each
     holds and whether it has read its whole share; once one has, every rank reads up to
     ``TAIL_DEPTH`` ahead, so the epoch's tail is known while there is still material to even it
     out with. A rank that ran out gets, for each step, the last batch of a rank that holds more
-    than the one it yields now (ranks still reading read further ahead when too few are spare),
-    so a rank ahead by many batches hands its surplus over as it goes; once every rank has read
-    its share, the batches left are split (the largest
-    first) until their count divides by the ranks and moved until every rank holds the same
-    number (:func:`~padpipe.runtime.rebalance.tail_plan`), and then each rank yields its own with
-    no further agreement (packed rows are cut into real pieces). Every row comes out once, and only
-    where no real piece is left for a rank does it get a filler batch (one real row marked
-    ``"is_filler"``, to train nothing).
-
-    ``"repeat"``: a rank that ran out replays, in turn, the first ``REPEAT_BUFFER`` batches it
-    yielded this epoch (kept in memory, never read again), marked ``"is_repeat"``, until every rank
-    has run out; a rank that had none gets a copy of another rank's batch to replay.
-
-    ``"drop"``: the epoch ends on every rank when the first runs out; what the others hold or
-    have not read is read, dropped and counted (``equal_steps.dropped_batches`` / ``_rows``).
+    than the one it yields now (ranks still reading read further ahead when too few are spare);
+    once every rank has read its share, the batches left are split until their count divides by
+    the ranks and moved (:func:`~padpipe.runtime.rebalance.tail_plan`), and each rank yields its
+    own with no further agreement.
 
     Args:
         policy: ``"balance"``, ``"repeat"`` or ``"drop"``.
@@ -119,11 +106,6 @@ class Lockstep:
         flags = dict.fromkeys(("exhausted", "tail", "balanced", "stopped"), False)
         return cls.STATE.make({"policy": policy}, held=[], ring=[], fresh=0, steps=0, **flags)
 
-    @classmethod
-    def load(cls, state: Any, policy: str) -> Any:
-        """``state`` checked (a :class:`~padpipe.state.Loaded`): its batches held, flags and counts."""
-        return cls.STATE.check(state, {"policy": policy})
-
     def state(self) -> dict[str, Any]:
         """This rank's protocol state: the batches it holds (on the CPU), its flags and its counts."""
         flags = {k: getattr(self, k) for k in ("exhausted", "tail", "balanced", "stopped", "fresh", "steps")}
@@ -131,7 +113,7 @@ class Lockstep:
 
     def restore(self, state: Any) -> None:
         """Go on from a saved :meth:`state` (checked here)."""
-        loaded = self.load(state, self.policy)
+        loaded = self.STATE.check(state, {"policy": self.policy})
         self.held.restore(loaded.held)
         self.ring.restore(loaded.ring)
         for key in ("exhausted", "tail", "balanced", "stopped", "fresh", "steps"):

@@ -1,14 +1,9 @@
 """Where batches go so that every rank takes the same steps with every row once: plans, made alike on every rank.
 
-Equal steps gathers how many batches each rank holds (and, at the epoch's tail, how many rows
-each of them has) and every rank makes the same plan from the same table, so no rank has to tell
-another what to do. :func:`donations` feeds a rank that ran out from ranks that hold more than
-the batch they yield now; :func:`tail_plan`, once every rank has read its whole share, splits the
-largest batches until the count divides by the ranks and moves the surplus to the ranks short of
-it; a batch of one packed row is cut in two real pieces (its documents regrouped, or one
-pretraining document cut, :mod:`padpipe.runtime.row_pieces`). Only where the pieces left cannot
-give every rank a batch does a rank get a *filler* (:func:`filler`): one real row marked
-``"is_filler"``, which must train nothing.
+Every rank makes the same plan from the same gathered table, so no rank has to tell another what to do.
+:func:`donations` feeds a rank that ran out from ranks that hold more than the batch they yield now;
+:func:`tail_plan`, once every rank has read its whole share, splits batches until their count divides by the
+ranks and moves the surplus (docs/distributed.md, "The epoch's last steps").
 
 Example:
     >>> donations([3, 0, 2])
@@ -29,7 +24,6 @@ from padpipe.runtime.batch_cut import rows_of, split_batch
 from padpipe.runtime.row_pieces import cut_row, describe, halve, labels_of
 
 FILLER_KEY = "is_filler"
-LABEL_KEYS = ("labels", "shift_labels")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIte
 from padpipe.runtime.loader_snapshot import LoaderSnapshot, worker_stopper
 from padpipe.runtime.tensor_bytes import BytesIterator
 from padpipe.sharing.consumer import Consumer
+from padpipe.sharing.ranks import ranks
 from padpipe.stage import Recipe
 from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
 from padpipe.state_walk import show
@@ -207,7 +208,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
 
         consumer = self.consumer
         if consumer is None:  # ranks are known here, where the trainer set up torch.distributed
-            rank, world = Consumer.ranks() if self.ranks else (0, 1)
+            rank, world = ranks() if self.ranks else (0, 1)
             consumer = Consumer(rank=rank, world_size=world)
         self._dataset = EpochShares(self.pipeline, consumer)
         # the workers' base seed is drawn from this generator, never from torch's global one: starting an
