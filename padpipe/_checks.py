@@ -1,24 +1,10 @@
 """Cheap checks made while a pipeline is put together, so a typo fails at the call that made it.
 
-Readers list their input on first use (in the loader, a DataLoader worker), where a mistyped
-path or column would surface many frames deep. Here the same mistakes are caught early, with
-the messages the readers would give:
-
-* :func:`check_sources` (``pp.read_*``): every local path exists and every local glob or folder
-  holds a file the reader reads (a few ``stat`` calls; a folder is walked until its first such
-  file); a remote URL's fsspec backend is installed. Remote paths are listed later, as before.
-* :func:`steps_missing` (every method): the stages to add before a method that needs another
-  input (``.pad()`` on records: add ``.tokenize(...)`` and ``.batch(n)`` or ``.bucket(...)``).
-* :func:`check_budget` (``.bucket(max_tokens=...)``): under ``on_oversize="raise"``, the budget
-  holds one row of the tokenize stage's ``max_length``.
-* :func:`check_fields` (``pipe.loader()``, ``iter(pipe)``): the reader's ``columns`` and the
-  tokenize stage's ``fields`` exist, read from one local Parquet footer or Arrow schema, or from
-  ``columns=`` itself, or from a ``datasets.Dataset``. For local JSON Lines, a text field must be
-  a key of the first file's first row when tokenize raises on rows without text (that row would
-  stop the epoch anyway; a reader's ``columns`` may name keys that come later). Remote files,
-  iterables and mixed pipelines are checked when read.
-
-A check that cannot decide (a file it cannot open) says nothing: the reader reports it.
+Readers list their input on first use (in the loader, a DataLoader worker), where a mistyped path or column
+would surface many frames deep. Here the same mistakes are caught early, with the readers' messages, from what
+is cheap to know: a local path's first file (a few ``stat`` calls), a Parquet footer or Arrow schema, a local
+JSON Lines file's first row, ``columns=``, a ``datasets.Dataset``. Remote files, iterables and mixed pipelines
+are checked when read; a check that cannot decide (a file it cannot open) says nothing: the reader reports it.
 """
 
 from __future__ import annotations
@@ -167,7 +153,7 @@ def check_fields(pipe: Recipe) -> None:
             if name not in names:
                 raise DataError(f"{where}: no column {name!r}; available columns: {list(names)!r}.")
         names = list(columns)
-    for stage in pipe.stages:
+    for stage in _column_keeping(pipe):
         if stage.name == "tokenize":
             for name in stage.options["fields"]:
                 if name not in names:
@@ -179,8 +165,6 @@ def check_fields(pipe: Recipe) -> None:
             for name in stage.options["options"].named():
                 if name not in names:
                     raise DataError(f"chat: column {name!r} is not in the data; {MISSING_COLUMN.format(list(names))}")
-        if stage.name not in COLUMN_KEEPING_STAGES:
-            return
 
 
 def _check_jsonl_fields(pipe: Recipe) -> None:

@@ -90,12 +90,12 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cache)
     p.add_argument("action", choices=("info", "clear"), help="info: print the size; clear: delete the cache")
     p.add_argument("path", metavar="PATH", help="the folder or fsspec URL given to tokenize(cache=...)")
-    p.add_argument(
-        "--storage-options",
-        type=_storage_options,
-        metavar="JSON",
-        help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)",
-    )
+    _add_storage_options(p)
+
+
+def _add_storage_options(p: argparse.ArgumentParser) -> None:
+    text = "fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)"
+    p.add_argument("--storage-options", type=_storage_options, metavar="JSON", help=text)
 
 
 def _add_inspect(commands: argparse._SubParsersAction) -> None:
@@ -195,13 +195,8 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         help="with --all, the shuffle(buffer_size) modelled before tokenizing (0: file order)",
     )
     p.add_argument("--seed", type=_non_negative, default=0, metavar="N", help="seed of the sample, shuffle and batches")
-    p.add_argument("--threads", type=_positive, default=2, metavar="N", help="tokenizer threads")
-    p.add_argument(
-        "--storage-options",
-        type=_storage_options,
-        metavar="JSON",
-        help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)",
-    )
+    p.add_argument("--threads", dest="num_threads", type=_positive, default=2, metavar="N", help="tokenizer threads")
+    _add_storage_options(p)
     p.add_argument(
         "--chart", metavar="PNG", help="also write the chart to this PNG file; needs matplotlib (default: no chart)"
     )
@@ -266,6 +261,13 @@ def _check_packing(args: argparse.Namespace) -> int:
     return run(args)
 
 
+INSPECT_AS_PARSED = (
+    *("fields", "messages", "max_length", "sample", "batch_size", "max_tokens", "seq_len", "buffer_size"),
+    *("pack_buffer_size", "shuffle_buffer", "seed", "num_threads", "storage_options", "progress", "model"),
+)
+"""The options of ``padpipe inspect`` that :func:`padpipe.inspect` takes as parsed, under the same names."""
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from padpipe.inspection import inspect
 
@@ -275,24 +277,10 @@ def _inspect(args: argparse.Namespace) -> int:
     result = inspect(
         data if len(data) > 1 else data[0],
         _shipped.tokenizer(args.tokenizer),
-        fields=args.fields,
-        messages=args.messages,
         chat_template=template,
         chat_options=None if args.tools is None else {"tools": args.tools},
-        max_length=args.max_length,
-        sample=args.sample,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        seq_len=args.seq_len,
-        buffer_size=args.buffer_size,
-        pack_buffer_size=args.pack_buffer_size,
         pad_to_multiple_of=args.pad_to_multiple_of or None,
-        shuffle_buffer=args.shuffle_buffer,
-        seed=args.seed,
-        num_threads=args.threads,
-        storage_options=args.storage_options,
-        progress=args.progress,
-        model=args.model,
+        **{name: getattr(args, name) for name in INSPECT_AS_PARSED},
     )
     result = dataclasses.replace(result, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(result)

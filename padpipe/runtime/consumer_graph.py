@@ -9,7 +9,7 @@ anywhere in that epoch holds both, so it resumes exactly, on this layout or on a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
@@ -22,9 +22,6 @@ from padpipe.sharing.consumer import Consumer
 from padpipe.stage import Recipe
 from padpipe.state import Child, Int, Invalid, ListOf, Optional, Plain, Spec, StateMismatchError, StateSchema
 from padpipe.stats import PipelineStats
-
-if TYPE_CHECKING:
-    from padpipe.readers.source import UnitSource
 
 
 @dataclass(frozen=True)

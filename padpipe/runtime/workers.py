@@ -1,11 +1,9 @@
 """Run a pipeline in DataLoader worker processes, as one resumable node of the main process.
 
-:class:`WorkerProcesses` drives a ``torchdata`` ``StatefulDataLoader`` over the pipeline (each
-worker reads its own share: rank x worker) and yields the workers' batches in the loader's fixed
-round-robin order. The main process owns the epoch: workers are started for each epoch with the
-epoch set in the dataset they receive (no ``set_epoch`` needed, and no worker can drift into
-another epoch), and the state is the epoch plus the ``StatefulDataLoader``'s own state (each
-worker's exact position), so resume is exact.
+:class:`WorkerProcesses` drives a ``torchdata`` ``StatefulDataLoader`` over the pipeline (each worker reads its
+own share: rank x worker) and yields the workers' batches in its fixed round-robin order. The main process owns
+the epoch: workers are started for each epoch with the epoch set in the dataset they receive, and the state is
+the epoch plus the ``StatefulDataLoader``'s own (each worker's exact position).
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from padpipe.runtime.tensor_bytes import BytesIterator
 from padpipe.sharing.consumer import Consumer
 from padpipe.sharing.ranks import ranks
 from padpipe.stage import Recipe
-from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
+from padpipe.state import Bool, Child, Int, ListOf, Optional, Spec, StateMismatchError, StateSchema
 from padpipe.state_walk import show
 from padpipe.stats import PipelineStats, StatsSnapshot
 
@@ -131,9 +129,8 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         saves, pinned by tests/runtime/test_workers_state.py), after checking ``state`` is a state
         of ``num_workers`` workers (a loader state's layout that claims another number is refused).
         """
-        plans_spec = Optional(ListOf(Child(), length=num_workers))
         try:
-            loaded = cls.STATE.check(state, {"num_workers": num_workers}, specs={"plans": plans_spec})
+            loaded = cls.STATE.check(state, {"num_workers": num_workers}, specs=_plans(num_workers))
         except StateMismatchError as exc:
             raise StateMismatchError(
                 f"PipelineLoader state is invalid: 'layout' says {num_workers} worker process(es) a rank, but its root "
@@ -165,8 +162,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
             self._epoch, self._done, self._plans = self._epoch + 1, False, None
             self._start(None)
             return
-        plans = Optional(ListOf(Child(), length=self.num_workers))
-        loaded = self.STATE.check(initial_state, self._settings(), specs={"plans": plans})
+        loaded = self.STATE.check(initial_state, {"num_workers": self.num_workers}, specs=_plans(self.num_workers))
         self._epoch, self._done, loader_state = loaded.epoch, loaded.done, loaded.dataloader
         self._plans = loaded.plans if loader_state is None else None
         if not self._done:
@@ -186,7 +182,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         loader_state = None if self._it is None else self._loader.state_dict()
         plans = self._plans if loader_state is None else None
         return self.STATE.make(
-            self._settings(), epoch=self._epoch, done=self._done, dataloader=loader_state, plans=plans
+            {"num_workers": self.num_workers}, epoch=self._epoch, done=self._done, dataloader=loader_state, plans=plans
         )
 
     def close(self) -> None:
@@ -198,10 +194,6 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
             self._stop_with_node.detach()
             self._stop_with_node = None
         _shutdown(it)
-
-    # -- helpers ------------------------------------------------------------------------------------
-    def _settings(self) -> dict[str, Any]:
-        return {"num_workers": self.num_workers}
 
     def _make_loader(self) -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader
@@ -250,11 +242,8 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
 
 @functools.cache
 def import_what_workers_import() -> None:
-    """Import here, once, what every worker would import for itself: forked workers inherit it.
-
-    pyarrow imports pandas (where it is installed) on its first conversion of Python or NumPy values,
-    about 300 modules and 0.3-0.4 CPU-s; workers are started afresh each epoch, so without this each of
-    them paid it every epoch. Spawned workers import it anyway.
+    """Import here, once, what every worker would import for itself: forked workers inherit it (workers start
+    afresh each epoch, and pyarrow's first conversion imports pandas, about 300 modules, where installed).
 
     Example:
         >>> import_what_workers_import()
@@ -262,6 +251,11 @@ def import_what_workers_import() -> None:
     import pyarrow as pa
 
     pa.array([0])
+
+
+def _plans(num_workers: int) -> dict[str, Spec]:
+    """The spec of the workers' elastic starts, one per worker."""
+    return {"plans": Optional(ListOf(Child(), length=num_workers))}
 
 
 def _shutdown(it: Any) -> None:
