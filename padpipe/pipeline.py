@@ -31,7 +31,7 @@ from padpipe.pipes.preference import preference_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
 from padpipe.readers.listing import SharedListing
-from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
+from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable, arguments
 from padpipe.stage import Stage
 from padpipe.tokenizer.serialized import tokenizer_json
 
@@ -437,16 +437,7 @@ class Pipeline(Runnable, IterableDataset):
             'token batches'
         """
         self._expect("bucket", TOKENS)
-        options: dict[str, Any] = {
-            "batch_size": batch_size,
-            "max_tokens": max_tokens,
-            "buffer_size": buffer_size,
-            "drop_last": drop_last,
-            "shuffle": shuffle,
-            "seed": seed,
-            "on_oversize": on_oversize,
-            "eager": eager,
-        }
+        options = arguments(locals())
         check_bucket_options(**options)
         if max_tokens is not None and self._paired():
             raise ValueError(
@@ -574,21 +565,11 @@ class Pipeline(Runnable, IterableDataset):
             torch.Size([4, 512])
         """
         self._expect("pack", TOKENS)
-        pad_id = self._pad_id("pack") if pad_id is None else pad_id
-        options: dict[str, Any] = {
-            "seq_len": seq_len,
-            "batch_size": batch_size,
-            "buffer_size": buffer_size,
-            "long_docs": long_docs,
-            "keep_tail": keep_tail,
-            "position_offset": position_offset,
-            "block_mask": block_mask,
-            "mask_dtype": mask_dtype,
-            "pad_id": pad_id,
-            "label_pad_id": label_pad_id,
+        options = {
+            **arguments(locals()),
+            "pad_id": self._pad_id("pack") if pad_id is None else pad_id,
             "keep": tuple(keep) if isinstance(keep, (list, tuple)) else keep,
             "vocab_size": self._tokenizer_id("vocab_size"),  # ids and labels checked in, and in a state
-            "layout": layout,
         }
         check_pack_options(**options)
         if self._paired():

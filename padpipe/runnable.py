@@ -28,6 +28,16 @@ from padpipe.stats import PipelineStats
 RECORDS, TOKENS, TOKEN_BATCHES, TENSORS = "records", "tokens", "token batches", "tensors"
 
 
+def arguments(names: dict[str, Any]) -> dict[str, Any]:
+    """A method's arguments, from its ``locals()`` taken first thing (options named once, in its signature).
+
+    Example:
+        >>> arguments({"self": None, "batch_size": 8})
+        {'batch_size': 8}
+    """
+    return {name: value for name, value in names.items() if name != "self"}
+
+
 class Runnable:
     """The running side of :class:`~padpipe.pipeline.Pipeline` (a mixin: the fields are the recipe's)."""
 
@@ -135,9 +145,7 @@ class Runnable:
             1
         """
         self._check_runnable()
-        arguments = dict(locals())  # the signature's names are LoaderOptions' fields
-        del arguments["self"]
-        return PipelineLoader(self._recipe(), LoaderOptions(**arguments))
+        return PipelineLoader(self._recipe(), LoaderOptions(**arguments(locals())))  # the arguments are its fields
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Self:
         """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).

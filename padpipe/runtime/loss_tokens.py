@@ -1,11 +1,9 @@
 """Loss-token counts for gradient accumulation: ``num_items_in_batch`` of each optimizer step's window.
 
-With a loss summed over tokens and divided by the label tokens of the whole optimizer step (its
-``k`` accumulated batches on every rank), the accumulated gradient is the gradient of the mean
-loss over all of those tokens, however unevenly they fall into batches and ranks. Trainers
-re-derive that count from batches they read ahead; :class:`LossTokens` reads the window ahead
-itself, counts its label tokens as HF ``Trainer`` does, sums them over the ranks in one
-all-reduce per window and gives every batch of the window the total.
+A loss summed over tokens and divided by the label tokens of the whole optimizer step (its ``k`` accumulated
+batches on every rank) gives the gradient of the mean loss over all of those tokens, however unevenly they fall
+into batches and ranks. :class:`LossTokens` reads the window ahead itself, counts its label tokens as HF
+``Trainer`` does, sums them over the ranks in one all-reduce per window and gives every batch of it the total.
 """
 
 from __future__ import annotations
@@ -33,12 +31,9 @@ IGNORE_INDEX = -100  # the label HF's losses leave out
 def label_tokens(batch: Any, *, causal: bool = True) -> int:
     """The label tokens of one batch that a loss counts, as HF ``Trainer._get_num_items_in_batch`` counts them.
 
-    ``shift_labels`` when the batch has it, else ``labels[..., 1:]`` for a causal-LM loss (its
-    first position predicts nothing) or ``labels`` (masked LM, classification), each without the
-    ``-100`` entries. A packed row's document starts are ``-100`` already (``.pack()``), so no
-    token is counted across a document boundary. A batch marked as a repeat (``"is_repeat"``) or a
-    filler (``"is_filler"``), whose loss is zeroed, counts 0. A preference batch (``.preference()``) counts its
-    pairs, the unit a DPO loss averages over.
+    ``shift_labels`` when the batch has it, else ``labels[..., 1:]`` for a causal-LM loss or ``labels``, each
+    without the ``-100`` entries (a packed row's document starts are ``-100`` already). A repeat or a filler,
+    whose loss is zeroed, counts 0; a preference batch counts its pairs, the unit a DPO loss averages over.
 
     Example:
         >>> label_tokens({"labels": torch.tensor([[-100, 5, 6, -100], [7, 8, -100, -100]])})
@@ -69,14 +64,10 @@ class LossTokens(BaseNode[Any]):
 
     Each window is the next ``steps`` batches of the epoch (the last one shorter); the count is
     :func:`label_tokens` summed over the window and, under ``torch.distributed`` with ranks that
-    share the data, over every rank (one all-reduce of one int per window, on the CPU). The value
-    is a 0-d ``int64`` tensor on the batch's ``labels`` device. Ranks must take equal steps (the
-    stage sits above :class:`~padpipe.runtime.equal_steps.EqualSteps`), so every rank's windows
-    hold the same steps.
-
-    The state holds the upstream state after the window was read, the window's batches not yet
-    given out (on the CPU; back to ``device`` on resume) and its count, so resume at any step of a
-    window gives the same batches and counts without another all-reduce.
+    share the data, over every rank (one all-reduce per window), as a 0-d ``int64`` tensor on the
+    batch's ``labels`` device. It sits above :class:`~padpipe.runtime.equal_steps.EqualSteps`, so every
+    rank's windows hold the same steps. The state holds the window's batches not yet given out and its
+    count, so resume at any step of a window needs no other all-reduce.
 
     Args:
         source: The node below (equal steps, or the graph).
