@@ -21,12 +21,10 @@ STATS_KEY = "stats"
 
 
 class PipelineIterator(Iterator[Any]):
-    """One epoch of a pipeline for this process (rank x DataLoader worker).
+    """One epoch of a pipeline for this process (rank x DataLoader worker), ``Stateful`` for ``StatefulDataLoader``.
 
-    It is ``Stateful``: ``torchdata.stateful_dataloader.StatefulDataLoader`` saves
-    ``state_dict()`` in each worker and restores it with ``load_state_dict()`` before the first
-    item. A state saved after this consumer's last item of an epoch yields nothing more (as the
-    uninterrupted run did); the next ``iter(pipe)`` reads the next epoch.
+    A state saved after this consumer's last item of an epoch yields nothing more (as the uninterrupted run
+    did); the next ``iter(pipe)`` reads the next epoch.
 
     Args:
         pipeline: The recipe to build.
@@ -79,9 +77,7 @@ class PipelineIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         node = self._node if self._node is not None else self._start()
-        # a state saved at the end of this consumer's share ends here too: under StatefulDataLoader
-        # other workers may still be mid-epoch, and the next iter(pipe) reads the next epoch
-        item = next(node)
+        item = next(node)  # a state saved at the end of this consumer's share ends here too
         self._yielded += 1
         return item
 
