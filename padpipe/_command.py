@@ -1,12 +1,9 @@
 """What padpipe's command lines share: ``--help`` that shows every default, and user errors as one line.
 
-A command builds its options with :func:`parser` (or :class:`Parser` and :class:`HelpFormatter`),
-defines ``main(argv) -> int`` that raises on bad input as the library does, and ends with
-``sys.exit(_command.run(main, prog=PROG))``. A user mistake (a bad option, a bad value, a missing
-file, a missing optional package, bad data) then prints ``PROG: error: <message>`` as one line on
-standard error and exits with 2; anything else is a bug and keeps its traceback.
-``PADPIPE_TRACEBACK=1`` shows the traceback of user errors too. Used by ``python -m padpipe.demo``,
-the recipes' command lines and ``padpipe`` (:mod:`padpipe.cli`).
+A command builds its options with :func:`parser`, defines ``main(argv) -> int`` that raises on bad input as the
+library does, and ends with ``sys.exit(_command.run(main, prog=PROG))``: a user mistake then prints
+``PROG: error: <message>`` as one line and exits with 2 (``PADPIPE_TRACEBACK=1`` shows its traceback); anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

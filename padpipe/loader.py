@@ -142,13 +142,10 @@ class PipelineLoader(Generic[T]):
     def checkpoint(self, *, untrained: int = 0) -> dict[str, Any]:
         """Every rank's position in one value, the same on every rank: a collective over the loader's group.
 
-        For each rank of the group (its data-parallel group; the world by default): its
-        :meth:`state_dict`, and the last ``untrained`` batches it returned that its trainer has not
-        trained yet (a loop's fetch-ahead; :meth:`keep_untrained` must keep that many), with any
-        restored ones not returned again yet. :meth:`load_state_dict` takes it on any layout: on the
-        same one each rank takes its own part and returns its batches first; on another, the rest
-        of the epoch and every rank's batches are shared out (docs/elastic.md). Lightning's
-        ``ExactResume``, torchtitan and padpipe.hf.Trainer save through it; it is plain data with CPU tensors.
+        For each rank of the group: its :meth:`state_dict`, and the last ``untrained`` batches it returned
+        that its trainer has not trained yet (:meth:`keep_untrained` must keep that many), with any restored
+        ones not returned again yet. :meth:`load_state_dict` takes it on any layout (docs/elastic.md); it is
+        plain data with CPU tensors.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -186,23 +183,19 @@ class PipelineLoader(Generic[T]):
     ) -> None:
         """Continue from ``state`` at the next ``iter(loader)``.
 
-        ``state`` is this rank's state, or a list of the states of every rank of a run saved with
-        another number of ranks or workers (elastic resume: the rest of that epoch is shared over
-        this run's ranks and workers, then epochs follow this run's plan; see docs/elastic.md).
-
-        A list must be one checkpoint: every rank in one epoch, at the same step (or each at the
-        end of its share of the epoch). Ranks that did not agree each step (``Consumer`` ranks,
-        equal steps off) may each have saved at a step of its own: say so with ``independent=True``.
+        ``state`` is this rank's state, a :meth:`checkpoint`, or a list of the states of every rank of a run
+        saved with another number of ranks or workers (elastic resume: the rest of that epoch is shared over
+        this run's ranks and workers; docs/elastic.md). A list must be one checkpoint: every rank in one
+        epoch, at the same step (or each at the end of its share of the epoch).
 
         Args:
             state: One state, or every saved rank's.
             ahead: For an elastic resume, the batches each saved rank (the key) had taken from its
-                loader but not trained on (a training loop's fetch-ahead): they are shared out with
-                the rest of the epoch, so the new ranks still take equal steps. On the same layout
-                a caller yields its own again itself, so passing any is an error.
-            independent: The saved ranks ran independently, so their states may be at different
-                steps of the epoch; without it such a list is refused as states of different
-                checkpoints. States saved in lockstep (``torch.distributed``) must agree anyway.
+                loader but not trained on: they are shared out with the rest of the epoch (on the
+                same layout a caller yields its own again itself, so passing any is an error).
+            independent: The saved ranks ran independently (``Consumer`` ranks, equal steps off), so
+                their states may be at different steps; without it such a list is refused as states
+                of different checkpoints. States saved in lockstep must agree anyway.
 
         Example:
             >>> rows = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(400)]})
@@ -299,11 +292,9 @@ class PipelineLoader(Generic[T]):
     def copy(self) -> PipelineLoader[T]:
         """A new loader of the same pipeline that reads next what this one reads next, leaving this one as it is.
 
-        Built with the same options (workers, equal steps...) and its own graph and counters: reading
-        it, even while this loader's epoch runs in a ``for`` loop, changes neither that loop's
-        batches nor this loader's ``state_dict()`` or ``stats()``. It starts where this loader's
-        running epoch is (or at the state loaded and not yet used), else at the epoch this loader
-        starts next. Under ``torch.distributed`` every rank reads its copy, as equal steps needs.
+        Built with the same options and its own graph and counters, so reading it changes nothing of this
+        loader's. It starts where this loader's running epoch is (or at the state loaded and not yet used),
+        else at the epoch this loader starts next. Under ``torch.distributed`` every rank reads its copy.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -322,11 +313,9 @@ class PipelineLoader(Generic[T]):
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far.
 
-        ``batches`` counts the batches this loader returned to the loop (a filler of equal steps
-        included; a batch a stage such as ``prefetch`` or ``to_cuda`` made ahead is not, though its
-        rows and tokens are counted once made); once a trainer notes the batches it trained
-        (:meth:`trained`: Lightning's ``ExactResume``), those: a batch its loop fetched ahead, or
-        fetched and dropped, is not counted.
+        ``batches`` counts the batches this loader returned to the loop (a batch ``prefetch`` made ahead is
+        not, though its rows and tokens are counted once made); once a trainer notes the batches it trained
+        (:meth:`trained`), those.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abcd"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -340,11 +329,10 @@ class PipelineLoader(Generic[T]):
 
 
 class _Epoch(Iterator[T]):
-    """One epoch of a loader: the batches restored from a checkpoint first, then the root's items; the loader
-    learns when the epoch ended, and keeps the last items it returned (:meth:`PipelineLoader.keep_untrained`).
+    """One epoch of a loader: the batches restored from a checkpoint first, then the root's items.
 
-    Not a generator: after an error the next ``next()`` asks the root again, which raises the same
-    error (a failed pipeline stays failed) instead of ending the epoch quietly.
+    Not a generator: after an error the next ``next()`` asks the root again, which raises the same error
+    instead of ending the epoch quietly.
     """
 
     def __init__(self, loader: PipelineLoader[T]) -> None:

@@ -80,7 +80,9 @@ class EqualSteps(BaseNode[Any]):
     def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
         """The state of an epoch that goes on from ``source`` (its upstream state) with nothing held or counted."""
         policy = settings["policy"]
-        return cls.STATE.make({"policy": policy}, source=source, lockstep=Lockstep.start(policy))
+        return cls.STATE.make(
+            {"policy": policy}, source=source, lockstep=Lockstep(policy, None, PipelineStats()).state()
+        )
 
     @classmethod
     def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:

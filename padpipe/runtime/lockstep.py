@@ -95,19 +95,14 @@ class Lockstep:
         self.fresh = self.steps = 0
         self.exhausted = self.stopped = self.balanced = self.tail = False
 
-    @classmethod
-    def start(cls, policy: str) -> dict[str, Any]:
-        """The state of an epoch's start: nothing held or counted.
+    def state(self) -> dict[str, Any]:
+        """This rank's protocol state: the batches it holds (on the CPU), its flags and its counts (a new one's: an
+        epoch's start).
 
         Example:
-            >>> Lockstep.STATE.check(Lockstep.start("balance"), {"policy": "balance"}).steps
+            >>> Lockstep.STATE.check(Lockstep("balance", None, PipelineStats()).state(), {"policy": "balance"}).steps
             0
         """
-        flags = dict.fromkeys(("exhausted", "tail", "balanced", "stopped"), False)
-        return cls.STATE.make({"policy": policy}, held=[], ring=[], fresh=0, steps=0, **flags)
-
-    def state(self) -> dict[str, Any]:
-        """This rank's protocol state: the batches it holds (on the CPU), its flags and its counts."""
         flags = {k: getattr(self, k) for k in ("exhausted", "tail", "balanced", "stopped", "fresh", "steps")}
         return self.STATE.make({"policy": self.policy}, held=self.held.saved(), ring=self.ring.saved(), **flags)
 
