@@ -70,6 +70,17 @@ def worker_stopper(iterator: Any) -> Callable[[], None]:
     return stop
 
 
+def worker_iterators(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Each worker's iterator state in a ``StatefulDataLoader`` state (``None`` where it has none), by worker name.
+
+    Example:
+        >>> worker_iterators({"_snapshot": {"_worker_snapshots": {"worker_0": {"fetcher_state": None}}}})
+        {'worker_0': None}
+    """
+    workers = state.get("_snapshot", {}).get("_worker_snapshots", {})
+    return {name: (worker.get("fetcher_state") or {}).get("dataset_iter_state") for name, worker in workers.items()}
+
+
 @dataclass(frozen=True)
 class LoaderSnapshot(Spec):
     """A ``StatefulDataLoader.state_dict()``: the keys torchdata and elastic resume read, of the right types.

@@ -20,7 +20,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe.graph import EpochAware
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
-from padpipe.runtime.loader_snapshot import LoaderSnapshot, worker_stopper
+from padpipe.runtime.loader_snapshot import LoaderSnapshot, worker_iterators, worker_stopper
 from padpipe.runtime.tensor_bytes import BytesIterator
 from padpipe.sharing.consumer import Consumer
 from padpipe.sharing.ranks import ranks
@@ -123,12 +123,8 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
 
     @classmethod
     def worker_graphs(cls, state: dict[str, Any], num_workers: int) -> tuple[list[Any], int]:
-        """Each worker's graph state in a saved state (:attr:`DONE`; ``None``: not started), and the epoch.
-
-        Reads the ``StatefulDataLoader`` snapshot's per-worker states (the shape torchdata 0.11
-        saves, pinned by tests/runtime/test_workers_state.py), after checking ``state`` is a state
-        of ``num_workers`` workers (a loader state's layout that claims another number is refused).
-        """
+        """Each worker's graph state in a saved state of ``num_workers`` workers (:attr:`DONE`; ``None``: not
+        started), and the epoch."""
         try:
             loaded = cls.STATE.check(state, {"num_workers": num_workers}, specs=_plans(num_workers))
         except StateMismatchError as exc:
@@ -146,12 +142,10 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
             raise StateMismatchError(
                 "elastic resume needs worker snapshots taken at every step (snapshot_every_n_steps=1)."
             )
-        out = []
-        for w in range(num_workers):
-            worker = loader["_snapshot"]["_worker_snapshots"].get(f"worker_{w}") or {}
-            iterator = (worker.get("fetcher_state") or {}).get("dataset_iter_state")
-            out.append(None if iterator is None else _node_of(iterator, w))
-        return out, epoch
+        iterators = worker_iterators(loader)
+        return [
+            None if (it := iterators.get(f"worker_{w}")) is None else _node_of(it, w) for w in range(num_workers)
+        ], epoch
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -221,9 +215,8 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         """The counters the running workers last sent (with their states)."""
         if self._it is None:
             return []
-        workers = self._loader.state_dict().get("_snapshot", {}).get("_worker_snapshots", {})
-        states = [(w.get("fetcher_state") or {}).get("dataset_iter_state") or {} for w in workers.values()]
-        return [StatsSnapshot(**state[STATS_KEY]) for state in states if STATS_KEY in state]
+        states = worker_iterators(self._loader.state_dict()).values()
+        return [StatsSnapshot(**state[STATS_KEY]) for state in states if state and STATS_KEY in state]
 
     def _start(self, loader_state: dict[str, Any] | None) -> None:
         """Start workers for ``self._epoch`` (forked or spawned with the epoch in their dataset)."""
