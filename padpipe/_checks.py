@@ -47,14 +47,11 @@ def check_sources(paths: Any, suffixes: tuple[str, ...]) -> None:
         ...
         FileNotFoundError: 'no/such/*.parquet' matches no files; expected at least one .parquet file there.
     """
-    import fsspec.core
-
     for pattern in check_paths(paths):
-        protocol, path = fsspec.core.split_protocol(pattern)
-        if "::" in pattern or protocol not in LOCAL_PROTOCOLS:
+        path = _local(pattern)
+        if path is None:
             _check_backends(pattern)
-            continue
-        if _first_file(path, suffixes) is None:
+        elif _first_file(path, suffixes) is None:
             if not any(c in GLOB_CHARS for c in path) and not os.path.exists(path):
                 raise FileNotFoundError(f"No such file or folder: {pattern!r}.")
             wanted = "/".join(suffixes)
@@ -168,28 +165,19 @@ def check_fields(pipe: Recipe) -> None:
 
 
 def _check_jsonl_fields(pipe: Recipe) -> None:
-    """A text field tokenize raises on must be a key of the first local file's first row."""
-    import fsspec.core
-
+    """A text field tokenize raises on must be a key of the first file's first row (where it is local)."""
     tokenize = next((s for s in _column_keeping(pipe) if s.name == "tokenize"), None)
     if tokenize is None or tokenize.options["on_error"] != "raise":
         return
-    for pattern in check_paths(pipe.source.options["paths"]):
-        protocol, path = fsspec.core.split_protocol(pattern)
-        if "::" in pattern or protocol not in LOCAL_PROTOCOLS:
-            return
-        file = _first_file(path, pipe.source.options["reader"].SUFFIXES)
-        keys = _first_row_keys(file) if file is not None else None
-        if keys is None:
-            return
-        columns = pipe.source.options.get("columns")
-        for name in tokenize.options["fields"]:
-            if name not in keys and (columns is None or name in columns):
-                raise DataError(
-                    f"tokenize: text field {name!r} is not in the first row of {file}; expected one of its keys "
-                    f"{keys!r}."
-                )
-        return  # one file: the first
+    path = _local(check_paths(pipe.source.options["paths"])[0])
+    file = None if path is None else _first_file(path, pipe.source.options["reader"].SUFFIXES)
+    keys = None if file is None else _first_row_keys(file)
+    columns = pipe.source.options.get("columns")
+    for name in tokenize.options["fields"] if keys is not None else ():
+        if name not in keys and (columns is None or name in columns):
+            raise DataError(
+                f"tokenize: text field {name!r} is not in the first row of {file}; expected one of its keys {keys!r}."
+            )
 
 
 def _column_keeping(pipe: Recipe) -> Iterator[Any]:
@@ -231,17 +219,20 @@ def _known_columns(source: str, options: dict[str, Any]) -> tuple[str, list[str]
         return ("<datasets>", list(names)) if names is not None else None
     if source not in SCHEMA_READERS:
         return None
+    for path in filter(None, map(_local, check_paths(options["paths"]))):
+        file = _first_file(path, options["reader"].SUFFIXES)
+        names = _schema_names(file, parquet=source == "read_parquet") if file is not None else None
+        if names is not None:
+            return file, names
+    return None
+
+
+def _local(pattern: str) -> str | None:
+    """The local path ``pattern`` names, or ``None`` for a URL (a protocol other than a file's, or a chain)."""
     import fsspec.core
 
-    reader = options["reader"]
-    for pattern in check_paths(options["paths"]):
-        protocol, path = fsspec.core.split_protocol(pattern)
-        if "::" not in pattern and protocol in LOCAL_PROTOCOLS:
-            file = _first_file(path, reader.SUFFIXES)
-            names = _schema_names(file, parquet=source == "read_parquet") if file is not None else None
-            if names is not None:
-                return file, names
-    return None
+    protocol, path = fsspec.core.split_protocol(pattern)
+    return path if "::" not in pattern and protocol in LOCAL_PROTOCOLS else None
 
 
 def _schema_names(path: str, *, parquet: bool) -> list[str] | None:

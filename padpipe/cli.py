@@ -1,14 +1,9 @@
 """The ``padpipe`` command line (also ``python -m padpipe``): one subcommand per tool.
 
-``padpipe inspect DATA --tokenizer TOK`` prints the token-length distribution of a corpus and what
-every batching strategy costs on it (see :func:`padpipe.inspect`); ``padpipe cache info PATH`` and
-``padpipe cache clear PATH`` size and delete a token cache (see :mod:`padpipe.cache`);
-``padpipe check-packing MODEL --data DATA`` checks that a model reads packed rows right (see
-:func:`padpipe.check_packing`; exit status 1 when it does not). A user error
-(a missing file, an unknown field, no tokenizer, a bad option) prints one line and exits with status 2.
-
-``sample`` (and ``corpus``) as DATA and ``sample`` as the tokenizer name the files shipped inside
-the package, wherever it is installed (``--help`` prints their paths).
+``inspect`` (:func:`padpipe.inspect`), ``cache info|clear`` (:mod:`padpipe.cache`) and ``check-packing``
+(:func:`padpipe.check_packing`; exit status 1 when a model reads packed rows wrong). A user error prints one line
+and exits with status 2. The names of :mod:`padpipe._shipped` (``sample``, ``chats``, ...) stand for the files
+shipped inside the package.
 
 Example:
     $ padpipe inspect sample --tokenizer sample --max-length 128

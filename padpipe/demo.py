@@ -1,10 +1,8 @@
 """The main job: padding strategies compared on the shipped sample (``python -m padpipe.demo``).
 
-Runs the same shuffled, tokenized stream through four batching strategies and prints padding
-efficiency, throughput and time to first batch for each, a row as each strategy finishes. One
-untimed batch first warms up what every strategy shares (the tokenizer, the reader, torch), so the
-first strategy timed does not pay for it. The text fields are found as ``padpipe inspect`` finds
-them (``text``, else the only one or two string columns), unless ``--fields`` names them.
+Runs the same shuffled, tokenized stream through four batching strategies and prints padding efficiency,
+throughput and time to first batch for each, a row as each finishes, after one untimed batch that warms up what
+they share (the tokenizer, the reader, torch).
 
 Example:
     $ python -m padpipe.demo --max-length 128 --batch-size 32

@@ -1,14 +1,9 @@
 """The shape of a ``StatefulDataLoader`` state inside :class:`~padpipe.runtime.workers.WorkerProcesses`' state.
 
-torchdata checks its own state with ``assert`` and plain indexing, so a state edited by hand (its
-checksum recomputed) would fail there with an ``AssertionError`` or ``TypeError`` far from its cause.
-:class:`LoaderSnapshot` checks the parts that torchdata 0.11 and elastic resume read first, so such
-a state is refused as a :class:`~padpipe.state.StateMismatchError` naming the key.
-
-Its tables are torchdata's private names :class:`~padpipe.runtime.workers.WorkerProcesses` relies
-on: :data:`PARTS` of the state, and :data:`SHUTDOWN`, the method that stops the worker processes
-(read through :func:`worker_stopper`, which raises naming it when a release renamed it);
-tests/integrations/test_contacts.py pins each against the installed torchdata.
+torchdata checks its own state with ``assert`` and plain indexing, so a state edited by hand would fail there far
+from its cause; :class:`LoaderSnapshot` checks the parts torchdata and elastic resume read first, so such a state
+is refused as a :class:`~padpipe.state.StateMismatchError` naming the key. :data:`PARTS` and :data:`SHUTDOWN` are
+the torchdata private names relied on (tests/integrations/test_contacts.py pins them).
 """
 
 from __future__ import annotations

@@ -42,11 +42,7 @@ class Consumer:
 
     @staticmethod
     def detect(*, ranks: bool = True) -> Consumer:
-        """The current process's consumer slot.
-
-        Rank and world size come from ``torch.distributed`` when it is initialized, else from the
-        ``RANK``/``WORLD_SIZE`` environment variables, else a single rank; the worker slot comes from
-        ``torch.utils.data.get_worker_info()``.
+        """The current process's consumer slot: its ranks (:func:`~padpipe.sharing.ranks.ranks`) and DataLoader worker.
 
         Args:
             ranks: Split between distributed ranks; ``False``: every rank reads everything (for
