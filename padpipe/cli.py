@@ -153,43 +153,21 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         const=None,
         help="read every row: exact figures (default: --sample)",
     )
-    p.add_argument(
-        "--batch-size",
-        type=_positive,
-        default=32,
-        metavar="N",
-        help="rows per batch of static, dynamic and bucket(batch_size)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=_positive,
-        metavar="N",
-        help="padded-token budget of bucket(max_tokens); the target for recommendations "
-        "(default: batch size x max length)",
-    )
-    p.add_argument(
-        "--seq-len",
-        type=_positive,
-        metavar="N",
-        help="packed row length of pack(seq_len); the target for recommendations (default: max length, else 2048)",
-    )
-    p.add_argument("--buffer-size", type=_positive, default=10_000, metavar="N", help="bucket buffer (rows)")
-    p.add_argument("--pack-buffer-size", type=_positive, default=256, metavar="N", help="packing buffer (documents)")
-    p.add_argument(
-        "--pad-to-multiple-of",
-        type=_non_negative,
-        default=8,
-        metavar="N",
-        help="padding multiple of the dynamic and bucket strategies (0: none)",
-    )
-    p.add_argument(
-        "--shuffle-buffer",
-        type=_non_negative,
-        default=10_000,
-        metavar="N",
-        help="with --all, the shuffle(buffer_size) modelled before tokenizing (0: file order)",
-    )
-    p.add_argument("--seed", type=_non_negative, default=0, metavar="N", help="seed of the sample, shuffle and batches")
+    numbers = (  # (flag, type, default, help) of the strategies' sizes
+        ("--batch-size", _positive, 32, "rows per batch of static, dynamic and bucket(batch_size)"),
+        ("--max-tokens", _positive, None, "padded-token budget of bucket(max_tokens); the target for recommendations "
+         "(default: batch size x max length)"),
+        ("--seq-len", _positive, None, "packed row length of pack(seq_len); the target for recommendations "
+         "(default: max length, else 2048)"),
+        ("--buffer-size", _positive, 10_000, "bucket buffer (rows)"),
+        ("--pack-buffer-size", _positive, 256, "packing buffer (documents)"),
+        ("--pad-to-multiple-of", _non_negative, 8, "padding multiple of the dynamic and bucket strategies (0: none)"),
+        ("--shuffle-buffer", _non_negative, 10_000, "with --all, the shuffle(buffer_size) modelled before tokenizing "
+         "(0: file order)"),
+        ("--seed", _non_negative, 0, "seed of the sample, shuffle and batches"),
+    )  # fmt: skip
+    for flag, kind, default, text in numbers:
+        p.add_argument(flag, type=kind, default=default, metavar="N", help=text)
     p.add_argument("--threads", dest="num_threads", type=_positive, default=2, metavar="N", help="tokenizer threads")
     _add_storage_options(p)
     p.add_argument(

@@ -522,16 +522,12 @@ class Pipeline(Runnable, IterableDataset):
     ) -> Pipeline:
         """Pack documents into rows of exactly ``seq_len`` tokens (the fullest rows of a buffer, best fit decreasing).
 
-        Output per batch, under the names HF models read (see :class:`padpipe.pipes.pack.Packer`
-        and docs/packing.md): ``input_ids``, ``position_ids`` (restarting per document),
-        ``labels`` (each document's token-level labels where rows have a ``labels`` list
-        column, else its ids; -100 at document starts and padding) ``[B, seq_len]`` int64, ``seq_idx``
-        ``[B, seq_len]`` int32, flash-attention ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and
-        ``max_length_q``/``max_length_k`` (``int``), and with ``block_mask=True`` a 4-D
-        block-diagonal causal ``attention_mask``, and ``use_cache=False`` (in HF ``eager``/``sdpa``
-        attention a cache would hide the packed rows). Attention models read it right as it is;
-        models whose layers carry state (Mamba, Gated DeltaNet, short convolutions) need kernels
-        and sometimes ``layout="flat"``, or no packing at all: :func:`padpipe.model_kind` says which.
+        Output per batch, under the names HF models read (docs/packing.md): ``input_ids``,
+        ``position_ids`` (restarting per document), ``labels`` (-100 at document starts and padding),
+        ``seq_idx``, flash-attention ``cu_seq_lens_q/k`` and ``max_length_q/k``, with ``block_mask=True``
+        a 4-D block-diagonal causal ``attention_mask``, and ``use_cache=False``. Attention models read it
+        right as it is; models whose layers carry state (Mamba, Gated DeltaNet) need kernels and sometimes
+        ``layout="flat"``, or no packing at all: :func:`padpipe.model_kind` says which.
 
         Args:
             seq_len: Tokens per packed row.
@@ -619,11 +615,9 @@ class Pipeline(Runnable, IterableDataset):
         """Copy batches to a GPU ahead of use: pinned memory, ``non_blocking`` copies on a side stream.
 
         Tensors are safe to use on the consumer's current stream. Raises ``RuntimeError`` at once
-        when no CUDA device is available. It must be the last stage (a later one raises
-        ``ValueError``): it runs in the main process, next to the model, also with
-        ``.loader(num_workers=N)``; inside a ``DataLoader`` worker it raises ``RuntimeError``.
-        Right after ``.pack(block_mask=True)`` it builds the 4-D mask on the GPU from ``seq_idx``
-        (the same values) instead of pinning and copying ``B * seq_len**2`` entries each step.
+        when no CUDA device is available. It must be the last stage: it runs in the main process, next
+        to the model, also with ``.loader(num_workers=N)``. Right after ``.pack(block_mask=True)`` it
+        builds the 4-D mask on the GPU instead of copying ``B * seq_len**2`` entries each step.
 
         Args:
             device: The CUDA device; default: ``cuda:LOCAL_RANK`` when ``LOCAL_RANK`` is set (torchrun),
