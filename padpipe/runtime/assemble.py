@@ -1,8 +1,5 @@
 """Assemble a pipeline's loader from its :class:`LoaderOptions`: the stages in this process or in worker processes,
-equal steps, loss-token windows, and how its state is saved and re-shared.
-
-:class:`~padpipe.loader.PipelineLoader` calls :func:`assemble`, so the facade stays a list of stages (and the
-runtime never imports the face).
+equal steps, loss-token windows, and how its state is saved and re-shared (for :class:`~padpipe.loader.PipelineLoader`).
 """
 
 from __future__ import annotations
@@ -82,17 +79,9 @@ class LoaderOptions:
 
 @dataclass(frozen=True)
 class Assembly:
-    """What a :class:`~padpipe.loader.PipelineLoader` runs: the built graph, how its state is laid out and re-shared.
-
-    Attributes:
-        root: The top node (loss tokens, equal steps, a trailing prefetch, worker processes or the consumer's graph).
-        stats: The counters its stages report into.
-        device: The device of its batches (a ``to_cuda`` stage's) or ``None``.
-        graph: The recipe the graphs run (without a trailing ``prefetch``/``to_cuda`` stage).
-        options: The loader's options.
-        consumer: The rank slot it reads as (``None``: detected).
-        layers: The stack built above the graphs, top first (what the elastic planner folds over).
-    """
+    """What a :class:`~padpipe.loader.PipelineLoader` runs: its ``root`` node and ``stats``, the ``device`` of its
+    batches (a ``to_cuda`` stage's), the recipe its ``graph`` s run (without a trailing ``prefetch``/``to_cuda``),
+    the ``consumer`` it reads as (``None``: detected) and the ``layers`` built above the graphs, top first."""
 
     root: BaseNode
     stats: PipelineStats
@@ -173,5 +162,5 @@ def assemble(pipe: Recipe, options: LoaderOptions) -> Assembly:
             group=options.group,
             device=device,
         )
-        stack.append(LayerRecord(LossTokens, {"steps": steps, "causal": options.causal}))
+        stack.append(LayerRecord(LossTokens, root.settings))
     return Assembly(root, stats, device, graph, options, consumer, tuple(reversed(stack)))

@@ -110,6 +110,7 @@ class LossTokens(BaseNode[Any]):
         positive("accumulation_steps", steps)
         check_bool("causal", causal)
         self.source, self.steps, self.causal = source, steps, causal
+        self.settings = {"steps": steps, "causal": causal}  # what a state must match (its layer record's too)
         self.across_ranks, self.lockstep, self.group, self.device = across_ranks, lockstep, group, device
         self._sync: StepSync | None = None
         self._detected = False
@@ -119,7 +120,7 @@ class LossTokens(BaseNode[Any]):
     @classmethod
     def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
         """The state of a stage that goes on from ``source`` (its upstream state) with no window read yet."""
-        return cls._state(settings["steps"], settings["causal"], source, [], 0, False)
+        return cls.STATE.make(settings, source=source, window=[], items=0, ended=False)
 
     @classmethod
     def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:
@@ -127,7 +128,7 @@ class LossTokens(BaseNode[Any]):
 
         Its window's end is no epoch's end: the stage below says whether the epoch ended.
         """
-        loaded = cls.STATE.check(state, _settings(settings["steps"], settings["causal"]))
+        loaded = cls.STATE.check(state, settings)
         return Parts(loaded.source, list(loaded.window))
 
     @property
@@ -151,7 +152,7 @@ class LossTokens(BaseNode[Any]):
             self._window.clear()
             self._items, self._ended = 0, False
             return
-        loaded = self.STATE.check(initial_state, _settings(self.steps, self.causal))
+        loaded = self.STATE.check(initial_state, self.settings)
         self.source.reset(loaded.source)
         self._window.restore(loaded.window)
         self._items, self._ended = loaded.items, loaded.ended
@@ -164,7 +165,7 @@ class LossTokens(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         source, window = self.source.state_dict(), self._window.saved()
-        return self._state(self.steps, self.causal, source, window, self._items, self._ended)
+        return self.STATE.make(self.settings, source=source, window=window, items=self._items, ended=self._ended)
 
     def _read_window(self) -> None:
         """Read the next window (``StopIteration`` when the epoch has none left) and count it over the ranks."""
@@ -178,17 +179,7 @@ class LossTokens(BaseNode[Any]):
         local = sum(label_tokens(b, causal=self.causal) for b in self._window)
         self._items = local if self._sync is None else self._sync.sum(local)
 
-    @classmethod
-    def _state(
-        cls, steps: int, causal: bool, source: dict[str, Any], window: list[Any], items: int, ended: bool
-    ) -> dict[str, Any]:
-        return cls.STATE.make(_settings(steps, causal), source=source, window=window, items=items, ended=ended)
-
 
 def _device_of(batch: dict[str, Any]) -> torch.device:
     labels = batch.get("shift_labels", batch.get("labels", batch.get("input_ids")))
     return labels.device if isinstance(labels, torch.Tensor) else torch.device("cpu")
-
-
-def _settings(steps: int, causal: bool) -> dict[str, Any]:
-    return {"steps": steps, "causal": causal}
