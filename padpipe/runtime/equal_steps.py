@@ -8,7 +8,6 @@ a ``DataLoader``) gather a few ints from every rank each step, so every rank tak
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from functools import partial
 from typing import Any
 
 import torch
@@ -16,7 +15,6 @@ from torchdata.nodes import BaseNode
 
 from padpipe.errors import one_of
 from padpipe.graph import Parts
-from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.lockstep import POLICIES, Lockstep, _mark
 from padpipe.runtime.step_sync import StepSync, detect_sync
 from padpipe.state import Child, StateSchema
@@ -102,10 +100,7 @@ class EqualSteps(BaseNode[Any]):
         if not self._detected:
             self._sync = detect_sync(self.group) if self.policy != "off" else None
             self._detected = True
-        # a partial, not a lambda of self: the layer and its Lockstep must not form a cycle, which would
-        # leave an abandoned loader's worker processes alive until the garbage collector runs
-        receive = partial(to_device, device=self.device)
-        self._step = Lockstep(self.policy, self._sync, self.stats, send=to_cpu, receive=receive, device=self.device)
+        self._step = Lockstep(self.policy, self._sync, self.stats, device=self.device)
         if initial_state is None:
             self.source.reset(None)
             return
@@ -153,7 +148,7 @@ def _equal_steps(iterable: Iterable[Any], policy: str, stats: PipelineStats, gro
     if sync is None:
         yield from (_mark(b, False) for b in iterable) if policy == "repeat" else iterable
         return
-    it, lockstep = iter(iterable), Lockstep(policy, sync, stats, send=to_cpu)
+    it, lockstep = iter(iterable), Lockstep(policy, sync, stats)
     while True:
         try:
             yield lockstep.step(lambda: next(it, None), lambda: it)

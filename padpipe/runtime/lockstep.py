@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.batch_cut import rows_of
 from padpipe.runtime.held import SPEC, Held
 from padpipe.runtime.rebalance import (
@@ -61,9 +62,8 @@ class Lockstep:
         policy: ``"balance"``, ``"repeat"`` or ``"drop"``.
         sync: The group's :class:`StepSync`.
         stats: Where to count moves, splits, fillers, repeats and drops.
-        send: What a batch is before it goes to another rank (to the CPU).
-        receive: What a batch from another rank becomes here (to this rank's device).
-        device: Where batches restored from a state go (:class:`~padpipe.runtime.held.Held`).
+        device: Where batches received from another rank or restored from a state go (batches go to
+            other ranks on the CPU); ``None``: left where they are.
     """
 
     STATE = StateSchema(
@@ -85,11 +85,9 @@ class Lockstep:
         sync: Any,
         stats: PipelineStats,
         *,
-        send: Callable[[Any], Any] = lambda b: b,
-        receive: Callable[[Any], Any] = lambda b: b,
         device: torch.device | None = None,
     ) -> None:
-        self.policy, self.sync, self.stats, self._send, self._receive = policy, sync, stats, send, receive
+        self.policy, self.sync, self.stats, self.device = policy, sync, stats, device
         self.held = Held(device=device)  # read ahead (or received), not yielded yet
         self.ring = Held(device=device)  # "repeat": the first batches yielded this epoch
         self.fresh = self.steps = 0
@@ -205,8 +203,8 @@ class Lockstep:
     def _exchange(self, moves: list[Move], give: Callable[[Move], Any]) -> list[Any]:
         """Send this rank's batches of ``moves`` (``give(move)`` each, in order); the batches it received, in order."""
         me = self.sync.rank
-        outgoing = [self._send(give(m)) for m in moves if m.src == me]
-        received = [self._receive(b) for b in self.sync.exchange(moves, outgoing)]
+        outgoing = [to_cpu(give(m)) for m in moves if m.src == me]
+        received = [to_device(b, self.device) for b in self.sync.exchange(moves, outgoing)]
         if moved := sum(1 for m in moves if m.dst == me and not m.filler):
             self.stats.add(MOVED, moved)
         return received
