@@ -83,7 +83,7 @@ def checksum(value: Mapping[str, Any]) -> str:
         >>> checksum({"epoch": 1}) == checksum({"epoch": 1}) != checksum({"epoch": 2})
         True
     """
-    return f"{crc({k: v for k, v in value.items() if k != CHECKSUM_KEY}, 0, sealed=CHECKSUM_KEY):08x}"
+    return f"{crc({k: v for k, v in value.items() if k != CHECKSUM_KEY}, sealed=CHECKSUM_KEY):08x}"
 
 
 def seal(value: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,15 +28,15 @@ PATH_KEYS = 12
 """Keys of a path :func:`deeper_than` names."""
 
 
-def crc(value: Any, start: int, *, sealed: str, top: bool = True) -> int:
-    """The CRC-32 of ``value`` from ``start``; a nested dict holding ``sealed`` counts by its value (``top``: the
-    outermost dict, which is counted whole).
+def crc(value: Any, *, sealed: str) -> int:
+    """The CRC-32 of ``value``; a dict inside it holding ``sealed`` counts by that value (``value`` counts whole).
 
     Example:
-        >>> crc({"a": [1, "x"]}, 0, sealed="checksum") == crc({"a": [1, "x"]}, 0, sealed="checksum")
+        >>> crc({"a": [1, "x"]}, sealed="checksum") == crc({"a": [1, "x"]}, sealed="checksum")
         True
     """
-    stack: list[tuple[Any, Any]] = [(value, top)]  # (value, outermost) to walk, or (_KEY, key) to count; last first
+    start = 0
+    stack: list[tuple[Any, Any]] = [(value, True)]  # (value, outermost) to walk, or (_KEY, key) to count; last first
     while stack:
         item, extra = stack.pop()
         if item is _KEY:
@@ -90,12 +90,8 @@ def _text(prefix: bytes, text: str, start: int) -> int:
     """The CRC of ``prefix`` and ``text`` in UTF-8, encoded a piece at a time (the same as whole)."""
     start = zlib.crc32(prefix, start)
     for i in range(0, len(text), PIECE):
-        start = zlib.crc32(_encoded(text[i : i + PIECE]), start)
+        start = zlib.crc32(text[i : i + PIECE].encode("utf-8", "surrogatepass"), start)
     return start
-
-
-def _encoded(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
 
 
 @functools.cache
