@@ -64,14 +64,8 @@ def start_at_epoch(root: BaseNode, epoch: int) -> None:
 # -- the loader's stack above the graphs: one protocol for saving, splitting and rebuilding -------------------
 @dataclass(frozen=True)
 class Parts:
-    """A layer's saved state taken apart.
-
-    Attributes:
-        source: The state of the layer below.
-        held: Batches the layer held (read ahead, in a window, received) that had not come out, in order.
-        ended: Whether the epoch had ended on every rank below this layer (its rows all came out or
-            were held here); a rank that had only run out of its own share has not ended it.
-    """
+    """A layer's saved state taken apart: the ``source`` state below it, the batches it ``held`` that had not come
+    out, and whether the epoch had ``ended`` on every rank below it (a rank that only ran out of its share has not)."""
 
     source: dict[str, Any]
     held: list[Any] = field(default_factory=list)

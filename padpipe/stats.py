@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 OVERLAP = "stages overlap in threads, so shares may sum past 100%"
 """Why the stage times of ``str(stats)`` may add up to more than the wall time."""
@@ -103,17 +103,10 @@ class StatsSnapshot:
             >>> m = a.merge(b); m.rows, m.skipped, m.seconds, m.wall_seconds, m.padding_efficiency
             (3, {'x': 3}, {'pad': 1.5}, 3.0, 0.6666666666666666)
         """
-        parts = (self,) + others
-        return StatsSnapshot(
-            rows=sum(p.rows for p in parts),
-            batches=sum(p.batches for p in parts),
-            real_tokens=sum(p.real_tokens for p in parts),
-            padded_tokens=sum(p.padded_tokens for p in parts),
-            skipped=_sum_dicts(p.skipped for p in parts),
-            seconds=_sum_dicts(p.seconds for p in parts),
-            counters=_sum_dicts(p.counters for p in parts),
-            wall_seconds=max(p.wall_seconds for p in parts),
-        )
+        parts = (self, *others)
+        summed = {f.name: [getattr(p, f.name) for p in parts] for f in fields(self)}
+        totals = {name: _sum_dicts(v) if isinstance(v[0], dict) else sum(v) for name, v in summed.items()}
+        return StatsSnapshot(**{**totals, "wall_seconds": max(summed["wall_seconds"])})  # they ran side by side
 
     def __add__(self, other: StatsSnapshot) -> StatsSnapshot:
         if not isinstance(other, StatsSnapshot):

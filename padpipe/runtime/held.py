@@ -53,9 +53,8 @@ class Held(list[Any]):
 class Untrained:
     """The batches a loader returned that its trainer has not trained yet, and those to return first after a resume.
 
-    ``recent`` keeps the last :meth:`keep` batches returned (a trainer's fetch-ahead; the last one
-    until told, as a trainer may fetch its first batch before it can say how many it fetches ahead);
-    ``restored`` holds those a checkpoint gave back (:meth:`restore`) until they are returned again.
+    ``recent`` keeps the last :meth:`keep` batches returned (the last one until told: a trainer may fetch its
+    first batch before it says how many it fetches ahead); ``restored`` those a checkpoint gave back.
 
     Example:
         >>> kept = Untrained(); kept.keep(1)

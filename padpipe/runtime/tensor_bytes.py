@@ -123,11 +123,8 @@ class _Conversion:
 
 
 class BytesIterator:
-    """A worker's pipeline iterator whose batches and states come out through :func:`as_bytes`.
-
-    ``StatefulDataLoader`` reads its ``state_dict`` after every step (it is ``Stateful``) and restores a
-    state through ``load_state_dict`` (a state with tensors: loaded as the wrapped iterator loads it). A
-    sealed dict of the state before is sent again as the same object (see :class:`_Conversion`).
+    """A worker's pipeline iterator whose batches and states come out through :func:`as_bytes` (a sealed dict of the
+    state before sent again as the same object, see :class:`_Conversion`).
 
     Example:
         >>> it = BytesIterator(iter([{"ids": torch.tensor([1])}]))

@@ -31,12 +31,8 @@ from padpipe.stats import PipelineStats, StatsSnapshot
 
 
 class EpochShares(IterableDataset):
-    """The dataset each worker receives: the pipeline, this rank, and the epoch the main process set.
-
-    Args:
-        pipeline: The recipe (without the main-process stages such as ``to_cuda``).
-        consumer: The rank to read as; the worker slot is filled in each worker.
-    """
+    """The dataset each worker receives: the ``pipeline`` (without the main-process stages), the ``consumer`` rank
+    to read as (the worker slot is filled in each worker), and the epoch the main process set."""
 
     def __init__(self, pipeline: Recipe, consumer: Consumer) -> None:
         self.pipeline = pipeline
