@@ -171,21 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     data = " ".join(args.data)
     print(f"data: {data}\ntokenizer: {args.tokenizer}\nfields: {list(fields)}, max_length={args.max_length}\n")
-    plans = strategies(base, max_length=args.max_length, batch_size=args.batch_size, max_tokens=args.max_tokens)
+    sizes = {"max_length": args.max_length, "batch_size": args.batch_size, "max_tokens": args.max_tokens}
+    plans = strategies(base, **sizes)
     warm_up(base, batch_size=args.batch_size)
     print(f"{HEADER}\n{'-' * len(HEADER)}", flush=True)
     for name, pipe in plans.items():
         print(format_row(measure(name, pipe)), flush=True)
-    report = pp.inspect(
-        paths,
-        tokenizer,
-        fields=fields,
-        max_length=args.max_length,
-        sample=None,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-    )
+    report = pp.inspect(paths, tokenizer, fields=fields, sample=None, seed=args.seed, **sizes)
     report = dataclasses.replace(report, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(f"\nThe same data through `padpipe inspect` (every strategy, no model):\n{report}")
     try:

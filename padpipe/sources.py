@@ -68,9 +68,8 @@ def read_parquet(
         on_missing: A file gone or resized since it was listed: ``"raise"`` or ``"skip"`` it
             (counted in stats as ``read.missing_file``).
 
-    Files are listed once per pipeline, on first use, and the listing is shared by its loaders
-    and DataLoader workers. A local path, glob or folder that names no file fails here, at once
-    (``FileNotFoundError``), as does a URL whose fsspec backend is not installed.
+    Files are listed once per pipeline, on first use, shared by its loaders and workers; a local path
+    that names no file, or a URL whose fsspec backend is not installed, fails here, at once.
 
     Example:
         >>> pipe = pp.read_parquet(pp.examples.SAMPLE_PARQUET, columns=["sentence1", "label"])
@@ -181,9 +180,8 @@ def from_hf(
             error asking for a split.
         columns: Columns to read (default: all).
         chunk_rows: Most rows per chunk passed downstream.
-        tokens: The column of an already tokenized dataset holding token ids (e.g.
-            ``"input_ids"``): shorthand for ``from_hf(ds).tokens(tokens)`` (see
-            :meth:`padpipe.Pipeline.tokens`; ``pad()``/``pack()`` then need ``pad_id=``).
+        tokens: The token ids' column of an already tokenized dataset: shorthand for
+            ``from_hf(ds).tokens(tokens)`` (:meth:`padpipe.Pipeline.tokens`).
 
     Example:
         >>> import datasets
@@ -204,8 +202,8 @@ def from_hf(
 def from_iterable(iterable: Iterable[dict[str, Any]], *, chunk_rows: int = 1024) -> Pipeline:
     """Read any re-iterable of dicts (a list, a generator factory's result per epoch).
 
-    Each epoch iterates ``iterable`` again, so pass a list or an object whose ``__iter__`` starts
-    over; resume skips the rows already read.
+    Each epoch iterates ``iterable`` again (pass a list, or an object whose ``__iter__`` starts over);
+    resume skips the rows already read.
 
     Example:
         >>> next(iter(pp.from_iterable([{"text": "a"}, {"text": "b"}]).loader())).to_pylist()

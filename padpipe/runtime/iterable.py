@@ -29,11 +29,9 @@ class PipelineIterator(Iterator[Any]):
     Args:
         pipeline: The recipe to build.
         epoch: The epoch to read unless a state is loaded.
-        report_stats: Put this consumer's counters into every ``state_dict()`` (under ``"stats"``;
-            ignored on load), so a main process driving workers can sum them.
         consumer: The rank to read as (the worker slot is this process's); default: detected.
-        managed: Whether the caller keeps step counts equal across ranks (``pipe.loader()``,
-            :func:`padpipe.equal_steps`); if not, a multi-rank run warns once about the DDP hang.
+        managed: Whether the caller keeps step counts equal across ranks; if not, several ranks warn.
+        report_stats: Put this consumer's counters into every ``state_dict()``, for the main process.
     """
 
     def __init__(

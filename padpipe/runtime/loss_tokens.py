@@ -71,13 +71,12 @@ class LossTokens(BaseNode[Any]):
 
     Args:
         source: The node below (equal steps, or the graph).
-        steps: Batches per optimizer step (gradient accumulation steps), ``>= 1``.
+        steps: Batches per optimizer step, ``>= 1``.
         causal: Count ``labels[..., 1:]`` (a causal-LM loss, HF's rule) rather than ``labels``.
-        across_ranks: Sum the count over the ranks (``False``: every rank reads all the data and
-            a framework splits it, ``shard("off")``).
+        across_ranks: Sum the count over the ranks (``False`` under ``shard("off")``).
         lockstep: Whether ranks take equal steps; without them several ranks are refused.
         group: The process group to sum in (default: the whole world).
-        device: Where upstream batches are (a ``to_cuda`` stage's), for batches restored from a state.
+        device: Where upstream batches are, for batches restored from a state.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper

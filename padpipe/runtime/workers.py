@@ -58,12 +58,10 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
     Args:
         pipeline: The recipe each worker builds (its share of this rank's share).
         num_workers: Worker processes (at least 1).
-        consumer: The rank to read as; default: detected in this process on the first ``reset``.
-        ranks: Split between ranks when detecting (``Pipeline.shard("off")`` passes ``False``).
-        options: Further ``StatefulDataLoader`` keywords (``pin_memory``, ``prefetch_factor``,
-            ``multiprocessing_context``, ``timeout``).
-        stats: The main process's counters: the workers' counters (sent with their states) are
-            summed into its snapshots.
+        consumer: The rank to read as; default: detected on the first ``reset`` (split between ranks
+            unless ``ranks`` is ``False``: ``Pipeline.shard("off")``).
+        options: Further ``StatefulDataLoader`` keywords (:meth:`LoaderOptions.dataloader`).
+        stats: The main process's counters, into which the workers' (sent with their states) are summed.
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}] * 4).tokenize(pp.examples.tokenizer()).batch(1).pad()
