@@ -480,18 +480,11 @@ class Pipeline(Runnable, IterableDataset):
             torch.Size([1, 8])
         """
         self._expect("pad", TOKEN_BATCHES)
-        pad_id = self._pad_id("pad") if pad_id is None else pad_id
+        options = {**arguments(locals()), "pad_id": self._pad_id("pad") if pad_id is None else pad_id}
+        del options["ids_as_labels"]  # the plain pad's alone, added below
         budget = next((s.options["max_tokens"] for s in self.stages if s.name == "bucket"), None)
         if budget is not None:  # the bucket stage's budget must hold one padded row
             longest_row_allowed(budget, pad_to_multiple_of, pad_to_length)
-        options: dict[str, Any] = {
-            "pad_id": pad_id,
-            "side": side,
-            "pad_to_multiple_of": pad_to_multiple_of,
-            "pad_to_length": pad_to_length,
-            "label_pad_id": label_pad_id,
-            "dtype": dtype,
-        }
         check_pad_options(**options)
         check_bool("ids_as_labels", ids_as_labels)
         if self._paired():
