@@ -64,13 +64,8 @@ def batch_problem(batch: Mapping[Any, Any]) -> tuple[str, str] | None:
     for key in (*INTEGER, "labels", "attention_mask"):
         if key in batch and batch[key].dim() == 0:
             return f"`{key}` is a tensor of one row or more", _tensor(batch[key])
-    first = (
-        ids
-        if isinstance(ids, torch.Tensor)
-        else next(
-            (v for k, v in batch.items() if k not in BOUNDS and isinstance(v, torch.Tensor) and v.dim() > 0), None
-        )
-    )
+    rowed = (v for k, v in batch.items() if k not in BOUNDS and isinstance(v, torch.Tensor) and v.dim() > 0)
+    first = ids if isinstance(ids, torch.Tensor) else next(rowed, None)
     if first is None:
         return None
     rows = len(first)

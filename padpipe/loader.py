@@ -67,8 +67,7 @@ class PipelineLoader(Generic[T]):
         self.device, self.group = self._built.device, options.group  # read by wrappers that restore batches
         self._untrained = Untrained()
         self._pending: dict[str, Any] | None = None
-        self._started = False
-        self._finished = False
+        self._started = self._finished = False
         self._epoch, self._step = -1, 0
         self._returned = 0  # batches returned to the loop, every epoch (stats().batches)
         self._trained: int | None = None  # batches its trainer noted trained (stats().batches once it notes)

@@ -157,10 +157,7 @@ class PipelineStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._started: float | None = None
-        self._rows = 0
-        self._batches = 0
-        self._real = 0
-        self._padded = 0
+        self._rows = self._batches = self._real = self._padded = 0
         self._skipped: dict[str, int] = defaultdict(int)
         self._seconds: dict[str, float] = defaultdict(float)
         self._counters: dict[str, int] = defaultdict(int)

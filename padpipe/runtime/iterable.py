@@ -43,12 +43,8 @@ class PipelineIterator(Iterator[Any]):
         managed: bool = False,
         report_stats: bool = False,
     ) -> None:
-        self._pipeline = pipeline
-        self._stats = PipelineStats()
-        self._report_stats = report_stats
-        self._epoch = epoch
-        self._consumer = consumer
-        self._managed = managed
+        self._pipeline, self._epoch, self._consumer, self._managed = pipeline, epoch, consumer, managed
+        self._stats, self._report_stats = PipelineStats(), report_stats
         self._node: BaseNode | None = None
         self._pending: dict[str, Any] | None = None
         self._yielded = 0

@@ -98,8 +98,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         self._loader: Any = None
         self._it: Iterator[Any] | None = None
         self._stop_with_node: weakref.finalize | None = None
-        self._epoch = -1
-        self._done = False
+        self._epoch, self._done = -1, False
         self._plans: list[dict[str, Any]] | None = None
 
     DONE = {"done": True}  # what :meth:`worker_graphs` gives for a worker whose share had all come out
