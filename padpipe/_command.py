@@ -14,7 +14,6 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import TextIO
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
 """Errors that mean bad input, not a bug: bad values, ``DataError``, missing files, missing packages."""
@@ -25,29 +24,23 @@ TRACEBACK_ENV = "PADPIPE_TRACEBACK"
 EPILOG = f"Errors in the input print one line; set {TRACEBACK_ENV}=1 to see their traceback."
 
 
-def show_log_lines(stream: TextIO | None = None) -> logging.Handler | None:
-    """Print the ``padpipe`` logger's INFO lines (progress off a terminal) on ``stream`` (default: stderr).
-
-    A command line calls this first, so a job log shows the progress lines its ``--help`` promises.
-    Does nothing when logging is already configured (a handler on ``padpipe`` or the root logger).
-
-    Returns:
-        The handler added, or ``None`` when logging was configured already.
+def show_log_lines() -> None:
+    """Print the ``padpipe`` logger's INFO lines (progress off a terminal) on standard error, unless logging is
+    configured already: a command line calls this first, so a job log shows the progress lines it promises.
 
     Example:
-        >>> handler = show_log_lines()  # doctest: +SKIP
+        >>> show_log_lines()  # doctest: +SKIP
         >>> logging.getLogger("padpipe").info("inspect: tokenizing: 20,000 rows, done")  # doctest: +SKIP
         inspect: tokenizing: 20,000 rows, done
     """
     logger = logging.getLogger("padpipe")
     if logger.handlers or logging.getLogger().handlers:
-        return None
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+        return
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
-    return handler
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

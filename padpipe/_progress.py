@@ -65,7 +65,7 @@ class Progress:
         self._start = self._logged = time.monotonic()
         self._bar: Any = None
         stream = stream if stream is not None else sys.stderr
-        if self._on and _is_terminal(stream):
+        if self._on and getattr(stream, "isatty", lambda: False)():
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit=" rows", file=stream, leave=False, dynamic_ncols=True)
@@ -108,11 +108,6 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _is_terminal(stream: TextIO) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
 
 
 class ProgressNode(BaseNode[Any]):
