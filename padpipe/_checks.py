@@ -1,24 +1,10 @@
 """Cheap checks made while a pipeline is put together, so a typo fails at the call that made it.
 
-Readers list their input on first use (in the loader, a DataLoader worker), where a mistyped
-path or column would surface many frames deep. Here the same mistakes are caught early, with
-the messages the readers would give:
-
-* :func:`check_sources` (``pp.read_*``): every local path exists and every local glob or folder
-  holds a file the reader reads (a few ``stat`` calls; a folder is walked until its first such
-  file); a remote URL's fsspec backend is installed. Remote paths are listed later, as before.
-* :func:`steps_missing` (every method): the stages to add before a method that needs another
-  input (``.pad()`` on records: add ``.tokenize(...)`` and ``.batch(n)`` or ``.bucket(...)``).
-* :func:`check_budget` (``.bucket(max_tokens=...)``): under ``on_oversize="raise"``, the budget
-  holds one row of the tokenize stage's ``max_length``.
-* :func:`check_fields` (``pipe.loader()``, ``iter(pipe)``): the reader's ``columns`` and the
-  tokenize stage's ``fields`` exist, read from one local Parquet footer or Arrow schema, or from
-  ``columns=`` itself, or from a ``datasets.Dataset``. For local JSON Lines, a text field must be
-  a key of the first file's first row when tokenize raises on rows without text (that row would
-  stop the epoch anyway; a reader's ``columns`` may name keys that come later). Remote files,
-  iterables and mixed pipelines are checked when read.
-
-A check that cannot decide (a file it cannot open) says nothing: the reader reports it.
+Readers list their input on first use (in the loader, a DataLoader worker), where a mistyped path or column
+would surface many frames deep. Here the same mistakes are caught early, with the readers' messages, from what
+is cheap to know: a local path's first file (a few ``stat`` calls), a Parquet footer or Arrow schema, a local
+JSON Lines file's first row, ``columns=``, a ``datasets.Dataset``. Remote files, iterables and mixed pipelines
+are checked when read; a check that cannot decide (a file it cannot open) says nothing: the reader reports it.
 """
 
 from __future__ import annotations
@@ -61,14 +47,11 @@ def check_sources(paths: Any, suffixes: tuple[str, ...]) -> None:
         ...
         FileNotFoundError: 'no/such/*.parquet' matches no files; expected at least one .parquet file there.
     """
-    import fsspec.core
-
     for pattern in check_paths(paths):
-        protocol, path = fsspec.core.split_protocol(pattern)
-        if "::" in pattern or protocol not in LOCAL_PROTOCOLS:
+        path = _local(pattern)
+        if path is None:
             _check_backends(pattern)
-            continue
-        if _first_file(path, suffixes) is None:
+        elif _first_file(path, suffixes) is None:
             if not any(c in GLOB_CHARS for c in path) and not os.path.exists(path):
                 raise FileNotFoundError(f"No such file or folder: {pattern!r}.")
             wanted = "/".join(suffixes)
@@ -167,7 +150,7 @@ def check_fields(pipe: Recipe) -> None:
             if name not in names:
                 raise DataError(f"{where}: no column {name!r}; available columns: {list(names)!r}.")
         names = list(columns)
-    for stage in pipe.stages:
+    for stage in _column_keeping(pipe):
         if stage.name == "tokenize":
             for name in stage.options["fields"]:
                 if name not in names:
@@ -179,33 +162,22 @@ def check_fields(pipe: Recipe) -> None:
             for name in stage.options["options"].named():
                 if name not in names:
                     raise DataError(f"chat: column {name!r} is not in the data; {MISSING_COLUMN.format(list(names))}")
-        if stage.name not in COLUMN_KEEPING_STAGES:
-            return
 
 
 def _check_jsonl_fields(pipe: Recipe) -> None:
-    """A text field tokenize raises on must be a key of the first local file's first row."""
-    import fsspec.core
-
+    """A text field tokenize raises on must be a key of the first file's first row (where it is local)."""
     tokenize = next((s for s in _column_keeping(pipe) if s.name == "tokenize"), None)
     if tokenize is None or tokenize.options["on_error"] != "raise":
         return
-    for pattern in check_paths(pipe.source.options["paths"]):
-        protocol, path = fsspec.core.split_protocol(pattern)
-        if "::" in pattern or protocol not in LOCAL_PROTOCOLS:
-            return
-        file = _first_file(path, pipe.source.options["reader"].SUFFIXES)
-        keys = _first_row_keys(file) if file is not None else None
-        if keys is None:
-            return
-        columns = pipe.source.options.get("columns")
-        for name in tokenize.options["fields"]:
-            if name not in keys and (columns is None or name in columns):
-                raise DataError(
-                    f"tokenize: text field {name!r} is not in the first row of {file}; expected one of its keys "
-                    f"{keys!r}."
-                )
-        return  # one file: the first
+    path = _local(check_paths(pipe.source.options["paths"])[0])
+    file = None if path is None else _first_file(path, pipe.source.options["reader"].SUFFIXES)
+    keys = None if file is None else _first_row_keys(file)
+    columns = pipe.source.options.get("columns")
+    for name in tokenize.options["fields"] if keys is not None else ():
+        if name not in keys and (columns is None or name in columns):
+            raise DataError(
+                f"tokenize: text field {name!r} is not in the first row of {file}; expected one of its keys {keys!r}."
+            )
 
 
 def _column_keeping(pipe: Recipe) -> Iterator[Any]:
@@ -247,17 +219,20 @@ def _known_columns(source: str, options: dict[str, Any]) -> tuple[str, list[str]
         return ("<datasets>", list(names)) if names is not None else None
     if source not in SCHEMA_READERS:
         return None
+    for path in filter(None, map(_local, check_paths(options["paths"]))):
+        file = _first_file(path, options["reader"].SUFFIXES)
+        names = _schema_names(file, parquet=source == "read_parquet") if file is not None else None
+        if names is not None:
+            return file, names
+    return None
+
+
+def _local(pattern: str) -> str | None:
+    """The local path ``pattern`` names, or ``None`` for a URL (a protocol other than a file's, or a chain)."""
     import fsspec.core
 
-    reader = options["reader"]
-    for pattern in check_paths(options["paths"]):
-        protocol, path = fsspec.core.split_protocol(pattern)
-        if "::" not in pattern and protocol in LOCAL_PROTOCOLS:
-            file = _first_file(path, reader.SUFFIXES)
-            names = _schema_names(file, parquet=source == "read_parquet") if file is not None else None
-            if names is not None:
-                return file, names
-    return None
+    protocol, path = fsspec.core.split_protocol(pattern)
+    return path if "::" not in pattern and protocol in LOCAL_PROTOCOLS else None
 
 
 def _schema_names(path: str, *, parquet: bool) -> list[str] | None:

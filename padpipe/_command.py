@@ -1,12 +1,9 @@
 """What padpipe's command lines share: ``--help`` that shows every default, and user errors as one line.
 
-A command builds its options with :func:`parser` (or :class:`Parser` and :class:`HelpFormatter`),
-defines ``main(argv) -> int`` that raises on bad input as the library does, and ends with
-``sys.exit(_command.run(main, prog=PROG))``. A user mistake (a bad option, a bad value, a missing
-file, a missing optional package, bad data) then prints ``PROG: error: <message>`` as one line on
-standard error and exits with 2; anything else is a bug and keeps its traceback.
-``PADPIPE_TRACEBACK=1`` shows the traceback of user errors too. Used by ``python -m padpipe.demo``,
-the recipes' command lines and ``padpipe`` (:mod:`padpipe.cli`).
+A command builds its options with :func:`parser`, defines ``main(argv) -> int`` that raises on bad input as the
+library does, and ends with ``sys.exit(_command.run(main, prog=PROG))``: a user mistake then prints
+``PROG: error: <message>`` as one line and exits with 2 (``PADPIPE_TRACEBACK=1`` shows its traceback); anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import TextIO
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
 """Errors that mean bad input, not a bug: bad values, ``DataError``, missing files, missing packages."""
@@ -28,29 +24,23 @@ TRACEBACK_ENV = "PADPIPE_TRACEBACK"
 EPILOG = f"Errors in the input print one line; set {TRACEBACK_ENV}=1 to see their traceback."
 
 
-def show_log_lines(stream: TextIO | None = None) -> logging.Handler | None:
-    """Print the ``padpipe`` logger's INFO lines (progress off a terminal) on ``stream`` (default: stderr).
-
-    A command line calls this first, so a job log shows the progress lines its ``--help`` promises.
-    Does nothing when logging is already configured (a handler on ``padpipe`` or the root logger).
-
-    Returns:
-        The handler added, or ``None`` when logging was configured already.
+def show_log_lines() -> None:
+    """Print the ``padpipe`` logger's INFO lines (progress off a terminal) on standard error, unless logging is
+    configured already: a command line calls this first, so a job log shows the progress lines it promises.
 
     Example:
-        >>> handler = show_log_lines()  # doctest: +SKIP
+        >>> show_log_lines()  # doctest: +SKIP
         >>> logging.getLogger("padpipe").info("inspect: tokenizing: 20,000 rows, done")  # doctest: +SKIP
         inspect: tokenizing: 20,000 rows, done
     """
     logger = logging.getLogger("padpipe")
     if logger.handlers or logging.getLogger().handlers:
-        return None
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+        return
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
-    return handler
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

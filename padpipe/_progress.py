@@ -1,10 +1,6 @@
-"""Progress for the long passes people wait for: a ``tqdm`` bar on a terminal, ``logging`` lines elsewhere.
-
-Used by ``padpipe inspect``, the GLUE recipe's sorting of an evaluation split and the demo; never
-inside a training loader's hot path. Off with the environment variable ``PADPIPE_PROGRESS=0`` or
-``enabled=False``. Where standard error is not a terminal (a job log, CI), a line goes to the
-``padpipe`` logger at level INFO every :data:`LOG_EVERY_S` seconds and when the pass ends; it shows
-when logging is configured (``logging.basicConfig(level=logging.INFO)``).
+"""Progress for the long passes people wait for (``padpipe inspect``, sorting an evaluation split), never in a
+training loader's hot path: a ``tqdm`` bar on a terminal, elsewhere a line to the ``padpipe`` logger (INFO) every
+:data:`LOG_EVERY_S` seconds and at the end. Off with ``PADPIPE_PROGRESS=0`` or ``enabled=False``.
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ class Progress:
 
     Args:
         desc: What is being done, e.g. ``"inspect: tokenizing"``.
-        total: The count at the end, when known.
-        unit: What is counted.
+        total: The rows at the end, when known.
         enabled: Show progress at all; ``None`` reads ``PADPIPE_PROGRESS``.
         stream: Where a bar goes (default: standard error); a bar only when it is a terminal.
 
@@ -60,21 +55,20 @@ class Progress:
         desc: str,
         *,
         total: int | None = None,
-        unit: str = "rows",
         enabled: bool | None = None,
         stream: TextIO | None = None,
     ) -> None:
-        self.desc, self.total, self.unit = desc, total, unit
+        self.desc, self.total = desc, total
         self.count = 0
         self._on = progress_enabled(enabled)
         self._closed = False
         self._start = self._logged = time.monotonic()
         self._bar: Any = None
         stream = stream if stream is not None else sys.stderr
-        if self._on and _is_terminal(stream):
+        if self._on and getattr(stream, "isatty", lambda: False)():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit=f" {unit}", file=stream, leave=False, dynamic_ncols=True)
+            self._bar = tqdm(total=total, desc=desc, unit=" rows", file=stream, leave=False, dynamic_ncols=True)
 
     def update(self, n: int) -> None:
         """Add ``n`` to the count."""
@@ -106,8 +100,8 @@ class Progress:
         seconds = time.monotonic() - self._start
         if self.total:
             share = self.count / self.total
-            return f"{self.desc}: {self.count:,} of {self.total:,} {self.unit} ({share:.0%}), {seconds:.1f} s"
-        return f"{self.desc}: {self.count:,} {self.unit}, {seconds:.1f} s"
+            return f"{self.desc}: {self.count:,} of {self.total:,} rows ({share:.0%}), {seconds:.1f} s"
+        return f"{self.desc}: {self.count:,} rows, {seconds:.1f} s"
 
     def __enter__(self) -> Progress:
         return self
@@ -116,17 +110,9 @@ class Progress:
         self.close()
 
 
-def _is_terminal(stream: TextIO) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
-
-
 class ProgressNode(BaseNode[Any]):
-    """Pass items through unchanged and count their rows (``num_rows``) on a :class:`Progress`.
-
-    The bar starts at the first item of a pass and ends when ``total`` rows went by or the pass
-    ends. Put it only in front of a stage that waits for a long pass (an evaluation split sorted
-    whole), never in a training loader's hot path.
+    """Pass items through unchanged and count their rows (``num_rows``) on a :class:`Progress`, from a pass's
+    first item until ``total`` rows went by or the pass ends.
 
     Args:
         source: Upstream node.
@@ -146,8 +132,7 @@ class ProgressNode(BaseNode[Any]):
 
     def __init__(self, source: BaseNode, *, desc: str, total: int | None = None, enabled: bool | None = None) -> None:
         super().__init__()
-        if enabled is not None:
-            check_bool("progress", enabled)
+        progress_enabled(enabled)  # checked now
         self.source, self.desc, self.total, self.enabled = source, desc, total, enabled
         self._bar: Progress | None = None
         self._finished = False  # the bar of this pass has ended

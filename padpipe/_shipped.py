@@ -1,12 +1,7 @@
-"""The shipped sample data and tokenizer by name, for the command lines: ``--data sample --tokenizer sample``.
+"""The shipped sample data and tokenizers by name, for the command lines: ``--data sample --tokenizer sample``.
 
-A command line resolves ``sample`` (the sentence pairs, ``sample.parquet``), ``corpus`` (the
-documents, ``corpus.jsonl.gz``), ``chats`` (the conversations, ``chats.jsonl.gz``) and ``preferences`` (pairs,
-``preferences.jsonl.gz``) as data, and
-``sample`` (``tokenizer.json``) and ``chat`` (the chat tokenizer's folder) as tokenizers, to
-the files installed inside the package, so the documented commands run from any folder, not only
-from a clone's root. A file or folder of that name in the current folder wins: it is what the user
-named.
+A name of :data:`DATA` or :data:`TOKENIZERS` stands for the file installed inside the package, so the documented
+commands run from any folder; a file or folder of that name in the current folder wins (it is what the user named).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """What a batch held in a state must be before padpipe yields it again: its tensors checked against each other.
 
-States hold batches to give out on resume (equal steps' read-ahead, a window of accumulation
-steps, an elastic plan's batches, a checkpoint's fetch-ahead). A crafted state could make them
-anything; :class:`HeldBatch` refuses, as one :class:`~padpipe.state.StateMismatchError` line,
-a dict batch whose token keys are no tensors, of the wrong dtype, or that disagree with
-``input_ids`` (``labels`` with half its rows, a mask of another width), in time and memory linear
-in the batch. A batch that is no dict (a list of rows, a user's object) is its stage's to judge.
+A crafted state could make the batches it holds anything; :class:`HeldBatch` refuses, as one
+:class:`~padpipe.state.StateMismatchError` line, a dict batch whose token keys are no tensors, of the wrong dtype,
+or that disagree with ``input_ids``, in time and memory linear in the batch. A batch that is no dict is its
+stage's to judge.
 
 Example:
     >>> batch_problem({"input_ids": torch.ones(2, 3), "labels": torch.zeros(2, 3, dtype=torch.long)})
@@ -41,15 +39,9 @@ def _tensor(t: torch.Tensor) -> str:
 
 
 def batch_problem(batch: Mapping[Any, Any]) -> tuple[str, str] | None:
-    """What is wrong with a dict batch, as ``(expected, found)``, or ``None`` if nothing is.
-
-    The token keys (``input_ids``, ``labels``, ``attention_mask``, ``position_ids``, ...) must be
-    tensors of integers (``labels`` may hold floats, one value a row or more, not a token each;
-    ``attention_mask`` any number or bool); every tensor and list of one dimension or more has the
-    batch's rows (``input_ids``' first dimension, or the first tensor's); the per-token keys have
-    ``input_ids``' shape; ``input_ids`` are ``>= 0``; ``cu_seq_lens_*`` run from 0 up to the tokens
-    of ``input_ids`` and ``max_length_*`` is their longest segment; the marks ``is_filler``/``is_repeat`` are 0-d bools;
-    ``use_cache`` is ``False``.
+    """What is wrong with a dict batch, as ``(expected, found)``, or ``None`` if nothing is: each key's type,
+    dtype, rows and shape checked against ``input_ids`` as the stages make them (``labels`` may hold one float a
+    row or more; ``cu_seq_lens_*`` bound ``input_ids``' tokens).
     """
     for key, value in batch.items():
         if not isinstance(key, str):
@@ -72,13 +64,8 @@ def batch_problem(batch: Mapping[Any, Any]) -> tuple[str, str] | None:
     for key in (*INTEGER, "labels", "attention_mask"):
         if key in batch and batch[key].dim() == 0:
             return f"`{key}` is a tensor of one row or more", _tensor(batch[key])
-    first = (
-        ids
-        if isinstance(ids, torch.Tensor)
-        else next(
-            (v for k, v in batch.items() if k not in BOUNDS and isinstance(v, torch.Tensor) and v.dim() > 0), None
-        )
-    )
+    rowed = (v for k, v in batch.items() if k not in BOUNDS and isinstance(v, torch.Tensor) and v.dim() > 0)
+    first = ids if isinstance(ids, torch.Tensor) else next(rowed, None)
     if first is None:
         return None
     rows = len(first)

@@ -1,13 +1,9 @@
-"""A loader's checkpoints: one rank's state checked as one checkpoint of one run, and every rank's in one value.
+"""A loader's checkpoints: rank states checked as one checkpoint of one run, and every rank's in one value.
 
-:func:`one_checkpoint` checks a list of saved rank states before an elastic resume. :data:`CHECKPOINT`
-is the multi-rank format of :meth:`~padpipe.loader.PipelineLoader.checkpoint`, which every framework
-adapter saves with only its own fields beside it (Lightning's ``ExactResume`` and ``LightningLoader``,
-torchtitan, ``padpipe.hf.Trainer``):
-for each rank of the loader's process group, its loader state and the batches it had returned but
-its trainer had not trained (a loop's fetch-ahead, a count the adapter gives), gathered so that the
-value is the same on every rank (a checkpoint written by rank 0 alone, or by DCP, holds all of
-them). A loader keeps those batches in an :class:`~padpipe.runtime.held.Untrained`.
+:func:`one_checkpoint` checks a list of saved rank states before an elastic resume. :data:`CHECKPOINT` is the
+multi-rank format of :meth:`~padpipe.loader.PipelineLoader.checkpoint`, which every framework adapter saves: for
+each rank of the loader's process group, its loader state and the batches it had returned but its trainer had
+not trained, gathered so that the value is the same on every rank.
 """
 
 from __future__ import annotations
@@ -25,15 +21,10 @@ CHECKPOINT = StateSchema("PipelineLoader checkpoint", 1, ranks=ListOf(Plain()))
 PART_KEYS = ("loader", "ahead")
 
 
-def part(state: Any, ahead: list[Any]) -> dict[str, Any]:
-    """One rank's part of a checkpoint (its batches on the CPU)."""
-    return {"loader": state, "ahead": Held(ahead).saved()}
-
-
 def gathered(state: Any, ahead: list[Any], group: Any = None) -> dict[str, Any]:
     """The :data:`CHECKPOINT` of every rank of ``group``, from this rank's loader ``state`` and ``ahead`` batches
     (a collective: every rank calls it)."""
-    return CHECKPOINT.make({}, ranks=all_ranks(part(state, ahead), group))
+    return CHECKPOINT.make({}, ranks=all_ranks({"loader": state, "ahead": Held(ahead).saved()}, group))
 
 
 def is_checkpoint(state: Any) -> bool:

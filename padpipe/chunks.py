@@ -26,31 +26,29 @@ ID_DTYPE = np.int32
 TYPE_ID_DTYPE = np.int8
 
 
-def gather_segments(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Gather variable-length rows ``rows`` from flat ``values`` split by ``offsets``.
-
-    Args:
-        values: Flat values of all rows.
-        offsets: ``len(rows_total) + 1`` monotone offsets into ``values``.
-        rows: Row indices to gather, in output order (repeats allowed).
-
-    Returns:
-        ``(flat_values, new_offsets)`` of the gathered rows.
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
+    """The ``int64`` offsets of rows of ``lengths``, from 0.
 
     Example:
-        >>> v, o = gather_segments(np.array([1, 2, 3, 4, 5]), np.array([0, 2, 5]), np.array([1, 0]))
-        >>> v.tolist(), o.tolist()
-        ([3, 4, 5, 1, 2], [0, 3, 5])
+        >>> offsets_of(np.array([3, 2])).tolist()
+        [0, 3, 5]
     """
-    rows = np.asarray(rows, dtype=np.int64)
-    starts = offsets[rows]
-    lengths = offsets[rows + 1] - starts
-    new_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    total = int(new_offsets[-1])
-    # position j of output row r reads values[starts[r] + j]
-    index = np.arange(total, dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
-    return values[index], new_offsets
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def segments(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The flat positions of the segments ``[starts[r], starts[r] + lengths[r])`` laid end to end, and their offsets.
+
+    Example:
+        >>> index, offsets = segments(np.array([2, 0]), np.array([3, 2]))
+        >>> index.tolist(), offsets.tolist()
+        ([2, 3, 4, 0, 1], [0, 3, 5])
+    """
+    offsets = offsets_of(lengths)
+    # position j of segment r is starts[r] + j
+    return np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths), offsets
 
 
 @dataclass(frozen=True)
@@ -102,11 +100,11 @@ class TokenChunk:
             [3, 1]
         """
         rows = np.asarray(rows, dtype=np.int64)
-        ids, offsets = gather_segments(self.ids, self.offsets, rows)
-        type_ids = None if self.type_ids is None else gather_segments(self.type_ids, self.offsets, rows)[0]
+        index, offsets = segments(self.offsets[rows], self.lengths[rows])
+        type_ids = None if self.type_ids is None else self.type_ids[index]
         indices = pa.array(rows, type=pa.int64())
         columns = {name: col.take(indices) for name, col in self.columns.items()}
-        return TokenChunk(ids, offsets, type_ids, columns)
+        return TokenChunk(self.ids[index], offsets, type_ids, columns)
 
     @staticmethod
     def concat(chunks: Sequence[TokenChunk]) -> TokenChunk:
@@ -122,8 +120,7 @@ class TokenChunk:
         if not chunks:
             return TokenChunk.empty()
         ids = np.concatenate([c.ids for c in chunks])
-        offsets = np.zeros(sum(c.num_rows for c in chunks) + 1, dtype=np.int64)
-        np.cumsum(np.concatenate([c.lengths for c in chunks]), out=offsets[1:])
+        offsets = offsets_of(np.concatenate([c.lengths for c in chunks]))
         has_types = chunks[0].type_ids is not None
         type_ids = np.concatenate([c.type_ids for c in chunks]) if has_types else None
         names = list(chunks[0].columns)
@@ -143,9 +140,7 @@ class TokenChunk:
             >>> TokenChunk.from_lists([[5, 6]], {"label": [1]}).columns["label"].to_pylist()
             [1]
         """
-        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = offsets_of(np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows)))
         ids = np.fromiter((t for r in rows for t in r), dtype=ID_DTYPE, count=int(offsets[-1]))
         cols = {k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in (columns or {}).items()}
         return TokenChunk(ids, offsets, None, cols)
@@ -329,11 +324,7 @@ def truncate_rows(chunk: TokenChunk, limit: int) -> TokenChunk:
         >>> truncate_rows(TokenChunk.from_lists([[1, 2, 3], [4]]), 2).ids.tolist()
         [1, 2, 4]
     """
-    lengths = np.minimum(chunk.lengths, limit)
-    offsets = np.zeros(chunk.num_rows + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    # position j of row r reads the old flat position starts[r] + j
-    index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(chunk.offsets[:-1] - offsets[:-1], lengths)
+    index, offsets = segments(chunk.offsets[:-1], np.minimum(chunk.lengths, limit))
     type_ids = None if chunk.type_ids is None else chunk.type_ids[index]
     columns = dict(chunk.columns)
     labels = columns.get("labels")

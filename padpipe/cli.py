@@ -1,14 +1,9 @@
 """The ``padpipe`` command line (also ``python -m padpipe``): one subcommand per tool.
 
-``padpipe inspect DATA --tokenizer TOK`` prints the token-length distribution of a corpus and what
-every batching strategy costs on it (see :func:`padpipe.inspect`); ``padpipe cache info PATH`` and
-``padpipe cache clear PATH`` size and delete a token cache (see :mod:`padpipe.cache`);
-``padpipe check-packing MODEL --data DATA`` checks that a model reads packed rows right (see
-:func:`padpipe.check_packing`; exit status 1 when it does not). A user error
-(a missing file, an unknown field, no tokenizer, a bad option) prints one line and exits with status 2.
-
-``sample`` (and ``corpus``) as DATA and ``sample`` as the tokenizer name the files shipped inside
-the package, wherever it is installed (``--help`` prints their paths).
+``inspect`` (:func:`padpipe.inspect`), ``cache info|clear`` (:mod:`padpipe.cache`) and ``check-packing``
+(:func:`padpipe.check_packing`; exit status 1 when a model reads packed rows wrong). A user error prints one line
+and exits with status 2. The names of :mod:`padpipe._shipped` (``sample``, ``chats``, ...) stand for the files
+shipped inside the package.
 
 Example:
     $ padpipe inspect sample --tokenizer sample --max-length 128
@@ -90,12 +85,12 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cache)
     p.add_argument("action", choices=("info", "clear"), help="info: print the size; clear: delete the cache")
     p.add_argument("path", metavar="PATH", help="the folder or fsspec URL given to tokenize(cache=...)")
-    p.add_argument(
-        "--storage-options",
-        type=_storage_options,
-        metavar="JSON",
-        help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)",
-    )
+    _add_storage_options(p)
+
+
+def _add_storage_options(p: argparse.ArgumentParser) -> None:
+    text = "fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)"
+    p.add_argument("--storage-options", type=_storage_options, metavar="JSON", help=text)
 
 
 def _add_inspect(commands: argparse._SubParsersAction) -> None:
@@ -158,50 +153,23 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         const=None,
         help="read every row: exact figures (default: --sample)",
     )
-    p.add_argument(
-        "--batch-size",
-        type=_positive,
-        default=32,
-        metavar="N",
-        help="rows per batch of static, dynamic and bucket(batch_size)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=_positive,
-        metavar="N",
-        help="padded-token budget of bucket(max_tokens); the target for recommendations "
-        "(default: batch size x max length)",
-    )
-    p.add_argument(
-        "--seq-len",
-        type=_positive,
-        metavar="N",
-        help="packed row length of pack(seq_len); the target for recommendations (default: max length, else 2048)",
-    )
-    p.add_argument("--buffer-size", type=_positive, default=10_000, metavar="N", help="bucket buffer (rows)")
-    p.add_argument("--pack-buffer-size", type=_positive, default=256, metavar="N", help="packing buffer (documents)")
-    p.add_argument(
-        "--pad-to-multiple-of",
-        type=_non_negative,
-        default=8,
-        metavar="N",
-        help="padding multiple of the dynamic and bucket strategies (0: none)",
-    )
-    p.add_argument(
-        "--shuffle-buffer",
-        type=_non_negative,
-        default=10_000,
-        metavar="N",
-        help="with --all, the shuffle(buffer_size) modelled before tokenizing (0: file order)",
-    )
-    p.add_argument("--seed", type=_non_negative, default=0, metavar="N", help="seed of the sample, shuffle and batches")
-    p.add_argument("--threads", type=_positive, default=2, metavar="N", help="tokenizer threads")
-    p.add_argument(
-        "--storage-options",
-        type=_storage_options,
-        metavar="JSON",
-        help="fsspec options for URLs, e.g. '{\"anon\": true}' (default: none)",
-    )
+    numbers = (  # (flag, type, default, help) of the strategies' sizes
+        ("--batch-size", _positive, 32, "rows per batch of static, dynamic and bucket(batch_size)"),
+        ("--max-tokens", _positive, None, "padded-token budget of bucket(max_tokens); the target for recommendations "
+         "(default: batch size x max length)"),
+        ("--seq-len", _positive, None, "packed row length of pack(seq_len); the target for recommendations "
+         "(default: max length, else 2048)"),
+        ("--buffer-size", _positive, 10_000, "bucket buffer (rows)"),
+        ("--pack-buffer-size", _positive, 256, "packing buffer (documents)"),
+        ("--pad-to-multiple-of", _non_negative, 8, "padding multiple of the dynamic and bucket strategies (0: none)"),
+        ("--shuffle-buffer", _non_negative, 10_000, "with --all, the shuffle(buffer_size) modelled before tokenizing "
+         "(0: file order)"),
+        ("--seed", _non_negative, 0, "seed of the sample, shuffle and batches"),
+    )  # fmt: skip
+    for flag, kind, default, text in numbers:
+        p.add_argument(flag, type=kind, default=default, metavar="N", help=text)
+    p.add_argument("--threads", dest="num_threads", type=_positive, default=2, metavar="N", help="tokenizer threads")
+    _add_storage_options(p)
     p.add_argument(
         "--chart", metavar="PNG", help="also write the chart to this PNG file; needs matplotlib (default: no chart)"
     )
@@ -266,6 +234,13 @@ def _check_packing(args: argparse.Namespace) -> int:
     return run(args)
 
 
+INSPECT_AS_PARSED = (
+    *("fields", "messages", "max_length", "sample", "batch_size", "max_tokens", "seq_len", "buffer_size"),
+    *("pack_buffer_size", "shuffle_buffer", "seed", "num_threads", "storage_options", "progress", "model"),
+)
+"""The options of ``padpipe inspect`` that :func:`padpipe.inspect` takes as parsed, under the same names."""
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from padpipe.inspection import inspect
 
@@ -275,24 +250,10 @@ def _inspect(args: argparse.Namespace) -> int:
     result = inspect(
         data if len(data) > 1 else data[0],
         _shipped.tokenizer(args.tokenizer),
-        fields=args.fields,
-        messages=args.messages,
         chat_template=template,
         chat_options=None if args.tools is None else {"tools": args.tools},
-        max_length=args.max_length,
-        sample=args.sample,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        seq_len=args.seq_len,
-        buffer_size=args.buffer_size,
-        pack_buffer_size=args.pack_buffer_size,
         pad_to_multiple_of=args.pad_to_multiple_of or None,
-        shuffle_buffer=args.shuffle_buffer,
-        seed=args.seed,
-        num_threads=args.threads,
-        storage_options=args.storage_options,
-        progress=args.progress,
-        model=args.model,
+        **{name: getattr(args, name) for name in INSPECT_AS_PARSED},
     )
     result = dataclasses.replace(result, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(result)

@@ -1,10 +1,8 @@
 """The main job: padding strategies compared on the shipped sample (``python -m padpipe.demo``).
 
-Runs the same shuffled, tokenized stream through four batching strategies and prints padding
-efficiency, throughput and time to first batch for each, a row as each strategy finishes. One
-untimed batch first warms up what every strategy shares (the tokenizer, the reader, torch), so the
-first strategy timed does not pay for it. The text fields are found as ``padpipe inspect`` finds
-them (``text``, else the only one or two string columns), unless ``--fields`` names them.
+Runs the same shuffled, tokenized stream through four batching strategies and prints padding efficiency,
+throughput and time to first batch for each, a row as each finishes, after one untimed batch that warms up what
+they share (the tokenizer, the reader, torch).
 
 Example:
     $ python -m padpipe.demo --max-length 128 --batch-size 32
@@ -173,21 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     data = " ".join(args.data)
     print(f"data: {data}\ntokenizer: {args.tokenizer}\nfields: {list(fields)}, max_length={args.max_length}\n")
-    plans = strategies(base, max_length=args.max_length, batch_size=args.batch_size, max_tokens=args.max_tokens)
+    sizes = {"max_length": args.max_length, "batch_size": args.batch_size, "max_tokens": args.max_tokens}
+    plans = strategies(base, **sizes)
     warm_up(base, batch_size=args.batch_size)
     print(f"{HEADER}\n{'-' * len(HEADER)}", flush=True)
     for name, pipe in plans.items():
         print(format_row(measure(name, pipe)), flush=True)
-    report = pp.inspect(
-        paths,
-        tokenizer,
-        fields=fields,
-        max_length=args.max_length,
-        sample=None,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-    )
+    report = pp.inspect(paths, tokenizer, fields=fields, sample=None, seed=args.seed, **sizes)
     report = dataclasses.replace(report, source=", ".join(args.data), tokenizer=args.tokenizer)  # as typed
     print(f"\nThe same data through `padpipe inspect` (every strategy, no model):\n{report}")
     try:

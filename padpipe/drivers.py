@@ -1,17 +1,11 @@
 """Checks of who calls padpipe: a registry the framework adapters fill, so the core knows no framework.
 
-A check only raises or warns: it never changes what the call does. Two hooks, each a list the
-adapters fill (none imports its framework; each looks only while its framework is already
-imported). The adapters are found as plugins are: on the first question, the package named by
-:data:`ADAPTERS` is imported by name, and registers them; the core's code imports nothing of it.
-
-- :func:`check_iteration`: asked by ``Pipeline.__iter__``. A check raises or warns when a wrapper
-  reading the pipeline would lose, repeat or stack rows (:mod:`padpipe.integrations.guard`).
-- :func:`check_loader_call`: asked by ``PipelineLoader.state_dict`` and ``load_state_dict``, and by
-  each epoch's iterator at its first batch (``"__next__"``; the iterator's ``loader`` is the loader).
-  A check raises (or warns) when a framework saves or restores the loader, or will, in a way that
-  would not resume exactly (Lightning without its ``ExactResume`` callback:
-  :mod:`padpipe.integrations.loader_guard`).
+A check only raises or warns, never changes what the call does. The adapters are found as plugins are: on the
+first question the package named by :data:`ADAPTERS` is imported by name and registers them.
+:func:`check_iteration` (``Pipeline.__iter__``) asks whether a wrapper reading the pipeline would lose, repeat or
+stack rows (:mod:`padpipe.integrations.guard`); :func:`check_loader_call` (``PipelineLoader.state_dict``,
+``load_state_dict`` and an epoch's first batch) whether a framework saves or restores the loader in a way that
+would not resume exactly (:mod:`padpipe.integrations.loader_guard`).
 
 Example:
     >>> check_iteration(object(), batches=True)  # nobody is wrapping it: nothing to say

@@ -31,6 +31,19 @@ def positive(name: str, value: object, *, allow_none: bool = False) -> None:
         raise ValueError(f"`{name}` must be greater than zero, but is {value} instead.")
 
 
+def non_negative(name: str, value: object) -> None:
+    """Raise ``ValueError`` unless ``value`` is an int >= 0 (``True``/``False`` are not).
+
+    Example:
+        >>> non_negative("num_workers", -1)
+        Traceback (most recent call last):
+        ...
+        ValueError: `num_workers` must be an int >= 0, but is -1 instead.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"`{name}` must be an int >= 0, but is {value!r} instead.")
+
+
 def one_of(name: str, value: object, choices: tuple) -> None:
     """Raise ``ValueError`` unless ``value`` is one of ``choices``.
 

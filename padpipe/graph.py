@@ -1,20 +1,13 @@
 """The node protocols: epochs (:class:`EpochAware`, and the walk that starts a graph at an epoch), and the
-loader's stack above the graphs (:class:`Layer`), each declared once.
+loader's stack above the graphs (:class:`Layer`), each declared once; on the ground floor (it imports only
+``torchdata``).
 
-On the ground floor (it imports only ``torchdata``), so the loader, the runtime, the readers and the
-stages can all use it without importing each other.
-
-The stack: :func:`~padpipe.runtime.assemble.assemble` stacks, from the top, loss-token windows
-(``LossTokens``), equal steps (``EqualSteps``) and a trailing prefetch or ``to_cuda`` stage
-(``DevicePrefetcher``) over the graphs (worker processes, or the consumer's graph in this process),
-and records that stack as :class:`LayerRecord` s. Every layer speaks one small protocol
-(:class:`Layer`): :meth:`Layer.split` takes a saved state apart into the state below it, the
-batches it held that had not come out, and whether the epoch had ended on every rank below it;
-:meth:`Layer.around` makes a fresh state of it over a state below. The elastic planner
-(:mod:`padpipe.runtime.elastic`) folds over the record, so a layer added to the assembly is planned
-for by what it declares, nowhere else. "This rank has stopped, or replays" and "the epoch has ended
-on every rank" are two facts: only the second is a layer's ``ended``; its held batches come out in
-every case.
+The stack: :func:`~padpipe.runtime.assemble.assemble` stacks loss-token windows, equal steps and a trailing
+prefetch or ``to_cuda`` stage over the graphs and records them as :class:`LayerRecord` s. Each layer takes a
+saved state apart (:meth:`Layer.split`: the state below it, the batches it held, whether the epoch had ended on
+every rank below it) and makes a fresh state of itself over a state below (:meth:`Layer.around`); the elastic
+planner (:mod:`padpipe.runtime.elastic`) folds over the record, so a layer added to the assembly is planned for
+by what it declares, nowhere else.
 """
 
 from __future__ import annotations
@@ -71,14 +64,8 @@ def start_at_epoch(root: BaseNode, epoch: int) -> None:
 # -- the loader's stack above the graphs: one protocol for saving, splitting and rebuilding -------------------
 @dataclass(frozen=True)
 class Parts:
-    """A layer's saved state taken apart.
-
-    Attributes:
-        source: The state of the layer below.
-        held: Batches the layer held (read ahead, in a window, received) that had not come out, in order.
-        ended: Whether the epoch had ended on every rank below this layer (its rows all came out or
-            were held here); a rank that had only run out of its own share has not ended it.
-    """
+    """A layer's saved state taken apart: the ``source`` state below it, the batches it ``held`` that had not come
+    out, and whether the epoch had ``ended`` on every rank below it (a rank that only ran out of its share has not)."""
 
     source: dict[str, Any]
     held: list[Any] = field(default_factory=list)

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-import torch
 from torchdata.nodes import BaseNode
 
 from padpipe.checkpoints import check_nesting, gathered, is_checkpoint, one_checkpoint, own_part
 from padpipe.drivers import check_loader_call
+from padpipe.errors import non_negative
 from padpipe.graph import start_at_epoch
+from padpipe.runtime.assemble import LoaderOptions, assemble
 from padpipe.runtime.held import Untrained
 from padpipe.runtime.loader_state import LOADER_STATE
+from padpipe.stage import Recipe
 from padpipe.state import StateMismatchError
-from padpipe.stats import PipelineStats, StatsSnapshot
+from padpipe.stats import StatsSnapshot
 
 T = TypeVar("T")
 
@@ -34,32 +36,18 @@ class PipelineLoader(Generic[T]):
     * a :meth:`checkpoint` holding batches not trained yet resumes with them, then (if its loop
       had ended, a trainer fetching ahead having met the epoch's end) that epoch ends.
 
-    This is what ``torchdata``'s ``StatefulDataLoader`` does, so both loaders agree. An ``iter`` whose
-    epoch returned no batch and did not end leaves that epoch unspent: the next ``iter`` starts it
-    again (a framework that calls ``iter`` once to check the loader moves no epoch on).
+    This is what ``torchdata``'s ``StatefulDataLoader`` does. An ``iter`` whose epoch returned no
+    batch and did not end leaves that epoch unspent: the next ``iter`` starts it again (a framework
+    that calls ``iter`` once to check the loader moves no epoch on).
 
-    ``iter``, ``state_dict`` and ``load_state_dict`` do the same whoever calls them. A training
-    loop that fetches batches ahead of the step it trains (Lightning's) holds batches the loader
-    returned and the trainer has not trained, which the loader cannot see: that loop's adapter says
-    so, through the framework's own extension point. Lightning's ``ExactResume`` callback calls
-    :meth:`trained` after each step and saves :meth:`checkpoint` with ``untrained=loader.untrained``
-    where Lightning keeps the loader's state (torchtitan's ``BaseDataLoader`` and ``padpipe.hf.Trainer``
-    are adapters of their own). What no method can tell is Lightning training or saving the
-    loader without that callback from a user doing so: a check in
-    :mod:`padpipe.integrations.loader_guard`, run by ``state_dict``, ``load_state_dict`` and an
-    epoch's first batch, raises then, naming the callback (it never changes what they return), so
-    such a checkpoint is never silently one batch late, and a fit that would save one fails before
-    its first step.
+    A loop that fetches batches ahead of the step it trains (Lightning's) holds batches the loader
+    cannot see: its adapter notes them (:meth:`trained`, :meth:`checkpoint`), and
+    :mod:`padpipe.integrations.loader_guard` raises where Lightning would save or resume the loader
+    without its ``ExactResume`` callback (docs/training.md).
 
     Args:
-        root: The built node graph (equal steps and worker processes included).
-        stats: The counters its stages report into.
-        settings: What a loaded state must match (e.g. the number of worker processes).
-        device: The device its batches are on (a ``to_cuda`` stage's; ``"cuda"`` without an
-            index: resolved when used), for wrappers that restore batches kept in their own
-            state (``LightningLoader``); ``None``: the CPU.
-        group: The process group whose ranks share the data (``None``: the world).
-        rebuild: Makes a new loader of the same pipeline with the same options (for :meth:`copy`).
+        pipeline: The recipe it reads.
+        options: How it runs it (:meth:`padpipe.Pipeline.loader`'s arguments).
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}, {"text": "b"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -72,29 +60,14 @@ class PipelineLoader(Generic[T]):
 
     STATE = LOADER_STATE
 
-    def __init__(
-        self,
-        root: BaseNode[T],
-        stats: PipelineStats,
-        *,
-        settings: dict[str, Any] | None = None,
-        layout: Callable[[], list[int]] | None = None,
-        reshare: Callable[..., dict[str, Any]] | None = None,
-        device: torch.device | None = None,
-        group: Any = None,
-        rebuild: Callable[[], PipelineLoader[T]] | None = None,
-    ) -> None:
-        self.root = root
-        self.device, self.group = device, group
-        self._stats = stats
-        self._settings = dict(settings or {})
-        self._layout = layout or (lambda: [0, 1, 0])
-        self._reshare = reshare
-        self._rebuild = rebuild
+    def __init__(self, pipeline: Recipe, options: LoaderOptions) -> None:
+        self.pipeline, self.options = pipeline, options
+        self._built = assemble(pipeline, options)
+        self.root: BaseNode[T] = self._built.root
+        self.device, self.group = self._built.device, options.group  # read by wrappers that restore batches
         self._untrained = Untrained()
         self._pending: dict[str, Any] | None = None
-        self._started = False
-        self._finished = False
+        self._started = self._finished = False
         self._epoch, self._step = -1, 0
         self._returned = 0  # batches returned to the loop, every epoch (stats().batches)
         self._trained: int | None = None  # batches its trainer noted trained (stats().batches once it notes)
@@ -143,11 +116,6 @@ class PipelineLoader(Generic[T]):
         """
         self._untrained.keep(count)
 
-    @property
-    def kept_untrained(self) -> int:
-        """How many of the batches last returned it keeps now (at most :meth:`keep_untrained`'s count)."""
-        return len(self._untrained.recent)
-
     def trained(self, count: int = 1) -> None:
         """Note that the trainer has trained the oldest ``count`` batches returned since the last note.
 
@@ -160,8 +128,7 @@ class PipelineLoader(Generic[T]):
             >>> loader.trained(); loader.untrained  # the first was trained, the second is fetched
             1
         """
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"`count` must be an int >= 0, but is {count!r} instead.")
+        non_negative("count", count)
         done = min(count, self._untrained.outstanding)
         self._untrained.outstanding -= done
         self._trained = (self._trained or 0) + done
@@ -174,13 +141,10 @@ class PipelineLoader(Generic[T]):
     def checkpoint(self, *, untrained: int = 0) -> dict[str, Any]:
         """Every rank's position in one value, the same on every rank: a collective over the loader's group.
 
-        For each rank of the group (its data-parallel group; the world by default): its
-        :meth:`state_dict`, and the last ``untrained`` batches it returned that its trainer has not
-        trained yet (a loop's fetch-ahead; :meth:`keep_untrained` must keep that many), with any
-        restored ones not returned again yet. :meth:`load_state_dict` takes it on any layout: on the
-        same one each rank takes its own part and returns its batches first; on another, the rest
-        of the epoch and every rank's batches are shared out (docs/elastic.md). Lightning's
-        ``ExactResume``, torchtitan and padpipe.hf.Trainer save through it; it is plain data with CPU tensors.
+        For each rank of the group: its :meth:`state_dict`, and the last ``untrained`` batches it returned
+        that its trainer has not trained yet (:meth:`keep_untrained` must keep that many), with any restored
+        ones not returned again yet. :meth:`load_state_dict` takes it on any layout (docs/elastic.md); it is
+        plain data with CPU tensors.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -200,10 +164,10 @@ class PipelineLoader(Generic[T]):
             return self._pending
         root = self.root.state_dict() if self._started else None
         return self.STATE.make(
-            self._settings,
+            self.options.settings(),
             root=root,
             finished=self._finished,
-            layout=self._layout(),
+            layout=self._built.layout(),
             epoch=self._epoch,
             step=self._step,
             lockstep=bool(getattr(self.root, "in_lockstep", False)),
@@ -218,23 +182,19 @@ class PipelineLoader(Generic[T]):
     ) -> None:
         """Continue from ``state`` at the next ``iter(loader)``.
 
-        ``state`` is this rank's state, or a list of the states of every rank of a run saved with
-        another number of ranks or workers (elastic resume: the rest of that epoch is shared over
-        this run's ranks and workers, then epochs follow this run's plan; see docs/elastic.md).
-
-        A list must be one checkpoint: every rank in one epoch, at the same step (or each at the
-        end of its share of the epoch). Ranks that did not agree each step (``Consumer`` ranks,
-        equal steps off) may each have saved at a step of its own: say so with ``independent=True``.
+        ``state`` is this rank's state, a :meth:`checkpoint`, or a list of the states of every rank of a run
+        saved with another number of ranks or workers (elastic resume: the rest of that epoch is shared over
+        this run's ranks and workers; docs/elastic.md). A list must be one checkpoint: every rank in one
+        epoch, at the same step (or each at the end of its share of the epoch).
 
         Args:
             state: One state, or every saved rank's.
             ahead: For an elastic resume, the batches each saved rank (the key) had taken from its
-                loader but not trained on (a training loop's fetch-ahead): they are shared out with
-                the rest of the epoch, so the new ranks still take equal steps. On the same layout
-                a caller yields its own again itself, so passing any is an error.
-            independent: The saved ranks ran independently, so their states may be at different
-                steps of the epoch; without it such a list is refused as states of different
-                checkpoints. States saved in lockstep (``torch.distributed``) must agree anyway.
+                loader but not trained on: they are shared out with the rest of the epoch (on the
+                same layout a caller yields its own again itself, so passing any is an error).
+            independent: The saved ranks ran independently (``Consumer`` ranks, equal steps off), so
+                their states may be at different steps; without it such a list is refused as states
+                of different checkpoints. States saved in lockstep must agree anyway.
 
         Example:
             >>> rows = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(400)]})
@@ -270,10 +230,10 @@ class PipelineLoader(Generic[T]):
                 "rank's, but is an empty list instead."
             )
         for one in states:
-            self.STATE.check(one, self._settings)
+            self.STATE.check(one, self.options.settings())
             check_nesting(one)
         states = one_checkpoint(states, independent=independent)
-        layout = self._layout()
+        layout = self._built.layout()
         own = [s for s in states if s["layout"] == layout]
         if own and states[0]["layout"][1:] == layout[1:]:
             if any(ahead.values() if ahead else ()):
@@ -284,7 +244,7 @@ class PipelineLoader(Generic[T]):
             self._pending = dict(own[0])
             return
         saved = states[0]["layout"]
-        if len(states) < saved[1] or self._reshare is None:
+        if len(states) < saved[1]:
             raise StateMismatchError(
                 f"PipelineLoader state was saved by rank {saved[0]} of {saved[1]} with {saved[2]} workers, but this "
                 f"loader is rank {layout[0]} of {layout[1]} with {layout[2]} workers: to resume on another layout, "
@@ -292,14 +252,14 @@ class PipelineLoader(Generic[T]):
                 "(docs/elastic.md)."
             )
         carried = {key: states[0][key] for key in ("epoch", "step", "lockstep")}
-        self._pending = self._reshare(states, layout, carried, dict(ahead or {}))
+        self._pending = self._built.reshare(states, layout, carried, dict(ahead or {}))
 
     def _load_checkpoint(self, parts: list[dict[str, Any]], independent: bool) -> None:
         """Resume from every rank's parts of a :meth:`checkpoint`: this rank's, or an elastic share of them all."""
         states = [one["loader"] for one in parts]
         for one in states:
-            self.STATE.check(one, self._settings)
-        layout = self._layout()
+            self.STATE.check(one, self.options.settings())
+        layout = self._built.layout()
         if states[0]["layout"][1:] != layout[1:]:
             ahead = {rank: list(one["ahead"]) for rank, one in enumerate(parts)}
             self.load_state_dict(states, ahead=ahead, independent=independent)
@@ -321,8 +281,7 @@ class PipelineLoader(Generic[T]):
             >>> [b["input_ids"].tolist() for b in again] == epochs[2] != epochs[0]
             True
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"`epoch` must be an int >= 0, but is {epoch!r} instead.")
+        non_negative("epoch", epoch)
         self._pending = None
         self._untrained.clear()
         start_at_epoch(self.root, epoch)
@@ -332,22 +291,18 @@ class PipelineLoader(Generic[T]):
     def copy(self) -> PipelineLoader[T]:
         """A new loader of the same pipeline that reads next what this one reads next, leaving this one as it is.
 
-        Built with the same options (workers, equal steps...) and its own graph and counters: reading
-        it, even while this loader's epoch runs in a ``for`` loop, changes neither that loop's
-        batches nor this loader's ``state_dict()`` or ``stats()``. It starts where this loader's
-        running epoch is (or at the state loaded and not yet used), else at the epoch this loader
-        starts next. Under ``torch.distributed`` every rank reads its copy, as equal steps needs.
+        Built with the same options and its own graph and counters, so reading it changes nothing of this
+        loader's. It starts where this loader's running epoch is (or at the state loaded and not yet used),
+        else at the epoch this loader starts next. Under ``torch.distributed`` every rank reads its copy.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abc"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
             >>> loader = pipe.loader(); it = iter(loader); first = next(it)
             >>> ahead = next(iter(loader.copy()))["input_ids"]
-            >>> torch.equal(next(it)["input_ids"], ahead), loader.state_dict()["step"]
+            >>> next(it)["input_ids"].tolist() == ahead.tolist(), loader.state_dict()["step"]
             (True, 2)
         """
-        if self._rebuild is None:
-            raise TypeError("This PipelineLoader was built without `rebuild`, so it cannot copy itself.")
-        fresh = self._rebuild()
+        fresh = PipelineLoader[T](self.pipeline, self.options)
         if self._pending is not None or (self._started and not self._finished):
             fresh.load_state_dict(self.state_dict())
         else:  # before its first epoch, after an epoch's loop ended, or after set_epoch: the next epoch from its start
@@ -357,11 +312,9 @@ class PipelineLoader(Generic[T]):
     def stats(self) -> StatsSnapshot:
         """Rows, real and padded tokens, padding efficiency, skipped rows and time per stage so far.
 
-        ``batches`` counts the batches this loader returned to the loop (a filler of equal steps
-        included; a batch a stage such as ``prefetch`` or ``to_cuda`` made ahead is not, though its
-        rows and tokens are counted once made); once a trainer notes the batches it trained
-        (:meth:`trained`: Lightning's ``ExactResume``), those: a batch its loop fetched ahead, or
-        fetched and dropped, is not counted.
+        ``batches`` counts the batches this loader returned to the loop (a batch ``prefetch`` made ahead is
+        not, though its rows and tokens are counted once made); once a trainer notes the batches it trained
+        (:meth:`trained`), those.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": t} for t in "abcd"]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -370,16 +323,15 @@ class PipelineLoader(Generic[T]):
             1
         """
         return dataclasses.replace(
-            self._stats.snapshot(), batches=self._returned if self._trained is None else self._trained
+            self._built.stats.snapshot(), batches=self._returned if self._trained is None else self._trained
         )
 
 
 class _Epoch(Iterator[T]):
-    """One epoch of a loader: the batches restored from a checkpoint first, then the root's items; the loader
-    learns when the epoch ended, and keeps the last items it returned (:meth:`PipelineLoader.keep_untrained`).
+    """One epoch of a loader: the batches restored from a checkpoint first, then the root's items.
 
-    Not a generator: after an error the next ``next()`` asks the root again, which raises the same
-    error (a failed pipeline stays failed) instead of ending the epoch quietly.
+    Not a generator: after an error the next ``next()`` asks the root again, which raises the same error
+    instead of ending the epoch quietly.
     """
 
     def __init__(self, loader: PipelineLoader[T]) -> None:

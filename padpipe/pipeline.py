@@ -31,7 +31,7 @@ from padpipe.pipes.preference import preference_options
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.pipes.tokens import tokens_options
 from padpipe.readers.listing import SharedListing
-from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
+from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable, arguments
 from padpipe.stage import Stage
 from padpipe.tokenizer.serialized import tokenizer_json
 
@@ -437,16 +437,7 @@ class Pipeline(Runnable, IterableDataset):
             'token batches'
         """
         self._expect("bucket", TOKENS)
-        options: dict[str, Any] = {
-            "batch_size": batch_size,
-            "max_tokens": max_tokens,
-            "buffer_size": buffer_size,
-            "drop_last": drop_last,
-            "shuffle": shuffle,
-            "seed": seed,
-            "on_oversize": on_oversize,
-            "eager": eager,
-        }
+        options = arguments(locals())
         check_bucket_options(**options)
         if max_tokens is not None and self._paired():
             raise ValueError(
@@ -489,26 +480,11 @@ class Pipeline(Runnable, IterableDataset):
             torch.Size([1, 8])
         """
         self._expect("pad", TOKEN_BATCHES)
-        if pad_id is None:
-            pad_id = self._tokenizer_id("pad_id")
-            if pad_id is None and self._has_stage("tokens"):
-                raise ValueError(self._no_tokenizer_pad_id("pad"))
-            if pad_id is None:
-                raise ValueError(
-                    "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed "
-                    "sub-pipelines): pass `pad_id=`."
-                )
+        options = {**arguments(locals()), "pad_id": self._pad_id("pad") if pad_id is None else pad_id}
+        del options["ids_as_labels"]  # the plain pad's alone, added below
         budget = next((s.options["max_tokens"] for s in self.stages if s.name == "bucket"), None)
         if budget is not None:  # the bucket stage's budget must hold one padded row
             longest_row_allowed(budget, pad_to_multiple_of, pad_to_length)
-        options: dict[str, Any] = {
-            "pad_id": pad_id,
-            "side": side,
-            "pad_to_multiple_of": pad_to_multiple_of,
-            "pad_to_length": pad_to_length,
-            "label_pad_id": label_pad_id,
-            "dtype": dtype,
-        }
         check_pad_options(**options)
         check_bool("ids_as_labels", ids_as_labels)
         if self._paired():
@@ -539,16 +515,12 @@ class Pipeline(Runnable, IterableDataset):
     ) -> Pipeline:
         """Pack documents into rows of exactly ``seq_len`` tokens (the fullest rows of a buffer, best fit decreasing).
 
-        Output per batch, under the names HF models read (see :class:`padpipe.pipes.pack.Packer`
-        and docs/packing.md): ``input_ids``, ``position_ids`` (restarting per document),
-        ``labels`` (each document's token-level labels where rows have a ``labels`` list
-        column, else its ids; -100 at document starts and padding) ``[B, seq_len]`` int64, ``seq_idx``
-        ``[B, seq_len]`` int32, flash-attention ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and
-        ``max_length_q``/``max_length_k`` (``int``), and with ``block_mask=True`` a 4-D
-        block-diagonal causal ``attention_mask``, and ``use_cache=False`` (in HF ``eager``/``sdpa``
-        attention a cache would hide the packed rows). Attention models read it right as it is;
-        models whose layers carry state (Mamba, Gated DeltaNet, short convolutions) need kernels
-        and sometimes ``layout="flat"``, or no packing at all: :func:`padpipe.model_kind` says which.
+        Output per batch, under the names HF models read (docs/packing.md): ``input_ids``,
+        ``position_ids`` (restarting per document), ``labels`` (-100 at document starts and padding),
+        ``seq_idx``, flash-attention ``cu_seq_lens_q/k`` and ``max_length_q/k``, with ``block_mask=True``
+        a 4-D block-diagonal causal ``attention_mask``, and ``use_cache=False``. Attention models read it
+        right as it is; models whose layers carry state (Mamba, Gated DeltaNet) need kernels and sometimes
+        ``layout="flat"``, or no packing at all: :func:`padpipe.model_kind` says which.
 
         Args:
             seq_len: Tokens per packed row.
@@ -582,27 +554,11 @@ class Pipeline(Runnable, IterableDataset):
             torch.Size([4, 512])
         """
         self._expect("pack", TOKENS)
-        if pad_id is None:
-            pad_id = self._tokenizer_id("pad_id")
-            pad_id = self._tokenizer_id("eos_id") if pad_id is None else pad_id
-            if pad_id is None and self._has_stage("tokens"):
-                raise ValueError(self._no_tokenizer_pad_id("pack"))
-            if pad_id is None:
-                raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
-        options: dict[str, Any] = {
-            "seq_len": seq_len,
-            "batch_size": batch_size,
-            "buffer_size": buffer_size,
-            "long_docs": long_docs,
-            "keep_tail": keep_tail,
-            "position_offset": position_offset,
-            "block_mask": block_mask,
-            "mask_dtype": mask_dtype,
-            "pad_id": pad_id,
-            "label_pad_id": label_pad_id,
+        options = {
+            **arguments(locals()),
+            "pad_id": self._pad_id("pack") if pad_id is None else pad_id,
             "keep": tuple(keep) if isinstance(keep, (list, tuple)) else keep,
             "vocab_size": self._tokenizer_id("vocab_size"),  # ids and labels checked in, and in a state
-            "layout": layout,
         }
         check_pack_options(**options)
         if self._paired():
@@ -652,11 +608,9 @@ class Pipeline(Runnable, IterableDataset):
         """Copy batches to a GPU ahead of use: pinned memory, ``non_blocking`` copies on a side stream.
 
         Tensors are safe to use on the consumer's current stream. Raises ``RuntimeError`` at once
-        when no CUDA device is available. It must be the last stage (a later one raises
-        ``ValueError``): it runs in the main process, next to the model, also with
-        ``.loader(num_workers=N)``; inside a ``DataLoader`` worker it raises ``RuntimeError``.
-        Right after ``.pack(block_mask=True)`` it builds the 4-D mask on the GPU from ``seq_idx``
-        (the same values) instead of pinning and copying ``B * seq_len**2`` entries each step.
+        when no CUDA device is available. It must be the last stage: it runs in the main process, next
+        to the model, also with ``.loader(num_workers=N)``. Right after ``.pack(block_mask=True)`` it
+        builds the 4-D mask on the GPU instead of copying ``B * seq_len**2`` entries each step.
 
         Args:
             device: The CUDA device; default: ``cuda:LOCAL_RANK`` when ``LOCAL_RANK`` is set (torchrun),
@@ -717,14 +671,23 @@ class Pipeline(Runnable, IterableDataset):
         """Whether the rows are preference pairs (``.preference()`` without ``unpaired``)."""
         return any(s.name == "preference" and not s.options["options"].unpaired for s in self.stages)
 
-    def _has_stage(self, name: str) -> bool:
-        return any(s.name == name for s in self.stages)
-
-    @staticmethod
-    def _no_tokenizer_pad_id(method: str) -> str:
-        return (
-            f"{method}() has no pad id: the rows entered as token ids through tokens(), with no tokenizer "
-            f"to take one from; pass `pad_id=` to {method}() or to tokens()."
+    def _pad_id(self, method: str) -> int:
+        """The tokenizer's pad id (for ``pack``, else its EOS id), or the error that asks ``method`` for one."""
+        pad_id = self._tokenizer_id("pad_id")
+        if pad_id is None and method == "pack":
+            pad_id = self._tokenizer_id("eos_id")
+        if pad_id is not None:
+            return pad_id
+        if any(s.name == "tokens" for s in self.stages):
+            raise ValueError(
+                f"{method}() has no pad id: the rows entered as token ids through tokens(), with no tokenizer "
+                f"to take one from; pass `pad_id=` to {method}() or to tokens()."
+            )
+        if method == "pack":
+            raise ValueError("The tokenizer has neither a pad nor an EOS token: pass `pad_id=` to pack().")
+        raise ValueError(
+            "pad() found no pad token (the tokenizer has none, or tokenize() ran inside mixed sub-pipelines): "
+            "pass `pad_id=`."
         )
 
     def _add(self, stage: Stage, output: str, **changes: Any) -> Pipeline:

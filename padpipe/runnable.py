@@ -7,7 +7,6 @@ file reads at once. Methods here only read the recipe's fields.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterator
 from typing import Any, Literal, Self, cast
 
@@ -18,7 +17,7 @@ from padpipe.cache import session as cache_session
 from padpipe.drivers import check_iteration
 from padpipe.errors import one_of
 from padpipe.loader import PipelineLoader
-from padpipe.runtime.assemble import assemble
+from padpipe.runtime.assemble import LoaderOptions
 from padpipe.runtime.iterable import PipelineIterator
 from padpipe.runtime.latch import FailureLatch
 from padpipe.sharing.consumer import Consumer
@@ -27,6 +26,16 @@ from padpipe.stats import PipelineStats
 
 # What a pipeline yields so far, in stage order.
 RECORDS, TOKENS, TOKEN_BATCHES, TENSORS = "records", "tokens", "token batches", "tensors"
+
+
+def arguments(names: dict[str, Any]) -> dict[str, Any]:
+    """A method's arguments, from its ``locals()`` taken first thing (options named once, in its signature).
+
+    Example:
+        >>> arguments({"self": None, "batch_size": 8})
+        {'batch_size': 8}
+    """
+    return {name: value for name, value in names.items() if name != "self"}
 
 
 class Runnable:
@@ -80,55 +89,42 @@ class Runnable:
         """The loader to iterate: one pass per epoch, in this process or in ``num_workers`` processes.
 
         Supports ``state_dict()``/``load_state_dict()`` for exact mid-epoch resume (see
-        :class:`~padpipe.loader.PipelineLoader` for what a state taken at an epoch's end means)
-        and ``stats()``. Each ``iter(loader)`` is the next epoch; no ``set_epoch`` is needed.
-
-        With ``num_workers > 0`` the stages run in that many DataLoader worker processes (each
-        reads its share of this rank's share; tokenizing in parallel), started for each epoch
-        with the epoch set by this process, and their batches come back in a fixed round-robin
-        order, so runs are deterministic and resume is exact. A trailing ``to_cuda``/``prefetch``
-        stage runs here, in the main process.
-
-        Under ``torch.distributed``, every rank takes the same number of steps per epoch (token
-        budgets give ranks different batch counts, and DDP hangs when one stops early), at the cost
-        of one tiny all-reduce per step in this process (:class:`padpipe.runtime.equal_steps.EqualSteps`).
+        :class:`~padpipe.loader.PipelineLoader`) and ``stats()``. Each ``iter(loader)`` is the next
+        epoch. With ``num_workers > 0`` the stages run in that many DataLoader worker processes, started
+        for each epoch by this process, their batches in a fixed round-robin order (a trailing
+        ``to_cuda``/``prefetch`` stage runs here). Under ``torch.distributed`` every rank takes the same
+        number of steps per epoch (DDP hangs when one stops early), at the cost of one tiny all-gather
+        per step in this process.
 
         Args:
             num_workers: Worker processes; ``0`` runs the stages here (tokenizing in threads).
             consumer: This reader's rank slot (default: detected from ``torch.distributed``).
-            equal_steps: ``"balance"``: ranks that ran out are given batches by ranks that have
-                more, and the epoch's last batches are split and moved, so every rank ends at
-                the same step with every row once (packed rows cut into real pieces; a batch
-                marked ``"is_filler"``, to weigh by :func:`padpipe.loss_weight`, only where no
-                real piece is left for a rank: docs/distributed.md); ``"repeat"``: ranks that ran out replay their
-                epoch's first batches, marked ``"is_repeat"``; ``"drop"``: all ranks stop when
-                the first runs out (the rest is counted as ``equal_steps.dropped_batches``);
-                ``"off"``: unequal.
+            equal_steps: ``"balance"``: batches are moved and the epoch's last ones split, so every
+                rank ends at the same step with every row once (a batch marked ``"is_filler"``, to
+                weigh by :func:`padpipe.loss_weight`, only where no real piece is left for a rank);
+                ``"repeat"``: ranks that ran out replay their epoch's first batches, marked
+                ``"is_repeat"``; ``"drop"``: all ranks stop when the first runs out (the rest counted
+                as ``equal_steps.dropped_batches``); ``"off"``: unequal (docs/distributed.md).
             pin_memory: Pin worker batches in page-locked memory (``num_workers > 0``).
             prefetch_factor: Batches each worker prepares ahead (``num_workers > 0``; default 2).
             multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or a context.
             timeout: Seconds to wait for a worker's batch before raising (0: no limit).
-            accumulation_steps: Batches per optimizer step (gradient accumulation): every batch
-                gets ``num_items_in_batch``, a 0-d ``int64`` tensor, the label tokens (not
-                ``-100``) of its step's window of that many batches (the last of an epoch
-                shorter), summed over all ranks, as HF ``Trainer`` counts them: divide a summed
-                loss by it (``torch.distributed``: one all-reduce per window; see
-                docs/training.md). ``None``: no count.
+            accumulation_steps: Batches per optimizer step: every batch gets ``num_items_in_batch``
+                (a 0-d ``int64`` tensor), the label tokens of its step's window of that many batches
+                summed over all ranks, as HF ``Trainer`` counts them: divide a summed loss by it
+                (docs/training.md). ``None``: no count.
             causal: With ``accumulation_steps``, count ``labels[..., 1:]`` as for a causal-LM
                 loss (the default); ``False``: every label (masked LM, classification).
-            group: The data-parallel process group: its ranks share the data, take equal steps
-                and sum loss tokens, and :meth:`PipelineLoader.checkpoint` gathers over it
-                (``None``: the whole world). Tensor-, context- and pipeline-parallel peers of one
-                data-parallel rank have the same rank in their own groups, so they read the same
+            group: The data-parallel process group: its ranks share the data, take equal steps and
+                sum loss tokens, and :meth:`PipelineLoader.checkpoint` gathers over it (``None``: the
+                world); the tensor- and pipeline-parallel peers of one data-parallel rank read the same
                 batches.
 
         Raises:
             ValueError: The pipeline ends after ``.tokenize()``, ``.batch()`` or ``.bucket()``
-                (internal token chunks): add ``.pad()`` or ``.pack()``. A pipeline that ends at
-                its reader (or ``.shuffle()``) yields ``pyarrow.RecordBatch`` es, which is fine.
+                (internal token chunks): add ``.pad()`` or ``.pack()``.
             DataError: A reader's ``columns`` or tokenize's ``fields`` is not in the data, where
-                that is cheap to know (a local Parquet footer or Arrow schema, a ``datasets``
-                dataset, ``columns=``).
+                that is cheap to know.
 
         Example:
             >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -136,43 +132,7 @@ class Runnable:
             1
         """
         self._check_runnable()
-        built = assemble(
-            self._recipe(),
-            num_workers=num_workers,
-            consumer=consumer,
-            equal_steps=equal_steps,
-            accumulation_steps=accumulation_steps,
-            causal=causal,
-            group=group,
-            options={
-                "pin_memory": pin_memory,
-                "prefetch_factor": prefetch_factor,
-                "multiprocessing_context": multiprocessing_context,
-                "timeout": timeout,
-            },
-        )
-        return PipelineLoader(
-            built.root,
-            built.stats,
-            settings=built.settings,
-            layout=built.layout,
-            reshare=built.reshare,
-            device=built.device,
-            group=built.group,
-            rebuild=functools.partial(
-                self.loader,
-                num_workers,
-                consumer=consumer,
-                equal_steps=equal_steps,
-                pin_memory=pin_memory,
-                prefetch_factor=prefetch_factor,
-                multiprocessing_context=multiprocessing_context,
-                timeout=timeout,
-                accumulation_steps=accumulation_steps,
-                causal=causal,
-                group=group,
-            ),
-        )
+        return PipelineLoader(self._recipe(), LoaderOptions(**arguments(locals())))  # the arguments are its fields
 
     def shard(self, mode: Literal["auto", "off"] = "auto") -> Self:
         """Whether distributed ranks split the data (``"auto"``) or each reads all of it (``"off"``).

@@ -1,15 +1,10 @@
 """Stop every background thread of padpipe before the interpreter exits.
 
-A daemon thread that is inside native code when Python finalizes (a Parquet read, a Rust tokenizer
-call, freeing a tensor made by ``torch.from_numpy``, which takes the GIL back) is ended with
-``pthread_exit`` as soon as it asks for the GIL; unwinding through C++ frames then aborts the
-process (``terminate called without an active exception``, ``FATAL: exception not rethrown``)
-after every step of the program passed. So every thread a
-:class:`~padpipe.pipes.threads.BackgroundProducer` starts is registered here with its stop
-event, and at exit each one still running is told to stop and joined (it finishes its current
-``next(source)`` first). That includes the threads of loaders abandoned after an error: their
-producer object may be gone, the thread is not. ``tokenize``'s thread pools are not daemons:
-Python joins them at exit by itself.
+A daemon thread inside native code when Python finalizes (a Parquet read, a Rust tokenizer call) is ended with
+``pthread_exit`` as soon as it asks for the GIL; unwinding through C++ frames then aborts the process
+(``terminate called without an active exception``) after every step of the program passed. So every thread a
+:class:`~padpipe.pipes.threads.BackgroundProducer` starts is registered here with its stop event, and at exit
+each one still running (an abandoned loader's too) is told to stop and joined.
 """
 
 from __future__ import annotations

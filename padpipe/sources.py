@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from padpipe import _build
 from padpipe._checks import check_sources
@@ -18,25 +18,33 @@ from padpipe.readers.listing import SharedListing
 from padpipe.readers.parquet import ParquetReader
 from padpipe.readers.retry import Retry
 
-if TYPE_CHECKING:
-    from padpipe.readers.retry import Retry
-
 PathsLike = str | Sequence[str]
 
 
 def _start(name: str, reader: type[Any], **options: Any) -> Pipeline:
     positive("chunk_rows", options.get("chunk_rows", 1))
-    if "paths" in options:  # a file reader: local paths that name nothing fail now, not in the loader
-        check_sources(options["paths"], reader.SUFFIXES)
     return Pipeline(Stage(name, _build.source, {"reader": reader, **options}))
 
 
-def _file_options(retries: int | Retry, on_missing: str) -> dict[str, Any]:
-    """Check the file readers' storage options at once; one listing shared by all loaders and workers."""
-
+def _read_files(
+    name: str,
+    reader: type[Any],
+    paths: PathsLike,
+    columns: Sequence[str] | None,
+    chunk_rows: int,
+    storage_options: dict | None,
+    retries: int | Retry,
+    on_missing: str,
+    **options: Any,
+) -> Pipeline:
+    """A file reader's pipeline: its storage options checked, its local paths that name nothing refused now (not
+    in the loader), and one listing shared by all its loaders and workers."""
     Retry.of(retries)
     one_of("on_missing", on_missing, ("raise", "skip"))
-    return {"retries": retries, "on_missing": on_missing, "listing": SharedListing()}
+    positive("chunk_rows", chunk_rows)
+    check_sources(paths, reader.SUFFIXES)
+    files = {"paths": paths, "columns": columns, "storage_options": storage_options, "listing": SharedListing()}
+    return _start(name, reader, chunk_rows=chunk_rows, retries=retries, on_missing=on_missing, **files, **options)
 
 
 def read_parquet(
@@ -60,24 +68,15 @@ def read_parquet(
         on_missing: A file gone or resized since it was listed: ``"raise"`` or ``"skip"`` it
             (counted in stats as ``read.missing_file``).
 
-    Files are listed once per pipeline, on first use, and the listing is shared by its loaders
-    and DataLoader workers. A local path, glob or folder that names no file fails here, at once
-    (``FileNotFoundError``), as does a URL whose fsspec backend is not installed.
+    Files are listed once per pipeline, on first use, shared by its loaders and workers; a local path
+    that names no file, or a URL whose fsspec backend is not installed, fails here, at once.
 
     Example:
         >>> pipe = pp.read_parquet(pp.examples.SAMPLE_PARQUET, columns=["sentence1", "label"])
         >>> next(iter(pipe.loader())).num_rows
         1024
     """
-    return _start(
-        "read_parquet",
-        ParquetReader,
-        paths=paths,
-        columns=columns,
-        chunk_rows=chunk_rows,
-        storage_options=storage_options,
-        **_file_options(retries, on_missing),
-    )
+    return _read_files("read_parquet", ParquetReader, paths, columns, chunk_rows, storage_options, retries, on_missing)
 
 
 def read_arrow(
@@ -102,15 +101,7 @@ def read_arrow(
     Example:
         >>> pipe = pp.read_arrow("my_dataset/")  # doctest: +SKIP
     """
-    return _start(
-        "read_arrow",
-        ArrowReader,
-        paths=paths,
-        columns=columns,
-        chunk_rows=chunk_rows,
-        storage_options=storage_options,
-        **_file_options(retries, on_missing),
-    )
+    return _read_files("read_arrow", ArrowReader, paths, columns, chunk_rows, storage_options, retries, on_missing)
 
 
 def read_jsonl(
@@ -142,15 +133,8 @@ def read_jsonl(
         ['id', 'text']
     """
     one_of("on_error", on_error, ("raise", "skip"))
-    return _start(
-        "read_jsonl",
-        JsonlReader,
-        paths=paths,
-        columns=columns,
-        chunk_rows=chunk_rows,
-        storage_options=storage_options,
-        on_error=on_error,
-        **_file_options(retries, on_missing),
+    return _read_files(
+        "read_jsonl", JsonlReader, paths, columns, chunk_rows, storage_options, retries, on_missing, on_error=on_error
     )
 
 
@@ -183,15 +167,7 @@ def read_csv(
         >>> next(iter(pp.read_csv(str(path)).loader())).to_pylist()
         [{'sentence1': 'A cat.', 'sentence2': 'A dog.', 'label': 0}]
     """
-    return _start(
-        "read_csv",
-        CsvReader,
-        paths=paths,
-        columns=columns,
-        chunk_rows=chunk_rows,
-        storage_options=storage_options,
-        **_file_options(retries, on_missing),
-    )
+    return _read_files("read_csv", CsvReader, paths, columns, chunk_rows, storage_options, retries, on_missing)
 
 
 def from_hf(
@@ -204,9 +180,8 @@ def from_hf(
             error asking for a split.
         columns: Columns to read (default: all).
         chunk_rows: Most rows per chunk passed downstream.
-        tokens: The column of an already tokenized dataset holding token ids (e.g.
-            ``"input_ids"``): shorthand for ``from_hf(ds).tokens(tokens)`` (see
-            :meth:`padpipe.Pipeline.tokens`; ``pad()``/``pack()`` then need ``pad_id=``).
+        tokens: The token ids' column of an already tokenized dataset: shorthand for
+            ``from_hf(ds).tokens(tokens)`` (:meth:`padpipe.Pipeline.tokens`).
 
     Example:
         >>> import datasets
@@ -227,8 +202,8 @@ def from_hf(
 def from_iterable(iterable: Iterable[dict[str, Any]], *, chunk_rows: int = 1024) -> Pipeline:
     """Read any re-iterable of dicts (a list, a generator factory's result per epoch).
 
-    Each epoch iterates ``iterable`` again, so pass a list or an object whose ``__iter__`` starts
-    over; resume skips the rows already read.
+    Each epoch iterates ``iterable`` again (pass a list, or an object whose ``__iter__`` starts over);
+    resume skips the rows already read.
 
     Example:
         >>> next(iter(pp.from_iterable([{"text": "a"}, {"text": "b"}]).loader())).to_pylist()

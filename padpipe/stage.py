@@ -1,8 +1,5 @@
 """What a recipe is made of: its :class:`Stage` s, the :class:`BuildContext` their builders get, and
-:class:`Recipe`, what the runtime and the checks read of a recipe.
-
-Below the stages and the runtime, so both can read a recipe without importing the builders
-(``padpipe._build``), which only the facade uses, or ``padpipe.pipeline``, which imports them.
+:class:`Recipe`, what the runtime and the checks read of a recipe (below them, so they import nothing above).
 """
 
 from __future__ import annotations
@@ -44,9 +41,7 @@ class BuildContext:
 class Recipe(Protocol):
     """A recipe as the runtime reads it: its stages, settings, a fresh graph and the epoch of ``iter(pipe)``.
 
-    :class:`padpipe.Pipeline` is the one recipe; the runtime and the checks take it through this
-    protocol, so they import nothing above them. A frozen dataclass (``dataclasses.replace`` makes
-    a changed copy).
+    :class:`padpipe.Pipeline` is the one recipe, a frozen dataclass (``dataclasses.replace`` makes a changed copy).
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer())

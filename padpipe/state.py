@@ -1,23 +1,12 @@
-"""Versioned, checked, plain-data node state: every stage saves its state with :func:`make_state`
-and loads it back with :func:`check_state`.
+"""Versioned, checked, plain-data node state (docs/state.md).
 
-A state is plain data: dicts with string keys, lists, ``str``/``int``/``float``/``bool``/``None``
-and ``torch`` tensors (buffers), so ``torch.load(..., weights_only=True)`` loads a checkpoint that
-holds one, and ``json`` can write one that holds no tensors. Each state carries
-
-* ``version``: the stage's state format; another version is rejected;
-* ``settings``: what resume depends on (seed, buffer size, batch policy, input); each must equal
-  the pipeline's own;
-* the stage's fields, each checked against a :class:`Spec` (type, range, length) before use;
-* ``checksum``: a CRC-32 over all of the above, so a value edited or corrupted after saving (even
-  to another value in range) is rejected instead of silently reading other rows. A nested state
-  or buffer (a dict with its own ``checksum``) counts by its checksum and checks itself.
-
-Every failure is a :class:`StateMismatchError` naming the stage and the key.
-
-A stage declares its state once, as a :class:`StateSchema` (its name, version and each key's
-:class:`Spec`); saving (:meth:`StateSchema.make`) and checking (:meth:`StateSchema.check`) both
-follow from that one declaration.
+A state is plain data (dicts with string keys, lists, scalars and ``torch`` tensors), so
+``torch.load(..., weights_only=True)`` loads a checkpoint that holds one. Each carries its ``version``,
+the ``settings`` resume depends on (each must equal the pipeline's own), its fields (each checked against a
+:class:`Spec`) and a CRC-32 ``checksum`` over all of them, so a value edited after saving is refused. A nested
+state or buffer (a dict with its own ``checksum``) counts by its checksum and checks itself. A stage declares
+its state once, as a :class:`StateSchema`; every failure is a :class:`StateMismatchError` naming the stage and
+the key.
 """
 
 from __future__ import annotations
@@ -94,7 +83,7 @@ def checksum(value: Mapping[str, Any]) -> str:
         >>> checksum({"epoch": 1}) == checksum({"epoch": 1}) != checksum({"epoch": 2})
         True
     """
-    return f"{crc({k: v for k, v in value.items() if k != CHECKSUM_KEY}, 0, sealed=CHECKSUM_KEY):08x}"
+    return f"{crc({k: v for k, v in value.items() if k != CHECKSUM_KEY}, sealed=CHECKSUM_KEY):08x}"
 
 
 def seal(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -284,17 +273,11 @@ def _same(found: Any, expected: Any) -> bool:
         return set(found) == set(expected) and all(_same(found[k], expected[k]) for k in expected)
     if isinstance(found, (list, tuple)) and isinstance(expected, (list, tuple)):
         return len(found) == len(expected) and all(_same(a, b) for a, b in zip(found, expected))
-    return (
-        type(found) is type(expected)
-        and found == expected
-        or (
-            isinstance(found, (int, float))
-            and isinstance(expected, (int, float))
-            and not isinstance(found, bool)
-            and not isinstance(expected, bool)
-            and found == expected
-        )
-    )
+    return (type(found) is type(expected) or _number(found) and _number(expected)) and found == expected
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_int(value: Any, lo: int, hi: int) -> bool:

@@ -1,19 +1,11 @@
 """Walks over a state's values, which anyone may have written: its CRC, its nesting depth, a short display.
 
-A state comes from a file, so it may hold anything plain data can: a list nested 100,000 deep, an
-int of 5,000 digits, a string of a gigabyte. Each walk here takes time linear in the state's size
-and never recurses (a deep list is no ``RecursionError``), never converts an int of more than
-:data:`INT_BITS` bits to decimal (Python refuses past 4,300 digits, and the conversion is
-quadratic), and copies or shows at most a bounded part of a long string or bytes:
-
-* :func:`crc` is the CRC-32 of a value, the same as the recursive walk states were always sealed
-  with (ints up to :data:`INT_BITS` bits in decimal; longer ones, which padpipe never saves, in
-  hex), reading a long string in pieces of :data:`PIECE` characters;
-* :func:`deeper_than` tells where a value nests lists and dicts deeper than a limit;
-* :func:`show` is a repr of at most ``limit`` characters.
-
-A dict holding the ``sealed`` key (a nested state or buffer with its own checksum) counts by that
-checksum in :func:`crc` and is not entered by :func:`deeper_than`: it is checked on its own.
+A state from a file may hold a list nested 100,000 deep, an int of 5,000 digits, a string of a gigabyte. Each
+walk here takes time linear in the state's size, never recurses (no ``RecursionError``), never converts an int of
+more than :data:`INT_BITS` bits to decimal (Python refuses past 4,300 digits, and the conversion is quadratic),
+and copies or shows at most a bounded part of a long string. A dict holding the ``sealed`` key (a nested state
+or buffer with its own checksum) counts by that checksum in :func:`crc` and is not entered by
+:func:`deeper_than`: it is checked on its own.
 """
 
 from __future__ import annotations
@@ -36,15 +28,15 @@ PATH_KEYS = 12
 """Keys of a path :func:`deeper_than` names."""
 
 
-def crc(value: Any, start: int, *, sealed: str, top: bool = True) -> int:
-    """The CRC-32 of ``value`` from ``start``; a nested dict holding ``sealed`` counts by its value (``top``: the
-    outermost dict, which is counted whole).
+def crc(value: Any, *, sealed: str) -> int:
+    """The CRC-32 of ``value``; a dict inside it holding ``sealed`` counts by that value (``value`` counts whole).
 
     Example:
-        >>> crc({"a": [1, "x"]}, 0, sealed="checksum") == crc({"a": [1, "x"]}, 0, sealed="checksum")
+        >>> crc({"a": [1, "x"]}, sealed="checksum") == crc({"a": [1, "x"]}, sealed="checksum")
         True
     """
-    stack: list[tuple[Any, Any]] = [(value, top)]  # (value, outermost) to walk, or (_KEY, key) to count; last first
+    start = 0
+    stack: list[tuple[Any, Any]] = [(value, True)]  # (value, outermost) to walk, or (_KEY, key) to count; last first
     while stack:
         item, extra = stack.pop()
         if item is _KEY:
@@ -98,12 +90,8 @@ def _text(prefix: bytes, text: str, start: int) -> int:
     """The CRC of ``prefix`` and ``text`` in UTF-8, encoded a piece at a time (the same as whole)."""
     start = zlib.crc32(prefix, start)
     for i in range(0, len(text), PIECE):
-        start = zlib.crc32(_encoded(text[i : i + PIECE]), start)
+        start = zlib.crc32(text[i : i + PIECE].encode("utf-8", "surrogatepass"), start)
     return start
-
-
-def _encoded(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
 
 
 @functools.cache

@@ -1,28 +1,8 @@
 """Counters every stage reports into: rows, tokens, padding, skips and time per stage.
 
-``print(loader.stats())`` gives a short report people can read; ``loader.stats().as_dict()`` gives
-the same figures under flat, stable keys for loggers (TensorBoard, Weights & Biases, MLflow):
-
-====================  ====================================================================
-key                   value
-====================  ====================================================================
-``rows``              rows in the batches made (for ``pack``: document pieces)
-``batches``           batches the loader returned to the loop, or those trained where a trainer says
-                      (Lightning's ``ExactResume``: not the batch its loop fetched ahead)
-``real_tokens``       non-padding tokens in the output
-``padded_tokens``     token slots in the output, padding included
-``padding_efficiency``  ``real_tokens / padded_tokens`` (0.0 before any batch)
-``skipped``           rows dropped under an explicit policy, all reasons together
-``wall_seconds``      seconds since the pipeline's first work (read, tokenize, ...)
-``skipped/<reason>``  rows dropped for one reason, e.g. ``skipped/tokenize.bad_text``
-``seconds/<stage>``   seconds spent inside one stage's own work, e.g. ``seconds/tokenize``
-``share/<stage>``     ``seconds/<stage>`` over ``wall_seconds``
-``counters/<name>``   other counters, e.g. ``counters/read.rows``
-====================  ====================================================================
-
-A stage's time is what its own code took, summed over its threads: tokenize runs in several
-threads, so its share of the wall time can pass 1.0, and the shares need not add up to 1.0
-(the rest is the consumer's time between batches).
+``print(loader.stats())`` gives a short report people can read; ``loader.stats().as_dict()`` the same figures
+under flat, stable keys for loggers (docs/inspect.md lists them). A stage's time is what its own code took,
+summed over its threads, so the shares of the wall time may pass 1.0 (tokenize runs in several threads).
 """
 
 from __future__ import annotations
@@ -32,7 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 OVERLAP = "stages overlap in threads, so shares may sum past 100%"
 """Why the stage times of ``str(stats)`` may add up to more than the wall time."""
@@ -40,11 +20,7 @@ OVERLAP = "stages overlap in threads, so shares may sum past 100%"
 
 @dataclass(frozen=True)
 class StatsSnapshot:
-    """A consistent copy of a pipeline's counters.
-
-    Snapshots of the processes or workers that read one pipeline add up: ``a + b`` (or
-    :meth:`merge`) sums every counter and stage time and keeps the longest wall time, since they
-    ran side by side.
+    """A consistent copy of a pipeline's counters; the snapshots of processes that read one pipeline add up.
 
     Attributes:
         rows: Rows that reached the output (batched or packed).
@@ -127,17 +103,10 @@ class StatsSnapshot:
             >>> m = a.merge(b); m.rows, m.skipped, m.seconds, m.wall_seconds, m.padding_efficiency
             (3, {'x': 3}, {'pad': 1.5}, 3.0, 0.6666666666666666)
         """
-        parts = (self,) + others
-        return StatsSnapshot(
-            rows=sum(p.rows for p in parts),
-            batches=sum(p.batches for p in parts),
-            real_tokens=sum(p.real_tokens for p in parts),
-            padded_tokens=sum(p.padded_tokens for p in parts),
-            skipped=_sum_dicts(p.skipped for p in parts),
-            seconds=_sum_dicts(p.seconds for p in parts),
-            counters=_sum_dicts(p.counters for p in parts),
-            wall_seconds=max(p.wall_seconds for p in parts),
-        )
+        parts = (self, *others)
+        summed = {f.name: [getattr(p, f.name) for p in parts] for f in fields(self)}
+        totals = {name: _sum_dicts(v) if isinstance(v[0], dict) else sum(v) for name, v in summed.items()}
+        return StatsSnapshot(**{**totals, "wall_seconds": max(summed["wall_seconds"])})  # they ran side by side
 
     def __add__(self, other: StatsSnapshot) -> StatsSnapshot:
         if not isinstance(other, StatsSnapshot):
@@ -188,10 +157,7 @@ class PipelineStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._started: float | None = None
-        self._rows = 0
-        self._batches = 0
-        self._real = 0
-        self._padded = 0
+        self._rows = self._batches = self._real = self._padded = 0
         self._skipped: dict[str, int] = defaultdict(int)
         self._seconds: dict[str, float] = defaultdict(float)
         self._counters: dict[str, int] = defaultdict(int)

@@ -1,28 +1,24 @@
-"""Assemble a pipeline's loader: the stages in this process or in worker processes, equal steps, resume.
-
-:meth:`padpipe.Pipeline.loader` calls :func:`assemble` and hands the :class:`Assembly` to
-:class:`~padpipe.loader.PipelineLoader`; this module holds what it puts together so the facade stays
-a list of stages (and the runtime never imports the face).
+"""Assemble a pipeline's loader from its :class:`LoaderOptions`: the stages in this process or in worker processes,
+equal steps, loss-token windows, and how its state is saved and re-shared (for :class:`~padpipe.loader.PipelineLoader`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.errors import check_bool, positive
+from padpipe.errors import check_bool, non_negative, one_of, positive
 from padpipe.graph import LayerRecord
 from padpipe.pipes.device import DevicePrefetcher
 from padpipe.runtime.consumer_graph import ConsumerGraph
 from padpipe.runtime.elastic import loader_state
 from padpipe.runtime.equal_steps import EqualSteps
 from padpipe.runtime.latch import FailureLatch
-from padpipe.runtime.lockstep import check_policy
+from padpipe.runtime.lockstep import POLICIES
 from padpipe.runtime.loss_tokens import LossTokens
 from padpipe.runtime.workers import WorkerProcesses
 from padpipe.sharing.consumer import Consumer
@@ -30,133 +26,141 @@ from padpipe.sharing.ranks import ranks
 from padpipe.stage import DEVICE_STAGES, BuildContext, Recipe
 from padpipe.stats import PipelineStats
 
+DATALOADER_KEYS = ("pin_memory", "prefetch_factor", "multiprocessing_context", "timeout")
+"""The options that go to the worker processes' ``StatefulDataLoader`` as they are."""
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How a loader runs its pipeline: :meth:`padpipe.Pipeline.loader`'s arguments (see it for each), checked here.
+
+    Example:
+        >>> LoaderOptions(num_workers=2, accumulation_steps=4).settings()
+        {'equal_steps': 'balance', 'accumulation_steps': 4}
+        >>> LoaderOptions(pin_memory=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: `pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.
+    """
+
+    num_workers: int = 0
+    consumer: Consumer | None = None
+    equal_steps: str = "balance"
+    pin_memory: bool = False
+    prefetch_factor: int | None = None
+    multiprocessing_context: Any = None
+    timeout: float = 0
+    accumulation_steps: int | None = None
+    causal: bool = True
+    group: Any = None
+
+    def __post_init__(self) -> None:
+        one_of("equal_steps", self.equal_steps, POLICIES)
+        positive("accumulation_steps", self.accumulation_steps, allow_none=True)
+        check_bool("causal", self.causal)
+        if self.accumulation_steps is None and not self.causal:
+            raise ValueError(
+                "`causal=False` says how `accumulation_steps` counts loss tokens, but `accumulation_steps` is None: "
+                "set it too."
+            )
+        non_negative("num_workers", self.num_workers)
+        if self.num_workers == 0 and (self.pin_memory or self.prefetch_factor is not None or self.timeout):
+            raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
+
+    def dataloader(self) -> dict[str, Any]:
+        """The worker processes' further ``StatefulDataLoader`` keywords (those not ``None``)."""
+        return {key: value for key in DATALOADER_KEYS if (value := getattr(self, key)) is not None}
+
+    def settings(self) -> dict[str, Any]:
+        """What a loaded state must match (the layout, ranks and workers, is checked apart: it may change)."""
+        steps = self.accumulation_steps
+        return {"equal_steps": self.equal_steps, **({} if steps is None else {"accumulation_steps": steps})}
+
 
 @dataclass(frozen=True)
 class Assembly:
-    """What a :class:`~padpipe.loader.PipelineLoader` runs: the built graph and how it saves and re-shares.
-
-    Attributes:
-        root: The top node (equal steps, a trailing prefetch, worker processes or the consumer's graph).
-        stats: The counters its stages report into.
-        settings: What a loaded state must match.
-        layout: This run's ``[rank, ranks, workers]``, read when a state is saved.
-        reshare: Builds this run's state from every saved rank's (elastic resume), given those
-            states, this layout, the loader fields carried over and the batches fetched ahead.
-        device: The device of its batches (a ``to_cuda`` stage's) or ``None``.
-        group: The process group whose ranks share the data and take equal steps (``None``: the world).
-        layers: The stack it built above the graphs, top first (what the elastic planner folds over).
-    """
+    """What a :class:`~padpipe.loader.PipelineLoader` runs: its ``root`` node and ``stats``, the ``device`` of its
+    batches (a ``to_cuda`` stage's), the recipe its ``graph`` s run (without a trailing ``prefetch``/``to_cuda``),
+    the ``consumer`` it reads as (``None``: detected) and the ``layers`` built above the graphs, top first."""
 
     root: BaseNode
     stats: PipelineStats
-    settings: dict[str, Any]
-    layout: Callable[[], list[int]]
-    reshare: Callable[..., dict[str, Any]]
     device: torch.device | None
-    group: Any = None
-    layers: tuple[LayerRecord, ...] = ()
+    graph: Recipe
+    options: LoaderOptions
+    consumer: Consumer | None
+    layers: tuple[LayerRecord, ...]
+
+    def layout(self) -> list[int]:
+        """This run's ``[rank, ranks, workers]``, read when a state is saved."""
+        if self.consumer is not None:
+            rank, size = self.consumer.rank, self.consumer.world_size
+        else:
+            rank, size = ranks() if self.graph.sharding == "auto" else (0, 1)
+        return [rank, size, self.options.num_workers]
+
+    def reshare(
+        self, states: list[dict[str, Any]], layout: list[int], carried: dict[str, Any], ahead: dict[int, list[Any]]
+    ) -> dict[str, Any]:
+        """This run's state from every saved rank's (elastic resume), given the loader fields carried over and the
+        batches each saved rank had fetched ahead."""
+        settings = self.options.settings()
+        return loader_state(
+            states,
+            pipeline=self.graph,
+            layers=self.layers,
+            layout=layout,
+            settings=settings,
+            fields=carried,
+            ahead=ahead,
+        )
 
 
-def assemble(
-    pipe: Recipe,
-    *,
-    num_workers: int,
-    consumer: Consumer | None,
-    equal_steps: str,
-    options: dict[str, Any],
-    accumulation_steps: int | None = None,
-    causal: bool = True,
-    group: Any = None,
-) -> Assembly:
-    """The :class:`Assembly` of ``pipe``'s loader (arguments as :meth:`Pipeline.loader`'s).
+def assemble(pipe: Recipe, options: LoaderOptions) -> Assembly:
+    """The :class:`Assembly` of ``pipe``'s loader.
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}]).tokenize(pp.examples.tokenizer()).batch(1).pad()
-        >>> type(assemble(pipe, num_workers=0, consumer=None, equal_steps="off", options={}).root).__name__
+        >>> type(assemble(pipe, LoaderOptions(equal_steps="off")).root).__name__
         'ConsumerGraph'
     """
-    check_policy("equal_steps", equal_steps)
-    positive("accumulation_steps", accumulation_steps, allow_none=True)
-    check_bool("causal", causal)
-    if accumulation_steps is None and not causal:
-        raise ValueError(
-            "`causal=False` says how `accumulation_steps` counts loss tokens, but `accumulation_steps` is None: "
-            "set it too."
-        )
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"`num_workers` must be an int >= 0, but is {num_workers!r} instead.")
-    if num_workers == 0 and (
-        options.get("pin_memory") or options.get("prefetch_factor") is not None or options.get("timeout")
-    ):
-        raise ValueError("`pin_memory`, `prefetch_factor` and `timeout` need `num_workers` > 0.")
-    stats = PipelineStats()
-    if group is not None and consumer is None and pipe.sharding == "auto":  # the group's ranks share the data
-        rank, size = ranks(group)
+    stats, consumer, policy, steps = PipelineStats(), options.consumer, options.equal_steps, options.accumulation_steps
+    if options.group is not None and consumer is None and pipe.sharding == "auto":  # the group's ranks share the data
+        rank, size = ranks(options.group)
         consumer = Consumer(rank=rank, world_size=size)
-    graph_pipe, last = _split_last(pipe)
+    last = pipe.stages[-1] if pipe.stages and pipe.stages[-1].name in DEVICE_STAGES else None
+    graph = dataclasses.replace(pipe, stages=pipe.stages[:-1]) if last is not None else pipe
     device = last.options["device"] if last is not None and last.name == "to_cuda" else None
-    if num_workers == 0:
+    if options.num_workers == 0:
         if consumer is None and pipe.sharding == "off":
             consumer = Consumer.detect(ranks=False)
-        root: BaseNode = ConsumerGraph(graph_pipe, consumer, stats)
+        root: BaseNode = ConsumerGraph(graph, consumer, stats)
     else:
         root = WorkerProcesses(
-            graph_pipe,
-            num_workers=num_workers,
+            graph,
+            num_workers=options.num_workers,
             consumer=consumer,
             ranks=pipe.sharding == "auto",
-            options={k: v for k, v in options.items() if v is not None},
+            options=options.dataloader(),
             stats=stats,
         )
     stack: list[LayerRecord] = []  # the layers above the graphs, bottom first
     if last is not None:  # a trailing prefetch / to_cuda runs in this process, on top of the graph or the workers
-        context = BuildContext(
-            stats=stats, consumer=consumer, seed=pipe.seed, pad_to_multiple_of=None, pad_to_length=None
-        )
+        context = BuildContext(stats, consumer, seed=pipe.seed, pad_to_multiple_of=None, pad_to_length=None)
         root = FailureLatch(last.builder(root, context, **last.options))  # its failures stay failures too
         stack.append(LayerRecord(DevicePrefetcher, {}))
-    if equal_steps != "off":
-        root = EqualSteps(root, policy=equal_steps, stats=stats, group=group, device=device)
-        stack.append(LayerRecord(EqualSteps, {"policy": equal_steps}))
-    settings: dict[str, Any] = {
-        "equal_steps": equal_steps
-    }  # the layout (ranks, workers) is checked apart: it may change
-    if accumulation_steps is not None:  # on top, so that every rank's windows hold the same (equal) steps
-        stack.append(LayerRecord(LossTokens, {"steps": accumulation_steps, "causal": causal}))
+    if policy != "off":
+        root = EqualSteps(root, policy=policy, stats=stats, group=options.group, device=device)
+        stack.append(LayerRecord(EqualSteps, {"policy": policy}))
+    if steps is not None:  # on top, so that every rank's windows hold the same (equal) steps
         root = LossTokens(
             root,
-            steps=accumulation_steps,
-            causal=causal,
+            steps=steps,
+            causal=options.causal,
             across_ranks=pipe.sharding == "auto",
-            lockstep=equal_steps != "off",
-            group=group,
+            lockstep=policy != "off",
+            group=options.group,
             device=device,
         )
-        settings["accumulation_steps"] = accumulation_steps
-
-    def layout() -> list[int]:
-        rank, ranks = (
-            (consumer.rank, consumer.world_size)
-            if consumer is not None
-            else (Consumer.ranks() if pipe.sharding == "auto" else (0, 1))
-        )
-        return [rank, ranks, num_workers]
-
-    def reshare(
-        states: list[dict[str, Any]],
-        mine: list[int],
-        carried: dict[str, Any],
-        ahead: dict[int, list[Any]],
-    ) -> dict[str, Any]:
-        return loader_state(
-            states, pipeline=graph_pipe, layers=layers, layout=mine, settings=settings, fields=carried, ahead=ahead
-        )
-
-    layers = tuple(reversed(stack))
-    return Assembly(root, stats, settings, layout, reshare, device, group, layers)
-
-
-def _split_last(pipe: Recipe) -> tuple[Recipe, Any]:
-    """``pipe`` without a trailing ``prefetch``/``to_cuda`` stage, and that stage (or ``None``)."""
-    last = pipe.stages[-1] if pipe.stages and pipe.stages[-1].name in DEVICE_STAGES else None
-    return (dataclasses.replace(pipe, stages=pipe.stages[:-1]), last) if last is not None else (pipe, None)
+        stack.append(LayerRecord(LossTokens, root.settings))
+    return Assembly(root, stats, device, graph, options, consumer, tuple(reversed(stack)))

@@ -36,42 +36,37 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     if rows is None or rows < 2:
         return None
     if (pairs := paired_rows(batch)) is not None:  # TRL's DPO layout: a half keeps both members of its pairs
-        return _split_pairs(batch, pairs) if pairs >= 2 else None
+        cut = pairs // 2
+        first_rows = [*range(cut), *range(pairs, pairs + cut)]
+        second_rows = [*range(cut, pairs), *range(pairs + cut, 2 * pairs)]
+        return _cut(batch, 2 * pairs, first_rows, second_rows, ()) if pairs >= 2 else None
     cut = rows // 2
+    halves = _cut(batch, rows, slice(None, cut), slice(cut, None), PACKED_KEYS)
+    if halves is None or "cu_seq_lens_q" in batch and not _split_packed(batch, cut, *halves):
+        return None
+    return halves
+
+
+def _cut(
+    batch: dict[str, Any], rows: int, first_rows: Any, second_rows: Any, skip: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``batch``'s rows ``first_rows`` and ``second_rows`` (a slice or a list of rows), its scalars in both and
+    ``skip`` in neither; ``None`` for a value that is neither ``rows`` long nor a scalar."""
     first: dict[str, Any] = {}
     second: dict[str, Any] = {}
     for key, value in batch.items():
-        if key in PACKED_KEYS:
+        if key in skip:
             continue
         if isinstance(value, torch.Tensor) and value.dim() > 0 or isinstance(value, (list, tuple)):
             if len(value) != rows:
                 return None
-            first[key], second[key] = value[:cut], value[cut:]
-        elif isinstance(value, (torch.Tensor, int, float, str, bool)) or value is None:
-            first[key] = second[key] = value
-        else:
-            return None
-    if "cu_seq_lens_q" in batch and not _split_packed(batch, cut, first, second):
-        return None
-    return first, second
-
-
-def _split_pairs(batch: dict[str, Any], pairs: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """A padded preference batch (``2B`` rows: chosen members, then rejected ones) cut into its first ``B // 2`` pairs
-    and the rest, each laid out as the whole was."""
-    cut = pairs // 2
-    halves = (torch.cat([torch.arange(cut), torch.arange(pairs, pairs + cut)]),
-              torch.cat([torch.arange(cut, pairs), torch.arange(pairs + cut, 2 * pairs)]))  # fmt: skip
-    first: dict[str, Any] = {}
-    second: dict[str, Any] = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.dim() > 0 or isinstance(value, (list, tuple)):
-            if len(value) != 2 * pairs:
-                return None
-            for half, rows in zip((first, second), halves):
-                half[key] = (
-                    value[rows.to(value.device)] if isinstance(value, torch.Tensor) else [value[i] for i in rows]
-                )
+            for half, taken in ((first, first_rows), (second, second_rows)):
+                if isinstance(taken, slice):
+                    half[key] = value[taken]
+                elif isinstance(value, torch.Tensor):
+                    half[key] = value[torch.tensor(taken, device=value.device)]
+                else:
+                    half[key] = [value[i] for i in taken]
         elif isinstance(value, (torch.Tensor, int, float, str, bool)) or value is None:
             first[key] = second[key] = value
         else:

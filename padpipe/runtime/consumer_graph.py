@@ -8,8 +8,7 @@ anywhere in that epoch holds both, so it resumes exactly, on this layout or on a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
@@ -20,46 +19,18 @@ from padpipe.runtime.held import SPEC, Held
 from padpipe.runtime.latch import FailureLatch
 from padpipe.sharing.consumer import Consumer
 from padpipe.stage import Recipe
-from padpipe.state import Child, Int, Invalid, ListOf, Optional, Plain, Spec, StateMismatchError, StateSchema
+from padpipe.state import Child, Int, ListOf, Loaded, Optional, Plain, StateMismatchError, StateSchema
 from padpipe.stats import PipelineStats
 
-if TYPE_CHECKING:
-    from padpipe.readers.source import UnitSource
-
-
-@dataclass(frozen=True)
-class ElasticPlan:
-    """What a consumer of an elastic epoch does: yield ``batches``, then read ``pieces`` (per reader) in ``epoch``.
-
-    ``fresh`` is its graph's state once it started reading the pieces (``None`` before).
-    """
-
-    epoch: int
-    batches: list[Any]
-    pieces: list[list[dict[str, Any]]]
-    fresh: dict[str, Any] | None
-
-
-class _Plan(Spec):
-    """An :class:`ElasticPlan` saved as a dict, each of its fields checked."""
-
-    FIELDS = {
-        "epoch": Int(0),
-        "batches": SPEC,
-        "pieces": ListOf(ListOf(Plain())),
-        "fresh": Optional(Child()),
-    }
-
-    def load(self, value: Any) -> ElasticPlan:
-        if not isinstance(value, dict) or set(value) != set(self.FIELDS):
-            raise Invalid(f"an elastic plan with keys {sorted(self.FIELDS)}")
-        loaded = {}
-        for key, spec in self.FIELDS.items():
-            try:
-                loaded[key] = spec.load(value[key])
-            except Invalid as exc:
-                raise Invalid(f"an elastic plan whose {key!r} is {exc.expected}", exc.found) from None
-        return ElasticPlan(**loaded)
+PLAN = StateSchema(
+    "ConsumerGraph elastic plan",
+    1,
+    epoch=Int(0),  # the elastic epoch
+    batches=SPEC,  # the plan's batches not yet given out
+    pieces=ListOf(ListOf(Plain())),  # per reader, the pieces (WorkUnit fields) it reads after them
+    fresh=Optional(Child()),  # the graph's state once it started reading the pieces
+)
+"""What a consumer of an elastic epoch does: yield ``batches``, then read ``pieces`` in ``epoch``."""
 
 
 def readers(node: Any, state: Any = None) -> list[tuple[UnitSource, Any]]:
@@ -124,13 +95,13 @@ class ConsumerGraph(BaseNode[Any]):
         [[[2, 81, 3]]]
     """
 
-    STATE = StateSchema("ConsumerGraph", 2, elastic=_Plan())  # only in an elastic epoch: else the graph's own state
+    STATE = StateSchema("ConsumerGraph", 3, elastic=Child())  # only in an elastic epoch: else the graph's own state
 
     def __init__(self, pipeline: Recipe, consumer: Consumer | None, stats: PipelineStats) -> None:
         super().__init__()
         self.pipeline, self.consumer, self.stats = pipeline, consumer, stats
         self.source = pipeline.build(consumer=consumer, stats=stats)
-        self._plan: ElasticPlan | None = None  # the elastic epoch and pieces, while in that epoch
+        self._plan: Loaded | None = None  # the elastic epoch and pieces (a checked PLAN), while in that epoch
         self._batches = Held()  # the plan's batches not yet given out (on the CPU: the graph is below to_cuda)
 
     @staticmethod
@@ -138,14 +109,15 @@ class ConsumerGraph(BaseNode[Any]):
         epoch: int, batches: list[Any], pieces: list[list[dict[str, Any]]], fresh: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """The state of a consumer that yields ``batches``, then reads ``pieces`` (per reader) in ``epoch``."""
-        return ConsumerGraph.STATE.make({}, elastic=vars(ElasticPlan(epoch, list(batches), pieces, fresh)))
+        plan = PLAN.make({}, epoch=epoch, batches=list(batches), pieces=pieces, fresh=fresh)
+        return ConsumerGraph.STATE.make({}, elastic=plan)
 
     @staticmethod
-    def plan_of(state: dict[str, Any]) -> ElasticPlan | None:
-        """The elastic plan of a state, checked; ``None``: the state is the graph's own (no elastic epoch)."""
+    def plan_of(state: dict[str, Any]) -> Loaded | None:
+        """The elastic plan of a state, checked (:data:`PLAN`); ``None``: the state is the graph's own."""
         if not isinstance(state, dict) or "elastic" not in state:
             return None
-        return ConsumerGraph.STATE.check(state, {}).elastic
+        return PLAN.check(ConsumerGraph.STATE.check(state, {}).elastic, {})
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)

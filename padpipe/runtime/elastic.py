@@ -1,23 +1,11 @@
-"""Elastic resume: the rest of an epoch saved on ``R x W`` consumers, re-shared over ``R' x W'``.
+"""Elastic resume: the rest of an epoch saved on ``R x W`` consumers, re-shared over ``R' x W'`` (docs/elastic.md).
 
-Each old consumer (rank x worker) had, when its state was saved, batches it held (read ahead by
-equal steps, or given to it by an earlier elastic plan), rows buffered in its stages (shuffle,
-bucket, pack, mix buffers) and pieces it had not read yet. Every row that had not come out in a
-batch comes out exactly once over the new consumers, and none that had:
-
-* the **held and buffered rows** are turned into batches here, while the state is loaded: each old
-  consumer's graph is restored with its readers told to read nothing new
-  (:meth:`UnitSource.stop_on_load`), so its buffers drain as at an epoch's end, through the same
-  stages (batches keep their budget). These batches are evened out (split where their count does
-  not divide by ``R'``) and dealt round-robin over the new ranks and their workers, so every new
-  rank starts with the same number of them and equal steps has nothing to drop;
-* the **unread pieces** (a unit cut at the saved row where rows can be cut) are laid end to end in
-  the epoch's order and shared again, in equal stretches, over the new consumers
-  (:mod:`padpipe.sharing.shares`), read through each new consumer's own graph.
-
-A state saved anywhere in that epoch holds each consumer's batches and pieces, so it resumes
-exactly on the same layout or is re-shared again. The next epochs follow the normal seeded plan
-for ``R' x W'``. Every new rank makes the same plan from the same states and keeps its own part.
+Every row that had not come out in a batch comes out exactly once over the new consumers, and none that had:
+each old consumer's graph is restored with its readers told to read nothing new
+(:meth:`UnitSource.stop_on_load`), so its buffers drain into batches through the same stages; those and the
+batches held above the graphs are evened out and dealt round-robin over the new ranks and workers; the pieces no
+consumer had read are laid end to end in the epoch's order and shared again in equal stretches
+(:mod:`padpipe.sharing.shares`). Every new rank makes the same plan from the same states and keeps its own part.
 """
 
 from __future__ import annotations
@@ -43,13 +31,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class OldConsumer:
-    """One consumer of the saved layout: ``index`` of ``count``, ``workers`` per rank, and what it had left.
-
-    Attributes:
-        state: Its graph's state (``None``: it had not started its share).
-        pieces: Its pieces per reader where it was itself following an elastic plan, else ``None``.
-        batches: Batches it held that had not come out.
-    """
+    """One consumer of the saved layout: ``index`` of ``count``, ``workers`` per rank, and what it had left: its
+    graph's ``state`` (``None``: not started), its ``pieces`` per reader where it followed an elastic plan itself,
+    and the ``batches`` it held."""
 
     index: int
     count: int
@@ -88,14 +72,8 @@ def reshare(
 ) -> list[dict[str, Any]]:
     """The :class:`ConsumerGraph` states of this rank's consumers (one per worker, or one) for the rest of ``epoch``.
 
-    Args:
-        old: Every consumer of the saved layout whose graph may still hold rows, in order (rank-major).
-        pipeline: The recipe (the same as the old run's, without a trailing ``prefetch``/``to_cuda``).
-        epoch: The epoch the old consumers were in.
-        rank: This rank, of ``ranks``.
-        workers: This rank's worker processes (0: the stages in this process).
-        held: Batches the old ranks held above their graphs (read ahead, in a window, fetched
-            ahead by a training loop), which had not come out: dealt out first.
+    ``old`` are the saved layout's consumers whose graphs may still hold rows (rank-major); ``held`` the batches
+    the old ranks held above their graphs, dealt out first; ``workers`` this rank's worker processes (0: none).
     """
     slots = max(workers, 1)
     count = ranks * slots
@@ -147,15 +125,11 @@ def even_out(batches: list[Any], ranks: int) -> list[Any]:
     """
     batches = list(batches)
     while len(batches) % ranks:
-        sizes = [rows_of(b) or 0 for b in batches]
-        order = sorted(range(len(batches)), key=lambda i: -sizes[i])
-        for i in order:
-            halves = split_batch(batches[i]) if sizes[i] >= 2 else None
-            if halves is not None:
-                batches[i : i + 1] = list(halves)
-                break
-        else:
+        largest = sorted(range(len(batches)), key=lambda i: -(rows_of(batches[i]) or 0))
+        cut = next(((i, halves) for i in largest if (halves := split_batch(batches[i])) is not None), None)
+        if cut is None:
             return batches  # nothing left to split: equal steps evens out the last ones
+        batches[cut[0] : cut[0] + 1] = list(cut[1])
     return batches
 
 
@@ -182,18 +156,10 @@ def loader_state(
 ) -> dict[str, Any]:
     """A ``PipelineLoader`` state for this loader (``layout``) that continues the epoch of every rank's ``states``.
 
-    Args:
-        states: Every rank's loader state of the old layout (checked already), sorted by rank.
-        pipeline: The recipe (without a trailing ``prefetch``/``to_cuda`` stage).
-        layers: The loader's stack above its graphs, top first (:class:`~padpipe.graph.LayerRecord`):
-            each saved state is split through it (the batches each layer held come out first, the
-            window of ``accumulation_steps``, equal steps' read-ahead), and the new state is built
-            back around the new graphs, every layer fresh (a new window, nothing held).
-        layout: ``[rank, ranks, workers]`` of this loader.
-        settings: The ``PipelineLoader`` settings.
-        fields: The loader's own fields to carry over (epoch and step counts).
-        ahead: Batches each old rank had taken from its loader but not trained on, by rank: they
-            come first among that rank's held batches.
+    Each saved state (checked already, sorted by rank) is split through ``layers``, the stack above the graphs
+    (top first: the batches each layer held come out first), and the new state is built back around the new
+    graphs, every layer fresh. ``fields`` are the loader's own to carry over; ``ahead`` the batches each old rank
+    had fetched and not trained, which come first among that rank's held batches.
     """
 
     readers(pipeline.build(consumer=Consumer()))  # can this pipeline be re-shared at all? (a clear error if not)

@@ -1,27 +1,21 @@
-"""Equal steps on every rank: agree each step, across ranks, how the epoch goes on.
+"""Equal steps on every rank: agree each step, across ranks, how the epoch goes on (docs/distributed.md).
 
-Token-budget and packed batches make a different number of batches on each rank, and DDP hangs at
-the end of an epoch when one rank stops while the others wait in a collective. :class:`EqualSteps`
-(and :func:`equal_steps` for a ``DataLoader``) gather a few ints from every rank each step, so every
-rank takes the same number of steps. With ``"balance"`` (the default) a rank that has run out is
-given batches by the ranks that have more, and the epoch's last batches are split and moved until
-every rank holds the same number: every row comes out once. ``"repeat"`` replays batches marked
-``"is_repeat"`` instead; ``"drop"`` ends the epoch when the first rank runs out and counts what the
-others drop.
+Token-budget and packed batches make a different number of batches on each rank, and DDP hangs at the end of an
+epoch when one rank stops while the others wait in a collective. :class:`EqualSteps` (and :func:`equal_steps` for
+a ``DataLoader``) gather a few ints from every rank each step, so every rank takes the same number of steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from functools import partial
 from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode
 
+from padpipe.errors import one_of
 from padpipe.graph import Parts
-from padpipe.pipes.batch_tensors import to_cpu, to_device
-from padpipe.runtime.lockstep import Lockstep, _mark, check_policy
+from padpipe.runtime.lockstep import POLICIES, Lockstep, _mark
 from padpipe.runtime.step_sync import StepSync, detect_sync
 from padpipe.state import Child, StateSchema
 from padpipe.stats import PipelineStats
@@ -34,30 +28,19 @@ class EqualSteps(BaseNode[Any]):
 
     - ``"balance"`` (the default): every row once. A rank that has run out is given, each step,
       a batch another rank holds beyond the one it yields now; once every rank has read its share,
-      the batches left are split (the largest first, rows ``[:B//2]`` and the rest) until their
-      count divides by the ranks and moved until all hold the same number, so every rank ends at
-      the same step; a batch of packed rows is then cut into real pieces
-      (:mod:`padpipe.runtime.row_pieces`). Moves go rank to rank on the CPU
-      (``equal_steps.moved_batches``, splits ``equal_steps.split_batches``). Only where no real
-      piece is left for a rank does it get a *filler*: one real row marked ``"is_filler"`` (a
-      bool tensor), which must train nothing (``loss * padpipe.loss_weight(batch)``; counted as
-      ``equal_steps.filler_batches``).
+      the batches left are split and moved until all hold the same number (counted as
+      ``equal_steps.moved_batches`` / ``split_batches``). Only where no real piece is left for a rank
+      does it get a *filler*: one real row marked ``"is_filler"``, to train nothing
+      (``loss * padpipe.loss_weight(batch)``; ``equal_steps.filler_batches``).
     - ``"repeat"``: ranks that ran out replay, in turn, the first ``REPEAT_BUFFER`` (8) batches
-      they yielded this epoch (kept in memory, not read again), until the last rank finishes;
-      every dict batch then carries ``"is_repeat"`` (a bool tensor; pop it before
-      ``model(**batch)``, and zero the loss of repeats to keep each sample's weight). A rank with
-      no batch in the epoch replays a copy of another rank's.
+      they yielded this epoch, until the last rank finishes; every dict batch carries
+      ``"is_repeat"`` (a bool tensor), to train nothing.
     - ``"drop"``: every rank stops when the first runs out; what the others hold or have not
-      read is read, dropped and counted as ``equal_steps.dropped_batches`` / ``_rows`` (logged once).
+      read is read, dropped and counted as ``equal_steps.dropped_batches`` / ``_rows``.
 
     ``"off"`` and runs without ``torch.distributed`` (or with one rank, or inside a DataLoader
-    worker) pass batches through.
-
-    The state holds the upstream state, the batches held (read ahead, received, or to replay)
-    and the counts, so resume is exact on every rank when all ranks save at the same step.
-    Batches held are saved on the CPU (a checkpoint never holds GPU tensors) and go back to
-    ``device`` on resume. Its ``stopped`` means the epoch ended on every rank; a rank that has
-    only run out of its own share (``exhausted``) or replays has not ended it.
+    worker) pass batches through. The state holds the upstream state and the batches held (on the
+    CPU; back to ``device`` on resume), so resume is exact when all ranks save at the same step.
 
     Args:
         source: The pipeline's last node.
@@ -85,7 +68,7 @@ class EqualSteps(BaseNode[Any]):
         device: torch.device | None = None,
     ) -> None:
         super().__init__()
-        check_policy("policy", policy)
+        one_of("policy", policy, POLICIES)
         self.source, self.policy, self.group, self.device = source, policy, group, device
         self.stats = stats or PipelineStats()
         self._sync: StepSync | None = None
@@ -95,18 +78,16 @@ class EqualSteps(BaseNode[Any]):
     def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
         """The state of an epoch that goes on from ``source`` (its upstream state) with nothing held or counted."""
         policy = settings["policy"]
-        return cls.STATE.make({"policy": policy}, source=source, lockstep=Lockstep.start(policy))
+        return cls.STATE.make(
+            {"policy": policy}, source=source, lockstep=Lockstep(policy, None, PipelineStats()).state()
+        )
 
     @classmethod
     def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:
-        """A saved state's upstream state, the batches it held to return, and whether the epoch had ended on every rank.
-
-        The state is checked first. Batches kept only to replay (``"repeat"``) are not among them:
-        they came out already; a rank that had only run out of its share (``exhausted``) has not
-        ended the epoch.
-        """
+        """A saved state's upstream state, the batches it held to return (not those kept only to replay: they came
+        out already), and whether the epoch had ended on every rank (checked first)."""
         loaded = cls.STATE.check(state, {"policy": settings["policy"]})
-        step = Lockstep.load(loaded.lockstep, settings["policy"])
+        step = Lockstep.STATE.check(loaded.lockstep, {"policy": settings["policy"]})
         return Parts(loaded.source, list(step.held), step.stopped)
 
     @property
@@ -119,10 +100,7 @@ class EqualSteps(BaseNode[Any]):
         if not self._detected:
             self._sync = detect_sync(self.group) if self.policy != "off" else None
             self._detected = True
-        # a partial, not a lambda of self: the layer and its Lockstep must not form a cycle, which would
-        # leave an abandoned loader's worker processes alive until the garbage collector runs
-        receive = partial(to_device, device=self.device)
-        self._step = Lockstep(self.policy, self._sync, self.stats, send=to_cpu, receive=receive, device=self.device)
+        self._step = Lockstep(self.policy, self._sync, self.stats, device=self.device)
         if initial_state is None:
             self.source.reset(None)
             return
@@ -147,10 +125,7 @@ def equal_steps(
 
     For ``DataLoader(pipe, batch_size=None, num_workers=N)``, whose workers cannot join the
     trainer's collectives (``pipe.loader(num_workers=N)`` has this built in). Policies as in
-    :class:`EqualSteps`: the DataLoader is iterated once (``"repeat"`` replays from memory), so
-    persistent and non-persistent workers alike read every row once per epoch. Without
-    ``torch.distributed`` it yields ``iterable`` unchanged (dict batches marked ``"is_repeat"``
-    under ``"repeat"``).
+    :class:`EqualSteps`; the DataLoader is iterated once (``"repeat"`` replays from memory).
 
     Args:
         iterable: One epoch of batches, e.g. a ``DataLoader``.
@@ -162,7 +137,7 @@ def equal_steps(
         >>> for batch in pp.equal_steps(DataLoader(pipe, batch_size=None, num_workers=4)):  # doctest: +SKIP
         ...     loss = model(**batch).loss
     """
-    check_policy("policy", policy)
+    one_of("policy", policy, POLICIES)
     return _equal_steps(iterable, policy, stats or PipelineStats(), group)
 
 
@@ -173,7 +148,7 @@ def _equal_steps(iterable: Iterable[Any], policy: str, stats: PipelineStats, gro
     if sync is None:
         yield from (_mark(b, False) for b in iterable) if policy == "repeat" else iterable
         return
-    it, lockstep = iter(iterable), Lockstep(policy, sync, stats, send=to_cpu)
+    it, lockstep = iter(iterable), Lockstep(policy, sync, stats)
     while True:
         try:
             yield lockstep.step(lambda: next(it, None), lambda: it)

@@ -1,14 +1,9 @@
 """Held batches, in one place: batches a layer has in hand and has not given out (or its trainer has not trained).
 
-Every layer that holds batches across a ``next()`` keeps them in a :class:`Held`: equal steps'
-read-ahead and the batches it received (:class:`~padpipe.runtime.lockstep.Lockstep`), the window
-of ``accumulation_steps`` (:class:`~padpipe.runtime.loss_tokens.LossTokens`), an elastic plan's
-batches (:class:`~padpipe.runtime.consumer_graph.ConsumerGraph`), and the loader's batches restored
-to come first after a resume (:class:`Untrained`, which also keeps the last batches returned, for
-a trainer that fetches ahead), and Lightning's ``LightningLoader`` (the batches its loop fetched and
-has not trained, and those restored to come first). A state saves them with :meth:`Held.saved` (on the CPU: a
-checkpoint never holds GPU tensors) and declares them with :data:`SPEC`; :meth:`Held.restore`
-puts them back on the layer's device.
+Every layer that holds batches across a ``next()`` keeps them in a :class:`Held` (equal steps' read-ahead, the
+window of ``accumulation_steps``, an elastic plan's batches, a loader's restored and fetched-ahead batches,
+:class:`Untrained`). A state saves them with :meth:`Held.saved` (on the CPU: a checkpoint never holds GPU
+tensors) and declares them with :data:`SPEC`; :meth:`Held.restore` puts them back on the layer's device.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ from typing import Any
 import torch
 
 from padpipe.batch_spec import HeldBatch
+from padpipe.errors import non_negative
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.state import ListOf
 
@@ -57,9 +53,8 @@ class Held(list[Any]):
 class Untrained:
     """The batches a loader returned that its trainer has not trained yet, and those to return first after a resume.
 
-    ``recent`` keeps the last :meth:`keep` batches returned (a trainer's fetch-ahead; the last one
-    until told, as a trainer may fetch its first batch before it can say how many it fetches ahead);
-    ``restored`` holds those a checkpoint gave back (:meth:`restore`) until they are returned again.
+    ``recent`` keeps the last :meth:`keep` batches returned (the last one until told: a trainer may fetch its
+    first batch before it says how many it fetches ahead); ``restored`` those a checkpoint gave back.
 
     Example:
         >>> kept = Untrained(); kept.keep(1)
@@ -75,8 +70,7 @@ class Untrained:
 
     def keep(self, count: int) -> None:
         """Keep the last ``count`` batches returned (a trainer's fetch-ahead; 0: none)."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"`count` must be an int >= 0, but is {count!r} instead.")
+        non_negative("count", count)
         self.recent = deque(self.recent, maxlen=count)
 
     def note(self, batch: Any) -> None:

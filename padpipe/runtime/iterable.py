@@ -21,21 +21,17 @@ STATS_KEY = "stats"
 
 
 class PipelineIterator(Iterator[Any]):
-    """One epoch of a pipeline for this process (rank x DataLoader worker).
+    """One epoch of a pipeline for this process (rank x DataLoader worker), ``Stateful`` for ``StatefulDataLoader``.
 
-    It is ``Stateful``: ``torchdata.stateful_dataloader.StatefulDataLoader`` saves
-    ``state_dict()`` in each worker and restores it with ``load_state_dict()`` before the first
-    item. A state saved after this consumer's last item of an epoch yields nothing more (as the
-    uninterrupted run did); the next ``iter(pipe)`` reads the next epoch.
+    A state saved after this consumer's last item of an epoch yields nothing more (as the uninterrupted run
+    did); the next ``iter(pipe)`` reads the next epoch.
 
     Args:
         pipeline: The recipe to build.
         epoch: The epoch to read unless a state is loaded.
-        report_stats: Put this consumer's counters into every ``state_dict()`` (under ``"stats"``;
-            ignored on load), so a main process driving workers can sum them.
         consumer: The rank to read as (the worker slot is this process's); default: detected.
-        managed: Whether the caller keeps step counts equal across ranks (``pipe.loader()``,
-            :func:`padpipe.equal_steps`); if not, a multi-rank run warns once about the DDP hang.
+        managed: Whether the caller keeps step counts equal across ranks; if not, several ranks warn.
+        report_stats: Put this consumer's counters into every ``state_dict()``, for the main process.
     """
 
     def __init__(
@@ -47,12 +43,8 @@ class PipelineIterator(Iterator[Any]):
         managed: bool = False,
         report_stats: bool = False,
     ) -> None:
-        self._pipeline = pipeline
-        self._stats = PipelineStats()
-        self._report_stats = report_stats
-        self._epoch = epoch
-        self._consumer = consumer
-        self._managed = managed
+        self._pipeline, self._epoch, self._consumer, self._managed = pipeline, epoch, consumer, managed
+        self._stats, self._report_stats = PipelineStats(), report_stats
         self._node: BaseNode | None = None
         self._pending: dict[str, Any] | None = None
         self._yielded = 0
@@ -79,9 +71,7 @@ class PipelineIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         node = self._node if self._node is not None else self._start()
-        # a state saved at the end of this consumer's share ends here too: under StatefulDataLoader
-        # other workers may still be mid-epoch, and the next iter(pipe) reads the next epoch
-        item = next(node)
+        item = next(node)  # a state saved at the end of this consumer's share ends here too
         self._yielded += 1
         return item
 

@@ -1,16 +1,10 @@
 """What happens after an error: a pipeline that raised stays failed until it is reset.
 
-A stage that raises in the middle of ``next()`` may have consumed input it has not emitted (rows
-read into a bucket buffer, a chunk whose tokenization failed), so calling ``next()`` again would
-go on without them: rows silently lost. :class:`FailureLatch` sits at the root of every built
-pipeline and makes the one behaviour explicit:
-
-* every later ``next()`` raises the same exception again (same object, original traceback);
-* ``state_dict()`` raises ``RuntimeError``: a state saved after the error would not resume exactly;
-* ``reset()`` (a new epoch, or ``load_state_dict`` with a state saved before the error) clears it.
-
-Nothing is skipped unless a stage's own policy says so (``on_error="skip"``,
-``on_missing="skip"``, ``on_oversize="drop"``), and such skips are counted in stats.
+A stage that raises in the middle of ``next()`` may have consumed input it has not emitted, so calling ``next()``
+again would silently lose rows. :class:`FailureLatch` sits at the root of every built pipeline: every later
+``next()`` raises the same exception again, ``state_dict()`` raises (a state saved after the error would not
+resume exactly), and ``reset()`` (a new epoch, or a state saved before the error) clears it. Nothing is skipped
+unless a stage's own policy says so (``on_error="skip"``, ...), counted in stats.
 """
 
 from __future__ import annotations

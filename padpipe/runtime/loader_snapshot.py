@@ -1,14 +1,9 @@
 """The shape of a ``StatefulDataLoader`` state inside :class:`~padpipe.runtime.workers.WorkerProcesses`' state.
 
-torchdata checks its own state with ``assert`` and plain indexing, so a state edited by hand (its
-checksum recomputed) would fail there with an ``AssertionError`` or ``TypeError`` far from its cause.
-:class:`LoaderSnapshot` checks the parts that torchdata 0.11 and elastic resume read first, so such
-a state is refused as a :class:`~padpipe.state.StateMismatchError` naming the key.
-
-Its tables are torchdata's private names :class:`~padpipe.runtime.workers.WorkerProcesses` relies
-on: :data:`PARTS` of the state, and :data:`SHUTDOWN`, the method that stops the worker processes
-(read through :func:`worker_stopper`, which raises naming it when a release renamed it);
-tests/integrations/test_contacts.py pins each against the installed torchdata.
+torchdata checks its own state with ``assert`` and plain indexing, so a state edited by hand would fail there far
+from its cause; :class:`LoaderSnapshot` checks the parts torchdata and elastic resume read first, so such a state
+is refused as a :class:`~padpipe.state.StateMismatchError` naming the key. :data:`PARTS` and :data:`SHUTDOWN` are
+the torchdata private names relied on (tests/integrations/test_contacts.py pins them).
 """
 
 from __future__ import annotations
@@ -68,6 +63,17 @@ def worker_stopper(iterator: Any) -> Callable[[], None]:
             "(pip install 'torchdata==0.11.*') or a padpipe release for yours."
         )
     return stop
+
+
+def worker_iterators(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Each worker's iterator state in a ``StatefulDataLoader`` state (``None`` where it has none), by worker name.
+
+    Example:
+        >>> worker_iterators({"_snapshot": {"_worker_snapshots": {"worker_0": {"fetcher_state": None}}}})
+        {'worker_0': None}
+    """
+    workers = state.get("_snapshot", {}).get("_worker_snapshots", {})
+    return {name: (worker.get("fetcher_state") or {}).get("dataset_iter_state") for name, worker in workers.items()}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,6 @@
 """Equal steps' protocol: what every rank does each step, under each policy, from what the group gathers.
 
-:class:`Lockstep` is the protocol :class:`~padpipe.runtime.equal_steps.EqualSteps` and
-:func:`~padpipe.runtime.equal_steps.equal_steps` follow (see its docs); it talks to the other
-ranks only through a :class:`~padpipe.runtime.step_sync.StepSync` and plans with
+It talks to the other ranks only through a :class:`~padpipe.runtime.step_sync.StepSync` and plans with
 :mod:`padpipe.runtime.rebalance`.
 """
 
@@ -14,7 +12,7 @@ from typing import Any
 
 import torch
 
-from padpipe.errors import one_of
+from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.batch_cut import rows_of
 from padpipe.runtime.held import SPEC, Held
 from padpipe.runtime.rebalance import (
@@ -44,58 +42,28 @@ MOVED = "equal_steps.moved_batches"
 FILLERS = "equal_steps.filler_batches"
 
 
-def check_policy(name: str, policy: Any) -> None:
-    """Raise ``ValueError`` unless ``policy`` is one of :data:`POLICIES` (naming today's for the old ``"stop_first"``).
-
-    Example:
-        >>> check_policy("equal_steps", "stop_first")
-        Traceback (most recent call last):
-        ...
-        ValueError: `equal_steps='stop_first'` is gone: 'balance' (the default) now ends every rank at the same step with every row once, moving batches between ranks; pass 'drop' to stop when the first rank runs out and drop the rest, as 'stop_first' did where it could not even out.
-    """  # noqa: E501
-    if policy == "stop_first":
-        raise ValueError(
-            f"`{name}='stop_first'` is gone: 'balance' (the default) now ends every rank at the same step with every "
-            "row once, moving batches between ranks; pass 'drop' to stop when the first rank runs out and drop the "
-            "rest, as 'stop_first' did where it could not even out."
-        )
-    one_of(name, policy, POLICIES)
-
-
 def _mark(item: Any, repeat: bool) -> Any:
     return {**item, REPEAT_KEY: torch.tensor(repeat)} if isinstance(item, dict) else item
 
 
 class Lockstep:
-    """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow, under each policy.
+    """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow (see those for the policies).
 
     ``"balance"``: every rank reads up to two batches ahead and the group gathers how many each
     holds and whether it has read its whole share; once one has, every rank reads up to
     ``TAIL_DEPTH`` ahead, so the epoch's tail is known while there is still material to even it
     out with. A rank that ran out gets, for each step, the last batch of a rank that holds more
-    than the one it yields now (ranks still reading read further ahead when too few are spare),
-    so a rank ahead by many batches hands its surplus over as it goes; once every rank has read
-    its share, the batches left are split (the largest
-    first) until their count divides by the ranks and moved until every rank holds the same
-    number (:func:`~padpipe.runtime.rebalance.tail_plan`), and then each rank yields its own with
-    no further agreement (packed rows are cut into real pieces). Every row comes out once, and only
-    where no real piece is left for a rank does it get a filler batch (one real row marked
-    ``"is_filler"``, to train nothing).
-
-    ``"repeat"``: a rank that ran out replays, in turn, the first ``REPEAT_BUFFER`` batches it
-    yielded this epoch (kept in memory, never read again), marked ``"is_repeat"``, until every rank
-    has run out; a rank that had none gets a copy of another rank's batch to replay.
-
-    ``"drop"``: the epoch ends on every rank when the first runs out; what the others hold or
-    have not read is read, dropped and counted (``equal_steps.dropped_batches`` / ``_rows``).
+    than the one it yields now (ranks still reading read further ahead when too few are spare);
+    once every rank has read its share, the batches left are split until their count divides by
+    the ranks and moved (:func:`~padpipe.runtime.rebalance.tail_plan`), and each rank yields its
+    own with no further agreement.
 
     Args:
         policy: ``"balance"``, ``"repeat"`` or ``"drop"``.
         sync: The group's :class:`StepSync`.
         stats: Where to count moves, splits, fillers, repeats and drops.
-        send: What a batch is before it goes to another rank (to the CPU).
-        receive: What a batch from another rank becomes here (to this rank's device).
-        device: Where batches restored from a state go (:class:`~padpipe.runtime.held.Held`).
+        device: Where batches received from another rank or restored from a state go (batches go to
+            other ranks on the CPU); ``None``: left where they are.
     """
 
     STATE = StateSchema(
@@ -117,40 +85,28 @@ class Lockstep:
         sync: Any,
         stats: PipelineStats,
         *,
-        send: Callable[[Any], Any] = lambda b: b,
-        receive: Callable[[Any], Any] = lambda b: b,
         device: torch.device | None = None,
     ) -> None:
-        self.policy, self.sync, self.stats, self._send, self._receive = policy, sync, stats, send, receive
+        self.policy, self.sync, self.stats, self.device = policy, sync, stats, device
         self.held = Held(device=device)  # read ahead (or received), not yielded yet
         self.ring = Held(device=device)  # "repeat": the first batches yielded this epoch
         self.fresh = self.steps = 0
         self.exhausted = self.stopped = self.balanced = self.tail = False
 
-    @classmethod
-    def start(cls, policy: str) -> dict[str, Any]:
-        """The state of an epoch's start: nothing held or counted.
+    def state(self) -> dict[str, Any]:
+        """This rank's protocol state: the batches it holds (on the CPU), its flags and its counts (a new one's: an
+        epoch's start).
 
         Example:
-            >>> Lockstep.STATE.check(Lockstep.start("balance"), {"policy": "balance"}).steps
+            >>> Lockstep.STATE.check(Lockstep("balance", None, PipelineStats()).state(), {"policy": "balance"}).steps
             0
         """
-        flags = dict.fromkeys(("exhausted", "tail", "balanced", "stopped"), False)
-        return cls.STATE.make({"policy": policy}, held=[], ring=[], fresh=0, steps=0, **flags)
-
-    @classmethod
-    def load(cls, state: Any, policy: str) -> Any:
-        """``state`` checked (a :class:`~padpipe.state.Loaded`): its batches held, flags and counts."""
-        return cls.STATE.check(state, {"policy": policy})
-
-    def state(self) -> dict[str, Any]:
-        """This rank's protocol state: the batches it holds (on the CPU), its flags and its counts."""
         flags = {k: getattr(self, k) for k in ("exhausted", "tail", "balanced", "stopped", "fresh", "steps")}
         return self.STATE.make({"policy": self.policy}, held=self.held.saved(), ring=self.ring.saved(), **flags)
 
     def restore(self, state: Any) -> None:
         """Go on from a saved :meth:`state` (checked here)."""
-        loaded = self.load(state, self.policy)
+        loaded = self.STATE.check(state, {"policy": self.policy})
         self.held.restore(loaded.held)
         self.ring.restore(loaded.ring)
         for key in ("exhausted", "tail", "balanced", "stopped", "fresh", "steps"):
@@ -247,8 +203,8 @@ class Lockstep:
     def _exchange(self, moves: list[Move], give: Callable[[Move], Any]) -> list[Any]:
         """Send this rank's batches of ``moves`` (``give(move)`` each, in order); the batches it received, in order."""
         me = self.sync.rank
-        outgoing = [self._send(give(m)) for m in moves if m.src == me]
-        received = [self._receive(b) for b in self.sync.exchange(moves, outgoing)]
+        outgoing = [to_cpu(give(m)) for m in moves if m.src == me]
+        received = [to_device(b, self.device) for b in self.sync.exchange(moves, outgoing)]
         if moved := sum(1 for m in moves if m.dst == me and not m.filler):
             self.stats.add(MOVED, moved)
         return received

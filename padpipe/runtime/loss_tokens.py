@@ -1,11 +1,9 @@
 """Loss-token counts for gradient accumulation: ``num_items_in_batch`` of each optimizer step's window.
 
-With a loss summed over tokens and divided by the label tokens of the whole optimizer step (its
-``k`` accumulated batches on every rank), the accumulated gradient is the gradient of the mean
-loss over all of those tokens, however unevenly they fall into batches and ranks. Trainers
-re-derive that count from batches they read ahead; :class:`LossTokens` reads the window ahead
-itself, counts its label tokens as HF ``Trainer`` does, sums them over the ranks in one
-all-reduce per window and gives every batch of the window the total.
+A loss summed over tokens and divided by the label tokens of the whole optimizer step (its ``k`` accumulated
+batches on every rank) gives the gradient of the mean loss over all of those tokens, however unevenly they fall
+into batches and ranks. :class:`LossTokens` reads the window ahead itself, counts its label tokens as HF
+``Trainer`` does, sums them over the ranks in one all-reduce per window and gives every batch of it the total.
 """
 
 from __future__ import annotations
@@ -33,12 +31,9 @@ IGNORE_INDEX = -100  # the label HF's losses leave out
 def label_tokens(batch: Any, *, causal: bool = True) -> int:
     """The label tokens of one batch that a loss counts, as HF ``Trainer._get_num_items_in_batch`` counts them.
 
-    ``shift_labels`` when the batch has it, else ``labels[..., 1:]`` for a causal-LM loss (its
-    first position predicts nothing) or ``labels`` (masked LM, classification), each without the
-    ``-100`` entries. A packed row's document starts are ``-100`` already (``.pack()``), so no
-    token is counted across a document boundary. A batch marked as a repeat (``"is_repeat"``) or a
-    filler (``"is_filler"``), whose loss is zeroed, counts 0. A preference batch (``.preference()``) counts its
-    pairs, the unit a DPO loss averages over.
+    ``shift_labels`` when the batch has it, else ``labels[..., 1:]`` for a causal-LM loss or ``labels``, each
+    without the ``-100`` entries (a packed row's document starts are ``-100`` already). A repeat or a filler,
+    whose loss is zeroed, counts 0; a preference batch counts its pairs, the unit a DPO loss averages over.
 
     Example:
         >>> label_tokens({"labels": torch.tensor([[-100, 5, 6, -100], [7, 8, -100, -100]])})
@@ -69,24 +64,19 @@ class LossTokens(BaseNode[Any]):
 
     Each window is the next ``steps`` batches of the epoch (the last one shorter); the count is
     :func:`label_tokens` summed over the window and, under ``torch.distributed`` with ranks that
-    share the data, over every rank (one all-reduce of one int per window, on the CPU). The value
-    is a 0-d ``int64`` tensor on the batch's ``labels`` device. Ranks must take equal steps (the
-    stage sits above :class:`~padpipe.runtime.equal_steps.EqualSteps`), so every rank's windows
-    hold the same steps.
-
-    The state holds the upstream state after the window was read, the window's batches not yet
-    given out (on the CPU; back to ``device`` on resume) and its count, so resume at any step of a
-    window gives the same batches and counts without another all-reduce.
+    share the data, over every rank (one all-reduce per window), as a 0-d ``int64`` tensor on the
+    batch's ``labels`` device. It sits above :class:`~padpipe.runtime.equal_steps.EqualSteps`, so every
+    rank's windows hold the same steps. The state holds the window's batches not yet given out and its
+    count, so resume at any step of a window needs no other all-reduce.
 
     Args:
         source: The node below (equal steps, or the graph).
-        steps: Batches per optimizer step (gradient accumulation steps), ``>= 1``.
+        steps: Batches per optimizer step, ``>= 1``.
         causal: Count ``labels[..., 1:]`` (a causal-LM loss, HF's rule) rather than ``labels``.
-        across_ranks: Sum the count over the ranks (``False``: every rank reads all the data and
-            a framework splits it, ``shard("off")``).
+        across_ranks: Sum the count over the ranks (``False`` under ``shard("off")``).
         lockstep: Whether ranks take equal steps; without them several ranks are refused.
         group: The process group to sum in (default: the whole world).
-        device: Where upstream batches are (a ``to_cuda`` stage's), for batches restored from a state.
+        device: Where upstream batches are, for batches restored from a state.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -119,6 +109,7 @@ class LossTokens(BaseNode[Any]):
         positive("accumulation_steps", steps)
         check_bool("causal", causal)
         self.source, self.steps, self.causal = source, steps, causal
+        self.settings = {"steps": steps, "causal": causal}  # what a state must match (its layer record's too)
         self.across_ranks, self.lockstep, self.group, self.device = across_ranks, lockstep, group, device
         self._sync: StepSync | None = None
         self._detected = False
@@ -128,7 +119,7 @@ class LossTokens(BaseNode[Any]):
     @classmethod
     def around(cls, source: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
         """The state of a stage that goes on from ``source`` (its upstream state) with no window read yet."""
-        return cls._state(settings["steps"], settings["causal"], source, [], 0, False)
+        return cls.STATE.make(settings, source=source, window=[], items=0, ended=False)
 
     @classmethod
     def split(cls, state: dict[str, Any], settings: Mapping[str, Any]) -> Parts:
@@ -136,7 +127,7 @@ class LossTokens(BaseNode[Any]):
 
         Its window's end is no epoch's end: the stage below says whether the epoch ended.
         """
-        loaded = cls.STATE.check(state, _settings(settings["steps"], settings["causal"]))
+        loaded = cls.STATE.check(state, settings)
         return Parts(loaded.source, list(loaded.window))
 
     @property
@@ -160,7 +151,7 @@ class LossTokens(BaseNode[Any]):
             self._window.clear()
             self._items, self._ended = 0, False
             return
-        loaded = self.STATE.check(initial_state, _settings(self.steps, self.causal))
+        loaded = self.STATE.check(initial_state, self.settings)
         self.source.reset(loaded.source)
         self._window.restore(loaded.window)
         self._items, self._ended = loaded.items, loaded.ended
@@ -173,7 +164,7 @@ class LossTokens(BaseNode[Any]):
 
     def get_state(self) -> dict[str, Any]:
         source, window = self.source.state_dict(), self._window.saved()
-        return self._state(self.steps, self.causal, source, window, self._items, self._ended)
+        return self.STATE.make(self.settings, source=source, window=window, items=self._items, ended=self._ended)
 
     def _read_window(self) -> None:
         """Read the next window (``StopIteration`` when the epoch has none left) and count it over the ranks."""
@@ -187,17 +178,7 @@ class LossTokens(BaseNode[Any]):
         local = sum(label_tokens(b, causal=self.causal) for b in self._window)
         self._items = local if self._sync is None else self._sync.sum(local)
 
-    @classmethod
-    def _state(
-        cls, steps: int, causal: bool, source: dict[str, Any], window: list[Any], items: int, ended: bool
-    ) -> dict[str, Any]:
-        return cls.STATE.make(_settings(steps, causal), source=source, window=window, items=items, ended=ended)
-
 
 def _device_of(batch: dict[str, Any]) -> torch.device:
     labels = batch.get("shift_labels", batch.get("labels", batch.get("input_ids")))
     return labels.device if isinstance(labels, torch.Tensor) else torch.device("cpu")
-
-
-def _settings(steps: int, causal: bool) -> dict[str, Any]:
-    return {"steps": steps, "causal": causal}

@@ -1,11 +1,7 @@
 """The one line a training loop of your own needs for equal steps' marked batches: :func:`loss_weight`.
 
-Equal steps (``"balance"``, the default) cuts the epoch's last batches into real pieces, so most
-epochs end with none marked. Where it cannot (rows with one label each, or fewer real pieces
-left than ranks) a rank gets a *filler*: a real row marked ``"is_filler"``, there only so that
-every rank takes the step. Under ``"repeat"`` a rank that ran out replays batches marked
-``"is_repeat"``. Both must train nothing: a loop that passes them to the model as they are
-trains those rows twice (and a Transformers model takes the extra key silently).
+A filler (``"is_filler"``) or a repeat (``"is_repeat"``) is there only so that every rank takes the step: it
+must train nothing, and a loop that passes it to the model as it is trains those rows twice.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Where batches go so that every rank takes the same steps with every row once: plans, made alike on every rank.
 
-Equal steps gathers how many batches each rank holds (and, at the epoch's tail, how many rows
-each of them has) and every rank makes the same plan from the same table, so no rank has to tell
-another what to do. :func:`donations` feeds a rank that ran out from ranks that hold more than
-the batch they yield now; :func:`tail_plan`, once every rank has read its whole share, splits the
-largest batches until the count divides by the ranks and moves the surplus to the ranks short of
-it; a batch of one packed row is cut in two real pieces (its documents regrouped, or one
-pretraining document cut, :mod:`padpipe.runtime.row_pieces`). Only where the pieces left cannot
-give every rank a batch does a rank get a *filler* (:func:`filler`): one real row marked
-``"is_filler"``, which must train nothing.
+Every rank makes the same plan from the same gathered table, so no rank has to tell another what to do.
+:func:`donations` feeds a rank that ran out from ranks that hold more than the batch they yield now;
+:func:`tail_plan`, once every rank has read its whole share, splits batches until their count divides by the
+ranks and moves the surplus (docs/distributed.md, "The epoch's last steps").
 
 Example:
     >>> donations([3, 0, 2])
@@ -29,7 +24,6 @@ from padpipe.runtime.batch_cut import rows_of, split_batch
 from padpipe.runtime.row_pieces import cut_row, describe, halve, labels_of
 
 FILLER_KEY = "is_filler"
-LABEL_KEYS = ("labels", "shift_labels")
 
 
 @dataclass(frozen=True)
@@ -47,9 +41,8 @@ class Move:
 def donations(counts: list[int]) -> list[Move] | None:
     """Moves that give every rank holding no batch one from a rank holding two or more; ``None`` if too few.
 
-    Each empty rank, in rank order, takes the last batch of the rank with the most to spare (the
-    lowest such rank on a tie); a donor keeps one to yield itself. The moves are ordered by
-    ``(src, dst)``, the order every rank sends and receives in.
+    Each empty rank, in rank order, takes the last batch of the rank with the most to spare (the lowest on a
+    tie); the moves are ordered by ``(src, dst)``, the order every rank sends and receives in.
 
     Example:
         >>> donations([0, 4, 0, 2])
@@ -72,16 +65,10 @@ def donations(counts: list[int]) -> list[Move] | None:
 
 @dataclass(frozen=True)
 class TailPlan:
-    """How the epoch's last batches are evened out once every rank has read its share.
-
-    Attributes:
-        steps: Batches every rank yields from here on.
-        splits: For each rank, the positions in its held list (as it stands when that split is
-            made, in order) of the batches it cuts in two.
-        moves: Batches sent between ranks, in the order every rank sends and receives them: a
-            donor sends the batches beyond its first ``steps``, in order; a filler is made from
-            the sender's first batch.
-    """
+    """How the epoch's last batches are evened out: the ``steps`` every rank yields from here on, each rank's
+    ``splits`` (the positions in its held list, as it stands when each is made, of the batches it cuts in two) and
+    the ``moves`` (a donor sends its batches beyond its first ``steps``, in order; a filler is made from the
+    sender's first batch)."""
 
     steps: int
     splits: list[list[int]] = field(default_factory=list)
@@ -91,17 +78,14 @@ class TailPlan:
 def tail_plan(rows: list[list[int]], docs: list[list[tuple[tuple[int, ...], ...]]] | None = None) -> TailPlan:
     """The :class:`TailPlan` for ranks holding batches of ``rows[rank]`` rows each (0: a batch that is no dict).
 
-    ``docs[rank][i]``, for a batch of packed rows, is each row's document codes
-    (:func:`~padpipe.runtime.row_pieces.describe`; ``()`` for any other batch). ``steps`` is the
-    held batches over the ranks, rounded up. Until the ranks hold ``steps`` each in all, a batch
-    is split: first the one with the most rows (two or more; rows ``[:B//2]`` and the rest), then
-    a one-row batch whose documents regroup in two pieces (the most documents first), last one
-    whose one document is cut (the most label tokens first; :func:`~padpipe.runtime.row_pieces.halve`),
-    the lowest rank and position on a tie. Each rank keeps its first ``steps`` and sends the rest,
-    in rank order, to the ranks short of them; a rank still short gets a filler from the lowest
-    rank whose first batch is a dict (a batch that is no dict cannot be split, nor make one). With
-    no such rank the plan moves nothing and ``steps`` is the fewest any rank holds: the caller
-    drops what it cannot even out, and counts it.
+    ``docs[rank][i]`` is a packed batch's rows' document codes (:func:`~padpipe.runtime.row_pieces.describe`;
+    ``()`` for any other batch). ``steps`` is the held batches over the ranks, rounded up. Until the ranks
+    hold that many, a batch is split: the one with the most rows first, then a one-row batch whose documents
+    regroup (the most documents first), last one whose one document is cut (the most label tokens first),
+    the lowest rank and position on a tie. Each rank keeps its first ``steps`` and sends the rest, in rank
+    order, to the ranks short of them; a rank still short gets a filler from the lowest rank whose first
+    batch is a dict. With no such rank the plan moves nothing and ``steps`` is the fewest any rank holds:
+    the caller drops what it cannot even out, and counts it.
 
     Example:
         >>> tail_plan([[8, 8], [8]])  # 3 batches: rank 0 splits its first, then sends its last to rank 1

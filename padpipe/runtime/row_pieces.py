@@ -101,11 +101,9 @@ def halve(docs: tuple[int, ...]) -> Halving | None:
 def describe(batch: Any) -> tuple[tuple[int, ...], ...] | None:
     """The document codes of each row of a packed batch, or ``None`` if its rows cannot be cut by documents.
 
-    A batch qualifies when it holds only packed rows' keys (``input_ids``, ``labels``,
-    ``position_ids``, ``seq_idx``, ``cu_seq_lens_q/k``, ``max_length_q/k``, the 0-d marks), its
-    segments never cross a row, and every segment's first label is ``-100``. The segments after a
-    row's last label token (its padding, and documents with no label) are no documents of it: a
-    piece leaves them out, as they train nothing.
+    A batch qualifies when it holds only packed rows' keys, its segments never cross a row, and every
+    segment's first label is ``-100``. The segments after a row's last label token (its padding, documents
+    with no label) are no documents of it: they train nothing, and a piece leaves them out.
     """
     rows = _row_spans(batch)
     if rows is None:

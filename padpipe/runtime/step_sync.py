@@ -1,8 +1,4 @@
-"""What equal steps needs of a process group: gather a few ints from every rank, move batches between ranks.
-
-:class:`StepSync` works on CPU tensors (a gloo group where the world is NCCL); :func:`detect_sync`
-makes one when ``torch.distributed`` runs with more than one rank in this (main) process.
-"""
+"""What equal steps needs of a process group: gather a few ints from every rank, move batches between ranks."""
 
 from __future__ import annotations
 
@@ -14,14 +10,13 @@ from padpipe.runtime.rebalance import Move
 
 
 class StepSync:
-    """What equal steps needs of a process group: gather a few ints from every rank, and move batches between ranks.
+    """Gather a few ints from every rank of ``group``, and move batches between ranks.
 
     It works on CPU tensors, so the host never waits for the GPU's queue (a CUDA tensor and
     ``.tolist()`` would stall it every step, undoing the prefetch): in ``group`` when that takes
-    CPU tensors (gloo, or a ``"cpu:gloo,cuda:nccl"`` world), else, for the default NCCL world, in
-    a gloo group over the same ranks, created once (every rank builds its loaders in the same
-    order). A group passed in that takes only CUDA tensors (NCCL) is used as it is, on the
-    current CUDA device.
+    CPU tensors, else, for the default NCCL world, in a gloo group over the same ranks, created once
+    (every rank builds its loaders in the same order). A group passed in that takes only CUDA tensors
+    is used as it is, on the current CUDA device.
 
     Attributes:
         rank: This process's rank in the group.

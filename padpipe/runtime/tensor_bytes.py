@@ -1,17 +1,11 @@
 """Send a worker's batches and states to the main process as bytes in the pipe, not as shared-memory tensors.
 
-torch sends a tensor between processes by moving its storage into a new shared-memory file and handing
-the file's descriptor over a socket: for each tensor a file, a connection to the sender's descriptor
-server and a mapping in the receiver. A :class:`~padpipe.runtime.workers.WorkerProcesses` worker sends a
-batch (3-8 tensors) and its state (a dozen more) after every step, and for batches of a few thousand
-tokens that cost more than reading and tokenizing them: an epoch of the shipped sample in batches of
-1,024 tokens took one worker 2.5x the CPU of no worker, and 3x the wall time on two cores
-(``benchmarks/workers.py``; with bytes, 1.6x and 1.7x: benchmarks/RESULTS.md).
-
-In a worker, :func:`as_bytes` replaces each plain CPU tensor of a batch or state by a :class:`TensorBytes`:
-its dtype, shape and bytes, pickled into the worker's pipe like any bytes and unpickled in the main process
-as an ordinary tensor (no shared memory, no descriptor). Two equal ``TensorBytes`` compare equal, so of a
-state torchdata's ``StatefulDataLoader`` resends only the parts that changed since the step before.
+torch sends a tensor between processes by moving its storage into a new shared-memory file and handing its
+descriptor over a socket: for a worker that sends a batch and its state (a dozen tensors) every step, that cost
+more than reading and tokenizing small batches (``benchmarks/workers.py``, benchmarks/RESULTS.md). In a worker,
+:func:`as_bytes` replaces each plain CPU tensor by a :class:`TensorBytes` (dtype, shape and bytes), pickled like
+any bytes and unpickled in the main process as an ordinary tensor. Two equal ``TensorBytes`` compare equal, so
+of a state torchdata's ``StatefulDataLoader`` resends only the parts that changed since the step before.
 """
 
 from __future__ import annotations
@@ -129,11 +123,8 @@ class _Conversion:
 
 
 class BytesIterator:
-    """A worker's pipeline iterator whose batches and states come out through :func:`as_bytes`.
-
-    ``StatefulDataLoader`` reads its ``state_dict`` after every step (it is ``Stateful``) and restores a
-    state through ``load_state_dict`` (a state with tensors: loaded as the wrapped iterator loads it). A
-    sealed dict of the state before is sent again as the same object (see :class:`_Conversion`).
+    """A worker's pipeline iterator whose batches and states come out through :func:`as_bytes` (a sealed dict of the
+    state before sent again as the same object, see :class:`_Conversion`).
 
     Example:
         >>> it = BytesIterator(iter([{"ids": torch.tensor([1])}]))

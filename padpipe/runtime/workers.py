@@ -1,11 +1,9 @@
 """Run a pipeline in DataLoader worker processes, as one resumable node of the main process.
 
-:class:`WorkerProcesses` drives a ``torchdata`` ``StatefulDataLoader`` over the pipeline (each
-worker reads its own share: rank x worker) and yields the workers' batches in the loader's fixed
-round-robin order. The main process owns the epoch: workers are started for each epoch with the
-epoch set in the dataset they receive (no ``set_epoch`` needed, and no worker can drift into
-another epoch), and the state is the epoch plus the ``StatefulDataLoader``'s own state (each
-worker's exact position), so resume is exact.
+:class:`WorkerProcesses` drives a ``torchdata`` ``StatefulDataLoader`` over the pipeline (each worker reads its
+own share: rank x worker) and yields the workers' batches in its fixed round-robin order. The main process owns
+the epoch: workers are started for each epoch with the epoch set in the dataset they receive, and the state is
+the epoch plus the ``StatefulDataLoader``'s own (each worker's exact position).
 """
 
 from __future__ import annotations
@@ -22,22 +20,19 @@ from torchdata.nodes import BaseNode
 
 from padpipe.graph import EpochAware
 from padpipe.runtime.iterable import EPOCH_KEY, NODE_KEY, STATS_KEY, PipelineIterator
-from padpipe.runtime.loader_snapshot import LoaderSnapshot, worker_stopper
+from padpipe.runtime.loader_snapshot import LoaderSnapshot, worker_iterators, worker_stopper
 from padpipe.runtime.tensor_bytes import BytesIterator
 from padpipe.sharing.consumer import Consumer
+from padpipe.sharing.ranks import ranks
 from padpipe.stage import Recipe
-from padpipe.state import Bool, Child, Int, ListOf, Optional, StateMismatchError, StateSchema
+from padpipe.state import Bool, Child, Int, ListOf, Optional, Spec, StateMismatchError, StateSchema
 from padpipe.state_walk import show
 from padpipe.stats import PipelineStats, StatsSnapshot
 
 
 class EpochShares(IterableDataset):
-    """The dataset each worker receives: the pipeline, this rank, and the epoch the main process set.
-
-    Args:
-        pipeline: The recipe (without the main-process stages such as ``to_cuda``).
-        consumer: The rank to read as; the worker slot is filled in each worker.
-    """
+    """The dataset each worker receives: the ``pipeline`` (without the main-process stages), the ``consumer`` rank
+    to read as (the worker slot is filled in each worker), and the epoch the main process set."""
 
     def __init__(self, pipeline: Recipe, consumer: Consumer) -> None:
         self.pipeline = pipeline
@@ -63,12 +58,10 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
     Args:
         pipeline: The recipe each worker builds (its share of this rank's share).
         num_workers: Worker processes (at least 1).
-        consumer: The rank to read as; default: detected in this process on the first ``reset``.
-        ranks: Split between ranks when detecting (``Pipeline.shard("off")`` passes ``False``).
-        options: Further ``StatefulDataLoader`` keywords (``pin_memory``, ``prefetch_factor``,
-            ``multiprocessing_context``, ``timeout``).
-        stats: The main process's counters: the workers' counters (sent with their states) are
-            summed into its snapshots.
+        consumer: The rank to read as; default: detected on the first ``reset`` (split between ranks
+            unless ``ranks`` is ``False``: ``Pipeline.shard("off")``).
+        options: Further ``StatefulDataLoader`` keywords (:meth:`LoaderOptions.dataloader`).
+        stats: The main process's counters, into which the workers' (sent with their states) are summed.
 
     Example:
         >>> pipe = pp.from_iterable([{"text": "a"}] * 4).tokenize(pp.examples.tokenizer()).batch(1).pad()
@@ -105,8 +98,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         self._loader: Any = None
         self._it: Iterator[Any] | None = None
         self._stop_with_node: weakref.finalize | None = None
-        self._epoch = -1
-        self._done = False
+        self._epoch, self._done = -1, False
         self._plans: list[dict[str, Any]] | None = None
 
     DONE = {"done": True}  # what :meth:`worker_graphs` gives for a worker whose share had all come out
@@ -124,15 +116,10 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
 
     @classmethod
     def worker_graphs(cls, state: dict[str, Any], num_workers: int) -> tuple[list[Any], int]:
-        """Each worker's graph state in a saved state (:attr:`DONE`; ``None``: not started), and the epoch.
-
-        Reads the ``StatefulDataLoader`` snapshot's per-worker states (the shape torchdata 0.11
-        saves, pinned by tests/runtime/test_workers_state.py), after checking ``state`` is a state
-        of ``num_workers`` workers (a loader state's layout that claims another number is refused).
-        """
-        plans_spec = Optional(ListOf(Child(), length=num_workers))
+        """Each worker's graph state in a saved state of ``num_workers`` workers (:attr:`DONE`; ``None``: not
+        started), and the epoch."""
         try:
-            loaded = cls.STATE.check(state, {"num_workers": num_workers}, specs={"plans": plans_spec})
+            loaded = cls.STATE.check(state, {"num_workers": num_workers}, specs=_plans(num_workers))
         except StateMismatchError as exc:
             raise StateMismatchError(
                 f"PipelineLoader state is invalid: 'layout' says {num_workers} worker process(es) a rank, but its root "
@@ -148,12 +135,10 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
             raise StateMismatchError(
                 "elastic resume needs worker snapshots taken at every step (snapshot_every_n_steps=1)."
             )
-        out = []
-        for w in range(num_workers):
-            worker = loader["_snapshot"]["_worker_snapshots"].get(f"worker_{w}") or {}
-            iterator = (worker.get("fetcher_state") or {}).get("dataset_iter_state")
-            out.append(None if iterator is None else _node_of(iterator, w))
-        return out, epoch
+        iterators = worker_iterators(loader)
+        return [
+            None if (it := iterators.get(f"worker_{w}")) is None else _node_of(it, w) for w in range(num_workers)
+        ], epoch
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -164,8 +149,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
             self._epoch, self._done, self._plans = self._epoch + 1, False, None
             self._start(None)
             return
-        plans = Optional(ListOf(Child(), length=self.num_workers))
-        loaded = self.STATE.check(initial_state, self._settings(), specs={"plans": plans})
+        loaded = self.STATE.check(initial_state, {"num_workers": self.num_workers}, specs=_plans(self.num_workers))
         self._epoch, self._done, loader_state = loaded.epoch, loaded.done, loaded.dataloader
         self._plans = loaded.plans if loader_state is None else None
         if not self._done:
@@ -185,7 +169,7 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         loader_state = None if self._it is None else self._loader.state_dict()
         plans = self._plans if loader_state is None else None
         return self.STATE.make(
-            self._settings(), epoch=self._epoch, done=self._done, dataloader=loader_state, plans=plans
+            {"num_workers": self.num_workers}, epoch=self._epoch, done=self._done, dataloader=loader_state, plans=plans
         )
 
     def close(self) -> None:
@@ -198,16 +182,12 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
             self._stop_with_node = None
         _shutdown(it)
 
-    # -- helpers ------------------------------------------------------------------------------------
-    def _settings(self) -> dict[str, Any]:
-        return {"num_workers": self.num_workers}
-
     def _make_loader(self) -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         consumer = self.consumer
         if consumer is None:  # ranks are known here, where the trainer set up torch.distributed
-            rank, world = Consumer.ranks() if self.ranks else (0, 1)
+            rank, world = ranks() if self.ranks else (0, 1)
             consumer = Consumer(rank=rank, world_size=world)
         self._dataset = EpochShares(self.pipeline, consumer)
         # the workers' base seed is drawn from this generator, never from torch's global one: starting an
@@ -228,9 +208,8 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
         """The counters the running workers last sent (with their states)."""
         if self._it is None:
             return []
-        workers = self._loader.state_dict().get("_snapshot", {}).get("_worker_snapshots", {})
-        states = [(w.get("fetcher_state") or {}).get("dataset_iter_state") or {} for w in workers.values()]
-        return [StatsSnapshot(**state[STATS_KEY]) for state in states if STATS_KEY in state]
+        states = worker_iterators(self._loader.state_dict()).values()
+        return [StatsSnapshot(**state[STATS_KEY]) for state in states if state and STATS_KEY in state]
 
     def _start(self, loader_state: dict[str, Any] | None) -> None:
         """Start workers for ``self._epoch`` (forked or spawned with the epoch in their dataset)."""
@@ -249,11 +228,8 @@ class WorkerProcesses(EpochAware, BaseNode[Any]):
 
 @functools.cache
 def import_what_workers_import() -> None:
-    """Import here, once, what every worker would import for itself: forked workers inherit it.
-
-    pyarrow imports pandas (where it is installed) on its first conversion of Python or NumPy values,
-    about 300 modules and 0.3-0.4 CPU-s; workers are started afresh each epoch, so without this each of
-    them paid it every epoch. Spawned workers import it anyway.
+    """Import here, once, what every worker would import for itself: forked workers inherit it (workers start
+    afresh each epoch, and pyarrow's first conversion imports pandas, about 300 modules, where installed).
 
     Example:
         >>> import_what_workers_import()
@@ -261,6 +237,11 @@ def import_what_workers_import() -> None:
     import pyarrow as pa
 
     pa.array([0])
+
+
+def _plans(num_workers: int) -> dict[str, Spec]:
+    """The spec of the workers' elastic starts, one per worker."""
+    return {"plans": Optional(ListOf(Child(), length=num_workers))}
 
 
 def _shutdown(it: Any) -> None:

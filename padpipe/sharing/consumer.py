@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from padpipe.sharing.ranks import ranks
+from padpipe.sharing.ranks import ranks as world_ranks
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,7 @@ class Consumer:
 
     @staticmethod
     def detect(*, ranks: bool = True) -> Consumer:
-        """The current process's consumer slot.
-
-        Rank and world size come from ``torch.distributed`` when it is initialized, else from the
-        ``RANK``/``WORLD_SIZE`` environment variables, else a single rank; the worker slot comes from
-        ``torch.utils.data.get_worker_info()``.
+        """The current process's consumer slot: its ranks (:func:`~padpipe.sharing.ranks.ranks`) and DataLoader worker.
 
         Args:
             ranks: Split between distributed ranks; ``False``: every rank reads everything (for
@@ -56,13 +52,8 @@ class Consumer:
             >>> Consumer.detect(ranks=False).world_size
             1
         """
-        rank, world = Consumer.ranks() if ranks else (0, 1)
+        rank, world = world_ranks() if ranks else (0, 1)
         return Consumer(rank=rank, world_size=world).with_worker()
-
-    @staticmethod
-    def ranks() -> tuple[int, int]:
-        """``(rank, world_size)`` from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
-        return ranks()
 
     def with_worker(self) -> Consumer:
         """This consumer's rank with the worker slot of the current DataLoader worker (if any).

@@ -225,11 +225,6 @@ def test_equal_steps_raises_error_when_policy_is_unknown():
         pp.from_iterable([{"text": "a"}]).loader(equal_steps="x")
 
 
-def test_equal_steps_names_what_replaced_stop_first():
-    with pytest.raises(ValueError, match=r"^`equal_steps='stop_first'` is gone: 'balance' \(the default\).*'drop'"):
-        pp.from_iterable([{"text": "a"}]).loader(equal_steps="stop_first")
-
-
 def test_equal_steps_raises_error_when_state_has_another_policy():
     node = EqualSteps(ListNode([1]), policy="balance")
     node.reset()
