@@ -36,7 +36,6 @@ from padpipe.errors import DataError, one_of
 from padpipe.readers.files import RETRIES, FileAccess, FileFormat
 from padpipe.readers.identity import ListingIdentity
 from padpipe.readers.listing import SharedListing
-from padpipe.readers.listing_state import refuse_old_state
 from padpipe.readers.paths import ChangedFileError, FileRef, check_paths
 from padpipe.readers.retry import Attempts, Retry, is_transient
 from padpipe.readers.schema import check_columns, tag_source
@@ -75,7 +74,7 @@ class FileSource(UnitSource):
         0
     """
 
-    VERSION = 3  # 3: the listing as a digest (2 held every file's identity)
+    VERSION = 3
     FORMAT: ClassVar[type[FileFormat]]
     SUFFIXES: tuple[str, ...] = ()  # the FORMAT's, for the facade's checks of paths
     format: FileFormat
@@ -149,7 +148,6 @@ class FileSource(UnitSource):
         return units
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        refuse_old_state(type(self).__name__, initial_state, self.VERSION)
         super().reset(initial_state)
         self._attempts.succeeded()
         self.format.close()

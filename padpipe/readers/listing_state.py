@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from padpipe.state import VERSION_KEY, Invalid, Spec, StateMismatchError
+from padpipe.state import Invalid, Spec
 
 FILES_KEY = "files"
 FILE_KEY = "file"
@@ -75,27 +75,6 @@ class DigestSpec(Spec):
         if isinstance(count, bool) or not isinstance(count, int) or count < 0 or not all(map(_is_digest, digests)):
             raise Invalid(expected)
         return ListingDigest(count, *digests)
-
-
-def refuse_old_state(stage: str, state: Any, version: int) -> None:
-    """Refuse a version 2 file reader state (it held every file's identity) with a message that says so.
-
-    Example:
-        >>> try:
-        ...     refuse_old_state("ParquetReader", {"version": 2, "files": "a.parquet\\t10\\t1.0"}, 3)
-        ... except pp.StateMismatchError as exc:
-        ...     print(str(exc)[:80])
-        ParquetReader state doesn't match this pipeline: version found 2 instead of 3 (a
-    """
-    if not isinstance(state, Mapping):
-        return
-    found = state.get(VERSION_KEY)  # compared only as an int: a crafted state may hold anything there
-    if type(found) is int and found == 2 and isinstance(state.get(FILES_KEY), str):
-        raise StateMismatchError(
-            f"{stage} state doesn't match this pipeline: version found 2 instead of {version} (a version 2 state "
-            "lists every file; this padpipe saves a digest of the listing instead). Resume it with the padpipe "
-            "version that saved it, or start a new run."
-        )
 
 
 def line_of(identity: str, name: str) -> str:
