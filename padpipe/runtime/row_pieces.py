@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -199,7 +199,7 @@ def _row_spans(batch: Any) -> list[list[tuple[int, int]]] | None:
     return out
 
 
-def _documents(batch: dict[str, Any], rows: int) -> list[int] | None | bool:
+def _documents(batch: dict[str, Any], rows: int) -> list[int] | None | Literal[False]:
     """The documents of each row as its kept columns count them (``None``: no kept column; ``False``: not kept
     columns, or counts that differ)."""
     kept = [value for key, value in batch.items() if key not in KNOWN]
