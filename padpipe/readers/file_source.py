@@ -30,7 +30,6 @@ from typing import Any, ClassVar, Literal
 
 import fsspec.core
 import pyarrow as pa
-import pyarrow.json as pj
 
 from padpipe.errors import DataError, one_of
 from padpipe.readers.files import RETRIES, FileAccess, FileFormat
@@ -264,13 +263,6 @@ def _to_plain(value: Any, filesystems: list[tuple[Any, str]]) -> Any:
         return {"t": "dict", "v": [[str(k), _to_plain(v, filesystems)] for k, v in value.items()]}
     if isinstance(value, pa.Schema):
         return {"t": "schema", "v": base64.b64encode(value.serialize().to_pybytes()).decode()}
-    if isinstance(value, pj.ParseOptions):
-        options = {
-            "explicit_schema": _to_plain(value.explicit_schema, filesystems),
-            "unexpected_field_behavior": value.unexpected_field_behavior,
-            "newlines_in_values": value.newlines_in_values,
-        }
-        return {"t": "parse_options", "v": options}
     raise TypeError(f"cannot share a listing that holds a {type(value).__name__}")
 
 
@@ -288,10 +280,4 @@ def _from_plain(data: Any, filesystems: list[Any]) -> Any:
         return {str(k): _from_plain(v, filesystems) for k, v in value}
     if kind == "schema":
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value)))
-    if kind == "parse_options":
-        return pj.ParseOptions(
-            explicit_schema=_from_plain(value["explicit_schema"], filesystems),
-            unexpected_field_behavior=value["unexpected_field_behavior"],
-            newlines_in_values=value["newlines_in_values"],
-        )
     raise ValueError(f"unknown listing value kind {kind!r}")

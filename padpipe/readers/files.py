@@ -9,9 +9,11 @@ checking files against it, re-opening after a transient error, skipping lost fil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+import pyarrow as pa
 
 from padpipe.readers.format import Format
 from padpipe.readers.paths import FileRef, FolderFiles, expand_paths
@@ -72,6 +74,7 @@ class FileFormat(Format):
 
     SUFFIXES: tuple[str, ...] = ()  # the files of a folder this format reads
     LISTING: tuple[str, ...] = ("files",)  # what list_units sets, shared with the pipeline's other readers
+    _open: tuple[str, Any, Any] | None = None  # (name, handle, its reader) kept open between units of one file
 
     def __init__(self, access: FileAccess, *, name: str, columns: Sequence[str] | None, chunk_rows: int) -> None:
         self.access, self.name, self.columns, self.chunk_rows = access, name, columns, chunk_rows
@@ -80,3 +83,20 @@ class FileFormat(Format):
     def fingerprint(self) -> str:
         """The reader and its columns: the listing itself is checked by the reader's listing identity."""
         return f"{self.name} columns={list(self.columns) if self.columns else None!r}"
+
+    def close(self) -> None:
+        if self._open is not None:
+            handle, self._open = self._open[1], None
+            try:
+                handle.close()
+            except Exception:  # a broken connection may fail to close; it is dropped either way
+                pass
+
+    def rows_from(self, batches: Iterable[pa.RecordBatch], start_row: int) -> Iterator[pa.RecordBatch]:
+        """``batches`` from row ``start_row`` on, as the ``columns`` (in their order)."""
+        for batch in batches:
+            if start_row < batch.num_rows:
+                batch, start_row = batch.slice(start_row), 0
+                yield batch if self.columns is None else batch.select(self.columns)
+            else:
+                start_row -= batch.num_rows

@@ -203,11 +203,6 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         return self.plan.rest(self._units_for_epoch(epoch), unit, row)
 
     # -- helpers ------------------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """The epoch being read (0 on the first pass)."""
-        return self._epoch
-
     def _settings(self) -> dict[str, Any]:
         assert self.consumer is not None  # set in reset, before any state is made or checked
         return {
