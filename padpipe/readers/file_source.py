@@ -257,8 +257,6 @@ def _to_plain(value: Any, filesystems: list[tuple[Any, str]]) -> Any:
         if index == len(filesystems):
             filesystems.append((value.fs, value.fs.unstrip_protocol(value.path)))
         return {"t": "file", "v": [index, value.path, value.listed_size, value.listed_version, value.listed_content]}
-    if isinstance(value, (list, tuple)):
-        return {"t": type(value).__name__, "v": [_to_plain(v, filesystems) for v in value]}
     if isinstance(value, dict):
         return {"t": "dict", "v": [[str(k), _to_plain(v, filesystems)] for k, v in value.items()]}
     if isinstance(value, pa.Schema):
@@ -273,9 +271,6 @@ def _from_plain(data: Any, filesystems: list[Any]) -> Any:
     if kind == "file":
         index, path, size, version, content = value
         return FileRef(filesystems[index], str(path), size, version, content)
-    if kind in ("list", "tuple"):
-        items = [_from_plain(v, filesystems) for v in value]
-        return items if kind == "list" else tuple(items)
     if kind == "dict":
         return {str(k): _from_plain(v, filesystems) for k, v in value}
     if kind == "schema":

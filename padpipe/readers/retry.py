@@ -28,38 +28,13 @@ from padpipe.errors import DataError
 
 T = TypeVar("T")
 
-TRANSIENT_ERRNOS = frozenset(
-    {
-        errno.EIO,
-        errno.ECONNRESET,
-        errno.ECONNABORTED,
-        errno.ECONNREFUSED,
-        errno.ETIMEDOUT,
-        errno.EPIPE,
-        errno.EAGAIN,
-        errno.EHOSTUNREACH,
-        errno.ENETUNREACH,
-        errno.ENETDOWN,
-    }
-)
+_ERRNOS = "EIO ECONNRESET ECONNABORTED ECONNREFUSED ETIMEDOUT EPIPE EAGAIN EHOSTUNREACH ENETUNREACH ENETDOWN"
+TRANSIENT_ERRNOS = frozenset(getattr(errno, name) for name in _ERRNOS.split())
 TRANSIENT_STATUS = frozenset({408, 425, 429})
-# Network errors of the storage clients that do not derive from ConnectionError/TimeoutError.
-TRANSIENT_NAMES = frozenset(
-    {
-        "ClientConnectionError",
-        "ClientPayloadError",
-        "ServerDisconnectedError",
-        "ServerTimeoutError",  # aiohttp
-        "HTTPClientError",
-        "ConnectionClosedError",
-        "EndpointConnectionError",
-        "ReadTimeoutError",  # botocore
-        "ConnectTimeoutError",
-        "IncompleteRead",
-        "ResponseParserError",
-        "ChunkedEncodingError",
-        "FSTimeoutError",
-    }
+TRANSIENT_NAMES = frozenset(  # network errors of the storage clients not derived from ConnectionError/TimeoutError
+    "ClientConnectionError ClientPayloadError ServerDisconnectedError ServerTimeoutError "  # aiohttp
+    "HTTPClientError ConnectionClosedError EndpointConnectionError ReadTimeoutError ConnectTimeoutError "  # botocore
+    "IncompleteRead ResponseParserError ChunkedEncodingError FSTimeoutError".split()
 )
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
 GIVE_UP_FIX = "if the store is only busy, allow more with retries=pp.Retry(retries=..., max_seconds=...)."
