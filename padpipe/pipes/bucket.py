@@ -60,32 +60,23 @@ def check_bucket_options(
 class Bucketizer(EpochAware, BaseNode[TokenChunk]):
     """Group rows of similar length into batches, from a buffer of about ``buffer_size`` rows.
 
-    Each buffer is sorted by length (stable) and cut into batches, either of ``batch_size`` rows
-    or greedily under ``max_tokens``, a budget on padded tokens: ``rows x padded length``, where
-    the padded length is the longest row rounded up to ``pad_to_multiple_of`` (or
-    ``pad_to_length`` with static padding). The budget is never exceeded. With ``shuffle`` the
-    batches of each buffer come out in a random order seeded by ``(seed, epoch)``; without it, in
-    ascending length. With ``batch_size``, rows that do not make a full batch (picked at random
-    with ``shuffle``, else the longest) wait for the next buffer; the epoch's remainder is the
-    last, smaller batch unless ``drop_last`` (counted as ``bucket.drop_last``).
+    Each buffer is sorted by length (stable) and cut into batches of ``batch_size`` rows or, greedily,
+    under ``max_tokens`` padded tokens (``rows x`` the longest row padded as ``pad`` will pad it;
+    never exceeded). With ``shuffle`` each buffer's batches come out in an order seeded by ``(seed,
+    epoch)``, else by ascending length. With ``batch_size``, rows short of a full batch (random ones
+    with ``shuffle``, else the longest) wait for the next buffer; the epoch's remainder is its last,
+    smaller batch unless ``drop_last`` (counted as ``bucket.drop_last``).
 
-    With ``eager`` (the default; with ``shuffle`` only), the first buffer of an epoch does not have
-    to fill before the first batch: while the epoch's first ``buffer_size`` rows arrive, each chunk
-    is sorted in with the rows waiting, and every batch a bigger buffer could not improve leaves
-    at once: a full one (``batch_size`` rows, or no room under ``max_tokens`` for one more row of
-    its length) whose rows all pad to at least :data:`SPREAD` (98%) of its longest. The others
-    wait, and from then on buffers are cut as usual. So the first batch comes within a few chunks
-    (rows cut to ``max_length`` make final batches at once), with no more padding; the first
-    buffer's batches lean toward the lengths that fill fastest.
+    With ``eager`` (and ``shuffle``), while the epoch's first buffer fills each chunk is sorted in with
+    the waiting rows and every batch a bigger buffer could not improve leaves at once: a full one
+    whose rows all pad to at least :data:`SPREAD` of its longest. So the first batch comes within a
+    few chunks, with no more padding.
 
-    With ``max_tokens``, a row longer than the budget allows is handled by ``on_oversize``:
-    ``"raise"`` a ``ValueError``, ``"drop"`` it (counted as ``bucket.oversize``) or
-    ``"truncate"`` it to the longest length that fits (counted as ``bucket.truncated``; a
-    list-valued ``labels`` column is cut alike). With ``pad_to_length`` that length is also the
-    longest row allowed.
-
-    The waiting rows, the cut batches not yet emitted and the random generator are saved in the
-    state, so resume is exact.
+    With ``max_tokens``, a row longer than the budget allows (``pad_to_length``, if set, is the
+    longest allowed) is handled by ``on_oversize``: ``"raise"`` a ``ValueError``, ``"drop"`` it
+    (``bucket.oversize``) or ``"truncate"`` it, token-level labels alike (``bucket.truncated``).
+    The waiting rows, the cut batches not yet emitted and the generator are in the state: resume is
+    exact.
 
     Args:
         source: Upstream node yielding :class:`~padpipe.chunks.TokenChunk`.

@@ -90,27 +90,22 @@ def check_pack_options(
 class Packer(EpochAware, BaseNode[dict]):
     """Pack a stream of documents (one :class:`TokenChunk` row each) into ``[B, seq_len]`` batches.
 
-    Documents longer than ``seq_len`` are first cut into pieces (see ``long_docs``). Up to
-    ``buffer_size`` pieces wait in a pool. When a batch is due and no planned rows are left, the pool
-    is packed *best fit decreasing* (each piece, longest first, ties to the oldest, goes into the row
-    with the fewest slots left that still holds it, else opens a row), and its fullest rows (ties in
-    the order they opened) are planned: whole batches holding at least ``1/8`` of the pooled pieces
-    (:data:`PLAN_SHARE`); the other rows' pieces go back to wait with the next pieces, so a piece
-    that fits nowhere well now meets the pieces that come after it. Once the input is all pooled,
-    every row is planned. (Fill rates: docs/packing.md.)
+    Documents longer than ``seq_len`` are first cut into pieces (``long_docs``), which wait in a pool
+    of ``buffer_size``. When a batch is due and no planned rows are left, the pool is packed *best
+    fit decreasing* (each piece, longest first, ties to the oldest, into the row with the fewest
+    slots left that holds it, else a new row) and its fullest rows are planned: whole batches
+    holding at least ``1/PLAN_SHARE`` of the pooled pieces. The other rows' pieces go back to wait
+    with the next pieces, so a piece that fits nowhere well now meets the pieces after it. Once the
+    input is all pooled, every row is planned.
 
-    Each batch is a dict of ``batch_size`` rows (the epoch's last batch may have fewer). A row's
-    *segments* are its document pieces and then its padding run, if any. The keys are those
-    ``transformers`` models read, as ``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
-    return_seq_idx=True)`` names them: ``input_ids``, ``position_ids`` (restarting at
-    ``position_offset`` at every segment) and ``labels`` ``[B, seq_len]`` int64 (each piece's
-    token-level labels, else its ids; ``label_pad_id`` at every piece's first token and at padding),
-    ``seq_idx`` ``[B, seq_len]`` int32 (the segment's index over the flattened batch), the
-    flash-attention ``cu_seq_lens_q/k`` (int32 ``[S + 1]``) and ``max_length_q/k`` (``int``),
-    ``attention_mask`` ``[B, 1, seq_len, seq_len]`` with ``block_mask=True``, ``use_cache=False`` (with
-    a cache HF's ``eager``/``sdpa`` attention does not find packed rows in ``position_ids``), and
-    each kept column as a list of ``B`` lists, the values of each row's pieces in order. Which of
-    these each attention and model needs to keep documents apart: docs/packing.md.
+    A batch holds the keys ``transformers`` models read, named as ``DataCollatorWithFlattening(
+    return_flash_attn_kwargs=True, return_seq_idx=True)`` names them, over each row's *segments* (its
+    pieces, then its padding run): ``input_ids``, ``position_ids`` (from ``position_offset`` at every
+    segment) and ``labels`` (each piece's token-level labels, else its ids; ``label_pad_id`` at its
+    first token and at padding) ``[B, seq_len]`` int64; ``seq_idx`` int32; ``cu_seq_lens_q/k`` and
+    ``max_length_q/k``; the 4-D ``attention_mask`` with ``block_mask``; ``use_cache=False``; each kept
+    column as a list of ``B`` lists (each row's pieces' values). What each attention and model needs
+    of them, and fill rates: docs/packing.md.
 
     Args:
         source: Upstream node yielding :class:`TokenChunk`.

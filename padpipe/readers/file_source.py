@@ -1,25 +1,13 @@
-"""The file readers' common base: paths on any fsspec store, one shared listing, retries, lost files.
+"""The file readers' common node: paths on any fsspec store, one shared listing, retries, lost files.
 
-:class:`FileSource` is the node of a :class:`~padpipe.readers.files.FileFormat` (Parquet, Arrow,
-JSON Lines, CSV): it adds to :class:`~padpipe.readers.source.UnitSource` what reading files from
-object storage needs:
-
-* the listing (glob plus per-file metadata) is made once per pipeline and shared with its other
-  loaders and DataLoader workers (:mod:`padpipe.readers.listing`);
-* a transient storage error while listing, opening or reading is retried with backoff
-  (:mod:`padpipe.readers.retry`); a read that failed mid-unit re-opens the file and goes on from
-  the current ``(unit, row)``, so no row is lost or repeated; when retries run out, a
-  ``DataError`` names the file, the attempts and the last error;
-* a file that vanished, or changed size, version (modification time, ETag) or content since it was
-  listed (checked each epoch before it is read, from the file or the token cache) is a ``DataError``
-  naming it, or with ``on_missing="skip"`` is skipped (rest of it) and counted as
-  ``read.missing_file``; resume stays exact because the position moves past it like past any unit;
-* a state records a digest of the listing (each file's name, size and version) and the file being
-  read, never the file list (:mod:`padpipe.readers.listing_state`); resuming it where the listing
-  differs is a ``StateMismatchError`` saying how (listing the same files as a folder, a glob or a
-  list is the same input);
-* every record batch carries the file it came from in its schema metadata, so later stages can
-  name it in their errors.
+:class:`FileSource` adds to :class:`~padpipe.readers.source.UnitSource` what reading files from
+object storage needs: the pipeline's shared listing (:mod:`padpipe.readers.listing`); transient
+storage errors retried (:mod:`padpipe.readers.retry`), a read that failed mid-unit re-opened at the
+current ``(unit, row)``; a file that vanished or changed since it was listed (checked each epoch
+before it is read) is a ``DataError`` naming it, or with ``on_missing="skip"`` skipped and counted
+as ``read.missing_file``; a state holds a digest of the listing and the file being read
+(:mod:`padpipe.readers.listing_state`); every record batch carries its file and row in its schema
+metadata, so later stages name them in errors.
 """
 
 from __future__ import annotations
@@ -110,7 +98,7 @@ class FileSource(UnitSource):
         self.identity = ListingIdentity(type(self).__name__)
         self._attempts = Attempts(self.retry)
         self._lost: set[str] = set()
-        self._first_rows: tuple[list[WorkUnit] | None, dict[tuple[str, int], int]] | None = None
+        self._first_rows: dict[tuple[str, int], int] | None = None
 
     # -- the token cache's hooks ------------------------------------------------------------------
     def file_of(self, path: str) -> Any:
@@ -180,15 +168,13 @@ class FileSource(UnitSource):
     def _where(self, unit: WorkUnit, row: int) -> tuple[int, str]:
         """``(row, counted in what)`` of row ``row`` of ``unit``: a row of the file (``""``) where rows before it are
         known."""
-        if self._first_rows is None or self._first_rows[0] is not self._units:
-            firsts: dict[tuple[str, int], int] = {}
-            counted: dict[str, int | None] = {}
-            for u in self._units or []:
+        if self._first_rows is None:  # each unit's first row in its file (-1: not known), from the listing
+            self._first_rows, counted = {}, dict[str, int | None]()
+            for u in self.listed_units():
                 before = counted.get(u.path, 0)
-                firsts[(u.path, u.index)] = -1 if before is None else before
+                self._first_rows[(u.path, u.index)] = -1 if before is None else before
                 counted[u.path] = None if before is None or u.num_rows is None else before + u.num_rows
-            self._first_rows = (self._units, firsts)
-        first = self._first_rows[1].get((unit.path, unit.index), -1)
+        first = self._first_rows.get((unit.path, unit.index), -1)
         if first >= 0 and (unit.num_rows is not None or unit.start == 0):
             return first + row, ""
         return row, f"its byte range from byte {unit.start}" if unit.stop is not None else f"its unit {unit.index}"
