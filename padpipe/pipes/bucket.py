@@ -261,22 +261,13 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
     def _cut(self, buffer: TokenChunk) -> None:
         """Sort ``buffer`` by length, cut it into batches, order them; keep the rest waiting."""
         n = buffer.num_rows
-        order = np.argsort(buffer.lengths, kind="stable")
+        order, _, sizes = self._sorted(buffer)
         left = np.zeros(0, np.int64)
-        if self.batch_size is not None:
-            spare = n % self.batch_size
-            if spare and self.shuffle:
-                waiting = np.zeros(n, dtype=bool)
-                waiting[self._rng.choice(n, size=spare, replace=False)] = True
-                left, order = order[waiting[order]], order[~waiting[order]]
-            elif spare:
-                left, order = order[n - spare :], order[: n - spare]
-            sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
-        else:
-            padded = padded_length(
-                buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
-            )
-            sizes = cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+        if self.batch_size is not None and n % self.batch_size:
+            waiting = np.zeros(n, dtype=bool)
+            spare = n % self.batch_size  # rows short of a full batch wait: random ones with shuffle, else the longest
+            waiting[self._rng.choice(n, size=spare, replace=False) if self.shuffle else order[n - spare :]] = True
+            left, order = order[waiting[order]], order[~waiting[order]]
         if self.shuffle and len(sizes) > 1:
             perm = self._rng.permutation(len(sizes))
             starts = np.cumsum(sizes) - sizes
@@ -294,16 +285,19 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
         if len(sizes):
             self._set_ready(buffer.take(order), sizes)
 
-    def _emit_final(self, buffer: TokenChunk) -> bool:
-        """Make the batches of ``buffer`` that a bigger buffer could not improve ready; the rest waits."""
+    def _sorted(self, buffer: TokenChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``buffer``'s rows by length (stable), their padded lengths, and the sizes of the full batches they make."""
         order = np.argsort(buffer.lengths, kind="stable")
         padded = padded_length(
             buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
         )
         if self.batch_size is not None:
-            sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
-        else:
-            sizes = cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+            return order, padded, np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
+        return order, padded, cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+
+    def _emit_final(self, buffer: TokenChunk) -> bool:
+        """Make the batches of ``buffer`` that a bigger buffer could not improve ready; the rest waits."""
+        order, padded, sizes = self._sorted(buffer)
         ends = np.cumsum(sizes)
         starts = ends - sizes
         final = padded[starts] >= SPREAD * padded[ends - 1] if len(sizes) else np.zeros(0, bool)
