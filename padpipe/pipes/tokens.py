@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.errors import DataError, check_int, positive
+from padpipe.pipes.pieces import exclusive_cumsum
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS, pass_through
 
@@ -190,9 +191,7 @@ def _list_values(
     if column.null_count:
         row = int(np.flatnonzero(pc.is_null(column).to_numpy(zero_copy_only=False))[0])
         raise DataError(f"tokens: column {name!r} at row {row}{_where(batch, row)} is None; expected a list of {what}.")
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = exclusive_cumsum(pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64))
     flat = pc.list_flatten(column)
     values = flat.to_numpy(zero_copy_only=False)
     position, found = None, ""
@@ -213,6 +212,5 @@ def _select(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Keep the tokens where ``keep`` is true, in every per-token array; rows keep their order."""
     row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    new = np.zeros_like(offsets)
-    np.cumsum(np.bincount(row[keep], minlength=len(offsets) - 1), out=new[1:])
+    new = exclusive_cumsum(np.bincount(row[keep], minlength=len(offsets) - 1))
     return ids[keep], new, {name: values[keep] for name, values in aligned.items()}

@@ -119,20 +119,13 @@ class ArrowFormat(FileFormat):
 class ArrowReader(FileSource):
     """Arrow IPC input as record batches; each record batch is one work unit where it can be.
 
-    The format is told by the first bytes (``ARROW1`` starts the *file* format):
-
-    * file format (``.feather``, ``pa.ipc.new_file``): units are record batches, read by number;
-      local files are memory-mapped.
-    * stream format (``datasets`` cache files, ``Dataset.save_to_disk`` shards): a local file is
-      memory-mapped and its message headers scanned once on the first ``reset`` (zero-copy, only
-      metadata is touched) to find each record batch's offset, so units are record batches too.
-      A remote stream file, or one with dictionary batches, is one unit read front to back.
-
-    A ``save_to_disk`` folder is read in the order of its ``state.json`` ``_data_files``; the
-    folder of a saved ``DatasetDict`` is an error naming its splits. A resumed reader re-reads
-    the record batch it was in (zero-copy when memory-mapped) and drops the rows already read.
-    Local record batches know their row counts, so consumers' shares are equal to within one row
-    (a batch may be cut between two consumers); remote files are shared by whole record batches.
+    The *file* format (``ARROW1`` first: ``.feather``, ``pa.ipc.new_file``) is read by batch
+    number. A local *stream* file (``datasets`` cache files, ``save_to_disk`` shards) is
+    memory-mapped and its message headers scanned once to find each batch's offset; a remote one,
+    or one with dictionary batches, is one unit read front to back. A ``save_to_disk`` folder is
+    read in its ``state.json`` order (a saved ``DatasetDict`` is an error naming its splits). A
+    resumed reader re-reads its record batch and drops the rows already read. Local batches know
+    their rows, so shares are equal to within a row; remote files are shared by whole batches.
 
     Takes :class:`~padpipe.readers.file_source.FileSource`'s arguments (a folder is searched for
     ``.arrow``/``.arrows``/``.feather``/``.ipc`` files, unless it is a ``save_to_disk`` folder).

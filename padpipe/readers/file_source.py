@@ -38,20 +38,15 @@ class FileSource(UnitSource):
     """The node of the file readers (Parquet, Arrow IPC, JSONL, CSV); a reader names its ``FORMAT``.
 
     Args:
-        paths: A file, folder, glob or list of them; local or any fsspec URL (``s3://``,
-            ``gs://``, ``hf://``, ``https://``, ``file://``).
+        paths: A file, folder, glob or list of them; local or any fsspec URL (``s3://``, ``hf://``, ...).
         columns: Columns to read, in this order (default: all).
-        chunk_rows: Most rows per emitted record batch.
+        chunk_rows, seed, consumer, stats: As :class:`~padpipe.readers.source.ReaderNode`'s.
         storage_options: Keyword arguments for the fsspec filesystem (credentials, endpoint).
-        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
-        consumer: This reader's share of the units; default: detected on first ``reset``.
-        stats: Counters to report into.
-        retries: Retries of a transient storage error (an int), or a
-            :class:`~padpipe.readers.retry.Retry` policy for backoff and total time as well.
-        on_missing: A file gone or resized since listing: ``"raise"`` a ``DataError`` naming
-            it, or ``"skip"`` it (counted in stats as ``read.missing_file``).
+        retries: Retries of a transient storage error (an int), or a :class:`~padpipe.readers.retry.Retry`.
+        on_missing: A file gone or changed since listing: ``"raise"`` a ``DataError`` naming it, or
+            ``"skip"`` it (counted as ``read.missing_file``).
         listing: The pipeline's shared listing (the facade passes one); default: this reader's own.
-        **options: The format's own settings (``FORMAT(access, name=..., columns=..., chunk_rows=..., **options)``).
+        **options: The format's own settings (passed to ``FORMAT``).
 
     Example:
         >>> from padpipe.readers.parquet import ParquetReader  # a FileSource

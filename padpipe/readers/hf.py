@@ -62,9 +62,8 @@ def hf_reader(dataset: Any, *, columns: Sequence[str] | None) -> tuple[type, dic
 class HFDatasetReader(UnitSource):
     """A ``datasets.Dataset`` as record batches, sliced from its Arrow table (zero-copy).
 
-    Units are index ranges of ``UNIT_CHUNKS * chunk_rows`` rows; each chunk is
-    ``dataset.with_format("arrow")[a:b]``, so a shuffled or ``select``-ed dataset (one with an
-    indices mapping) is gathered in one vectorized ``take`` per chunk. Resume is exact.
+    Units are index ranges of ``UNIT_CHUNKS * chunk_rows`` rows, each chunk
+    ``dataset.with_format("arrow")[a:b]`` (one vectorized ``take`` where an indices mapping is).
 
     Args:
         dataset: The dataset (in memory or memory-mapped from its cache files).
@@ -136,16 +135,12 @@ class DatasetFormat(Format):
 class HFIterableReader(ReaderNode):
     """A streaming ``datasets.IterableDataset`` as record batches of ``chunk_rows`` rows.
 
-    Reads ``dataset.with_format("arrow").iter(batch_size=chunk_rows)``. With several consumers,
-    each takes ``dataset.shard(num_shards=count, index=index)`` when the dataset has at least
-    ``count`` shards, else every ``count``-th batch of the whole stream (each consumer then reads
-    everything and keeps its share). Each epoch calls ``set_epoch(epoch)`` on a copy, so
-    ``datasets`` reorders shards and reseeds its shuffle buffer per epoch as it does under a
-    ``DataLoader``; ``seed`` is not used (shuffle with ``dataset.shuffle(seed=...)``).
-
-    The state holds the epoch and the dataset's own ``state_dict()``. Resume is exact for
-    datasets without a shuffle buffer; with ``.shuffle(buffer_size=...)`` the rows in the buffer
-    when the state was saved are lost, as ``datasets`` documents for its own resume.
+    Reads ``dataset.with_format("arrow").iter(batch_size=chunk_rows)``; a consumer takes
+    ``dataset.shard(num_shards=count, index=index)`` when there are enough shards, else every
+    ``count``-th batch of the whole stream. Each epoch calls ``set_epoch(epoch)`` on a copy, as
+    under a ``DataLoader`` (shuffle with ``dataset.shuffle(seed=...)``). The state holds the epoch
+    and the dataset's own ``state_dict()``: resume is exact without a shuffle buffer; with one, the
+    rows in it are lost, as ``datasets`` documents for its own resume.
 
     Args:
         dataset: The iterable dataset (not split by node already: the consumer split is done here).

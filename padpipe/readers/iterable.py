@@ -21,15 +21,12 @@ _END = object()
 class IterableReader(ReaderNode):
     """Dicts from ``iterable`` as record batches of ``chunk_rows`` rows.
 
-    Every epoch calls ``iter(iterable)`` again, so pass a list or an object whose ``__iter__``
-    starts over (a one-shot generator can be read once; a second pass is an error). Consumer
-    ``index`` of ``count`` keeps the items whose position ``i`` has ``i % count == index``.
-
-    The columns and types come from this consumer's first chunk of the epoch (keys in order of
-    first appearance); later chunks get those columns, with nulls for missing keys, and drop
-    other keys. The state is the epoch and the number of items consumed; resume iterates again
-    from the start and skips that many items (the first chunk's are converted once to recover
-    its schema), so it is exact when each pass yields the same items in the same order.
+    Every epoch calls ``iter(iterable)`` again (a one-shot generator cannot be read twice: an
+    error). Consumer ``index`` of ``count`` keeps the items at positions ``i % count == index``.
+    The columns and types are those of the consumer's first chunk of the epoch (keys in order of
+    first appearance; later chunks get nulls for missing keys and drop others). The state is the
+    epoch and the items consumed: resume iterates again and skips them, exact when each pass
+    yields the same items in the same order.
 
     Args:
         iterable: The dicts to read.

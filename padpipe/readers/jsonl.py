@@ -253,12 +253,10 @@ class JsonlReader(FileSource):
     decompressed up to it, without parsing) and re-parses only that block; a read retried after a
     storage error re-opens the file the same way.
 
-    The schema is fixed per reader, so chunks concatenate downstream: the keys (or ``columns``)
-    and their types come from the first block of the first file that has rows, with date-like
-    strings kept as strings. In every later block a key that is missing or null comes out as
-    nulls of that type; a key not in the schema is dropped (pass ``columns`` to read it); a
-    value of another type is an error naming the line. A requested key absent from the first
-    block takes its type from each block (all-null blocks then come out as type ``null``).
+    The schema is fixed per reader: the keys (or ``columns``) and types of the first block that
+    has rows (date-like strings kept as strings). Later a missing key comes out as nulls, a key not
+    in the schema is dropped, a value of another type is an error naming the line; a requested key
+    absent from the first block takes its type from each block.
 
     Takes :class:`~padpipe.readers.file_source.FileSource`'s arguments (a folder is searched for
     ``.jsonl``/``.ndjson``/``.json`` files, optionally ``.gz``/``.zst``) and the format's:

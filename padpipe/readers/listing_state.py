@@ -1,13 +1,9 @@
 """What a file reader's state keeps of its listing: digests and the file being read, never the file list.
 
-A reader's listing identity (each file's name, size, version and content digest, one line a file;
-:attr:`~padpipe.readers.paths.FileRef.identity`) is about 100 bytes a file, so a state that held
-it would grow with the corpus (1 MB for 10,000 shards, per worker, per rank, per checkpoint).
-A state holds instead a :class:`ListingDigest` of it under ``"files"`` (the file count and three
-SHA-256 digests: of the lines in order, of the names in order, of the lines sorted) and, under
-``"file"``, the one line of the file being read. Resuming where the listing's digest differs is a
-``StateMismatchError`` that says how it differs, as far as the digests tell (files added or removed,
-renamed, reordered, or a size, version or content changed) and what became of the file being read.
+A listing identity (:attr:`~padpipe.readers.paths.FileRef.identity`, a line a file) would grow a
+state with the corpus (1 MB for 10,000 shards, per worker, rank and checkpoint), so a state holds a
+:class:`ListingDigest` of it under ``"files"`` and the line of the file being read under ``"file"``.
+Where the digests differ, :func:`listing_difference` says how, as far as they tell.
 
 Example:
     >>> saved = ListingDigest.of("a\\t1\\tv1\\nb\\t2\\tv1")

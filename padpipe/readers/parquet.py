@@ -66,14 +66,11 @@ class ParquetFormat(FileFormat):
 class ParquetReader(FileSource):
     """Parquet files as record batches; each row group is one work unit.
 
-    Row groups are listed from the file footers on the first ``reset`` (no data is read then;
-    footers are read by 8 threads, 32 for remote files) and read with ``ParquetFile.iter_batches``, so memory holds
-    about one row group's selected columns, never a whole file. Remote files are read through
-    the fsspec file object with pyarrow's ``pre_buffer`` (the column chunks of a row group are
-    fetched in a few coalesced range requests; no read-ahead cache). A resumed reader decodes its
-    row group from the start and drops the rows already read. Consumers' shares are equal to
-    within one row whatever the row-group layout: a row group may be cut between two consumers,
-    and the second then decodes the first part of it to skip.
+    Row groups are listed from the footers on the first ``reset`` and read with
+    ``ParquetFile.iter_batches`` (memory holds about one row group's columns); remote files with
+    pyarrow's ``pre_buffer`` (a row group's column chunks in a few coalesced range requests). A
+    resumed reader decodes its row group from the start and drops the rows already read. Shares
+    are equal to within one row: a row group may be cut between two consumers.
 
     Takes :class:`~padpipe.readers.file_source.FileSource`'s arguments (a folder is searched for
     ``.parquet``/``.parq``/``.pq`` files).

@@ -1,13 +1,10 @@
 """Retry transient storage errors with exponential backoff, then fail with a DataError naming the file.
 
-Object stores drop connections, time out and answer 5xx now and then; a reader that reads a
-10 TB corpus meets such errors every day. Readers wrap every open, list and read in the policy
-here: a *transient* error (see :func:`is_transient`) is retried after ``backoff``, ``2 *
-backoff``, ... (capped at ``max_backoff``, with jitter), until ``retries`` retries or
-``max_seconds`` since the first failure are used up; then a :class:`DataError` names the file,
-the attempts, the last error and the fix. Errors about the data itself (corrupt file, missing
-column, missing file) are never retried, nor is a read the store refused (access denied), which
-is a :class:`DataError` naming the file and the fix at once.
+Readers wrap every open, list and read in the policy here: a *transient* error
+(:func:`is_transient`) is retried after ``backoff``, ``2 * backoff``, ... (capped, with jitter)
+until ``retries`` or ``max_seconds`` are used up; then a :class:`DataError` names the file, the
+attempts, the last error and the fix. Errors about the data itself are never retried, nor is a
+read the store refused (access denied: a :class:`DataError` at once).
 
 Example:
     >>> policy = Retry.of(3)
