@@ -20,7 +20,7 @@ from padpipe.readers.paths import FileRef, FolderFiles, expand_paths
 from padpipe.readers.retry import Retry, call
 from padpipe.stats import PipelineStats
 
-CONTENT_THREADS, REMOTE_CONTENT_THREADS = 8, 32  # files whose first and last bytes are read at once
+LOCAL_THREADS, REMOTE_THREADS = 8, 32  # files read at once at listing (their first and last bytes, footers)
 RETRIES = "read.retries"
 T = TypeVar("T")
 
@@ -49,13 +49,16 @@ class FileAccess:
                 self.paths, suffixes=suffixes, storage_options=self.storage_options, folder_files=folder_files
             ),
         )
-        threads = CONTENT_THREADS if all(f.is_local for f in files) else REMOTE_CONTENT_THREADS
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
-            files = list(
-                pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files)
-            )
+        files = self.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files)
         self.identity = "\n".join(f.identity for f in files)
         return files
+
+    @staticmethod
+    def map(fn: Callable[[FileRef], T], files: list[FileRef]) -> list[T]:
+        """``fn`` of each file, in order, several files at once (more where each is a round trip to a store)."""
+        threads = LOCAL_THREADS if all(f.is_local for f in files) else REMOTE_THREADS
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
+            return list(pool.map(fn, files))
 
     def retried(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` with transient errors retried (counted as ``read.retries``); ``what`` names the file."""

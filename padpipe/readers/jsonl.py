@@ -192,7 +192,7 @@ class JsonlFormat(FileFormat):
                 return None, block
             try:
                 return self._parse_block(file, offset, block), block
-            except _BadLine as bad:
+            except blocks.LineError as bad:
                 if self.on_error == "raise":
                     number = blocks.lines_before(file, offset) + bad.line + 1
                     hint = "; pass on_error='skip' to read_jsonl to skip such lines (counted per file)"
@@ -207,7 +207,7 @@ class JsonlFormat(FileFormat):
         if bad_byte is not None:
             line, column = bad_byte
             byte = block.split(b"\n", line + 1)[line][column]
-            raise _BadLine(
+            raise blocks.LineError(
                 line,
                 f"invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); JSON Lines files "
                 "must be UTF-8 (re-encode the file, e.g. with iconv)",
@@ -219,7 +219,7 @@ class JsonlFormat(FileFormat):
                 table = blocks.parse_lines(block, self.json_columns, typed)
             except blocks.LineError as bad:
                 hint = f"; keys keep the types of {self.reference}" if typed is not None else ""
-                raise _BadLine(bad.line, f"{bad.problem}{hint}") from bad.__cause__
+                raise blocks.LineError(bad.line, f"{bad.problem}{hint}") from bad.__cause__
             return self._conformed(file, offset, table)
         try:
             table = blocks.parse_block(block, options)
@@ -228,7 +228,7 @@ class JsonlFormat(FileFormat):
             line, problem = blocks.locate_error(block, options, exc, first_line=first)
             typed = self.schema is not None and not problem.startswith("invalid JSON")
             hint = f"; keys keep the types of {self.reference}" if typed else ""
-            raise _BadLine(line, f"{problem}{hint}") from exc
+            raise blocks.LineError(line, f"{problem}{hint}") from exc
         return self._conformed(file, offset, table)
 
     def _conformed(self, file: FileRef, offset: int, table: pa.Table) -> pa.RecordBatch | None:
@@ -290,14 +290,6 @@ class JsonlReader(FileSource):
     JSON_COLUMNS = True  # takes json_columns
     POSITION_COLUMN = POSITION_COLUMN
     format: JsonlFormat
-
-
-class _BadLine(Exception):
-    """A line of a block that cannot be a row: its index in the block and what is wrong with it."""
-
-    def __init__(self, line: int, problem: str) -> None:
-        super().__init__(problem)
-        self.line, self.problem = line, problem
 
 
 def _with_positions(batch: pa.RecordBatch, starts: object) -> pa.RecordBatch:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -18,8 +17,6 @@ from padpipe.readers.schema import require_columns
 from padpipe.readers.source import WorkUnit
 
 SUFFIXES = (".parquet", ".parq", ".pq")
-LIST_THREADS = 8  # footers read at once from local disk
-REMOTE_LIST_THREADS = 32  # ... and from object storage, where each footer is a round trip
 
 
 class ParquetFormat(FileFormat):
@@ -32,9 +29,7 @@ class ParquetFormat(FileFormat):
 
     def list_units(self) -> list[WorkUnit]:
         files = self.access.expand(self.SUFFIXES)
-        threads = LIST_THREADS if all(f.is_local for f in files) else REMOTE_LIST_THREADS
-        with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
-            footers = list(pool.map(self._footer, files))
+        footers = self.access.map(self._footer, files)
         units = []
         self.files = {}
         for file, metadata in zip(files, footers):
