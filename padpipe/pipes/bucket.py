@@ -60,32 +60,23 @@ def check_bucket_options(
 class Bucketizer(EpochAware, BaseNode[TokenChunk]):
     """Group rows of similar length into batches, from a buffer of about ``buffer_size`` rows.
 
-    Each buffer is sorted by length (stable) and cut into batches, either of ``batch_size`` rows
-    or greedily under ``max_tokens``, a budget on padded tokens: ``rows x padded length``, where
-    the padded length is the longest row rounded up to ``pad_to_multiple_of`` (or
-    ``pad_to_length`` with static padding). The budget is never exceeded. With ``shuffle`` the
-    batches of each buffer come out in a random order seeded by ``(seed, epoch)``; without it, in
-    ascending length. With ``batch_size``, rows that do not make a full batch (picked at random
-    with ``shuffle``, else the longest) wait for the next buffer; the epoch's remainder is the
-    last, smaller batch unless ``drop_last`` (counted as ``bucket.drop_last``).
+    Each buffer is sorted by length (stable) and cut into batches of ``batch_size`` rows or, greedily,
+    under ``max_tokens`` padded tokens (``rows x`` the longest row padded as ``pad`` will pad it;
+    never exceeded). With ``shuffle`` each buffer's batches come out in an order seeded by ``(seed,
+    epoch)``, else by ascending length. With ``batch_size``, rows short of a full batch (random ones
+    with ``shuffle``, else the longest) wait for the next buffer; the epoch's remainder is its last,
+    smaller batch unless ``drop_last`` (counted as ``bucket.drop_last``).
 
-    With ``eager`` (the default; with ``shuffle`` only), the first buffer of an epoch does not have
-    to fill before the first batch: while the epoch's first ``buffer_size`` rows arrive, each chunk
-    is sorted in with the rows waiting, and every batch a bigger buffer could not improve leaves
-    at once: a full one (``batch_size`` rows, or no room under ``max_tokens`` for one more row of
-    its length) whose rows all pad to at least :data:`SPREAD` (98%) of its longest. The others
-    wait, and from then on buffers are cut as usual. So the first batch comes within a few chunks
-    (rows cut to ``max_length`` make final batches at once), with no more padding; the first
-    buffer's batches lean toward the lengths that fill fastest.
+    With ``eager`` (and ``shuffle``), while the epoch's first buffer fills each chunk is sorted in with
+    the waiting rows and every batch a bigger buffer could not improve leaves at once: a full one
+    whose rows all pad to at least :data:`SPREAD` of its longest. So the first batch comes within a
+    few chunks, with no more padding.
 
-    With ``max_tokens``, a row longer than the budget allows is handled by ``on_oversize``:
-    ``"raise"`` a ``ValueError``, ``"drop"`` it (counted as ``bucket.oversize``) or
-    ``"truncate"`` it to the longest length that fits (counted as ``bucket.truncated``; a
-    list-valued ``labels`` column is cut alike). With ``pad_to_length`` that length is also the
-    longest row allowed.
-
-    The waiting rows, the cut batches not yet emitted and the random generator are saved in the
-    state, so resume is exact.
+    With ``max_tokens``, a row longer than the budget allows (``pad_to_length``, if set, is the
+    longest allowed) is handled by ``on_oversize``: ``"raise"`` a ``ValueError``, ``"drop"`` it
+    (``bucket.oversize``) or ``"truncate"`` it, token-level labels alike (``bucket.truncated``).
+    The waiting rows, the cut batches not yet emitted and the generator are in the state: resume is
+    exact.
 
     Args:
         source: Upstream node yielding :class:`~padpipe.chunks.TokenChunk`.
@@ -270,22 +261,13 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
     def _cut(self, buffer: TokenChunk) -> None:
         """Sort ``buffer`` by length, cut it into batches, order them; keep the rest waiting."""
         n = buffer.num_rows
-        order = np.argsort(buffer.lengths, kind="stable")
+        order, _, sizes = self._sorted(buffer)
         left = np.zeros(0, np.int64)
-        if self.batch_size is not None:
-            spare = n % self.batch_size
-            if spare and self.shuffle:
-                waiting = np.zeros(n, dtype=bool)
-                waiting[self._rng.choice(n, size=spare, replace=False)] = True
-                left, order = order[waiting[order]], order[~waiting[order]]
-            elif spare:
-                left, order = order[n - spare :], order[: n - spare]
-            sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
-        else:
-            padded = padded_length(
-                buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
-            )
-            sizes = cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+        if self.batch_size is not None and n % self.batch_size:
+            waiting = np.zeros(n, dtype=bool)
+            spare = n % self.batch_size  # rows short of a full batch wait: random ones with shuffle, else the longest
+            waiting[self._rng.choice(n, size=spare, replace=False) if self.shuffle else order[n - spare :]] = True
+            left, order = order[waiting[order]], order[~waiting[order]]
         if self.shuffle and len(sizes) > 1:
             perm = self._rng.permutation(len(sizes))
             starts = np.cumsum(sizes) - sizes
@@ -303,16 +285,19 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
         if len(sizes):
             self._set_ready(buffer.take(order), sizes)
 
-    def _emit_final(self, buffer: TokenChunk) -> bool:
-        """Make the batches of ``buffer`` that a bigger buffer could not improve ready; the rest waits."""
+    def _sorted(self, buffer: TokenChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``buffer``'s rows by length (stable), their padded lengths, and the sizes of the full batches they make."""
         order = np.argsort(buffer.lengths, kind="stable")
         padded = padded_length(
             buffer.lengths[order], pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
         )
         if self.batch_size is not None:
-            sizes = np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
-        else:
-            sizes = cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+            return order, padded, np.full(len(order) // self.batch_size, self.batch_size, dtype=np.int64)
+        return order, padded, cut_by_budget(padded, self.max_tokens)  # type: ignore[arg-type]
+
+    def _emit_final(self, buffer: TokenChunk) -> bool:
+        """Make the batches of ``buffer`` that a bigger buffer could not improve ready; the rest waits."""
+        order, padded, sizes = self._sorted(buffer)
         ends = np.cumsum(sizes)
         starts = ends - sizes
         final = padded[starts] >= SPREAD * padded[ends - 1] if len(sizes) else np.zeros(0, bool)

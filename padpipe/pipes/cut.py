@@ -11,14 +11,12 @@ from padpipe.stats import PipelineStats
 def cut_by_budget(padded_sorted: np.ndarray, max_tokens: int) -> np.ndarray:
     """Greedy batch sizes over rows sorted by length so that ``rows x padded length <= max_tokens``.
 
-    ``padded_sorted`` must be non-decreasing and every value at most ``max_tokens``. Each batch
-    takes as many following rows as fit: one ``searchsorted`` per batch, no per-row loop. A batch
-    ``[i, j]`` fits when ``(j - i + 1) * p[j] <= max_tokens``, i.e. when
-    ``g[j] = j + 1 - max_tokens // p[j] <= i``; ``g`` is strictly increasing, so the largest such
-    ``j`` is a binary search.
+    A batch ``[i, j]`` fits when ``(j - i + 1) * p[j] <= max_tokens``, i.e. when
+    ``g[j] = j + 1 - max_tokens // p[j] <= i``; ``g`` is strictly increasing, so each batch's last
+    row is one ``searchsorted`` (no per-row loop).
 
     Args:
-        padded_sorted: Padded length of every row, ascending.
+        padded_sorted: Padded length of every row, ascending, each at most ``max_tokens``.
         max_tokens: The budget on padded tokens per batch.
 
     Returns:

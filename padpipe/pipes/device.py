@@ -1,12 +1,10 @@
 """Background prefetch of batches, and their copy to a GPU ahead of use.
 
-Without a device the node reads its upstream ahead in a background thread. With a CUDA device the
-same thread pins each tensor, copies it with ``non_blocking=True`` on a side stream and records an
-event; the consumer makes its current stream wait on that event and marks every tensor as used on
-that stream (``record_stream``), so the batch is safe to use there and its memory is not reused
-while that stream still reads it. Every CUDA call goes through :mod:`padpipe.pipes.device_backend`
-(a logging fake in the CPU tests). The copying node runs only in the main process: CUDA is set
-up at its first reset, and it refuses to run in a ``DataLoader`` worker.
+With a CUDA device the prefetch thread pins each tensor, copies it ``non_blocking`` on a side stream
+and records an event; the consumer's stream waits on it and ``record_stream`` marks every tensor as
+used there, so its memory is not reused while that stream reads it. Every CUDA call goes through
+:mod:`padpipe.pipes.device_backend` (a logging fake in the CPU tests). CUDA is set up at the first
+reset, only in the main process (never in a ``DataLoader`` worker).
 """
 
 from __future__ import annotations
@@ -102,13 +100,10 @@ def cuda_device(device: str | torch.device | int | None) -> torch.device:
 class DevicePrefetcher(BaseNode[Any]):
     """Prefetch batches in a background thread and, with ``device``, copy them to that GPU.
 
-    Items come out exactly as the upstream yields them, in order; tensors anywhere in nested
-    dicts, ``Mapping`` s (``BatchEncoding``), namedtuples, lists and tuples are moved to ``device``
-    (a tensor found twice, such as ``cu_seq_lens_q is cu_seq_lens_k``, is copied once), other
-    values (lists of strings) pass through. The saved
-    state is the upstream's state at the consumer's position, not the thread's read-ahead, so a
-    resume continues with the batch after the last one returned. Errors raised upstream surface
-    from ``next()`` with their original traceback.
+    Items come out as the upstream yields them, in order, their tensors moved to ``device`` wherever
+    they are nested (:func:`~padpipe.pipes.batch_tensors.map_tensors`). The state is the upstream's
+    at the consumer's position, not the thread's read-ahead; upstream errors surface from
+    ``next()`` with their original traceback.
 
     Args:
         source: The upstream node (batches of tensors).

@@ -57,21 +57,14 @@ class Buffered(Spec):
 class WeightedMixer(EpochAware, BaseNode[Item]):
     """Interleave several sources row by row; each row's source is drawn with probability ~ weight.
 
-    Every output item has ``chunk_rows`` rows (the epoch's last may have fewer), drawn i.i.d. from
-    the sources by weight with a generator seeded by ``(seed, epoch)``, so the row proportions
-    follow the weights whatever the sources' chunk sizes. All sources yield the same kind:
-    ``pyarrow.RecordBatch`` with the same column names, or :class:`~padpipe.chunks.TokenChunk`
-    with the same columns. When a source runs out (``stop``):
-
-    - ``"all_exhausted"``: it leaves the draw and the others share its weight; the epoch ends when
-      all are done, so every row of every source comes exactly once.
-    - ``"first_exhausted"``: the epoch ends there; the other sources' remaining rows are not read.
-    - ``"cycle"``: it restarts (its next epochs: restart ``c`` of epoch ``e`` reads its epoch
-      ``e + c``), so the weights hold throughout; the epoch ends when every source has run out at
-      least once (a source that yields nothing leaves the draw).
-
-    Each epoch ``e`` starts every source at its own epoch ``e``. The rows buffered per source, the
-    generator and the flags are saved in the state, so resume is exact.
+    Each output item has ``chunk_rows`` rows (the epoch's last may have fewer), drawn i.i.d. by
+    weight with a generator seeded by ``(seed, epoch)``, whatever the sources' chunk sizes. All
+    sources yield the same kind with the same columns (record batches or token chunks). When a
+    source runs out: ``"all_exhausted"``, it leaves the draw (every row of every source once);
+    ``"first_exhausted"``, the epoch ends; ``"cycle"``, it restarts at its next epoch (restart ``c``
+    of epoch ``e`` reads its epoch ``e + c``) until every source has run out once. Epoch ``e``
+    starts every source at its epoch ``e``. The buffered rows, the generator and the flags are in
+    the state: resume is exact.
 
     Args:
         sources: Name -> upstream node, in draw order.

@@ -20,17 +20,9 @@ from padpipe.state import Bool, Child, Int, ListOf, Loaded, StateSchema, invalid
 from padpipe.stats import PipelineStats
 
 LONG_DOCS = (None, "split", "truncate", "drop", "raise")
-BATCH_KEYS = (
-    "input_ids",
-    "position_ids",
-    "labels",
-    "seq_idx",
-    "cu_seq_lens_q",
-    "cu_seq_lens_k",
-    "max_length_q",
-    "max_length_k",
-    "attention_mask",
-    "use_cache",
+BATCH_KEYS = tuple(
+    "input_ids position_ids labels seq_idx cu_seq_lens_q cu_seq_lens_k max_length_q max_length_k attention_mask "
+    "use_cache".split()
 )
 """The keys a packed batch holds of its own (a kept column may not take one of these names)."""
 
@@ -98,98 +90,48 @@ def check_pack_options(
 class Packer(EpochAware, BaseNode[dict]):
     """Pack a stream of documents (one :class:`TokenChunk` row each) into ``[B, seq_len]`` batches.
 
-    Documents longer than ``seq_len`` are first cut into pieces (see ``long_docs``). Up to
-    ``buffer_size`` pieces wait in a pool. When a batch is due and no planned rows are left, the pool
-    is packed *best fit decreasing* (each piece, longest first, ties to the oldest, goes into the row
-    with the fewest slots left that still holds it, else opens a row), and its fullest rows (ties in
-    the order they opened) are planned: whole batches holding at least ``1/8`` of the pooled pieces
-    (:data:`PLAN_SHARE`); the other rows' pieces go back to wait with the next pieces, so a piece
-    that fits nowhere well now meets the pieces that come after it. Once the input is all pooled,
-    every row is planned. On 10,000 chats at ``seq_len=1024`` this is at the bound (total tokens over
-    rows of ``seq_len``); on long documents (lognormal lengths, median 300, to 10k, split) at 512 and
-    1,024 it fills 99.78-99.97% of the slots, 99.67-99.94% with the documents' own tokens (each cut
-    repeats one token as context, below), where filling one row at a time by subset sum (version 5)
-    fell to 98.74% at 512.
+    Documents longer than ``seq_len`` are first cut into pieces (``long_docs``), which wait in a pool
+    of ``buffer_size``. When a batch is due and no planned rows are left, the pool is packed *best
+    fit decreasing* (each piece, longest first, ties to the oldest, into the row with the fewest
+    slots left that holds it, else a new row) and its fullest rows are planned: whole batches
+    holding at least ``1/PLAN_SHARE`` of the pooled pieces. The other rows' pieces go back to wait
+    with the next pieces, so a piece that fits nowhere well now meets the pieces after it. Once the
+    input is all pooled, every row is planned.
 
-    Each batch is a dict of ``batch_size`` rows (the epoch's last batch may have fewer). A row's
-    *segments* are its document pieces and then its padding run, if any; padding only ends a row.
-    The keys are those ``transformers`` models read, as ``DataCollatorWithFlattening(
-    return_flash_attn_kwargs=True, return_seq_idx=True)`` names them, so ``model(**batch)`` takes
-    the batch as it comes:
-
-    - ``input_ids`` ``[B, seq_len]`` int64; padding slots hold ``pad_id``.
-    - ``position_ids`` ``[B, seq_len]`` int64, restarting at ``position_offset`` at every segment.
-    - ``labels`` ``[B, seq_len]`` int64: each piece's token-level labels where its rows have a
-      ``labels`` list column (``.tokens()``, ``.chat()``: a prompt masked with -100 stays masked),
-      else its ``input_ids``; with ``label_pad_id`` at the first token of every piece and at
-      padding, so after the model's own shift nothing is predicted across a boundary.
-    - ``seq_idx`` ``[B, seq_len]`` int32: the segment's index in the flattened ``B * seq_len``
-      tokens (0, 1, ... over the whole batch); read by Mamba-style layers.
-    - ``cu_seq_lens_q``, ``cu_seq_lens_k`` (one int32 tensor ``[S + 1]``): segment boundaries over
-      the flattened tokens, ending at ``B * seq_len``; ``max_length_q``, ``max_length_k`` (Python
-      ``int``): the longest segment. HF's flash-attention path reads these four and runs its
-      varlen kernel at any batch size.
-    - ``attention_mask`` (only with ``block_mask=True``) ``[B, 1, seq_len, seq_len]`` of
-      ``mask_dtype``: each query sees its own segment up to itself; HF hands a 4-D mask to the
-      attention as it is. A float mask is additive (0, or the dtype's lowest value), as HF's own
-      eager masks: right for ``eager`` and ``sdpa``. A bool mask (True = attend) is right for
-      ``sdpa`` only: HF's eager attention adds the mask to the scores.
-    - ``use_cache``: ``False``, so that ``model(**batch)`` builds no cache (with one, HF's
-      ``eager``/``sdpa`` attention does not look for packed rows in ``position_ids``).
-
-    Which batches give every document exactly the logits it has alone in HF models (tested on
-    Llama for ``eager`` and ``sdpa``, and on HF's flash-attention code path with a reference
-    kernel; details in docs/packing.md):
-
-    - ``flash_attention_2``/``_3``: the default batch, with any ``use_cache``. Not with
-      ``block_mask`` (HF's flash path takes only a 2-D mask and fails on a 4-D one).
-    - ``eager``/``sdpa``, the default batch: with the ``use_cache=False`` it carries, whatever the
-      config says. A caller that drops it and a config's ``use_cache=True`` (every pretrained
-      one) make HF skip the packed rows in ``position_ids``: attention crosses documents.
-    - ``eager``/``sdpa``, ``block_mask=True``: with any ``use_cache``; costs ``B * seq_len**2``
-      mask entries per batch (4 bytes each in float32, 2 in bfloat16, 1 as bool).
-
-    HF ``Trainer`` with ``remove_unused_columns=True`` (its default) drops ``seq_idx``,
-    ``cu_seq_lens_*`` and ``max_length_*`` (they are not in ``forward``'s signature): pass
-    ``remove_unused_columns=False``, or flash-attention sees only ``position_ids`` and, at
-    ``B > 1``, attends across documents. Token type ids of the input are not carried into packed
-    rows, nor are pass-through columns unless named in ``keep``: each kept column (row ids such as
-    ``idx``) comes as a list of ``B`` lists, the values of each row's pieces in order (a split
-    document's value in each row that holds a piece of it), so the batch is still cut by rows.
+    A batch holds the keys ``transformers`` models read, named as ``DataCollatorWithFlattening(
+    return_flash_attn_kwargs=True, return_seq_idx=True)`` names them, over each row's *segments* (its
+    pieces, then its padding run): ``input_ids``, ``position_ids`` (from ``position_offset`` at every
+    segment) and ``labels`` (each piece's token-level labels, else its ids; ``label_pad_id`` at its
+    first token and at padding) ``[B, seq_len]`` int64; ``seq_idx`` int32; ``cu_seq_lens_q/k`` and
+    ``max_length_q/k``; the 4-D ``attention_mask`` with ``block_mask``; ``use_cache=False``; each kept
+    column as a list of ``B`` lists (each row's pieces' values). What each attention and model needs
+    of them, and fill rates: docs/packing.md.
 
     Args:
         source: Upstream node yielding :class:`TokenChunk`.
         seq_len: Tokens per packed row (at least 2).
         batch_size: Packed rows per batch.
-        buffer_size: Pieces held to choose fits from (more while they hold less than a batch's tokens;
-            and the planned rows, at most an eighth of as many pieces, rounded up to whole batches). An
-            epoch's first batch does not wait for a full pool: it is planned once the pool holds two
-            batches' worth of tokens.
-        long_docs: A document longer than ``seq_len``: ``"split"`` into pieces of ``seq_len`` tokens,
-            each with its own labels (counted as ``pack.split_docs``); each piece after the first
-            starts with the token before the cut as context (its label ``label_pad_id``), so every
-            token of the document but its first is predicted exactly once, at one token more per
-            cut (``pack.context_tokens``). ``"truncate"`` to its first ``seq_len``
-            tokens (``pack.truncated_docs``), ``"drop"`` it (skip ``pack.long_doc``) or ``"raise"`` a
+        buffer_size: Pieces held to choose fits from (more while they hold less than a batch's tokens).
+            An epoch's first batch is planned once the pool holds two batches' worth of tokens.
+        long_docs: A document longer than ``seq_len``: ``"split"`` (:func:`~padpipe.pipes.pieces.cut_pieces`;
+            counted as ``pack.split_docs`` and ``pack.context_tokens``), ``"truncate"``
+            (``pack.truncated_docs``), ``"drop"`` (skip ``pack.long_doc``) or ``"raise"`` a
             :class:`~padpipe.errors.DataError` naming it. ``None`` (the default): ``"raise"`` for
-            rows with token-level labels (a masked row is never split unless asked), ``"split"``
-            for the others. Empty documents are skipped (``pack.empty_doc``).
+            rows with token-level labels, ``"split"`` for the others. Empty documents are skipped
+            (``pack.empty_doc``).
         keep_tail: With ``"split"``, keep the last piece shorter than ``seq_len`` (else skipped as
             ``pack.long_doc_tail``).
         position_offset: First position id of every segment.
         block_mask: Also emit the 4-D ``attention_mask``.
-        mask_dtype: The mask's dtype with ``block_mask=True``: ``torch.float32`` (the default:
-            right for eager and sdpa in any model dtype), the model's own float dtype
-            (``torch.bfloat16``/``float16`` save memory; sdpa rejects a float mask of another
-            dtype than float32 or the model's), or ``torch.bool`` (sdpa only). ``None`` without
-            ``block_mask``.
+        mask_dtype: The mask's dtype with ``block_mask=True``: ``torch.float32`` (the default), the
+            model's own float dtype, or ``torch.bool`` (sdpa only); ``None`` without ``block_mask``.
         pad_id: Id at unfilled slots.
         label_pad_id: Label at document starts and padding.
         keep: Columns of the input (integers or strings, such as ``idx``) to carry into batches,
             as a list per row; a column missing from the input raises ``DataError``.
-        vocab_size: Every id is below it, and every label is such an id, ``-100`` or
-            ``label_pad_id`` (``DataError`` naming the row otherwise; a state holding another is
-            refused); ``None``: not known, ids and labels are checked ``>= 0`` only.
+        vocab_size: Every id is below it, every label such an id, ``-100`` or ``label_pad_id``
+            (``DataError`` naming the row otherwise; a state holding another is refused); ``None``:
+            not known, ids and labels are checked ``>= 0`` only.
         layout: ``"rows"`` (``[batch_size, seq_len]``) or ``"flat"``: each batch one row of
             ``batch_size * seq_len`` tokens, of pieces of at most ``seq_len`` (:mod:`padpipe.pipes.flat`).
         stats: Counters to report into (``record_batch`` per batch, time under ``"pack"``).
@@ -207,9 +149,7 @@ class Packer(EpochAware, BaseNode[dict]):
 
     STATE = StateSchema(
         "pack",
-        6,  # 3: pieces carry their labels and kept columns; long_docs may be None or "raise"; 4: started;
-        # 5: a row is filled by subset sum; 6: a batch takes the fullest rows of the pool packed best fit
-        # decreasing, so no row is open between batches (an older state would resume into other rows)
+        6,
         source=Child(),
         epoch=Int(0),
         incoming=Pieces(),  # pieces pulled but not yet pooled (``keep`` columns: specs in reset)

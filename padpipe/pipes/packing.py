@@ -61,12 +61,8 @@ def assemble(
     mask_dtype: torch.dtype | None,
     keep: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Lay placed pieces out as a packed batch of ``num_rows`` rows of ``seq_len`` tokens.
-
-    The segments are each row's pieces and then its padding run (when it has one); the position
-    ids, ``seq_idx``, ``cu_seq_lens_*`` and the block mask all describe these same segments. The
-    labels are each piece's own (its ids where it has none), ``label_pad_id`` at its first token
-    and at padding.
+    """Lay placed pieces out as a packed batch of ``num_rows`` rows of ``seq_len`` tokens (see
+    :class:`~padpipe.pipes.pack.Packer`): each row's segments are its pieces, then its padding run.
 
     Args:
         pieces: Every placed piece, rows filled left to right in this order.
@@ -78,11 +74,7 @@ def assemble(
         label_pad_id: Label at document starts and padding.
         mask_dtype: Build the 4-D block-diagonal causal ``attention_mask`` in this dtype, or
             ``None`` for no mask.
-        keep: The kept columns: each becomes a list of ``num_rows`` lists, the values of each
-            row's pieces in order.
-
-    Returns:
-        The batch dict (see :class:`padpipe.pipes.pack.Packer`).
+        keep: The kept columns: each a list of ``num_rows`` lists, the values of each row's pieces.
 
     Example:
         >>> pieces = [Piece(np.array([5, 6]), None, (3,)), Piece(np.array([7, 8]), np.array([-100, 8]), (4,))]
@@ -141,16 +133,12 @@ def assemble(
 def block_causal_mask(segments: np.ndarray, num_rows: int, seq_len: int, dtype: torch.dtype) -> torch.Tensor:
     """The ``[B, 1, L, L]`` mask letting each query see the keys of its own segment up to itself.
 
-    ``segments`` are the segment lengths of the ``B x L`` slots in row-major order (no segment
-    crosses a row). A float mask is additive, ``0`` where a query may attend and the dtype's
-    lowest value elsewhere (as HF builds its own eager masks); a bool mask is ``True`` where a
-    query may attend. Every query sees at least itself, so no softmax row is empty. The mask
-    starts all-masked and one causal block is copied per segment: the work is the mask's size
-    plus the sum of squared segment lengths (a broadcast comparison of all ``B * L * L`` pairs
-    measured 10x slower).
+    A float mask is additive (``0`` where a query may attend, the dtype's lowest value elsewhere, as
+    HF's eager masks); a bool mask is ``True`` where it may. The mask starts all-masked and one causal
+    block is copied per segment (a broadcast comparison of all ``B * L * L`` pairs measured 10x slower).
 
     Args:
-        segments: Segment lengths, summing to ``num_rows * seq_len``.
+        segments: Segment lengths of the ``B x L`` slots in row-major order (none crosses a row).
         num_rows: Rows ``B``.
         seq_len: Row length ``L``.
         dtype: One of :data:`MASK_DTYPES`.

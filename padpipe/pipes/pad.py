@@ -65,12 +65,11 @@ def check_pad_options(
 class Padder(BaseNode[dict[str, Any]]):
     """Pad each token batch to ``[B, L]`` tensors: ``L`` is its longest row, rounded up.
 
-    Output keys: ``input_ids`` (``dtype``), ``attention_mask`` (``int64``, 1 on real tokens),
-    ``token_type_ids`` (``dtype``, padded with 0) when the chunk has type ids, and the pass-through
-    columns: integer columns as ``int64`` tensors, floats as ``float32``, booleans as ``bool``, a
-    list-valued ``labels`` column (token-level labels, one per token) as ``[B, L]`` ``int64``
-    padded with ``label_pad_id`` on the same side, strings as Python lists. Other column types
-    raise ``TypeError``. Padding is one masked assignment per array; no per-row loop.
+    Output keys: ``input_ids`` (``dtype``), ``attention_mask`` (``int64``), ``token_type_ids`` when
+    the chunk has type ids, and the pass-through columns: integers as ``int64``, floats as
+    ``float32``, booleans as ``bool``, token-level ``labels`` lists as ``[B, L]`` ``int64`` padded
+    with ``label_pad_id``, strings as lists (any other type: ``TypeError``). One masked assignment
+    per array, no per-row loop.
 
     Args:
         source: Upstream node yielding one :class:`~padpipe.chunks.TokenChunk` per batch.

@@ -1,9 +1,7 @@
 """The packer's pieces: documents cut to fit a row, each with its own token-level labels and kept values.
 
-A piece is what :class:`~padpipe.pipes.pack.Packer` places in a row: a document of at most
-``seq_len`` tokens, or a part of a longer one. :func:`cut_pieces` cuts a chunk's documents
-(vectorized, the labels cut with their ids) after :func:`token_problem` finds no id or label a
-model cannot take; :func:`pieces_to_chunk` turns pieces into one chunk, for the packer's state
+:func:`cut_pieces` cuts a chunk's documents (vectorized) once :func:`token_problem` finds no id or
+label a model cannot take; :func:`pieces_to_chunk` makes pieces one chunk for the packer's state
 (:mod:`padpipe.pipes.piece_state` loads them back).
 """
 
@@ -152,22 +150,18 @@ def cut_pieces(
 ) -> tuple[list[Piece], dict[str, int]]:
     """The pieces a packer places for the documents of ``chunk``, in order, with their counts.
 
-    A document of at most ``seq_len`` tokens is one piece. A longer one is split into pieces of
-    ``seq_len`` tokens plus its tail (``"split"``; the tail dropped when ``keep_tail`` is false),
-    cut to its first ``seq_len`` tokens (``"truncate"``), dropped (``"drop"``), or refused with a
-    :class:`~padpipe.errors.DataError` naming it (``"raise"``). ``None`` is ``"raise"`` when the
-    chunk has token-level labels (a masked row is never split unless asked) and ``"split"``
-    otherwise. Token-level labels are cut with their ids. Empty documents are dropped.
-
-    A split document's pieces overlap by one token: each piece after the first starts with the
-    token before the cut, as context (the packer gives a piece's first token no label), so the
-    cut token is still predicted from it and every token but the document's first is a target
-    exactly once. A piece then holds ``seq_len - 1`` new tokens: one token more per cut.
+    A document of at most ``seq_len`` tokens is one piece; a longer one is handled by ``long_docs``.
+    Token-level labels are cut with their ids; empty documents are dropped. A split document's
+    pieces overlap by one token: each after the first starts with the token before the cut, as
+    context (the packer gives a piece's first token no label), so every token but the document's
+    first is a target exactly once, at one token more per cut.
 
     Args:
         chunk: Tokenized documents, one per row.
         seq_len: Tokens per packed row.
-        long_docs: ``None``, ``"split"``, ``"truncate"``, ``"drop"`` or ``"raise"``.
+        long_docs: ``"split"`` into pieces of ``seq_len`` tokens and a tail, ``"truncate"`` to the
+            first ``seq_len``, ``"drop"``, or ``"raise"`` a :class:`~padpipe.errors.DataError` naming it.
+            ``None``: ``"raise"`` for a chunk with token-level labels, else ``"split"``.
         keep_tail: With ``"split"``, keep the last piece shorter than ``seq_len``.
         keep: Columns whose values each piece carries (its document's).
         vocab_size: Every id is below it (``None``: not known, every id ``>= 0``).

@@ -22,18 +22,12 @@ _RNG_STREAM = 0x5A1F  # keeps this stage's random stream apart from other stages
 class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
     """Shuffle rows through a buffer of ``buffer_size`` rows, columnar (no per-row Python work).
 
-    The first ``buffer_size`` rows fill the buffer. After that, every incoming record batch of
-    ``k`` rows evicts ``k`` rows picked uniformly at random from the buffer (the newcomers take
-    their slots) and emits them as one record batch, so output batches are about the input chunk
-    size. When the input ends the buffer is drained in a random order. The order is a function of
-    ``(seed, epoch)`` only; each ``reset()`` starts the next epoch.
-
-    The buffered rows, the random generator and the upstream position are saved in the state, so
-    resuming continues with exactly the rows that would have come next (nothing is replayed).
-
-    Each emitted batch carries where its rows were read (file and row, :func:`~padpipe.readers.schema.tag_rows`),
-    so a later stage's error names them; rows buffered before a resume keep theirs while they are
-    in the record batches the reader tagged (not after the buffer was compacted).
+    Once the buffer is full, each incoming batch of ``k`` rows evicts ``k`` random buffered rows
+    (the newcomers take their slots) as one batch; the input's end drains the buffer in a random
+    order. The order is a function of ``(seed, epoch)`` only. The buffered rows, the generator and
+    the upstream position are in the state: resume is exact. Each emitted batch carries where its
+    rows were read (:func:`~padpipe.readers.schema.tag_rows`; after a resume, while the buffer was
+    not compacted), so a later stage's error names them.
 
     Args:
         source: Upstream node yielding ``pyarrow.RecordBatch``.

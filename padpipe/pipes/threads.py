@@ -1,12 +1,9 @@
 """Background threads with exact consumer-side state: a read-ahead producer and an in-order mapper.
 
-:class:`BackgroundProducer`'s thread calls ``next(source)``, applies a transfer function (identity,
-a host-to-device copy, or a hand-off to a thread pool) and puts ``(item, upstream state after
-item)`` into a bounded queue. The consumer takes items in order and keeps the upstream state that
-belongs to the last item it returned, so the saved state is the consumer's position, never how far
-the thread has read ahead. :class:`OrderedMapper` runs a function over the items in a pool of
-threads on top of it; its state is the upstream state after the last item it returned, the same for
-any number of threads.
+:class:`BackgroundProducer`'s thread puts ``(transfer(item), upstream state after it)`` in a bounded
+queue; the consumer keeps the state of the last item it returned, so a saved state is the consumer's
+position, never how far the thread read ahead. :class:`OrderedMapper` maps items in a thread pool on
+top of it, its state the same for any number of threads.
 
 ``torchdata.nodes.Prefetcher``/``PinMemory``/``ParallelMapper`` are not reused: their snapshot
 store (a state that depends on the thread count), the CUDA call in ``PinMemory.__init__`` and
@@ -22,7 +19,8 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -38,23 +36,19 @@ T = TypeVar("T")
 POLL_SECONDS = 0.1
 
 
+@dataclass(frozen=True)
 class _End:
     """End of the epoch: carries the upstream state after ``StopIteration``."""
 
-    __slots__ = ("state",)
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
+    state: dict[str, Any]
 
 
+@dataclass(frozen=True)
 class _Failure:
     """An exception raised in the thread, kept with its original traceback."""
 
-    __slots__ = ("error", "traceback")
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-        self.traceback: TracebackType | None = error.__traceback__
+    error: BaseException
+    traceback: TracebackType | None
 
 
 def _put(q: queue.Queue, message: Any, stop: threading.Event) -> bool:
@@ -81,23 +75,17 @@ def _produce(source: BaseNode, transfer: Callable[[Any], Any], q: queue.Queue, s
             if not _put(q, (transfer(item), state), stop):
                 return
     except Exception as error:  # forwarded to the consumer, re-raised there
-        _put(q, _Failure(error), stop)
-
-
-def _identity(item: Any) -> Any:
-    return item
+        _put(q, _Failure(error, error.__traceback__), stop)
 
 
 class BackgroundProducer(Generic[T]):
     """Reads ``source`` ahead in a daemon thread; ``next()`` returns items in order.
 
-    Call :meth:`reset` before the first :meth:`next`. ``reset`` stops the running thread (waiting
-    for its current ``next(source)`` to finish, so the upstream is never used by two threads),
-    resets ``source`` in the caller's thread and starts a new thread. Errors raised in the thread
-    (by the upstream or by ``transfer``) are re-raised by :meth:`next` with their original
-    traceback; after an error the thread has stopped and :meth:`next` raises it again until the
-    next reset. The thread also stops when this object is garbage collected or :meth:`close` is
-    called.
+    :meth:`reset` (before the first :meth:`next`) stops the running thread once its current
+    ``next(source)`` ends (the upstream is never used by two threads), resets ``source`` in the
+    caller's thread and starts a new one. An error in the thread (upstream or ``transfer``) is
+    re-raised by :meth:`next` with its original traceback, again on every call until the next reset.
+    The thread also stops when this object is collected or :meth:`close` is called.
 
     Args:
         source: The upstream node; only this producer may call it.
@@ -128,7 +116,7 @@ class BackgroundProducer(Generic[T]):
     ) -> None:
         self.source = source
         self.prefetch = prefetch
-        self.transfer = transfer or _identity
+        self.transfer = transfer or (lambda item: item)
         self.name = name
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
@@ -208,10 +196,6 @@ class BackgroundProducer(Generic[T]):
                 raise RuntimeError(f"the prefetch thread {self.name!r} ended without a result or an error.") from None
 
 
-def _submit(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], item: Any) -> Future:
-    return pool.submit(fn, item)
-
-
 class _Dropped:
     """A flag set when an :class:`OrderedMapper` is garbage collected.
 
@@ -236,13 +220,11 @@ def _unless_dropped(fn: Callable[[Any], Any], dropped: _Dropped, item: Any) -> A
 class OrderedMapper(BaseNode[Any]):
     """``fn`` applied to every upstream item in ``num_threads`` threads, items out in upstream order.
 
-    With ``num_threads=1`` ``fn`` runs in the consumer's thread. Otherwise a reader thread (a
-    :class:`BackgroundProducer`) reads the upstream and hands each item to a pool of
-    ``num_threads`` threads, keeping up to ``2 * num_threads`` items in flight. The state is the
-    upstream's state after the last item this node returned, so it is the same whatever the
-    thread count and resume is exact across thread counts. An exception raised by ``fn`` or by
-    the upstream is raised by :meth:`next` unchanged (same object, its traceback chained through
-    the pool), and again on every later ``next()`` until the next reset.
+    With ``num_threads=1`` ``fn`` runs in the consumer's thread; otherwise a
+    :class:`BackgroundProducer` hands each item to a pool, up to ``2 * num_threads`` in flight. The
+    state is the upstream's after the last item returned, so resume is exact across thread counts.
+    An exception of ``fn`` or the upstream is raised by :meth:`next` unchanged, and again on every
+    later ``next()`` until the next reset.
 
     Args:
         source: The upstream node.
@@ -284,7 +266,7 @@ class OrderedMapper(BaseNode[Any]):
             dropped = _Dropped()  # once this node is dropped, the chunks it had read ahead are skipped, not worked on
             weakref.finalize(self, dropped.set)
             work = functools.partial(_unless_dropped, self.fn, dropped)
-            transfer = functools.partial(_submit, self._pool, work)  # holds no reference to this node
+            transfer = functools.partial(self._pool.submit, work)  # holds no reference to this node
             self._producer = BackgroundProducer(
                 self.source, prefetch=2 * self.num_threads, transfer=transfer, name=f"padpipe-{self.stage}-read"
             )

@@ -1,9 +1,7 @@
-"""The tokens stage: rows that already hold token ids (a list column) enter as tokens, untokenized again.
+"""The tokens stage: rows that already hold token ids (a list column) enter as tokens, not tokenized again.
 
-:class:`TokenColumns` is a plain callable, one Arrow record batch in, one :class:`TokenChunk` out:
-the list column's lengths and values become the chunk's offsets and flat ids in a few vectorized
-Arrow/NumPy calls. ``padpipe._build.tokens`` runs it inline; it keeps no state, so resume is the
-upstream reader's position.
+:class:`TokenColumns` is a plain, stateless callable (one record batch in, one :class:`TokenChunk`
+out, in a few vectorized Arrow/NumPy calls), so resume is the upstream reader's position.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import pyarrow.compute as pc
 
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
 from padpipe.errors import DataError, check_int, positive
+from padpipe.pipes.pieces import exclusive_cumsum
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS, pass_through
 
@@ -48,24 +47,16 @@ def tokens_options(*, column: str, type_ids: str | None, max_length: int | None,
 class TokenColumns:
     """Turn a record batch whose ``column`` holds token ids (lists of ints) into a :class:`TokenChunk`.
 
-    Read along with the ids, when the batch has them (as ``datasets.map(tokenizer)`` leaves them):
-
-    - ``type_ids`` (default: a ``token_type_ids`` column, if any): token type ids, one per token.
-    - ``attention_mask``: tokens where it is 0 are padding from an earlier tokenization and are
-      dropped, with their type ids and labels; the column itself is dropped (pad and pack build
-      their own).
-    - ``labels`` as a list column: token-level labels, one per token, kept aligned with the ids
-      (``pad()`` pads them with ``label_pad_id``; ``pack()`` keeps each row's own in its packed row).
-      Labels of only 0 and 1 in a chunk whose ids are not are logged once as a warning: that is a
-      0/1 mask (``assistant_masks``) passed as labels, which would train the model to predict
-      ids 0 and 1 (labels are the ids to predict, -100 where no loss is taken).
-
-    Then rows longer than ``max_length`` keep their first ``max_length`` tokens (special tokens
-    are not kept apart: a trailing ``[SEP]``/EOS is cut with the rest). The other columns pass
-    through as with ``tokenize()``, ``label`` renamed to ``labels``. A column of the wrong type, a
-    null row or value, an id outside ``[0, 2**31 - 1]`` (what pad and pack hold, as int32), a type
-    id outside ``[0, 127]`` or a list whose length differs from the row's ids raises
-    :class:`~padpipe.errors.DataError` naming the column, the row in the chunk and its
+    Read along with the ids, where the batch has them: ``type_ids`` (default: a ``token_type_ids``
+    column), one per token; ``attention_mask``, whose 0 tokens (an earlier tokenization's padding)
+    are dropped with their type ids and labels (the column itself goes: pad and pack build their
+    own); ``labels`` as a list column, token-level labels kept aligned with the ids (labels of only
+    0 and 1 where the ids are not are logged once: a 0/1 mask such as ``assistant_masks`` passed as
+    labels would train the model to predict ids 0 and 1). Rows longer than ``max_length`` keep
+    their first tokens (a trailing EOS is cut with the rest). The other columns pass through as with
+    ``tokenize()``, ``label`` renamed to ``labels``. A column of the wrong type, a null, an id
+    outside ``[0, 2**31 - 1]``, a type id outside ``[0, 127]`` or a list whose length differs from
+    the row's ids raises :class:`~padpipe.errors.DataError` naming the column, the row and its
     ``idx``/``id``.
 
     Args:
@@ -200,9 +191,7 @@ def _list_values(
     if column.null_count:
         row = int(np.flatnonzero(pc.is_null(column).to_numpy(zero_copy_only=False))[0])
         raise DataError(f"tokens: column {name!r} at row {row}{_where(batch, row)} is None; expected a list of {what}.")
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = exclusive_cumsum(pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64))
     flat = pc.list_flatten(column)
     values = flat.to_numpy(zero_copy_only=False)
     position, found = None, ""
@@ -223,6 +212,5 @@ def _select(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Keep the tokens where ``keep`` is true, in every per-token array; rows keep their order."""
     row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    new = np.zeros_like(offsets)
-    np.cumsum(np.bincount(row[keep], minlength=len(offsets) - 1), out=new[1:])
+    new = exclusive_cumsum(np.bincount(row[keep], minlength=len(offsets) - 1))
     return ids[keep], new, {name: values[keep] for name, values in aligned.items()}

@@ -33,8 +33,6 @@ class ArrowFormat(FileFormat):
     """Arrow IPC files and streams: each record batch is one work unit where it can be (see :class:`ArrowReader`)."""
 
     SUFFIXES = SUFFIXES
-    _open: tuple[str, Any, Any] | None = None  # (name, source, file reader or schema)
-
     LISTING = ("files", "modes")
     modes: dict[str, str]  # each file's mode: RANDOM, OFFSETS or SEQUENTIAL
 
@@ -54,8 +52,7 @@ class ArrowFormat(FileFormat):
         file, mode = self.files[unit.path], self.modes[unit.path]
         if mode == SEQUENTIAL:
             with file.open(block_size=BLOCK_BYTES) as handle:
-                batches: Iterator[pa.RecordBatch] = iter(ipc.open_stream(handle))
-                yield from self._rows_from(batches, start_row)
+                yield from self.rows_from(ipc.open_stream(handle), start_row)
             return
         source, reader = self._source(file, mode)
         if mode == RANDOM:
@@ -63,15 +60,7 @@ class ArrowFormat(FileFormat):
         else:
             source.seek(unit.start)
             batch = ipc.read_record_batch(ipc.read_message(source), reader)
-        yield from self._rows_from(iter([batch]), start_row)
-
-    def close(self) -> None:
-        if self._open is not None:
-            source, self._open = self._open[1], None
-            try:
-                source.close()
-            except Exception:  # a broken connection may fail to close; it is dropped either way
-                pass
+        yield from self.rows_from([batch], start_row)
 
     def _list_file(self, file: FileRef) -> tuple[str, list[WorkUnit]]:
         try:
@@ -126,46 +115,20 @@ class ArrowFormat(FileFormat):
             self._open = (file.name, source, reader)
         return self._open[1], self._open[2]
 
-    def _rows_from(self, batches: Iterator[pa.RecordBatch], start_row: int) -> Iterator[pa.RecordBatch]:
-        skip = start_row
-        for batch in batches:
-            if skip >= batch.num_rows:
-                skip -= batch.num_rows
-                continue
-            batch, skip = batch.slice(skip), 0
-            yield batch if self.columns is None else batch.select(self.columns)
-
 
 class ArrowReader(FileSource):
     """Arrow IPC input as record batches; each record batch is one work unit where it can be.
 
-    The format is told by the first bytes (``ARROW1`` starts the *file* format):
+    The *file* format (``ARROW1`` first: ``.feather``, ``pa.ipc.new_file``) is read by batch
+    number. A local *stream* file (``datasets`` cache files, ``save_to_disk`` shards) is
+    memory-mapped and its message headers scanned once to find each batch's offset; a remote one,
+    or one with dictionary batches, is one unit read front to back. A ``save_to_disk`` folder is
+    read in its ``state.json`` order (a saved ``DatasetDict`` is an error naming its splits). A
+    resumed reader re-reads its record batch and drops the rows already read. Local batches know
+    their rows, so shares are equal to within a row; remote files are shared by whole batches.
 
-    * file format (``.feather``, ``pa.ipc.new_file``): units are record batches, read by number;
-      local files are memory-mapped.
-    * stream format (``datasets`` cache files, ``Dataset.save_to_disk`` shards): a local file is
-      memory-mapped and its message headers scanned once on the first ``reset`` (zero-copy, only
-      metadata is touched) to find each record batch's offset, so units are record batches too.
-      A remote stream file, or one with dictionary batches, is one unit read front to back.
-
-    A ``save_to_disk`` folder is read in the order of its ``state.json`` ``_data_files``; the
-    folder of a saved ``DatasetDict`` is an error naming its splits. A resumed reader re-reads
-    the record batch it was in (zero-copy when memory-mapped) and drops the rows already read.
-    Local record batches know their row counts, so consumers' shares are equal to within one row
-    (a batch may be cut between two consumers); remote files are shared by whole record batches.
-
-    Args:
-        paths: A file, folder (``.arrow``/``.arrows``/``.feather``/``.ipc`` files, recursively),
-            ``save_to_disk`` folder, glob or list of them; local or any fsspec URL.
-        columns: Columns to read, in this order (default: all).
-        chunk_rows: Most rows per emitted record batch.
-        storage_options: Keyword arguments for the fsspec filesystem.
-        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
-        consumer: This reader's share of the units; default: detected on first ``reset``.
-        stats: Counters to report into.
-        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
-        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
-        listing: The pipeline's shared listing (passed by ``pp.read_arrow``).
+    Takes :class:`~padpipe.readers.file_source.FileSource`'s arguments (a folder is searched for
+    ``.arrow``/``.arrows``/``.feather``/``.ipc`` files, unless it is a ``save_to_disk`` folder).
 
     Raises:
         DataError: On ``reset``, when a file is empty, not Arrow IPC, truncated (local streams) or

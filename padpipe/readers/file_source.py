@@ -1,25 +1,13 @@
-"""The file readers' common base: paths on any fsspec store, one shared listing, retries, lost files.
+"""The file readers' common node: paths on any fsspec store, one shared listing, retries, lost files.
 
-:class:`FileSource` is the node of a :class:`~padpipe.readers.files.FileFormat` (Parquet, Arrow,
-JSON Lines, CSV): it adds to :class:`~padpipe.readers.source.UnitSource` what reading files from
-object storage needs:
-
-* the listing (glob plus per-file metadata) is made once per pipeline and shared with its other
-  loaders and DataLoader workers (:mod:`padpipe.readers.listing`);
-* a transient storage error while listing, opening or reading is retried with backoff
-  (:mod:`padpipe.readers.retry`); a read that failed mid-unit re-opens the file and goes on from
-  the current ``(unit, row)``, so no row is lost or repeated; when retries run out, a
-  ``DataError`` names the file, the attempts and the last error;
-* a file that vanished, or changed size, version (modification time, ETag) or content since it was
-  listed (checked each epoch before it is read, from the file or the token cache) is a ``DataError``
-  naming it, or with ``on_missing="skip"`` is skipped (rest of it) and counted as
-  ``read.missing_file``; resume stays exact because the position moves past it like past any unit;
-* a state records a digest of the listing (each file's name, size and version) and the file being
-  read, never the file list (:mod:`padpipe.readers.listing_state`); resuming it where the listing
-  differs is a ``StateMismatchError`` saying how (listing the same files as a folder, a glob or a
-  list is the same input);
-* every record batch carries the file it came from in its schema metadata, so later stages can
-  name it in their errors.
+:class:`FileSource` adds to :class:`~padpipe.readers.source.UnitSource` what reading files from
+object storage needs: the pipeline's shared listing (:mod:`padpipe.readers.listing`); transient
+storage errors retried (:mod:`padpipe.readers.retry`), a read that failed mid-unit re-opened at the
+current ``(unit, row)``; a file that vanished or changed since it was listed (checked each epoch
+before it is read) is a ``DataError`` naming it, or with ``on_missing="skip"`` skipped and counted
+as ``read.missing_file``; a state holds a digest of the listing and the file being read
+(:mod:`padpipe.readers.listing_state`); every record batch carries its file and row in its schema
+metadata, so later stages name them in errors.
 """
 
 from __future__ import annotations
@@ -30,13 +18,11 @@ from typing import Any, ClassVar, Literal
 
 import fsspec.core
 import pyarrow as pa
-import pyarrow.json as pj
 
 from padpipe.errors import DataError, one_of
 from padpipe.readers.files import RETRIES, FileAccess, FileFormat
 from padpipe.readers.identity import ListingIdentity
 from padpipe.readers.listing import SharedListing
-from padpipe.readers.listing_state import refuse_old_state
 from padpipe.readers.paths import ChangedFileError, FileRef, check_paths
 from padpipe.readers.retry import Attempts, Retry, is_transient
 from padpipe.readers.schema import check_columns, tag_source
@@ -52,20 +38,15 @@ class FileSource(UnitSource):
     """The node of the file readers (Parquet, Arrow IPC, JSONL, CSV); a reader names its ``FORMAT``.
 
     Args:
-        paths: A file, folder, glob or list of them; local or any fsspec URL (``s3://``,
-            ``gs://``, ``hf://``, ``https://``, ``file://``).
+        paths: A file, folder, glob or list of them; local or any fsspec URL (``s3://``, ``hf://``, ...).
         columns: Columns to read, in this order (default: all).
-        chunk_rows: Most rows per emitted record batch.
+        chunk_rows, seed, consumer, stats: As :class:`~padpipe.readers.source.ReaderNode`'s.
         storage_options: Keyword arguments for the fsspec filesystem (credentials, endpoint).
-        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
-        consumer: This reader's share of the units; default: detected on first ``reset``.
-        stats: Counters to report into.
-        retries: Retries of a transient storage error (an int), or a
-            :class:`~padpipe.readers.retry.Retry` policy for backoff and total time as well.
-        on_missing: A file gone or resized since listing: ``"raise"`` a ``DataError`` naming
-            it, or ``"skip"`` it (counted in stats as ``read.missing_file``).
+        retries: Retries of a transient storage error (an int), or a :class:`~padpipe.readers.retry.Retry`.
+        on_missing: A file gone or changed since listing: ``"raise"`` a ``DataError`` naming it, or
+            ``"skip"`` it (counted as ``read.missing_file``).
         listing: The pipeline's shared listing (the facade passes one); default: this reader's own.
-        **options: The format's own settings (``FORMAT(access, name=..., columns=..., chunk_rows=..., **options)``).
+        **options: The format's own settings (passed to ``FORMAT``).
 
     Example:
         >>> from padpipe.readers.parquet import ParquetReader  # a FileSource
@@ -75,7 +56,7 @@ class FileSource(UnitSource):
         0
     """
 
-    VERSION = 3  # 3: the listing as a digest (2 held every file's identity)
+    VERSION = 3
     FORMAT: ClassVar[type[FileFormat]]
     SUFFIXES: tuple[str, ...] = ()  # the FORMAT's, for the facade's checks of paths
     format: FileFormat
@@ -112,7 +93,7 @@ class FileSource(UnitSource):
         self.identity = ListingIdentity(type(self).__name__)
         self._attempts = Attempts(self.retry)
         self._lost: set[str] = set()
-        self._first_rows: tuple[list[WorkUnit] | None, dict[tuple[str, int], int]] | None = None
+        self._first_rows: dict[tuple[str, int], int] | None = None
 
     # -- the token cache's hooks ------------------------------------------------------------------
     def file_of(self, path: str) -> Any:
@@ -149,7 +130,6 @@ class FileSource(UnitSource):
         return units
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        refuse_old_state(type(self).__name__, initial_state, self.VERSION)
         super().reset(initial_state)
         self._attempts.succeeded()
         self.format.close()
@@ -183,15 +163,13 @@ class FileSource(UnitSource):
     def _where(self, unit: WorkUnit, row: int) -> tuple[int, str]:
         """``(row, counted in what)`` of row ``row`` of ``unit``: a row of the file (``""``) where rows before it are
         known."""
-        if self._first_rows is None or self._first_rows[0] is not self._units:
-            firsts: dict[tuple[str, int], int] = {}
-            counted: dict[str, int | None] = {}
-            for u in self._units or []:
+        if self._first_rows is None:  # each unit's first row in its file (-1: not known), from the listing
+            self._first_rows, counted = {}, dict[str, int | None]()
+            for u in self.listed_units():
                 before = counted.get(u.path, 0)
-                firsts[(u.path, u.index)] = -1 if before is None else before
+                self._first_rows[(u.path, u.index)] = -1 if before is None else before
                 counted[u.path] = None if before is None or u.num_rows is None else before + u.num_rows
-            self._first_rows = (self._units, firsts)
-        first = self._first_rows[1].get((unit.path, unit.index), -1)
+        first = self._first_rows.get((unit.path, unit.index), -1)
         if first >= 0 and (unit.num_rows is not None or unit.start == 0):
             return first + row, ""
         return row, f"its byte range from byte {unit.start}" if unit.stop is not None else f"its unit {unit.index}"
@@ -260,19 +238,10 @@ def _to_plain(value: Any, filesystems: list[tuple[Any, str]]) -> Any:
         if index == len(filesystems):
             filesystems.append((value.fs, value.fs.unstrip_protocol(value.path)))
         return {"t": "file", "v": [index, value.path, value.listed_size, value.listed_version, value.listed_content]}
-    if isinstance(value, (list, tuple)):
-        return {"t": type(value).__name__, "v": [_to_plain(v, filesystems) for v in value]}
     if isinstance(value, dict):
         return {"t": "dict", "v": [[str(k), _to_plain(v, filesystems)] for k, v in value.items()]}
     if isinstance(value, pa.Schema):
         return {"t": "schema", "v": base64.b64encode(value.serialize().to_pybytes()).decode()}
-    if isinstance(value, pj.ParseOptions):
-        options = {
-            "explicit_schema": _to_plain(value.explicit_schema, filesystems),
-            "unexpected_field_behavior": value.unexpected_field_behavior,
-            "newlines_in_values": value.newlines_in_values,
-        }
-        return {"t": "parse_options", "v": options}
     raise TypeError(f"cannot share a listing that holds a {type(value).__name__}")
 
 
@@ -283,17 +252,8 @@ def _from_plain(data: Any, filesystems: list[Any]) -> Any:
     if kind == "file":
         index, path, size, version, content = value
         return FileRef(filesystems[index], str(path), size, version, content)
-    if kind in ("list", "tuple"):
-        items = [_from_plain(v, filesystems) for v in value]
-        return items if kind == "list" else tuple(items)
     if kind == "dict":
         return {str(k): _from_plain(v, filesystems) for k, v in value}
     if kind == "schema":
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value)))
-    if kind == "parse_options":
-        return pj.ParseOptions(
-            explicit_schema=_from_plain(value["explicit_schema"], filesystems),
-            unexpected_field_behavior=value["unexpected_field_behavior"],
-            newlines_in_values=value["newlines_in_values"],
-        )
     raise ValueError(f"unknown listing value kind {kind!r}")

@@ -9,16 +9,18 @@ checking files against it, re-opening after a transient error, skipping lost fil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+import pyarrow as pa
 
 from padpipe.readers.format import Format
 from padpipe.readers.paths import FileRef, FolderFiles, expand_paths
 from padpipe.readers.retry import Retry, call
 from padpipe.stats import PipelineStats
 
-CONTENT_THREADS, REMOTE_CONTENT_THREADS = 8, 32  # files whose first and last bytes are read at once
+LOCAL_THREADS, REMOTE_THREADS = 8, 32  # files read at once at listing (their first and last bytes, footers)
 RETRIES = "read.retries"
 T = TypeVar("T")
 
@@ -47,13 +49,16 @@ class FileAccess:
                 self.paths, suffixes=suffixes, storage_options=self.storage_options, folder_files=folder_files
             ),
         )
-        threads = CONTENT_THREADS if all(f.is_local for f in files) else REMOTE_CONTENT_THREADS
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
-            files = list(
-                pool.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files)
-            )
+        files = self.map(lambda f: self.retried(f"{f.name}: read its first and last bytes", f.measured), files)
         self.identity = "\n".join(f.identity for f in files)
         return files
+
+    @staticmethod
+    def map(fn: Callable[[FileRef], T], files: list[FileRef]) -> list[T]:
+        """``fn`` of each file, in order, several files at once (more where each is a round trip to a store)."""
+        threads = LOCAL_THREADS if all(f.is_local for f in files) else REMOTE_THREADS
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(files)))) as pool:
+            return list(pool.map(fn, files))
 
     def retried(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` with transient errors retried (counted as ``read.retries``); ``what`` names the file."""
@@ -72,6 +77,7 @@ class FileFormat(Format):
 
     SUFFIXES: tuple[str, ...] = ()  # the files of a folder this format reads
     LISTING: tuple[str, ...] = ("files",)  # what list_units sets, shared with the pipeline's other readers
+    _open: tuple[str, Any, Any] | None = None  # (name, handle, its reader) kept open between units of one file
 
     def __init__(self, access: FileAccess, *, name: str, columns: Sequence[str] | None, chunk_rows: int) -> None:
         self.access, self.name, self.columns, self.chunk_rows = access, name, columns, chunk_rows
@@ -80,3 +86,20 @@ class FileFormat(Format):
     def fingerprint(self) -> str:
         """The reader and its columns: the listing itself is checked by the reader's listing identity."""
         return f"{self.name} columns={list(self.columns) if self.columns else None!r}"
+
+    def close(self) -> None:
+        if self._open is not None:
+            handle, self._open = self._open[1], None
+            try:
+                handle.close()
+            except Exception:  # a broken connection may fail to close; it is dropped either way
+                pass
+
+    def rows_from(self, batches: Iterable[pa.RecordBatch], start_row: int) -> Iterator[pa.RecordBatch]:
+        """``batches`` from row ``start_row`` on, as the ``columns`` (in their order)."""
+        for batch in batches:
+            if start_row < batch.num_rows:
+                batch, start_row = batch.slice(start_row), 0
+                yield batch if self.columns is None else batch.select(self.columns)
+            else:
+                start_row -= batch.num_rows

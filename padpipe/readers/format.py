@@ -2,16 +2,10 @@
 
 A format lists its *work units* (a Parquet row group, an Arrow record batch, a JSONL byte range,
 an index range of a ``datasets.Dataset``), reads one unit from a given row, and, where a row
-number alone cannot say where to resume inside a unit, keeps the state of that position.
-Everything else is held by the reader node (:class:`~padpipe.readers.source.UnitSource`), not
-inherited: the elastic planner (:mod:`padpipe.readers.plan`), the listing identity
-(:class:`~padpipe.readers.identity.ListingIdentity`), and the token cache's hooks. A file
-format also gets the reader's file access (:class:`~padpipe.readers.files.FileAccess`): listing
-paths, retries, the files it listed.
-
-A new format writes :meth:`Format.describe`, :meth:`Format.list_units` and
-:meth:`Format.read_unit`; the other methods have defaults that fit units cut by rows. See
-:mod:`padpipe.readers.csv` for a whole file format in a few lines.
+number alone cannot say where to resume inside a unit, keeps the state of that position; the rest
+is the reader node's (:class:`~padpipe.readers.source.UnitSource`). A new format writes
+:meth:`Format.describe`, :meth:`Format.list_units` and :meth:`Format.read_unit` (the others have
+defaults for units cut by rows); :mod:`padpipe.readers.csv` is a whole file format in a few lines.
 """
 
 from __future__ import annotations

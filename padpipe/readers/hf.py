@@ -7,17 +7,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from torchdata.nodes import BaseNode
 
 from padpipe._optional import require
-from padpipe.errors import positive
-from padpipe.graph import EpochAware
 from padpipe.readers.format import Format
 from padpipe.readers.schema import check_columns, require_columns
-from padpipe.readers.source import DEFAULT_CHUNK_ROWS, UnitSource, WorkUnit
-from padpipe.sharing.consumer import Consumer
+from padpipe.readers.source import DEFAULT_CHUNK_ROWS, ReaderNode, UnitSource, WorkUnit
 from padpipe.state import Int, Plain, StateSchema
-from padpipe.stats import PipelineStats
 
 DATASET_LABEL = "<datasets.Dataset>"
 ITERABLE_LABEL = "<datasets.IterableDataset>"
@@ -67,17 +62,13 @@ def hf_reader(dataset: Any, *, columns: Sequence[str] | None) -> tuple[type, dic
 class HFDatasetReader(UnitSource):
     """A ``datasets.Dataset`` as record batches, sliced from its Arrow table (zero-copy).
 
-    Units are index ranges of ``UNIT_CHUNKS * chunk_rows`` rows; each chunk is
-    ``dataset.with_format("arrow")[a:b]``, so a shuffled or ``select``-ed dataset (one with an
-    indices mapping) is gathered in one vectorized ``take`` per chunk. Resume is exact.
+    Units are index ranges of ``UNIT_CHUNKS * chunk_rows`` rows, each chunk
+    ``dataset.with_format("arrow")[a:b]`` (one vectorized ``take`` where an indices mapping is).
 
     Args:
         dataset: The dataset (in memory or memory-mapped from its cache files).
         columns: Columns to read, in this order (default: all).
-        chunk_rows: Rows per emitted record batch (the last of a unit may be shorter).
-        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps index order.
-        consumer: This reader's share of the units; default: detected on first ``reset``.
-        stats: Counters to report into.
+        **reader: :class:`~padpipe.readers.source.ReaderNode`'s arguments.
 
     Example:
         >>> ds = datasets.Dataset.from_dict({"n": [0, 1, 2]})
@@ -88,23 +79,14 @@ class HFDatasetReader(UnitSource):
 
     UNIT_CHUNKS = 8
 
-    def __init__(
-        self,
-        *,
-        dataset: Any,
-        columns: Sequence[str] | None = None,
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        seed: int | None = None,
-        consumer: Consumer | None = None,
-        stats: PipelineStats | None = None,
-    ) -> None:
+    def __init__(self, *, dataset: Any, columns: Sequence[str] | None = None, **reader: Any) -> None:
         self.columns = check_columns(columns)
         require_columns(DATASET_LABEL, dataset.column_names, self.columns)
         self.dataset = dataset
-        fmt = DatasetFormat(
-            dataset, columns=self.columns, unit_rows=self.UNIT_CHUNKS * chunk_rows, chunk_rows=chunk_rows
+        rows = reader.get("chunk_rows", DEFAULT_CHUNK_ROWS)
+        super().__init__(
+            DatasetFormat(dataset, columns=self.columns, unit_rows=self.UNIT_CHUNKS * rows, chunk_rows=rows), **reader
         )
-        super().__init__(fmt, chunk_rows=chunk_rows, seed=seed, consumer=consumer, stats=stats)
 
 
 class DatasetFormat(Format):
@@ -150,27 +132,20 @@ class DatasetFormat(Format):
             begin = end
 
 
-class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
+class HFIterableReader(ReaderNode):
     """A streaming ``datasets.IterableDataset`` as record batches of ``chunk_rows`` rows.
 
-    Reads ``dataset.with_format("arrow").iter(batch_size=chunk_rows)``. With several consumers,
-    each takes ``dataset.shard(num_shards=count, index=index)`` when the dataset has at least
-    ``count`` shards, else every ``count``-th batch of the whole stream (each consumer then reads
-    everything and keeps its share). Each epoch calls ``set_epoch(epoch)`` on a copy, so
-    ``datasets`` reorders shards and reseeds its shuffle buffer per epoch as it does under a
-    ``DataLoader``; ``seed`` is not used (shuffle with ``dataset.shuffle(seed=...)``).
-
-    The state holds the epoch and the dataset's own ``state_dict()``. Resume is exact for
-    datasets without a shuffle buffer; with ``.shuffle(buffer_size=...)`` the rows in the buffer
-    when the state was saved are lost, as ``datasets`` documents for its own resume.
+    Reads ``dataset.with_format("arrow").iter(batch_size=chunk_rows)``; a consumer takes
+    ``dataset.shard(num_shards=count, index=index)`` when there are enough shards, else every
+    ``count``-th batch of the whole stream. Each epoch calls ``set_epoch(epoch)`` on a copy, as
+    under a ``DataLoader`` (shuffle with ``dataset.shuffle(seed=...)``). The state holds the epoch
+    and the dataset's own ``state_dict()``: resume is exact without a shuffle buffer; with one, the
+    rows in it are lost, as ``datasets`` documents for its own resume.
 
     Args:
         dataset: The iterable dataset (not split by node already: the consumer split is done here).
         columns: Columns to read (default: all).
-        chunk_rows: Rows per emitted record batch (the last one may be shorter).
-        seed: Unused (see above); accepted for the common reader signature.
-        consumer: This reader's share; default: detected on first ``reset``.
-        stats: Counters to report into.
+        **reader: :class:`~padpipe.readers.source.ReaderNode`'s arguments (``seed`` unused, see above).
 
     Example:
         >>> ds = datasets.Dataset.from_dict({"n": [0, 1, 2]}).to_iterable_dataset()
@@ -181,27 +156,12 @@ class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
 
     STATE = StateSchema("HFIterableReader", 2, epoch=Int(0), batch=Int(0), dataset=Plain())  # dataset: its own state
 
-    def __init__(
-        self,
-        *,
-        dataset: Any,
-        columns: Sequence[str] | None = None,
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        seed: int | None = None,
-        consumer: Consumer | None = None,
-        stats: PipelineStats | None = None,
-    ) -> None:
-        super().__init__()
-        positive("chunk_rows", chunk_rows)
+    def __init__(self, *, dataset: Any, columns: Sequence[str] | None = None, **reader: Any) -> None:
+        super().__init__(**reader)
         self.columns = check_columns(columns)
         if dataset.column_names is not None:
             require_columns(ITERABLE_LABEL, dataset.column_names, self.columns)
         self.dataset = dataset
-        self.chunk_rows = chunk_rows
-        self.seed = seed
-        self.consumer = consumer
-        self.stats = stats or PipelineStats()
-        self._epoch = -1
         self._batch = 0  # batches of the stream seen this epoch (all consumers' when stepping)
         self._step = 1
         self._stream: Any = None
@@ -209,18 +169,16 @@ class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        if self.consumer is None:
-            self.consumer = Consumer.detect()
         saved = None
         if initial_state is None:
             self._epoch, self._batch = self._epoch + 1, 0
         else:
             loaded = self.STATE.check(initial_state, self._settings(), stage=type(self).__name__)
             self._epoch, self._batch, saved = loaded.epoch, loaded.batch, loaded.dataset
-        stream, count = self.dataset, self.consumer.count
-        self._step = count if stream.num_shards < count else 1
-        if count > 1 and self._step == 1:
-            stream = stream.shard(num_shards=count, index=self.consumer.index)
+        stream, consumer = self.dataset, self.detect()
+        self._step = consumer.count if stream.num_shards < consumer.count else 1
+        if consumer.count > 1 and self._step == 1:
+            stream = stream.shard(num_shards=consumer.count, index=consumer.index)
         if self.columns is not None:
             stream = stream.select_columns(list(self.columns))
         stream = stream.with_format("arrow")  # a new object: the user's dataset is never changed
@@ -231,13 +189,12 @@ class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         self._batches = iter(stream.iter(batch_size=self.chunk_rows))
 
     def next(self) -> pa.RecordBatch:
-        assert self.consumer is not None
         while True:
             with self.stats.timer("read"):
                 table = next(self._batches, None)
             if table is None:
                 raise StopIteration
-            mine = self._batch % self._step == self.consumer.index % self._step
+            mine = self._batch % self._step == self.detect().index % self._step
             self._batch += 1
             if mine and table.num_rows:
                 self.stats.add("read.rows", table.num_rows)
@@ -249,11 +206,7 @@ class HFIterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         )
 
     def _settings(self) -> dict[str, Any]:
-        assert self.consumer is not None
         dataset = self.dataset
-        described = f"IterableDataset columns={dataset.column_names} shards={dataset.num_shards} {self.columns}"
-        return {
-            "input": described,
-            "chunk_rows": self.chunk_rows,
-            "consumer": f"{self.consumer.index}/{self.consumer.count}",
-        }
+        return self.reader_settings(
+            f"IterableDataset columns={dataset.column_names} shards={dataset.num_shards} {self.columns}"
+        )

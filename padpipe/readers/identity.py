@@ -1,9 +1,5 @@
-"""The listing identity a file reader holds: what it listed, checked against the files and kept in its states.
-
-The state keys and their digests are :mod:`padpipe.readers.listing_state`'s; this part fills them
-from the reader's listing, refuses a state saved from another listing (saying how it differs), and
-checks before a file is read in an epoch that it is still the file that was listed.
-"""
+"""The listing identity a file reader holds: what it listed, checked against the files and kept in its states
+(the state keys and digests: :mod:`padpipe.readers.listing_state`)."""
 
 from __future__ import annotations
 
@@ -29,11 +25,9 @@ Retried = Callable[..., Any]  # retried(what, fn, *args): fn(*args) with transie
 class ListingIdentity:
     """The part of a file reader that knows what it listed, checks files against it, and keeps it in states.
 
-    The reader holds one (a reader of something else than files holds none) and fills it when it
-    lists; a state then has the listing's :class:`ListingDigest` under ``"files"`` and the line of
-    the file being read under ``"file"``, and a state whose listing differs is refused, saying how.
-    Before a file is read in an epoch, :meth:`check_unchanged` makes sure it is still the file
-    that was listed (a rewrite keeping size and mtime included).
+    A state has the listing's :class:`ListingDigest` under ``"files"`` and the line of the file
+    being read under ``"file"``; a state whose listing differs is refused, saying how. Before a file
+    is read in an epoch, :meth:`check_unchanged` makes sure it is still the file that was listed.
 
     Args:
         stage: The reader's name in messages (``"ParquetReader"``).

@@ -8,42 +8,32 @@ from itertools import islice
 from typing import Any
 
 import pyarrow as pa
-from torchdata.nodes import BaseNode
 
-from padpipe.errors import DataError, positive
-from padpipe.graph import EpochAware
+from padpipe.errors import DataError
 from padpipe.readers.jsonl_blocks import JSON_TEXT, json_text
 from padpipe.readers.schema import conform
-from padpipe.readers.source import DEFAULT_CHUNK_ROWS
-from padpipe.sharing.consumer import Consumer
+from padpipe.readers.source import ReaderNode
 from padpipe.state import Int, StateSchema
-from padpipe.stats import PipelineStats
 
 _END = object()
 
 
-class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
+class IterableReader(ReaderNode):
     """Dicts from ``iterable`` as record batches of ``chunk_rows`` rows.
 
-    Every epoch calls ``iter(iterable)`` again, so pass a list or an object whose ``__iter__``
-    starts over (a one-shot generator can be read once; a second pass is an error). Consumer
-    ``index`` of ``count`` keeps the items whose position ``i`` has ``i % count == index``.
-
-    The columns and types come from this consumer's first chunk of the epoch (keys in order of
-    first appearance); later chunks get those columns, with nulls for missing keys, and drop
-    other keys. The state is the epoch and the number of items consumed; resume iterates again
-    from the start and skips that many items (the first chunk's are converted once to recover
-    its schema), so it is exact when each pass yields the same items in the same order.
+    Every epoch calls ``iter(iterable)`` again (a one-shot generator cannot be read twice: an
+    error). Consumer ``index`` of ``count`` keeps the items at positions ``i % count == index``.
+    The columns and types are those of the consumer's first chunk of the epoch (keys in order of
+    first appearance; later chunks get nulls for missing keys and drop others). The state is the
+    epoch and the items consumed: resume iterates again and skips them, exact when each pass
+    yields the same items in the same order.
 
     Args:
         iterable: The dicts to read.
-        chunk_rows: Most rows per emitted record batch.
-        seed: Unused: there is no unit order to shuffle (use ``Pipeline.shuffle`` for rows);
-            accepted for the common reader signature.
-        consumer: This reader's share; default: detected on first ``reset``.
-        stats: Counters to report into.
         json_columns: Keys whose values are passed on as their JSON text, as given (``.chat()`` asks
             this for its conversation columns, so they reach the template unchanged).
+        **reader: :class:`~padpipe.readers.source.ReaderNode`'s arguments (``seed`` unused: there is no unit
+            order to shuffle; shuffle rows with ``Pipeline.shuffle``).
 
     Raises:
         TypeError: When an item is not a dict, naming its position.
@@ -58,26 +48,13 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
     STATE = StateSchema("IterableReader", 2, epoch=Int(0), position=Int(0))  # position: items consumed, all consumers'
 
     def __init__(
-        self,
-        *,
-        iterable: Iterable[Mapping[str, Any]],
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        seed: int | None = None,
-        consumer: Consumer | None = None,
-        stats: PipelineStats | None = None,
-        json_columns: Sequence[str] = (),
+        self, *, iterable: Iterable[Mapping[str, Any]], json_columns: Sequence[str] = (), **reader: Any
     ) -> None:
-        super().__init__()
-        positive("chunk_rows", chunk_rows)
+        super().__init__(**reader)
         if not isinstance(iterable, Iterable) or isinstance(iterable, (str, bytes, Mapping)):
             raise TypeError(f"`iterable` must be an iterable of dicts, but is a {type(iterable).__name__} instead.")
         self.iterable = iterable
-        self.chunk_rows = chunk_rows
-        self.seed = seed
-        self.consumer = consumer
-        self.stats = stats or PipelineStats()
         self.json_columns = tuple(json_columns)
-        self._epoch = -1
         self._position = 0  # items of the iterable consumed this epoch, all consumers' included
         self._items: Iterator[Any] = iter(())
         self._schema: pa.Schema | None = None
@@ -85,8 +62,6 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        if self.consumer is None:
-            self.consumer = Consumer.detect()
         if initial_state is None:
             self._epoch, self._position = self._epoch + 1, 0
         else:
@@ -126,8 +101,7 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
     # -- helpers ------------------------------------------------------------------------------------
     def _mine(self, items: Iterator[Any], start: int) -> Iterator[tuple[int, Mapping[str, Any]]]:
         """This consumer's ``(position, item)`` pairs; advances ``_position`` past every item read."""
-        assert self.consumer is not None
-        count, index = self.consumer.count, self.consumer.index
+        count, index = self.detect().count, self.detect().index
         for position, item in enumerate(items, start):
             self._position = position + 1
             if position % count != index:
@@ -164,10 +138,5 @@ class IterableReader(EpochAware, BaseNode[pa.RecordBatch]):
         return f"from_iterable items {start}-{self._position - 1}"
 
     def _settings(self) -> dict[str, Any]:
-        assert self.consumer is not None
-        return {
-            "input": f"from_iterable {type(self.iterable).__name__}",
-            "chunk_rows": self.chunk_rows,
-            "consumer": f"{self.consumer.index}/{self.consumer.count}",
-            **({"json_columns": list(self.json_columns)} if self.json_columns else {}),
-        }
+        settings = self.reader_settings(f"from_iterable {type(self.iterable).__name__}")
+        return settings | ({"json_columns": list(self.json_columns)} if self.json_columns else {})

@@ -14,15 +14,12 @@ from padpipe.errors import DataError, one_of, positive
 from padpipe.readers import jsonl_blocks as blocks
 from padpipe.readers.file_source import FileSource
 from padpipe.readers.files import FileAccess, FileFormat
-from padpipe.readers.listing import SharedListing
 from padpipe.readers.paths import FileRef
-from padpipe.readers.retry import Retry, is_transient
+from padpipe.readers.retry import is_transient
 from padpipe.readers.schema import conform
-from padpipe.readers.source import DEFAULT_CHUNK_ROWS, WorkUnit
-from padpipe.sharing.consumer import Consumer
+from padpipe.readers.source import WorkUnit
 from padpipe.sharing.shares import Measure
 from padpipe.state import Int, ListOf, Loaded, Optional, load_value
-from padpipe.stats import PipelineStats
 
 BAD_ROW = "read.bad_row"
 """Skip reason of a line skipped under ``on_error="skip"``, per file: ``read.bad_row:<file>``."""
@@ -37,7 +34,7 @@ class JsonlFormat(FileFormat):
     """
 
     SUFFIXES = SUFFIXES
-    LISTING = ("files", "schema", "reference", "options")
+    LISTING = ("files", "schema", "reference")
     POSITION = {"block": Optional(ListOf(Int(0), length=2))}
     row_positions = False  # add each row's byte offset as POSITION_COLUMN (record_row_positions)
 
@@ -48,10 +45,10 @@ class JsonlFormat(FileFormat):
         name: str,
         columns: Sequence[str] | None,
         chunk_rows: int,
-        unit_bytes: int,
-        block_bytes: int,
-        on_error: Literal["raise", "skip"],
-        json_columns: Sequence[str],
+        unit_bytes: int = 64 << 20,
+        block_bytes: int = 2 << 20,
+        on_error: Literal["raise", "skip"] = "raise",
+        json_columns: Sequence[str] = (),
     ) -> None:
         super().__init__(access, name=name, columns=columns, chunk_rows=chunk_rows)
         positive("unit_bytes", unit_bytes)
@@ -63,9 +60,18 @@ class JsonlFormat(FileFormat):
         self.block_bytes = block_bytes
         self.schema: pa.Schema | None = None
         self.reference = ""
-        self.options = pj.ParseOptions()
         self._block: tuple[int, int] | None = None  # (byte offset, unit row) of the block being read
         self._resume_at: tuple[int, int] | None = None
+
+    @property
+    def options(self) -> pj.ParseOptions:
+        """How blocks are parsed: the schema's typed keys given, its untyped ones (null: unseen) inferred."""
+        if self.schema is None:
+            return pj.ParseOptions()
+        typed = pa.schema([f for f in self.schema if not pa.types.is_null(f.type)])
+        return pj.ParseOptions(
+            explicit_schema=typed, unexpected_field_behavior="infer" if len(typed) < len(self.schema) else "ignore"
+        )
 
     def describe(self) -> str:
         as_text = f" json_columns={list(self.json_columns)!r}" if self.json_columns else ""
@@ -159,12 +165,8 @@ class JsonlFormat(FileFormat):
                 continue
             sniffed = pa.schema([f.with_type(blocks.no_timestamps(f.type)) for f in table.schema])
             names = self.columns or sniffed.names
-            fields = [sniffed.field(n) if n in sniffed.names else pa.field(n, pa.null()) for n in names]
-            self.schema = pa.schema(fields)
+            self.schema = pa.schema([sniffed.field(n) if n in sniffed.names else pa.field(n, pa.null()) for n in names])
             self.reference = f"the first block of {file.name}"
-            explicit = pa.schema([f for f in fields if not pa.types.is_null(f.type)])
-            unexpected = "infer" if len(explicit) < len(fields) else "ignore"  # infer the untyped keys
-            self.options = pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior=unexpected)
             return
 
     def _first_block(self, file: FileRef) -> tuple[int, bytes] | None:
@@ -190,7 +192,7 @@ class JsonlFormat(FileFormat):
                 return None, block
             try:
                 return self._parse_block(file, offset, block), block
-            except _BadLine as bad:
+            except blocks.LineError as bad:
                 if self.on_error == "raise":
                     number = blocks.lines_before(file, offset) + bad.line + 1
                     hint = "; pass on_error='skip' to read_jsonl to skip such lines (counted per file)"
@@ -205,27 +207,28 @@ class JsonlFormat(FileFormat):
         if bad_byte is not None:
             line, column = bad_byte
             byte = block.split(b"\n", line + 1)[line][column]
-            raise _BadLine(
+            raise blocks.LineError(
                 line,
                 f"invalid UTF-8 (byte {column + 1} of the line is 0x{byte:02x}); JSON Lines files "
                 "must be UTF-8 (re-encode the file, e.g. with iconv)",
             )
+        options = self.options
         if self.json_columns:
-            typed = None if self.schema is None else pa.schema([f for f in self.schema if not pa.types.is_null(f.type)])
+            typed = options.explicit_schema
             try:
                 table = blocks.parse_lines(block, self.json_columns, typed)
             except blocks.LineError as bad:
                 hint = f"; keys keep the types of {self.reference}" if typed is not None else ""
-                raise _BadLine(bad.line, f"{bad.problem}{hint}") from bad.__cause__
+                raise blocks.LineError(bad.line, f"{bad.problem}{hint}") from bad.__cause__
             return self._conformed(file, offset, table)
         try:
-            table = blocks.parse_block(block, self.options)
+            table = blocks.parse_block(block, options)
         except pa.ArrowInvalid as exc:
             first = blocks.lines_before(file, offset) + 1 if self.on_error == "raise" else 1  # only named on raise
-            line, problem = blocks.locate_error(block, self.options, exc, first_line=first)
+            line, problem = blocks.locate_error(block, options, exc, first_line=first)
             typed = self.schema is not None and not problem.startswith("invalid JSON")
             hint = f"; keys keep the types of {self.reference}" if typed else ""
-            raise _BadLine(line, f"{problem}{hint}") from exc
+            raise blocks.LineError(line, f"{problem}{hint}") from exc
         return self._conformed(file, offset, table)
 
     def _conformed(self, file: FileRef, offset: int, table: pa.Table) -> pa.RecordBatch | None:
@@ -244,32 +247,21 @@ class JsonlReader(FileSource):
     Blocks of about ``block_bytes``, cut at a newline, are parsed in one ``pyarrow.json`` call.
     A plain file is split into units of ``unit_bytes`` byte ranges (a range owns every line that
     *starts* in it), so one big file is still shared between consumers; a compressed file is one
-    unit. JSONL row counts are unknown until read, so consumers' shares are balanced by bytes:
-    each gets an equal stretch of the epoch's bytes (byte ranges are cut where needed), and row
-    counts differ as much as line lengths do; a compressed file goes whole to one consumer. The saved state also holds
-    the byte offset of the current block, so a resumed reader
-    seeks there (a compressed file is decompressed up to it, without parsing) and re-parses
-    only that block; a read retried after a storage error re-opens the file the same way.
+    unit. Row counts are unknown until read, so consumers' shares are balanced by bytes (byte
+    ranges cut where needed; a compressed file goes whole to one consumer). The state also holds
+    the byte offset of the current block, so a resumed reader seeks there (a compressed file is
+    decompressed up to it, without parsing) and re-parses only that block; a read retried after a
+    storage error re-opens the file the same way.
 
-    The schema is fixed per reader, so chunks concatenate downstream: the keys (or ``columns``)
-    and their types come from the first block of the first file that has rows, with date-like
-    strings kept as strings. In every later block a key that is missing or null comes out as
-    nulls of that type; a key not in the schema is dropped (pass ``columns`` to read it); a
-    value of another type is an error naming the line. A requested key absent from the first
-    block takes its type from each block (all-null blocks then come out as type ``null``).
+    The schema is fixed per reader: the keys (or ``columns``) and types of the first block that
+    has rows (date-like strings kept as strings). Later a missing key comes out as nulls, a key not
+    in the schema is dropped, a value of another type is an error naming the line; a requested key
+    absent from the first block takes its type from each block.
+
+    Takes :class:`~padpipe.readers.file_source.FileSource`'s arguments (a folder is searched for
+    ``.jsonl``/``.ndjson``/``.json`` files, optionally ``.gz``/``.zst``) and the format's:
 
     Args:
-        paths: A file, folder (``.jsonl``/``.ndjson``/``.json``, optionally ``.gz``/``.zst``,
-            recursively), glob or list of them; local or any fsspec URL.
-        columns: Keys to keep, in this order (default: the keys of the first block).
-        chunk_rows: Most rows per emitted record batch.
-        storage_options: Keyword arguments for the fsspec filesystem.
-        seed: Shuffle the unit order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
-        consumer: This reader's share of the units; default: detected on first ``reset``.
-        stats: Counters to report into.
-        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
-        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
-        listing: The pipeline's shared listing (passed by ``pp.read_jsonl``).
         unit_bytes: Size of the byte ranges a plain file is split into.
         block_bytes: About how many bytes are parsed at once.
         on_error: A line that cannot be a row (invalid UTF-8, invalid JSON, not an object, a
@@ -298,49 +290,6 @@ class JsonlReader(FileSource):
     JSON_COLUMNS = True  # takes json_columns
     POSITION_COLUMN = POSITION_COLUMN
     format: JsonlFormat
-
-    def __init__(
-        self,
-        *,
-        paths: str | Sequence[str],
-        columns: Sequence[str] | None = None,
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        storage_options: dict[str, Any] | None = None,
-        seed: int | None = None,
-        consumer: Consumer | None = None,
-        stats: PipelineStats | None = None,
-        retries: int | Retry = 5,
-        on_missing: Literal["raise", "skip"] = "raise",
-        listing: SharedListing | None = None,
-        unit_bytes: int = 64 << 20,
-        block_bytes: int = 2 << 20,
-        on_error: Literal["raise", "skip"] = "raise",
-        json_columns: Sequence[str] = (),
-    ) -> None:
-        super().__init__(
-            paths=paths,
-            columns=columns,
-            chunk_rows=chunk_rows,
-            storage_options=storage_options,
-            seed=seed,
-            consumer=consumer,
-            stats=stats,
-            retries=retries,
-            on_missing=on_missing,
-            listing=listing,
-            unit_bytes=unit_bytes,
-            block_bytes=block_bytes,
-            on_error=on_error,
-            json_columns=json_columns,
-        )
-
-
-class _BadLine(Exception):
-    """A line of a block that cannot be a row: its index in the block and what is wrong with it."""
-
-    def __init__(self, line: int, problem: str) -> None:
-        super().__init__(problem)
-        self.line, self.problem = line, problem
 
 
 def _with_positions(batch: pa.RecordBatch, starts: object) -> pa.RecordBatch:

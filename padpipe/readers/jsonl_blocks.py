@@ -16,14 +16,7 @@ from padpipe.readers.paths import FileRef
 SCAN_BYTES = 1 << 16
 READ_AHEAD_BYTES = 8 << 20  # one range request per 8 MiB of a remote file
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-JSON_TYPES = {
-    dict: "an object",
-    list: "an array",
-    str: "a string",
-    bool: "a boolean",
-    int: "a number",
-    float: "a number",
-}
+JSON_KINDS = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
 
 
 def compression_of(name: str) -> str | None:
@@ -153,13 +146,7 @@ def parse_lines(block: bytes, json_columns: Sequence[str], schema: pa.Schema | N
     for i, line in enumerate(block.split(b"\n")):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
-        except ValueError as err:
-            where = f" (column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
-            raise LineError(i, f"invalid JSON: {getattr(err, 'msg', err)}{where}") from None
-        if not isinstance(value, dict):
-            raise LineError(i, f"invalid JSON: expected an object, found {JSON_TYPES.get(type(value), 'null')}")
+        value = _object(line, i)
         for key, column in texts.items():
             if key in value:
                 seen.add(key)
@@ -209,16 +196,10 @@ def locate_error(block: bytes, options: pj.ParseOptions, exc: Exception, *, firs
     """
     lines = block.split(b"\n")
     rows = [i for i, line in enumerate(lines) if line.strip()]
-    values = []
-    for i in rows:
-        try:
-            value = json.loads(lines[i])
-        except ValueError as err:
-            where = f" (column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
-            return i, f"invalid JSON: {getattr(err, 'msg', err)}{where}"
-        if not isinstance(value, dict):
-            return i, f"invalid JSON: expected an object, found {JSON_TYPES.get(type(value), 'null')}"
-        values.append(value)
+    try:
+        values = [_object(lines[i], i) for i in rows]
+    except LineError as bad:
+        return bad.line, bad.problem
     for i in rows:
         try:
             parse_block(lines[i] + b"\n", options)
@@ -230,6 +211,19 @@ def locate_error(block: bytes, options: pj.ParseOptions, exc: Exception, *, firs
     if options.explicit_schema is None and changed and rows:
         return _rarer_type(rows, values, *changed.groups(), first_line=first_line)
     return rows[min(row, len(rows) - 1)] if rows else 0, _clean(str(exc))
+
+
+def _object(line: bytes, i: int) -> dict:
+    """Line ``i`` of a block as a JSON object; else :class:`LineError` saying what it is."""
+    try:
+        value = json.loads(line)
+    except ValueError as err:
+        where = f" (column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+        raise LineError(i, f"invalid JSON: {getattr(err, 'msg', err)}{where}") from None
+    if not isinstance(value, dict):
+        kind = _json_kind(value)
+        raise LineError(i, f"invalid JSON: expected an object, found {'null' if value is None else _article(kind)}")
+    return value
 
 
 def _rarer_type(
@@ -249,9 +243,7 @@ def _rarer_type(
 
 def _json_kind(value: object) -> str:
     """pyarrow's name of a JSON value's kind: number, string, boolean, object, array or null."""
-    if isinstance(value, bool):
-        return "boolean"
-    return {int: "number", float: "number", str: "string", dict: "object", list: "array"}.get(type(value), "null")
+    return JSON_KINDS.get(type(value), "null")
 
 
 def _article(kind: str) -> str:

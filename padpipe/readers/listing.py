@@ -1,28 +1,16 @@
 """One listing per pipeline, shared by every loader built from it and by all its DataLoader workers.
 
-Listing is the costly start of a read from object storage: globbing a bucket of 10k files, then
-reading 10k Parquet footers. A reader lists on its first ``reset`` (never in ``__init__``), and
-the readers built from one pipeline share a :class:`SharedListing`, made without I/O by
-``pp.read_parquet`` & co. and kept in the pipeline's source stage. It
-
-* keeps the listing in memory, so later loaders of the pipeline in this process (each epoch's
-  ``iter(pipe)``, a second ``loader()``) reuse it;
-* travels with the pipeline: filled before ``DataLoader`` starts its workers (say by a first
-  ``loader()`` in the main process), workers get it with the pipeline (copied by ``fork``,
-  pickled by ``spawn`` as part of the dataset) and list nothing;
-* otherwise lets the worker processes agree through a plain JSON file in a folder private to
-  this pipeline: ``$TMPDIR/padpipe-<uid>-<owner pid>-<random token>``, made with mode 0700 by the
-  first worker and used only when it is a real folder owned by this user with no access for
-  others. The first worker lists under a file lock and writes the result; the others wait for the
-  lock and read it, and so does the main process when it needs the listing later. N workers list
-  once, not N times. Nothing is ever unpickled from it.
-
-The scope is the pipeline object, not the process: a new ``pp.read_parquet(...)`` call lists
-again, so files added to a bucket are seen by the next pipeline built. Ranks build their own
-pipelines, so each rank lists once (its workers sharing that listing). The folder is removed when
-the pipeline's owner process drops it or exits, and folders left by processes that died (killed
-with SIGKILL) are removed by the next padpipe process that shares a listing. Without ``fcntl``
-(Windows), or when the folder is not private, each worker lists for itself.
+Listing is the costly start of a read from object storage (globbing 10k files, reading 10k Parquet
+footers). A reader lists on its first ``reset``; the readers built from one pipeline share a
+:class:`SharedListing`, made without I/O by ``pp.read_parquet`` & co. It keeps the listing in
+memory for the pipeline's later loaders, travels with the pipeline into DataLoader workers (copied
+by ``fork``, pickled by ``spawn``), and otherwise lets the workers agree through a JSON file in a
+folder private to the pipeline (``$TMPDIR/padpipe-<uid>-<owner pid>-<token>``, mode 0700, used only
+when it is a real folder of this user that no one else may use): the first worker lists under a
+file lock, the others read its result. Nothing is ever unpickled from it. A new ``pp.read_*`` call
+lists again. The folder goes when its owner drops the pipeline or exits; folders of processes that
+died are removed by the next padpipe process that shares a listing. Without ``fcntl`` (Windows), or
+when the folder is not private, each worker lists for itself.
 """
 
 from __future__ import annotations

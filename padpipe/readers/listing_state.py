@@ -1,13 +1,9 @@
 """What a file reader's state keeps of its listing: digests and the file being read, never the file list.
 
-A reader's listing identity (each file's name, size, version and content digest, one line a file;
-:attr:`~padpipe.readers.paths.FileRef.identity`) is about 100 bytes a file, so a state that held
-it would grow with the corpus (1 MB for 10,000 shards, per worker, per rank, per checkpoint).
-A state holds instead a :class:`ListingDigest` of it under ``"files"`` (the file count and three
-SHA-256 digests: of the lines in order, of the names in order, of the lines sorted) and, under
-``"file"``, the one line of the file being read. Resuming where the listing's digest differs is a
-``StateMismatchError`` that says how it differs, as far as the digests tell (files added or removed,
-renamed, reordered, or a size, version or content changed) and what became of the file being read.
+A listing identity (:attr:`~padpipe.readers.paths.FileRef.identity`, a line a file) would grow a
+state with the corpus (1 MB for 10,000 shards, per worker, rank and checkpoint), so a state holds a
+:class:`ListingDigest` of it under ``"files"`` and the line of the file being read under ``"file"``.
+Where the digests differ, :func:`listing_difference` says how, as far as they tell.
 
 Example:
     >>> saved = ListingDigest.of("a\\t1\\tv1\\nb\\t2\\tv1")
@@ -25,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from padpipe.state import VERSION_KEY, Invalid, Spec, StateMismatchError
+from padpipe.state import Invalid, Spec
 
 FILES_KEY = "files"
 FILE_KEY = "file"
@@ -75,27 +71,6 @@ class DigestSpec(Spec):
         if isinstance(count, bool) or not isinstance(count, int) or count < 0 or not all(map(_is_digest, digests)):
             raise Invalid(expected)
         return ListingDigest(count, *digests)
-
-
-def refuse_old_state(stage: str, state: Any, version: int) -> None:
-    """Refuse a version 2 file reader state (it held every file's identity) with a message that says so.
-
-    Example:
-        >>> try:
-        ...     refuse_old_state("ParquetReader", {"version": 2, "files": "a.parquet\\t10\\t1.0"}, 3)
-        ... except pp.StateMismatchError as exc:
-        ...     print(str(exc)[:80])
-        ParquetReader state doesn't match this pipeline: version found 2 instead of 3 (a
-    """
-    if not isinstance(state, Mapping):
-        return
-    found = state.get(VERSION_KEY)  # compared only as an int: a crafted state may hold anything there
-    if type(found) is int and found == 2 and isinstance(state.get(FILES_KEY), str):
-        raise StateMismatchError(
-            f"{stage} state doesn't match this pipeline: version found 2 instead of {version} (a version 2 state "
-            "lists every file; this padpipe saves a digest of the listing instead). Resume it with the padpipe "
-            "version that saved it, or start a new run."
-        )
 
 
 def line_of(identity: str, name: str) -> str:

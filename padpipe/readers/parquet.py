@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -18,24 +17,19 @@ from padpipe.readers.schema import require_columns
 from padpipe.readers.source import WorkUnit
 
 SUFFIXES = (".parquet", ".parq", ".pq")
-LIST_THREADS = 8  # footers read at once from local disk
-REMOTE_LIST_THREADS = 32  # ... and from object storage, where each footer is a round trip
 
 
 class ParquetFormat(FileFormat):
     """Parquet files: each row group is one work unit (see :class:`ParquetReader`)."""
 
     SUFFIXES = SUFFIXES
-    _open: tuple[str, Any, pq.ParquetFile] | None = None  # (name, handle, file) kept between units
 
     def describe(self) -> str:
         return f"read_parquet paths={list(self.access.paths)!r} columns={self.columns!r}"
 
     def list_units(self) -> list[WorkUnit]:
         files = self.access.expand(self.SUFFIXES)
-        threads = LIST_THREADS if all(f.is_local for f in files) else REMOTE_LIST_THREADS
-        with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
-            footers = list(pool.map(self._footer, files))
+        footers = self.access.map(self._footer, files)
         units = []
         self.files = {}
         for file, metadata in zip(files, footers):
@@ -45,21 +39,7 @@ class ParquetFormat(FileFormat):
 
     def read_unit(self, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
         parquet = self._parquet(unit.path)
-        skip = start_row
-        for batch in parquet.iter_batches(batch_size=self.chunk_rows, row_groups=[unit.index], columns=self.columns):
-            if skip >= batch.num_rows:
-                skip -= batch.num_rows
-                continue
-            batch, skip = batch.slice(skip), 0
-            yield batch if self.columns is None else batch.select(self.columns)
-
-    def close(self) -> None:
-        if self._open is not None:
-            handle, self._open = self._open[1], None
-            try:
-                handle.close()
-            except Exception:  # a broken connection may fail to close; it is dropped either way
-                pass
+        yield from self.rows_from(parquet.iter_batches(self.chunk_rows, [unit.index], columns=self.columns), start_row)
 
     def _footer(self, file: FileRef) -> pq.FileMetaData:
         handle, parquet = self.access.retried(f"{file.name}: read the footer", _open, file)
@@ -81,27 +61,14 @@ class ParquetFormat(FileFormat):
 class ParquetReader(FileSource):
     """Parquet files as record batches; each row group is one work unit.
 
-    Row groups are listed from the file footers on the first ``reset`` (no data is read then;
-    footers are read by 8 threads, 32 for remote files) and read with ``ParquetFile.iter_batches``, so memory holds
-    about one row group's selected columns, never a whole file. Remote files are read through
-    the fsspec file object with pyarrow's ``pre_buffer`` (the column chunks of a row group are
-    fetched in a few coalesced range requests; no read-ahead cache). A resumed reader decodes its
-    row group from the start and drops the rows already read. Consumers' shares are equal to
-    within one row whatever the row-group layout: a row group may be cut between two consumers,
-    and the second then decodes the first part of it to skip.
+    Row groups are listed from the footers on the first ``reset`` and read with
+    ``ParquetFile.iter_batches`` (memory holds about one row group's columns); remote files with
+    pyarrow's ``pre_buffer`` (a row group's column chunks in a few coalesced range requests). A
+    resumed reader decodes its row group from the start and drops the rows already read. Shares
+    are equal to within one row: a row group may be cut between two consumers.
 
-    Args:
-        paths: A file, folder (searched recursively for ``.parquet``/``.parq``/``.pq`` files),
-            glob or list of them; local or any fsspec URL (``s3://bucket/train/*.parquet``).
-        columns: Columns to read, in this order (default: all of each file's columns).
-        chunk_rows: Most rows per emitted record batch.
-        storage_options: Keyword arguments for the fsspec filesystem (credentials, endpoint).
-        seed: Shuffle the row-group order per epoch with ``(seed, epoch)``; ``None`` keeps file order.
-        consumer: This reader's share of the row groups; default: detected on first ``reset``.
-        stats: Counters to report into.
-        retries: Retries of transient storage errors (int or ``Retry``); see ``FileSource``.
-        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since listing.
-        listing: The pipeline's shared listing (passed by ``pp.read_parquet``).
+    Takes :class:`~padpipe.readers.file_source.FileSource`'s arguments (a folder is searched for
+    ``.parquet``/``.parq``/``.pq`` files).
 
     Raises:
         DataError: On ``reset``, when a file is not a readable Parquet file or lacks a requested

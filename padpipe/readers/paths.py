@@ -1,13 +1,9 @@
 """Turn the ``paths`` a reader was given into a sorted list of files, local or on any fsspec store.
 
-A path may be a file, a folder (searched recursively for files with the reader's suffixes), a glob
-(``data/*.parquet``, ``s3://bucket/**/*.jsonl.gz``) or a list of those. Listing does I/O, so
-readers call :func:`expand_paths` when they list (on the first ``reset``), never in
-``__init__``; :func:`check_paths` validates the argument without touching storage. Each
-:class:`FileRef` keeps the size and version (modification time, ETag or generation) the listing
-reported, and opening it checks the file is still there with that size and version. Where that
-version is only a modification time, the file's readers also record a digest of its content
-(:mod:`padpipe.readers.content`), which a rewrite that keeps size and mtime does not keep.
+:func:`check_paths` validates the argument without I/O; :func:`expand_paths` lists (readers call it
+on their first ``reset``, never in ``__init__``). Each :class:`FileRef` keeps the size and version
+(modification time, ETag or generation) the listing reported, and where the version is only a
+modification time a digest of its content (:mod:`padpipe.readers.content`); opening it checks them.
 """
 
 from __future__ import annotations
@@ -46,11 +42,10 @@ class ChangedFileError(OSError):
 
 @dataclass(frozen=True)
 class FileRef:
-    """One input file: the filesystem that holds it, its path there and its size when listed.
+    """One input file: the filesystem that holds it, its path there and what the listing saw of it.
 
-    A ``FileRef`` may be listed in one process and used in another (DataLoader workers get the
-    pipeline's listing): a filesystem made in another process is re-made on first use, since
-    fsspec's async filesystems (s3, gcs, http) cannot be used across a ``fork``.
+    A filesystem made in another process (a DataLoader worker got the pipeline's listing) is re-made
+    on first use: fsspec's async filesystems (s3, gcs, http) cannot be used across a ``fork``.
 
     Attributes:
         fs: The fsspec filesystem.
@@ -81,16 +76,11 @@ class FileRef:
     def open(self, *, block_size: int | None = None, cache_type: str | None = None) -> BinaryIO:
         """Open the file for binary reading (seekable), streamed in ``block_size`` requests.
 
-        The file's size and version are looked up afresh (not from a listing cache) and checked
-        against ``listed_size`` and ``listed_version``. Raises ``FileNotFoundError`` when the file
-        is gone and :class:`ChangedFileError` when it changed since it was listed.
+        Its size and version, looked up afresh, must be the listed ones: ``FileNotFoundError`` when
+        it is gone, :class:`ChangedFileError` when it changed since it was listed.
         """
         fs = self._fs()
-        options: dict[str, Any] = {}
-        if block_size is not None:
-            options["block_size"] = block_size
-        if cache_type is not None:
-            options["cache_type"] = cache_type
+        options = {k: v for k, v in (("block_size", block_size), ("cache_type", cache_type)) if v is not None}
         if not self.is_local:
             fs.invalidate_cache(self.path)
         handle = fs.open(self.path, "rb", **options)
@@ -147,12 +137,12 @@ class FileRef:
         return dataclasses.replace(self, listed_content=self.content())
 
     def check_unchanged(self) -> None:
-        """Raise :class:`ChangedFileError` unless the file has the size, version and content it was listed with.
+        """Raise :class:`ChangedFileError` unless the file has the size, version and content it was listed with
+        (``FileNotFoundError`` when it is gone).
 
-        One metadata lookup (a ``stat``, or one request to object storage), plus the content digest's
-        small read where the version is only a modification time (whose form an fsspec store's
-        ``info`` may give otherwise than its listing did: only a local one, or an ETag, is compared).
-        Raises ``FileNotFoundError`` when the file is gone.
+        One ``stat`` or request, plus the content digest's small read where the version is only a
+        modification time (compared only locally: a store's ``info`` may give it otherwise than its
+        listing did).
         """
         if self.is_local:
             stat = os.stat(self.path)
@@ -168,10 +158,9 @@ class FileRef:
     def signature(self) -> tuple[int, ...] | None:
         """A local file's device, inode, size, mtime and ctime (ns); ``None`` for a file on object storage.
 
-        Any write changes it, a rewrite whose mtime was restored too (restoring it sets the ctime),
-        so a file whose content was found unchanged need not be read again while this stays the same.
-        Also ``None`` while the ctime is under :data:`SETTLED_NS` old: a filesystem's clock may be
-        coarse enough that a second write in the same tick keeps it (as git treats a "racy" entry).
+        Any write changes it (restoring the mtime sets the ctime), so a file found unchanged need not
+        be read again while it stays the same. ``None`` too while the ctime is under
+        :data:`SETTLED_NS` old: a coarse clock may keep it over a second write (git's "racy" entry).
         """
         if not self.is_local:
             return None
@@ -255,17 +244,16 @@ def expand_paths(
     """List the files that ``paths`` name, in order: each pattern's files sorted, patterns as given.
 
     Args:
-        paths: Files, folders or globs, local or fsspec URLs (``s3://``, ``memory://``, ...).
+        paths: Files, folders (searched recursively) or globs, local or fsspec URLs.
         suffixes: File name endings a folder search keeps (``(".parquet",)``); files named
             directly or matched by a glob are kept whatever their name.
         storage_options: Keyword arguments for the fsspec filesystem (credentials, endpoint).
         folder_files: Optional hook ``(fs, folder) -> paths or None`` that lists a folder in a
-            format-specific way (a ``save_to_disk`` folder's ``state.json``); ``None`` falls back
-            to the recursive search.
+            format-specific way (a ``save_to_disk`` folder's ``state.json``).
 
     Returns:
-        One :class:`FileRef` per file, with its size from the listing. In a folder search, files
-        and folders whose names start with ``.`` or ``_`` (``_SUCCESS``, ``.cache``) are skipped.
+        One :class:`FileRef` per file. A folder search skips names starting with ``.`` or ``_``
+        (``_SUCCESS``, ``.cache``).
 
     Raises:
         FileNotFoundError: A pattern names nothing, or a folder or glob holds no matching file.

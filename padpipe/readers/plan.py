@@ -1,15 +1,11 @@
 """The elastic planner a reader holds: which pieces of its units one consumer reads each epoch.
 
-The epoch's unit order is the listing's, or a permutation seeded by ``(seed, epoch)``, the same on
-every consumer; each consumer (rank x DataLoader worker) then takes an equal stretch of it
-(:mod:`padpipe.sharing.shares`), units cut where shares would otherwise be uneven. An elastic
-resume (:mod:`padpipe.runtime.elastic`) asks the planner what a consumer had left of its share
-(:meth:`EpochPlan.rest`), shares that again over the new consumers (:meth:`EpochPlan.share`) and
-hands each its part for that epoch (:meth:`EpochPlan.override`).
-
-A reader gives the planner its two ways of cutting a unit: its ``measure`` (what a unit weighs,
-rows or bytes, and whether it can be cut) and its ``piece`` (the part ``[lo, hi)`` of a unit in
-that measure); :func:`by_rows` and :func:`rows_piece` are the defaults, by rows.
+The epoch's unit order (the listing's, or a permutation seeded by ``(seed, epoch)``) is the same on
+every consumer, and each takes an equal stretch of it (:mod:`padpipe.sharing.shares`), units cut by
+the reader's ``measure`` (what a unit weighs, and whether it can be cut) and ``piece`` (its part
+``[lo, hi)``; :func:`by_rows` and :func:`rows_piece` by default). An elastic resume asks what a
+consumer had left (:meth:`EpochPlan.rest`), shares it again (:meth:`EpochPlan.share`) and hands each
+new consumer its part (:meth:`EpochPlan.override`).
 
 Example:
     >>> plan = EpochPlan(seed=None)

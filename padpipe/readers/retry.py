@@ -1,13 +1,10 @@
 """Retry transient storage errors with exponential backoff, then fail with a DataError naming the file.
 
-Object stores drop connections, time out and answer 5xx now and then; a reader that reads a
-10 TB corpus meets such errors every day. Readers wrap every open, list and read in the policy
-here: a *transient* error (see :func:`is_transient`) is retried after ``backoff``, ``2 *
-backoff``, ... (capped at ``max_backoff``, with jitter), until ``retries`` retries or
-``max_seconds`` since the first failure are used up; then a :class:`DataError` names the file,
-the attempts, the last error and the fix. Errors about the data itself (corrupt file, missing
-column, missing file) are never retried, nor is a read the store refused (access denied), which
-is a :class:`DataError` naming the file and the fix at once.
+Readers wrap every open, list and read in the policy here: a *transient* error
+(:func:`is_transient`) is retried after ``backoff``, ``2 * backoff``, ... (capped, with jitter)
+until ``retries`` or ``max_seconds`` are used up; then a :class:`DataError` names the file, the
+attempts, the last error and the fix. Errors about the data itself are never retried, nor is a
+read the store refused (access denied: a :class:`DataError` at once).
 
 Example:
     >>> policy = Retry.of(3)
@@ -28,38 +25,13 @@ from padpipe.errors import DataError
 
 T = TypeVar("T")
 
-TRANSIENT_ERRNOS = frozenset(
-    {
-        errno.EIO,
-        errno.ECONNRESET,
-        errno.ECONNABORTED,
-        errno.ECONNREFUSED,
-        errno.ETIMEDOUT,
-        errno.EPIPE,
-        errno.EAGAIN,
-        errno.EHOSTUNREACH,
-        errno.ENETUNREACH,
-        errno.ENETDOWN,
-    }
-)
+_ERRNOS = "EIO ECONNRESET ECONNABORTED ECONNREFUSED ETIMEDOUT EPIPE EAGAIN EHOSTUNREACH ENETUNREACH ENETDOWN"
+TRANSIENT_ERRNOS = frozenset(getattr(errno, name) for name in _ERRNOS.split())
 TRANSIENT_STATUS = frozenset({408, 425, 429})
-# Network errors of the storage clients that do not derive from ConnectionError/TimeoutError.
-TRANSIENT_NAMES = frozenset(
-    {
-        "ClientConnectionError",
-        "ClientPayloadError",
-        "ServerDisconnectedError",
-        "ServerTimeoutError",  # aiohttp
-        "HTTPClientError",
-        "ConnectionClosedError",
-        "EndpointConnectionError",
-        "ReadTimeoutError",  # botocore
-        "ConnectTimeoutError",
-        "IncompleteRead",
-        "ResponseParserError",
-        "ChunkedEncodingError",
-        "FSTimeoutError",
-    }
+TRANSIENT_NAMES = frozenset(  # network errors of the storage clients not derived from ConnectionError/TimeoutError
+    "ClientConnectionError ClientPayloadError ServerDisconnectedError ServerTimeoutError "  # aiohttp
+    "HTTPClientError ConnectionClosedError EndpointConnectionError ReadTimeoutError ConnectTimeoutError "  # botocore
+    "IncompleteRead ResponseParserError ChunkedEncodingError FSTimeoutError".split()
 )
 PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
 GIVE_UP_FIX = "if the store is only busy, allow more with retries=pp.Retry(retries=..., max_seconds=...)."

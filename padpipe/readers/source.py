@@ -1,13 +1,11 @@
-"""The reader node: a :class:`~padpipe.readers.format.Format` read in per-epoch unit order, one share per consumer.
+"""The reader nodes: :class:`ReaderNode`, what every reader holds, and :class:`UnitSource`, a
+:class:`~padpipe.readers.format.Format` read in per-epoch unit order, one share per consumer.
 
-A format lists its *work units* and reads one unit from a given row (:mod:`padpipe.readers.format`).
-The node :class:`UnitSource` holds it with the parts every reader shares, not inherits: the
-elastic planner (:class:`~padpipe.readers.plan.EpochPlan`: orders units per epoch, shuffled by
-``(seed, epoch)`` when asked, and gives each consumer, rank x DataLoader worker, an equal share),
-the listing identity of input that is files
-(:class:`~padpipe.readers.identity.ListingIdentity`), and the token cache it reads through.
-It saves the position as ``(unit, row)`` (plus the format's own position keys), so resume reads
-from there instead of skipping.
+:class:`UnitSource` holds the parts every unit reader shares, not inherits: the elastic planner
+(:class:`~padpipe.readers.plan.EpochPlan`), the listing identity of input that is files
+(:class:`~padpipe.readers.identity.ListingIdentity`), and the token cache it reads through. It
+saves the position as ``(unit, row)`` (plus the format's own position keys), so resume reads from
+there instead of skipping.
 """
 
 from __future__ import annotations
@@ -33,25 +31,20 @@ from padpipe.stats import PipelineStats
 DEFAULT_CHUNK_ROWS = 1024
 
 
-class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
-    """The node of every unit reader: reads ``format``'s units in this consumer's share of each epoch.
+class ReaderNode(EpochAware, BaseNode[pa.RecordBatch]):
+    """What every reader node holds: its batch size, seed, consumer slot and stats.
 
     Args:
-        format: What is read, and how (:class:`~padpipe.readers.format.Format`).
         chunk_rows: Most rows per emitted record batch.
         seed: When set, the unit order is shuffled per epoch with ``(seed, epoch)``; same on every
-            rank, so consumers still split the units exactly.
-        consumer: This reader's consumer slot; default: detected when the node is first reset.
+            rank, so consumers still split the units exactly (unused by the readers without units).
+        consumer: This reader's consumer slot (rank x DataLoader worker); default: detected when the
+            node is first reset.
         stats: Counters to report into.
     """
 
-    VERSION = 2
-    cache: Any = None  # the token cache this reader reads through (use_token_cache), or None
-    identity: ListingIdentity | None = None  # what was listed, for input that is files (held, not inherited)
-
     def __init__(
         self,
-        format: Format,
         *,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         seed: int | None = None,
@@ -60,14 +53,44 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     ) -> None:
         super().__init__()
         positive("chunk_rows", chunk_rows)
-        self.chunk_rows = chunk_rows
-        self.seed = seed
-        self.format = format
-        self.plan = EpochPlan(seed=seed, measure=format.measure, piece=format.piece)  # held, not inherited
-        self.consumer = consumer
+        self.chunk_rows, self.seed, self.consumer = chunk_rows, seed, consumer
         self.stats = stats or PipelineStats()
-        self._units: list[WorkUnit] | None = None
         self._epoch = -1
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.detect()
+
+    def detect(self) -> Consumer:
+        """This reader's consumer slot, detected once (in the process that reads)."""
+        if self.consumer is None:
+            self.consumer = Consumer.detect()
+        return self.consumer
+
+    def reader_settings(self, input: str, **more: Any) -> dict[str, Any]:
+        """The settings a state of this reader must have been saved with: its input, batch size, ``more`` and
+        consumer slot."""
+        consumer = self.detect()
+        return {"input": input, "chunk_rows": self.chunk_rows, **more, "consumer": f"{consumer.index}/{consumer.count}"}
+
+
+class UnitSource(ReaderNode):
+    """The node of every unit reader: reads ``format``'s units in this consumer's share of each epoch.
+
+    Args:
+        format: What is read, and how (:class:`~padpipe.readers.format.Format`).
+        **reader: :class:`ReaderNode`'s arguments.
+    """
+
+    VERSION = 2
+    cache: Any = None  # the token cache this reader reads through (use_token_cache), or None
+    identity: ListingIdentity | None = None  # what was listed, for input that is files (held, not inherited)
+
+    def __init__(self, format: Format, **reader: Any) -> None:
+        super().__init__(**reader)
+        self.format = format
+        self.plan = EpochPlan(seed=self.seed, measure=format.measure, piece=format.piece)  # held, not inherited
+        self._units: list[WorkUnit] | None = None
         self._order: list[WorkUnit] = []
         self._unit = 0
         self._row = 0
@@ -110,8 +133,6 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
     # -- BaseNode ---------------------------------------------------------------------------------
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        if self.consumer is None:
-            self.consumer = Consumer.detect()
         self.listed_units()
         self._reader, self._stop_at = None, None
         if initial_state is None:
@@ -191,8 +212,7 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
             >>> [(u.index, u.first) for u in reader.rest_of_epoch(reader.state_dict())][:2]
             [(0, 1024), (1, 0)]
         """
-        if self.consumer is None:
-            self.consumer = Consumer.detect()
+        self.detect()
         self.listed_units()  # the listing a state is checked against
         start = isinstance(state, dict) and set(state) == {"epoch", "unit", "row"}
         if start and _is_zero(state["unit"]) and _is_zero(state["row"]):
@@ -203,24 +223,12 @@ class UnitSource(EpochAware, BaseNode[pa.RecordBatch]):
         return self.plan.rest(self._units_for_epoch(epoch), unit, row)
 
     # -- helpers ------------------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """The epoch being read (0 on the first pass)."""
-        return self._epoch
-
     def _settings(self) -> dict[str, Any]:
-        assert self.consumer is not None  # set in reset, before any state is made or checked
-        return {
-            "input": self.format.fingerprint(),
-            "chunk_rows": self.chunk_rows,
-            "seed": self.seed,
-            "consumer": f"{self.consumer.index}/{self.consumer.count}",
-        }
+        return self.reader_settings(self.format.fingerprint(), seed=self.seed)
 
     def _units_for_epoch(self, epoch: int) -> list[WorkUnit]:
         """This consumer's pieces of the epoch's unit order (the same seeded order on every consumer)."""
-        assert self.consumer is not None
-        return self.plan.order(self.listed_units(), self.consumer, epoch)
+        return self.plan.order(self.listed_units(), self.detect(), epoch)
 
     def _list(self) -> list[WorkUnit]:
         """List the input (I/O, once): the format's units."""

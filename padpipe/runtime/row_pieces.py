@@ -12,8 +12,9 @@ such regrouping exists does it cut the one document with labels, at a token boun
 A cut document's prediction of each token stays with exactly one piece: the first piece ends
 with the cut token (its label, the prediction of it from the token before, is kept there) and
 the second starts with that token again as context, its label ``-100``. Every piece keeps its
-documents' position ids and labels; its ``seq_idx`` and ``cu_seq_lens_*`` are its own. A piece is
-as long as its tokens (the row's padding goes), so it never holds more tokens than the row.
+documents' position ids, labels and kept values (``pack(keep=...)``: a cut document's on both
+pieces); its ``seq_idx`` and ``cu_seq_lens_*`` are its own. A piece is as long as its tokens (the
+row's padding goes), so it never holds more tokens than the row.
 
 Example:
     >>> ids = torch.tensor([[5, 6, 7, 8, 9, 4, 0, 0]])
@@ -29,7 +30,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -38,6 +39,7 @@ ROW_KEYS = ("input_ids", "labels", "position_ids", "seq_idx")  # one value per t
 BOUND_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k")
 LENGTH_KEYS = ("max_length_q", "max_length_k")
 MARKS = ("is_filler", "is_repeat", "use_cache")  # 0-d marks and the batch's use_cache=False: each piece keeps them
+KNOWN = frozenset((*ROW_KEYS, *BOUND_KEYS, *LENGTH_KEYS, *MARKS))  # any other key is a kept column
 
 
 def code(labels: int, cuttable: bool) -> int:
@@ -101,9 +103,10 @@ def halve(docs: tuple[int, ...]) -> Halving | None:
 def describe(batch: Any) -> tuple[tuple[int, ...], ...] | None:
     """The document codes of each row of a packed batch, or ``None`` if its rows cannot be cut by documents.
 
-    A batch qualifies when it holds only packed rows' keys, its segments never cross a row, and every
-    segment's first label is ``-100``. The segments after a row's last label token (its padding, documents
-    with no label) are no documents of it: they train nothing, and a piece leaves them out.
+    A batch qualifies when it holds only packed rows' keys and kept columns (``pack(keep=...)``: one value
+    per document), its segments never cross a row, and every segment's first label is ``-100``. Without kept
+    columns the segments after a row's last label token (padding, documents with no label) are left out, as
+    they train nothing; with them a row's documents are as many as its values, and only the padding goes.
     """
     rows = _row_spans(batch)
     if rows is None:
@@ -123,23 +126,26 @@ def describe(batch: Any) -> tuple[tuple[int, ...], ...] | None:
 def cut_row(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """``batch`` (one packed row) as two batches of one row each, as :func:`halve` plans it; ``None`` if it cannot.
 
+    A kept column (``pack(keep=...)``) goes with its documents: each piece gets the values of the
+    documents it holds, and a cut document's value is on both pieces.
+
     Example:
         >>> row = {"input_ids": torch.tensor([[1, 2, 3, 4]]), "labels": torch.tensor([[-100, 2, 3, 4]]),
-        ...        "cu_seq_lens_q": torch.tensor([0, 4])}
-        >>> [(p["input_ids"].tolist(), p["labels"].tolist()) for p in cut_row(row)]  # 2 is the cut token
-        [([[1, 2]], [[-100, 2]]), ([[2, 3, 4]], [[-100, 3, 4]])]
+        ...        "cu_seq_lens_q": torch.tensor([0, 4]), "idx": [[7]]}
+        >>> [(p["input_ids"].tolist(), p["labels"].tolist(), p["idx"]) for p in cut_row(row)]  # 2 is the cut token
+        [([[1, 2]], [[-100, 2]], [[7]]), ([[2, 3, 4]], [[-100, 3, 4]], [[7]])]
     """
     rows, described = _row_spans(batch), describe(batch)
     if rows is None or described is None or len(rows) != 1 or (plan := halve(described[0])) is None:
         return None
-    segments = rows[0]
+    segments, at = rows[0], plan.at
     if not plan.cuts_a_document:
-        edge = segments[plan.at][0]
-        return _piece(batch, segments[: plan.at], 0, edge), _piece(batch, segments[plan.at :], edge, None)
-    start, end = segments[plan.at]
+        edge = segments[at][0]
+        return _piece(batch, segments[:at], 0, edge, 0, at), _piece(batch, segments[at:], edge, None, at, None)
+    start, end = segments[at]
     cut = start + plan.take  # the cut token: the last of the first piece, the first of the second
-    first = _piece(batch, [*segments[: plan.at], (start, cut + 1)], 0, cut + 1)
-    second = _piece(batch, [(cut, end), *segments[plan.at + 1 :]], cut, None)
+    first = _piece(batch, [*segments[:at], (start, cut + 1)], 0, cut + 1, 0, at + 1)
+    second = _piece(batch, [(cut, end), *segments[at + 1 :]], cut, None, at, None)
     second["labels"] = second["labels"].clone()
     second["labels"][0, 0] = IGNORE
     return first, second
@@ -147,7 +153,7 @@ def cut_row(batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | No
 
 def _row_spans(batch: Any) -> list[list[tuple[int, int]]] | None:
     """Each row's documents as ``(start, end)`` token spans in the row (padding left out), or ``None``."""
-    if not isinstance(batch, dict) or not set(batch) <= {*ROW_KEYS, *BOUND_KEYS, *LENGTH_KEYS, *MARKS}:
+    if not isinstance(batch, dict):
         return None
     ids, labels, bounds = batch.get("input_ids"), batch.get("labels"), batch.get("cu_seq_lens_q")
     if (
@@ -169,18 +175,44 @@ def _row_spans(batch: Any) -> list[list[tuple[int, int]]] | None:
     flat_labels = labels.reshape(-1)
     if any(int(flat_labels[a]) != IGNORE for a in edges[:-1]):
         return None
+    documents = _documents(batch, rows)
+    if documents is False:
+        return None
     out = []
     for r in range(rows):
         lo, hi = r * width, (r + 1) * width
         spans = [(a - lo, b - lo) for a, b in zip(edges, edges[1:]) if lo <= a and b <= hi]
+        if documents is not None:  # a value per document: what follows them is the padding
+            count = documents[r]
+            if not len(spans) - 1 <= count <= len(spans) or any(
+                bool((labels[r, a:b] != IGNORE).any()) for a, b in spans[count:]
+            ):
+                return None
+            out.append(spans[:count])
+            continue
         while spans and bool((labels[r, spans[-1][0] : spans[-1][1]] == IGNORE).all()):
             spans.pop()  # the padding, and documents after the last label token: they train nothing
         out.append(spans)
     return out
 
 
-def _piece(batch: dict[str, Any], spans: list[tuple[int, int]], start: int, end: int | None) -> dict[str, Any]:
-    """Tokens ``[start, end)`` of the row (``end``: the last span's end), with segments ``spans`` as their own."""
+def _documents(batch: dict[str, Any], rows: int) -> list[int] | None | Literal[False]:
+    """The documents of each row as its kept columns count them (``None``: no kept column; ``False``: not kept
+    columns, or counts that differ)."""
+    kept = [value for key, value in batch.items() if key not in KNOWN]
+    if not kept:
+        return None
+    if not all(isinstance(v, list) and len(v) == rows and all(isinstance(r, list) for r in v) for v in kept):
+        return False
+    counts = [len(row) for row in kept[0]]
+    return counts if all([len(row) for row in v] == counts for v in kept) else False
+
+
+def _piece(
+    batch: dict[str, Any], spans: list[tuple[int, int]], start: int, end: int | None, first: int, last: int | None
+) -> dict[str, Any]:
+    """Tokens ``[start, end)`` of the row (``end``: the last span's end), with segments ``spans`` as their own and
+    the kept values of documents ``[first, last)``."""
     stop = spans[-1][1] if end is None else end
     out: dict[str, Any] = {}
     for key, value in batch.items():
@@ -188,6 +220,8 @@ def _piece(batch: dict[str, Any], spans: list[tuple[int, int]], start: int, end:
             out[key] = value[:, start:stop].clone()  # its own storage: a view would carry the whole row along
         elif key in MARKS:
             out[key] = value
+        elif key not in KNOWN:
+            out[key] = [value[0][first:last]]
     if "seq_idx" in out:
         out["seq_idx"] = out["seq_idx"] - out["seq_idx"][0, 0]
     lengths = [b - a for a, b in spans]

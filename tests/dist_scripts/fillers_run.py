@@ -2,12 +2,13 @@
 
 Run by workloads_run.py (``fillers=DATA``) on every rank. ``DATA`` holds ``pairs.parquet`` (sentence
 pairs with one label a row, bucketed), ``docs.jsonl`` (pretraining documents packed with
-``pack(256, batch_size=1)``), ``one_doc.jsonl`` (one document, one packed row for every rank) and
+``pack(256, batch_size=1)``, and again keeping their ``idx``), ``one_doc.jsonl`` (one document, one packed row for every rank) and
 ``chats.jsonl`` (conversations, packed with ``pack(1024, batch_size=1)``). Each rank reads every
 workload for two epochs in a plain loop and records: per workload and epoch, its steps, its fillers,
 the labels a loop that knows nothing of fillers trains on (the causal shift for packed rows: ``labels[:, 1:]``)
 and those a loop with the docs' line (``loss * pp.loss_weight(batch)``) trains, and the stats' split
-and filler counters.
+and filler counters; with a kept ``idx``, each document segment of its batches: its ``idx``, its tokens and the
+labels it trains.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def pipelines(data: str) -> dict[str, pp.Pipeline]:
     return {
         "pairs": pairs.bucket(max_tokens=4 * 64).pad(),
         "docs": docs.pack(256, batch_size=1, long_docs="split"),
+        "docs_idx": docs.pack(256, batch_size=1, long_docs="split", keep=("idx",)),  # no filler either
         "chats": chats.pack(1024, batch_size=1),
         "one_doc": one_doc.pack(256, batch_size=1),  # one row for all ranks: its document is cut
     }
@@ -48,10 +50,20 @@ def trained(batch: dict, packed: bool) -> list[int]:
     return labels[labels != -100].tolist()
 
 
+def documents(batch: dict) -> list[list]:
+    """Each document segment of a one-row batch with a kept ``idx``: ``[idx, its tokens, the labels it trains]``."""
+    edges, ids, labels = batch["cu_seq_lens_q"].tolist(), batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+    return [
+        [idx, ids[a:b], [label for label in labels[a:b] if label != -100]]
+        for idx, a, b in zip(batch["idx"][0], edges, edges[1:])  # the padding, last, has no idx
+    ]
+
+
 def epoch(loader: pp.PipelineLoader, packed: bool) -> dict:
     plain: collections.Counter = collections.Counter()
     real: collections.Counter = collections.Counter()
     steps = fillers = 0
+    segments = []
     for batch in loader:
         dist.barrier()  # a DDP step: every rank must be here
         steps += 1
@@ -60,6 +72,7 @@ def epoch(loader: pp.PipelineLoader, packed: bool) -> dict:
         fillers += int(bool(batch.get("is_filler", False)))
         if pp.loss_weight(batch):  # the docs' one line: a filler's loss times 0
             real.update(labels)
+            segments += documents(batch) if "idx" in batch and "cu_seq_lens_q" in batch else []
     counters = loader.stats().counters
     return {
         "steps": steps,
@@ -67,6 +80,7 @@ def epoch(loader: pp.PipelineLoader, packed: bool) -> dict:
         "plain": dict(plain),
         "real": dict(real),
         "counters": {k: v for k, v in counters.items() if k.startswith("equal_steps.")},
+        "documents": segments,
     }
 
 

@@ -82,7 +82,7 @@ def test_the_state_is_as_small_for_10000_files_as_for_one(corpus) -> None:
     assert size(str(corpus)) - one < 100  # digests have a fixed length; only the count's digits differ
 
 
-def test_resume_refuses_a_version_2_state_saying_why(corpus) -> None:
+def test_resume_refuses_a_version_2_state_in_one_line(corpus) -> None:
     loader = pp.read_jsonl(str(corpus / "part-0000*.jsonl")).loader()
     next(iter(loader))
     state = loader.state_dict()
@@ -93,9 +93,7 @@ def test_resume_refuses_a_version_2_state_saying_why(corpus) -> None:
     resumed = pp.read_jsonl(str(corpus / "part-0000*.jsonl")).loader()
     with pytest.raises(
         StateMismatchError,
-        match=r"^JsonlReader state doesn't match this pipeline: version found 2 instead of 3 \(a version 2 state lists "
-        r"every file; this padpipe saves a digest of the listing instead\)\. Resume it with the padpipe version that "
-        r"saved it, or start a new run\.$",
+        match=r"^JsonlReader state doesn't match this pipeline: version found 2 instead of 3\.$",
     ):
         resumed.load_state_dict(state)
         next(iter(resumed))

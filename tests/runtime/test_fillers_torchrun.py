@@ -59,7 +59,7 @@ def summed(records: list[dict], name: str, epoch: int, key: str) -> collections.
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("name", ["docs", "chats", "one_doc"])
+@pytest.mark.parametrize("name", ["docs", "docs_idx", "chats", "one_doc"])
 def test_packed_rows_are_cut_into_real_pieces_so_a_plain_loop_trains_every_label_once(runs, ranks, name):
     records, every = runs[ranks]
     for epoch in range(2):
@@ -81,6 +81,26 @@ def test_the_labels_each_trained_once_are_every_prediction_of_the_documents(runs
     texts = workloads.corpus()[: SIZES[ranks]["docs"]]
     assert any(len(tok.encode(text).ids) > 256 for text in texts), "some documents are cut"
     assert every["docs"] == collections.Counter(i for text in texts for i in tok.encode(text).ids[1:])
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_kept_ids_go_with_the_pieces_of_their_documents_and_each_prediction_once(runs, ranks):
+    """``pack(keep=("idx",))``: the rows are cut as without it (no filler, above), every segment's tokens are a
+    stretch of the document its ``idx`` names, and the predictions the ranks train, counted per ``idx``, are each
+    document's tokens but its first, once."""
+    records, _ = runs[ranks]
+    tok = pp.examples.tokenizer()
+    corpus = [tok.encode(text).ids for text in workloads.corpus()[: SIZES[ranks]["docs"]]]
+    expected = collections.Counter((idx, token) for idx, ids in enumerate(corpus) for token in ids[1:])
+    for epoch in range(2):
+        segments = [s for record in records for s in record["docs_idx"][epoch]["documents"]]
+        predicted = collections.Counter((idx, label) for idx, _, labels in segments for label in labels)
+        assert predicted == expected, f"epoch {epoch}: every prediction of every document once, under its idx"
+        for idx, tokens, _ in segments:
+            document = corpus[idx]
+            assert any(document[s : s + len(tokens)] == tokens for s in range(len(document))), idx
+        cut = [r["docs_idx"][epoch]["counters"].get("equal_steps.split_batches", 0) for r in records]
+        assert sum(cut) > 0, "rows were cut at the tail"
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -26,14 +26,17 @@ from tests.runtime.fake_group import run_ranks
 PAD = 0
 
 
-def packed_row(docs: list[tuple[int, bool]], pad: int, first_id: int = 1) -> dict[str, torch.Tensor]:
+def packed_row(docs: list[tuple[int, bool]], pad: int, first_id: int = 1, keep: bool = False) -> dict:
     """One packed row of documents ``(length, pretraining)`` and ``pad`` padding tokens, ids unique over the row.
 
-    A pretraining document's labels are its ids; a conversation's mask every other token.
+    A pretraining document's labels are its ids; a conversation's mask every other token. With ``keep``, the
+    kept column ``idx`` (as ``pack(keep=("idx",))`` gives it) holds each document's first id.
     """
     ids, labels, positions, seq, bounds, nxt = [], [], [], [], [0], first_id
+    firsts = []
     for k, (length, pretraining) in enumerate(docs):
         own = list(range(nxt, nxt + length))
+        firsts.append(nxt)
         nxt += length
         ids += own
         labels += [-100] + [t if pretraining or j % 2 else -100 for j, t in enumerate(own[1:], 1)]
@@ -48,7 +51,7 @@ def packed_row(docs: list[tuple[int, bool]], pad: int, first_id: int = 1) -> dic
         bounds.append(bounds[-1] + pad)
     bounds_t = torch.tensor(bounds, dtype=torch.int32)
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-    return {
+    row = {
         "input_ids": torch.tensor([ids]),
         "position_ids": torch.tensor([positions]),
         "labels": torch.tensor([labels]),
@@ -58,6 +61,28 @@ def packed_row(docs: list[tuple[int, bool]], pad: int, first_id: int = 1) -> dic
         "max_length_q": max(lengths),
         "max_length_k": max(lengths),
     }
+    return {**row, "idx": [firsts]} if keep else row
+
+
+def owners(batch: dict) -> dict[int, int]:
+    """Each token id of a row built with ``keep``: the ``idx`` of its document (ids are unique over the rows)."""
+    out = {}
+    for r, kept in enumerate(batch["idx"]):
+        edges = [b - r * batch["input_ids"].shape[1] for b in batch["cu_seq_lens_q"].tolist()]
+        segments = [(a, b) for a, b in zip(edges, edges[1:]) if 0 <= a and b <= batch["input_ids"].shape[1]]
+        for value, (a, b) in zip(kept, segments):
+            out.update(dict.fromkeys(batch["input_ids"][r, a:b].tolist(), value))
+    return out
+
+
+def check_kept(batch: dict, owner: dict[int, int]) -> None:
+    """A one-row batch's ``idx`` is one value per segment but the padding (of ``PAD``, no document's id; a piece has
+    none): that of the document the segment's tokens are from."""
+    edges = batch["cu_seq_lens_q"].tolist()
+    ids = batch["input_ids"][0].tolist()
+    documents = list(zip(edges, edges[1:]))[: len(edges) - 1 - (ids[-1] == PAD)]
+    assert batch["idx"] == [[owner[ids[a]] for a, _ in documents]]
+    assert all({owner[t] for t in ids[a:b]} == {owner[ids[a]]} for a, b in documents)
 
 
 def trained(batch: dict) -> collections.Counter:
@@ -100,6 +125,39 @@ def test_a_cut_row_trains_every_prediction_once_and_follows_its_plan(docs, pad):
     assert all(trained(p) for p in pieces), "each piece trains something"
     if plan.cuts_a_document:
         assert sum(1 for d in described[0] if d // 2) == 1, "a document is cut only where regrouping cannot do"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=docs_strategy, pad=st.integers(0, 5))
+def test_a_cut_row_gives_each_piece_the_kept_ids_of_its_documents(docs, pad):
+    """``pack(keep=...)``: the pieces are those of the row without the column; each piece carries the ids of the
+    documents it holds, a cut document's on both, and every document's id is on a piece (one with no label too)."""
+    row, plain = packed_row(docs, pad, keep=True), packed_row(docs, pad)
+    pieces, without = cut_row(row), cut_row(plain)
+    assert (pieces is None) == (without is None)
+    if pieces is None:
+        return
+    plan = halve(describe(row)[0])
+    assert (describe(pieces[0]), describe(pieces[1])) == ((plan.left,), (plan.right,))
+    assert trained(pieces[0]) + trained(pieces[1]) == trained(row)
+    for piece, alone in zip(pieces, without):
+        check_piece(piece, row)
+        check_kept(piece, owners(row))
+        width = alone["input_ids"].shape[1]  # without the column a piece may leave documents with no label out
+        assert torch.equal(piece["input_ids"][:, :width], alone["input_ids"])
+    ids = pieces[0]["idx"][0] + pieces[1]["idx"][0]
+    assert sorted(set(ids)) == row["idx"][0]
+    assert len(ids) == len(docs) + plan.cuts_a_document, "a cut document's id on both pieces, every other once"
+
+
+def test_kept_columns_that_do_not_count_the_documents_are_not_cut():
+    row = packed_row([(4, True), (3, True)], 2, keep=True)
+    assert describe(row) == ((code(3, True), code(2, True)),)
+    assert describe({**row, "idx": [[1]]}) is None  # fewer values than documents
+    assert describe({**row, "idx": [[1, 2, 3, 4]]}) is None  # more than the segments
+    assert describe({**packed_row([(4, True), (3, True)], 0), "idx": [[1]]}) is None  # "padding" with labels
+    assert describe({**row, "idx": [1, 2]}) is None  # not a list per row
+    assert describe({**row, "doc": [["a"]]}) is None  # two kept columns that count differently
 
 
 @settings(max_examples=200, deadline=None)
@@ -150,8 +208,8 @@ def test_tail_plan_cuts_rows_before_it_makes_a_filler(docs, ranks, fillers):
     assert sum(m.filler for m in plan.moves) == fillers
 
 
-def one_row_batches(rank: int, lengths: list[list[tuple[int, bool]]]) -> list[dict]:
-    return [packed_row(docs, 2, first_id=rank * 100_000 + k * 1000 + 1) for k, docs in enumerate(lengths)]
+def one_row_batches(rank: int, lengths: list[list[tuple[int, bool]]], keep: bool = False) -> list[dict]:
+    return [packed_row(docs, 2, first_id=rank * 100_000 + k * 1000 + 1, keep=keep) for k, docs in enumerate(lengths)]
 
 
 @pytest.mark.parametrize(
@@ -164,11 +222,13 @@ def one_row_batches(rank: int, lengths: list[list[tuple[int, bool]]]) -> list[di
         [[[(12, False), (8, False), (20, False)]], [], []],  # chats: regrouped, never cut
     ],
 )
-def test_equal_steps_gives_every_rank_real_pieces_of_one_row_batches(monkeypatch, shares):
-    """No filler where the pieces suffice; every rank's labels distinct; the trained tokens are the rows' own, once."""
+@pytest.mark.parametrize("keep", [False, True])
+def test_equal_steps_gives_every_rank_real_pieces_of_one_row_batches(monkeypatch, shares, keep):
+    """No filler where the pieces suffice; every rank's labels distinct; the trained tokens are the rows' own, once;
+    with a kept column, each piece carries the ids of its documents."""
     ranks = len(shares)
     stats = [PipelineStats() for _ in range(ranks)]
-    data = [one_row_batches(r, s) for r, s in enumerate(shares)]
+    data = [one_row_batches(r, s, keep) for r, s in enumerate(shares)]
     nodes = [EqualSteps(ListNode(data[r]), stats=stats[r]) for r in range(ranks)]
 
     def epoch(node):
@@ -182,6 +242,12 @@ def test_equal_steps_gives_every_rank_real_pieces_of_one_row_batches(monkeypatch
         (trained(b) for mine in data for b in mine), collections.Counter()
     )
     assert sum(s.snapshot().counters.get("equal_steps.split_batches", 0) for s in stats) > 0
+    if keep:
+        owner = {t: i for mine in data for b in mine for t, i in owners(b).items()}
+        for batch in (b for mine in result for b in mine):
+            check_kept(batch, owner)
+        every = sorted(i for mine in data for b in mine for i in b["idx"][0])
+        assert sorted(set(i for mine in result for b in mine for i in b["idx"][0])) == every
 
 
 def test_rows_of_a_packed_batch_split_by_rows_are_then_cut_into_pieces(monkeypatch):
@@ -204,15 +270,18 @@ def test_rows_of_a_packed_batch_split_by_rows_are_then_cut_into_pieces(monkeypat
     assert sum((trained(mine[0]) for mine in result), collections.Counter()) == trained(rows[0]) + trained(rows[1])
 
 
+@pytest.mark.parametrize("keep", [(), ("idx",)])
 @pytest.mark.parametrize("seq_len", [256, 32])
-def test_a_packed_pipeline_of_one_row_batches_splits_its_rows_into_pieces(seq_len):
+def test_a_packed_pipeline_of_one_row_batches_splits_its_rows_into_pieces(seq_len, keep):
     """Real packed rows (``pack(seq_len, batch_size=1)``) describe as their documents, and cut into pieces that train
     them once; at 32 most documents are cut by pack() too, and a continuation (its first token the one before the
-    cut, as context) is cut again as any document."""
+    cut, as context) is cut again as any document. With ``keep=("idx",)`` each piece's segments are tokens of the
+    documents its ids name, in order."""
     tok = pp.examples.tokenizer()
-    rows = [{"text": " ".join(f"w{i}x{j}" for j in range(5 + 7 * (i % 9)))} for i in range(40)]
-    batches = list(pp.from_iterable(rows).tokenize(tok).pack(seq_len, batch_size=1).loader())
+    rows = [{"text": " ".join(f"w{i}x{j}" for j in range(5 + 7 * (i % 9))), "idx": i} for i in range(40)]
+    batches = list(pp.from_iterable(rows).tokenize(tok).pack(seq_len, batch_size=1, keep=keep).loader())
     assert batches and all(describe(b) is not None for b in batches)
+    corpus = [tok.encode(row["text"]).ids for row in rows]
     pairs: collections.Counter = collections.Counter()
     for batch in batches:
         pieces = cut_row(batch)
@@ -221,5 +290,10 @@ def test_a_packed_pipeline_of_one_row_batches_splits_its_rows_into_pieces(seq_le
         pairs.update(
             (context, label) for piece in pieces for (context, _, label), n in trained(piece).items() for _ in range(n)
         )
-    corpus = [tok.encode(row["text"]).ids for row in rows]
+        for piece in pieces if keep else ():
+            edges = piece["cu_seq_lens_q"].tolist()
+            assert len(piece["idx"][0]) == len(edges) - 1
+            for idx, a, b in zip(piece["idx"][0], edges, edges[1:]):
+                segment, document = piece["input_ids"][0, a:b].tolist(), corpus[idx]
+                assert any(document[s : s + len(segment)] == segment for s in range(len(document))), (idx, segment)
     assert pairs == collections.Counter(pair for ids in corpus for pair in zip(ids, ids[1:])), "every prediction once"

@@ -33,7 +33,7 @@ def write_fillers(data: Path, sizes: dict[str, int]) -> None:
     pq.write_table(pairs, data / "pairs.parquet")
     with gzip.open(Path(pp.examples.DATA_DIR) / "corpus.jsonl.gz", "rt") as f:
         texts = [json.loads(line)["text"] for _, line in zip(range(sizes["docs"]), f)]
-    (data / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (data / "docs.jsonl").write_text("".join(json.dumps({"text": t, "idx": i}) + "\n" for i, t in enumerate(texts)))
     (data / "one_doc.jsonl").write_text(json.dumps({"text": " ".join(texts[0].split()[:120])}) + "\n")
     chats = chat_fixtures.conversations(sizes["chats"], seed=39)
     (data / "chats.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
