@@ -19,12 +19,9 @@ from typing import Any
 
 import fsspec.core
 
-from padpipe.buffers import use_references
 from padpipe.errors import one_of
 from padpipe.readers.source import UnitSource
-from padpipe.token_cache.rows import ids_type
-from padpipe.token_cache.session import CacheSession, digest
-from padpipe.token_cache.state import CacheReferences
+from padpipe.token_cache.session import CachePlan
 from padpipe.token_cache.store import ABOUT, FORMAT, CacheError, Store
 from padpipe.tokenizer.serialized import tokenizer_json
 
@@ -81,12 +78,9 @@ class TokenCache:
         raise TypeError(f"`cache` must be a path, an fsspec URL or a padpipe.TokenCache, but is {cache!r} instead.")
 
 
-def check_recipe(source: Any, stages: Sequence[Any], stage: str = "tokenize") -> None:
-    """Raise ``ValueError`` unless a cache can sit on this recipe's next stage, ``stage`` (used by
-    ``Pipeline.tokenize`` and ``Pipeline.chat``).
-
-    The cache keys rows by the reader's work units, and the rows must reach ``stage`` unchanged.
-    """
+def check_recipe(source: Any, stages: Sequence[Any], stage: str) -> None:
+    """Raise ``ValueError`` unless a cache can sit on this recipe's next stage, ``stage``: the cache keys rows by
+    the reader's work units, and the rows must reach ``stage`` unchanged."""
     reader = source.options.get("reader")
     if not (isinstance(reader, type) and issubclass(reader, UnitSource)):
         raise ValueError(
@@ -100,58 +94,31 @@ def check_recipe(source: Any, stages: Sequence[Any], stage: str = "tokenize") ->
         )
 
 
-def session(stages: Sequence[Any], stats: Any) -> Any:
-    """The cache session of a recipe whose ``tokenize`` stage has a cache, else ``None`` (used by
-    ``Pipeline.build``)."""
-
-    position = next((i for i, s in enumerate(stages) if s.name in CACHED_STAGES and s.options.get("cache")), None)
-    if position is None:
-        return None
-    if stages[position].name == "chat":
-        return _chat_session(stages[position].options, stats)
-    options = stages[position].options
-    cache, encoder = options["cache"], options["encoder"]
-    about = fingerprint_of(encoder, options)
-    store = Store(cache.path, cache.storage_options)
-    vocab_size = encoder.vocab_size
-    result = CacheSession(
-        store,
-        digest(about),
-        about,
-        id_type=ids_type(vocab_size),
-        type_ids=encoder.returns_token_type_ids,
-        fields=options["fields"],
-        on_write_error=cache.on_write_error,
-        stats=stats,
-        vocab_size=vocab_size,
-        max_length=longest_row(encoder, options["append_eos"]),
-    )
-    result.keep_ref = position + 1 < len(stages) and stages[position + 1].name == "bucket"
-    use_references(CacheReferences())  # buffers of cached rows are saved as references (padpipe.buffers)
-    return result
-
-
-CACHED_STAGES = ("tokenize", "chat")
-"""The stages a token cache can sit on."""
-
-
-def _chat_session(options: dict[str, Any], stats: Any) -> CacheSession:
-    """The cache session of a ``chat`` stage with a cache: segment rows hold what each conversation became."""
-    cache, template, settings = options["cache"], options["template"], options["options"]
-    about = chat_fingerprint_of(template, settings)
-    vocab_size = tokenizer_json(template.tokenizer.backend_tokenizer).id_bound  # with the added tokens
-    use_references(CacheReferences())  # the shuffle buffer's rows are saved as references (padpipe.buffers)
-    return CacheSession(
+def tokenize_plan(cache: Any, options: dict[str, Any]) -> CachePlan:
+    """The recipe's cache of a ``tokenize`` stage with ``options`` (its encoder, fields, ``on_error``,
+    ``append_eos``)."""
+    cache, encoder = TokenCache.of(cache), options["encoder"]
+    return CachePlan(
         Store(cache.path, cache.storage_options),
-        digest(about),
-        about,
-        id_type=ids_type(vocab_size),
-        type_ids=False,
-        fields=settings.consumed(),
-        on_write_error=cache.on_write_error,
-        stats=stats,
-        vocab_size=vocab_size,
+        cache.on_write_error,
+        fingerprint_of(encoder, options),
+        vocab_size=encoder.vocab_size,
+        max_length=longest_row(encoder, options["append_eos"]),
+        fields=options["fields"],
+        type_ids=encoder.returns_token_type_ids,
+    )
+
+
+def chat_plan(cache: Any, template: Any, settings: Any) -> CachePlan:
+    """The recipe's cache of a ``chat`` stage: a segment row holds what a conversation became."""
+    cache = TokenCache.of(cache)
+    return CachePlan(
+        Store(cache.path, cache.storage_options),
+        cache.on_write_error,
+        chat_fingerprint_of(template, settings),
+        vocab_size=tokenizer_json(template.tokenizer.backend_tokenizer).id_bound,  # with the added tokens
         max_length=settings.max_length,
+        fields=settings.consumed(),
         chat=True,
     )
 

@@ -17,7 +17,7 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._checks import check_budget, shuffle_too_late, steps_missing
-from padpipe.cache import TokenCache, check_recipe
+from padpipe.cache import TokenCache, chat_plan, check_recipe, tokenize_plan
 from padpipe.chat.pairs import PREFERENCE_COLUMNS
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes.bucket import check_bucket_options
@@ -33,6 +33,7 @@ from padpipe.pipes.tokens import tokens_options
 from padpipe.readers.listing import SharedListing
 from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
 from padpipe.stage import Stage
+from padpipe.token_cache.session import CachePlan
 from padpipe.tokenizer.serialized import tokenizer_json
 
 
@@ -71,6 +72,7 @@ class Pipeline(Runnable, IterableDataset):
     output: str = RECORDS
     seed: int | None = None
     sharding: str = "auto"
+    cache: CachePlan | None = None  # the token cache of its tokenize or chat stage: one session per built graph
     _epoch: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
     _managed: list[bool] = field(default_factory=lambda: [False], repr=False, compare=False)
 
@@ -152,9 +154,9 @@ class Pipeline(Runnable, IterableDataset):
             append_eos=append_eos,
         )
         if cache is not None:
-            check_recipe(self.source, self.stages)
-            options["cache"] = TokenCache.of(cache)
-        return self._add(Stage("tokenize", _build.tokenize, options), TOKENS)
+            check_recipe(self.source, self.stages, "tokenize")
+        plan = None if cache is None else tokenize_plan(cache, options)
+        return self._add(Stage("tokenize", _build.tokenize, options), TOKENS, cache=plan)
 
     def tokens(
         self,
@@ -321,10 +323,11 @@ class Pipeline(Runnable, IterableDataset):
         )
         if cache is not None:
             check_recipe(self.source, self.stages, "chat")
-            options["cache"] = TokenCache.of(cache)
         settings = options["options"]
+        plan = None if cache is None else chat_plan(cache, options["template"], settings)
         columns = tuple(c for c in (*settings.required(), settings.tools) if c is not None)
-        return self._add(Stage("chat", _build.chat, options), TOKENS, source=as_written(self.source, columns))
+        source = as_written(self.source, columns)
+        return self._add(Stage("chat", _build.chat, options), TOKENS, source=source, cache=plan)
 
     def preference(
         self,
