@@ -18,10 +18,10 @@ from torchdata.nodes import BaseNode
 from padpipe import _build
 from padpipe._checks import check_budget, shuffle_too_late, steps_missing
 from padpipe.cache import TokenCache, chat_plan, check_recipe, tokenize_plan
+from padpipe.chat.options import ChatOptions
 from padpipe.chat.pairs import PREFERENCE_COLUMNS
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes.bucket import check_bucket_options
-from padpipe.pipes.chat import chat_options
 from padpipe.pipes.cut import longest_row_allowed
 from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
@@ -248,40 +248,9 @@ class Pipeline(Runnable, IterableDataset):
             tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (``AutoTokenizer``).
                 A bare ``tokenizers.Tokenizer`` has no special-token names for the template: wrap it in
                 ``PreTrainedTokenizerFast(tokenizer_object=..., eos_token=...)``.
-            messages: The column of conversations: lists of messages (``role``; ``content`` as text or
-                a list of parts; an answer may hold ``tool_calls`` and no content), as structs or as
-                JSON text. A message's ``None`` values are dropped, as ``apply_chat_template`` does.
-            train_on: ``"assistant"``: every answer; ``"last"``: the last answer; ``"all"``: every token.
-            max_length: Keep a longer conversation's first ``max_length`` tokens (ids a prefix of the
-                whole conversation's, labels of that prefix).
             chat_template: A Jinja template to use instead of the tokenizer's (``ValueError`` at once
                 when neither exists).
-            prompt: With ``completion``, the columns of a prompt and its completion: two lists of
-                messages (rendered as one conversation; the completion is trained: what follows the
-                prompt's generation prompt, through its last end-of-turn token), or two strings
-                (tokenized as ``tokenizer(prompt + completion + eos_token)``, as TRL does: the
-                completion and the EOS are trained). ``train_on="all"`` trains the prompt too.
-            completion: See ``prompt``.
-            training_field: The message key whose ``True``/``False`` turns training on or off for that
-                message whatever ``train_on`` says (axolotl's ``training``); ``None``: none. A message of
-                another role turned on trains its whole turn, header included. Any other value than
-                ``true``, ``false`` or null (``"false"``, ``0``) refuses the row (``chat.bad_messages``).
-            truncation: ``"keep_start"`` (TRL's), or ``"turns"``: cut a longer conversation after its
-                last trained span that fits whole (nothing of a cut answer is trained).
-            tools: The column of tool schemas (a list of JSON objects or their JSON text), passed to
-                the template when the data has it.
-            template_kwargs: Template arguments for every row (``{"enable_thinking": False}``).
-            kwargs_column: The column of per-row template arguments (a struct or JSON object), used when
-                the data has it; its values win over ``template_kwargs``.
             num_threads: Chunks rendered and tokenized concurrently (as :meth:`tokenize`'s).
-            on_error: ``"raise"`` a ``DataError`` naming the file and row of a conversation that cannot be
-                rendered or labelled, or ``"skip"`` it, counted by reason.
-            reasoning: ``"every_turn"``: reasoning the whole conversation drops is trained in rows of
-                their own (above); ``"as_rendered"``: one row per conversation, the whole rendering.
-            special_text: A message whose text holds a special token's text (``<|im_end|>`` written in
-                an answer: the tokenizer reads it as the token, a turn boundary inside a message):
-                ``"keep"`` it as the tokenizer reads it (counted as ``chat.special_text``), ``"skip"`` the
-                conversation (counted) or ``"raise"`` a ``DataError`` naming the row.
             cache: A folder, fsspec URL or :class:`padpipe.TokenCache`, as :meth:`tokenize`'s: the first
                 pass stores what each conversation became (its rows' ids and trained tokens, and what it
                 added to the counters), later passes and runs read that instead of rendering and
@@ -289,6 +258,12 @@ class Pipeline(Runnable, IterableDataset):
                 option here (``on_error`` too) and each source unit's file; a chat cache and a tokenize
                 cache in one folder never read each other's files. Needs a reader with work units and
                 only ``shuffle`` between it and ``chat``.
+
+        The other keywords are the options of :class:`padpipe.chat.options.ChatOptions`, each documented and
+        checked there: the columns (``messages``, or ``prompt`` and ``completion``; ``tools``, ``kwargs_column``),
+        what is trained (``train_on``, ``training_field``, ``reasoning``), how a longer conversation is cut
+        (``max_length``, ``truncation``), ``template_kwargs``, and what a row that cannot be rendered or labelled
+        becomes (``on_error``, ``special_text``).
 
         Example:
             >>> template = ("{% for m in messages %}{{ m.role }}: {{ m.content }} [SEP]{% endfor %}"
@@ -303,28 +278,13 @@ class Pipeline(Runnable, IterableDataset):
             ([[-100, -100, -100, -100, -100, -100, -100, -100, -100, 5668, 3]], [7])
         """
         self._expect("chat", RECORDS)
-        options = chat_options(
-            tokenizer,
-            chat_template=chat_template,
-            num_threads=num_threads,
-            messages=messages,
-            prompt=prompt,
-            completion=completion,
-            train_on=train_on,
-            training_field=training_field,
-            max_length=max_length,
-            truncation=truncation,
-            tools=tools,
-            kwargs_column=kwargs_column,
-            template_kwargs={} if template_kwargs is None else template_kwargs,
-            on_error=on_error,
-            reasoning=reasoning,
-            special_text=special_text,
-        )
+        positive("num_threads", num_threads)
+        settings = ChatOptions.of(locals())  # the options among the keywords, each checked
+        template = settings.template(tokenizer, chat_template)
         if cache is not None:
             check_recipe(self.source, self.stages, "chat")
-        settings = options["options"]
-        plan = None if cache is None else chat_plan(cache, options["template"], settings)
+        plan = None if cache is None else chat_plan(cache, template, settings)
+        options = {"template": template, "options": settings, "num_threads": num_threads}
         columns = tuple(c for c in (*settings.required(), settings.tools) if c is not None)
         source = as_written(self.source, columns)
         return self._add(Stage("chat", _build.chat, options), TOKENS, source=source, cache=plan)
@@ -366,9 +326,9 @@ class Pipeline(Runnable, IterableDataset):
             unpaired: Read KTO's ``prompt``/``completion``/``label`` rows instead of pairs.
             chat_template: A Jinja template to use instead of the tokenizer's.
             num_threads: Chunks rendered and tokenized concurrently.
-            chat_options: The :meth:`chat` settings that mean the same here: ``tools``, ``kwargs_column``,
-                ``template_kwargs``, ``on_error`` (a pair that cannot be read or labelled: ``"raise"`` a
-                ``DataError`` naming the row, or ``"skip"`` it, counted) and ``special_text``.
+            chat_options: The :class:`~padpipe.chat.options.ChatOptions` fields that mean the same here (checked
+                there): ``tools``, ``kwargs_column``, ``template_kwargs``, ``on_error`` (of a pair) and
+                ``special_text``.
 
         Example:
             >>> row = {"prompt": [{"role": "user", "content": "2+2?"}],

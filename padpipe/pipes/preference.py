@@ -24,9 +24,8 @@ from padpipe.chat.pairs import CHOSEN_COLUMN, COMPLETION, LABEL, PROMPT, REJECTE
 from padpipe.chat.rows import RowProblem, read_kwargs, read_tools
 from padpipe.chat.template import ChatTemplate
 from padpipe.chunks import TokenChunk
-from padpipe.errors import DataError
+from padpipe.errors import DataError, positive
 from padpipe.pipes.chat import ChatTokenizer
-from padpipe.pipes.chat import chat_options as load_chat
 from padpipe.pipes.pairs import CHOSEN
 from padpipe.pipes.pieces import exclusive_cumsum
 from padpipe.readers.schema import row_of
@@ -285,12 +284,12 @@ def preference_options(
         )
     if not isinstance(unpaired, bool):
         raise TypeError(f"`unpaired` must be a bool, but is {unpaired!r} instead.")
-    loaded = load_chat(
-        tokenizer, chat_template=chat_template, num_threads=num_threads, prompt=PROMPT, completion=COMPLETION, **shared
-    )
+    positive("num_threads", num_threads)
+    plain = ChatOptions(prompt=PROMPT, completion=COMPLETION, **shared)
+    template = plain.template(tokenizer, chat_template)
     conversation = ChatOptions(train_on="last", training_field=None, reasoning="as_rendered", **shared)
-    options = PreferenceOptions(conversation, loaded["options"], max_length, unpaired)
-    return {"template": loaded["template"], "options": options, "num_threads": num_threads}
+    options = PreferenceOptions(conversation, plain, max_length, unpaired)
+    return {"template": template, "options": options, "num_threads": num_threads}
 
 
 def _members(outcomes: list[Outcome], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

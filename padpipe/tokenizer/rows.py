@@ -191,18 +191,26 @@ def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: lis
     if not _is_text(column.type) or column.null_count == len(column):  # every row, for one reason: no skip
         return _bad_column_message(batch, field, column)
     found = "None" if not column[row].is_valid else "not valid UTF-8"
+    return (
+        f"tokenize: field {field!r} at {row_place(batch, row)} is {found}; expected a string. "
+        f"{int(bad.sum())} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
+    )
+
+
+def row_place(batch: pa.RecordBatch, row: int) -> str:
+    """Where row ``row`` of a batch is, for an error: its file's row, as the readers' errors name it, else its row
+    in the chunk; with its ``idx``/``id``.
+
+    Example:
+        >>> row_place(pa.RecordBatch.from_pylist([{"id": 1}, {"id": 7}]), 1)
+        'row 1 of the chunk (id=7)'
+    """
     name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
     row_id = f"{name}={batch.column(name)[row].as_py()!r}" if name else ""
     in_file = row_of(batch, row)
-    if in_file:  # the file's row, as the readers' errors name it
-        where = f"{in_file} ({row_id + '; ' if row_id else ''}row {row} of the chunk)"
-    else:
-        where = f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + row_origin(batch)
-    count = int(bad.sum())
-    return (
-        f"tokenize: field {field!r} at {where} is {found}; expected a string. "
-        f"{count} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
-    )
+    if in_file:
+        return f"{in_file} ({row_id + '; ' if row_id else ''}row {row} of the chunk)"
+    return f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + row_origin(batch)
 
 
 def _bad_column_message(batch: pa.RecordBatch, field: str, column: pa.Array) -> str:
