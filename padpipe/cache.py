@@ -1,10 +1,9 @@
 """The token cache: tokenize once, read ids on every later epoch and run (``tokenize(..., cache=...)``).
 
-The first pass streams as without a cache and writes what ``tokenize`` produced, unit by unit, as
-Arrow IPC files under the cache location; later passes read those files (memory-mapped) instead
-of tokenizing. Entries are keyed by the tokenizer's JSON and the tokenize options, and by each
-source unit's file, size, modification time or ETag and row range, so any change is a miss,
-never stale ids. Batches are exactly those of the same pipeline without a cache.
+The first pass writes what ``tokenize`` (or ``chat``) produced, unit by unit, as Arrow IPC files; later
+passes read them instead. Entries are keyed by the tokenizer and the stage's options, and by each source
+unit's file, size, version and row range, so any change is a miss, never stale ids; batches are exactly
+those without a cache. A recipe with a cache holds it (``Pipeline.cache``, :func:`tokenize_plan`).
 
 Command line: ``padpipe cache info PATH`` prints the size; ``padpipe cache clear PATH`` deletes it.
 """
@@ -95,15 +94,34 @@ def check_recipe(source: Any, stages: Sequence[Any], stage: str) -> None:
 
 
 def tokenize_plan(cache: Any, options: dict[str, Any]) -> CachePlan:
-    """The recipe's cache of a ``tokenize`` stage with ``options`` (its encoder, fields, ``on_error``,
-    ``append_eos``)."""
-    cache, encoder = TokenCache.of(cache), options["encoder"]
+    """The recipe's cache of a ``tokenize`` stage with ``options``: keyed by what decides the ids (the tokenizer's
+    JSON as a digest, its settings, the tokenize options); a row holds at most ``max_length`` tokens (and the EOS
+    appended), where the Rust tokenizer truncates at all: not below the special tokens it adds."""
+    import tokenizers
+
+    cache, encoder, eos = TokenCache.of(cache), options["encoder"], options["append_eos"]
+    added = encoder.special_tokens_added() if encoder.add_special_tokens else 0
+    bounded = encoder.max_length is not None and encoder.max_length >= added
+    about = {
+        "format": FORMAT,
+        "tokenizer": encoder.fingerprint(),  # vocabulary size and a digest of its JSON
+        "tokenizers": tokenizers.__version__,
+        "max_length": encoder.max_length,
+        "truncation_side": encoder.truncation_side,
+        "add_special_tokens": encoder.add_special_tokens,
+        "encode_special_tokens": encoder.encode_special_tokens,
+        "type_ids": encoder.returns_token_type_ids,
+        "fields": list(options["fields"]),
+        "on_error": options["on_error"],
+        "append_eos": eos,
+        "eos_id": encoder.eos_id if eos else None,
+    }
     return CachePlan(
         Store(cache.path, cache.storage_options),
         cache.on_write_error,
-        fingerprint_of(encoder, options),
+        about,
         vocab_size=encoder.vocab_size,
-        max_length=longest_row(encoder, options["append_eos"]),
+        max_length=encoder.max_length + eos if bounded else None,
         fields=options["fields"],
         type_ids=encoder.returns_token_type_ids,
     )
@@ -141,39 +159,6 @@ def chat_fingerprint_of(template: Any, settings: Any) -> dict[str, Any]:
         "tokenizers": tokenizers.__version__,
         "transformers": transformers.__version__,
         "jinja2": jinja2.__version__,
-    }
-
-
-def longest_row(encoder: Any, append_eos: bool) -> int | None:
-    """The most tokens a row of this encoder can have, or ``None`` when nothing bounds it.
-
-    The Rust tokenizer does not truncate at all when ``max_length`` is below the special tokens it adds.
-    """
-    if encoder.max_length is None:
-        return None
-    added = encoder.special_tokens_added() if encoder.add_special_tokens else 0
-    if encoder.max_length < added:
-        return None
-    return encoder.max_length + (1 if append_eos else 0)
-
-
-def fingerprint_of(encoder: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """What decides the ids: the tokenizer's JSON (as a digest), its settings and the tokenize options."""
-    import tokenizers
-
-    return {
-        "format": FORMAT,
-        "tokenizer": encoder.fingerprint(),  # vocabulary size and a digest of its JSON
-        "tokenizers": tokenizers.__version__,
-        "max_length": encoder.max_length,
-        "truncation_side": encoder.truncation_side,
-        "add_special_tokens": encoder.add_special_tokens,
-        "encode_special_tokens": encoder.encode_special_tokens,
-        "type_ids": encoder.returns_token_type_ids,
-        "fields": list(options["fields"]),
-        "on_error": options["on_error"],
-        "append_eos": options["append_eos"],
-        "eos_id": encoder.eos_id if options["append_eos"] else None,
     }
 
 
@@ -261,10 +246,10 @@ def _files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def size_text(n: int) -> str:
+def size_text(n: float) -> str:
     """Bytes as text: ``'12 B'``, ``'3.4 MiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -22,11 +22,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from padpipe.chat.labels import positions
-from padpipe.chunks import ID_DTYPE
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.encoder import flatten
 from padpipe.tokenizer.serialized import tokenizer_json
 
-_IDS, _OFFSETS = attrgetter("ids"), attrgetter("offsets")
+_OFFSETS = attrgetter("offsets")
 
 
 @dataclass(frozen=True)
@@ -80,15 +80,10 @@ class SpanEncoder:
     def encode(self, texts: Sequence[str]) -> Tokens:
         """The tokens of ``texts`` (one Rust batch call) with their character spans."""
         encodings = self._raw.encode_batch(list(texts), add_special_tokens=False)
-        ids_lists = list(map(_IDS, encodings))
-        lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
-        offsets = np.zeros(len(ids_lists) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
-        ids = np.fromiter(chain.from_iterable(ids_lists), dtype=ID_DTYPE, count=total)
+        chunk = flatten(encodings)
         pairs = chain.from_iterable(chain.from_iterable(map(_OFFSETS, encodings)))
-        spans = np.fromiter(pairs, dtype=np.int64, count=2 * total).reshape(-1, 2)
-        return Tokens(ids, offsets, spans[:, 0].copy(), spans[:, 1].copy())
+        spans = np.fromiter(pairs, dtype=np.int64, count=2 * chunk.num_tokens).reshape(-1, 2)
+        return Tokens(chunk.ids, chunk.offsets, spans[:, 0].copy(), spans[:, 1].copy())
 
     def encode_plain(self, texts: Sequence[str]) -> Tokens:
         """The tokens of ``texts`` with the special tokens the tokenizer adds (its post-processor's), as TRL
