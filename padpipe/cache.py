@@ -20,7 +20,7 @@ import fsspec.core
 
 from padpipe.errors import one_of
 from padpipe.readers.source import UnitSource
-from padpipe.token_cache.session import CachePlan
+from padpipe.token_cache.plan import CachePlan
 from padpipe.token_cache.store import ABOUT, FORMAT, CacheError, Store
 from padpipe.tokenizer.serialized import tokenizer_json
 

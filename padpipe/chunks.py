@@ -26,6 +26,13 @@ ID_DTYPE = np.int32
 TYPE_ID_DTYPE = np.int8
 
 
+def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    """``[0, v0, v0 + v1, ...]`` as ``int64`` (offsets from lengths)."""
+    out = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=out[1:])
+    return out
+
+
 def gather_segments(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Gather variable-length rows ``rows`` from flat ``values`` split by ``offsets``.
 

@@ -33,7 +33,7 @@ from padpipe.pipes.tokens import tokens_options
 from padpipe.readers.listing import SharedListing
 from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable
 from padpipe.stage import Stage
-from padpipe.token_cache.session import CachePlan
+from padpipe.token_cache.plan import CachePlan
 from padpipe.tokenizer.serialized import tokenizer_json
 
 

@@ -23,7 +23,8 @@ from padpipe.runtime.latch import FailureLatch
 from padpipe.sharing.consumer import Consumer
 from padpipe.stage import BuildContext, Recipe, Stage
 from padpipe.stats import PipelineStats
-from padpipe.token_cache.session import CachePlan
+from padpipe.token_cache.plan import CachePlan
+from padpipe.token_cache.session import CacheSession
 
 # What a pipeline yields so far, in stage order.
 RECORDS, TOKENS, TOKEN_BATCHES, TENSORS = "records", "tokens", "token batches", "tensors"
@@ -57,7 +58,7 @@ class Runnable:
             seed=self.seed,
             pad_to_multiple_of=pad.get("pad_to_multiple_of"),
             pad_to_length=pad.get("pad_to_length"),
-            cache=None if self.cache is None else self.cache.open(stats),
+            cache=None if self.cache is None else CacheSession(self.cache, stats),  # one per built graph
         )
         node = self.source.builder(None, context, **self.source.options)
         for stage in self.stages:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from padpipe.chunks import exclusive_cumsum
+
 SKIP = "skip."
 """The prefix of a counter that counts skipped rows (``stats().skipped``), not a free-form counter."""
 
@@ -78,8 +80,7 @@ class Outcome:
         order = np.argsort(source, kind="stable")
         lengths = np.concatenate([p.lengths for p in parts])[order]
         starts = np.concatenate([p.offsets[:-1] + base for p, base in zip(parts, _bases(parts))])[order]
-        offsets = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = exclusive_cumsum(lengths)
         take = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
         ids = np.concatenate([p.ids for p in parts])[take]
         trained = np.concatenate([p.trained for p in parts])[take]

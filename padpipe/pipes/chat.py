@@ -24,7 +24,7 @@ from padpipe.chat.plan import DROPPED, Plan, Planner
 from padpipe.chat.problems import check_columns, row_message, warn_dropped
 from padpipe.chat.rows import SPECIAL, RowProblem
 from padpipe.chat.template import ChatTemplate
-from padpipe.chunks import TokenChunk
+from padpipe.chunks import TokenChunk, exclusive_cumsum
 from padpipe.errors import DataError
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer.rows import LABELS
@@ -102,8 +102,7 @@ class ChatTokenizer:
         kinds = [row.kind for plan in plans if isinstance(plan, list) for row in plan]
         tokens, trained = self._encode([row for plan in plans if isinstance(plan, list) for row in plan])
         lengths, kept = cut(tokens.offsets, trained, self.options.max_length, self.options.truncation)
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = exclusive_cumsum(lengths)
         ids, trained = tokens.ids[kept], trained[kept]
         sums = row_sums(offsets, trained)
         counts += [(int(i), "chat.truncated", 1) for i in good[(lengths < np.diff(tokens.offsets)) & (sums > 0)]]
@@ -112,8 +111,7 @@ class ChatTokenizer:
         if (sums == 0).any():
             keep = np.repeat(sums > 0, lengths)
             ids, trained, lengths = ids[keep], trained[keep], lengths[sums > 0]
-            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
+            offsets = exclusive_cumsum(lengths)
         return Outcome(good[sums > 0], ids, offsets, trained, counts)
 
     def chunk(self, batch: pa.RecordBatch, outcome: Outcome) -> TokenChunk:

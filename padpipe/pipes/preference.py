@@ -23,11 +23,10 @@ from padpipe.chat.outcome import SKIP, Outcome
 from padpipe.chat.pairs import CHOSEN_COLUMN, COMPLETION, LABEL, PROMPT, REJECTED, read_members
 from padpipe.chat.rows import RowProblem, read_kwargs, read_tools
 from padpipe.chat.template import ChatTemplate
-from padpipe.chunks import TokenChunk
+from padpipe.chunks import TokenChunk, exclusive_cumsum
 from padpipe.errors import DataError, positive
 from padpipe.pipes.chat import ChatTokenizer
 from padpipe.pipes.pairs import CHOSEN
-from padpipe.pipes.pieces import exclusive_cumsum
 from padpipe.readers.schema import row_of
 from padpipe.stats import PipelineStats
 from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS

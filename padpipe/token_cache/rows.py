@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from padpipe.buffers import REF
-from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
+from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk, exclusive_cumsum
 from padpipe.readers.jsonl import JsonlReader
 
 IDS, TYPE_IDS, STATE = "__padpipe_ids", "__padpipe_type_ids", "__padpipe_state"
@@ -147,8 +147,7 @@ def segment_rows(
     n = rows.num_rows
     lengths = np.zeros(n, np.int64)
     lengths[good] = chunk.lengths
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = exclusive_cumsum(lengths)
     out = rows.drop_columns([c for c in HIDDEN if c in rows.schema.names])
     for name in fields:
         i = out.schema.get_field_index(name)

@@ -1,16 +1,14 @@
 """The token cache in a built pipeline: the reader serves cached rows and marks the rest to be cached.
 
-A recipe with a cache holds a :class:`CachePlan` (``Pipeline.cache``). Each built pipeline (per loader,
-per DataLoader worker) opens one :class:`CacheSession` of it and hands it, through the build context, to
-the stages that read or fill it: the reader, the cached stage, and the buffers between them, which save
-rows the cache holds as references (:mod:`padpipe.token_cache.state`). The reader calls
-:meth:`CacheSession.rows` for each piece it reads, which walks the piece's positions over the segments
-published for its unit so far (:mod:`padpipe.token_cache.walk`): a stretch a segment covers comes from
-that segment (checked first: :mod:`padpipe.token_cache.check`; a file that fails is counted as
-``cache.bad_files``, deleted and tokenized again); a stretch none covers is read as text and announced,
-segment by segment, to the :class:`~padpipe.token_cache.fill.Collector`, which publishes a segment once
-all its rows are tokenized downstream. Rows come out in the same order and batch sizes as without a
-cache, so every later stage sees the same stream.
+A recipe with a cache holds a :class:`~padpipe.token_cache.plan.CachePlan` (``Pipeline.cache``). Each
+built pipeline (per loader, per DataLoader worker) opens one :class:`CacheSession` of it and hands it,
+through the build context, to the stages that read or fill it: the reader, the cached stage, and the
+buffers between them, which save rows the cache holds as references (:mod:`padpipe.token_cache.state`).
+The reader's pieces walk over the segments published for their units (:mod:`padpipe.token_cache.walk`):
+a stretch a segment covers comes from it (checked first: :mod:`padpipe.token_cache.check`; a file that
+fails is counted as ``cache.bad_files``, deleted and tokenized again), the rest is read as text and
+published, segment by segment, once tokenized (:mod:`padpipe.token_cache.fill`). Rows come out in the
+same order and batch sizes as without a cache, so every later stage sees the same stream.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,48 +28,14 @@ from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.stats import PipelineStats
 from padpipe.token_cache import rows as cr
 from padpipe.token_cache import state
-from padpipe.token_cache.chat_fill import CachedChat
-from padpipe.token_cache.check import Limits, segment_problem
+from padpipe.token_cache.chat_rows import CachedChat
+from padpipe.token_cache.check import segment_problem
 from padpipe.token_cache.fill import CachedTokenizer, CacheFiller, Collector
-from padpipe.token_cache.store import CacheError, Segment, Store, ipc_bytes
+from padpipe.token_cache.plan import CachePlan
+from padpipe.token_cache.store import CacheError, Segment, ipc_bytes
 from padpipe.token_cache.walk import BYTES, ROWS, Walk, span, unit_kind
 
 _VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated", "created")
-
-
-@dataclass(frozen=True)
-class CachePlan:
-    """A recipe's token cache: where it lives, what keys its rows, and what its rows can be.
-
-    Made by ``tokenize(cache=...)`` or ``chat(cache=...)`` (:mod:`padpipe.cache`); every built pipeline
-    opens its own session of it (:meth:`open`).
-
-    Attributes:
-        store: Where the cache lives.
-        on_write_error: ``"raise"`` a :class:`CacheError` naming the path, or ``"skip"``: count it as
-            ``cache.write_errors`` and go on without writing.
-        about: What decides the rows (tokenizer, the stage's options, libraries): written to ``about.json``,
-            its digest names the rows' folder.
-        vocab_size: Every id is below it (a segment that holds another is a bad file).
-        max_length: Most tokens a row can have (``None``: no limit); a longer row makes a bad file.
-        fields: The columns a segment stores as nulls: the text columns (for chat, the conversation columns).
-        type_ids: Whether the tokenizer makes token type ids.
-        chat: Whether it caches the chat stage (a segment row holds what a conversation became: its token
-            rows, trained flags and counters; see :mod:`padpipe.token_cache.chat_rows`) rather than ``tokenize``.
-    """
-
-    store: Store
-    on_write_error: str
-    about: dict[str, Any]
-    vocab_size: int
-    max_length: int | None
-    fields: tuple[str, ...]
-    type_ids: bool = False
-    chat: bool = False
-
-    def open(self, stats: PipelineStats) -> CacheSession:
-        """A new session of this cache, for one built pipeline, counting into ``stats``."""
-        return CacheSession(self, stats)
 
 
 class CacheSession:
@@ -87,8 +50,7 @@ class CacheSession:
     def __init__(self, plan: CachePlan, stats: PipelineStats) -> None:
         self.plan, self.store, self.about, self.fields = plan, plan.store, plan.about, plan.fields
         self.fingerprint = digest(plan.about)
-        self.id_type = cr.ids_type(plan.vocab_size)
-        self.limits = Limits(self.id_type, plan.type_ids, plan.vocab_size, plan.max_length, plan.chat)
+        self.id_type = plan.id_type
         self.hidden = cr.hidden_types(self.id_type, type_ids=plan.type_ids, chat=plan.chat)
         self.stats = stats
         self.key = f"{self.store.url()}|{self.fingerprint}"  # resolved: a relative path and its absolute form agree
@@ -204,7 +166,7 @@ class CacheSession:
     def load(self, folder: str, segment: Segment, uid: int, kind: str | None) -> pa.Table | None:
         """A segment's rows after its checks, or ``None`` (counted as ``cache.bad_files``, deleted)."""
         table = self.store.read(folder, segment)
-        if table is not None and segment_problem(table, segment, kind, self.limits) is not None:
+        if table is not None and segment_problem(table, segment, kind, self.plan) is not None:
             table = None
         if table is None:
             self.stats.add("cache.bad_files", 1)

@@ -15,7 +15,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from padpipe._optional import require
-from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
+from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk, exclusive_cumsum
 from padpipe.errors import positive
 from padpipe.tokenizer.prefix import cut, prefix_chars
 from padpipe.tokenizer.serialized import TokenizerJson, tokenizer_json
@@ -310,8 +310,7 @@ def flatten(encodings: Sequence, with_type_ids: bool = False) -> TokenChunk:
     """The Rust encodings of a batch as one flat chunk (the fastest of the variants measured)."""
     ids_lists = list(map(_IDS, encodings))
     lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
-    offsets = np.zeros(len(ids_lists) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = exclusive_cumsum(lengths)
     total = int(offsets[-1])
     ids = np.fromiter(chain.from_iterable(ids_lists), dtype=ID_DTYPE, count=total)
     type_ids = None
