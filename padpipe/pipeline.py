@@ -219,30 +219,12 @@ class Pipeline(Runnable, IterableDataset):
         elsewhere, so ``.bucket(...).pad()`` (labels padded with -100) or ``.batch(n).pad()`` follow
         as after :meth:`tokenize`. Other columns pass through (``idx``/``id``, ``label`` by its name).
 
-        A trained message's span is the text the template writes for it after its header (after
-        the generation prompt, for an answer) through its end-of-turn token (``<|im_end|>``,
-        ``<|eot_id|>``, ``</s>``, ``<end_of_turn>``, Phi-3's ``<|end|>``), never the separator or EOS
-        written after that token: taken from ``{% generation %}`` markers where the template has them
-        (moved to that span), else found in the rendering itself, also where a template renders earlier
-        turns otherwise than a prefix does (Qwen3, DeepSeek-R1, Mistral's system message), and checked
-        on every row. A conversation that cannot be aligned (not well-formed for its template) is refused
-        naming the row, the message and the text (a ``DataError``, or a counted skip), never given a wrong span.
-
-        Reasoning is trained where the template renders it: an answer whose reasoning the whole
-        conversation drops (Qwen3 keeps ``<think>`` only after the last user message) is trained in a
-        row of its own, the rendering of the messages up to it (``reasoning="every_turn"``; counted as
-        ``chat.reasoning_rows``); so every row is ``apply_chat_template`` of a prefix ending in an answer
-        and every answer is trained once. What the template never renders (DeepSeek-R1-Distill drops
-        reasoning from every answer; Mistral-v0.3 the system message of a conversation ending in an
-        answer) is trained as rendered, counted as ``chat.dropped_reasoning`` / ``chat.dropped_system``
-        and warned once: docs/sft.md, "Templates", says how to train it.
-
-        Rows no token of which is trained are dropped and counted as ``chat.no_trained_tokens``: no row
-        with only -100 labels is ever yielded. Counters: ``chat.rows``, ``chat.tokens``,
-        ``chat.trained_tokens``, ``chat.truncated``, ``chat.special_text``; skips ``chat.bad_messages``
-        (a value that is not a list of messages, a training flag that is not a bool, bad
-        tools/arguments), ``chat.template_error`` (the template raised), ``chat.not_prefix`` and
-        ``chat.span_check`` (see above).
+        A trained message's span runs from after its header (the generation prompt, for an answer) through its
+        end-of-turn token, taken from ``{% generation %}`` markers or found in the rendering and checked on every
+        row; a conversation that cannot be aligned is refused naming the row (a ``DataError``, or a counted skip),
+        never given a wrong span. An answer whose reasoning the whole conversation drops is trained in a row of
+        its own (``chat.reasoning_rows``); rows with no trained token are dropped (``chat.no_trained_tokens``).
+        docs/sft.md says what is trained and counted ("What is trained", "Reasoning", "What is dropped").
 
         Args:
             tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (``AutoTokenizer``).
@@ -252,12 +234,9 @@ class Pipeline(Runnable, IterableDataset):
                 when neither exists).
             num_threads: Chunks rendered and tokenized concurrently (as :meth:`tokenize`'s).
             cache: A folder, fsspec URL or :class:`padpipe.TokenCache`, as :meth:`tokenize`'s: the first
-                pass stores what each conversation became (its rows' ids and trained tokens, and what it
-                added to the counters), later passes and runs read that instead of rendering and
-                tokenizing: the same batches and ``stats()``. Keyed by the tokenizer, the template, every
-                option here (``on_error`` too) and each source unit's file; a chat cache and a tokenize
-                cache in one folder never read each other's files. Needs a reader with work units and
-                only ``shuffle`` between it and ``chat``.
+                pass stores what each conversation became, later passes and runs read it instead of rendering
+                and tokenizing (the same batches and ``stats()``; docs/sft.md, "Chat cache"). Needs a reader
+                with work units and only ``shuffle`` between it and ``chat``.
 
         The other keywords are the options of :class:`padpipe.chat.options.ChatOptions`, each documented and
         checked there: the columns (``messages``, or ``prompt`` and ``completion``; ``tools``, ``kwargs_column``),
@@ -301,24 +280,14 @@ class Pipeline(Runnable, IterableDataset):
     ) -> Pipeline:
         """Turn preference data (DPO, ORPO, reward pairs; KTO's labelled completions) into token rows, one per pair.
 
-        Reads TRL's formats (docs/preference.md): ``prompt`` messages with one assistant message ``chosen`` and
-        one ``rejected`` (tools and reasoning as ``.chat()`` takes them), the same as plain text, an implicit prompt
-        (``chosen``/``rejected`` whole conversations), or with ``unpaired=True`` KTO's ``prompt``/``completion``/
-        ``label``. Each member, the conversation ``prompt + [completion]``, is encoded by ``.chat()``'s machinery:
-        its ids are ``apply_chat_template``'s, its completion runs from where the answer's output starts to the end
-        of the rendering (what TRL's DPO trains), also where the prompt rendered alone is no prefix of it (counted
-        as ``preference.prompt_not_prefix``, where TRL warns).
-
-        A pair stays one token row through shuffle, bucketing, packing, sharding, equal steps and resume;
-        ``.batch(n).pad()`` then gives TRL's DPO collator layout (``input_ids``, ``attention_mask``,
-        ``completion_mask`` ``[2n, L]``, chosen rows then rejected rows; ``chosen`` ``[2n]``), ``.pack(seq_len)``
-        whole pairs, each member its own sequence (:mod:`padpipe.pipes.pairs`, :func:`padpipe.pair_logps`).
-        Unpaired rows are one row each, with ``labels`` and ``label`` (1 or 0).
-
-        Truncation, ``prompt_start``: a member longer than ``max_length`` loses its prompt's first tokens, the
-        same number from both members, as few as make the longer fit; a pair whose completions do not fit after one
-        prompt token is skipped (``preference.too_long``). Counters ``preference.*``: rows, tokens,
-        completion_tokens, prompt_cut, prompt_not_prefix and ``.chat()``'s (a pair skipped once).
+        Reads TRL's formats (docs/preference.md, "Formats"): ``prompt`` messages with one assistant message
+        ``chosen`` and one ``rejected``, the same as plain text, an implicit prompt, or with ``unpaired=True`` KTO's
+        ``prompt``/``completion``/``label``. Each member, ``prompt + [completion]``, is encoded by ``.chat()``'s
+        machinery: ids ``apply_chat_template``'s, the completion from where the answer's output starts to the end
+        of the rendering (what TRL's DPO trains). A pair stays one token row through every later stage;
+        ``.batch(n).pad()`` gives TRL's DPO collator layout, ``.pack(seq_len)`` whole pairs, each member its own
+        sequence (:mod:`padpipe.pipes.pairs`). A member longer than ``max_length`` loses its prompt's first tokens,
+        the same from both members; a pair that does not fit so is skipped (docs/preference.md, "Truncation").
 
         Args:
             tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (as :meth:`chat`'s).
