@@ -143,16 +143,7 @@ class Pipeline(Runnable, IterableDataset):
             'tokens'
         """
         self._expect("tokenize", RECORDS)
-        options = tokenize_options(
-            tokenizer,
-            fields=fields,
-            max_length=max_length,
-            truncation=truncation,
-            add_special_tokens=add_special_tokens,
-            num_threads=num_threads,
-            on_error=on_error,
-            append_eos=append_eos,
-        )
+        options = tokenize_options(**{k: v for k, v in locals().items() if k not in ("self", "cache")})
         if cache is not None:
             check_recipe(self.source, self.stages, "tokenize")
         plan = None if cache is None else tokenize_plan(cache, options)
@@ -307,14 +298,7 @@ class Pipeline(Runnable, IterableDataset):
             (torch.Size([2, 17]), [3, 3], [True, False])
         """  # noqa: E501
         self._expect("preference", RECORDS)
-        options = preference_options(
-            tokenizer,
-            chat_template=chat_template,
-            num_threads=num_threads,
-            max_length=max_length,
-            unpaired=unpaired,
-            chat_options=chat_options,
-        )
+        options = preference_options(**{k: v for k, v in locals().items() if k != "self"})
         stage = Stage("preference", _build.preference, options)
         tools = options["options"].conversation.tools
         columns = (*PREFERENCE_COLUMNS, *((tools,) if tools is not None else ()))
