@@ -23,6 +23,7 @@ from padpipe.chunks import ID_DTYPE, TokenChunk, exclusive_cumsum
 from padpipe.stats import PipelineStats
 from padpipe.token_cache import rows as cr
 from padpipe.token_cache.fill import Filled
+from padpipe.token_cache.plan import Session
 
 
 def segment_rows(
@@ -96,13 +97,6 @@ class Chat(Protocol):
     def chunk(self, batch: pa.RecordBatch, outcome: Outcome) -> TokenChunk: ...
 
 
-class Where(Protocol):
-    """What the chat cache reads of its session: the ids' type and the columns a segment stores as nulls."""
-
-    id_type: pa.DataType
-    fields: tuple[str, ...]
-
-
 @dataclass(frozen=True)
 class CachedChat:
     """Render and tokenize the text rows of a batch, read back its cached rows (thread-safe, as the stage).
@@ -113,7 +107,7 @@ class CachedChat:
     """
 
     chat: Chat
-    session: Where
+    session: Session
 
     def __call__(self, batch: pa.RecordBatch) -> Filled:
         if not isinstance(batch, pa.RecordBatch) or cr.STATE not in batch.schema.names:

@@ -1,14 +1,17 @@
-"""A recipe's token cache (``Pipeline.cache``): where it lives, what keys its rows, and what its rows can be."""
+"""A recipe's token cache (``Pipeline.cache``): where it lives, what keys its rows, what its rows can be; and what
+the cache's parts read of the session a built pipeline opens of it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 
+from padpipe.stats import PipelineStats
 from padpipe.token_cache.rows import ids_type
-from padpipe.token_cache.store import Store
+from padpipe.token_cache.store import Segment, Store
 
 
 @dataclass(frozen=True)
@@ -43,3 +46,34 @@ class CachePlan:
     def id_type(self) -> pa.DataType:
         """The Arrow type ids are kept in: the smallest every id fits."""
         return ids_type(self.vocab_size)
+
+
+class Session(Protocol):
+    """What the cache's parts (walk, fill, chat_rows, state) read of a built pipeline's
+    :class:`~padpipe.token_cache.session.CacheSession`, which imports them."""
+
+    plan: CachePlan
+    key: str  # the cache's name in states: its resolved location and fingerprint
+    fingerprint: str
+    id_type: pa.DataType
+    fields: tuple[str, ...]
+    hidden: dict[str, pa.DataType]  # the hidden token columns, null on a text row (rows.hidden_types)
+    keep_ref: bool  # tokenize keeps row references on its chunks (a bucket stage follows)
+    writable: bool  # False after a write error under on_write_error='skip'
+    store: Store
+    stats: PipelineStats
+    collector: Any  # its fill.Collector
+
+    def ready(self) -> None: ...  # once per process: the location is writable
+
+    def segments(self, folder: str) -> list[Segment]: ...
+
+    def load(self, folder: str, segment: Segment, uid: int, kind: str | None) -> pa.Table | None: ...
+
+    def publish(self, uid: int, folder: str, segment: Segment, rows: pa.Table) -> None: ...
+
+    def unit_number(self, folder: str) -> int: ...
+
+    def unit_folder(self, uid: int) -> str: ...
+
+    def covered(self, uid: int, positions: np.ndarray) -> bool: ...

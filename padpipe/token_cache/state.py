@@ -11,7 +11,7 @@ are no longer in the cache is an error naming it. Batches that hold rows not yet
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,31 +23,12 @@ from padpipe.readers.aligned import concat
 from padpipe.state import StateMismatchError, seal, unseal
 from padpipe.state_walk import show
 from padpipe.token_cache import rows as cr
-from padpipe.token_cache.store import UNIT_FOLDER, CacheError, Segment, Store
+from padpipe.token_cache.plan import Session
+from padpipe.token_cache.store import UNIT_FOLDER, CacheError
 from padpipe.tokenizer.rows import pass_through
 
 CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY = REFERENCES_KEY, "folders", "unit", "pos"
 KEYS = (CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY)
-
-
-class Session(Protocol):
-    """What references need of the cache session (a :class:`padpipe.token_cache.session.CacheSession`, which
-    imports this module): its name, units and segments."""
-
-    key: str
-    fingerprint: str
-    fields: tuple[str, ...]
-    store: Store
-
-    def unit_number(self, folder: str) -> int: ...
-
-    def unit_folder(self, uid: int) -> str: ...
-
-    def covered(self, uid: int, positions: np.ndarray) -> bool: ...
-
-    def segments(self, folder: str) -> list[Segment]: ...
-
-    def load(self, folder: str, segment: Segment, uid: int, kind: str | None) -> pa.Table | None: ...
 
 
 def references(session: Session, ref: pa.Array) -> dict[str, Any] | None:

@@ -11,39 +11,17 @@ of it where rows are numbered), each announced to the collector once all its row
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from padpipe.readers.source import UnitSource, WorkUnit
-from padpipe.stats import PipelineStats
 from padpipe.token_cache import rows as cr
+from padpipe.token_cache.plan import Session
 from padpipe.token_cache.store import Segment
 
 SEGMENT_ROWS = 4096
 ROWS, BYTES, WHOLE = "rows", "bytes", "whole"  # how a unit's positions are counted
-
-
-class Announcer(Protocol):
-    """Where a walk announces the segments it sent (the session's :class:`padpipe.token_cache.fill.Collector`)."""
-
-    generation: int  # the pass being read (a reset starts a new one)
-
-    def expect(self, generation: int, uid: int, folder: str, segment: Segment, rows: int) -> None: ...
-
-
-class Segments(Protocol):
-    """What a walk reads of the cache session (a :class:`padpipe.token_cache.session.CacheSession`, which imports
-    this module): a unit's published segments, one segment's checked rows, and where to count and announce."""
-
-    hidden: dict[str, pa.DataType]  # the hidden token columns, null on a text row (rows.hidden_types)
-    stats: PipelineStats
-    collector: Announcer
-
-    def segments(self, folder: str) -> list[Segment]: ...
-
-    def load(self, folder: str, segment: Segment, uid: int, kind: str | None) -> pa.Table | None: ...
 
 
 class Walk:
@@ -51,7 +29,7 @@ class Walk:
 
     def __init__(
         self,
-        session: Segments,
+        session: Session,
         reader: UnitSource,
         unit: WorkUnit,
         whole: WorkUnit,
