@@ -45,15 +45,8 @@ def segment_rows(
         place = found.setdefault(int(index[row]), {})
         place[name] = place.get(name, 0) + count
     counts = pa.array([list(found[i].items()) if i in found else None for i in range(n)], cr.COUNTS_TYPE)
-    out = rows.drop_columns([c for c in cr.HIDDEN if c in rows.schema.names])
-    for name in fields:
-        i = out.schema.get_field_index(name)
-        if i >= 0:
-            out = out.set_column(i, out.schema.field(i), pa.nulls(n, out.schema.field(i).type))
-    for name, column in ((cr.IDS, ids), (cr.TRAINED, trained), (cr.COUNTS, counts)):
-        out = out.append_column(name, column)
-    out = out.append_column(cr.STATE, pa.array(np.full(n, cr.CACHED, np.int8)))
-    return out.append_column(cr.POS, pa.array(cr.split_refs(rows.column(cr.REF).to_numpy())[1]))
+    columns = {cr.IDS: ids, cr.TRAINED: trained, cr.COUNTS: counts}
+    return cr.segment_of(rows, fields, columns, np.full(n, cr.CACHED))
 
 
 def outcome_of(rows: pa.RecordBatch, places: np.ndarray) -> Outcome:

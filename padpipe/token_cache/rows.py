@@ -144,20 +144,29 @@ def segment_rows(
     ``good`` marks the rows ``chunk`` holds (in order); the others had bad text and are stored
     as :data:`BAD` with no ids.
     """
-    n = rows.num_rows
-    lengths = np.zeros(n, np.int64)
+    lengths = np.zeros(rows.num_rows, np.int64)
     lengths[good] = chunk.lengths
     offsets = exclusive_cumsum(lengths)
-    out = rows.drop_columns([c for c in HIDDEN if c in rows.schema.names])
+    columns = {IDS: lists(chunk.ids, offsets, id_type)}
+    if chunk.type_ids is not None:
+        columns[TYPE_IDS] = lists(chunk.type_ids, offsets, pa.int8())
+    return segment_of(rows, fields, columns, np.where(good, CACHED, BAD))
+
+
+def segment_of(
+    rows: pa.RecordBatch, fields: Sequence[str], columns: dict[str, pa.Array], state: np.ndarray
+) -> pa.RecordBatch:
+    """Reader ``rows`` as a segment file stores them: ``fields`` nulled, the hidden ``columns``, the rows' ``state``
+    and their positions (from their references)."""
+    n = rows.num_rows
+    out = without_hidden(rows)
     for name in fields:
         i = out.schema.get_field_index(name)
-        out = out.set_column(i, out.schema.field(i), pa.nulls(n, out.schema.field(i).type))
-    out = out.append_column(IDS, lists(chunk.ids, offsets, id_type))
-    if chunk.type_ids is not None:
-        out = out.append_column(TYPE_IDS, lists(chunk.type_ids, offsets, pa.int8()))
-    out = out.append_column(STATE, pa.array(np.where(good, CACHED, BAD).astype(np.int8)))
-    positions = split_refs(rows.column(REF).to_numpy())[1]
-    return out.append_column(POS, pa.array(positions))
+        if i >= 0:
+            out = out.set_column(i, out.schema.field(i), pa.nulls(n, out.schema.field(i).type))
+    for name, column in {**columns, STATE: pa.array(state.astype(np.int8))}.items():
+        out = out.append_column(name, column)
+    return out.append_column(POS, pa.array(split_refs(rows.column(REF).to_numpy())[1]))
 
 
 def without_hidden(batch: pa.RecordBatch) -> pa.RecordBatch:
