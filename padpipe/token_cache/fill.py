@@ -1,12 +1,10 @@
 """The token cache after the shuffle buffer: tokenize what is text, convert what is cached, collect segments.
 
-:class:`CachedTokenizer` replaces the tokenize stage's function (it runs in the same threads):
-rows marked :data:`~padpipe.token_cache.rows.TEXT` go through the :class:`ChunkTokenizer` exactly as
-without a cache (same ids, errors, skips and counters); cached rows become token chunks without a
-tokenizer call; the output keeps the input's row order. Freshly tokenized rows come back alongside,
-in segment-file form, and :class:`CacheFiller` (one node after the tokenize threads, in order)
-hands them to the :class:`Collector`, which puts each row into the segment the reader announced
-for it and publishes a segment, in a background writer thread, once all its rows are in.
+:class:`CachedTokenizer` replaces the tokenize stage's function in its threads: text rows go through the
+:class:`ChunkTokenizer` exactly as without a cache (same ids, errors, skips and counters), cached rows become
+token chunks without a tokenizer call, in the input's row order. Freshly tokenized rows come back in segment
+form; :class:`CacheFiller` (one node after the threads, in order) hands them to the :class:`Collector`, which
+publishes a segment, in a background writer thread, once all the rows the reader announced for it are in.
 """
 
 from __future__ import annotations

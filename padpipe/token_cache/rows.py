@@ -1,24 +1,20 @@
 """The rows a cached pipeline passes from its reader to ``tokenize``: source columns plus hidden token columns.
 
-With a token cache on, the reader emits every row with four hidden columns, whether it read the
-row's text from the source or its ids from the cache, so the shuffle buffer between them sees
-one schema and the same batch sizes as without a cache:
+With a token cache on, the reader emits every row with the hidden columns, whether it read the row's text or
+its ids from the cache, so the shuffle buffer between them sees one schema and the batch sizes of no cache:
 
-* ``__padpipe_ids`` (list of the cache's id type): the ids of a cached row, null for a text row;
-* ``__padpipe_type_ids`` (list of int8, only for tokenizers that make them): likewise;
-* with a chat cache (``chat(..., cache=...)``), ``__padpipe_ids`` holds the token rows a conversation
-  became (a list of lists: none when it was skipped, several for reasoning rows), and two more columns
-  go with it: ``__padpipe_trained`` (the same shape, whether each token is trained) and
-  ``__padpipe_counts`` (a map: the counters the conversation added, see :mod:`padpipe.token_cache.chat_rows`);
-* ``__padpipe_state`` (int8): :data:`TEXT` (tokenize it), :data:`CACHED`, or :data:`BAD` (a row
-  whose text was bad, dropped and counted as ``tokenize.bad_text`` as when it was tokenized);
-* ``__padpipe_ref`` (int64): where the row lives, ``unit << 40 | position`` (``unit`` numbers the
-  source unit in this process, ``position`` is its row number or JSONL byte offset), ``-1``
-  when it cannot be cached. ``tokenize`` keeps it on its chunks as far as the bucketizer, whose
-  state can then name rows instead of holding them.
+* ``__padpipe_ids`` (list of the cache's id type): a cached row's ids, null for a text row; and
+  ``__padpipe_type_ids`` (list of int8, for tokenizers that make them) likewise. With a chat cache,
+  ``__padpipe_ids`` holds the token rows a conversation became (a list of lists), ``__padpipe_trained``
+  whether each token is trained, ``__padpipe_counts`` its counters (:mod:`padpipe.token_cache.chat_rows`);
+* ``__padpipe_state`` (int8): :data:`TEXT` (tokenize it), :data:`CACHED`, or :data:`BAD` (its text was bad:
+  dropped and counted as ``tokenize.bad_text``, as when it was tokenized);
+* ``__padpipe_ref`` (int64): ``unit << 40 | position`` (the session's unit number; a row number or JSONL byte
+  offset), ``-1`` when it cannot be cached. Kept on tokenize's chunks as far as a bucketizer, whose state can
+  then name rows instead of holding them.
 
-A segment file holds the same columns, with ``__padpipe_pos`` (the position) in place of the
-reference and the text columns as nulls.
+A segment file holds the same columns, with ``__padpipe_pos`` (the position) in place of the reference and
+the text columns as nulls.
 """
 
 from __future__ import annotations

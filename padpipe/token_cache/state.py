@@ -1,12 +1,9 @@
 """Small states with a token cache: buffered rows the cache holds are saved as references, re-read on resume.
 
-The shuffle buffer and the bucketizer save their buffered rows in their states. With a cache on,
-rows carry a reference (``__padpipe_ref``: unit and position); when every row of a buffered batch
-is in a segment the pipeline's cache session published or read, its state is just the units' folders and
-each row's unit and position: 12 bytes a row instead of its ids and columns. On resume the rows
-are read back from the cache (the segments' checks apply) in the same order; a state whose rows
-are no longer in the cache is an error naming it. Batches that hold rows not yet in the cache
-(the pass that fills it) are saved whole, as without a cache.
+Rows carry a reference (``__padpipe_ref``: unit and position); a buffered batch whose every row is in a segment
+the session published or read is saved as its units' folders and each row's unit and position (12 bytes a row),
+and read back from the cache on resume (the segments' checks apply), in the same order; rows no longer in the
+cache are an error naming them. Batches with rows not yet in the cache are saved whole, as without one.
 """
 
 from __future__ import annotations
