@@ -26,7 +26,7 @@ ID_DTYPE = np.int32
 TYPE_ID_DTYPE = np.int8
 
 
-def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+def exclusive_cumsum(values: np.ndarray | Sequence[int]) -> np.ndarray:
     """``[0, v0, v0 + v1, ...]`` as ``int64`` (offsets from lengths)."""
     out = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(values, out=out[1:])

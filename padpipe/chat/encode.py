@@ -90,7 +90,7 @@ class SpanEncoder:
         tokenizes plain prompt/completion text; an added token's span is empty, at its text's start or end."""
         raw = self.encode(texts)
         chunk = self._special.encode(list(texts))
-        head, tail = self._added()
+        head, tail = self._added
         lengths, raw_lengths = chunk.lengths, np.diff(raw.offsets)
         inner = np.repeat(chunk.offsets[:-1] + head, raw_lengths) + positions(raw.offsets)
         if (lengths != raw_lengths + head + tail).any() or not np.array_equal(chunk.ids[inner], raw.ids):
@@ -127,14 +127,12 @@ class SpanEncoder:
         np.add.at(mask, stop[keep], -1)
         return np.cumsum(mask)[:total] > 0
 
+    @cached_property
     def _added(self) -> tuple[int, int]:
         """How many tokens the post-processor adds before and after a text."""
-        cached = self.__dict__.get("_head_tail")
-        if cached is None:
-            raw = self._raw.encode("a", add_special_tokens=False).ids
-            full = self._special.encode(["a"]).ids.tolist()
-            head = next((i for i in range(len(full) - len(raw) + 1) if full[i : i + len(raw)] == raw), None)
-            if head is None:
-                raise ValueError("chat(): the tokenizer's post-processor changes the text's tokens.")
-            cached = self._head_tail = (head, len(full) - len(raw) - head)
-        return cached
+        raw = self._raw.encode("a", add_special_tokens=False).ids
+        full = self._special.encode(["a"]).ids.tolist()
+        head = next((i for i in range(len(full) - len(raw) + 1) if full[i : i + len(raw)] == raw), None)
+        if head is None:
+            raise ValueError("chat(): the tokenizer's post-processor changes the text's tokens.")
+        return head, len(full) - len(raw) - head

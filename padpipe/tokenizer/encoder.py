@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from functools import cached_property
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
@@ -211,7 +212,7 @@ class TextEncoder:
         inputs = list(zip(texts, pairs))
         if self.max_length is None:
             return flatten(self._encode_batch(inputs, add_special_tokens=special), self.returns_token_type_ids)
-        encodings = self._twin()(inputs, add_special_tokens=special)
+        encodings = self._encode_pairs(inputs, add_special_tokens=special)
         chunk = flatten(encodings, self.returns_token_type_ids)
         lengths = chunk.lengths
         rows = np.flatnonzero(lengths > self.max_length) if self._pair_limit is not None else []
@@ -267,14 +268,12 @@ class TextEncoder:
         """
         return self._source.fingerprint
 
-    def _twin(self) -> Any:
+    @cached_property
+    def _encode_pairs(self) -> Any:
         """The batch call of an untruncated copy, for pairs (parsed once, at the first pair)."""
-        twin = self.__dict__.get("_encode_pairs")
-        if twin is None:
-            copy = self._source.copy()
-            copy.encode_special_tokens = self.encode_special_tokens
-            twin = self._encode_pairs = getattr(copy, "encode_batch_fast", copy.encode_batch)
-        return twin
+        copy = self._source.copy()
+        copy.encode_special_tokens = self.encode_special_tokens
+        return getattr(copy, "encode_batch_fast", copy.encode_batch)
 
     def _encode_singles(self, texts: Sequence[str], special: bool) -> list:
         """Encodings of single texts; long ones from their start only where the ids are the same."""
