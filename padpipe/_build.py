@@ -26,8 +26,8 @@ from padpipe.tokenizer.rows import ChunkTokenizer
 
 
 def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: int) -> BaseNode:
-    """Build the row shuffle buffer."""
-    return ShuffleBuffer(upstream, buffer_size=buffer_size, seed=seed, stats=ctx.stats)
+    """Build the row shuffle buffer (saving rows the token cache holds as references)."""
+    return ShuffleBuffer(upstream, buffer_size=buffer_size, seed=seed, stats=ctx.stats, references=ctx.cache)
 
 
 def tokenize(
@@ -39,7 +39,6 @@ def tokenize(
     num_threads: int,
     on_error: str,
     append_eos: bool,
-    cache: Any = None,
 ) -> BaseNode:
     """Build the tokenizer stage: the batch encoder run by ``num_threads`` threads, chunks in order.
 
@@ -48,11 +47,11 @@ def tokenize(
     resume: ``fields``, ``max_length`` (as resolved), ``add_special_tokens``, ``append_eos``, the
     truncation side and the tokenizer itself. ``on_error`` is not checked, so a run stopped by a bad
     row can resume with ``on_error="skip"``. Errors from the threads reach the consumer unchanged.
-    With a token ``cache`` (its session is ``ctx.cache``), the threads tokenize only the rows the
-    cache does not hold, and a node after them collects the new rows for the cache.
+    With the recipe's token cache (its session is ``ctx.cache``), the threads tokenize only the rows
+    the cache does not hold, and a node after them collects the new rows for the cache.
     """
 
-    upstream = FirstChunks(upstream)  # the first rows of an epoch in small chunks: the first tokens come fast
+    upstream = FirstChunks(upstream, references=ctx.cache)  # the first rows of an epoch in small chunks: fast
     fn: Any = ChunkTokenizer(encoder, fields=fields, on_error=on_error, append_eos=append_eos, stats=ctx.stats)
     if ctx.cache is not None:
         fn = ctx.cache.tokenizer(fn)
@@ -76,9 +75,11 @@ def batch(upstream: BaseNode, ctx: BuildContext, *, batch_size: int, drop_last: 
 def bucket(upstream: BaseNode, ctx: BuildContext, *, seed: int | None, **options: Any) -> BaseNode:
     """Build the length bucketizer; the padding rules come from the recipe's ``pad`` stage."""
     seed = seed if seed is not None else (ctx.seed if ctx.seed is not None else 0)
+    references = None if ctx.cache is None else ctx.cache.references_after(upstream)
     return Bucketizer(
         upstream,
         seed=seed,
+        references=references,
         pad_to_multiple_of=ctx.pad_to_multiple_of,
         pad_to_length=ctx.pad_to_length,
         stats=ctx.stats,
@@ -156,20 +157,19 @@ def chat(
     template: ChatTemplate,
     options: ChatOptions,
     num_threads: int,
-    cache: Any = None,
 ) -> BaseNode:
     """Build the chat stage: templates rendered and tokenized by ``num_threads`` threads, chunks in order.
 
     Its state is the upstream position after the last chunk it returned (exact across thread
     counts, as tokenize's), with what changes the tokens and labels checked on resume: the options
-    but ``on_error``, the template and the tokenizer. With a token ``cache`` (its session is
-    ``ctx.cache``), the threads render only the conversations the cache does not hold, and a node
-    after them collects the new ones for the cache.
+    but ``on_error``, the template and the tokenizer. With the recipe's token cache (its session
+    is ``ctx.cache``), the threads render only the conversations the cache does not hold, and a
+    node after them collects the new ones for the cache.
     """
 
     chat_fn = ChatTokenizer(template, options, stats=ctx.stats)
     fn: Any = chat_fn if ctx.cache is None else ctx.cache.chat(chat_fn)
     settings = {**options.settings(), "template": template.fingerprint(), "tokenizer": chat_fn.encoder.fingerprint()}
-    upstream = FirstChunks(upstream)  # the first rows of an epoch in small chunks: the first tokens come fast
+    upstream = FirstChunks(upstream, references=ctx.cache)  # the first rows of an epoch in small chunks: fast
     node = OrderedMapper(upstream, fn, num_threads=num_threads, stage="chat", settings=settings)
     return node if ctx.cache is None else ctx.cache.filler(node)

@@ -2,11 +2,11 @@
 
 The shuffle buffer, ``first_chunks`` and the bucketizer save buffered rows in their states with
 :func:`chunk_state` / :func:`records_state` and declare those fields as :class:`BufferedChunk` /
-:class:`BufferedRecords`. Without a token cache the rows are saved whole. A token cache plugs in
-through :func:`use_references` (:mod:`padpipe.token_cache.state` does, when a pipeline tokenizes
-with a cache): rows it has published carry a reference column (``__padpipe_ref``: unit and
-position), a buffer whose every row it holds is saved as 12 bytes a row, and it reads them back on
-resume. A state that holds references in a process where no cache plugged in is refused by name.
+:class:`BufferedRecords`. Without a token cache the rows are saved whole. With one, the stage is given the
+pipeline's cache session as its :class:`References` (the build context hands it over): rows it has
+published carry a reference column (``__padpipe_ref``: unit and position), a buffer whose every row
+it holds is saved as 12 bytes a row, and it reads them back on resume. A state that holds references
+is refused by name in a stage given none.
 
 Example:
     >>> chunk = TokenChunk.from_lists([[1, 2]], {"x": [7]})
@@ -50,14 +50,6 @@ class References(Protocol):
         ...
 
 
-_plugged: list[References] = []
-
-
-def use_references(references: References) -> None:
-    """Plug a token cache's :class:`References` in (once per process; the last one plugged is used)."""
-    _plugged[:] = [references]
-
-
 def drop_ref(chunk: TokenChunk) -> TokenChunk:
     """``chunk`` without its row references (what the bucketizer emits).
 
@@ -70,44 +62,47 @@ def drop_ref(chunk: TokenChunk) -> TokenChunk:
     return TokenChunk(chunk.ids, chunk.offsets, chunk.type_ids, {k: v for k, v in chunk.columns.items() if k != REF})
 
 
-def chunk_state(chunk: TokenChunk) -> dict[str, Any]:
-    """The state of buffered token rows: references when a token cache holds them all, else the rows."""
+def chunk_state(chunk: TokenChunk, references: References | None = None) -> dict[str, Any]:
+    """The state of buffered token rows: references when the token cache holds them all, else the rows."""
     ref = chunk.columns.get(REF)
-    compact = _plugged[0].chunk(ref) if ref is not None and _plugged else None
+    compact = references.chunk(ref) if ref is not None and references is not None else None
     return compact if compact is not None else chunk.to_state()
 
 
-def records_state(batch: pa.RecordBatch) -> dict[str, Any]:
-    """The state of a buffered record batch: references when a token cache holds every row, else the rows."""
-    compact = _plugged[0].records(batch) if REF in batch.schema.names and _plugged else None
+def records_state(batch: pa.RecordBatch, references: References | None = None) -> dict[str, Any]:
+    """The state of a buffered record batch: references when the token cache holds every row, else the rows."""
+    compact = references.records(batch) if REF in batch.schema.names and references is not None else None
     return compact if compact is not None else records_to_state(batch)
 
 
 class BufferedChunk(Spec):
     """A buffer of token rows: a sealed token chunk, or references re-read (then cut to ``truncate_to``)."""
 
-    def __init__(self, truncate_to: int | None = None) -> None:
-        self.truncate_to = truncate_to
+    def __init__(self, truncate_to: int | None = None, references: References | None = None) -> None:
+        self.truncate_to, self.references = truncate_to, references
 
     def load(self, value: Any) -> TokenChunk:
         if isinstance(value, Mapping) and REFERENCES_KEY in value:
-            return _references().resolve_chunk(dict(value), self.truncate_to)
+            return _given(self.references).resolve_chunk(dict(value), self.truncate_to)
         return TokenChunk.from_state(value)
 
 
 class BufferedRecords(Spec):
     """A buffered record batch (a shuffle segment): sealed rows, or references re-read."""
 
+    def __init__(self, references: References | None = None) -> None:
+        self.references = references
+
     def load(self, value: Any) -> pa.RecordBatch:
         if isinstance(value, Mapping) and REFERENCES_KEY in value:
-            return _references().resolve_records(dict(value))
+            return _given(self.references).resolve_records(dict(value))
         return records_from_state(value)
 
 
-def _references() -> References:
-    if not _plugged:
+def _given(references: References | None) -> References:
+    if references is None:
         raise StateMismatchError(
             "this state refers to rows in a token cache, but this pipeline does not use one; resume with the "
             "same tokenize(cache=...) settings."
         )
-    return _plugged[0]
+    return references

@@ -1,10 +1,9 @@
 """The token cache: tokenize once, read ids on every later epoch and run (``tokenize(..., cache=...)``).
 
-The first pass streams as without a cache and writes what ``tokenize`` produced, unit by unit, as
-Arrow IPC files under the cache location; later passes read those files (memory-mapped) instead
-of tokenizing. Entries are keyed by the tokenizer's JSON and the tokenize options, and by each
-source unit's file, size, modification time or ETag and row range, so any change is a miss,
-never stale ids. Batches are exactly those of the same pipeline without a cache.
+The first pass writes what ``tokenize`` (or ``chat``) produced, unit by unit, as Arrow IPC files; later
+passes read them instead. Entries are keyed by the tokenizer and the stage's options, and by each source
+unit's file, size, version and row range, so any change is a miss, never stale ids; batches are exactly
+those without a cache. A recipe with a cache holds it (``Pipeline.cache``, :func:`tokenize_plan`).
 
 Command line: ``padpipe cache info PATH`` prints the size; ``padpipe cache clear PATH`` deletes it.
 """
@@ -19,12 +18,9 @@ from typing import Any
 
 import fsspec.core
 
-from padpipe.buffers import use_references
 from padpipe.errors import one_of
 from padpipe.readers.source import UnitSource
-from padpipe.token_cache.rows import ids_type
-from padpipe.token_cache.session import CacheSession, digest
-from padpipe.token_cache.state import CacheReferences
+from padpipe.token_cache.plan import CachePlan
 from padpipe.token_cache.store import ABOUT, FORMAT, CacheError, Store
 from padpipe.tokenizer.serialized import tokenizer_json
 
@@ -81,12 +77,9 @@ class TokenCache:
         raise TypeError(f"`cache` must be a path, an fsspec URL or a padpipe.TokenCache, but is {cache!r} instead.")
 
 
-def check_recipe(source: Any, stages: Sequence[Any], stage: str = "tokenize") -> None:
-    """Raise ``ValueError`` unless a cache can sit on this recipe's next stage, ``stage`` (used by
-    ``Pipeline.tokenize`` and ``Pipeline.chat``).
-
-    The cache keys rows by the reader's work units, and the rows must reach ``stage`` unchanged.
-    """
+def check_recipe(source: Any, stages: Sequence[Any], stage: str) -> None:
+    """Raise ``ValueError`` unless a cache can sit on this recipe's next stage, ``stage``: the cache keys rows by
+    the reader's work units, and the rows must reach ``stage`` unchanged."""
     reader = source.options.get("reader")
     if not (isinstance(reader, type) and issubclass(reader, UnitSource)):
         raise ValueError(
@@ -100,58 +93,50 @@ def check_recipe(source: Any, stages: Sequence[Any], stage: str = "tokenize") ->
         )
 
 
-def session(stages: Sequence[Any], stats: Any) -> Any:
-    """The cache session of a recipe whose ``tokenize`` stage has a cache, else ``None`` (used by
-    ``Pipeline.build``)."""
+def tokenize_plan(cache: Any, options: dict[str, Any]) -> CachePlan:
+    """The recipe's cache of a ``tokenize`` stage with ``options``: keyed by what decides the ids (the tokenizer's
+    JSON as a digest, its settings, the tokenize options); a row holds at most ``max_length`` tokens (and the EOS
+    appended), where the Rust tokenizer truncates at all: not below the special tokens it adds."""
+    import tokenizers
 
-    position = next((i for i, s in enumerate(stages) if s.name in CACHED_STAGES and s.options.get("cache")), None)
-    if position is None:
-        return None
-    if stages[position].name == "chat":
-        return _chat_session(stages[position].options, stats)
-    options = stages[position].options
-    cache, encoder = options["cache"], options["encoder"]
-    about = fingerprint_of(encoder, options)
-    store = Store(cache.path, cache.storage_options)
-    vocab_size = encoder.vocab_size
-    result = CacheSession(
-        store,
-        digest(about),
-        about,
-        id_type=ids_type(vocab_size),
-        type_ids=encoder.returns_token_type_ids,
-        fields=options["fields"],
-        on_write_error=cache.on_write_error,
-        stats=stats,
-        vocab_size=vocab_size,
-        max_length=longest_row(encoder, options["append_eos"]),
-    )
-    result.keep_ref = position + 1 < len(stages) and stages[position + 1].name == "bucket"
-    use_references(CacheReferences())  # buffers of cached rows are saved as references (padpipe.buffers)
-    return result
-
-
-CACHED_STAGES = ("tokenize", "chat")
-"""The stages a token cache can sit on."""
-
-
-def _chat_session(options: dict[str, Any], stats: Any) -> CacheSession:
-    """The cache session of a ``chat`` stage with a cache: segment rows hold what each conversation became."""
-    cache, template, settings = options["cache"], options["template"], options["options"]
-    about = chat_fingerprint_of(template, settings)
-    vocab_size = tokenizer_json(template.tokenizer.backend_tokenizer).id_bound  # with the added tokens
-    use_references(CacheReferences())  # the shuffle buffer's rows are saved as references (padpipe.buffers)
-    return CacheSession(
+    cache, encoder, eos = TokenCache.of(cache), options["encoder"], options["append_eos"]
+    added = encoder.special_tokens_added() if encoder.add_special_tokens else 0
+    bounded = encoder.max_length is not None and encoder.max_length >= added
+    about = {
+        "format": FORMAT,
+        "tokenizer": encoder.fingerprint(),  # vocabulary size and a digest of its JSON
+        "tokenizers": tokenizers.__version__,
+        "max_length": encoder.max_length,
+        "truncation_side": encoder.truncation_side,
+        "add_special_tokens": encoder.add_special_tokens,
+        "encode_special_tokens": encoder.encode_special_tokens,
+        "type_ids": encoder.returns_token_type_ids,
+        "fields": list(options["fields"]),
+        "on_error": options["on_error"],
+        "append_eos": eos,
+        "eos_id": encoder.eos_id if eos else None,
+    }
+    return CachePlan(
         Store(cache.path, cache.storage_options),
-        digest(about),
+        cache.on_write_error,
         about,
-        id_type=ids_type(vocab_size),
-        type_ids=False,
-        fields=settings.consumed(),
-        on_write_error=cache.on_write_error,
-        stats=stats,
-        vocab_size=vocab_size,
+        vocab_size=encoder.vocab_size,
+        max_length=encoder.max_length + eos if bounded else None,
+        fields=options["fields"],
+        type_ids=encoder.returns_token_type_ids,
+    )
+
+
+def chat_plan(cache: Any, template: Any, settings: Any) -> CachePlan:
+    """The recipe's cache of a ``chat`` stage: a segment row holds what a conversation became."""
+    cache = TokenCache.of(cache)
+    return CachePlan(
+        Store(cache.path, cache.storage_options),
+        cache.on_write_error,
+        chat_fingerprint_of(template, settings),
+        vocab_size=tokenizer_json(template.tokenizer.backend_tokenizer).id_bound,  # with the added tokens
         max_length=settings.max_length,
+        fields=settings.consumed(),
         chat=True,
     )
 
@@ -174,39 +159,6 @@ def chat_fingerprint_of(template: Any, settings: Any) -> dict[str, Any]:
         "tokenizers": tokenizers.__version__,
         "transformers": transformers.__version__,
         "jinja2": jinja2.__version__,
-    }
-
-
-def longest_row(encoder: Any, append_eos: bool) -> int | None:
-    """The most tokens a row of this encoder can have, or ``None`` when nothing bounds it.
-
-    The Rust tokenizer does not truncate at all when ``max_length`` is below the special tokens it adds.
-    """
-    if encoder.max_length is None:
-        return None
-    added = encoder.special_tokens_added() if encoder.add_special_tokens else 0
-    if encoder.max_length < added:
-        return None
-    return encoder.max_length + (1 if append_eos else 0)
-
-
-def fingerprint_of(encoder: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """What decides the ids: the tokenizer's JSON (as a digest), its settings and the tokenize options."""
-    import tokenizers
-
-    return {
-        "format": FORMAT,
-        "tokenizer": encoder.fingerprint(),  # vocabulary size and a digest of its JSON
-        "tokenizers": tokenizers.__version__,
-        "max_length": encoder.max_length,
-        "truncation_side": encoder.truncation_side,
-        "add_special_tokens": encoder.add_special_tokens,
-        "encode_special_tokens": encoder.encode_special_tokens,
-        "type_ids": encoder.returns_token_type_ids,
-        "fields": list(options["fields"]),
-        "on_error": options["on_error"],
-        "append_eos": options["append_eos"],
-        "eos_id": encoder.eos_id if options["append_eos"] else None,
     }
 
 
@@ -294,10 +246,10 @@ def _files(fs: Any, root: str) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def size_text(n: int) -> str:
+def size_text(n: float) -> str:
     """Bytes as text: ``'12 B'``, ``'3.4 MiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

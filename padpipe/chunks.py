@@ -26,16 +26,16 @@ ID_DTYPE = np.int32
 TYPE_ID_DTYPE = np.int8
 
 
-def offsets_of(lengths: np.ndarray) -> np.ndarray:
-    """The ``int64`` offsets of rows of ``lengths``, from 0.
+def exclusive_cumsum(values: np.ndarray | Sequence[int]) -> np.ndarray:
+    """``[0, v0, v0 + v1, ...]`` as ``int64`` (offsets from lengths).
 
     Example:
-        >>> offsets_of(np.array([3, 2])).tolist()
+        >>> exclusive_cumsum(np.array([3, 2])).tolist()
         [0, 3, 5]
     """
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
+    out = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=out[1:])
+    return out
 
 
 def segments(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -46,7 +46,7 @@ def segments(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.nd
         >>> index.tolist(), offsets.tolist()
         ([2, 3, 4, 0, 1], [0, 3, 5])
     """
-    offsets = offsets_of(lengths)
+    offsets = exclusive_cumsum(lengths)
     # position j of segment r is starts[r] + j
     return np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths), offsets
 
@@ -120,7 +120,7 @@ class TokenChunk:
         if not chunks:
             return TokenChunk.empty()
         ids = np.concatenate([c.ids for c in chunks])
-        offsets = offsets_of(np.concatenate([c.lengths for c in chunks]))
+        offsets = exclusive_cumsum(np.concatenate([c.lengths for c in chunks]))
         has_types = chunks[0].type_ids is not None
         type_ids = np.concatenate([c.type_ids for c in chunks]) if has_types else None
         names = list(chunks[0].columns)
@@ -140,7 +140,7 @@ class TokenChunk:
             >>> TokenChunk.from_lists([[5, 6]], {"label": [1]}).columns["label"].to_pylist()
             [1]
         """
-        offsets = offsets_of(np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows)))
+        offsets = exclusive_cumsum(np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows)))
         ids = np.fromiter((t for r in rows for t in r), dtype=ID_DTYPE, count=int(offsets[-1]))
         cols = {k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in (columns or {}).items()}
         return TokenChunk(ids, offsets, None, cols)

@@ -17,11 +17,11 @@ from torchdata.nodes import BaseNode
 
 from padpipe import _build
 from padpipe._checks import check_budget, shuffle_too_late, steps_missing
-from padpipe.cache import TokenCache, check_recipe
+from padpipe.cache import TokenCache, chat_plan, check_recipe, tokenize_plan
+from padpipe.chat.options import ChatOptions
 from padpipe.chat.pairs import PREFERENCE_COLUMNS
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.pipes.bucket import check_bucket_options
-from padpipe.pipes.chat import chat_options
 from padpipe.pipes.cut import longest_row_allowed
 from padpipe.pipes.device import cuda_device
 from padpipe.pipes.pack import check_pack_options
@@ -33,6 +33,7 @@ from padpipe.pipes.tokens import tokens_options
 from padpipe.readers.listing import SharedListing
 from padpipe.runnable import RECORDS, TENSORS, TOKEN_BATCHES, TOKENS, Runnable, arguments
 from padpipe.stage import Stage
+from padpipe.token_cache.plan import CachePlan
 from padpipe.tokenizer.serialized import tokenizer_json
 
 
@@ -71,6 +72,7 @@ class Pipeline(Runnable, IterableDataset):
     output: str = RECORDS
     seed: int | None = None
     sharding: str = "auto"
+    cache: CachePlan | None = None  # the token cache of its tokenize or chat stage: one session per built graph
     _epoch: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
     _managed: list[bool] = field(default_factory=lambda: [False], repr=False, compare=False)
 
@@ -141,20 +143,11 @@ class Pipeline(Runnable, IterableDataset):
             'tokens'
         """
         self._expect("tokenize", RECORDS)
-        options = tokenize_options(
-            tokenizer,
-            fields=fields,
-            max_length=max_length,
-            truncation=truncation,
-            add_special_tokens=add_special_tokens,
-            num_threads=num_threads,
-            on_error=on_error,
-            append_eos=append_eos,
-        )
+        options = tokenize_options(**{k: v for k, v in locals().items() if k not in ("self", "cache")})
         if cache is not None:
-            check_recipe(self.source, self.stages)
-            options["cache"] = TokenCache.of(cache)
-        return self._add(Stage("tokenize", _build.tokenize, options), TOKENS)
+            check_recipe(self.source, self.stages, "tokenize")
+        plan = None if cache is None else tokenize_plan(cache, options)
+        return self._add(Stage("tokenize", _build.tokenize, options), TOKENS, cache=plan)
 
     def tokens(
         self,
@@ -217,76 +210,30 @@ class Pipeline(Runnable, IterableDataset):
         elsewhere, so ``.bucket(...).pad()`` (labels padded with -100) or ``.batch(n).pad()`` follow
         as after :meth:`tokenize`. Other columns pass through (``idx``/``id``, ``label`` by its name).
 
-        A trained message's span is the text the template writes for it after its header (after
-        the generation prompt, for an answer) through its end-of-turn token (``<|im_end|>``,
-        ``<|eot_id|>``, ``</s>``, ``<end_of_turn>``, Phi-3's ``<|end|>``), never the separator or EOS
-        written after that token: taken from ``{% generation %}`` markers where the template has them
-        (moved to that span), else found in the rendering itself, also where a template renders earlier
-        turns otherwise than a prefix does (Qwen3, DeepSeek-R1, Mistral's system message), and checked
-        on every row. A conversation that cannot be aligned (not well-formed for its template) is refused
-        naming the row, the message and the text (a ``DataError``, or a counted skip), never given a wrong span.
-
-        Reasoning is trained where the template renders it: an answer whose reasoning the whole
-        conversation drops (Qwen3 keeps ``<think>`` only after the last user message) is trained in a
-        row of its own, the rendering of the messages up to it (``reasoning="every_turn"``; counted as
-        ``chat.reasoning_rows``); so every row is ``apply_chat_template`` of a prefix ending in an answer
-        and every answer is trained once. What the template never renders (DeepSeek-R1-Distill drops
-        reasoning from every answer; Mistral-v0.3 the system message of a conversation ending in an
-        answer) is trained as rendered, counted as ``chat.dropped_reasoning`` / ``chat.dropped_system``
-        and warned once: docs/sft.md, "Templates", says how to train it.
-
-        Rows no token of which is trained are dropped and counted as ``chat.no_trained_tokens``: no row
-        with only -100 labels is ever yielded. Counters: ``chat.rows``, ``chat.tokens``,
-        ``chat.trained_tokens``, ``chat.truncated``, ``chat.special_text``; skips ``chat.bad_messages``
-        (a value that is not a list of messages, a training flag that is not a bool, bad
-        tools/arguments), ``chat.template_error`` (the template raised), ``chat.not_prefix`` and
-        ``chat.span_check`` (see above).
+        A trained message's span runs from after its header (the generation prompt, for an answer) through its
+        end-of-turn token, taken from ``{% generation %}`` markers or found in the rendering and checked on every
+        row; a conversation that cannot be aligned is refused naming the row (a ``DataError``, or a counted skip),
+        never given a wrong span. An answer whose reasoning the whole conversation drops is trained in a row of
+        its own (``chat.reasoning_rows``); rows with no trained token are dropped (``chat.no_trained_tokens``).
+        docs/sft.md says what is trained and counted ("What is trained", "Reasoning", "What is dropped").
 
         Args:
             tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (``AutoTokenizer``).
                 A bare ``tokenizers.Tokenizer`` has no special-token names for the template: wrap it in
                 ``PreTrainedTokenizerFast(tokenizer_object=..., eos_token=...)``.
-            messages: The column of conversations: lists of messages (``role``; ``content`` as text or
-                a list of parts; an answer may hold ``tool_calls`` and no content), as structs or as
-                JSON text. A message's ``None`` values are dropped, as ``apply_chat_template`` does.
-            train_on: ``"assistant"``: every answer; ``"last"``: the last answer; ``"all"``: every token.
-            max_length: Keep a longer conversation's first ``max_length`` tokens (ids a prefix of the
-                whole conversation's, labels of that prefix).
             chat_template: A Jinja template to use instead of the tokenizer's (``ValueError`` at once
                 when neither exists).
-            prompt: With ``completion``, the columns of a prompt and its completion: two lists of
-                messages (rendered as one conversation; the completion is trained: what follows the
-                prompt's generation prompt, through its last end-of-turn token), or two strings
-                (tokenized as ``tokenizer(prompt + completion + eos_token)``, as TRL does: the
-                completion and the EOS are trained). ``train_on="all"`` trains the prompt too.
-            completion: See ``prompt``.
-            training_field: The message key whose ``True``/``False`` turns training on or off for that
-                message whatever ``train_on`` says (axolotl's ``training``); ``None``: none. A message of
-                another role turned on trains its whole turn, header included. Any other value than
-                ``true``, ``false`` or null (``"false"``, ``0``) refuses the row (``chat.bad_messages``).
-            truncation: ``"keep_start"`` (TRL's), or ``"turns"``: cut a longer conversation after its
-                last trained span that fits whole (nothing of a cut answer is trained).
-            tools: The column of tool schemas (a list of JSON objects or their JSON text), passed to
-                the template when the data has it.
-            template_kwargs: Template arguments for every row (``{"enable_thinking": False}``).
-            kwargs_column: The column of per-row template arguments (a struct or JSON object), used when
-                the data has it; its values win over ``template_kwargs``.
             num_threads: Chunks rendered and tokenized concurrently (as :meth:`tokenize`'s).
-            on_error: ``"raise"`` a ``DataError`` naming the file and row of a conversation that cannot be
-                rendered or labelled, or ``"skip"`` it, counted by reason.
-            reasoning: ``"every_turn"``: reasoning the whole conversation drops is trained in rows of
-                their own (above); ``"as_rendered"``: one row per conversation, the whole rendering.
-            special_text: A message whose text holds a special token's text (``<|im_end|>`` written in
-                an answer: the tokenizer reads it as the token, a turn boundary inside a message):
-                ``"keep"`` it as the tokenizer reads it (counted as ``chat.special_text``), ``"skip"`` the
-                conversation (counted) or ``"raise"`` a ``DataError`` naming the row.
             cache: A folder, fsspec URL or :class:`padpipe.TokenCache`, as :meth:`tokenize`'s: the first
-                pass stores what each conversation became (its rows' ids and trained tokens, and what it
-                added to the counters), later passes and runs read that instead of rendering and
-                tokenizing: the same batches and ``stats()``. Keyed by the tokenizer, the template, every
-                option here (``on_error`` too) and each source unit's file; a chat cache and a tokenize
-                cache in one folder never read each other's files. Needs a reader with work units and
-                only ``shuffle`` between it and ``chat``.
+                pass stores what each conversation became, later passes and runs read it instead of rendering
+                and tokenizing (the same batches and ``stats()``; docs/sft.md, "Chat cache"). Needs a reader
+                with work units and only ``shuffle`` between it and ``chat``.
+
+        The other keywords are the options of :class:`padpipe.chat.options.ChatOptions`, each documented and
+        checked there: the columns (``messages``, or ``prompt`` and ``completion``; ``tools``, ``kwargs_column``),
+        what is trained (``train_on``, ``training_field``, ``reasoning``), how a longer conversation is cut
+        (``max_length``, ``truncation``), ``template_kwargs``, and what a row that cannot be rendered or labelled
+        becomes (``on_error``, ``special_text``).
 
         Example:
             >>> template = ("{% for m in messages %}{{ m.role }}: {{ m.content }} [SEP]{% endfor %}"
@@ -301,30 +248,16 @@ class Pipeline(Runnable, IterableDataset):
             ([[-100, -100, -100, -100, -100, -100, -100, -100, -100, 5668, 3]], [7])
         """
         self._expect("chat", RECORDS)
-        options = chat_options(
-            tokenizer,
-            chat_template=chat_template,
-            num_threads=num_threads,
-            messages=messages,
-            prompt=prompt,
-            completion=completion,
-            train_on=train_on,
-            training_field=training_field,
-            max_length=max_length,
-            truncation=truncation,
-            tools=tools,
-            kwargs_column=kwargs_column,
-            template_kwargs={} if template_kwargs is None else template_kwargs,
-            on_error=on_error,
-            reasoning=reasoning,
-            special_text=special_text,
-        )
+        positive("num_threads", num_threads)
+        settings = ChatOptions.of(locals())  # the options among the keywords, each checked
+        template = settings.template(tokenizer, chat_template)
         if cache is not None:
             check_recipe(self.source, self.stages, "chat")
-            options["cache"] = TokenCache.of(cache)
-        settings = options["options"]
+        plan = None if cache is None else chat_plan(cache, template, settings)
+        options = {"template": template, "options": settings, "num_threads": num_threads}
         columns = tuple(c for c in (*settings.required(), settings.tools) if c is not None)
-        return self._add(Stage("chat", _build.chat, options), TOKENS, source=as_written(self.source, columns))
+        source = as_written(self.source, columns)
+        return self._add(Stage("chat", _build.chat, options), TOKENS, source=source, cache=plan)
 
     def preference(
         self,
@@ -338,24 +271,14 @@ class Pipeline(Runnable, IterableDataset):
     ) -> Pipeline:
         """Turn preference data (DPO, ORPO, reward pairs; KTO's labelled completions) into token rows, one per pair.
 
-        Reads TRL's formats (docs/preference.md): ``prompt`` messages with one assistant message ``chosen`` and
-        one ``rejected`` (tools and reasoning as ``.chat()`` takes them), the same as plain text, an implicit prompt
-        (``chosen``/``rejected`` whole conversations), or with ``unpaired=True`` KTO's ``prompt``/``completion``/
-        ``label``. Each member, the conversation ``prompt + [completion]``, is encoded by ``.chat()``'s machinery:
-        its ids are ``apply_chat_template``'s, its completion runs from where the answer's output starts to the end
-        of the rendering (what TRL's DPO trains), also where the prompt rendered alone is no prefix of it (counted
-        as ``preference.prompt_not_prefix``, where TRL warns).
-
-        A pair stays one token row through shuffle, bucketing, packing, sharding, equal steps and resume;
-        ``.batch(n).pad()`` then gives TRL's DPO collator layout (``input_ids``, ``attention_mask``,
-        ``completion_mask`` ``[2n, L]``, chosen rows then rejected rows; ``chosen`` ``[2n]``), ``.pack(seq_len)``
-        whole pairs, each member its own sequence (:mod:`padpipe.pipes.pairs`, :func:`padpipe.pair_logps`).
-        Unpaired rows are one row each, with ``labels`` and ``label`` (1 or 0).
-
-        Truncation, ``prompt_start``: a member longer than ``max_length`` loses its prompt's first tokens, the
-        same number from both members, as few as make the longer fit; a pair whose completions do not fit after one
-        prompt token is skipped (``preference.too_long``). Counters ``preference.*``: rows, tokens,
-        completion_tokens, prompt_cut, prompt_not_prefix and ``.chat()``'s (a pair skipped once).
+        Reads TRL's formats (docs/preference.md, "Formats"): ``prompt`` messages with one assistant message
+        ``chosen`` and one ``rejected``, the same as plain text, an implicit prompt, or with ``unpaired=True`` KTO's
+        ``prompt``/``completion``/``label``. Each member, ``prompt + [completion]``, is encoded by ``.chat()``'s
+        machinery: ids ``apply_chat_template``'s, the completion from where the answer's output starts to the end
+        of the rendering (what TRL's DPO trains). A pair stays one token row through every later stage;
+        ``.batch(n).pad()`` gives TRL's DPO collator layout, ``.pack(seq_len)`` whole pairs, each member its own
+        sequence (:mod:`padpipe.pipes.pairs`). A member longer than ``max_length`` loses its prompt's first tokens,
+        the same from both members; a pair that does not fit so is skipped (docs/preference.md, "Truncation").
 
         Args:
             tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (as :meth:`chat`'s).
@@ -363,9 +286,9 @@ class Pipeline(Runnable, IterableDataset):
             unpaired: Read KTO's ``prompt``/``completion``/``label`` rows instead of pairs.
             chat_template: A Jinja template to use instead of the tokenizer's.
             num_threads: Chunks rendered and tokenized concurrently.
-            chat_options: The :meth:`chat` settings that mean the same here: ``tools``, ``kwargs_column``,
-                ``template_kwargs``, ``on_error`` (a pair that cannot be read or labelled: ``"raise"`` a
-                ``DataError`` naming the row, or ``"skip"`` it, counted) and ``special_text``.
+            chat_options: The :class:`~padpipe.chat.options.ChatOptions` fields that mean the same here (checked
+                there): ``tools``, ``kwargs_column``, ``template_kwargs``, ``on_error`` (of a pair) and
+                ``special_text``.
 
         Example:
             >>> row = {"prompt": [{"role": "user", "content": "2+2?"}],
@@ -375,14 +298,7 @@ class Pipeline(Runnable, IterableDataset):
             (torch.Size([2, 17]), [3, 3], [True, False])
         """  # noqa: E501
         self._expect("preference", RECORDS)
-        options = preference_options(
-            tokenizer,
-            chat_template=chat_template,
-            num_threads=num_threads,
-            max_length=max_length,
-            unpaired=unpaired,
-            chat_options=chat_options,
-        )
+        options = preference_options(**{k: v for k, v in locals().items() if k != "self"})
         stage = Stage("preference", _build.preference, options)
         tools = options["options"].conversation.tools
         columns = (*PREFERENCE_COLUMNS, *((tools,) if tools is not None else ()))

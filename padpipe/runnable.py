@@ -13,7 +13,6 @@ from typing import Any, Literal, Self, cast
 from torchdata.nodes import BaseNode
 
 from padpipe._checks import check_fields
-from padpipe.cache import session as cache_session
 from padpipe.drivers import check_iteration
 from padpipe.errors import one_of
 from padpipe.loader import PipelineLoader
@@ -23,6 +22,8 @@ from padpipe.runtime.latch import FailureLatch
 from padpipe.sharing.consumer import Consumer
 from padpipe.stage import BuildContext, Recipe, Stage
 from padpipe.stats import PipelineStats
+from padpipe.token_cache.plan import CachePlan
+from padpipe.token_cache.session import CacheSession
 
 # What a pipeline yields so far, in stage order.
 RECORDS, TOKENS, TOKEN_BATCHES, TENSORS = "records", "tokens", "token batches", "tensors"
@@ -46,6 +47,7 @@ class Runnable:
     output: str
     seed: int | None
     sharding: str
+    cache: CachePlan | None
     _epoch: list[int]
     _managed: list[bool]
 
@@ -65,7 +67,7 @@ class Runnable:
             seed=self.seed,
             pad_to_multiple_of=pad.get("pad_to_multiple_of"),
             pad_to_length=pad.get("pad_to_length"),
-            cache=cache_session(self.stages, stats),
+            cache=None if self.cache is None else CacheSession(self.cache, stats),  # one per built graph
         )
         node = self.source.builder(None, context, **self.source.options)
         for stage in self.stages:

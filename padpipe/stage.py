@@ -35,7 +35,7 @@ class BuildContext:
     seed: int | None
     pad_to_multiple_of: int | None
     pad_to_length: int | None
-    cache: Any = None  # the token cache session (padpipe.token_cache.session) when tokenize has a cache
+    cache: Any = None  # the recipe's token cache session (padpipe.token_cache.session), for the stages it serves
 
 
 class Recipe(Protocol):

@@ -22,11 +22,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from padpipe.chat.labels import positions
-from padpipe.chunks import ID_DTYPE
 from padpipe.tokenizer import TextEncoder
+from padpipe.tokenizer.encoder import flatten
 from padpipe.tokenizer.serialized import tokenizer_json
 
-_IDS, _OFFSETS = attrgetter("ids"), attrgetter("offsets")
+_OFFSETS = attrgetter("offsets")
 
 
 @dataclass(frozen=True)
@@ -80,22 +80,17 @@ class SpanEncoder:
     def encode(self, texts: Sequence[str]) -> Tokens:
         """The tokens of ``texts`` (one Rust batch call) with their character spans."""
         encodings = self._raw.encode_batch(list(texts), add_special_tokens=False)
-        ids_lists = list(map(_IDS, encodings))
-        lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
-        offsets = np.zeros(len(ids_lists) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
-        ids = np.fromiter(chain.from_iterable(ids_lists), dtype=ID_DTYPE, count=total)
+        chunk = flatten(encodings)
         pairs = chain.from_iterable(chain.from_iterable(map(_OFFSETS, encodings)))
-        spans = np.fromiter(pairs, dtype=np.int64, count=2 * total).reshape(-1, 2)
-        return Tokens(ids, offsets, spans[:, 0].copy(), spans[:, 1].copy())
+        spans = np.fromiter(pairs, dtype=np.int64, count=2 * chunk.num_tokens).reshape(-1, 2)
+        return Tokens(chunk.ids, chunk.offsets, spans[:, 0].copy(), spans[:, 1].copy())
 
     def encode_plain(self, texts: Sequence[str]) -> Tokens:
         """The tokens of ``texts`` with the special tokens the tokenizer adds (its post-processor's), as TRL
         tokenizes plain prompt/completion text; an added token's span is empty, at its text's start or end."""
         raw = self.encode(texts)
         chunk = self._special.encode(list(texts))
-        head, tail = self._added()
+        head, tail = self._added
         lengths, raw_lengths = chunk.lengths, np.diff(raw.offsets)
         inner = np.repeat(chunk.offsets[:-1] + head, raw_lengths) + positions(raw.offsets)
         if (lengths != raw_lengths + head + tail).any() or not np.array_equal(chunk.ids[inner], raw.ids):
@@ -132,14 +127,12 @@ class SpanEncoder:
         np.add.at(mask, stop[keep], -1)
         return np.cumsum(mask)[:total] > 0
 
+    @cached_property
     def _added(self) -> tuple[int, int]:
         """How many tokens the post-processor adds before and after a text."""
-        cached = self.__dict__.get("_head_tail")
-        if cached is None:
-            raw = self._raw.encode("a", add_special_tokens=False).ids
-            full = self._special.encode(["a"]).ids.tolist()
-            head = next((i for i in range(len(full) - len(raw) + 1) if full[i : i + len(raw)] == raw), None)
-            if head is None:
-                raise ValueError("chat(): the tokenizer's post-processor changes the text's tokens.")
-            cached = self._head_tail = (head, len(full) - len(raw) - head)
-        return cached
+        raw = self._raw.encode("a", add_special_tokens=False).ids
+        full = self._special.encode(["a"]).ids.tolist()
+        head = next((i for i in range(len(full) - len(raw) + 1) if full[i : i + len(raw)] == raw), None)
+        if head is None:
+            raise ValueError("chat(): the tokenizer's post-processor changes the text's tokens.")
+        return head, len(full) - len(raw) - head

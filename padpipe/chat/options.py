@@ -1,10 +1,9 @@
-"""The chat stage's options: which columns hold what, and how conversations are labelled and truncated.
-
-Checked when ``.chat()`` is called (``ValueError``/``TypeError`` in one line), before any tokenizer is loaded.
-"""
+"""The chat stage's options, each defined, documented and checked here once: ``.chat()`` builds them from its
+keywords, ``.preference()`` from its ``chat_options``; checked before any tokenizer is loaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 from padpipe.chat.conversation import REASONING
 from padpipe.chat.labels import TRUNCATION
 from padpipe.chat.spans import TRAIN_ON
+from padpipe.chat.template import ChatTemplate
 from padpipe.errors import one_of, positive
 
 MISSING_COLUMN = (
@@ -21,13 +21,44 @@ MISSING_COLUMN = (
 )
 """The end of the error for a conversation column that is not in the data (the stage's, and loader()'s check)."""
 SPECIAL_TEXT = ("keep", "skip", "raise")
-"""What ``.chat()`` does with a conversation whose text holds a special token's text: keep it (counted), skip it
-(counted) or raise."""
 
 
 @dataclass(frozen=True)
 class ChatOptions:
-    """What the chat stage reads and how it labels (see ``Pipeline.chat`` for each).
+    """What the chat stage reads and how it labels: the options of :meth:`padpipe.Pipeline.chat`.
+
+    Attributes:
+        messages: The column of conversations: lists of messages (``role``; ``content`` as text or a list of
+            parts; an answer may hold ``tool_calls`` and no content), as structs or as JSON text. A message's
+            ``None`` values are dropped, as ``apply_chat_template`` does.
+        prompt: With ``completion``, the columns of a prompt and its completion: two lists of messages (rendered
+            as one conversation; the completion is trained: what follows the prompt's generation prompt, through
+            its last end-of-turn token), or two strings (tokenized as ``tokenizer(prompt + completion +
+            eos_token)``, as TRL does: the completion and the EOS are trained). ``train_on="all"`` trains the
+            prompt too.
+        completion: See ``prompt``.
+        train_on: ``"assistant"``: every answer; ``"last"``: the last answer; ``"all"``: every token.
+        training_field: The message key whose ``True``/``False`` turns training on or off for that message
+            whatever ``train_on`` says (axolotl's ``training``); ``None``: none. A message of another role turned
+            on trains its whole turn, header included. Any other value than ``true``, ``false`` or null
+            (``"false"``, ``0``) refuses the row (``chat.bad_messages``).
+        max_length: Keep a longer conversation's first ``max_length`` tokens (ids a prefix of the whole
+            conversation's, labels of that prefix).
+        truncation: ``"keep_start"`` (TRL's), or ``"turns"``: cut a longer conversation after its last trained
+            span that fits whole (nothing of a cut answer is trained).
+        tools: The column of tool schemas (a list of JSON objects or their JSON text), passed to the template
+            when the data has it.
+        kwargs_column: The column of per-row template arguments (a struct or JSON object), used when the data
+            has it; its values win over ``template_kwargs``.
+        template_kwargs: Template arguments for every row (``{"enable_thinking": False}``).
+        on_error: ``"raise"`` a ``DataError`` naming the file and row of a conversation that cannot be rendered
+            or labelled, or ``"skip"`` it, counted by reason.
+        reasoning: ``"every_turn"``: reasoning the whole conversation drops is trained in rows of their own;
+            ``"as_rendered"``: one row per conversation, the whole rendering.
+        special_text: A message whose text holds a special token's text (``<|im_end|>`` written in an answer:
+            the tokenizer reads it as the token, a turn boundary inside a message): ``"keep"`` it as the
+            tokenizer reads it (counted as ``chat.special_text``), ``"skip"`` the conversation (counted) or
+            ``"raise"`` a ``DataError`` naming the row.
 
     Example:
         >>> ChatOptions(prompt="question", completion="answer").consumed()
@@ -75,6 +106,38 @@ class ChatOptions:
         one_of("on_error", self.on_error, ("raise", "skip"))
         one_of("reasoning", self.reasoning, REASONING)
         one_of("special_text", self.special_text, SPECIAL_TEXT)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> ChatOptions:
+        """The options among ``values`` (a call's keywords: the others are left out; ``None`` template arguments
+        are none).
+
+        Example:
+            >>> ChatOptions.of({"train_on": "last", "template_kwargs": None, "num_threads": 2}).train_on
+            'last'
+        """
+        given = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values}
+        if given.get("template_kwargs", {}) is None:
+            given["template_kwargs"] = {}
+        return cls(**given)
+
+    def template(self, tokenizer: Any, chat_template: str | None) -> ChatTemplate:
+        """The chat template these options render with (``ValueError`` when there is none, or for plain-text
+        prompt/completion rows a tokenizer without EOS).
+
+        Example:
+            >>> ChatOptions().template(pp.examples.hf_tokenizer(), None)
+            Traceback (most recent call last):
+            ...
+            ValueError: chat() needs a chat template, but the tokenizer (BertTokenizer) has none and no `chat_template=` was given: pass chat_template= a Jinja template string.
+        """  # noqa: E501
+        template = ChatTemplate(tokenizer, chat_template, required=self.prompt is None)
+        if self.prompt is not None and template.tokenizer.eos_token is None:
+            raise ValueError(
+                "prompt/completion rows of plain text get the tokenizer's EOS token after the completion "
+                "(as TRL appends it), but this tokenizer has none: set tokenizer.eos_token."
+            )
+        return template
 
     def settings(self) -> dict[str, Any]:
         """The options as plain data, checked on resume (``on_error`` left out, as for ``tokenize``)."""

@@ -1,9 +1,7 @@
 """What the conversations of one batch became: token rows (each with the batch row it came from), their trained
-tokens, and the counters each batch row added.
-
-The chat stage computes an :class:`Outcome` per batch and only then turns it into a token chunk and counters, so a
-token cache can store each conversation's part of it (its rows, trained flags and counters) and give it back on a
-later epoch without rendering or tokenizing: the same chunk and the same ``stats()`` either way.
+tokens, and the counters each batch row added. The chat stage turns an :class:`Outcome` into a token chunk and
+counters only then, so a token cache can store each conversation's part and give it back: the same chunk and
+``stats()`` either way.
 """
 
 from __future__ import annotations
@@ -13,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from padpipe.chunks import exclusive_cumsum
 
 SKIP = "skip."
 """The prefix of a counter that counts skipped rows (``stats().skipped``), not a free-form counter."""
@@ -77,16 +77,10 @@ class Outcome:
         source = np.concatenate([p.source for p in parts])
         order = np.argsort(source, kind="stable")
         lengths = np.concatenate([p.lengths for p in parts])[order]
-        starts = np.concatenate([p.offsets[:-1] + base for p, base in zip(parts, _bases(parts))])[order]
-        offsets = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        bases = exclusive_cumsum([int(p.offsets[-1]) for p in parts])  # where each part's ids start, end to end
+        starts = np.concatenate([p.offsets[:-1] + base for p, base in zip(parts, bases)])[order]
+        offsets = exclusive_cumsum(lengths)
         take = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
         ids = np.concatenate([p.ids for p in parts])[take]
         trained = np.concatenate([p.trained for p in parts])[take]
         return Outcome(source[order], ids, offsets, trained, [c for p in parts for c in p.counts])
-
-
-def _bases(parts: Sequence[Outcome]) -> list[int]:
-    """Where each part's ids start in the parts' ids put end to end."""
-    sizes = [int(p.offsets[-1]) for p in parts]
-    return [sum(sizes[:i]) for i in range(len(parts))]

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.buffers import BufferedChunk, chunk_state, drop_ref
+from padpipe.buffers import BufferedChunk, References, chunk_state, drop_ref
 from padpipe.chunks import TokenChunk
 from padpipe.errors import check_bool, check_seed, one_of, positive
 from padpipe.graph import EpochAware
@@ -91,6 +91,7 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
         pad_to_multiple_of: The padding rule the downstream ``pad`` stage applies.
         pad_to_length: Static padding length of the downstream ``pad`` stage.
         stats: Counters to report into (time under ``"bucket"``).
+        references: The token cache's, where its rows come with references: buffered rows are saved as those.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -130,6 +131,7 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
         pad_to_multiple_of: int | None = None,
         pad_to_length: int | None = None,
         stats: PipelineStats | None = None,
+        references: References | None = None,
     ) -> None:
         super().__init__()
         check_bucket_options(
@@ -150,6 +152,7 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
         self.eager = eager and shuffle
         self.pad_to_multiple_of, self.pad_to_length = pad_to_multiple_of, pad_to_length
         self.stats = stats or PipelineStats()
+        self.references = references
         self._limit = None if max_tokens is None else longest_row_allowed(max_tokens, pad_to_multiple_of, pad_to_length)
         self._fill_rows = max(buffer_size, batch_size or 1)
         self._epoch = -1
@@ -167,7 +170,8 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
             self._set_ready(None, np.zeros(0, np.int64))
             return
         cut = self._limit if self.on_oversize == "truncate" else None  # rows re-read from a token cache
-        specs = {"carry": Optional(BufferedChunk(cut)), "ready": Optional(BufferedChunk(cut))}
+        buffer = Optional(BufferedChunk(cut, self.references))
+        specs = {"carry": buffer, "ready": buffer}
 
         def check(loaded: Loaded) -> None:  # the ready rows are cut into `sizes`; `batch` of them were emitted
             ready, sizes, batch = loaded.ready, loaded.sizes, loaded.batch
@@ -205,9 +209,9 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
     def get_state(self) -> dict[str, Any]:
         # buffers are serialised once after each cut and shared by every later state
         if self._carry is not None and self._carry_state is None:
-            self._carry_state = chunk_state(self._carry)
+            self._carry_state = chunk_state(self._carry, self.references)
         if self._ready is not None and self._ready_state is None:
-            self._ready_state = chunk_state(self._ready)
+            self._ready_state = chunk_state(self._ready, self.references)
         return self.STATE.make(
             self._settings(),
             source=self.source.state_dict(),

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 from torchdata.nodes import BaseNode
 
-from padpipe.buffers import BufferedRecords, records_state
+from padpipe.buffers import BufferedRecords, References, records_state
 from padpipe.readers.schema import slice_rows
 from padpipe.state import Child, Int, Optional, StateSchema
 
@@ -30,6 +30,7 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
 
     Args:
         source: Upstream node yielding ``pyarrow.RecordBatch``.
+        references: The token cache's, where one is on: held rows it holds are saved as references.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -42,9 +43,9 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
         "FirstChunks", 1, source=Child(), held=Optional(BufferedRecords()), sent=Int(0)
     )  # held: the rest of a cut batch; sent: rows passed on this epoch
 
-    def __init__(self, source: BaseNode[pa.RecordBatch]) -> None:
+    def __init__(self, source: BaseNode[pa.RecordBatch], *, references: References | None = None) -> None:
         super().__init__()
-        self.source = source
+        self.source, self.references = source, references
         self._held: pa.RecordBatch | None = None
         self._sent = 0
 
@@ -54,7 +55,7 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
             self.source.reset(None)
             self._held, self._sent = None, 0
             return
-        loaded = self.STATE.check(initial_state, {})
+        loaded = self.STATE.check(initial_state, {}, specs={"held": Optional(BufferedRecords(self.references))})
         self.source.reset(loaded.source)
         self._held, self._sent = loaded.held, loaded.sent
 
@@ -70,5 +71,5 @@ class FirstChunks(BaseNode[pa.RecordBatch]):
         return batch
 
     def get_state(self) -> dict[str, Any]:
-        held = None if self._held is None else records_state(self._held)
+        held = None if self._held is None else records_state(self._held, self.references)
         return self.STATE.make({}, source=self.source.state_dict(), held=held, sent=self._sent)

@@ -18,10 +18,9 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.chunks import TokenChunk
+from padpipe.chunks import TokenChunk, exclusive_cumsum
 from padpipe.pipes.packing import block_causal_mask
 from padpipe.pipes.pad import LABELS, Padder
-from padpipe.pipes.pieces import exclusive_cumsum
 from padpipe.state import Child, StateSchema
 
 CHOSEN = "chosen_tokens"

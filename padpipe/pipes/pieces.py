@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from padpipe.chunks import TokenChunk
+from padpipe.chunks import TokenChunk, exclusive_cumsum
 from padpipe.errors import DataError
 from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS
 
@@ -35,13 +35,6 @@ class Piece(NamedTuple):
     ids: np.ndarray
     labels: np.ndarray | None
     values: tuple[Any, ...]
-
-
-def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
-    """``[0, v0, v0 + v1, ...]`` as ``int64`` (offsets from lengths)."""
-    out = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(values, out=out[1:])
-    return out
 
 
 def _is_list(kind: pa.DataType) -> bool:

@@ -1,10 +1,9 @@
 """The preference stage's work: rows of preference data in, one token row per pair (or per labelled completion) out.
 
-Each member is the conversation ``prompt + [completion]`` encoded by :meth:`padpipe.pipes.chat.ChatTokenizer.outcome`
-(``train_on="last"``): ids the template's rendering, the completion from where ``.chat()`` finds the answer's output
-starts to the end of the rendering (as TRL's DPO trains it). A pair becomes one token row, the chosen member's tokens
-then the rejected one's, with token-level ``labels`` and :data:`padpipe.pipes.pairs.CHOSEN`, so every later stage
-carries it as one unit; ``.pad()`` and ``.pack()`` lay it out (docs/preference.md).
+Each member, ``prompt + [completion]``, is encoded by :meth:`padpipe.pipes.chat.ChatTokenizer.outcome`
+(``train_on="last"``). A pair becomes one token row, the chosen member's tokens then the rejected one's, with
+``labels`` on the completions and :data:`padpipe.pipes.pairs.CHOSEN`, so every later stage carries it as one
+unit; ``.pad()`` and ``.pack()`` lay it out (docs/preference.md).
 """
 
 from __future__ import annotations
@@ -23,18 +22,14 @@ from padpipe.chat.outcome import SKIP, Outcome
 from padpipe.chat.pairs import CHOSEN_COLUMN, COMPLETION, LABEL, PROMPT, REJECTED, read_members
 from padpipe.chat.rows import RowProblem, read_kwargs, read_tools
 from padpipe.chat.template import ChatTemplate
-from padpipe.chunks import TokenChunk
-from padpipe.errors import DataError
+from padpipe.chunks import TokenChunk, exclusive_cumsum
+from padpipe.errors import DataError, positive
 from padpipe.pipes.chat import ChatTokenizer
-from padpipe.pipes.chat import chat_options as load_chat
 from padpipe.pipes.pairs import CHOSEN
-from padpipe.pipes.pieces import exclusive_cumsum
-from padpipe.readers.schema import row_of
 from padpipe.stats import PipelineStats
-from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS
+from padpipe.tokenizer.rows import LABELS, ROW_ID_COLUMNS, row_place
 
-SHARED = {"tools", "kwargs_column", "template_kwargs", "on_error", "special_text"}
-"""The ``.chat()`` options ``chat_options=`` may set."""
+SHARED = {"tools", "kwargs_column", "template_kwargs", "on_error", "special_text"}  # what chat_options= may set
 TOO_LONG = "too_long"
 
 
@@ -106,7 +101,8 @@ class PreferenceTokenizer:
         if self.options.conversation.on_error == "raise":
             for i, value in enumerate(values):
                 if isinstance(value, RowProblem):
-                    raise DataError(f"preference: {_where(batch, i)}: {value}; pass on_error='skip' to drop such rows.")
+                    hint = "pass on_error='skip' to drop such rows"
+                    raise DataError(f"preference: {row_place(batch, i)}: {value}; {hint}.")
         return values
 
     def _encode(self, batch: pa.RecordBatch, values: list[Any], k: int, member: str) -> Outcome:
@@ -285,12 +281,12 @@ def preference_options(
         )
     if not isinstance(unpaired, bool):
         raise TypeError(f"`unpaired` must be a bool, but is {unpaired!r} instead.")
-    loaded = load_chat(
-        tokenizer, chat_template=chat_template, num_threads=num_threads, prompt=PROMPT, completion=COMPLETION, **shared
-    )
+    positive("num_threads", num_threads)
+    plain = ChatOptions(prompt=PROMPT, completion=COMPLETION, **shared)
+    template = plain.template(tokenizer, chat_template)
     conversation = ChatOptions(train_on="last", training_field=None, reasoning="as_rendered", **shared)
-    options = PreferenceOptions(conversation, loaded["options"], max_length, unpaired)
-    return {"template": loaded["template"], "options": options, "num_threads": num_threads}
+    options = PreferenceOptions(conversation, plain, max_length, unpaired)
+    return {"template": template, "options": options, "num_threads": num_threads}
 
 
 def _members(outcomes: list[Outcome], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -306,9 +302,3 @@ def _members(outcomes: list[Outcome], n: int) -> tuple[np.ndarray, np.ndarray, n
         prompt[k, o.source] = first - o.offsets[:-1]
         base += len(o.ids)
     return found.astype(bool), start, size, prompt
-
-
-def _where(batch: pa.RecordBatch, row: int) -> str:
-    name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
-    row_id = f" ({name}={batch.column(name)[row].as_py()!r})" if name else ""
-    return (row_of(batch, row) or f"row {row} of the chunk") + row_id

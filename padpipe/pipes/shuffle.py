@@ -9,7 +9,7 @@ import pyarrow as pa
 import torch
 from torchdata.nodes import BaseNode
 
-from padpipe.buffers import BufferedRecords, records_state
+from padpipe.buffers import BufferedRecords, References, records_state
 from padpipe.errors import DataError, check_seed, positive
 from padpipe.graph import EpochAware
 from padpipe.readers.schema import castable, row_origins, source_of, tag_rows, untag_source
@@ -34,6 +34,7 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         buffer_size: Rows held; larger mixes better and holds more memory.
         seed: Non-negative seed; the epoch is mixed in.
         stats: Counters to report into (time under ``"shuffle"``).
+        references: The token cache's, where one is on: buffered rows it holds are saved as references.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -62,6 +63,7 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         buffer_size: int = 10_000,
         seed: int = 0,
         stats: PipelineStats | None = None,
+        references: References | None = None,
     ) -> None:
         super().__init__()
         positive("buffer_size", buffer_size)
@@ -70,6 +72,7 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         self.buffer_size = buffer_size
         self.seed = seed
         self.stats = stats or PipelineStats()
+        self.references = references
         self._epoch = -1
 
     # -- BaseNode -----------------------------------------------------------------------------------
@@ -83,7 +86,10 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
             self._set_buffer([], [], np.zeros(0, np.int64))
             self._exhausted, self._chunk_rows = False, 0
             return
-        specs = {"live": Array(torch.int64, lo=0, max_length=self.buffer_size, unique=True)}
+        specs = {
+            "live": Array(torch.int64, lo=0, max_length=self.buffer_size, unique=True),
+            "segments": ListOf(BufferedRecords(self.references)),
+        }
 
         def check(loaded: Loaded) -> None:  # the live rows are rows of the segments
             rows = sum(s.num_rows for s in loaded.segments)
@@ -124,7 +130,7 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
     def get_state(self) -> dict[str, Any]:
         for i, data in enumerate(self._segment_states):
             if data is None:  # saved once per segment, then shared by every later state
-                self._segment_states[i] = records_state(self._segments[i])  # cached rows: references
+                self._segment_states[i] = records_state(self._segments[i], self.references)  # cached rows: references
         return self.STATE.make(
             self._settings(),
             source=self.source.state_dict(),

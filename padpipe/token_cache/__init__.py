@@ -1,8 +1,5 @@
-"""The token cache wing: the cache in a built pipeline (session), its reader-side walk (walk), the
-rows it passes to ``tokenize`` (rows), filling it (fill), its files (store) and small states (state).
-
-``pp.TokenCache`` and ``pp.cache.info`` / ``clear`` (padpipe/cache.py) are its public face.
-
-Modules here carry plain names; the wing is private as a whole (the public face is
-``padpipe/__init__.py``).
+"""The token cache wing: a recipe's cache (plan) and a built pipeline's session of it (session), the reader's walk
+over its segments (walk), the rows it passes on (rows), filling it (fill; chat_rows for ``.chat()``), its files
+(store), their checks (check) and the small states of buffered rows (state). ``pp.TokenCache`` and
+``pp.cache.info`` / ``clear`` (padpipe/cache.py) are its public face; the wing is private as a whole.
 """

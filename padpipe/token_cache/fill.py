@@ -1,12 +1,10 @@
 """The token cache after the shuffle buffer: tokenize what is text, convert what is cached, collect segments.
 
-:class:`CachedTokenizer` replaces the tokenize stage's function (it runs in the same threads):
-rows marked :data:`~padpipe.token_cache.rows.TEXT` go through the :class:`ChunkTokenizer` exactly as
-without a cache (same ids, errors, skips and counters); cached rows become token chunks without a
-tokenizer call; the output keeps the input's row order. Freshly tokenized rows come back alongside,
-in segment-file form, and :class:`CacheFiller` (one node after the tokenize threads, in order)
-hands them to the :class:`Collector`, which puts each row into the segment the reader announced
-for it and publishes a segment, in a background writer thread, once all its rows are in.
+:class:`CachedTokenizer` replaces the tokenize stage's function in its threads: text rows go through the
+:class:`ChunkTokenizer` exactly as without a cache (same ids, errors, skips and counters), cached rows become
+token chunks without a tokenizer call, in the input's row order. Freshly tokenized rows come back in segment
+form; :class:`CacheFiller` (one node after the threads, in order) hands them to the :class:`Collector`, which
+publishes a segment, in a background writer thread, once all the rows the reader announced for it are in.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,28 +20,11 @@ from torchdata.nodes import BaseNode
 
 from padpipe.chunks import TokenChunk
 from padpipe.readers.aligned import concat
-from padpipe.state import SOURCE_KEY, Child, check_state, make_state
-from padpipe.stats import PipelineStats
+from padpipe.state import Child, StateSchema
 from padpipe.token_cache import rows as cr
+from padpipe.token_cache.plan import Session
 from padpipe.token_cache.store import Segment
 from padpipe.tokenizer.rows import ChunkTokenizer, as_text_column, bad_rows, pass_through
-
-
-class Session(Protocol):
-    """What the tokenize side reads of the cache session (a :class:`padpipe.token_cache.session.CacheSession`,
-    which imports this module): the ids' type, whether to keep row references, where and whether to write."""
-
-    id_type: pa.DataType
-    hidden: dict[str, pa.DataType]  # the hidden token columns (rows.hidden_types)
-    keep_ref: bool  # tokenize keeps row references on its chunks (a bucket stage follows)
-    fingerprint: str
-    writable: bool  # False after a write error under on_write_error='skip'
-    stats: PipelineStats
-    collector: Collector
-
-    def ready(self) -> None: ...  # once per process: the location is writable
-
-    def publish(self, uid: int, folder: str, segment: Segment, rows: pa.Table) -> None: ...  # write a segment
 
 
 @dataclass(frozen=True)
@@ -55,17 +36,12 @@ class Filled:
     units: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
 class CachedTokenizer:
-    """Tokenize the text rows of a batch, convert its cached rows (thread-safe, like ``ChunkTokenizer``).
+    """Tokenize the text rows of a batch with the stage's ``tokenize``, convert its cached rows (thread-safe)."""
 
-    Args:
-        tokenize: The stage's :class:`ChunkTokenizer`.
-        session: The pipeline's cache session (id type, fields, whether to keep references).
-    """
-
-    def __init__(self, tokenize: ChunkTokenizer, session: Session) -> None:
-        self.tokenize = tokenize
-        self.session = session
+    tokenize: ChunkTokenizer
+    session: Session
 
     def __call__(self, batch: pa.RecordBatch) -> Filled:
         fields, stats = self.tokenize.fields, self.tokenize.stats
@@ -98,7 +74,7 @@ class CachedTokenizer:
                 stats.add("tokenize.tokens", chunk.num_tokens)
                 parts.append((np.flatnonzero(cached), self._with_ref(chunk, rows.column(cr.REF))))
             stats.record_skip("tokenize.bad_text", int((state == cr.BAD).sum()))
-            return Filled(_merge(parts, batch.num_rows, fields), fresh, units)
+            return Filled(_merge(parts), fresh, units)
 
     def _with_ref(self, chunk: TokenChunk, ref: pa.Array) -> TokenChunk:
         if not self.session.keep_ref:
@@ -106,7 +82,7 @@ class CachedTokenizer:
         return TokenChunk(chunk.ids, chunk.offsets, chunk.type_ids, {**chunk.columns, cr.REF: ref})
 
 
-def _merge(parts: list[tuple[np.ndarray, TokenChunk]], num_rows: int, fields: tuple[str, ...]) -> TokenChunk:
+def _merge(parts: list[tuple[np.ndarray, TokenChunk]]) -> TokenChunk:
     """The parts' rows back in the batch's order (each part: its rows' places in the batch, its chunk)."""
     if not parts:
         return TokenChunk.empty()
@@ -117,15 +93,14 @@ def _merge(parts: list[tuple[np.ndarray, TokenChunk]], num_rows: int, fields: tu
 
 
 class CacheFiller(BaseNode[TokenChunk]):
-    """After the tokenize threads: pass the chunks on, hand fresh rows to the collector.
+    """After the cached stage's threads: pass the chunks on, hand fresh rows to the collector.
 
-    Its state holds its source's (the tokenize stage's) and the cache's fingerprint, checked on
-    resume. ``reset`` checks that the location is writable; write errors from the writer thread are raised here (or
-    counted, see
-    ``on_write_error``); at the end of an epoch it waits for the pending writes.
+    ``reset`` checks that the location is writable; write errors from the writer thread are raised here (or
+    counted: ``on_write_error``); at an epoch's end it waits for the pending writes. Its state holds its
+    source's and the cache's fingerprint, checked on resume.
     """
 
-    VERSION = 1
+    STATE = StateSchema("CacheFiller", 1, source=Child())
 
     def __init__(self, source: BaseNode, session: Session) -> None:
         super().__init__()
@@ -136,13 +111,7 @@ class CacheFiller(BaseNode[TokenChunk]):
         super().reset(initial_state)
         self.session.ready()  # an unwritable location fails here, in the consumer's thread
         self.session.collector.clear()
-        if initial_state is None:
-            self.source.reset(None)
-            return
-        check_state(
-            "CacheFiller", initial_state, version=self.VERSION, settings=self._settings(), fields={SOURCE_KEY: Child()}
-        )
-        self.source.reset(initial_state[SOURCE_KEY])
+        self.source.reset(None if initial_state is None else self.STATE.check(initial_state, self._settings()).source)
 
     def next(self) -> TokenChunk:
         collector = self.session.collector
@@ -157,7 +126,7 @@ class CacheFiller(BaseNode[TokenChunk]):
         return item.chunk
 
     def get_state(self) -> dict[str, Any]:
-        return make_state(version=self.VERSION, settings=self._settings(), **{SOURCE_KEY: self.source.state_dict()})
+        return self.STATE.make(self._settings(), source=self.source.state_dict())
 
     def _settings(self) -> dict[str, Any]:
         return {"fingerprint": self.session.fingerprint}

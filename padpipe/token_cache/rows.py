@@ -1,24 +1,20 @@
 """The rows a cached pipeline passes from its reader to ``tokenize``: source columns plus hidden token columns.
 
-With a token cache on, the reader emits every row with four hidden columns, whether it read the
-row's text from the source or its ids from the cache, so the shuffle buffer between them sees
-one schema and the same batch sizes as without a cache:
+With a token cache on, the reader emits every row with the hidden columns, whether it read the row's text or
+its ids from the cache, so the shuffle buffer between them sees one schema and the batch sizes of no cache:
 
-* ``__padpipe_ids`` (list of the cache's id type): the ids of a cached row, null for a text row;
-* ``__padpipe_type_ids`` (list of int8, only for tokenizers that make them): likewise;
-* with a chat cache (``chat(..., cache=...)``), ``__padpipe_ids`` holds the token rows a conversation
-  became (a list of lists: none when it was skipped, several for reasoning rows), and two more columns
-  go with it: ``__padpipe_trained`` (the same shape, whether each token is trained) and
-  ``__padpipe_counts`` (a map: the counters the conversation added, see :mod:`padpipe.token_cache.chat_rows`);
-* ``__padpipe_state`` (int8): :data:`TEXT` (tokenize it), :data:`CACHED`, or :data:`BAD` (a row
-  whose text was bad, dropped and counted as ``tokenize.bad_text`` as when it was tokenized);
-* ``__padpipe_ref`` (int64): where the row lives, ``unit << 40 | position`` (``unit`` numbers the
-  source unit in this process, ``position`` is its row number or JSONL byte offset), ``-1``
-  when it cannot be cached. ``tokenize`` keeps it on its chunks as far as the bucketizer, whose
-  state can then name rows instead of holding them.
+* ``__padpipe_ids`` (list of the cache's id type): a cached row's ids, null for a text row; and
+  ``__padpipe_type_ids`` (list of int8, for tokenizers that make them) likewise. With a chat cache,
+  ``__padpipe_ids`` holds the token rows a conversation became (a list of lists), ``__padpipe_trained``
+  whether each token is trained, ``__padpipe_counts`` its counters (:mod:`padpipe.token_cache.chat_rows`);
+* ``__padpipe_state`` (int8): :data:`TEXT` (tokenize it), :data:`CACHED`, or :data:`BAD` (its text was bad:
+  dropped and counted as ``tokenize.bad_text``, as when it was tokenized);
+* ``__padpipe_ref`` (int64): ``unit << 40 | position`` (the session's unit number; a row number or JSONL byte
+  offset), ``-1`` when it cannot be cached. Kept on tokenize's chunks as far as a bucketizer, whose state can
+  then name rows instead of holding them.
 
-A segment file holds the same columns, with ``__padpipe_pos`` (the position) in place of the
-reference and the text columns as nulls.
+A segment file holds the same columns, with ``__padpipe_pos`` (the position) in place of the reference and
+the text columns as nulls.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from padpipe.buffers import REF
-from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
+from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk, exclusive_cumsum
 from padpipe.readers.jsonl import JsonlReader
 
 IDS, TYPE_IDS, STATE = "__padpipe_ids", "__padpipe_type_ids", "__padpipe_state"
@@ -144,21 +140,29 @@ def segment_rows(
     ``good`` marks the rows ``chunk`` holds (in order); the others had bad text and are stored
     as :data:`BAD` with no ids.
     """
-    n = rows.num_rows
-    lengths = np.zeros(n, np.int64)
+    lengths = np.zeros(rows.num_rows, np.int64)
     lengths[good] = chunk.lengths
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    out = rows.drop_columns([c for c in HIDDEN if c in rows.schema.names])
+    offsets = exclusive_cumsum(lengths)
+    columns = {IDS: lists(chunk.ids, offsets, id_type)}
+    if chunk.type_ids is not None:
+        columns[TYPE_IDS] = lists(chunk.type_ids, offsets, pa.int8())
+    return segment_of(rows, fields, columns, np.where(good, CACHED, BAD))
+
+
+def segment_of(
+    rows: pa.RecordBatch, fields: Sequence[str], columns: dict[str, pa.Array], state: np.ndarray
+) -> pa.RecordBatch:
+    """Reader ``rows`` as a segment file stores them: ``fields`` nulled, the hidden ``columns``, the rows' ``state``
+    and their positions (from their references)."""
+    n = rows.num_rows
+    out = without_hidden(rows)
     for name in fields:
         i = out.schema.get_field_index(name)
-        out = out.set_column(i, out.schema.field(i), pa.nulls(n, out.schema.field(i).type))
-    out = out.append_column(IDS, lists(chunk.ids, offsets, id_type))
-    if chunk.type_ids is not None:
-        out = out.append_column(TYPE_IDS, lists(chunk.type_ids, offsets, pa.int8()))
-    out = out.append_column(STATE, pa.array(np.where(good, CACHED, BAD).astype(np.int8)))
-    positions = split_refs(rows.column(REF).to_numpy())[1]
-    return out.append_column(POS, pa.array(positions))
+        if i >= 0:
+            out = out.set_column(i, out.schema.field(i), pa.nulls(n, out.schema.field(i).type))
+    for name, column in {**columns, STATE: pa.array(state.astype(np.int8))}.items():
+        out = out.append_column(name, column)
+    return out.append_column(POS, pa.array(split_refs(rows.column(REF).to_numpy())[1]))
 
 
 def without_hidden(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -1,24 +1,14 @@
 """The token cache in a built pipeline: the reader serves cached rows and marks the rest to be cached.
 
-A :class:`CacheSession` is made per built pipeline (per loader, per DataLoader worker) from the
-user's :class:`padpipe.cache.TokenCache`. The reader calls :meth:`CacheSession.rows` for each
-piece it reads; it walks the piece's positions (row numbers of the whole unit, or byte offsets of
-a JSONL range, or row numbers from the start for a unit that cannot be cut) over the segments
-published for that unit so far:
-
-* a stretch some segment covers comes from that segment (memory-mapped; size, CRC and its rows
-  checked first, see :mod:`padpipe.token_cache.check`; a file that fails is counted as
-  ``cache.bad_files``, deleted and tokenized again);
-* a stretch none covers is read from the source as text, tagged with its positions, and split into
-  segments of :data:`~padpipe.token_cache.walk.SEGMENT_ROWS` rows (aligned to multiples of it where rows are numbered),
-  each
-  announced to the :class:`~padpipe.token_cache.fill.Collector` once all its rows are out; the
-  collector publishes a segment when all of its rows have been tokenized downstream.
-
-Cut points move from epoch to epoch, so a piece is assembled from whatever segments cover it,
-tokenizing only what is missing. Rows come out in the same order and batch sizes as without a
-cache (the reader's boundaries depend on row numbers only), so every later stage sees the same
-stream.
+A recipe with a cache holds a :class:`~padpipe.token_cache.plan.CachePlan` (``Pipeline.cache``). Each
+built pipeline (per loader, per DataLoader worker) opens one :class:`CacheSession` of it and hands it,
+through the build context, to the stages that read or fill it: the reader, the cached stage, and the
+buffers between them, which save rows the cache holds as references (:mod:`padpipe.token_cache.state`).
+The reader's pieces walk over the segments published for their units (:mod:`padpipe.token_cache.walk`):
+a stretch a segment covers comes from it (checked first: :mod:`padpipe.token_cache.check`; a file that
+fails is counted as ``cache.bad_files``, deleted and tokenized again), the rest is read as text and
+published, segment by segment, once tokenized (:mod:`padpipe.token_cache.fill`). Rows come out in the
+same order and batch sizes as without a cache, so every later stage sees the same stream.
 """
 
 from __future__ import annotations
@@ -33,75 +23,50 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from padpipe.chunks import TokenChunk
 from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.stats import PipelineStats
 from padpipe.token_cache import rows as cr
-from padpipe.token_cache.chat_fill import CachedChat
-from padpipe.token_cache.check import Limits, segment_problem
+from padpipe.token_cache import state
+from padpipe.token_cache.chat_rows import CachedChat
+from padpipe.token_cache.check import segment_problem
 from padpipe.token_cache.fill import CachedTokenizer, CacheFiller, Collector
-from padpipe.token_cache.store import CacheError, Segment, Store, ipc_bytes
+from padpipe.token_cache.plan import CachePlan
+from padpipe.token_cache.store import CacheError, Segment, ipc_bytes
 from padpipe.token_cache.walk import BYTES, ROWS, Walk, span, unit_kind
 
 _VERSION_KEYS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated", "created")
 
-_lock = threading.Lock()
-_uids: dict[tuple[str, str], int] = {}  # (store key, unit folder) -> unit number in this process
-_folders: list[tuple[str, str]] = []
-_covered: dict[int, set[tuple[int, int]]] = {}  # unit number -> published [lo, hi) ranges seen here
-_sessions: dict[str, CacheSession] = {}  # store key -> the latest session on it in this process
-
 
 class CacheSession:
-    """One built pipeline's use of a token cache (reader hook, collector, counters).
+    """One built pipeline's use of a token cache: the reader's hook, the collector, its units, counters and the
+    references its buffers save (:class:`padpipe.buffers.References`).
 
     Args:
-        store: Where the cache lives.
-        fingerprint: The tokenizer and tokenize options' fingerprint (see :func:`fingerprint`).
-        about: What the fingerprint stands for (written once to ``about.json``).
-        id_type: The Arrow type ids are kept in.
-        type_ids: Whether the tokenizer makes token type ids.
-        fields: The columns a segment stores as nulls: the text columns (for chat, the conversation columns).
-        on_write_error: ``"raise"`` a :class:`CacheError` naming the path, or ``"skip"``: count
-            it as ``cache.write_errors`` and go on without writing.
+        plan: The recipe's cache.
         stats: Counters (``cache.hit_rows``, ``cache.miss_rows``, ``cache.bad_files``, ...).
-        vocab_size: Every id is below it (a segment that holds another is a bad file).
-        max_length: Most tokens a row can have (``None``: no limit); a longer row makes a bad file.
-        chat: Whether it caches the chat stage (a segment row holds what a conversation became: its token
-            rows, trained flags and counters; see :mod:`padpipe.token_cache.chat_rows`) rather than ``tokenize``.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        fingerprint: str,
-        about: dict[str, Any],
-        *,
-        id_type: pa.DataType,
-        type_ids: bool,
-        fields: tuple[str, ...],
-        on_write_error: str,
-        stats: PipelineStats,
-        vocab_size: int,
-        max_length: int | None,
-        chat: bool = False,
-    ) -> None:
-        self.store, self.fingerprint, self.about = store, fingerprint, about
-        self.id_type, self.type_ids, self.fields = id_type, type_ids, fields
-        self.limits = Limits(id_type, type_ids, vocab_size, max_length, chat)
-        self.hidden = cr.hidden_types(id_type, type_ids=type_ids, chat=chat)
-        self.on_write_error = on_write_error
+    def __init__(self, plan: CachePlan, stats: PipelineStats) -> None:
+        self.plan, self.store, self.about, self.fields = plan, plan.store, plan.about, plan.fields
+        self.fingerprint = digest(plan.about)
+        self.id_type = plan.id_type
+        self.hidden = cr.hidden_types(self.id_type, type_ids=plan.type_ids, chat=plan.chat)
         self.stats = stats
-        self.key = f"{store.url()}|{fingerprint}"  # the resolved location: a relative path and its absolute form agree
+        self.key = f"{self.store.url()}|{self.fingerprint}"  # resolved: a relative path and its absolute form agree
         self.writable = True
         self.keep_ref = False  # whether tokenize keeps row references on its chunks (a bucket stage follows)
         self.collector = Collector(self)
+        self._filler: CacheFiller | None = None
         self._ready_pid = -1
         self._units: dict[tuple[str, int, int], tuple[int, str]] = {}
         self._listed: list[WorkUnit] | None = None
         self._by_index: dict[tuple[str, int], WorkUnit] = {}
         self._versions: dict[str, str] = {}
-        with _lock:
-            _sessions[self.key] = self
+        self._lock = threading.Lock()
+        self._folders: list[str] = []  # unit number -> folder (references carry the number)
+        self._numbers: dict[str, int] = {}
+        self._covered: dict[int, set[tuple[int, int]]] = {}  # unit number -> published [lo, hi) ranges seen
 
     # -- hooks for the builders ----------------------------------------------------------------------
     def tokenizer(self, tokenize: Any) -> Any:
@@ -112,9 +77,18 @@ class CacheSession:
         """The chat stage's function with the cache: render text rows, read back cached ones."""
         return CachedChat(chat, self)
 
-    def filler(self, node: Any) -> Any:
-        """The node after the tokenize threads that hands fresh rows to the collector."""
-        return CacheFiller(node, self)
+    def filler(self, node: Any) -> CacheFiller:
+        """The node after the cached stage's threads that hands fresh rows to the collector."""
+        self._filler = CacheFiller(node, self)
+        return self._filler
+
+    def references_after(self, node: Any) -> CacheSession | None:
+        """This session, for a bucket stage right after the ``tokenize`` it fills (``node``: its chunks then keep
+        their rows' references, which the bucket saves instead of its buffered rows); else ``None``."""
+        if node is not self._filler or self.plan.chat:
+            return None
+        self.keep_ref = True
+        return self
 
     # -- the reader hook ----------------------------------------------------------------------------
     def rows(self, reader: UnitSource, unit: WorkUnit, start_row: int) -> Iterator[pa.RecordBatch]:
@@ -133,13 +107,58 @@ class CacheSession:
         else:
             yield from walk.run(start_row, None)
 
-    # -- segments -----------------------------------------------------------------------------------
+    # -- the buffers' references (padpipe.buffers.References) ------------------------------------------
+    def chunk(self, ref: pa.Array) -> dict[str, Any] | None:
+        """The compact state of token rows with references ``ref``, or ``None`` unless the cache holds them all."""
+        return state.references(self, ref)
+
+    def records(self, batch: pa.RecordBatch) -> dict[str, Any] | None:
+        """The compact state of reader rows, or ``None`` (rows not tokenized yet are saved whole)."""
+        return None if (cr.state_of(batch) == cr.TEXT).any() else state.references(self, batch.column(cr.REF))
+
+    def resolve_chunk(self, saved: dict[str, Any], truncate_to: int | None) -> TokenChunk:
+        """The token rows a compact state names, read back (cut to ``truncate_to`` tokens)."""
+        return state.resolve_chunk(self, saved, truncate_to)
+
+    def resolve_records(self, saved: dict[str, Any]) -> pa.RecordBatch:
+        """The reader rows a compact state names, read back."""
+        return state.resolve(self, saved)
+
+    # -- units and segments -------------------------------------------------------------------------
+    def unit_number(self, folder: str) -> int:
+        """This session's number for a unit folder (references carry it instead of the folder)."""
+        with self._lock:
+            if folder not in self._numbers:
+                self._numbers[folder] = len(self._folders)
+                self._folders.append(folder)
+            return self._numbers[folder]
+
+    def unit_folder(self, uid: int) -> str:
+        """The folder of a unit number."""
+        with self._lock:
+            return self._folders[uid]
+
+    def covered(self, uid: int, positions: np.ndarray) -> bool:
+        """Whether every position of unit ``uid`` is in a segment this session published or read."""
+        with self._lock:
+            spans = sorted(self._covered.get(uid, ()))
+        if not spans:
+            return False
+        los = np.array([s[0] for s in spans], np.int64)
+        his = np.maximum.accumulate(np.array([s[1] for s in spans], np.int64))
+        index = np.searchsorted(los, positions, side="right") - 1
+        return bool(np.all(index >= 0) and np.all(positions < his[np.maximum(index, 0)]))
+
+    def _mark_covered(self, uid: int, lo: int, hi: int) -> None:
+        with self._lock:
+            self._covered.setdefault(uid, set()).add((lo, hi))
+
     def segments(self, folder: str) -> list[Segment]:
         """The unit's published segments ([] when the cache cannot be read under ``on_write_error='skip'``)."""
         try:
             return self.store.segments(folder)
         except CacheError:
-            if self.on_write_error == "raise":
+            if self.plan.on_write_error == "raise":
                 raise
             self.stats.add("cache.read_errors", 1)
             return []
@@ -147,13 +166,13 @@ class CacheSession:
     def load(self, folder: str, segment: Segment, uid: int, kind: str | None) -> pa.Table | None:
         """A segment's rows after its checks, or ``None`` (counted as ``cache.bad_files``, deleted)."""
         table = self.store.read(folder, segment)
-        if table is not None and segment_problem(table, segment, kind, self.limits) is not None:
+        if table is not None and segment_problem(table, segment, kind, self.plan) is not None:
             table = None
         if table is None:
             self.stats.add("cache.bad_files", 1)
             self.store.remove(folder, segment)
             return None
-        mark_covered(uid, segment.lo, segment.hi)
+        self._mark_covered(uid, segment.lo, segment.hi)
         return table
 
     def publish(self, uid: int, folder: str, segment: Segment, rows: pa.Table) -> None:
@@ -165,11 +184,10 @@ class CacheSession:
         except CacheError as exc:
             self._write_failed(exc)
             return
-        mark_covered(uid, segment.lo, segment.hi)
+        self._mark_covered(uid, segment.lo, segment.hi)
         self.stats.add("cache.written_files", 1)
         self.stats.add("cache.written_bytes", published.nbytes)
 
-    # -- helpers ------------------------------------------------------------------------------------
     def ready(self) -> None:
         """Once per process: write ``about.json`` (which proves the location writable), sweep stale temporary files."""
         if self._ready_pid == os.getpid():
@@ -183,8 +201,9 @@ class CacheSession:
         if swept:
             self.stats.add("cache.swept_temp_files", swept)
 
+    # -- helpers ------------------------------------------------------------------------------------
     def _write_failed(self, exc: CacheError) -> None:
-        if self.on_write_error == "raise":
+        if self.plan.on_write_error == "raise":
             hint = "; pass cache=pp.TokenCache(path, on_write_error='skip') to go on without writing (counted)"
             raise CacheError(f"{str(exc).rstrip('.')}{hint}.") from exc
         self.writable = False
@@ -199,7 +218,7 @@ class CacheSession:
         return self._by_index[(piece.path, piece.index)]
 
     def _unit(self, reader: UnitSource, whole: WorkUnit, kind: str) -> tuple[int, str]:
-        """This process's number for ``whole`` and its folder (``-1`` when it cannot be cached)."""
+        """This session's number for ``whole`` and its folder (``-1`` when it cannot be cached)."""
         key = (whole.path, whole.index, whole.start)
         cacheable = kind != BYTES or reader.format.record_row_positions()  # rows cut by bytes are keyed by position
         if key not in self._units:
@@ -217,7 +236,7 @@ class CacheSession:
                     "rows": whole.num_rows,
                 }
                 folder = f"{self.fingerprint}/{digest(identity)}"
-                self._units[key] = (unit_number(self.key, folder), folder)
+                self._units[key] = (self.unit_number(folder), folder)
         return self._units[key]
 
     def _file_identity(self, reader: UnitSource, path: str) -> str:
@@ -248,42 +267,3 @@ def digest(value: Any) -> str:
         (True, 20)
     """
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
-def unit_number(store_key: str, folder: str) -> int:
-    """This process's number for a unit folder (refs carry it instead of the folder)."""
-    with _lock:
-        if (store_key, folder) not in _uids:
-            _uids[(store_key, folder)] = len(_folders)
-            _folders.append((store_key, folder))
-        return _uids[(store_key, folder)]
-
-
-def unit_folder(uid: int) -> tuple[str, str]:
-    """``(store key, folder)`` of a unit number."""
-    with _lock:
-        return _folders[uid]
-
-
-def mark_covered(uid: int, lo: int, hi: int) -> None:
-    """Record that positions ``[lo, hi)`` of unit ``uid`` are in a published segment."""
-    with _lock:
-        _covered.setdefault(uid, set()).add((lo, hi))
-
-
-def covered(uid: int, positions: np.ndarray) -> bool:
-    """Whether every position of unit ``uid`` is in a segment published or read in this process."""
-    with _lock:
-        spans = sorted(_covered.get(uid, ()))
-    if not spans:
-        return False
-    los = np.array([s[0] for s in spans], np.int64)
-    his = np.maximum.accumulate(np.array([s[1] for s in spans], np.int64))
-    index = np.searchsorted(los, positions, side="right") - 1
-    return bool(np.all(index >= 0) and np.all(positions < his[np.maximum(index, 0)]))
-
-
-def session_for(store_key: str) -> CacheSession | None:
-    """The session on ``store_key`` in this process, if a pipeline with that cache was built here."""
-    with _lock:
-        return _sessions.get(store_key)

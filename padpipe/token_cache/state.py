@@ -1,12 +1,9 @@
 """Small states with a token cache: buffered rows the cache holds are saved as references, re-read on resume.
 
-The shuffle buffer and the bucketizer save their buffered rows in their states. With a cache on,
-rows carry a reference (``__padpipe_ref``: unit and position); when every row of a buffered batch
-is in a segment published (or read) in this process, its state is just the units' folders and
-each row's unit and position: 12 bytes a row instead of its ids and columns. On resume the rows
-are read back from the cache (the segments' checks apply) in the same order; a state whose rows
-are no longer in the cache is an error naming it. Batches that hold rows not yet in the cache
-(the pass that fills it) are saved whole, as without a cache.
+Rows carry a reference (``__padpipe_ref``: unit and position); a buffered batch whose every row is in a segment
+the session published or read is saved as its units' folders and each row's unit and position (12 bytes a row),
+and read back from the cache on resume (the segments' checks apply), in the same order; rows no longer in the
+cache are an error naming them. Batches with rows not yet in the cache are saved whole, as without one.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from padpipe.readers.aligned import concat
 from padpipe.state import StateMismatchError, seal, unseal
 from padpipe.state_walk import show
 from padpipe.token_cache import rows as cr
-from padpipe.token_cache.session import covered, session_for, unit_folder, unit_number
+from padpipe.token_cache.plan import Session
 from padpipe.token_cache.store import UNIT_FOLDER, CacheError
 from padpipe.tokenizer.rows import pass_through
 
@@ -31,53 +28,35 @@ CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY = REFERENCES_KEY, "folders", "unit", "
 KEYS = (CACHE_KEY, FOLDERS_KEY, UNIT_KEY, POS_KEY)
 
 
-class CacheReferences:
-    """The token cache's :class:`~padpipe.buffers.References`: compact states of buffered rows it holds, read back.
-
-    Plugged into :mod:`padpipe.buffers` by :func:`padpipe.cache.session` when a pipeline tokenizes with a cache.
-    """
-
-    def chunk(self, ref: pa.Array) -> dict[str, Any] | None:
-        return _references(ref)
-
-    def records(self, batch: pa.RecordBatch) -> dict[str, Any] | None:
-        if (cr.state_of(batch) == cr.TEXT).any():  # rows not tokenized yet are saved whole
-            return None
-        return _references(batch.column(cr.REF))
-
-    def resolve_chunk(self, state: dict[str, Any], truncate_to: int | None) -> TokenChunk:
-        session, rows = _resolve(state)
-        columns = {**pass_through(cr.without_hidden(rows), session.fields), cr.REF: rows.column(cr.REF)}
-        chunk = cr.chunk_of(rows, columns)
-        return chunk if truncate_to is None else truncate_rows(chunk, truncate_to)
-
-    def resolve_records(self, state: dict[str, Any]) -> pa.RecordBatch:
-        return _resolve(state)[1]
-
-
-def _references(ref: pa.Array) -> dict[str, Any] | None:
-    """The compact state of rows ``ref``, or ``None`` unless every row is in a segment known here."""
+def references(session: Session, ref: pa.Array) -> dict[str, Any] | None:
+    """The compact state of rows ``ref``, or ``None`` unless every row is in a segment ``session`` published or
+    read."""
     units, positions = cr.split_refs(ref.to_numpy(zero_copy_only=False))
     if not len(units) or (units < 0).any():
         return None
     distinct, index = np.unique(units, return_inverse=True)
-    places = [unit_folder(int(u)) for u in distinct]
-    if len({key for key, _ in places}) != 1:
-        return None
-    if not all(covered(int(u), positions[units == u]) for u in distinct):
+    if not all(session.covered(int(u), positions[units == u]) for u in distinct):
         return None
     return seal(
         {
-            CACHE_KEY: places[0][0],
-            FOLDERS_KEY: [folder for _, folder in places],
+            CACHE_KEY: session.key,
+            FOLDERS_KEY: [session.unit_folder(int(u)) for u in distinct],
             UNIT_KEY: torch.from_numpy(index.astype(np.int32)),
             POS_KEY: torch.from_numpy(positions.astype(np.int64)),
         }
     )
 
 
-def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
-    """``(session, rows)``: the referenced rows read back from the cache, in the saved order."""
+def resolve_chunk(session: Session, state: dict[str, Any], truncate_to: int | None) -> TokenChunk:
+    """The token rows a compact state names, read back (cut to ``truncate_to`` tokens)."""
+    rows = resolve(session, state)
+    columns = {**pass_through(cr.without_hidden(rows), session.fields), cr.REF: rows.column(cr.REF)}
+    chunk = cr.chunk_of(rows, columns)
+    return chunk if truncate_to is None else truncate_rows(chunk, truncate_to)
+
+
+def resolve(session: Session, state: dict[str, Any]) -> pa.RecordBatch:
+    """The reader rows a compact state names, read back from the cache in the saved order."""
     state = unseal("token cache references", state, KEYS)
     key, folders, index, positions = state[CACHE_KEY], state[FOLDERS_KEY], state[UNIT_KEY], state[POS_KEY]
     if not (
@@ -95,12 +74,10 @@ def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
             "token cache references must be a cache name, its folders and one unit and position "
             "per row (int32 and int64 tensors of one length)"
         )
-    session = session_for(key)
-    if session is None:
+    if key != session.key:
         raise StateMismatchError(
             f"this state refers to rows in the token cache {show(key[:300].partition('|')[0], 200)}, but this "
-            "pipeline does not use it; "
-            "resume with the same tokenize(cache=...) settings."
+            "pipeline does not use it; resume with the same tokenize(cache=...) settings."
         )
     for folder in folders:
         _check_folder(session, folder)
@@ -108,15 +85,15 @@ def _resolve(state: dict[str, Any]) -> tuple[Any, pa.RecordBatch]:
     parts, places = [], []
     for u, folder in enumerate(folders):
         rows = np.flatnonzero(index == u)
-        uid = unit_number(key, folder)
+        uid = session.unit_number(folder)
         for table, where in _rows_of(session, folder, uid, positions[rows]):
             parts.append(cr.as_cached_rows(table, uid))
             places.append(rows[where])
     batch = concat(parts)
-    return session, batch.take(pa.array(np.argsort(np.concatenate(places), kind="stable")))
+    return batch.take(pa.array(np.argsort(np.concatenate(places), kind="stable")))
 
 
-def _rows_of(session: Any, folder: str, uid: int, wanted: np.ndarray) -> list[tuple[pa.Table, np.ndarray]]:
+def _rows_of(session: Session, folder: str, uid: int, wanted: np.ndarray) -> list[tuple[pa.Table, np.ndarray]]:
     """The rows at positions ``wanted`` of one unit, segment by segment: ``(rows, their places in wanted)``."""
     found = np.zeros(len(wanted), bool)
     out = []
@@ -142,7 +119,7 @@ def _rows_of(session: Any, folder: str, uid: int, wanted: np.ndarray) -> list[tu
     return out
 
 
-def _check_folder(session: Any, folder: str) -> None:
+def _check_folder(session: Session, folder: str) -> None:
     """Refuse a state's folder unless it is a unit folder of this cache and fingerprint, under its root."""
     problem = None
     if not UNIT_FOLDER.match(folder) or not folder.startswith(f"{session.fingerprint}/"):

@@ -5,12 +5,10 @@ Layout under the cache root (a local path or any fsspec URL)::
     padpipe-cache-v1/<fingerprint>/about.json                 what the fingerprint stands for
     padpipe-cache-v1/<fingerprint>/<unit key>/<lo>-<hi>[e]-<bytes>-<crc32>.arrow
 
-A segment file is an Arrow IPC file holding the tokenized rows of a unit whose positions (row
-numbers, or byte offsets for JSONL) lie in ``[lo, hi)``; ``e`` marks the unit's last segment when
-its row count is not known up front. The file's size and CRC-32 are in its name, so a reader
-checks both before it uses a single id, and a file is published whole: written under a temporary
-name and renamed on a local disk, uploaded in one request on object storage (where an object
-appears whole or not at all). Identical segments written by two processes get the same name.
+A segment file is an Arrow IPC file of a unit's rows at positions (row numbers, or JSONL byte offsets) in
+``[lo, hi)``; ``e`` marks the unit's last segment when its row count is not known up front. Its size and
+CRC-32 are in its name, checked before a single id is used; it is published whole (renamed into place on
+a local disk, one upload on object storage), and two processes writing the same rows write the same name.
 """
 
 from __future__ import annotations
@@ -80,11 +78,6 @@ class Store:
     Args:
         root: A local path or an fsspec URL (``s3://bucket/cache``, ``memory://cache``).
         storage_options: Keyword arguments for the fsspec filesystem.
-
-    Example:
-        >>> store = Store("memory://doc-cache")
-        >>> store.write("fp/unit", Segment(0, 1, False, 0, 0), b"x").name  # doctest: +SKIP
-        '0-1-1-8cdc1683.arrow'
     """
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -212,11 +205,8 @@ class Store:
             pass
 
     def sweep(self, folder: str, *, older_than: float = STALE_SECONDS) -> int:
-        """Delete temporary files (``.tmp-*``) older than ``older_than`` seconds in ``folder`` and its unit folders.
-
-        A writer killed mid-write (``kill -9``) leaves one behind; a live writer's file is younger.
-        Local stores only (object storage has no temporary files); returns how many were deleted.
-        """
+        """Delete the temporary files (``.tmp-*``) older than ``older_than`` seconds in ``folder`` and its unit
+        folders, which writers killed mid-write left (local stores only); returns how many were deleted."""
         if not self.is_local:
             return 0
         base, removed = self.inside(folder), 0
@@ -243,12 +233,9 @@ class Store:
         return removed
 
     def describe(self, folder: str, about: dict[str, Any]) -> None:
-        """Write ``folder/about.json`` (what a fingerprint stands for) unless it is there; checks the root is
-        writable."""
-        fs = self._filesystem()
-        if fs.exists(self.path(folder, ABOUT)):
-            return
-        self.put(folder, ABOUT, json.dumps(about, indent=1, sort_keys=True).encode())
+        """Write ``folder/about.json`` (what a fingerprint stands for) unless it is there: the root is writable."""
+        if not self._filesystem().exists(self.path(folder, ABOUT)):
+            self.put(folder, ABOUT, json.dumps(about, indent=1, sort_keys=True).encode())
 
     def _filesystem(self) -> Any:
         if self._fs is None or self._pid != os.getpid():

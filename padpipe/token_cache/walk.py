@@ -1,49 +1,26 @@
 """The reader side of the token cache: one piece's walk over its unit's published segments and the gaps.
 
-For each piece the reader reads, :class:`Walk` goes through the piece's positions (row numbers of
-the whole unit, byte offsets of a JSONL range, or row numbers from the start for a unit that
-cannot be cut): a stretch a segment covers comes from that segment (checked first; a file that
-fails is counted, deleted and tokenized again); a stretch none covers is read from the source as
-text rows tagged with their positions, cut into segments of :data:`SEGMENT_ROWS` rows (at multiples
-of it where rows are numbered), each announced to the collector once all its rows are out.
+:class:`Walk` goes through a piece's positions (row numbers of the whole unit, byte offsets of a JSONL range, or
+row numbers from the start of a unit that cannot be cut): a stretch a segment covers comes from it (checked
+first; a file that fails is counted, deleted and tokenized again); a stretch none covers is read as text rows
+tagged with their positions, cut into segments of :data:`SEGMENT_ROWS` rows (at multiples of it where rows are
+numbered), each announced to the collector once all its rows are out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from padpipe.readers.source import UnitSource, WorkUnit
-from padpipe.stats import PipelineStats
 from padpipe.token_cache import rows as cr
+from padpipe.token_cache.plan import Session
 from padpipe.token_cache.store import Segment
 
 SEGMENT_ROWS = 4096
 ROWS, BYTES, WHOLE = "rows", "bytes", "whole"  # how a unit's positions are counted
-
-
-class Announcer(Protocol):
-    """Where a walk announces the segments it sent (the session's :class:`padpipe.token_cache.fill.Collector`)."""
-
-    generation: int  # the pass being read (a reset starts a new one)
-
-    def expect(self, generation: int, uid: int, folder: str, segment: Segment, rows: int) -> None: ...
-
-
-class Segments(Protocol):
-    """What a walk reads of the cache session (a :class:`padpipe.token_cache.session.CacheSession`, which imports
-    this module): a unit's published segments, one segment's checked rows, and where to count and announce."""
-
-    hidden: dict[str, pa.DataType]  # the hidden token columns, null on a text row (rows.hidden_types)
-    stats: PipelineStats
-    collector: Announcer
-
-    def segments(self, folder: str) -> list[Segment]: ...
-
-    def load(self, folder: str, segment: Segment, uid: int, kind: str | None) -> pa.Table | None: ...
 
 
 class Walk:
@@ -51,7 +28,7 @@ class Walk:
 
     def __init__(
         self,
-        session: Segments,
+        session: Session,
         reader: UnitSource,
         unit: WorkUnit,
         whole: WorkUnit,

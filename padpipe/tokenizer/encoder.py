@@ -1,16 +1,12 @@
-"""The batch text encoder behind ``tokenize``: a private copy of a fast (Rust) tokenizer.
-
-:class:`TextEncoder` loads any fast tokenizer, copies its Rust core (the user's object is never
-changed), sets truncation exactly as ``transformers`` does for
-``tokenizer(text, text_pair, truncation=True, max_length=N)`` and turns the batch call's output
-into one flat :class:`~padpipe.chunks.TokenChunk`.
-"""
+"""The batch text encoder behind ``tokenize``: a private copy of a fast (Rust) tokenizer, truncating as
+``transformers`` does, its batch call's output one flat :class:`~padpipe.chunks.TokenChunk`."""
 
 from __future__ import annotations
 
 import os
 import re
 from collections.abc import Sequence
+from functools import cached_property
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
@@ -20,7 +16,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from padpipe._optional import require
-from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk
+from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk, exclusive_cumsum
 from padpipe.errors import positive
 from padpipe.tokenizer.prefix import cut, prefix_chars
 from padpipe.tokenizer.serialized import TokenizerJson, tokenizer_json
@@ -40,22 +36,19 @@ _TYPE_IDS = attrgetter("type_ids")
 class TextEncoder:
     """Encodes batches of texts (or text pairs) into flat token arrays with a private Rust tokenizer.
 
-    Build one with :meth:`load`. Ids and type ids equal what the ``transformers`` tokenizer returns
-    for ``tok(text, text_pair, truncation=True, max_length=max_length,
-    add_special_tokens=add_special_tokens)``. Thread-safe (the Rust batch call releases the GIL)
-    and picklable (DataLoader workers get their own copy).
+    Build one with :meth:`load`. Ids and type ids equal ``tok(text, text_pair, truncation=True,
+    max_length=max_length, add_special_tokens=add_special_tokens)``'s. Thread-safe (the Rust batch call
+    releases the GIL) and picklable (DataLoader workers get their own copy).
 
     Args:
         tokenizer: A ``tokenizers.Tokenizer`` this encoder owns (configured in place).
+        source: Its JSON (:func:`~padpipe.tokenizer.serialized.tokenizer_json`).
         max_length: Truncate every row (or pair, ``longest_first``) to this many tokens, special
             tokens included; ``None`` for no truncation.
         truncation_side: ``"right"`` or ``"left"``.
         add_special_tokens: Apply the post-processor's template (``[CLS] A [SEP]`` ...).
-        encode_special_tokens: Split special-token text like any other text
-            (``transformers``' ``split_special_tokens``).
-        pad_id: The pad token id, or ``None``.
-        eos_id: The end-of-sequence token id, or ``None``.
-        bos_id: The beginning-of-sequence token id, or ``None``.
+        encode_special_tokens: Split special-token text like any other text (``split_special_tokens``).
+        pad_id, eos_id, bos_id: The pad, end- and beginning-of-sequence token ids, or ``None``.
         returns_token_type_ids: Whether :meth:`encode` returns token type ids.
 
     Example:
@@ -99,20 +92,16 @@ class TextEncoder:
         Args:
             tokenizer: A ``transformers`` fast tokenizer, a ``tokenizers.Tokenizer``, a path to a
                 ``tokenizer.json`` file, or a folder or hub name for ``AutoTokenizer.from_pretrained``.
-            max_length: Most tokens per row, special tokens included. ``None`` with
-                ``truncation=True`` uses the ``transformers`` tokenizer's ``model_max_length``
-                when it is a real limit; a bare ``tokenizers.Tokenizer`` has none (its own baked-in
-                truncation gives only the side, as when ``transformers`` wraps it).
-            truncation: Whether to truncate at all (``False`` ignores ``max_length``, as
-                ``transformers`` does).
+            max_length: Most tokens per row, special tokens included. ``None`` with ``truncation=True``
+                uses the ``transformers`` tokenizer's ``model_max_length`` when it is a real limit; a bare
+                ``tokenizers.Tokenizer`` has none (its baked-in truncation gives only the side).
+            truncation: Whether to truncate at all (``False`` ignores ``max_length``, as ``transformers`` does).
             add_special_tokens: Add the template's special tokens.
 
         Raises:
             TypeError: For a slow (Python) ``transformers`` tokenizer or an unknown object.
-            FileNotFoundError: For a path that names nothing and is no hub name (``name`` or
-                ``org/name``), at once.
-            MissingDependencyError: For a folder or hub name without ``transformers`` installed
-                (``pip install 'padpipe[hf]'``).
+            FileNotFoundError: For a path that names nothing and is no hub name, at once.
+            MissingDependencyError: For a folder or hub name without ``transformers`` (``padpipe[hf]``).
 
         Example:
             >>> from padpipe.tokenizer import TextEncoder
@@ -203,15 +192,12 @@ class TextEncoder:
             self._pair_limit = self.max_length - added if self.max_length >= added else None
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> TokenChunk:
-        """Encode ``texts`` (and their ``pairs``) with one Rust batch call into a flat chunk.
+        """Encode ``texts`` (and their ``pairs``) with one Rust batch call into a flat chunk (no columns;
+        ``type_ids`` only with :attr:`returns_token_type_ids`).
 
         Args:
             texts: The first text of every row.
             pairs: The second text of every row, or ``None`` for single texts.
-
-        Returns:
-            A :class:`TokenChunk` without columns; ``type_ids`` is ``None`` unless
-            :attr:`returns_token_type_ids`.
 
         Example:
             >>> from padpipe.tokenizer import TextEncoder
@@ -222,12 +208,12 @@ class TextEncoder:
         """
         special = self.add_special_tokens
         if pairs is None:
-            return _flatten(self._encode_singles(texts, special), self.returns_token_type_ids)
+            return flatten(self._encode_singles(texts, special), self.returns_token_type_ids)
         inputs = list(zip(texts, pairs))
         if self.max_length is None:
-            return _flatten(self._encode_batch(inputs, add_special_tokens=special), self.returns_token_type_ids)
-        encodings = self._twin()(inputs, add_special_tokens=special)
-        chunk = _flatten(encodings, self.returns_token_type_ids)
+            return flatten(self._encode_batch(inputs, add_special_tokens=special), self.returns_token_type_ids)
+        encodings = self._encode_pairs(inputs, add_special_tokens=special)
+        chunk = flatten(encodings, self.returns_token_type_ids)
         lengths = chunk.lengths
         rows = np.flatnonzero(lengths > self.max_length) if self._pair_limit is not None else []
         if len(rows) == 0:
@@ -272,9 +258,8 @@ class TextEncoder:
         return [token.content for _, token in sorted(added.items()) if token.special]
 
     def fingerprint(self) -> str:
-        """The tokenizer's identity, checked when a pipeline resumes: vocabulary size and a digest of its JSON.
-
-        Truncation and padding are left out of the digest (``max_length`` is checked on its own).
+        """The tokenizer's identity, checked on resume: vocabulary size and a digest of its JSON (truncation and
+        padding left out; ``max_length`` is checked on its own).
 
         Example:
             >>> enc = TextEncoder.load(pp.examples.tokenizer(), max_length=8, truncation=True, add_special_tokens=True)
@@ -283,14 +268,12 @@ class TextEncoder:
         """
         return self._source.fingerprint
 
-    def _twin(self) -> Any:
+    @cached_property
+    def _encode_pairs(self) -> Any:
         """The batch call of an untruncated copy, for pairs (parsed once, at the first pair)."""
-        twin = self.__dict__.get("_encode_pairs")
-        if twin is None:
-            copy = self._source.copy()
-            copy.encode_special_tokens = self.encode_special_tokens
-            twin = self._encode_pairs = getattr(copy, "encode_batch_fast", copy.encode_batch)
-        return twin
+        copy = self._source.copy()
+        copy.encode_special_tokens = self.encode_special_tokens
+        return getattr(copy, "encode_batch_fast", copy.encode_batch)
 
     def _encode_singles(self, texts: Sequence[str], special: bool) -> list:
         """Encodings of single texts; long ones from their start only where the ids are the same."""
@@ -322,12 +305,11 @@ class TextEncoder:
         )
 
 
-def _flatten(encodings: Sequence, with_type_ids: bool) -> TokenChunk:
+def flatten(encodings: Sequence, with_type_ids: bool = False) -> TokenChunk:
     """The Rust encodings of a batch as one flat chunk (the fastest of the variants measured)."""
     ids_lists = list(map(_IDS, encodings))
     lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
-    offsets = np.zeros(len(ids_lists) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = exclusive_cumsum(lengths)
     total = int(offsets[-1])
     ids = np.fromiter(chain.from_iterable(ids_lists), dtype=ID_DTYPE, count=total)
     type_ids = None
@@ -337,12 +319,9 @@ def _flatten(encodings: Sequence, with_type_ids: bool) -> TokenChunk:
 
 
 def _from_path(path: str | os.PathLike) -> Any:
-    """A ``tokenizer.json`` file as a ``tokenizers.Tokenizer``; a folder or hub name via ``AutoTokenizer``.
-
-    A name that can only be a local path (a ``os.PathLike``, ``./x``, ``a/b/c``, ``x.json``), or an
-    ``org/name`` whose ``org`` is a local folder, and names nothing fails at once, before
-    ``transformers`` would try it on the Hugging Face Hub.
-    """
+    """A ``tokenizer.json`` file as a ``tokenizers.Tokenizer``; a folder or hub name via ``AutoTokenizer``. A name
+    that can only be a local path (``./x``, ``a/b/c``, ``x.json``, an ``org/name`` whose ``org`` is a local folder)
+    and names nothing fails at once, before ``transformers`` would try the Hub."""
     name = os.fspath(path)
     p = Path(name).expanduser()
     if p.is_file():

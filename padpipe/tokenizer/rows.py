@@ -1,10 +1,8 @@
 """The tokenize stage's core, shared by ``pipes/`` and ``token_cache/``: a record batch of text in, a token chunk out.
 
-:class:`ChunkTokenizer` is a plain callable; ``padpipe._build.tokenize`` runs it in an
-:class:`~padpipe.pipes.threads.OrderedMapper` of threads (the Rust batch call releases the GIL),
-so it keeps no state between calls and resume is the upstream reader's position. The token
-cache reads and checks text with the same helpers (:func:`as_text_column`, :func:`bad_rows`,
-:func:`pass_through`), so a cached row is exactly what tokenizing would give.
+:class:`ChunkTokenizer` keeps no state between calls (``padpipe._build.tokenize`` runs it in threads; resume is
+the reader's position). The token cache reads and checks text with the same helpers, so a cached row is exactly
+what tokenizing would give.
 """
 
 from __future__ import annotations
@@ -48,15 +46,10 @@ def no_eos(encoder: TextEncoder) -> str:
 class ChunkTokenizer:
     """Tokenize the text field(s) of a record batch; pass the other columns through.
 
-    Rows are checked at once with Arrow compute: a ``None``, non-string or invalid UTF-8 text (Arrow
-    IPC files are not checked when read) raises :class:`~padpipe.errors.DataError` naming the field,
-    the row in its file (or in the chunk, after a shuffle) and its ``idx``/``id``
-    (``on_error="raise"``), or drops the row and counts it as ``tokenize.bad_text``
-    (``on_error="skip"``). An empty string gives just the template's special tokens. The text
-    fields are dropped; the other columns become ``TokenChunk.columns`` as Arrow arrays, with
-    ``label`` renamed to ``labels`` (what ``transformers`` models take). When a batch has both
-    ``label`` and ``labels``, both pass through under their own names. A chunk whose rows are all
-    skipped comes out with zero rows.
+    A ``None``, non-string or invalid UTF-8 text (Arrow IPC files are not checked when read) raises a
+    :class:`~padpipe.errors.DataError` naming the field, the row and its ``idx``/``id``, or is dropped and
+    counted as ``tokenize.bad_text`` (``on_error="skip"``). The other columns pass through as Arrow arrays,
+    ``label`` as ``labels`` (what ``transformers`` models take) unless the batch has ``labels`` too.
 
     Args:
         encoder: The :class:`~padpipe.tokenizer.TextEncoder` to call.
@@ -150,7 +143,8 @@ def _bad_mask(column: pa.Array) -> np.ndarray:
     if _is_text(column.type):
         bad = pc.is_null(column).to_numpy(zero_copy_only=False)
         if not _valid_utf8(column):  # Arrow IPC files are not checked when read: place the bad rows (error path)
-            bad = bad | np.array([not _decodes(v) for v in column.cast(pa.large_binary()).to_pylist()], dtype=bool)
+            raw = column.cast(pa.large_binary()).to_pylist()  # valid UTF-8 round-trips, a replaced byte does not
+            bad |= np.array([v is not None and v.decode("utf-8", "replace").encode() != v for v in raw], dtype=bool)
         return bad
     return np.ones(len(column), dtype=bool)
 
@@ -160,17 +154,6 @@ def _valid_utf8(column: pa.Array) -> bool:
     try:
         column.validate(full=True)
     except pa.ArrowInvalid:
-        return False
-    return True
-
-
-def _decodes(value: bytes | None) -> bool:
-    """Whether ``value`` is ``None`` or valid UTF-8."""
-    if value is None:
-        return True
-    try:
-        value.decode("utf-8")
-    except UnicodeDecodeError:
         return False
     return True
 
@@ -191,18 +174,26 @@ def _bad_text_message(batch: pa.RecordBatch, fields: tuple[str, ...], texts: lis
     if not _is_text(column.type) or column.null_count == len(column):  # every row, for one reason: no skip
         return _bad_column_message(batch, field, column)
     found = "None" if not column[row].is_valid else "not valid UTF-8"
+    return (
+        f"tokenize: field {field!r} at {row_place(batch, row)} is {found}; expected a string. "
+        f"{int(bad.sum())} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
+    )
+
+
+def row_place(batch: pa.RecordBatch, row: int) -> str:
+    """Where row ``row`` of a batch is, for an error: its file's row, as the readers' errors name it, else its row
+    in the chunk; with its ``idx``/``id``.
+
+    Example:
+        >>> row_place(pa.RecordBatch.from_pylist([{"id": 1}, {"id": 7}]), 1)
+        'row 1 of the chunk (id=7)'
+    """
     name = next((c for c in ROW_ID_COLUMNS if c in batch.schema.names), None)
     row_id = f"{name}={batch.column(name)[row].as_py()!r}" if name else ""
     in_file = row_of(batch, row)
-    if in_file:  # the file's row, as the readers' errors name it
-        where = f"{in_file} ({row_id + '; ' if row_id else ''}row {row} of the chunk)"
-    else:
-        where = f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + row_origin(batch)
-    count = int(bad.sum())
-    return (
-        f"tokenize: field {field!r} at {where} is {found}; expected a string. "
-        f"{count} row(s) of this chunk have bad text; pass on_error='skip' to drop them."
-    )
+    if in_file:
+        return f"{in_file} ({row_id + '; ' if row_id else ''}row {row} of the chunk)"
+    return f"row {row} of the chunk" + (f" ({row_id})" if row_id else "") + row_origin(batch)
 
 
 def _bad_column_message(batch: pa.RecordBatch, field: str, column: pa.Array) -> str:

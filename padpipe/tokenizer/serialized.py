@@ -1,12 +1,8 @@
-"""A tokenizer's JSON, serialized once per process: the private copies and the fingerprints all read it.
-
-(Qwen's 151k-id vocabulary takes 0.3 s to serialize and 1 s to parse.) The JSON is kept for the last few
-tokenizers, each under the object and a cheap key of what can change in place (sizes, added tokens, pipeline
-parts, model settings): a tokenizer changed after it was read is read again. One change is not seen, since
-seeing it costs a whole serialization: a model replaced in place by another of the same kind and size (a
-vocabulary with entries renamed, set as ``tok.backend_tokenizer.model = ...``); build a new tokenizer object for
-that (``Tokenizer.from_str``, ``from_pretrained``). Truncation and padding are written as null: the copies set
-their own, and ``transformers`` leaves its last call's there.
+"""A tokenizer's JSON, serialized once per process (Qwen's 151k ids: 0.3 s): the private copies and fingerprints
+read it. It is kept for the last few tokenizers under a cheap key of what can change in place (sizes, added
+tokens, pipeline parts, model settings), so a changed tokenizer is read again; a model replaced in place by one
+of the same kind and size is not seen (build a new tokenizer object for that). Truncation and padding are
+written as null: the copies set their own, and ``transformers`` leaves its last call's there.
 """
 
 from __future__ import annotations
@@ -74,7 +70,7 @@ GAP_PROBES = 4096
 
 def _id_bound(tokenizer: Tokenizer) -> int:
     """One past the highest id: the vocabulary size, unless ids leave gaps (probed up to ``GAP_PROBES`` past the
-    last one found, a microsecond each; a whole vocabulary read would take 0.3 s for 151k ids).
+    last one found, a microsecond each, not a whole vocabulary read).
 
     Example:
         >>> from tokenizers.models import WordLevel

@@ -3,6 +3,8 @@ row (or, under ``on_error="skip"``, dropped and counted by reason)."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import re
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 
 import padpipe as pp
+from padpipe.chat.options import ChatOptions
 from padpipe.errors import DataError
 from padpipe.stats import PipelineStats
 from tests import chat_fixtures as fx
@@ -65,6 +68,17 @@ def test_chat_raises_error_at_once_on_bad_settings() -> None:
         source.chat(pp.examples.tokenizer())
     with pytest.raises(ValueError, match=r"^\.chat\(\) needs records as input, but this pipeline yields tokens here"):
         source.chat(tok).chat(tok)
+
+
+def test_chat_keywords_are_the_chat_options_fields_with_their_defaults() -> None:
+    fields = {f.name: f for f in dataclasses.fields(ChatOptions)}
+    keywords = inspect.signature(pp.Pipeline.chat).parameters
+    assert sorted(set(keywords) - set(fields)) == ["cache", "chat_template", "num_threads", "self", "tokenizer"]
+    for name, f in fields.items():
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        assert keywords[name].default == (None if name == "template_kwargs" else default), name
+    stage = pp.from_iterable([{"q": "a", "a": "b"}]).chat(fx.tokenizer(), prompt="q", completion="a", train_on="all")
+    assert stage.stages[-1].options["options"] == ChatOptions(prompt="q", completion="a", train_on="all")
 
 
 def test_chat_trains_the_answers_of_a_template_that_ignores_the_generation_prompt_without_their_header() -> None:
