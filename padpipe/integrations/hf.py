@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import sys
@@ -63,8 +62,6 @@ logger = logging.getLogger(__name__)
 
 LOADER_STATE = "padpipe_loader.pt"
 """The loader's state in a Trainer checkpoint folder: every rank's ``loader.checkpoint()`` and the pass read."""
-OLD_LOADER_STATE = "padpipe_loader_{rank}.pt"
-"""Each rank's loader state, as an older padpipe saved it (still read)."""
 
 
 class Trainer(transformers.Trainer):
@@ -213,8 +210,7 @@ class Trainer(transformers.Trainer):
         if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs, steps
         path = os.path.join(resume_from_checkpoint, LOADER_STATE)
-        old = sorted(glob.glob(os.path.join(resume_from_checkpoint, OLD_LOADER_STATE.format(rank="*"))))
-        if not os.path.isfile(path) and not old:
+        if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"Checkpoint {resume_from_checkpoint} has no padpipe loader state ({LOADER_STATE}): it was not saved "
                 "by padpipe.hf.Trainer. Pass `TrainingArguments(ignore_data_skip=True)` to resume the model and start "
@@ -222,12 +218,7 @@ class Trainer(transformers.Trainer):
             )
         # every saved rank's state: each rank picks its own, or on another number of ranks the rest of the
         # epoch is shared over the new ones (docs/elastic.md); states are plain data
-        state = (
-            torch.load(path, weights_only=True)
-            if os.path.isfile(path)
-            else [torch.load(p, weights_only=True) for p in old]
-        )
-        self._padpipe_train.load_state_dict(state)
+        self._padpipe_train.load_state_dict(torch.load(path, weights_only=True))
         return self._padpipe_train.epoch, 0  # Trainer's epoch is the pass being read (the next, if it ended)
 
     def _run_epoch(self, **kwargs: Any) -> None:

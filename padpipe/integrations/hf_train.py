@@ -83,7 +83,6 @@ class TrainBatches:
 
     PASS = dict(epoch=Int(0), batches=Int(0), ended=Bool())  # the pass being read, its batches read, whether it ended
     STATE = StateSchema("padpipe.hf.Trainer", 2, checkpoint=Child(), **PASS)  # checkpoint: loader.checkpoint()
-    STATE_V1 = StateSchema("padpipe.hf.Trainer", 1, loader=Child(), **PASS)  # an older padpipe's, one file a rank
 
     def __init__(
         self, loader: Any, columns: Callable[[dict], dict], tokens: Callable[[dict], int] = lambda batch: 0
@@ -129,19 +128,14 @@ class TrainBatches:
             ended=self.ended,
         )
 
-    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (this rank's part, or on another number of ranks the elastic share of
-        them all), or from the list of every rank's state of an older padpipe (:attr:`STATE_V1`)."""
-        if isinstance(state, list):
-            loaded = [self.STATE_V1.check(s, {}) for s in state]
-            self.loader.load_state_dict([s.loader for s in loaded])
-        else:
-            loaded = [self.STATE.check(state, {})]
-            self.loader.load_state_dict(loaded[0].checkpoint)
-        first = loaded[0]
+        them all)."""
+        loaded = self.STATE.check(state, {})
+        self.loader.load_state_dict(loaded.checkpoint)
         self.ended = False
-        self.epoch = first.epoch + first.ended
-        self.offset = 0 if first.ended else first.batches
+        self.epoch = loaded.epoch + loaded.ended
+        self.offset = 0 if loaded.ended else loaded.batches
         self._started = self._resumed = True
 
     def _next(self) -> Any:

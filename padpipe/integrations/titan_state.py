@@ -14,8 +14,7 @@ read the same data) and torchtitan's own counts (batches yielded, batches per op
 epochs done: the same on every DP rank, which take equal steps), serialized with ``torch.save``
 into bytes: plain data (dicts, lists, numbers, tensors) inside, read back with
 ``torch.load(weights_only=True)`` and checked by its schema. Every new rank gets every saved
-rank's position, which is what an elastic resume needs. A state of an older padpipe (version 1:
-each rank's entry apart, :data:`RANK`) is read too.
+rank's position, which is what an elastic resume needs. A state of another version is refused by it.
 
 The state carries the loader's :func:`recipe` as its settings: the data (the pipeline's reader and
 what it reads), the tokenizer and ``seq_len``. ``load_state_dict`` checks them when it is called,
@@ -34,7 +33,7 @@ from typing import Any
 import torch
 
 from padpipe.sharing.ranks import all_ranks
-from padpipe.state import Child, Int, ListOf, Loaded, StateMismatchError, StateSchema
+from padpipe.state import Child, Int, StateMismatchError, StateSchema
 
 KEY = "padpipe"
 """The one key of the loader's state (``"dataloader.padpipe"`` in a torchtitan checkpoint)."""
@@ -46,9 +45,6 @@ COUNTS = dict(
 )
 STATE = StateSchema("PadpipeDataLoader", 2, checkpoint=Child(), **COUNTS)  # settings: the loader's recipe()
 """``loader.checkpoint()`` (:data:`padpipe.checkpoints.CHECKPOINT`) and torchtitan's counts."""
-STATE_V1 = StateSchema("PadpipeDataLoader", 1, ranks=ListOf(Child()))  # an older padpipe: every DP rank's RANK state
-RANK = StateSchema("PadpipeDataLoader rank", 2, loader=Child(), **COUNTS)  # settings: the loader's recipe()
-RANK_V1 = StateSchema("PadpipeDataLoader rank", 1, loader=Child(), **COUNTS)  # saved without a recipe
 SOURCE_OPTIONS = ("paths", "columns", "iterable", "dataset")
 """The reader options that say what a pipeline reads (not how: retries, credentials, chunk sizes)."""
 HASHED_ITEMS = 100_000
@@ -117,18 +113,13 @@ def _tokenizers(pipe: Any) -> str:
 def unpacked(state: Any, expected: Mapping[str, Any] | None = None) -> Any:
     """A loader state's :data:`STATE`, checked and loaded (fields as attributes).
 
-    A state of an older padpipe (:data:`STATE_V1`, each DP rank's :data:`RANK` entry apart) is read
-    as one: its ``checkpoint`` is then the list of every rank's loader state (which
-    ``PipelineLoader.load_state_dict`` takes too).
-
     Args:
         state: The loader state (``{"padpipe": bytes}``).
-        expected: The loading loader's :func:`recipe`, which the saved one must equal (``None``: not checked). A
-            version-1 rank's entry holds none: its recipe is left to the stages to check.
+        expected: The loading loader's :func:`recipe`, which the saved one must equal (``None``: not checked).
 
     Raises:
-        StateMismatchError: ``state`` is not this loader's, is invalid, or was saved with another recipe (data,
-            tokenizer or ``seq_len``).
+        StateMismatchError: ``state`` is not this loader's, is of another version, is invalid, or was saved with
+            another recipe (data, tokenizer or ``seq_len``).
     """
     blob = state.get(KEY) if isinstance(state, Mapping) else None
     if not isinstance(blob, bytes):
@@ -141,24 +132,7 @@ def unpacked(state: Any, expected: Mapping[str, Any] | None = None) -> Any:
         loaded = torch.load(io.BytesIO(blob), weights_only=True)
     except Exception as exc:  # any unpickling failure: the bytes are not a state this loader wrote
         raise StateMismatchError(f"PadpipeDataLoader state {KEY!r} could not be read: {exc}") from None
-    if isinstance(loaded, Mapping) and loaded.get("version") == STATE_V1.version:
-        return _from_v1(STATE_V1.check(loaded, {}).ranks, expected or {})
     return STATE.check(loaded, expected or {})
-
-
-def _from_v1(ranks: list[Any], expected: Mapping[str, Any]) -> Loaded:
-    """A version-1 state (every rank's entry apart) as a :data:`STATE`'s fields."""
-    if not ranks:
-        raise StateMismatchError("PadpipeDataLoader state holds no rank's state: it must hold every saved DP rank's.")
-    old = [isinstance(one, Mapping) and one.get("version") == RANK_V1.version for one in ranks]
-    saved = [RANK_V1.check(one, {}) if v1 else RANK.check(one, expected) for one, v1 in zip(ranks, old)]
-    where = {tuple(s[key] for key in COUNTS) for s in saved}
-    if len(where) > 1:
-        raise StateMismatchError(
-            "PadpipeDataLoader state: the saved DP ranks were at different steps (batches yielded, batches per "
-            f"step, epochs done: {sorted(where)}); pass the state of one checkpoint."
-        )
-    return Loaded(dict(zip(COUNTS, where.pop()), checkpoint=[s.loader for s in saved]))
 
 
 def data_parallel_group(dp_rank: int, dp_world_size: int) -> Any:
