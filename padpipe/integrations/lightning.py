@@ -31,23 +31,21 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from padpipe._optional import require
-from padpipe.checkpoints import CHECKPOINT, gathered, own_part
+from padpipe.checkpoints import gathered, own_part
 from padpipe.integrations.loader_guard import LOADER_SLOT, fit_trainer, held, hold, train_loaders
 from padpipe.loader import PipelineLoader
-from padpipe.runtime.held import Held
+from padpipe.runtime.held import Untrained
 from padpipe.sharing.ranks import ranks
-from padpipe.state import ListOf, Plain, StateMismatchError, StateSchema
+from padpipe.state import StateMismatchError
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
 MAX_AHEAD = 2
 """Batches yielded and not yet taken by the loop, at most: Lightning fetches one ahead."""
-OLD_STATE = StateSchema("LightningLoader", 2, ranks=ListOf(Plain()))
-"""The state of padpipe's LightningLoader before it saved :data:`~padpipe.checkpoints.CHECKPOINT` (the same parts)."""
 NEEDS_CALLBACK = (
     "LightningLoader needs `padpipe.integrations.lightning.ExactResume()` in `Trainer(callbacks=...)` (it tells the "
     "loader which batches were trained on), and must be returned from `train_dataloader()` only."
@@ -58,13 +56,12 @@ class LightningLoader:
     """A loader whose ``state_dict()`` is the position after the batches Lightning has trained on.
 
     Iterates ``loader`` (a ``pipe.loader(...)``, or any loader with ``state_dict`` and
-    ``load_state_dict``), remembering the batches Lightning has fetched but not yet given to
-    ``training_step`` (one, as Lightning fetches ahead). Its state holds the loader's state and
-    those batches, for every rank (rank 0 writes the checkpoint for all); after
-    ``load_state_dict`` it yields them first, so training continues with exactly the batch that
-    comes next. Return it from ``train_dataloader()`` and add :class:`ExactResume` to the
-    ``Trainer``'s callbacks. States are plain data (the loader's state and batch tensors, kept on
-    the CPU and moved back to the loader's ``device`` when yielded after a resume), so
+    ``load_state_dict``); its state is :meth:`~padpipe.loader.PipelineLoader.checkpoint`'s: every
+    rank's loader state and the batches Lightning fetched and has not trained, which come first
+    after ``load_state_dict``. A ``pipe.loader()`` keeps those batches itself; for another loader
+    they are kept here (an :class:`~padpipe.runtime.held.Untrained`). Return it from
+    ``train_dataloader()`` and add :class:`ExactResume` to the ``Trainer``'s callbacks. States are
+    plain data (batches on the CPU, moved back to the loader's ``device`` after a resume), so
     checkpoints load with Lightning's default ``weights_only``.
 
     Args:
@@ -91,59 +88,66 @@ class LightningLoader:
                 f"{type(loader).__name__} instead."
             )
         self.loader = loader
-        self._ahead = Held()
-        self._restored = Held(device=getattr(loader, "device", None))
+        self._untrained = Untrained()  # another loader's batches fetched, not trained (a pipe.loader() keeps its own)
+        self._untrained.keep(MAX_AHEAD)
+        if isinstance(loader, PipelineLoader):
+            loader.keep_untrained(MAX_AHEAD)
 
     def __iter__(self) -> Iterator[Any]:
         trainer = fit_trainer(self, "__iter__")  # at the first batch: Lightning's fit without the callback fails now
         if trainer is not None and not held(trainer):
             raise RuntimeError(NEEDS_CALLBACK)
-        self._ahead.clear()
-        restored = list(self._restored)
-        self._restored.clear()
-        for batch in _chain(restored, self.loader):
-            self._ahead.append(_copy(batch))
-            if len(self._ahead) > MAX_AHEAD:
+        if isinstance(self.loader, PipelineLoader):  # it returns its restored batches first and counts the rest
+            for batch in self.loader:
+                if self.loader.untrained > MAX_AHEAD:
+                    raise RuntimeError(NEEDS_CALLBACK)
+                yield batch
+            return
+        kept = self._untrained
+        kept.outstanding = 0
+        for batch in self._restored_then(self.loader):
+            kept.note(dict(batch) if isinstance(batch, dict) else batch)  # a step popping keys leaves it whole
+            if kept.outstanding > MAX_AHEAD:
                 raise RuntimeError(NEEDS_CALLBACK)
             yield batch
 
+    def _restored_then(self, loader: Any) -> Iterator[Any]:
+        while self._untrained.restored:
+            yield self._untrained.restored.pop(0)
+        yield from loader
+
     def taken(self) -> None:
         """Note that the training loop trained the oldest batch fetched (called by :class:`ExactResume`)."""
-        if self._ahead:
-            self._ahead.pop(0)
         if isinstance(self.loader, PipelineLoader):
-            self.loader.trained()  # its stats() count the batches trained
+            self.loader.trained()  # and its stats() count the batches trained
+        else:
+            self._untrained.outstanding = max(0, self._untrained.outstanding - 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's loader state and its batches fetched but not trained (a collective under DDP).
-
-        The format of :meth:`~padpipe.loader.PipelineLoader.checkpoint`, so a ``pipe.loader()``
-        saved through this wrapper resumes bare (under ``ExactResume``) and the other way round.
-        """
-        return gathered(self.loader.state_dict(), self._ahead, getattr(self.loader, "group", None))
+        """Every rank's loader state and its batches fetched but not trained (a collective under DDP)."""
+        if isinstance(self.loader, PipelineLoader):
+            return self.loader.checkpoint(untrained=self.loader.untrained)
+        ahead = self._untrained.last(self._untrained.outstanding)
+        return gathered(self.loader.state_dict(), ahead, getattr(self.loader, "group", None))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume this rank's share from ``state`` at the next ``iter()``.
 
         A ``pipe.loader()`` takes the checkpoint itself, on any number of ranks (an elastic resume,
-        docs/elastic.md: every rank's batches fetched ahead are shared out with the rest of the
-        epoch). Any other loader resumes on as many ranks as saved it. A state of padpipe's older
-        LightningLoader format (version 2) is read as the same checkpoint.
+        docs/elastic.md). Any other loader resumes on as many ranks as saved it.
         """
-        if isinstance(state, Mapping) and state.get("version") == OLD_STATE.version:
-            state = CHECKPOINT.make({}, ranks=OLD_STATE.check(state, {}).ranks)
         if isinstance(self.loader, PipelineLoader):
-            self.loader.load_state_dict(state)  # it checks the checkpoint and returns its own batches ahead first
-        else:
-            parts = own_part(state)
-            rank, world = ranks(getattr(self.loader, "group", None))
-            if len(parts) != world:
-                raise StateMismatchError(
-                    f"LightningLoader state was saved by {len(parts)} ranks, but this run has {world}: only a "
-                    "pipe.loader() resumes on another number of ranks (docs/elastic.md)."
-                )
-            self.loader.load_state_dict(parts[rank]["loader"])
-            self._restored.restore(parts[rank]["ahead"])
+            self.loader.load_state_dict(state)
+            return
+        parts = own_part(state)
+        rank, world = ranks(getattr(self.loader, "group", None))
+        if len(parts) != world:
+            raise StateMismatchError(
+                f"LightningLoader state was saved by {len(parts)} ranks, but this run has {world}: only a "
+                "pipe.loader() resumes on another number of ranks (docs/elastic.md)."
+            )
+        self.loader.load_state_dict(parts[rank]["loader"])
+        self._untrained.restore(parts[rank]["ahead"], getattr(self.loader, "device", None))
 
 
 class ExactResume(pl.Callback):
@@ -250,13 +254,3 @@ def _flattened(trainer: pl.Trainer) -> list[Any]:
     """The train loaders in the order Lightning keeps their states (its ``CombinedLoader``'s)."""
     loaders = trainer.train_dataloader
     return [] if loaders is None else list(pl.utilities.CombinedLoader(loaders).flattened)
-
-
-def _chain(first: list[Any], loader: Any) -> Iterator[Any]:
-    yield from first
-    yield from loader
-
-
-def _copy(batch: Any) -> Any:
-    """A shallow copy, so a ``training_step`` that pops keys does not change the batch kept for the state."""
-    return dict(batch) if isinstance(batch, dict) else batch
