@@ -44,12 +44,12 @@ from typing import Annotated, Any
 
 from padpipe._optional import MissingDependencyError
 from padpipe.errors import positive
+from padpipe.inspection.formats import read_corpus
 from padpipe.integrations.titan_api import INSTALL, VERSION, check_api
 from padpipe.integrations.titan_batches import TitanBatch, fill_rows, titan_batch
 from padpipe.integrations.titan_state import STATE, data_parallel_group, packed, recipe, unpacked
 from padpipe.integrations.titan_tokenizer import as_padpipe
 from padpipe.pipeline import Pipeline
-from padpipe.recipes.formats import read_corpus
 from padpipe.runtime.rebalance import FILLER_KEY
 from padpipe.sharing.consumer import Consumer
 from padpipe.sharing.ranks import ranks

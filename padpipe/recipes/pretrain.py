@@ -25,9 +25,9 @@ import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe._optional import require
 from padpipe.errors import positive
+from padpipe.inspection.formats import read_corpus
 from padpipe.recipes import cli
 from padpipe.recipes.batching import batching
-from padpipe.recipes.formats import read_corpus
 from padpipe.tokenizer import TextEncoder
 
 Sources = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any]

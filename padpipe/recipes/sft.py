@@ -25,9 +25,9 @@ from typing import Any, Literal
 import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe.errors import positive
+from padpipe.inspection.formats import read_corpus
 from padpipe.recipes import cli
 from padpipe.recipes.batching import batching
-from padpipe.recipes.formats import read_corpus
 
 DROPPED = {
     "chat.no_trained_tokens": "no token left to train (after truncation to seq_len, or under train_on)",
