@@ -1,7 +1,8 @@
-"""A corpus path's format (Parquet, Arrow, JSON Lines, CSV) from its name, or by looking inside, and its reader."""
+"""A corpus path's format (Parquet, Arrow, JSON Lines, CSV) from its name, or by looking inside; its reader; records."""
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,7 +13,7 @@ from padpipe.pipeline import Pipeline
 from padpipe.readers import arrow, jsonl, parquet
 from padpipe.readers.csv import CsvFormat
 from padpipe.readers.paths import GLOB_CHARS
-from padpipe.sources import read_arrow, read_csv, read_jsonl, read_parquet
+from padpipe.sources import from_hf, read_arrow, read_csv, read_jsonl, read_parquet
 
 FORMATS: dict[str, tuple[tuple[str, ...], Callable[..., Pipeline]]] = {
     "parquet": (parquet.SUFFIXES, read_parquet),
@@ -103,3 +104,24 @@ def _files_in(fs: Any, folder: str) -> list[str]:
         if not any(p.startswith((".", "_")) for p in parts):
             keep.append(path)
     return keep
+
+
+def records(data: Any) -> Pipeline:
+    """A pipeline of records from a path or a list of them, a ``datasets`` dataset, or a pipeline (as it is).
+
+    Example:
+        >>> records(pp.examples.CHATS_JSONL).source.name
+        'read_jsonl'
+    """
+    if isinstance(data, Pipeline):
+        return data
+    if isinstance(data, (str, os.PathLike)):
+        return read_corpus([os.fspath(data)])
+    if isinstance(data, (list, tuple)) and data and all(isinstance(p, (str, os.PathLike)) for p in data):
+        return read_corpus([os.fspath(p) for p in data])
+    if type(data).__module__.split(".")[0] == "datasets":
+        return from_hf(data)
+    raise TypeError(
+        "`data` must be a path, a list of paths, a datasets.Dataset or IterableDataset, or a padpipe.Pipeline of "
+        f"records, but is {type(data).__name__} instead."
+    )

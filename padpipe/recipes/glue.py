@@ -261,8 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     size.add_argument("--batch-size", type=int, metavar="N", help=f"rows per batch (default: {DEFAULT_BATCH_SIZE})")
     size.add_argument("--max-tokens", type=int, metavar="N", help="instead of --batch-size, padded tokens per batch")
     parser.add_argument("--max-length", type=int, default=128, metavar="N", help="truncate each example to N tokens")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train split's shuffle and batch order")
-    parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
+    cli.run_arguments(parser, "seed of the train split's shuffle and batch order")
     args = parser.parse_args(argv)
     pipe = glue(
         args.task,
@@ -275,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
     print(f"glue {args.task} {args.split}:")
-    cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
+    cli.run(pipe, max_batches=args.max_batches)
     return 0
 
 

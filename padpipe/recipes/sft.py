@@ -24,10 +24,9 @@ from typing import Any, Literal
 
 import padpipe as pp
 from padpipe import _command, _shipped
-from padpipe.errors import positive
-from padpipe.inspection.formats import read_corpus
+from padpipe.inspection.formats import records
 from padpipe.recipes import cli
-from padpipe.recipes.batching import batching
+from padpipe.recipes.batching import sizes
 
 DROPPED = {
     "chat.no_trained_tokens": "no token left to train (after truncation to seq_len, or under train_on)",
@@ -122,27 +121,16 @@ def sft(
     Example:
         >>> pipe = sft("chats/*.parquet", "path/to/model", seq_len=4096, keep=("id",))  # doctest: +SKIP
     """
-    positive("seq_len", seq_len)
-    if seq_len < 2:
-        raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
-    positive("batch_size", batch_size)
-    positive("max_tokens", max_tokens, allow_none=True)
-    positive("shuffle_buffer", shuffle_buffer)
-    positive("pack_buffer", pack_buffer)
-    mode, layout = batching(model, mode, "sft")
-    if mode == "pack" and max_tokens is not None:
-        raise ValueError("`max_tokens` is for mode='bucket'; with mode='pack' a batch is `batch_size` x `seq_len`.")
+    buffers = {"shuffle_buffer": shuffle_buffer, "pack_buffer": pack_buffer}
+    mode, layout, max_tokens = sizes(model, mode, "sft", seq_len, batch_size, max_tokens, **buffers)
     if mode == "bucket" and keep:
         raise ValueError(f"`keep` is for mode='pack'; with mode='bucket' columns pass through, but is {keep!r}.")
-    max_tokens = seq_len * batch_size if max_tokens is None else max_tokens
-    if max_tokens < seq_len:
-        raise ValueError(f"`max_tokens` must be at least `seq_len`={seq_len}, but is {max_tokens} instead.")
     options = dict(chat_options or {})
     taken = {"messages", "prompt", "completion", "train_on", "chat_template", "max_length", "cache"} & set(options)
     if taken:
         raise ValueError(f"`chat_options` must not repeat the recipe's own arguments, but sets {sorted(taken)!r}.")
 
-    pipe = _records(data).shuffle(shuffle_buffer, seed=seed)
+    pipe = records(data).shuffle(shuffle_buffer, seed=seed)
     pipe = pipe.chat(
         tokenizer,
         messages=messages,
@@ -157,22 +145,6 @@ def sft(
     if mode == "pack":
         return pipe.pack(seq_len, batch_size=batch_size, buffer_size=pack_buffer, keep=tuple(keep), layout=layout)
     return pipe.bucket(max_tokens=max_tokens, buffer_size=shuffle_buffer, seed=seed).pad()
-
-
-def _records(data: Any) -> pp.Pipeline:
-    """A pipeline of records from paths, a ``datasets`` dataset or a pipeline."""
-    if isinstance(data, pp.Pipeline):
-        return data
-    if isinstance(data, (str, os.PathLike)):
-        return read_corpus([os.fspath(data)])
-    if isinstance(data, (list, tuple)) and data and all(isinstance(p, (str, os.PathLike)) for p in data):
-        return read_corpus([os.fspath(p) for p in data])
-    if type(data).__module__.split(".")[0] == "datasets":
-        return pp.from_hf(data)
-    raise TypeError(
-        "`data` must be a path, a list of paths, a datasets.Dataset or IterableDataset, or a padpipe.Pipeline of "
-        f"records, but is {type(data).__name__} instead."
-    )
 
 
 def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
@@ -245,27 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         0
     """
     parser = _command.parser(PROG, DESCRIPTION)
-    parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        metavar="PATH",
-        help=f"files, folders or globs of conversations, all one format; {_shipped.data_help()}",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        required=True,
-        metavar="DIR",
-        help=f"a pretrained folder or a hub name, with a chat template; {_shipped.tokenizer_help()}",
-    )
-    parser.add_argument("--seq-len", type=int, default=2048, metavar="N", help="tokens per packed row; cut length")
-    parser.add_argument(
-        "--mode", choices=("pack", "bucket"), default="pack", help="pack conversations into rows, or bucket and pad"
-    )
-    parser.add_argument("--batch-size", type=int, default=8, metavar="N", help="packed rows per batch (pack)")
-    parser.add_argument(
-        "--max-tokens", type=int, metavar="N", help="padded tokens per batch (bucket; default: seq-len x batch-size)"
-    )
+    cli.data_arguments(parser, "conversations", "a pretrained folder or a hub name, with a chat template")
+    seq_len, mode = "tokens per packed row; cut length", "pack conversations into rows, or bucket and pad"
+    cli.size_arguments(parser, seq_len=seq_len, modes=("pack", "bucket"), mode=mode)
     parser.add_argument("--messages", default="messages", metavar="NAME", help="the column of conversations")
     parser.add_argument("--prompt", metavar="NAME", help="with --completion: prompt/completion columns instead")
     parser.add_argument("--completion", metavar="NAME", help="the column of completions (trained)")
@@ -288,14 +242,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="keep",
         help="a message holding a special token's text: kept (counted), dropped or refused",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the file order, shuffle and batch order")
     parser.add_argument(
         "--cache",
         metavar="DIR",
         help="a token cache folder or URL: the first run stores each conversation's token rows and labels, later "
         "runs read them instead of rendering (same batches)",
     )
-    parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
+    cli.run_arguments(parser)
     args = parser.parse_args(argv)
     if (args.prompt is None) != (args.completion is None):
         raise ValueError("--prompt and --completion go together: name both columns, or neither.")
@@ -309,22 +262,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipe = sft(
         [_shipped.data(path) for path in args.data],
         tokenizer,
-        seq_len=args.seq_len,
-        mode=args.mode,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
         messages=args.messages,
         prompt=args.prompt,
         completion=args.completion,
         train_on=args.train_on,
         chat_template=template,
         chat_options={"on_error": args.on_error, "reasoning": args.reasoning, "special_text": args.special_text},
-        seed=args.seed,
         cache=args.cache,
+        **cli.size_options(args),
     )
     print(f"sft {args.mode} seq_len={args.seq_len}, train_on={args.train_on}:")
-    efficiency = "packing" if args.mode == "pack" else "padding"
-    stats = cli.run(pipe, max_batches=args.max_batches, efficiency=efficiency, trained=True)
+    stats = cli.run(pipe, max_batches=args.max_batches, trained=True)
     summary(stats)
     if args.cache is not None:
         hits, misses = stats.counters.get("cache.hit_rows", 0), stats.counters.get("cache.miss_rows", 0)
