@@ -7,6 +7,7 @@ never shadows the standard library's ``inspect``; the function is :func:`padpipe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -75,25 +76,21 @@ def inspect(
 ) -> InspectResult:
     """Tokenize a sample (or all) of ``data`` and run every batching strategy on its lengths.
 
-    Strategies, all with the same rows in the same order: static padding to ``max_length``,
-    dynamic padding of random batches, ``bucket(batch_size)``, ``bucket(max_tokens)`` and
-    ``pack(seq_len)``. They run through padpipe's own batching, bucketing and packing stages on
-    the token lengths, so with ``sample=None`` the batches, padding and step counts are exactly
-    those of a pipeline ``read(data).shuffle(shuffle_buffer, seed=seed).tokenize(...)`` followed by
-    the strategy's stages (see each strategy's ``code``). A sample is spread over the input's
-    units (row groups, record batches, byte ranges) and shuffled; steps per epoch are scaled to
-    the corpus size, counted from metadata (Parquet footers, ``datasets``) or estimated (bytes).
+    Strategies, on the same rows in the same order: static padding to ``max_length``, dynamic
+    padding of random batches, ``bucket(batch_size)``, ``bucket(max_tokens)`` and ``pack(seq_len)``,
+    run through padpipe's own stages on the token lengths: with ``sample=None`` exactly the batches
+    of ``read(data).shuffle(shuffle_buffer, seed=seed).tokenize(...)`` and the strategy's ``code``. A
+    sample is spread over the input's units and shuffled; steps per epoch are scaled to the corpus
+    size, counted from metadata or estimated from bytes.
 
     Args:
         data: A path, glob, folder (``save_to_disk`` too), fsspec URL or list of them (Parquet,
-            Arrow IPC, JSONL ``.gz``/``.zst``), or a reader pipeline (``pp.read_jsonl(...)``,
-            ``pp.from_hf(ds)``) without stages.
+            Arrow IPC, JSONL ``.gz``/``.zst``, CSV), or a reader pipeline without stages.
         tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes.
         fields: The text field, or two for pairs; default ``text``, else the only one or two
             string columns.
         messages: The column of conversations: inspect what :meth:`padpipe.Pipeline.chat` makes of
-            them (its rows, trained tokens, reasoning rows; see :class:`ChatFigures`), read and rendered
-            by the chat stage itself. Default: ``messages`` where the data has that column (and no
+            them (:class:`ChatFigures`). Default: ``messages`` where the data has that column (and no
             ``fields`` are asked for) or a ``chat_template`` is given; else text.
         chat_template: With conversations, a Jinja template to render them with instead of the
             tokenizer's (then ``tokenizer`` is a ``transformers`` tokenizer or its folder).
@@ -106,12 +103,10 @@ def inspect(
         sample: Rows to sample; ``None`` reads every row (exact figures).
         batch_size: Rows per batch of the static, dynamic and ``bucket(batch_size)`` strategies.
         max_tokens: Budget of ``bucket(max_tokens)``; default ``batch_size`` times ``max_length``
-            padded (the same padded tokens per step as static padding); with no ``max_length``,
-            ``batch_size`` times the p99 length rounded up to a power of two, at most 2048 (the
-            report says so), not the longest row.
-        seq_len: Packed row length; default ``max_length``, else 2048. Where more than 1% of
-            the rows of one text field are longer than ``max_length``, the pack row packs the
-            documents whole, split across rows (``long_docs="split"``), as the advice says.
+            padded; with no ``max_length``, ``batch_size`` times the p99 length rounded up to a power
+            of two, at most 2048.
+        seq_len: Packed row length; default ``max_length``, else 2048. Where over 1% of the rows of
+            one text field are longer than ``max_length``, documents are packed whole, split across rows.
         buffer_size: Bucket buffer (rows sorted together).
         pack_buffer_size: Packing buffer (documents to choose fits from).
         pad_to_multiple_of: Padding multiple of the dynamic and bucket strategies (``None``: none).
@@ -122,8 +117,7 @@ def inspect(
         storage_options: fsspec options for a path or URL ``data``.
         progress: Show progress; ``None`` reads ``PADPIPE_PROGRESS`` (``0`` turns it off).
         model: The model to train: a transformers model or config, or a local ``config.json`` or model
-            folder. The advice then says whether packing keeps documents apart in it
-            (:func:`padpipe.model_kind`), and where it cannot, what bucketing fills instead.
+            folder: the advice says whether packing keeps documents apart in it (:func:`padpipe.model_kind`).
 
     Returns:
         An :class:`InspectResult`: ``print`` it, or use ``as_dict()`` and ``chart(path)``.
@@ -313,45 +307,30 @@ def _compare(
         return (), (), (), 0
     rows = sum(len(part) for part in stream)
     multiple = s.pad_to_multiple_of
-    by_rows, _ = strategies.bucket(
-        stream, batch_size=s.batch_size, buffer_size=s.buffer_size, seed=s.seed, pad_to_multiple_of=multiple
-    )
-    by_budget, truncated = strategies.bucket(
-        stream, max_tokens=s.max_tokens, buffer_size=s.buffer_size, seed=s.seed, pad_to_multiple_of=multiple
-    )
     whole = packed is not None
-    pack_stream = packed if packed is not None else stream
-    pack = strategies.pack(
-        pack_stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=s.pack_buffer_size, whole=whole
+    bucket = functools.partial(strategies.bucket, stream, seed=s.seed, pad_to_multiple_of=multiple)
+    pack = functools.partial(
+        strategies.pack, packed if whole else stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, whole=whole
     )
+    by_budget, truncated = bucket(max_tokens=s.max_tokens, buffer_size=s.buffer_size)
+    packs = pack(buffer_size=s.pack_buffer_size)
     results = (
         strategies.static(stream, batch_size=s.batch_size, length=s.static_length),
         strategies.dynamic(stream, batch_size=s.batch_size, pad_to_multiple_of=multiple, shuffled=shuffled),
-        by_rows,
+        bucket(batch_size=s.batch_size, buffer_size=s.buffer_size)[0],
         by_budget,
-        pack,
+        packs,
     )
-    bucket_sweep = []
-    for size in sorted({b for b in BUCKET_BUFFERS if b <= rows} | {min(s.buffer_size, rows)}):
-        result = (
-            by_budget
-            if size == s.buffer_size
-            else strategies.bucket(
-                stream, max_tokens=s.max_tokens, buffer_size=size, seed=s.seed, pad_to_multiple_of=multiple
-            )[0]
-        )
-        bucket_sweep.append((size, result.efficiency))
-    pack_sweep = []
-    for size in sorted({b for b in PACK_BUFFERS if b <= rows} | {min(s.pack_buffer_size, rows)}):
-        result = (
-            pack
-            if size == s.pack_buffer_size
-            else strategies.pack(
-                pack_stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=size, whole=whole
-            )
-        )
-        pack_sweep.append((size, result.efficiency))
-    return results, tuple(bucket_sweep), tuple(pack_sweep), truncated
+
+    def sweep(sizes: tuple[int, ...], chosen: int, result: StrategyResult, run: Any) -> Sweep:
+        tried = sorted({b for b in sizes if b <= rows} | {min(chosen, rows)})
+        return tuple((b, (result if b == chosen else run(b)).efficiency) for b in tried)
+
+    bucket_sweep = sweep(
+        BUCKET_BUFFERS, s.buffer_size, by_budget, lambda b: bucket(max_tokens=s.max_tokens, buffer_size=b)[0]
+    )
+    pack_sweep = sweep(PACK_BUFFERS, s.pack_buffer_size, packs, lambda b: pack(buffer_size=b))
+    return results, bucket_sweep, pack_sweep, truncated
 
 
 def _all_records(

@@ -1,13 +1,10 @@
 """Why a model's packed logits differ from each document's own: the known causes, read from config and batch.
 
-:func:`diagnose` looks at what the model is (its ``attn_implementation``, ``use_cache``, whether its
-attention is causal) and what it was given (the keys and masks of the batch after any column
-filter), and names the first known cause that applies. :func:`padpipe.check_packing` calls it
-only once the logits (or an error of the forward) have shown that something is wrong.
-
-:data:`CONTACTS` names the private attributes of transformers the packing check reads; each is
-read through :func:`transformers_private`, which raises naming it when a release no longer has it
-(tests/integrations/test_contacts.py pins each against the installed transformers).
+:func:`diagnose` reads what the model is (``attn_implementation``, ``use_cache``, causal or not) and
+what it was given (the batch after any column filter), and names the first known cause that applies,
+once the logits (or the forward's error) have shown something is wrong. The private attributes of
+transformers it reads are in :data:`CONTACTS`, read through :func:`transformers_private`
+(tests/integrations/test_contacts.py pins each).
 """
 
 from __future__ import annotations

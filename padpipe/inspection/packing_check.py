@@ -123,22 +123,12 @@ def check_packing(
     The model runs as it is (its ``attn_implementation``, ``use_cache``, dtype and device), in eval
     mode under ``torch.no_grad()``, random states untouched: once per packed batch as the loader
     yields it (``columns`` applied), and once per document alone (``model(input_ids=doc[None])``).
-    Where the batch has ``labels``, each document's loss is compared too: the loss terms whose
-    targets are its tokens, packed, against its loss alone with its own labels (shifted for a
-    causal model, as HF's losses do), and the number of trained tokens of each; a label that lets
-    another document's token predict one of its own (no -100 at its first token) is named.
-    A padpipe loader is read through a copy of it (:meth:`~padpipe.loader.PipelineLoader.copy`),
-    so it may be checked inside its own ``for`` loop (e.g. at the first step): the checked batches
-    are those the loop reads next, and the loop, its ``state_dict()`` and its stats are as without
-    the check (under ``torch.distributed``, call it on every rank). Another loader with a state
-    (a ``StatefulDataLoader``) is put back where it was, which is exact before its loop only.
-    Cost: at most ``max_batches`` packed forwards (given without ``labels``: the model's own loss
-    over the batch is not computed) and ``max_documents`` single-document ones, under
-    ``torch.no_grad()``; the logits are compared, and turned into loss terms, 256 tokens at a time.
-    Its memory is one batch's logits (``rows x seq_len x vocab`` floats) plus one document's, where
-    a training step holds the logits, their gradient and the loss's own copies: at a 151k
-    vocabulary on CPU, one 4 x 1,024 batch measured 0.43 of a training step's time and 0.40 of its
-    peak memory (``benchmarks/check_packing_cost.py``).
+    Where the batch has ``labels``, each document's loss terms and trained tokens are compared too
+    (:mod:`padpipe.inspection.packing_loss`). A padpipe loader is read through
+    :meth:`~padpipe.loader.PipelineLoader.copy`, so it may be checked inside its own ``for`` loop
+    (under ``torch.distributed``, on every rank), the loop, its state and stats as without the check;
+    another stateful loader is put back where it was. Cost: at most ``max_batches`` packed forwards
+    and ``max_documents`` single ones, memory one batch's logits plus one document's (docs/packing.md).
 
     Args:
         model: A ``transformers`` model (or any module whose output has ``logits``, or is them).

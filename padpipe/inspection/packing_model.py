@@ -1,13 +1,11 @@
 """``pp.model_kind(model)``: does packing keep documents apart in this model, and what does it need?
 
-A layer carries state from token to token, so from one packed document into the next, when its
-config's layer type is one transformers caches a conv or recurrent state for (``conv``,
-``linear_attention``, ``hybrid`` ...) or it is one of :data:`RECURRENT_BLOCKS`. Only the kernels of
-:data:`KERNELS` keep documents apart in it, given the boundaries, on the devices of :data:`PACKAGES`
-(transformers' torch fallbacks refuse them). A one-time probe (one 16-token forward, no gradient)
-records which hooked kernels the layers call and whether each gets its boundary, so a layer whose
-caller drops them is found by what it does. The verdict, :attr:`ModelKind.layout`: ``"rows"``,
-``"flat"`` (flash-linear-attention takes one row) or ``"bucket"`` (nothing keeps them apart here).
+A layer carries state from one packed document into the next when its config's layer type is one
+transformers caches a conv or recurrent state for, or it is one of :data:`RECURRENT_BLOCKS`. Only the
+kernels of :data:`KERNELS` keep documents apart in it, given the boundaries, on the devices of
+:data:`PACKAGES`; a one-time probe (one 16-token forward) records whether each hooked kernel gets its
+boundary. The verdict, :attr:`ModelKind.layout`: ``"rows"``, ``"flat"`` (flash-linear-attention takes
+one row) or ``"bucket"`` (nothing keeps them apart here).
 """
 
 from __future__ import annotations

@@ -150,15 +150,28 @@ class InspectResult:
             f"{'padded tok/step':>15} {'attention':>9}"
         )
         lines = [header, "-" * len(header)]
-        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
-        for st in self.strategies:
-            per = st.batches or 1
+        for r in self._rows():
             lines.append(
-                f"{st.name:<34} {st.efficiency:>10.1%} {self.steps_per_epoch(st):>11,} "
-                f"{st.real_tokens / per:>13,.0f} {st.padded_tokens / per:>15,.0f} "
-                f"{st.attention / least:>8.2f}x"
+                f"{r['name']:<34} {r['efficiency']:>10.1%} {r['steps_per_epoch']:>11,} "
+                f"{r['real_tokens_per_step']:>13,.0f} {r['padded_tokens_per_step']:>15,.0f} "
+                f"{r['attention_vs_least']:>8.2f}x"
             )
         return "\n".join(lines)
+
+    def _rows(self) -> list[dict[str, Any]]:
+        """Each strategy's figures, per step and against the least attention too."""
+        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
+        return [
+            {
+                **asdict(st),
+                "efficiency": st.efficiency,
+                "steps_per_epoch": self.steps_per_epoch(st),
+                "real_tokens_per_step": st.real_tokens / (st.batches or 1),
+                "padded_tokens_per_step": st.padded_tokens / (st.batches or 1),
+                "attention_vs_least": st.attention / least,
+            }
+            for st in self.strategies
+        ]
 
     def __str__(self) -> str:
         s, c, dist = self.settings, self.corpus, self.distribution()
@@ -236,28 +249,6 @@ class InspectResult:
         Example:
             >>> json.dumps(result.as_dict())  # doctest: +SKIP
         """
-        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
-        strategies = []
-        for st in self.strategies:
-            per = st.batches or 1
-            strategies.append(
-                {
-                    "name": st.name,
-                    "code": st.code,
-                    "efficiency": st.efficiency,
-                    "batches": st.batches,
-                    "steps_per_epoch": self.steps_per_epoch(st),
-                    "rows": st.rows,
-                    "real_tokens": st.real_tokens,
-                    "padded_tokens": st.padded_tokens,
-                    "real_tokens_per_step": st.real_tokens / per,
-                    "padded_tokens_per_step": st.padded_tokens / per,
-                    "attention": st.attention,
-                    "attention_vs_least": st.attention / least,
-                    "varlen_attention": st.varlen_attention,
-                    "whole": st.whole,
-                }
-            )
         return {
             "source": self.source,
             "format": self.format,
@@ -272,7 +263,7 @@ class InspectResult:
             "corpus": asdict(self.corpus),
             "lengths": self.distribution(),
             "settings": asdict(self.settings),
-            "strategies": strategies,
+            "strategies": self._rows(),
             "bucket_buffer_sweep": [{"buffer_size": b, "efficiency": e} for b, e in self.bucket_sweep],
             "pack_buffer_sweep": [{"buffer_size": b, "efficiency": e} for b, e in self.pack_sweep],
             "budget_truncated": self.budget_truncated,

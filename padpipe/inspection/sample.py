@@ -1,9 +1,8 @@
-"""What ``inspect`` reads: the reader for the input, a seeded sample spread over its units, the corpus size.
+"""What ``inspect`` reads: the input's reader and text fields, a seeded sample spread over its units, its size.
 
-The input goes through padpipe's own readers (Parquet, Arrow IPC, JSONL, CSV; globs, folders, fsspec
-URLs, ``save_to_disk`` folders), picked by :func:`~padpipe.inspection.formats.format_of`. A sample is drawn unit by unit
-(row groups, record batches, byte ranges) in a seeded random order, a few random rows from each
-of at least :data:`SPREAD` units, so it is not the first rows of the first file.
+The input goes through padpipe's own readers (:func:`~padpipe.inspection.formats.read_corpus`). A
+sample is drawn unit by unit (row groups, record batches, byte ranges) in a seeded random order, a
+few random rows from each of at least :data:`SPREAD` units, not the first rows of the first file.
 """
 
 from __future__ import annotations
@@ -127,6 +126,37 @@ def choose_fields(
         f"{where}: no 'text' column and {len(strings)} string columns, not one or two; pass {option}, "
         f"from the columns {schema.names!r}."
     )
+
+
+def detect_fields(
+    data: Any,
+    fields: str | Sequence[str] | None = None,
+    *,
+    option: str = "the text field(s) to tokenize",
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[str, ...]:
+    """``fields`` checked against ``data``'s columns, else ``text``, else its only one or two string columns.
+
+    Reads the schema of the first rows only.
+
+    Args:
+        data: What :func:`padpipe.inspect` takes: a path, glob, folder, URL or a list of them, or a reader pipeline.
+        fields: The field(s) asked for; ``None`` finds them.
+        option: How the error tells the user to name them when none is found (e.g. ``"--fields A [B]"``).
+        storage_options: fsspec options for a URL.
+
+    Raises:
+        DataError: A field asked for is not a column, or none is given and none is found.
+
+    Example:
+        >>> detect_fields(pp.examples.SAMPLE_PARQUET), detect_fields(pp.examples.SAMPLE_JSONL)
+        (('sentence1', 'sentence2'), ('text',))
+    """
+    pipe = source_pipeline(data, storage_options=storage_options)
+    reader = make_reader(pipe, PipelineStats())
+    units = reader.listed_units()
+    where = units[0].path if units else reader.format.describe()
+    return choose_fields(first_schema(reader, units), fields, where, option=option)
 
 
 def draw_sample(

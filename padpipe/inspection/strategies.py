@@ -1,12 +1,9 @@
 """Run every batching strategy on token lengths alone, through padpipe's own stages.
 
-The stream of tokenized chunks is replayed as chunks of the same row lengths (ids all 0, made one
-chunk at a time), and the real :class:`~padpipe.pipes.batch.FixedBatcher`,
-:class:`~padpipe.pipes.bucket.Bucketizer` and :class:`~padpipe.pipes.pack.Packer` nodes run over
-it with the settings a pipeline would give them; padded widths come from
-:func:`~padpipe.pipes.pad.padded_length`, the rule ``pad()`` applies. So the batches, the padding
-and the step counts are the ones a real pass over the same rows makes, and they stay so when
-a stage's logic changes. Memory holds one stage buffer of ids, never the whole stream.
+Chunks of the same row lengths (ids all 0, made one at a time) go through the real
+``FixedBatcher``, ``Bucketizer`` and ``Packer`` nodes with a pipeline's settings, padded by
+:func:`~padpipe.pipes.pad.padded_length` as ``pad()`` pads: the batches, padding and step counts
+of a real pass over the same rows, whatever the stages' logic becomes.
 """
 
 from __future__ import annotations

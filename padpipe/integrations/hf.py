@@ -1,15 +1,4 @@
-"""``padpipe.hf.Trainer``: Hugging Face's ``Trainer`` that reads padpipe pipelines as they are.
-
-Pass pipelines that end in ``.pad()`` or ``.pack()`` as ``train_dataset``, ``eval_dataset`` or to
-``predict``; any other dataset goes to ``transformers.Trainer`` unchanged. Needs ``transformers``
-(``pip install 'padpipe[hf]'``); tested with transformers 5.18 to 5.25.
-
-Example:
-    >>> from padpipe.hf import Trainer  # doctest: +SKIP
-    >>> trainer = Trainer(model=model, args=TrainingArguments("out", max_steps=100),  # doctest: +SKIP
-    ...                   train_dataset=train, eval_dataset=val, compute_metrics=accuracy)
-    >>> trainer.train(); trainer.predict(val).predictions  # doctest: +SKIP
-"""
+"""``padpipe.hf.Trainer`` (its face: :mod:`padpipe.hf`): Hugging Face's ``Trainer`` reading padpipe pipelines."""
 
 from __future__ import annotations
 
@@ -68,47 +57,25 @@ class Trainer(transformers.Trainer):
     """``transformers.Trainer`` for padpipe pipelines: padded batches go to the model as they are.
 
     For a :class:`padpipe.Pipeline` as ``train_dataset``, ``eval_dataset`` (or a dict of them) or
-    ``predict(test_dataset)``, batches come from ``pipe.loader()`` (with
-    ``dataloader_num_workers`` worker processes), sharded by padpipe across ranks, never by
-    Accelerate, and are neither collated nor stacked again. Everything else is ``Trainer``'s:
+    ``predict(test_dataset)``, batches come from ``pipe.loader()`` (``dataloader_num_workers``
+    workers), sharded by padpipe across ranks, never collated again; anything else is ``Trainer``'s.
+    What differs (docs/training.md says each in full):
 
-    - ``per_device_train_batch_size``, ``per_device_eval_batch_size`` and the data collator do not
-      apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
-      Each pass over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized
-      loader: the last accumulation window of a pass is short and gets its own optimizer step.
-      Train for ``max_steps``, or for ``num_train_epochs`` (without ``max_steps``): the first
-      epoch's batches are counted by a pass of the loader before training, the schedule is built
-      on them, and each epoch ends when its data ends (:mod:`padpipe.integrations.hf_epochs`).
-      Each window's ``num_items_in_batch`` comes from the loader (``accumulation_steps``), counted
-      as ``Trainer`` counts it, where ``Trainer`` would sum it over the ranks and divide it by nothing.
-    - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
-      ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
-      ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
-    - Training ranks take equal steps with every row once (``equal_steps="balance"``: a rank short
-      of batches is given some by the others; a filler batch, whose loss is zeroed and whose row
-      ``train_samples`` does not count, only where no real piece is left for a rank).
-    - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
-      columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
-      batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``, ``use_cache``) are kept when ``forward``
-      takes ``**kwargs``.
-    - Before training on a packed pipeline, a model whose layers carry state across documents
-      with nothing here to keep them apart is refused on every rank (:func:`padpipe.model_kind`),
-      and the first batch is checked in the model
-      (:func:`padpipe.check_packing`, on rank 0): ``use_cache=False`` goes to the training forward
-      of an ``eager``/``sdpa`` model whose ``use_cache=True`` would let attention cross documents,
-      and any other leak raises :class:`padpipe.PackingError` naming the cause and the fix, before
-      the first step. ``check_packing=False`` turns this off.
-    - ``evaluate()`` and ``predict()`` read every row exactly once; predictions and ``label_ids``
-      come back in the split's row order when batches carry ``row_index`` (``glue()`` eval
-      splits do), gathered across ranks. The loss is the mean over rows;
-      ``*_samples_per_second``, ``*_steps_per_second`` and ``{prefix}_samples`` count real rows
-      and batches. ``batch_eval_metrics`` and FSDP/DeepSpeed evaluation on pipelines are not
-      supported (ranks may take different numbers of evaluation steps).
-    - A checkpoint holds every rank's loader state in one file (``padpipe_loader.pt``: ``loader.checkpoint()``
-      and the pass read);
-      ``train(resume_from_checkpoint=...)`` loads it and continues the data stream exactly
-      instead of skipping batches (``ignore_data_skip=True`` starts the data afresh), bit for bit
-      at every kind of checkpoint, with ``state.epoch`` going on.
+    - The pipeline makes the batches (``per_device_*_batch_size`` and the collator do not apply);
+      each pass is one epoch, trained as ``Trainer`` trains a sized loader (the last accumulation
+      window short, with its own optimizer step): ``max_steps``, or ``num_train_epochs`` counted by
+      one pass before training (:mod:`padpipe.integrations.hf_epochs`). ``num_items_in_batch`` comes
+      from the loader; ``num_input_tokens_seen`` counts real tokens.
+    - Training ranks take equal steps with every row once (``equal_steps="balance"``; a filler
+      batch's loss is zeroed). Columns ``forward`` does not take are removed; HF's flash-attention
+      names of packed batches are kept when it takes ``**kwargs``.
+    - A packed pipeline's first batch is checked in the model before the first step
+      (:mod:`padpipe.integrations.hf_packing`; ``check_packing=False`` turns it off).
+    - ``evaluate()`` and ``predict()`` read every row once, predictions in row order where batches
+      carry ``row_index``; counts and speeds are of real rows. No ``batch_eval_metrics``, FSDP or
+      DeepSpeed evaluation on pipelines.
+    - A checkpoint holds every rank's loader state in ``padpipe_loader.pt``; resuming continues the
+      data exactly (``ignore_data_skip=True`` starts it afresh).
 
     Example:
         >>> from transformers import TrainingArguments  # doctest: +SKIP

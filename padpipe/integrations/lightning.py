@@ -1,22 +1,10 @@
 """Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop.
 
-Lightning checkpoints a train loader that has ``state_dict``/``load_state_dict``, but its own call
-would save the loader's position one batch late (its loop fetches a batch ahead) and from rank 0
-only. :class:`ExactResume`, a callback, fixes both through Lightning's public hooks:
-
-- for a ``pipe.loader(...)`` returned from ``train_dataloader()``, it tells the loader after each
-  step that a batch was trained, and saves in the loader's place in Lightning's checkpoint the
-  loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint`: every rank's position and the batches
-  fetched and not trained, which the loader, restored by Lightning, returns first. When ``fit``
-  stops at ``max_steps`` inside an epoch, or ``limit_train_batches`` cuts it short, Lightning counts
-  that epoch as done: so does the loader.
-- for any other stateful loader (a ``StatefulDataLoader``), wrap it in :class:`LightningLoader`,
-  whose state holds the same; the callback tells it which batches the loop has trained.
-
-Without the callback, a fit that will save a ``pipe.loader()`` (a ``ModelCheckpoint``, Lightning's
-default) or resumes one raises at its first batch, before any step, naming it; one that can only
-save it through ``trainer.save_checkpoint`` warns, and that save raises
-(:mod:`padpipe.integrations.loader_guard`). A ``LightningLoader`` raises at its first batch too.
+Lightning's own save of a stateful train loader is one batch late (its loop fetches a batch ahead)
+and rank 0's only. The :class:`ExactResume` callback fixes both through Lightning's public hooks
+for a ``pipe.loader(...)`` returned from ``train_dataloader()``; wrap any other stateful loader (a
+``StatefulDataLoader``) in :class:`LightningLoader`. Without the callback, a fit that will save or
+resumes a ``pipe.loader()`` raises at its first batch, naming it (:mod:`padpipe.integrations.loader_guard`).
 
 Example:
     >>> import lightning as L  # doctest: +SKIP
@@ -57,12 +45,9 @@ class LightningLoader:
 
     Iterates ``loader`` (a ``pipe.loader(...)``, or any loader with ``state_dict`` and
     ``load_state_dict``); its state is :meth:`~padpipe.loader.PipelineLoader.checkpoint`'s: every
-    rank's loader state and the batches Lightning fetched and has not trained, which come first
-    after ``load_state_dict``. A ``pipe.loader()`` keeps those batches itself; for another loader
-    they are kept here (an :class:`~padpipe.runtime.held.Untrained`). Return it from
-    ``train_dataloader()`` and add :class:`ExactResume` to the ``Trainer``'s callbacks. States are
-    plain data (batches on the CPU, moved back to the loader's ``device`` after a resume), so
-    checkpoints load with Lightning's default ``weights_only``.
+    rank's loader state and the batches fetched and not trained (on the CPU), which come first after
+    ``load_state_dict``. A ``pipe.loader()`` keeps those itself; another loader's are kept here.
+    Return it from ``train_dataloader()``, with :class:`ExactResume` in the ``Trainer``'s callbacks.
 
     Args:
         loader: The loader to wrap.
@@ -153,14 +138,13 @@ class LightningLoader:
 class ExactResume(pl.Callback):
     """Makes Lightning's checkpoints of the train loaders exact: every rank's position after the batches trained.
 
-    For each ``pipe.loader(...)`` among the train loaders: after each training step it notes the
-    batch trained (:meth:`~padpipe.loader.PipelineLoader.trained`), and in each checkpoint it puts
-    the loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint` (gathered from every rank, a
-    collective as Lightning's checkpoint already is) where Lightning keeps the loader's state, so
-    Lightning's own restore resumes it exactly. For each :class:`LightningLoader` it notes the
-    batches the loop has trained. Each epoch a ``pipe.loader()`` (bare or wrapped) reads is the one
-    Lightning runs (one cut short by ``limit_train_batches`` ends there). Warns at the start of training
-    when no train loader is either; refuses several train loaders (it keeps one exact).
+    For each ``pipe.loader(...)`` among the train loaders it notes each batch trained
+    (:meth:`~padpipe.loader.PipelineLoader.trained`) and puts the loader's
+    :meth:`~padpipe.loader.PipelineLoader.checkpoint` (every rank's position and the batches fetched
+    and not trained) where Lightning keeps the loader's state, so Lightning's own restore resumes it
+    exactly; a :class:`LightningLoader` is told the batches trained. Each epoch such a loader reads is
+    the one Lightning runs (a fit stopped at ``max_steps`` or cut by ``limit_train_batches`` ends it).
+    Warns when no train loader is either; refuses several train loaders (it keeps one exact).
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP

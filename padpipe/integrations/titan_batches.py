@@ -1,18 +1,12 @@
 """torchtitan's batches from padpipe's packed ones: ``({"input": ids, "positions": positions}, labels)``.
 
-torchtitan 0.3.0's trainer does not shift labels: its loaders give each position the token it must
-predict (its text loader shifts inside each document, so a document's last token predicts
-nothing). :func:`titan_batch` does the same to a ``.pack()`` batch, whose labels are unshifted
-(HF's convention, ``-100`` at each document's first token and at padding): a position's label is
-the next position's, so it is ``-100`` at each document's last token, at padding, on masked SFT
-tokens (``.chat()``) and at the row's end. Every batch is exactly ``rows`` x ``seq_len``: a short batch
-(the epoch's last, or one that equal steps split) is filled with rows that train nothing
-(:func:`fill_rows`), a piece of a row that equal steps cut (as long as its tokens) with a padding
-run that trains nothing, and a batch equal steps marks ``"is_filler"`` trains nothing either. A piece
-that starts inside a document has its positions start at 0 there: torchtitan's flex and varlen masks
-start a document only where positions are 0 (RoPE sees the same distances).
-
-Pure ``torch``: no torchtitan import here (:mod:`padpipe.integrations.torchtitan` uses it).
+torchtitan 0.3.0 does not shift labels (a position's label is the token it predicts), so
+:func:`titan_batch` shifts a ``.pack()`` batch's within each document: ``-100`` at each document's
+last token, at padding and masked tokens. Every batch is exactly ``rows`` x ``seq_len``: a short
+batch is filled with rows that train nothing (:func:`fill_rows`), a piece of a row that equal steps
+cut with a padding run, and equal steps' filler trains nothing. A piece starting inside a document
+has its positions start at 0 there (torchtitan's masks start a document only where positions are 0).
+Pure ``torch``: no torchtitan import here.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The torchtitan loader's checkpoint state, and the data-parallel group it shares the data in.
 
-torchtitan saves the loader's ``state_dict()`` with ``torch.distributed.checkpoint`` (DCP) under
-``"dataloader"``. DCP flattens dicts, and lists that hold tensors, into one key per leaf, and at
-load reads only the keys that the new loader's ``state_dict()`` names; a value that is no dict or
-list (bytes, a number) is one leaf, written by one rank (the same key on every rank is written
-once) and read whole by every rank. So a per-rank key cannot reach a different number of ranks,
-and padpipe's states (dicts with tensors: buffered rows and batches) would not keep their shape.
-
-The state here is one key, :data:`KEY`, holding :data:`STATE`: the loader's
-:meth:`~padpipe.loader.PipelineLoader.checkpoint` (every data-parallel rank's position, gathered
-into one value, the same on every rank: tensor-, context- and pipeline-parallel peers of a DP rank
-read the same data) and torchtitan's own counts (batches yielded, batches per optimizer step,
-epochs done: the same on every DP rank, which take equal steps), serialized with ``torch.save``
-into bytes: plain data (dicts, lists, numbers, tensors) inside, read back with
-``torch.load(weights_only=True)`` and checked by its schema. Every new rank gets every saved
-rank's position, which is what an elastic resume needs. A state of another version is refused by it.
-
-The state carries the loader's :func:`recipe` as its settings: the data (the pipeline's reader and
-what it reads), the tokenizer and ``seq_len``. ``load_state_dict`` checks them when it is called,
-inside torchtitan's ``CheckpointManager.load``, so a checkpoint of another dataset, tokenizer or
-``seq_len`` is refused there in one line, not at the first batch after the model was loaded (the
-rest of the pipeline's settings are checked by its stages at the first batch).
+torchtitan saves the loader's ``state_dict()`` with DCP, which flattens dicts (and lists holding
+tensors) into one key per leaf and reads back only the keys the new loader names: a per-rank key
+cannot reach another number of ranks. So the state is one key, :data:`KEY`, whose value is bytes
+(``torch.save`` of :data:`STATE`: plain data, read back with ``weights_only=True``), one leaf the
+same on every rank: the loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint` (every DP rank's
+position) and torchtitan's counts. Its settings are the loader's :func:`recipe` (the data, the
+tokenizer, ``seq_len``), checked inside torchtitan's ``CheckpointManager.load``, so a checkpoint
+of another run is refused there in one line, before the model loads.
 """
 
 from __future__ import annotations
@@ -138,12 +125,10 @@ def unpacked(state: Any, expected: Mapping[str, Any] | None = None) -> Any:
 def data_parallel_group(dp_rank: int, dp_world_size: int) -> Any:
     """The process group of this process's data-parallel peers, found from every process's DP rank (a collective).
 
-    torchtitan 0.3.0 builds its loader with ``dp_rank`` and ``dp_world_size`` only. Ranks with the
-    same DP rank (tensor-, context-, pipeline-parallel peers) read the same data; each group holds
-    one rank of every DP rank: the ``j``-th process (by global rank) of each DP rank, which for a
-    device mesh laid out in row-major order, as torchtitan's, are the ranks that share every other
-    coordinate. ``None`` (the world) where every process is its own DP rank in global-rank order;
-    new gloo groups otherwise (made once, by every rank in the same order).
+    torchtitan 0.3.0 builds its loader with ``dp_rank`` and ``dp_world_size`` only. Each group holds
+    the ``j``-th process (by global rank) of every DP rank: in a row-major device mesh, as
+    torchtitan's, the ranks sharing every other coordinate. ``None`` (the world) where every process
+    is its own DP rank in global-rank order; new gloo groups otherwise (made by every rank in order).
 
     Raises:
         ValueError: The processes' DP ranks and sizes do not make equal groups, or a group would

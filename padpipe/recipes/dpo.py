@@ -7,10 +7,7 @@ Example:
     >>> batch["input_ids"].shape, int(batch["chosen"][0, 0])
     (torch.Size([4, 1024]), 1)
 
-Run it from the command line (prints a few batch shapes, the pairs, the share of completion tokens, the packing or
-padding efficiency, and what was cut or dropped and why)::
-
-    python -m padpipe.recipes.dpo --data PATH [PATH ...] --tokenizer DIR [--seq-len N] [--mode pack|pad]
+Command line: ``python -m padpipe.recipes.dpo --help``.
 """
 
 from __future__ import annotations

@@ -7,10 +7,7 @@ Example:
     >>> sorted(batch)  # doctest: +SKIP
     ['attention_mask', 'idx', 'input_ids', 'labels', 'row_index', 'token_type_ids']
 
-Run it from the command line (prints a few batch shapes and the padding efficiency)::
-
-    python -m padpipe.recipes.glue --task mrpc --tokenizer PATH --data PATH [--split train]
-        [--batch-size N | --max-tokens N] [--max-batches N]
+Command line: ``python -m padpipe.recipes.glue --help``.
 """
 
 from __future__ import annotations
@@ -88,15 +85,12 @@ def glue(
 ) -> pp.Pipeline:
     """Padded, length-bucketed batches of one GLUE task's split.
 
-    The train split is shuffled (by ``seed``; each pass over a loader is the next epoch) and
-    bucketed from a ``buffer_size`` buffer. Evaluation and test splits are read in order, sorted
-    by length over the whole split (fastest inference), never dropped from, and every batch
-    carries ``row_index``: each row's position in the split, to put predictions back in order
-    (``preds[batch["row_index"]] = logits.argmax(-1)``). Test labels are GLUE's -1, kept as is.
-
-    Batches hold ``input_ids``, ``attention_mask`` and ``token_type_ids`` ``[B, L]`` (``L`` is
-    the longest row rounded up to ``pad_to_multiple_of``), ``labels`` (int64, or float32 for
-    stsb), ``idx`` when the data has it, and ``row_index`` on evaluation and test splits.
+    The train split is shuffled (by ``seed``, each pass the next epoch) and bucketed from a
+    ``buffer_size`` buffer. Evaluation and test splits are sorted by length over the whole split,
+    never dropped from, and carry ``row_index``, each row's position in the split
+    (``preds[batch["row_index"]] = logits.argmax(-1)``). Batches hold ``input_ids``,
+    ``attention_mask``, ``token_type_ids``, ``labels`` (float32 for stsb; -1 on test splits) and
+    ``idx`` when the data has it.
 
     Args:
         task: A GLUE task: ``cola``, ``sst2``, ``mrpc``, ``qqp``, ``stsb``, ``mnli``
@@ -104,12 +98,10 @@ def glue(
         split: One of the task's splits; mnli has ``validation_matched``,
             ``validation_mismatched``, ``test_matched`` and ``test_mismatched``; ax only ``test``.
         tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes (fast tokenizer or path).
-        data: ``None`` downloads ``datasets.load_dataset("nyu-mll/glue", task, split=split)``;
-            else a ``datasets.DatasetDict`` or ``Dataset`` (the split's rows), a Parquet file or
-            glob (the split's rows), or a local folder: a ``save_to_disk`` folder (of a
-            ``DatasetDict`` or a ``Dataset``) or Parquet files ``<split>-*.parquet`` /
-            ``<split>/*.parquet``, there or in its ``<task>/`` subfolder. Only Parquet needs no
-            ``datasets`` (``pip install 'padpipe[hf]'`` for the others).
+        data: ``None`` downloads ``nyu-mll/glue``; else what
+            :func:`~padpipe.recipes.glue_data.find_split` takes: a ``datasets`` object, a Parquet file
+            or glob, or a local folder (``save_to_disk``, or Parquet files by split). Only Parquet
+            needs no ``datasets`` (``pip install 'padpipe[hf]'``).
         batch_size: Rows per batch (default 32 when ``max_tokens`` is not given).
         max_tokens: Instead of ``batch_size``, a budget on padded tokens per batch.
         max_length: Truncate each example (pair: ``longest_first``) to this many tokens.
@@ -117,8 +109,7 @@ def glue(
         pad_to_multiple_of: Round each batch's length up to a multiple (``None``: no rounding).
         buffer_size: Rows shuffled and sorted together on the train split.
         progress: Show progress while an evaluation or test split is tokenized and sorted before
-            its first batch (a bar on a terminal, else ``logging``); ``None`` reads
-            ``PADPIPE_PROGRESS`` (``0`` turns it off).
+            its first batch; ``None`` reads ``PADPIPE_PROGRESS`` (``0`` turns it off).
 
     Raises:
         ValueError: An unknown task or split (the message lists the valid ones), or bad sizes.

@@ -8,10 +8,7 @@ Example:
     >>> batch["input_ids"].shape
     torch.Size([8, 512])
 
-Run it from the command line (prints a few batch shapes and the packing efficiency)::
-
-    python -m padpipe.recipes.pretrain --data PATH [PATH ...] --tokenizer PATH [--seq-len N]
-        [--mode pack|bucket] [--eos-token TOKEN]
+Command line: ``python -m padpipe.recipes.pretrain --help``.
 """
 
 from __future__ import annotations
@@ -48,17 +45,13 @@ def pretrain(
 ) -> pp.Pipeline:
     """Language-model pretraining batches from raw text corpora, read in one streaming pass.
 
-    Each document is tokenized without the template's special tokens and followed by the
-    tokenizer's EOS token, so packed rows read ``doc EOS doc EOS ...``. With ``mode="pack"``
-    documents are packed into ``batch_size`` rows of exactly ``seq_len`` tokens (long documents
-    split across rows; see :meth:`padpipe.Pipeline.pack` for ``position_ids``, ``labels``,
-    ``cu_seq_lens_q``). With ``mode="bucket"`` each document is truncated to ``seq_len`` tokens and
-    documents of similar length are batched under a budget of ``max_tokens`` padded tokens, then
-    padded on the right (``input_ids``, ``attention_mask``, ``labels``: the ids, -100 at padding).
-    Rows are shuffled by ``seed`` through a ``shuffle_buffer`` buffer (and the file order per epoch).
-
-    The format of each path comes from its name: ``.parquet`` (Parquet), ``.arrow`` (Arrow IPC),
-    ``.jsonl``/``.jsonl.gz``/``.jsonl.zst``/``.json`` (JSON Lines); a folder is looked into.
+    Each document is tokenized without special tokens and followed by the tokenizer's EOS token
+    (``doc EOS doc EOS ...``). ``mode="pack"`` packs documents into ``batch_size`` rows of exactly
+    ``seq_len`` tokens, long ones split across rows (:meth:`padpipe.Pipeline.pack`); ``mode="bucket"``
+    truncates each to ``seq_len``, batches similar lengths under ``max_tokens`` padded tokens and pads
+    on the right (``labels``: the ids, -100 at padding). Rows are shuffled by ``seed`` through a
+    ``shuffle_buffer`` buffer (and the file order per epoch). A path's format comes from its name
+    (:func:`~padpipe.inspection.formats.format_of`).
 
     Args:
         sources: A path, glob or URL, or a list of them (one corpus, all of one format), or a dict

@@ -7,11 +7,7 @@ Example:
     >>> batch["input_ids"].shape, bool((batch["labels"] != -100).any())
     (torch.Size([4, 1024]), True)
 
-Run it from the command line (prints a few batch shapes, the rows, the trained-token share, the packing
-efficiency, the conversations and the rows they became, and what was truncated or dropped and why)::
-
-    python -m padpipe.recipes.sft --data PATH [PATH ...] --tokenizer DIR [--seq-len N] [--mode pack|bucket]
-        [--train-on assistant|last|all] [--chat-template FILE] [--prompt COL --completion COL] [--cache DIR]
+Command line: ``python -m padpipe.recipes.sft --help``.
 """
 
 from __future__ import annotations
@@ -64,19 +60,13 @@ def sft(
 ) -> pp.Pipeline:
     """Chat SFT batches from conversations, read in one streaming pass: no pre-pass over the corpus.
 
-    Each conversation is rendered with the chat template and tokenized exactly as
-    ``tokenizer.apply_chat_template`` would (:meth:`padpipe.Pipeline.chat`), with ``labels`` that
-    are -100 except on the trained tokens: by default every assistant answer, from after its header
-    through its end-of-turn token. A conversation longer than ``seq_len`` keeps its first ``seq_len``
-    tokens (``max_length=seq_len``), so none is refused; one left with no trained token is dropped
-    and counted as ``chat.no_trained_tokens`` in ``loader.stats().skipped``.
-
-    With ``mode="pack"`` conversations are packed whole into ``batch_size`` rows of exactly
-    ``seq_len`` tokens (the fullest rows of ``pack_buffer`` conversations packed best fit decreasing; each keeps its
-    own labels, with -100 at its first token and at padding, and ``position_ids``/``cu_seq_lens_q`` tell the model
-    where each starts: see :meth:`padpipe.Pipeline.pack`). With ``mode="bucket"`` conversations of
-    similar length are batched under ``max_tokens`` padded tokens and padded (labels with -100).
-    Rows are shuffled by ``seed`` through a ``shuffle_buffer`` buffer (and the file order per epoch).
+    Each conversation is rendered and tokenized exactly as ``tokenizer.apply_chat_template`` would
+    (:meth:`padpipe.Pipeline.chat`), ``labels`` -100 but on the trained tokens (by default every
+    assistant answer through its end-of-turn token), cut to its first ``seq_len`` tokens; one left
+    with no trained token is dropped and counted (``chat.no_trained_tokens``). ``mode="pack"`` packs
+    conversations whole into ``batch_size`` rows of ``seq_len`` (:meth:`padpipe.Pipeline.pack`);
+    ``mode="bucket"`` batches similar lengths under ``max_tokens`` padded tokens. Rows are shuffled by
+    ``seed`` through a ``shuffle_buffer`` buffer (and the file order per epoch).
 
     Args:
         data: A path, glob or URL of Parquet, Arrow or JSON Lines files (the format from the name; a
@@ -99,17 +89,13 @@ def sft(
             ``template_kwargs``, ``training_field``, ``truncation``, ``num_threads``, ...).
         shuffle_buffer: Conversations held in the shuffle buffer (and the bucketing buffer).
         pack_buffer: Conversations held to choose fits from (``"pack"``; :meth:`padpipe.Pipeline.pack`'s
-            ``buffer_size``). Larger packs tighter, and every mid-epoch state holds them (the first
-            batch of an epoch does not wait for a full buffer): on ``benchmarks/sft.py``'s conversations
-            (about 200 tokens each), 256 fills 99.0% of 1,024-token rows and 99.5% of 2,048-token ones,
-            2,048 fills 99.4% and 99.7%.
+            ``buffer_size``): larger packs tighter, and every mid-epoch state holds them (docs/sft.md).
         keep: Columns to carry into packed batches as lists per row (``("id",)``: each row's
             conversation ids); in ``"bucket"`` mode numeric columns pass through by themselves.
         seed: Seed of the file order, the shuffle buffer and batch order.
         cache: A folder, fsspec URL or :class:`padpipe.TokenCache` for :meth:`padpipe.Pipeline.chat`'s cache:
-            the first epoch stores each conversation's token rows, labels and counters, later epochs and runs
-            read them instead of rendering and tokenizing (the same batches and ``stats()``). Needs files or
-            a ``datasets.Dataset`` (a reader with work units), not a pipeline or an ``IterableDataset``.
+            later epochs and runs read the rows instead of rendering (the same batches and ``stats()``).
+            Needs files or a ``datasets.Dataset``.
         model: The model to train (a transformers model or config, or its :class:`padpipe.ModelKind`):
             packs with the layout it needs (:func:`padpipe.model_kind`), or buckets where packed
             conversations would see each other in it (a warning says why).

@@ -44,7 +44,7 @@ def test_check_hooks_names_the_hook_that_changed():
     with pytest.raises(
         ImportError,
         match=r"^padpipe\.hf needs transformers\.Trainer\._run_epoch\(model, epoch, "
-        r"train_dataloader, .*\(transformers 5\.18 to 5\.24\), but transformers 9\.0 has "
+        r"train_dataloader, .*\(transformers 5\.18 to 5\.25\), but transformers 9\.0 has "
         r"_run_epoch\(model, epoch\) instead",
     ):
         check_hooks(Changed, "9.0")
