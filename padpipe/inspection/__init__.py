@@ -133,20 +133,11 @@ def inspect(
     """
     started = time.perf_counter()
     kind = None if model is None else model_kind(_config_of(model) if isinstance(model, (str, os.PathLike)) else model)
-    positive("sample", sample, allow_none=True)
-    for name, value in (
-        ("batch_size", batch_size),
-        ("buffer_size", buffer_size),
-        ("pack_buffer_size", pack_buffer_size),
-        ("num_threads", num_threads),
-    ):
+    sizes = dict(batch_size=batch_size, buffer_size=buffer_size, pack_buffer_size=pack_buffer_size)
+    for name, value in {**sizes, "num_threads": num_threads}.items():
         positive(name, value)
-    for name, value in (
-        ("max_length", max_length),
-        ("max_tokens", max_tokens),
-        ("seq_len", seq_len),
-        ("pad_to_multiple_of", pad_to_multiple_of),
-    ):
+    optional = dict(max_length=max_length, max_tokens=max_tokens, seq_len=seq_len, sample=sample)
+    for name, value in {**optional, "pad_to_multiple_of": pad_to_multiple_of}.items():
         positive(name, value, allow_none=True)
     if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
         raise ValueError(f"`shuffle_buffer` must be a non-negative int, but is {shuffle_buffer!r} instead.")
@@ -170,16 +161,8 @@ def inspect(
         model_limit = int(most) if most is not None and most < MODEL_MAX_LENGTH_LIMIT else None
         pipe = Pipeline(chat.source)  # the conversations read as .chat() reads them (JSON as written)
     else:
-        options = tokenize_options(
-            tokenizer,
-            fields="text",
-            max_length=None,
-            truncation=False,
-            add_special_tokens=True,
-            num_threads=num_threads,
-            on_error="skip",
-            append_eos=False,
-        )
+        untruncated = dict(max_length=None, truncation=False, add_special_tokens=True, append_eos=False)
+        options = tokenize_options(tokenizer, fields="text", num_threads=num_threads, on_error="skip", **untruncated)
         limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
         model_limit = limit if max_length is None else _model_limit(tokenizer)
     reader = make_reader(pipe, stats)
@@ -210,12 +193,11 @@ def inspect(
     else:
         raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)
     lengths = np.concatenate(raw) if raw else np.zeros(0, np.int64)
-    skipped = (
-        stats.snapshot().skipped.get("tokenize.bad_text", 0)
-        if figures is None
-        else figures.read - figures.conversations
-    )
-    read = figures.read if figures is not None else len(lengths) + skipped
+    if figures is None:
+        skipped = stats.snapshot().skipped.get("tokenize.bad_text", 0)
+        read = len(lengths) + skipped
+    else:
+        skipped, read = figures.read - figures.conversations, figures.read
     if not len(lengths):
         found = f"all {skipped:,} rows read have no text there (None or not a string)" if skipped else "it has no rows"
         if figures is not None and skipped:

@@ -192,14 +192,10 @@ class InspectResult:
             "token lengths (before truncation, special tokens included)",
         ]
         if self.rows:
+            cut = f"   longer than {self.max_length}: {dist['truncated_share']:.1%} (truncated)"
             lines.append(
                 f"  mean {dist['mean']:.1f}   p50 {_num(dist['p50'])}   p90 {_num(dist['p90'])}   "
-                f"p99 {_num(dist['p99'])}   max {dist['max']:,}"
-                + (
-                    f"   longer than {self.max_length}: {dist['truncated_share']:.1%} (truncated)"
-                    if self.max_length is not None
-                    else ""
-                )
+                f"p99 {_num(dist['p99'])}   max {dist['max']:,}" + (cut if self.max_length is not None else "")
             )
         multiple = "none" if s.pad_to_multiple_of is None else s.pad_to_multiple_of
         lines += [
@@ -222,8 +218,7 @@ class InspectResult:
             lines.append(f"  steps/epoch: scaled from the sample to {c.rows:,} rows")
         if self.sampled and self.rows < s.buffer_size:
             lines.append(
-                f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, "
-                "so the "
+                f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, so the "
                 "bucket figures are for a buffer of the whole sample (a lower bound): sample more rows"
             )
         lines += ["", "efficiency by buffer size"]
@@ -238,10 +233,8 @@ class InspectResult:
 
     def _varlen_note(self) -> str:
         least = min((st.attention for st in self.strategies), default=0.0) or 1.0
-        packed = [st for st in self.strategies if st.varlen_attention is not None]
-        if not packed:
-            return ""
-        return f" ({packed[0].varlen_attention / least:.2f}x with a varlen kernel over cu_seq_lens_q)"
+        varlen = next((st.varlen_attention for st in self.strategies if st.varlen_attention is not None), None)
+        return "" if varlen is None else f" ({varlen / least:.2f}x with a varlen kernel over cu_seq_lens_q)"
 
     def as_dict(self) -> dict[str, Any]:
         """Everything in the report as plain JSON-ready values.

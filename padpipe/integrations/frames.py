@@ -47,8 +47,6 @@ def takes_self(frame: FrameType) -> bool:
 def self_of(frame: FrameType, modules: tuple[str, ...]) -> Any:
     """The ``self`` of the method ``frame`` runs when its module starts with one of ``modules``, else ``None``.
 
-    The frames of other code (the user's functions) are never asked for their locals.
-
     Example:
         >>> class Box:
         ...     def me(self):

@@ -24,15 +24,11 @@ OFF = "Pass `check_packing=False` to padpipe.hf.Trainer to train anyway."
 
 
 def guard_columns(trainer: Any, columns: Callable[[dict], dict]) -> Callable[[dict], dict]:
-    """``columns`` (the training column filter), checked on the first batch and fixed where that is safe.
+    """``columns`` (the training column filter), checked on the first batch, plus ``use_cache=False`` where safe.
 
     Args:
         trainer: The ``padpipe.hf.Trainer`` (its ``model``, ``args`` and ``accelerator``).
         columns: What the model is given of a batch as the loader yields it.
-
-    Returns:
-        The filter to use for every training batch: ``columns``, plus ``use_cache=False`` where
-        that fixes the model's packing.
 
     Example:
         >>> select = guard_columns(trainer, _columns(trainer, "training"))  # doctest: +SKIP

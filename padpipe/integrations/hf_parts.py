@@ -1,7 +1,4 @@
-"""The parts of ``padpipe.hf.Trainer`` that are not Trainer hooks: batches, outputs in row order, counts.
-
-Imported by :mod:`padpipe.hf` once ``transformers`` is known to be installed.
-"""
+"""The parts of ``padpipe.hf.Trainer`` that are not Trainer hooks: batches, outputs in row order, counts."""
 
 from __future__ import annotations
 
@@ -41,11 +38,8 @@ class EvalBatches:
 
 
 class Outputs:
-    """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows.
-
-    Tensors stay where the model made them until ``eval_accumulation_steps`` batches have come (or the
-    end), as in ``Trainer.evaluation_loop``.
-    """
+    """One rank's evaluation results: arrays in its batch order (moved off the device every
+    ``eval_accumulation_steps`` batches, as ``Trainer.evaluation_loop`` does), the loss summed over rows."""
 
     def __init__(self, *, keep_inputs: bool, keep_losses: bool, accumulate: int | None) -> None:
         self.keep_inputs, self.keep_losses, self.accumulate = keep_inputs, keep_losses, accumulate
@@ -95,11 +89,8 @@ class Outputs:
 
 
 def eval_metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | None, prefix: str) -> dict[str, Any]:
-    """``compute_metrics`` of the merged outputs, the loss over rows and the row count, keys prefixed.
-
-    With ``logging_nan_inf_filter`` the loss is over the batches with a finite loss when there are
-    any, else over all (NaN or inf), as in ``Trainer.evaluation_loop``.
-    """
+    """``compute_metrics`` of the merged outputs, the loss over rows (with ``logging_nan_inf_filter``, over the
+    batches of finite loss where there are any, as ``Trainer`` does) and the row count, keys prefixed."""
     metrics: dict[str, Any] = {}
     if compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
         extra = {

@@ -28,8 +28,8 @@ def titan_batch(batch: Mapping[str, Any], *, rows: int, seq_len: int, pad_id: in
     """torchtitan's batch of ``batch`` (a ``.pack()`` batch) as ``rows`` x ``seq_len``, and how many rows were filled.
 
     Args:
-        batch: A packed batch: ``input_ids``, ``position_ids`` and ``labels``, ``[b, n]`` int64, ``b <= rows``,
-            ``n <= seq_len`` (a piece of a cut row is as long as its tokens: a padding run ends it).
+        batch: A packed batch: ``input_ids``, ``position_ids`` and ``labels``, ``[b, n]``, ``b <= rows``,
+            ``n <= seq_len``.
         rows: The rows torchtitan takes per batch (its ``local_batch_size``).
         seq_len: The tokens torchtitan takes per row.
         pad_id: The token id of filled rows and padding runs.

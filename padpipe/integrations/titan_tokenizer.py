@@ -25,9 +25,8 @@ def as_padpipe(titan: Any) -> Tokenizer:
         titan: A torchtitan ``HuggingFaceTokenizer`` (what torchtitan gives its loaders).
 
     Raises:
-        TypeError: ``titan`` has no ``tokenizers`` model or BOS/EOS attributes (another tokenizer class).
-        ValueError: The ids still differ on a probe text (a template that adds other tokens too):
-            build the pipeline yourself (``PadpipeDataLoader.Config(pipeline=...)``).
+        TypeError: ``titan`` has no ``tokenizers`` model or BOS/EOS attributes.
+        ValueError: The ids still differ on a probe text (a template that adds other tokens too).
 
     Example:
         >>> from torchtitan.components.tokenizer import HuggingFaceTokenizer  # doctest: +SKIP

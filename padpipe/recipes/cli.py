@@ -19,6 +19,11 @@ def data_arguments(parser: argparse.ArgumentParser, data: str, tokenizer: str, *
     """``--data`` (``data``: what the files hold) and ``--tokenizer`` (``tokenizer``: what it may be)."""
     help_data = f"files, folders or globs of {data}, all one format; {_shipped.data_help()}"
     parser.add_argument("--data", required=True, nargs="+", metavar="PATH", help=help_data)
+    tokenizer_argument(parser, tokenizer, metavar=metavar)
+
+
+def tokenizer_argument(parser: argparse.ArgumentParser, tokenizer: str, *, metavar: str = "DIR") -> None:
+    """``--tokenizer`` (``tokenizer``: what it may be), the shipped tokenizers' names too."""
     parser.add_argument("--tokenizer", required=True, metavar=metavar, help=f"{tokenizer}; {_shipped.tokenizer_help()}")
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe._progress import progress_stage
-from padpipe.errors import DataError, check_bool, positive
+from padpipe.errors import DataError, check_bool, check_seed, positive
 from padpipe.recipes import cli
 from padpipe.recipes.glue_data import SplitRows, columns_of, find_split, read_table
 
@@ -131,13 +131,13 @@ def glue(
         raise ValueError("Pass at most one of `batch_size` or `max_tokens` to glue().")
     if max_tokens is None:
         batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    positive("batch_size", batch_size, allow_none=True)
-    positive("max_tokens", max_tokens, allow_none=True)
-    positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
+    for name, value in dict(
+        batch_size=batch_size, max_tokens=max_tokens, pad_to_multiple_of=pad_to_multiple_of
+    ).items():
+        positive(name, value, allow_none=True)
     positive("max_length", max_length)
     positive("buffer_size", buffer_size)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
+    check_seed(seed)
     if progress is not None:
         check_bool("progress", progress)
     longest = -(-max_length // (pad_to_multiple_of or 1)) * (pad_to_multiple_of or 1)
@@ -150,25 +150,15 @@ def glue(
     rows = find_split(data, task, split)
     columns = _columns(task, spec, split, columns_of(rows))
     if split == "train":
-        if isinstance(rows, list):
-            pipe = pp.read_parquet(rows, columns=columns)
-        else:
-            pipe = pp.from_hf(rows, columns=columns)
-        pipe = pipe.shuffle(buffer_size, seed=seed)
-        shuffle, buffer = True, buffer_size
+        pipe = (pp.read_parquet if isinstance(rows, list) else pp.from_hf)(rows, columns=columns)
+        pipe, shuffle, buffer = pipe.shuffle(buffer_size, seed=seed), True, buffer_size
     else:
         pipe, num_rows = _numbered(rows, columns)
         shuffle, buffer = False, max(num_rows, 1)  # the whole split is sorted by length at once
     pipe = pipe.tokenize(tokenizer, fields=spec.fields, max_length=max_length)
     if split != "train" and progress is not False:  # the first batch waits for the whole split
-        pipe = pipe.add_stage(
-            "progress",
-            progress_stage,
-            output="tokens",
-            desc=f"glue {task} {split}: sorting",
-            total=num_rows,
-            enabled=progress,
-        )
+        sorting = dict(desc=f"glue {task} {split}: sorting", total=num_rows, enabled=progress)
+        pipe = pipe.add_stage("progress", progress_stage, output="tokens", **sorting)
     pipe = pipe.bucket(batch_size, max_tokens=max_tokens, buffer_size=buffer, shuffle=shuffle, seed=seed)
     return pipe.pad(pad_to_multiple_of=pad_to_multiple_of)
 
@@ -234,17 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}"
     )
-    parser.add_argument(
-        "--tokenizer",
-        required=True,
-        metavar="PATH",
-        help=f"a tokenizer.json file, a pretrained folder or a hub name; {_shipped.tokenizer_help()}",
-    )
-    parser.add_argument(
-        "--data",
-        metavar="PATH",
-        help=f"where the split's rows are (see above); default: download. {_shipped.data_help()}",
-    )
+    cli.tokenizer_argument(parser, "a tokenizer.json file, a pretrained folder or a hub name", metavar="PATH")
+    where = f"where the split's rows are (see above); default: download. {_shipped.data_help()}"
+    parser.add_argument("--data", metavar="PATH", help=where)
     parser.add_argument(
         "--split", default="train", help="the split: train, validation or test (mnli: validation_matched, ...)"
     )
@@ -254,16 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=128, metavar="N", help="truncate each example to N tokens")
     cli.run_arguments(parser, "seed of the train split's shuffle and batch order")
     args = parser.parse_args(argv)
-    pipe = glue(
-        args.task,
-        args.split,
-        _shipped.tokenizer(args.tokenizer),
-        data=None if args.data is None else _shipped.data(args.data),
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        max_length=args.max_length,
-        seed=args.seed,
-    )
+    data = None if args.data is None else _shipped.data(args.data)
+    sizes = dict(batch_size=args.batch_size, max_tokens=args.max_tokens, max_length=args.max_length, seed=args.seed)
+    pipe = glue(args.task, args.split, _shipped.tokenizer(args.tokenizer), data=data, **sizes)
     print(f"glue {args.task} {args.split}:")
     cli.run(pipe, max_batches=args.max_batches)
     return 0

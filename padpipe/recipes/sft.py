@@ -209,31 +209,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", default="messages", metavar="NAME", help="the column of conversations")
     parser.add_argument("--prompt", metavar="NAME", help="with --completion: prompt/completion columns instead")
     parser.add_argument("--completion", metavar="NAME", help="the column of completions (trained)")
-    parser.add_argument(
-        "--train-on", choices=("assistant", "last", "all"), default="assistant", help="which tokens are trained"
-    )
+    for flag, values, what in (
+        ("--train-on", ("assistant", "last", "all"), "which tokens are trained"),
+        ("--on-error", ("raise", "skip"), "a conversation that cannot be rendered"),
+        ("--reasoning", ("every_turn", "as_rendered"), "reasoning the conversation drops: own rows, or as rendered"),
+        ("--special-text", ("keep", "skip", "raise"), "a message with a special token's text: kept, dropped, refused"),
+    ):
+        parser.add_argument(flag, choices=values, default=values[0], help=what)
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to use instead")
-    parser.add_argument(
-        "--on-error", choices=("raise", "skip"), default="raise", help="a conversation that cannot be rendered"
-    )
-    parser.add_argument(
-        "--reasoning",
-        choices=("every_turn", "as_rendered"),
-        default="every_turn",
-        help="reasoning the whole conversation drops: rows of their own, or trained as rendered",
-    )
-    parser.add_argument(
-        "--special-text",
-        choices=("keep", "skip", "raise"),
-        default="keep",
-        help="a message holding a special token's text: kept (counted), dropped or refused",
-    )
-    parser.add_argument(
-        "--cache",
-        metavar="DIR",
-        help="a token cache folder or URL: the first run stores each conversation's token rows and labels, later "
-        "runs read them instead of rendering (same batches)",
-    )
+    cache = "a token cache folder or URL: later runs read the rows stored by the first instead of rendering them"
+    parser.add_argument("--cache", metavar="DIR", help=cache)
     cli.run_arguments(parser)
     args = parser.parse_args(argv)
     if (args.prompt is None) != (args.completion is None):
