@@ -18,6 +18,12 @@ import torch
 from padpipe.inspection.packing_model import BUCKET, ModelKind, model_kind
 from padpipe.inspection.packing_rows import Document
 
+TESTED = "transformers 5.18 to 5.25"
+"""The transformers releases padpipe is tested with."""
+INSTALL_TESTED = (
+    "install a transformers release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') or a padpipe "
+    "release for yours"
+)
 FLASH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 TOLERANCES = {torch.float64: (1e-6, 1e-5), torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 1e-2)}
 BF16_TOLERANCE = (1e-2, 2e-2)
@@ -72,8 +78,7 @@ def transformers_private(owner: Any, name: str) -> Any:
     except AttributeError:
         raise ImportError(
             f"padpipe.check_packing reads transformers' `{name}` (of {classes}), but this {type(owner).__name__} has "
-            "none: install a transformers release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') "
-            "or a padpipe release for yours."
+            f"none: {INSTALL_TESTED}."
         ) from None
 
 

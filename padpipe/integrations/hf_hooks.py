@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from padpipe.inspection.packing_causes import INSTALL_TESTED, TESTED
+
 logger = logging.getLogger("padpipe.hf")
 
 OVERRIDES: dict[str, tuple[str, ...]] = {
@@ -27,27 +29,14 @@ OVERRIDES: dict[str, tuple[str, ...]] = {
     "create_scheduler": ("num_training_steps", "optimizer"),
     "log": ("logs", "start_time"),
     "predict": ("test_dataset", "ignore_keys", "metric_key_prefix"),
-    "_init_training_state": (
-        "max_steps",
-        "num_update_steps_per_epoch",
-        "num_train_epochs",
-        "resume_from_checkpoint",
-        "trial",
+    "_init_training_state": tuple(
+        "max_steps num_update_steps_per_epoch num_train_epochs resume_from_checkpoint trial".split()
     ),
     "_save_checkpoint": ("model", "trial"),
     "_finalize_training": ("trial", "num_train_samples", "start_time"),
-    "_run_epoch": (
-        "model",
-        "epoch",
-        "train_dataloader",
-        "steps_in_epoch",
-        "num_update_steps_per_epoch",
-        "trial",
-        "ignore_keys_for_eval",
-        "start_time",
-        "resume_from_checkpoint",
-        "epochs_trained",
-        "steps_trained_in_current_epoch",
+    "_run_epoch": tuple(
+        "model epoch train_dataloader steps_in_epoch num_update_steps_per_epoch trial ignore_keys_for_eval start_time "
+        "resume_from_checkpoint epochs_trained steps_trained_in_current_epoch".split()
     ),
     "_track_num_input_tokens": ("inputs",),
     "get_batch_samples": ("epoch_iterator", "num_batches", "device"),
@@ -65,7 +54,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "_set_signature_columns_if_needed": (),
     "_prepare_inputs": ("inputs",),
 }
-"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in 5.18-5.25."""
+"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in :data:`TESTED`."""
 OVERRIDDEN = frozenset(OVERRIDES)
 
 
@@ -95,9 +84,8 @@ def private(owner: Any, name: str) -> Any:
         return getattr(owner, name)
     except AttributeError:
         raise ImportError(
-            f"padpipe.hf reads {module}.{cls}'s `{name}` ({why}), but this {type(owner).__name__} has none: install "
-            "a transformers and accelerate release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') "
-            "or a padpipe release for yours."
+            f"padpipe.hf reads {module}.{cls}'s `{name}` ({why}), but this {type(owner).__name__} has none: "
+            f"{INSTALL_TESTED} (and its accelerate)."
         ) from None
 
 
@@ -118,9 +106,8 @@ def check_hooks(trainer: type, version: str) -> None:
         if found != expected:
             shown = "missing" if found is None else f"{name}({', '.join(found)})"
             raise ImportError(
-                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.18 to 5.25), "
-                f"but transformers {version} has {shown} instead: install a transformers release padpipe was tested "
-                "with (pip install 'transformers>=5.18,<=5.25') or a padpipe release for yours."
+                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) ({TESTED}), but transformers "
+                f"{version} has {shown} instead: {INSTALL_TESTED}."
             )
 
 
@@ -141,8 +128,7 @@ def loss_shifts_labels(trainer: Any, version: str) -> bool:
     if not isinstance(shifts, bool):
         raise ImportError(
             "padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since "
-            f"transformers 5.11), but found {shifts!r} in transformers {version} instead: install a transformers "
-            "release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') or a padpipe release for yours."
+            f"transformers 5.11), but found {shifts!r} in transformers {version} instead: {INSTALL_TESTED}."
         )
     return shifts
 

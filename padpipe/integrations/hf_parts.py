@@ -43,8 +43,8 @@ class Outputs:
 
     def __init__(self, *, keep_inputs: bool, keep_losses: bool, accumulate: int | None) -> None:
         self.keep_inputs, self.keep_losses, self.accumulate = keep_inputs, keep_losses, accumulate
-        self.rows = self.steps = self.loss_rows = self.finite_rows = 0
-        self.loss_sum = self.finite_sum = 0.0
+        self.rows = self.steps = 0
+        self.losses_rows: list[tuple[float, int]] = []  # each batch's loss and rows
         self.order: list[np.ndarray] = []
         self.preds, self.labels, self.inputs, self.losses = (EvalLoopContainer(padding_index=-100) for _ in range(4))
 
@@ -55,12 +55,7 @@ class Outputs:
             self.order.append(np.asarray(order, dtype=np.int64))
         per_row = None
         if loss is not None:
-            value = float(loss)
-            self.loss_sum += value * rows
-            self.loss_rows += rows
-            if np.isfinite(value):
-                self.finite_sum += value * rows
-                self.finite_rows += rows
+            self.losses_rows.append((float(loss), rows))
             per_row = loss.detach().reshape(1).repeat(rows) if self.keep_losses else None
         containers = (self.preds, self.labels, self.inputs, self.losses)
         for container, value in zip(containers, (logits, labels, inputs if self.keep_inputs else None, per_row)):
@@ -75,10 +70,7 @@ class Outputs:
         return {
             "rows": self.rows,
             "steps": self.steps,
-            "loss_sum": self.loss_sum,
-            "loss_rows": self.loss_rows,
-            "finite_sum": self.finite_sum,
-            "finite_rows": self.finite_rows,
+            "losses_rows": np.array(self.losses_rows, dtype=np.float64).reshape(-1, 2),
             "order": np.concatenate(self.order) if ordered else None,
             "ordered": ordered or self.steps == 0,
             "preds": self.preds.get_arrays(),
@@ -99,10 +91,10 @@ def eval_metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | 
         }
         metrics = compute_metrics(EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra))
     metrics = denumpify_detensorize(metrics)
-    if args.logging_nan_inf_filter and merged["finite_rows"]:
-        metrics["loss"] = merged["finite_sum"] / merged["finite_rows"]
-    elif merged["loss_rows"]:
-        metrics["loss"] = merged["loss_sum"] / merged["loss_rows"]
+    loss, rows = merged["losses_rows"].T
+    kept = np.isfinite(loss) if args.logging_nan_inf_filter and rows[np.isfinite(loss)].sum() else rows > 0
+    if rows[kept].sum():
+        metrics["loss"] = float((loss * rows)[kept].sum() / rows[kept].sum())
     metrics["samples"] = merged["rows"]
     return {k if k.startswith(f"{prefix}_") else f"{prefix}_{k}": v for k, v in metrics.items()}
 
@@ -137,8 +129,8 @@ def evaluation_model(trainer: transformers.Trainer) -> Any:
 
 def merge_outputs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """All ranks' results in rank order, then sorted by ``row_index`` when every batch had one."""
-    merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows", "finite_sum", "finite_rows")}
-    merged["steps"] = max(p["steps"] for p in parts)
+    merged = {"rows": sum(p["rows"] for p in parts), "steps": max(p["steps"] for p in parts)}
+    merged["losses_rows"] = np.concatenate([p["losses_rows"] for p in parts])
     for key in ("preds", "labels", "inputs", "losses"):
         arrays = [p[key] for p in parts if p[key] is not None]
         merged[key] = None

@@ -80,17 +80,15 @@ def run(
     """Read up to ``max_batches`` batches (all of one epoch when ``None``) and print a summary.
 
     Prints the shapes of the first few batches, then the totals and the packing (or padding)
-    efficiency from ``loader.stats()``. Packed batches (``eos_id`` given) count documents by the
-    EOS tokens that end them, and the pieces placed beside (a long document is split into pieces
-    across rows).
+    efficiency from ``loader.stats()``; packed batches (``eos_id`` given) count documents by the EOS
+    tokens that end them, beside the pieces (a long document is split across rows).
 
     Args:
         pipe: The pipeline to run.
         max_batches: Most batches to read; ``None`` reads one epoch.
         eos_id: The EOS id that ends every document of packed batches; ``None`` for padded ones.
         unit: What a row of the output is, in the summary line (``"conversations"``).
-        trained: Also count the tokens the loss trains (``labels`` other than -100) and print their
-            share of the real tokens.
+        trained: Also print the share of the real tokens the loss trains (``labels`` other than -100).
         out: Where to print; default: standard output.
 
     Returns:

@@ -68,8 +68,7 @@ def pretrain(
         shuffle_buffer: Documents held in the shuffle buffer (and the bucketing buffer).
         seed: Seed of the file order, the shuffle buffer, batch order and mixing.
         model: The model to train (a transformers model or config, or its :class:`padpipe.ModelKind`):
-            packs with the layout it needs (:func:`padpipe.model_kind`), or buckets where packed
-            documents would see each other in it (a warning says why).
+            packs with the layout it needs, or buckets where packing cannot be right (a warning says why).
 
     Raises:
         ValueError: ``seq_len`` < 2, a tokenizer without EOS with ``mode="pack"``, or bad options.
@@ -184,11 +183,10 @@ def load_tokenizer(path: str, eos_token: str | None) -> Any:
 PROG = "python -m padpipe.recipes.pretrain"
 DESCRIPTION = """\
 Pretraining batches from raw text corpora, read in one streaming pass: prints the first batches'
-shapes and the packing (or padding) efficiency. Each document is tokenized without special
-tokens and followed by the tokenizer's EOS token; --mode pack packs documents into
---batch-size rows of exactly --seq-len tokens, --mode bucket truncates each to --seq-len and
-batches similar lengths under --max-tokens. The format of each --data path comes from its name:
-.parquet, .arrow, .jsonl/.jsonl.gz/.jsonl.zst/.json; a folder is looked into.
+shapes and the packing (or padding) efficiency. Each document is followed by the tokenizer's EOS
+token; --mode pack packs documents into --batch-size rows of --seq-len tokens, --mode bucket
+truncates each to --seq-len and batches similar lengths under --max-tokens. A --data path's format
+comes from its name (.parquet, .arrow, .jsonl[.gz|.zst], .csv).
 Try it on the shipped corpus (its tokenizer has no EOS token, so [SEP] serves as one):
   python -m padpipe.recipes.pretrain --data corpus --tokenizer sample --eos-token '[SEP]'"""
 

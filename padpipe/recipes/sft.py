@@ -69,9 +69,8 @@ def sft(
     ``seed`` through a ``shuffle_buffer`` buffer (and the file order per epoch).
 
     Args:
-        data: A path, glob or URL of Parquet, Arrow or JSON Lines files (the format from the name; a
-            folder is looked into), a list of them, a ``datasets.Dataset``/``IterableDataset``, or a
-            :class:`padpipe.Pipeline` of records (``pp.from_iterable(rows)``).
+        data: A path, glob, folder or URL of Parquet, Arrow, JSON Lines or CSV files, a list of them, a
+            ``datasets`` dataset, or a :class:`padpipe.Pipeline` of records.
         tokenizer: A ``transformers`` fast tokenizer with a chat template, or its pretrained folder.
         seq_len: Tokens per packed row, and the length a longer conversation is cut to.
         mode: ``"pack"`` or ``"bucket"``; ``None``: ``"pack"``, or ``"bucket"`` for a ``model`` that
@@ -80,29 +79,25 @@ def sft(
         max_tokens: Padded-token budget per batch (``"bucket"``; default ``seq_len * batch_size``).
         messages: The column of conversations (lists of ``{"role", "content"}`` messages).
         prompt: With ``completion``: the columns of prompt/completion rows instead of ``messages``
-            (lists of messages, or plain text: see :meth:`padpipe.Pipeline.chat`); the completion is
-            trained.
+            (:meth:`padpipe.Pipeline.chat`); the completion is trained.
         completion: See ``prompt``.
         train_on: ``"assistant"`` (every answer), ``"last"`` (the last answer) or ``"all"`` (every token).
         chat_template: A Jinja template to use instead of the tokenizer's.
-        chat_options: More :meth:`padpipe.Pipeline.chat` settings (``on_error``, ``tools``,
-            ``template_kwargs``, ``training_field``, ``truncation``, ``num_threads``, ...).
+        chat_options: More :meth:`padpipe.Pipeline.chat` settings (``on_error``, ``tools``, ...).
         shuffle_buffer: Conversations held in the shuffle buffer (and the bucketing buffer).
         pack_buffer: Conversations held to choose fits from (``"pack"``; :meth:`padpipe.Pipeline.pack`'s
             ``buffer_size``): larger packs tighter, and every mid-epoch state holds them (docs/sft.md).
-        keep: Columns to carry into packed batches as lists per row (``("id",)``: each row's
-            conversation ids); in ``"bucket"`` mode numeric columns pass through by themselves.
+        keep: Columns to carry into packed batches as lists per row (``("id",)``); in ``"bucket"`` mode
+            numeric columns pass through by themselves.
         seed: Seed of the file order, the shuffle buffer and batch order.
         cache: A folder, fsspec URL or :class:`padpipe.TokenCache` for :meth:`padpipe.Pipeline.chat`'s cache:
             later epochs and runs read the rows instead of rendering (the same batches and ``stats()``).
             Needs files or a ``datasets.Dataset``.
         model: The model to train (a transformers model or config, or its :class:`padpipe.ModelKind`):
-            packs with the layout it needs (:func:`padpipe.model_kind`), or buckets where packed
-            conversations would see each other in it (a warning says why).
+            packs with the layout it needs, or buckets where packing cannot be right (a warning says why).
 
     Raises:
-        ValueError: ``seq_len`` < 2, a tokenizer without a chat template and no ``chat_template``,
-            ``prompt`` without ``completion``, or bad options.
+        ValueError: ``seq_len`` < 2, no chat template, ``prompt`` without ``completion``, or bad options.
 
     Example:
         >>> pipe = sft("chats/*.parquet", "path/to/model", seq_len=4096, keep=("id",))  # doctest: +SKIP
@@ -176,13 +171,11 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
 PROG = "python -m padpipe.recipes.sft"
 DESCRIPTION = """\
 Chat SFT batches from conversations, read in one streaming pass: prints the first batches' shapes,
-the rows, the share of tokens trained (labels other than -100), the packing (or padding)
-efficiency, and what was truncated to --seq-len or dropped, by reason. Each conversation is
-rendered with the tokenizer's chat template (or --chat-template) exactly as apply_chat_template
-renders it; only the assistant's answers are trained (--train-on). --mode pack packs whole
-conversations into --batch-size rows of exactly --seq-len tokens; --mode bucket batches similar
-lengths under --max-tokens. The format of each --data path comes from its name: .parquet, .arrow,
-.jsonl/.jsonl.gz/.jsonl.zst/.json; a folder is looked into.
+the share of tokens trained, the packing (or padding) efficiency, and what was truncated to
+--seq-len or dropped, by reason. Each conversation is rendered exactly as apply_chat_template
+renders it; the assistant's answers are trained (--train-on). --mode pack packs whole conversations
+into --batch-size rows of --seq-len tokens; --mode bucket batches similar lengths under --max-tokens.
+A --data path's format comes from its name (.parquet, .arrow, .jsonl[.gz|.zst], .csv).
 Try it on the shipped conversations and chat tokenizer (needs padpipe[hf]):
   python -m padpipe.recipes.sft --data chats --tokenizer chat --seq-len 1024"""
 
