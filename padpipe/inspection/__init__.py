@@ -330,10 +330,8 @@ def _tokenized_lengths(
     records: Any, options: dict[str, Any], stats: PipelineStats, *, total: int | None, progress: bool | None
 ) -> list[np.ndarray]:
     """Token lengths of every chunk padpipe's tokenize stage makes of ``records``, in order."""
-    context = _build.BuildContext(
-        stats=stats, consumer=Consumer(), seed=None, pad_to_multiple_of=None, pad_to_length=None
-    )
-    node = _build.tokenize(records, context, **options)
+    unpadded = dict(seed=None, pad_to_multiple_of=None, pad_to_length=None)
+    node = _build.tokenize(records, _build.BuildContext(stats=stats, consumer=Consumer(), **unpadded), **options)
     raw = []
     with Progress("inspect: tokenizing", total=total, enabled=progress) as bar:
         for chunk in node:

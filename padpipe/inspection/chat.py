@@ -180,11 +180,10 @@ def chat_lengths(
     lengths, trained, kept, reasoning = [np.concatenate(c) for c in zip(*parts)] if parts else empty
     snap = stats.snapshot()
     counters = snap.counters
+    count = {name: counters.get(f"chat.{name}", 0) for name in ("conversations", "rows", "reasoning_rows")}
     figures = ChatFigures(
-        messages=options["options"].messages,
-        conversations=counters.get("chat.conversations", 0),
-        rows=counters.get("chat.rows", 0),
-        reasoning_rows=counters.get("chat.reasoning_rows", 0),
+        options["options"].messages,
+        **count,
         tokens=int(lengths.sum()),
         trained_tokens=int(trained.sum()),
         reasoning_tokens=int(lengths[reasoning].sum()),

@@ -144,10 +144,8 @@ def check_packing(
 
     Raises:
         PackingError: A document's logits or loss differ beyond the tolerance, or the packed forward
-            fails for a known cause; the message names the document, the difference, the cause and
-            the fix.
-        NothingToCheck: No document of the batches could see another (padding only, or one document
-            a row, for a causal model), so no verdict can be given.
+            fails for a known cause (the message names the document, the cause and the fix).
+        NothingToCheck: No document of the batches could see another: no verdict can be given.
 
     Example:
         >>> import transformers

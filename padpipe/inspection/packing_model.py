@@ -169,12 +169,8 @@ def model_kind(model: Any, *, device: str | torch.device | None = None, probe: b
     kernels = sorted({kernel for _, _, kernel, _ in hooks})
     blind = [k for k in kernels if KERNELS.get(k) is None]
     if blocks or not hooks or blind:
-        takes = "takes" if len(blind) == 1 else "take"
-        return kind(
-            "recurrent",
-            layers,
-            f"{_listed(blind)} {takes} no document boundaries" if blind else "no kernel of theirs takes any",
-        )
+        takes = f"{_listed(blind)} take{'s' if len(blind) == 1 else ''} no document boundaries"
+        return kind("recurrent", layers, takes if blind else "no kernel of theirs takes any")
     if probe and not any(p.is_meta for p in module.parameters()):
         dropped = [k for k, got in _probe(module, hooks).items() if not got]
         if dropped:

@@ -112,19 +112,18 @@ def choose(documents: list[Document], limit: int) -> list[Document]:
 
 def _segment_starts(batch: Mapping[str, Any], number: int, rows: int, length: int) -> list[list[int]]:
     seq_idx, cu, positions = batch.get("seq_idx"), batch.get("cu_seq_lens_q"), batch.get("position_ids")
+    change = torch.ones(rows, length, dtype=torch.bool)  # where a segment starts: seq_idx changes, positions restart
     if isinstance(seq_idx, torch.Tensor) and seq_idx.shape == (rows, length):
-        change = torch.ones(rows, length, dtype=torch.bool)
         change[:, 1:] = seq_idx[:, 1:].cpu() != seq_idx[:, :-1].cpu()
-        return [change[r].nonzero().flatten().tolist() for r in range(rows)]
-    if isinstance(cu, torch.Tensor) and cu.dim() == 1 and int(cu[-1]) == rows * length:
+    elif isinstance(cu, torch.Tensor) and cu.dim() == 1 and int(cu[-1]) == rows * length:
         bounds = cu.tolist()[:-1]
         return [[b - r * length for b in bounds if r * length <= b < (r + 1) * length] for r in range(rows)]
-    if isinstance(positions, torch.Tensor) and positions.shape[-1] == length:
+    elif isinstance(positions, torch.Tensor) and positions.shape[-1] == length:
         positions = positions.cpu().expand(rows, length)
-        change = torch.ones(rows, length, dtype=torch.bool)
         change[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
-        return [change[r].nonzero().flatten().tolist() for r in range(rows)]
-    raise ValueError(
-        f"check_packing: batch {number} has no seq_idx, cu_seq_lens_q or position_ids to find its documents in; "
-        "expected a batch as pack() yields it (check the batches before anything drops keys from them)."
-    )
+    else:
+        raise ValueError(
+            f"check_packing: batch {number} has no seq_idx, cu_seq_lens_q or position_ids to find its documents in; "
+            "expected a batch as pack() yields it (check the batches before anything drops keys from them)."
+        )
+    return [change[r].nonzero().flatten().tolist() for r in range(rows)]

@@ -32,8 +32,7 @@ class Settings:
         static_length: The length static padding pads every row to.
         shuffle_buffer: The ``shuffle(buffer_size)`` modelled when every row is read (0: none).
         seed: Seed of the sample, the shuffle and the bucket batch order.
-        budget: How ``max_tokens`` was chosen when no ``max_length`` sized it (``""``: given, or
-            ``batch_size`` x ``max_length``).
+        budget: How ``max_tokens`` was chosen when no ``max_length`` sized it (else ``""``).
     """
 
     batch_size: int
@@ -60,8 +59,7 @@ class InspectResult:
         fields: The text field(s) tokenized.
         tokenizer: The tokenizer, as given (a path) or its type.
         max_length: Truncation length (``None``: none).
-        model_max_length: The tokenizer's own limit (``transformers``' ``model_max_length``;
-            ``None`` when it has none): advice never goes past it.
+        model_max_length: The tokenizer's own limit (``None``: none); advice never goes past it.
         lengths: Token count of every row inspected, before truncation, special tokens included.
         sampled: ``True`` for a sample, ``False`` when every row was read.
         skipped_rows: Rows without text in a field (``None`` or not a string), left out.
@@ -71,9 +69,8 @@ class InspectResult:
         pack_sweep: ``(buffer_size, efficiency)`` of ``pack(seq_len)`` per buffer size tried.
         budget_truncated: Rows longer than ``max_tokens`` allows (``bucket(max_tokens)`` cut them).
         seconds: Time ``inspect`` took.
-        chat: With conversations, what ``.chat()`` made of them (``None`` for text); then a row is one of
-            the rows it makes (a conversation's, or one of its own for reasoning).
-        model: What keeps packed documents apart in the model given to ``inspect`` (``None``: none given).
+        chat: With conversations, what ``.chat()`` made of them (then a row is one of its rows); else ``None``.
+        model: The :class:`~padpipe.ModelKind` of the model given (``None``: none given).
     """
 
     source: str

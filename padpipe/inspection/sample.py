@@ -160,13 +160,7 @@ def detect_fields(
 
 
 def draw_sample(
-    reader: UnitSource,
-    units: Sequence[WorkUnit],
-    fields: Sequence[str],
-    *,
-    rows: int,
-    seed: int,
-    progress: bool | None,
+    reader: UnitSource, units: Sequence[WorkUnit], fields: Sequence[str], *, rows: int, seed: int, progress: bool | None
 ) -> tuple[pa.Table, Corpus]:
     """About ``rows`` rows (fewer if the input is smaller) in a random order, and the corpus size.
 
@@ -260,13 +254,8 @@ def _corpus(
     if visited == len(units) and all_complete:
         return Corpus(read_rows, True, "every unit read", **common)
     if full_bytes > 0:
-        estimate = round(full_rows / full_bytes * total_bytes)
-        return Corpus(
-            max(estimate, read_rows),
-            False,
-            f"estimated from {full_rows:,} rows in {_size(full_bytes)} of {_size(total_bytes)}",
-            **common,
-        )
+        how = f"estimated from {full_rows:,} rows in {_size(full_bytes)} of {_size(total_bytes)}"
+        return Corpus(max(round(full_rows / full_bytes * total_bytes), read_rows), False, how, **common)
     estimate = math.ceil(read_rows / max(visited, 1) * len(units))
     return Corpus(estimate, False, "at least: rows per unit read times units (units read in part)", **common)
 

@@ -34,12 +34,10 @@ class StrategyResult:
         rows: Rows in those batches (``pack``: document pieces).
         real_tokens: Non-padding tokens.
         padded_tokens: Token slots, padding included.
-        attention: Attention work: sum over batches of rows x padded length squared (``pack``: full
-            attention over each packed row).
-        varlen_attention: For ``pack``, the work of a varlen kernel over ``cu_seq_lens_q`` (sum of squared
-            segment lengths); ``None`` for padded strategies.
-        whole: The rows are the documents untruncated (``tokenize(..., truncation=False)``), longer
-            ones split across packed rows; the other strategies' rows are truncated to ``max_length``.
+        attention: Attention work: sum over batches of rows x padded length squared (``pack``: over
+            each whole packed row).
+        varlen_attention: For ``pack``, a varlen kernel's work (sum of squared segment lengths).
+        whole: The rows are the documents untruncated, longer ones split across packed rows.
     """
 
     name: str

@@ -58,24 +58,13 @@ class Trainer(transformers.Trainer):
 
     For a :class:`padpipe.Pipeline` as ``train_dataset``, ``eval_dataset`` (or a dict of them) or
     ``predict(test_dataset)``, batches come from ``pipe.loader()`` (``dataloader_num_workers``
-    workers), sharded by padpipe across ranks, never collated again; anything else is ``Trainer``'s.
-    What differs (docs/training.md says each in full):
-
-    - The pipeline makes the batches (``per_device_*_batch_size`` and the collator do not apply);
-      each pass is one epoch, trained as ``Trainer`` trains a sized loader (the last accumulation
-      window short, with its own optimizer step): ``max_steps``, or ``num_train_epochs`` counted by
-      one pass before training (:mod:`padpipe.integrations.hf_epochs`). ``num_items_in_batch`` comes
-      from the loader; ``num_input_tokens_seen`` counts real tokens.
-    - Training ranks take equal steps with every row once (``equal_steps="balance"``; a filler
-      batch's loss is zeroed). Columns ``forward`` does not take are removed; HF's flash-attention
-      names of packed batches are kept when it takes ``**kwargs``.
-    - A packed pipeline's first batch is checked in the model before the first step
-      (:mod:`padpipe.integrations.hf_packing`; ``check_packing=False`` turns it off).
-    - ``evaluate()`` and ``predict()`` read every row once, predictions in row order where batches
-      carry ``row_index``; counts and speeds are of real rows. No ``batch_eval_metrics``, FSDP or
-      DeepSpeed evaluation on pipelines.
-    - A checkpoint holds every rank's loader state in ``padpipe_loader.pt``; resuming continues the
-      data exactly (``ignore_data_skip=True`` starts it afresh).
+    workers), sharded by padpipe, never collated again; anything else is ``Trainer``'s. Each pass is
+    one epoch, trained as ``Trainer`` trains a sized loader (:mod:`padpipe.integrations.hf_epochs`);
+    ranks take equal steps with every row once; columns ``forward`` does not take are removed; a
+    packed pipeline's first batch is checked in the model (:mod:`padpipe.integrations.hf_packing`;
+    ``check_packing=False`` turns it off); ``evaluate()``/``predict()`` read every row once, in row
+    order where batches carry ``row_index``; checkpoints hold every rank's loader state
+    (``padpipe_loader.pt``) for an exact resume. docs/training.md says each in full.
 
     Example:
         >>> from transformers import TrainingArguments  # doctest: +SKIP
@@ -315,10 +304,9 @@ class Trainer(transformers.Trainer):
         logger.info(f"***** Running {description} on a padpipe pipeline *****")
         self.callback_handler.eval_dataloader = dataloader
         main_input = getattr(self.model, "main_input_name", "input_ids")
+        keep = args.include_for_metrics
         outputs = Outputs(
-            keep_inputs="inputs" in args.include_for_metrics,
-            keep_losses="loss" in args.include_for_metrics,
-            accumulate=args.eval_accumulation_steps,
+            keep_inputs="inputs" in keep, keep_losses="loss" in keep, accumulate=args.eval_accumulation_steps
         )
         with rank_local_loss(args):
             for inputs, order in dataloader:

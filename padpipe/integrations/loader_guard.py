@@ -145,10 +145,8 @@ def _check_fit_start(trainer: Any) -> None:
             f"Lightning is resuming pipe.loader() from {trainer.ckpt_path} without the {EXACT_RESUME} callback, so "
             f"its epochs would not follow Lightning's: add `callbacks=[{EXACT_RESUME}]` to the Trainer."
         )
-    saves = [
-        one for one in trainer.checkpoint_callbacks if getattr(one, "save_top_k", 1) or getattr(one, "save_last", 0)
-    ]
-    saving = sorted({type(one).__name__ for one in saves})  # ModelCheckpoint(save_top_k=0) without save_last: never
+    callbacks = trainer.checkpoint_callbacks  # ModelCheckpoint(save_top_k=0) without save_last never saves
+    saving = sorted({type(c).__name__ for c in callbacks if getattr(c, "save_top_k", 1) or getattr(c, "save_last", 0)})
     if saving:
         raise RuntimeError(f"Lightning will save pipe.loader() in its checkpoints ({', '.join(saving)}) {WITHOUT}")
     warnings.warn(f"Lightning may save pipe.loader() in `trainer.save_checkpoint(...)` {WITHOUT}", stacklevel=2)

@@ -86,11 +86,8 @@ def _shown(value: Any) -> str:
 
 
 def _tokenizers(pipe: Any) -> str:
-    found = (
-        [_tokenizers(part) for _, part in sorted(pipe.source.options["pipelines"].items())]
-        if (pipe.source.name == "mix")
-        else []
-    )
+    parts = sorted(pipe.source.options["pipelines"].items()) if pipe.source.name == "mix" else []
+    found = [_tokenizers(part) for _, part in parts]
     for stage in pipe.stages:
         if stage.name in ("tokenize", "chat"):
             found += [v.fingerprint() for v in stage.options.values() if callable(getattr(v, "fingerprint", None))]

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -157,20 +158,14 @@ class PadpipeDataLoader(BaseDataLoader):
         snapshot_every_n_steps: int | None = None,
         group: Any = None,
     ) -> None:
-        for name, value in (
-            ("dp_world_size", dp_world_size),
-            ("seq_len", seq_len),
-            ("local_batch_size", local_batch_size),
-        ):
-            positive(name, value)
+        positive("dp_world_size", dp_world_size)
+        positive("seq_len", seq_len)
+        positive("local_batch_size", local_batch_size)
         Consumer(rank=dp_rank, world_size=dp_world_size)  # checks dp_rank
         self.config, self.seq_len, self.rows = config, seq_len, local_batch_size
         self.batches_per_step = _batches_per_step(config.global_batch_size, local_batch_size, dp_world_size)
-        pipe = (
-            config.pipeline(tokenizer=tokenizer, seq_len=seq_len, batch_size=local_batch_size)
-            if config.pipeline is not None
-            else _text_pipeline(config, tokenizer, seq_len, local_batch_size)
-        )
+        make = config.pipeline or functools.partial(_text_pipeline, config)
+        pipe = make(tokenizer=tokenizer, seq_len=seq_len, batch_size=local_batch_size)
         self.pad_id = _pack_pad_id(pipe, seq_len, local_batch_size)
         self.recipe = recipe(pipe, seq_len)  # what a state to load must have been read with, checked at once
         self.group, consumer = _data_parallel(group, dp_rank, dp_world_size)
@@ -207,15 +202,9 @@ class PadpipeDataLoader(BaseDataLoader):
     def state_dict(self) -> dict[str, Any]:
         """Every DP rank's position (``loader.checkpoint()``) and this loader's counts, in one value the same on every
         rank (a collective over the DP group): :mod:`padpipe.integrations.titan_state`."""
-        return packed(
-            STATE.make(
-                self.recipe,
-                checkpoint=self.loader.checkpoint(),  # torchtitan trains each batch before it asks for the next
-                yielded=self._yielded,
-                batches_per_step=self.batches_per_step,
-                epochs=self._epochs,
-            )
-        )
+        counts = dict(yielded=self._yielded, batches_per_step=self.batches_per_step, epochs=self._epochs)
+        # torchtitan trains each batch before it asks for the next: nothing fetched ahead
+        return packed(STATE.make(self.recipe, checkpoint=self.loader.checkpoint(), **counts))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Go on from ``state_dict`` (saved on any number of DP ranks and workers) at the next ``iter()``.
@@ -246,8 +235,8 @@ def _batches_per_step(global_batch_size: int, rows: int, dp_world_size: int) -> 
     return global_batch_size // (rows * dp_world_size)
 
 
-def _text_pipeline(config: Any, tokenizer: Any, seq_len: int, rows: int) -> Pipeline:
-    """``dataset_path``'s documents, shuffled, tokenized as torchtitan does, packed into ``rows`` x ``seq_len``."""
+def _text_pipeline(config: Any, *, tokenizer: Any, seq_len: int, batch_size: int) -> Pipeline:
+    """``dataset_path``'s documents, shuffled, tokenized as torchtitan does, packed into rows of ``seq_len``."""
     rust = text_tokenizer(tokenizer)
     encoder = TextEncoder.load(rust, max_length=None, truncation=False, add_special_tokens=True)
     pad_id = next((i for i in (encoder.pad_id, encoder.eos_id, getattr(tokenizer, "eos_id", None)) if i is not None), 0)
@@ -255,7 +244,7 @@ def _text_pipeline(config: Any, tokenizer: Any, seq_len: int, rows: int) -> Pipe
         config.shuffle_buffer, seed=config.seed
     )
     pipe = pipe.tokenize(rust, fields=config.text_field, truncation=False, cache=config.cache)
-    return pipe.pack(seq_len, batch_size=rows, long_docs="split", pad_id=pad_id)
+    return pipe.pack(seq_len, batch_size=batch_size, long_docs="split", pad_id=pad_id)
 
 
 def _pack_pad_id(pipe: Any, seq_len: int, rows: int) -> int:

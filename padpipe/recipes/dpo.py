@@ -112,11 +112,8 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
     out = out or sys.stdout
     counters = stats.counters
     tokens, completion = counters.get("preference.tokens", 0), counters.get("preference.completion_tokens", 0)
-    share = completion / tokens if tokens else 0.0
-    print(
-        f"pairs: {counters.get('preference.rows', 0)}, completion tokens {completion} of {tokens} ({share:.1%})",
-        file=out,
-    )
+    share, pairs = completion / tokens if tokens else 0.0, counters.get("preference.rows", 0)
+    print(f"pairs: {pairs}, completion tokens {completion} of {tokens} ({share:.1%})", file=out)
     cut = counters.get("preference.prompt_cut", 0)
     print(f"prompt cut to max_length: {cut} pairs (their first tokens, alike in both members)", file=out)
     not_prefix = counters.get("preference.prompt_not_prefix", 0)

@@ -124,7 +124,9 @@ def glue(
         >>> batch["row_index"].tolist(), batch["input_ids"].shape
         ([1, 0], torch.Size([2, 8]))
     """
-    spec = _task(task)
+    if task not in TASKS:
+        raise ValueError(f"`task` must be one of {tuple(TASKS)!r}, but is {task!r} instead.")
+    spec = TASKS[task]
     if split not in spec.splits:
         raise ValueError(f"`split` must be one of {spec.splits!r} for GLUE task {task!r}, but is {split!r} instead.")
     if batch_size is not None and max_tokens is not None:
@@ -175,12 +177,6 @@ def _numbered(rows: SplitRows, columns: list[str]) -> tuple[pp.Pipeline, int]:
     dataset = rows.select_columns(columns)
     dataset = dataset.add_column(ROW_INDEX, np.arange(len(dataset), dtype=np.int64))
     return pp.from_hf(dataset), len(dataset)
-
-
-def _task(task: str) -> GlueTask:
-    if task not in TASKS:
-        raise ValueError(f"`task` must be one of {tuple(TASKS)!r}, but is {task!r} instead.")
-    return TASKS[task]
 
 
 def _columns(task: str, spec: GlueTask, split: str, found: list[str]) -> list[str]:

@@ -19,10 +19,10 @@ import pyarrow as pa
 
 from padpipe._optional import require
 from padpipe.errors import DataError
+from padpipe.readers import parquet
 
 GLUE_REPO = "nyu-mll/glue"
 """The Hugging Face Hub dataset ``glue(data=None)`` downloads from."""
-PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 LAYOUT = (
     "expected a Parquet file or glob (the split's rows), a folder of Parquet files named by split "
     "({split}-*.parquet or {split}/*.parquet, there or in its {task}/ subfolder), "
@@ -107,7 +107,7 @@ def _from_path(data: str, task: str, split: str) -> SplitRows:
         return files
     root = Path(data)
     if root.is_file():
-        if not data.endswith(PARQUET_SUFFIXES):
+        if not data.endswith(parquet.SUFFIXES):
             raise DataError(f"glue: `data` {data!r} is not a Parquet file; {layout}.")
         return [data]
     if not root.is_dir():

@@ -117,8 +117,7 @@ def _corpora(sources: Sources, weights: Any) -> list[str] | dict[str, list[str]]
         if not sources:
             raise ValueError("`sources` must name at least one corpus, but is {} instead.")
         corpora = {str(name): _paths(paths) for name, paths in sources.items()}
-        if weights is not None:
-            _weights_by_name(corpora, weights)
+        _weights_by_name(corpora, weights)
         return corpora
     paths = _paths(sources)
     if weights is None:

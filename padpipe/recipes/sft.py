@@ -131,8 +131,8 @@ def sft(
 def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
     """Print the conversations and the rows they became, what was truncated and what was dropped, by reason.
 
-    A conversation is one row, or more where its reasoning is trained in rows of its own (``chat.reasoning_rows``);
-    truncation counts rows, and drops count conversations, and rows left with no token to train.
+    Truncation counts rows (a conversation is one row, or more where its reasoning is trained in rows of its
+    own); drops count conversations, and rows left with no token to train.
 
     Example:
         >>> snap = pp.StatsSnapshot(rows=9, batches=1, real_tokens=900, padded_tokens=1024, seconds={},
@@ -160,9 +160,8 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
         print(f"conversations holding special-token text (kept): {counters['chat.special_text']}", file=out)
     untrained = stats.skipped.get("chat.no_trained_tokens", 0)  # a row (a conversation's only row, or one of them)
     refused = sum(stats.skipped.values()) - untrained
-    parts = [f"{refused} conversations"] * bool(refused) + [f"{untrained} rows with no token to train"] * bool(
-        untrained
-    )
+    parts = [f"{refused} conversations"] * bool(refused)
+    parts += [f"{untrained} rows with no token to train"] * bool(untrained)
     print(f"dropped: {' and '.join(parts) or 'none'}", file=out)
     for name, count in sorted(stats.skipped.items()):
         print(f"  {name} {count}: {DROPPED.get(name, 'skipped under an on_error policy')}", file=out)
