@@ -164,7 +164,8 @@ def inspect(
         untruncated = dict(max_length=None, truncation=False, add_special_tokens=True, append_eos=False)
         options = tokenize_options(tokenizer, fields="text", num_threads=num_threads, on_error="skip", **untruncated)
         limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
-        model_limit = limit if max_length is None else _model_limit(tokenizer)
+        own = TextEncoder.load(tokenizer, max_length=None, truncation=True, add_special_tokens=True)  # its own limit
+        model_limit = limit if max_length is None else own.max_length
     reader = make_reader(pipe, stats)
     units = reader.listed_units()
     where = units[0].path if units else reader.format.describe()
@@ -267,11 +268,6 @@ def _config_of(path: str | os.PathLike) -> Any:
     import transformers
 
     return transformers.AutoConfig.from_pretrained(os.fspath(path), local_files_only=True)
-
-
-def _model_limit(tokenizer: Any) -> int | None:
-    """The tokenizer's own ``model_max_length`` (``None`` when it has none), whatever ``max_length`` was asked."""
-    return TextEncoder.load(tokenizer, max_length=None, truncation=True, add_special_tokens=True).max_length
 
 
 def _padded(length: int, multiple: int | None) -> int:

@@ -98,12 +98,7 @@ def _suffix_format(path: str) -> str | None:
 
 def _files_in(fs: Any, folder: str) -> list[str]:
     root = folder.rstrip("/")
-    keep = []
-    for path in fs.find(root):
-        parts = path[len(root) :].strip("/").split("/")
-        if not any(p.startswith((".", "_")) for p in parts):
-            keep.append(path)
-    return keep
+    return [path for path in fs.find(root) if not any(p.startswith((".", "_")) for p in path[len(root) :].split("/"))]
 
 
 def records(data: Any) -> Pipeline:
@@ -115,8 +110,7 @@ def records(data: Any) -> Pipeline:
     """
     if isinstance(data, Pipeline):
         return data
-    if isinstance(data, (str, os.PathLike)):
-        return read_corpus([os.fspath(data)])
+    data = [data] if isinstance(data, (str, os.PathLike)) else data
     if isinstance(data, (list, tuple)) and data and all(isinstance(p, (str, os.PathLike)) for p in data):
         return read_corpus([os.fspath(p) for p in data])
     if type(data).__module__.split(".")[0] == "datasets":

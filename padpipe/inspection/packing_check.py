@@ -1,10 +1,9 @@
 """``pp.check_packing``: does the user's own model see each packed document on its own?
 
-It runs the model as it is configured (attention implementation, ``use_cache``, dtype, device) on a
-few packed batches as the loader yields them and on each of a handful of their documents alone, and
-compares the logits, and, where the batch has labels, each document's loss
-(:mod:`padpipe.inspection.packing_loss`). Where they differ it raises :class:`PackingError` naming
-the cause (:mod:`padpipe.inspection.packing_causes`) and the fix.
+It runs the model as it is configured on a few packed batches and on each of a handful of their
+documents alone, compares the logits (and each document's loss: :mod:`padpipe.inspection.packing_loss`),
+and where they differ raises :class:`PackingError` naming the cause and the fix
+(:mod:`padpipe.inspection.packing_causes`).
 """
 
 from __future__ import annotations

@@ -226,16 +226,12 @@ def _describe(module: torch.nn.Module, types: list[str], blocks: list[torch.nn.M
     return f"{what} ({', '.join(sorted(mixers))})" if mixers else what
 
 
-def _modules_of(module: torch.nn.Module) -> list[Any]:
-    names = {type(m).__module__ for m in module.modules() if type(m).__module__.startswith("transformers.models.")}
-    return [sys.modules[n] for n in sorted(names) if n in sys.modules]
-
-
 def _training_hooks(module: torch.nn.Module) -> list[tuple[Any, str, str, str]]:
     """``(modeling module, package, kernel, python name)`` of every hooked training kernel in the model's code."""
+    names = {type(m).__module__ for m in module.modules() if type(m).__module__.startswith("transformers.models.")}
     return [
         (code, package, kernel, python)
-        for code in _modules_of(module)
+        for code in [sys.modules[n] for n in sorted(names) if n in sys.modules]
         for kernel, package, python in _hooks(code.__name__)
         if not any(part in kernel for part in DECODE)  # an unknown kernel counts as one without boundaries
     ]

@@ -1,9 +1,5 @@
-"""Where the documents of a packed batch lie, read from the keys ``pack()`` puts in it.
-
-:func:`find_documents` reads the segments of every row from ``seq_idx``, else ``cu_seq_lens_q``,
-else the restarts of ``position_ids``, and leaves out each row's padding run; :func:`choose`
-picks the few documents :func:`padpipe.check_packing` runs alone.
-"""
+"""Where the documents of a packed batch lie (from ``seq_idx``, ``cu_seq_lens_q`` or ``position_ids``), and which
+few :func:`padpipe.check_packing` runs alone."""
 
 from __future__ import annotations
 
@@ -33,11 +29,8 @@ class Document:
 def read_batches(batches: Mapping[str, Any] | Iterable[Mapping[str, Any]], limit: int) -> list[dict]:
     """The first ``limit`` batches of ``batches`` (or the one batch it is), read so that training is not moved.
 
-    A padpipe loader is read through :meth:`~padpipe.loader.PipelineLoader.copy`: the batches it
-    yields next, even from inside its ``for`` loop, while the loop, its ``state_dict()`` and its
-    stats stay as they were. Another loader with a state (``state_dict``/``load_state_dict``: a
-    ``StatefulDataLoader``) is restored after the read, so a loop that starts on it next reads the
-    same batches as without the check (outside its loop only).
+    A padpipe loader is read through :meth:`~padpipe.loader.PipelineLoader.copy` (its loop, state and
+    stats stay as they were); another loader with ``state_dict``/``load_state_dict`` is restored after.
 
     Example:
         >>> loader = pp.from_iterable([{"text": "a b"}] * 4).tokenize(pp.examples.tokenizer()).pack(8).loader()
@@ -61,8 +54,7 @@ def read_batches(batches: Mapping[str, Any] | Iterable[Mapping[str, Any]], limit
 def find_documents(batch: Mapping[str, Any], number: int, *, pad_id: int | None = None) -> list[Document]:
     """The documents of ``batch`` (its padding runs left out), in row order.
 
-    A row's last segment is padding when all its labels are -100 and its ids one value (or, without
-    labels, all ``pad_id``).
+    A row's last segment is padding when its ids are one value and all its labels -100 (or all ``pad_id``).
 
     Args:
         batch: A packed batch as the loader yields it.

@@ -195,13 +195,16 @@ class InspectResult:
                 f"p99 {_num(dist['p99'])}   max {dist['max']:,}" + (cut if self.max_length is not None else "")
             )
         multiple = "none" if s.pad_to_multiple_of is None else s.pad_to_multiple_of
+        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
+        varlen = next((st.varlen_attention / least for st in self.strategies if st.varlen_attention is not None), None)
         lines += [
             "",
             self.table(),
             f"  settings: batch_size={s.batch_size}, max_tokens={s.max_tokens}, pack {s.pack_batch_size} rows of "
             f"{s.seq_len}, buffer_size={s.buffer_size:,} (pack {s.pack_buffer_size}), pad_to_multiple_of={multiple}",
             "  attention: sum over batches of rows x padded length^2, relative to the least; pack attends over "
-            "whole packed rows" + self._varlen_note(),
+            "whole packed rows"
+            + ("" if varlen is None else f" ({varlen:.2f}x with a varlen kernel over cu_seq_lens_q)"),
         ]
         if s.budget:
             lines.append(f"  max_tokens={s.max_tokens}: {s.budget}; pass max_length or max_tokens to choose")
@@ -227,11 +230,6 @@ class InspectResult:
         lines += ["", "recommendations"]
         lines += [f"  - {line}" for line in self.recommendations()]
         return "\n".join(lines)
-
-    def _varlen_note(self) -> str:
-        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
-        varlen = next((st.varlen_attention for st in self.strategies if st.varlen_attention is not None), None)
-        return "" if varlen is None else f" ({varlen / least:.2f}x with a varlen kernel over cu_seq_lens_q)"
 
     def as_dict(self) -> dict[str, Any]:
         """Everything in the report as plain JSON-ready values.

@@ -67,7 +67,7 @@ def check_caller(pipeline: Any, batches: bool = True) -> None:
             return  # padpipe's own loaders and adapters read it: they handle ranks and resume
         if module == "accelerate.data_loader":
             _check_accelerate(owner)
-        elif dataloader is None and _is_dataloader(owner):
+        elif dataloader is None and isinstance(owner, getattr(sys.modules.get("torch.utils.data"), "DataLoader", ())):
             dataloader = owner
         elif module in _LIGHTNING_FETCHERS and dataloader is not None:
             _warn_lightning(dataloader)
@@ -103,11 +103,6 @@ def _check_accelerate(owner: Any) -> None:
             "processes: `accelerator.prepare(DataLoader(pipe))` reads only rank 0's padpipe share and splits its "
             f"batches across ranks (or fails to concatenate batches of different shapes). Fix: {ACCELERATE_FIX}."
         )
-
-
-def _is_dataloader(owner: Any) -> bool:
-    data = sys.modules.get("torch.utils.data")
-    return data is not None and isinstance(owner, data.DataLoader)
 
 
 def _warn_lightning(dataloader: Any) -> None:

@@ -19,7 +19,7 @@ transformers = require("transformers", "padpipe.hf")
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
 
 from padpipe.errors import check_bool  # noqa: E402
-from padpipe.integrations.hf_epochs import EpochBatches, EpochPlan, count_batches, epochs_of  # noqa: E402
+from padpipe.integrations.hf_epochs import EpochBatches, EpochPlan, epochs_of  # noqa: E402
 from padpipe.integrations.hf_hooks import check_hooks, loss_shifts_labels, turn_off_unused_loss_kwargs  # noqa: E402
 from padpipe.integrations.hf_packing import guard_columns  # noqa: E402
 from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
@@ -123,7 +123,8 @@ class Trainer(transformers.Trainer):
         if self.args.max_steps > 0:
             self._padpipe_train = TrainBatches(loader, columns, tokens)
             return self._padpipe_train
-        batches = count_batches(self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="balance"))
+        first = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="balance")
+        batches = sum(1 for _ in first)  # the first epoch's, on this rank
         self._epochs = EpochPlan(self, epochs_of(self.args), batches)
         self.add_callback(self._epochs)
         self._padpipe_train = EpochBatches(loader, columns, tokens, length=batches)
@@ -131,7 +132,8 @@ class Trainer(transformers.Trainer):
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
-        dataset = self._eval_dataset(eval_dataset)
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        dataset = self.eval_dataset[dataset] if isinstance(dataset, str) else dataset
         _refuse_loader("eval_dataset", dataset)
         if not isinstance(dataset, Pipeline):
             return super().get_eval_dataloader(eval_dataset)
@@ -346,11 +348,6 @@ class Trainer(transformers.Trainer):
         if steps is not None:  # num_items_in_batch of each window, as HF counts it
             options.update(accumulation_steps=steps, causal=loss_shifts_labels(self, transformers.__version__))
         return pipe.loader(equal_steps=equal_steps, **options)
-
-    def _eval_dataset(self, eval_dataset: Any) -> Any:
-        if isinstance(eval_dataset, str):
-            return self.eval_dataset[eval_dataset]
-        return self.eval_dataset if eval_dataset is None else eval_dataset
 
 
 def _refuse_loader(name: str, dataset: Any) -> None:

@@ -1,6 +1,6 @@
 """``num_train_epochs`` for ``padpipe.hf.Trainer`` on a pipeline: steps per epoch counted, each epoch ended by the data.
 
-With ``max_steps`` unset, :func:`count_batches` reads this rank's first epoch once before training
+With ``max_steps`` unset, ``padpipe.hf.Trainer`` reads this rank's first epoch once before training
 (same shares, workers and equal steps, no model): ``max_steps = epochs * ceil(n / accumulation)``
 and the schedule is built on it. Each epoch then runs until its data ends; at each epoch's end
 :class:`EpochPlan` rebuilds the schedule on the steps done plus the epochs left times that epoch's
@@ -43,17 +43,6 @@ def epochs_of(args: Any) -> int:
             f"when its data ends), but is {epochs!r} instead: pass `max_steps` to train part of an epoch."
         )
     return int(epochs)
-
-
-def count_batches(loader: Any) -> int:
-    """The batches of one pass over ``loader`` (a fresh pipeline loader: its first epoch).
-
-    Example:
-        >>> pipe = pp.from_iterable([{"text": "a b"}] * 5).tokenize(pp.examples.tokenizer()).batch(2).pad()
-        >>> count_batches(pipe.loader())
-        3
-    """
-    return sum(1 for _ in loader)
 
 
 class EpochBatches(TrainBatches):

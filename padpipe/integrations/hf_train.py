@@ -21,8 +21,7 @@ _END = object()
 
 
 class Batch(dict):
-    """A training batch for the model, with the real tokens of the batch padpipe made (``tokens``) and the
-    loader's ``num_items_in_batch`` of its accumulation window (``loss_items``; ``None`` when not counted)."""
+    """A training batch, with its real tokens (``tokens``) and its window's ``num_items_in_batch`` (``loss_items``)."""
 
     tokens: int = 0
     loss_items: torch.Tensor | None = None

@@ -61,7 +61,8 @@ def titan_batch(batch: Mapping[str, Any], *, rows: int, seq_len: int, pad_id: in
             f"input_ids, position_ids and labels alike, but they are {shapes}."
         )
     shifted = torch.full_like(labels, IGNORE_INDEX)
-    if not _is_filler(batch):  # equal steps' filler: one real row, to train nothing
+    mark = batch.get(FILLER_KEY)
+    if not (isinstance(mark, torch.Tensor) and bool(mark)):  # equal steps' filler: one real row, to train nothing
         shifted[:, :-1] = labels[:, 1:]
     lead = (positions == 0).cumsum(1) == 0  # a piece equal steps cut inside a document, up to the row's first 0:
     positions = torch.where(lead, positions - positions[:, :1], positions)  # torchtitan starts documents at 0
@@ -89,8 +90,3 @@ def fill_rows(rows: int, seq_len: int, pad_id: int) -> TitanBatch:
     ids = torch.full((rows, seq_len), pad_id, dtype=torch.int64)
     positions = torch.arange(seq_len, dtype=torch.int64).expand(rows, seq_len).contiguous()
     return {"input": ids, "positions": positions}, torch.full((rows, seq_len), IGNORE_INDEX, dtype=torch.int64)
-
-
-def _is_filler(batch: Mapping[str, Any]) -> bool:
-    mark = batch.get(FILLER_KEY)
-    return isinstance(mark, torch.Tensor) and bool(mark)

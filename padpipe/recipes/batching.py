@@ -1,10 +1,8 @@
 """How a recipe batches for a model: packed rows, one flat row, or buckets where packing cannot be right.
 
-:func:`batching` reads :func:`padpipe.model_kind` once and turns its verdict into a recipe's
-``mode`` and ``pack(layout=...)``: a model whose layers carry state from one document into the
-next with nothing here to keep them apart is bucketed (one document a row, padded on the right,
-where a causal model's real tokens never read the padding), and told so in one warning line.
-:func:`sizes` checks a pack-or-bucket recipe's sizes with it.
+:func:`batching` turns :func:`padpipe.model_kind`'s verdict into a recipe's ``mode`` and
+``pack(layout=...)``: a model that carries state across documents with nothing to keep them apart is
+bucketed (one document a row, padded on the right), with one warning. :func:`sizes` checks a recipe's sizes.
 """
 
 from __future__ import annotations
