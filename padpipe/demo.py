@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import padpipe as pp
 from padpipe import _command, _shipped
-from padpipe.inspection.fields import detect_fields
-from padpipe.recipes.formats import read_corpus
+from padpipe.inspection.formats import read_corpus
+from padpipe.inspection.sample import detect_fields
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ never shadows the standard library's ``inspect``; the function is :func:`padpipe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -75,25 +76,21 @@ def inspect(
 ) -> InspectResult:
     """Tokenize a sample (or all) of ``data`` and run every batching strategy on its lengths.
 
-    Strategies, all with the same rows in the same order: static padding to ``max_length``,
-    dynamic padding of random batches, ``bucket(batch_size)``, ``bucket(max_tokens)`` and
-    ``pack(seq_len)``. They run through padpipe's own batching, bucketing and packing stages on
-    the token lengths, so with ``sample=None`` the batches, padding and step counts are exactly
-    those of a pipeline ``read(data).shuffle(shuffle_buffer, seed=seed).tokenize(...)`` followed by
-    the strategy's stages (see each strategy's ``code``). A sample is spread over the input's
-    units (row groups, record batches, byte ranges) and shuffled; steps per epoch are scaled to
-    the corpus size, counted from metadata (Parquet footers, ``datasets``) or estimated (bytes).
+    Strategies, on the same rows in the same order: static padding to ``max_length``, dynamic
+    padding of random batches, ``bucket(batch_size)``, ``bucket(max_tokens)`` and ``pack(seq_len)``,
+    run through padpipe's own stages on the token lengths: with ``sample=None`` exactly the batches
+    of ``read(data).shuffle(shuffle_buffer, seed=seed).tokenize(...)`` and the strategy's ``code``. A
+    sample is spread over the input's units and shuffled; steps per epoch are scaled to the corpus
+    size, counted from metadata or estimated from bytes.
 
     Args:
         data: A path, glob, folder (``save_to_disk`` too), fsspec URL or list of them (Parquet,
-            Arrow IPC, JSONL ``.gz``/``.zst``), or a reader pipeline (``pp.read_jsonl(...)``,
-            ``pp.from_hf(ds)``) without stages.
+            Arrow IPC, JSONL ``.gz``/``.zst``, CSV), or a reader pipeline without stages.
         tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes.
         fields: The text field, or two for pairs; default ``text``, else the only one or two
             string columns.
         messages: The column of conversations: inspect what :meth:`padpipe.Pipeline.chat` makes of
-            them (its rows, trained tokens, reasoning rows; see :class:`ChatFigures`), read and rendered
-            by the chat stage itself. Default: ``messages`` where the data has that column (and no
+            them (:class:`ChatFigures`). Default: ``messages`` where the data has that column (and no
             ``fields`` are asked for) or a ``chat_template`` is given; else text.
         chat_template: With conversations, a Jinja template to render them with instead of the
             tokenizer's (then ``tokenizer`` is a ``transformers`` tokenizer or its folder).
@@ -106,12 +103,10 @@ def inspect(
         sample: Rows to sample; ``None`` reads every row (exact figures).
         batch_size: Rows per batch of the static, dynamic and ``bucket(batch_size)`` strategies.
         max_tokens: Budget of ``bucket(max_tokens)``; default ``batch_size`` times ``max_length``
-            padded (the same padded tokens per step as static padding); with no ``max_length``,
-            ``batch_size`` times the p99 length rounded up to a power of two, at most 2048 (the
-            report says so), not the longest row.
-        seq_len: Packed row length; default ``max_length``, else 2048. Where more than 1% of
-            the rows of one text field are longer than ``max_length``, the pack row packs the
-            documents whole, split across rows (``long_docs="split"``), as the advice says.
+            padded; with no ``max_length``, ``batch_size`` times the p99 length rounded up to a power
+            of two, at most 2048.
+        seq_len: Packed row length; default ``max_length``, else 2048. Where over 1% of the rows of
+            one text field are longer than ``max_length``, documents are packed whole, split across rows.
         buffer_size: Bucket buffer (rows sorted together).
         pack_buffer_size: Packing buffer (documents to choose fits from).
         pad_to_multiple_of: Padding multiple of the dynamic and bucket strategies (``None``: none).
@@ -122,8 +117,7 @@ def inspect(
         storage_options: fsspec options for a path or URL ``data``.
         progress: Show progress; ``None`` reads ``PADPIPE_PROGRESS`` (``0`` turns it off).
         model: The model to train: a transformers model or config, or a local ``config.json`` or model
-            folder. The advice then says whether packing keeps documents apart in it
-            (:func:`padpipe.model_kind`), and where it cannot, what bucketing fills instead.
+            folder: the advice says whether packing keeps documents apart in it (:func:`padpipe.model_kind`).
 
     Returns:
         An :class:`InspectResult`: ``print`` it, or use ``as_dict()`` and ``chart(path)``.
@@ -139,20 +133,11 @@ def inspect(
     """
     started = time.perf_counter()
     kind = None if model is None else model_kind(_config_of(model) if isinstance(model, (str, os.PathLike)) else model)
-    positive("sample", sample, allow_none=True)
-    for name, value in (
-        ("batch_size", batch_size),
-        ("buffer_size", buffer_size),
-        ("pack_buffer_size", pack_buffer_size),
-        ("num_threads", num_threads),
-    ):
+    sizes = dict(batch_size=batch_size, buffer_size=buffer_size, pack_buffer_size=pack_buffer_size)
+    for name, value in {**sizes, "num_threads": num_threads}.items():
         positive(name, value)
-    for name, value in (
-        ("max_length", max_length),
-        ("max_tokens", max_tokens),
-        ("seq_len", seq_len),
-        ("pad_to_multiple_of", pad_to_multiple_of),
-    ):
+    optional = dict(max_length=max_length, max_tokens=max_tokens, seq_len=seq_len, sample=sample)
+    for name, value in {**optional, "pad_to_multiple_of": pad_to_multiple_of}.items():
         positive(name, value, allow_none=True)
     if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
         raise ValueError(f"`shuffle_buffer` must be a non-negative int, but is {shuffle_buffer!r} instead.")
@@ -176,18 +161,11 @@ def inspect(
         model_limit = int(most) if most is not None and most < MODEL_MAX_LENGTH_LIMIT else None
         pipe = Pipeline(chat.source)  # the conversations read as .chat() reads them (JSON as written)
     else:
-        options = tokenize_options(
-            tokenizer,
-            fields="text",
-            max_length=None,
-            truncation=False,
-            add_special_tokens=True,
-            num_threads=num_threads,
-            on_error="skip",
-            append_eos=False,
-        )
+        untruncated = dict(max_length=None, truncation=False, add_special_tokens=True, append_eos=False)
+        options = tokenize_options(tokenizer, fields="text", num_threads=num_threads, on_error="skip", **untruncated)
         limit = TextEncoder.load(tokenizer, max_length=max_length, truncation=True, add_special_tokens=True).max_length
-        model_limit = limit if max_length is None else _model_limit(tokenizer)
+        own = TextEncoder.load(tokenizer, max_length=None, truncation=True, add_special_tokens=True)  # its own limit
+        model_limit = limit if max_length is None else own.max_length
     reader = make_reader(pipe, stats)
     units = reader.listed_units()
     where = units[0].path if units else reader.format.describe()
@@ -216,12 +194,11 @@ def inspect(
     else:
         raw = _tokenized_lengths(records, options, stats, total=corpus_rows, progress=progress)
     lengths = np.concatenate(raw) if raw else np.zeros(0, np.int64)
-    skipped = (
-        stats.snapshot().skipped.get("tokenize.bad_text", 0)
-        if figures is None
-        else figures.read - figures.conversations
-    )
-    read = figures.read if figures is not None else len(lengths) + skipped
+    if figures is None:
+        skipped = stats.snapshot().skipped.get("tokenize.bad_text", 0)
+        read = len(lengths) + skipped
+    else:
+        skipped, read = figures.read - figures.conversations, figures.read
     if not len(lengths):
         found = f"all {skipped:,} rows read have no text there (None or not a string)" if skipped else "it has no rows"
         if figures is not None and skipped:
@@ -293,11 +270,6 @@ def _config_of(path: str | os.PathLike) -> Any:
     return transformers.AutoConfig.from_pretrained(os.fspath(path), local_files_only=True)
 
 
-def _model_limit(tokenizer: Any) -> int | None:
-    """The tokenizer's own ``model_max_length`` (``None`` when it has none), whatever ``max_length`` was asked."""
-    return TextEncoder.load(tokenizer, max_length=None, truncation=True, add_special_tokens=True).max_length
-
-
 def _padded(length: int, multiple: int | None) -> int:
     return int(padded_length(np.array([length]), pad_to_multiple_of=multiple, pad_to_length=None)[0])
 
@@ -313,45 +285,30 @@ def _compare(
         return (), (), (), 0
     rows = sum(len(part) for part in stream)
     multiple = s.pad_to_multiple_of
-    by_rows, _ = strategies.bucket(
-        stream, batch_size=s.batch_size, buffer_size=s.buffer_size, seed=s.seed, pad_to_multiple_of=multiple
-    )
-    by_budget, truncated = strategies.bucket(
-        stream, max_tokens=s.max_tokens, buffer_size=s.buffer_size, seed=s.seed, pad_to_multiple_of=multiple
-    )
     whole = packed is not None
-    pack_stream = packed if packed is not None else stream
-    pack = strategies.pack(
-        pack_stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=s.pack_buffer_size, whole=whole
+    bucket = functools.partial(strategies.bucket, stream, seed=s.seed, pad_to_multiple_of=multiple)
+    pack = functools.partial(
+        strategies.pack, packed if whole else stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, whole=whole
     )
+    by_budget, truncated = bucket(max_tokens=s.max_tokens, buffer_size=s.buffer_size)
+    packs = pack(buffer_size=s.pack_buffer_size)
     results = (
         strategies.static(stream, batch_size=s.batch_size, length=s.static_length),
         strategies.dynamic(stream, batch_size=s.batch_size, pad_to_multiple_of=multiple, shuffled=shuffled),
-        by_rows,
+        bucket(batch_size=s.batch_size, buffer_size=s.buffer_size)[0],
         by_budget,
-        pack,
+        packs,
     )
-    bucket_sweep = []
-    for size in sorted({b for b in BUCKET_BUFFERS if b <= rows} | {min(s.buffer_size, rows)}):
-        result = (
-            by_budget
-            if size == s.buffer_size
-            else strategies.bucket(
-                stream, max_tokens=s.max_tokens, buffer_size=size, seed=s.seed, pad_to_multiple_of=multiple
-            )[0]
-        )
-        bucket_sweep.append((size, result.efficiency))
-    pack_sweep = []
-    for size in sorted({b for b in PACK_BUFFERS if b <= rows} | {min(s.pack_buffer_size, rows)}):
-        result = (
-            pack
-            if size == s.pack_buffer_size
-            else strategies.pack(
-                pack_stream, seq_len=s.seq_len, batch_size=s.pack_batch_size, buffer_size=size, whole=whole
-            )
-        )
-        pack_sweep.append((size, result.efficiency))
-    return results, tuple(bucket_sweep), tuple(pack_sweep), truncated
+
+    def sweep(sizes: tuple[int, ...], chosen: int, result: StrategyResult, run: Any) -> Sweep:
+        tried = sorted({b for b in sizes if b <= rows} | {min(chosen, rows)})
+        return tuple((b, (result if b == chosen else run(b)).efficiency) for b in tried)
+
+    bucket_sweep = sweep(
+        BUCKET_BUFFERS, s.buffer_size, by_budget, lambda b: bucket(max_tokens=s.max_tokens, buffer_size=b)[0]
+    )
+    pack_sweep = sweep(PACK_BUFFERS, s.pack_buffer_size, packs, lambda b: pack(buffer_size=b))
+    return results, bucket_sweep, pack_sweep, truncated
 
 
 def _all_records(
@@ -369,10 +326,8 @@ def _tokenized_lengths(
     records: Any, options: dict[str, Any], stats: PipelineStats, *, total: int | None, progress: bool | None
 ) -> list[np.ndarray]:
     """Token lengths of every chunk padpipe's tokenize stage makes of ``records``, in order."""
-    context = _build.BuildContext(
-        stats=stats, consumer=Consumer(), seed=None, pad_to_multiple_of=None, pad_to_length=None
-    )
-    node = _build.tokenize(records, context, **options)
+    unpadded = dict(seed=None, pad_to_multiple_of=None, pad_to_length=None)
+    node = _build.tokenize(records, _build.BuildContext(stats=stats, consumer=Consumer(), **unpadded), **options)
     raw = []
     with Progress("inspect: tokenizing", total=total, enabled=progress) as bar:
         for chunk in node:

@@ -91,9 +91,8 @@ def recommendations(result: Findings) -> list[str]:
     s, dist = result.settings, result.distribution()
     if not result.rows or not result.strategies:
         return []
-    out = _model_advice(result) + (
-        _length_advice(result, dist) if result.chat is None else result.chat.advice(result.lengths)
-    )
+    lengths = _length_advice(result, dist) if result.chat is None else result.chat.advice(result.lengths)
+    out = _model_advice(result) + lengths
     least = min(st.attention for st in result.strategies)
     fullest = result.best()
     lightest = min(result.strategies, key=lambda st: (st.attention, -st.efficiency))
@@ -101,13 +100,8 @@ def recommendations(result: Findings) -> list[str]:
         f"least padding: {fullest.name} ({fullest.efficiency:.1%} of token slots are real tokens); "
         f"least attention work: {lightest.name}."
     )
-    out.append(
-        _plateau(
-            f"bucket(max_tokens={s.max_tokens})",
-            result.bucket_sweep,
-            "a larger buffer only holds more rows and delays the first batch",
-        )
-    )
+    rows = "a larger buffer only holds more rows and delays the first batch"
+    out.append(_plateau(f"bucket(max_tokens={s.max_tokens})", result.bucket_sweep, rows))
     pack = result.strategies[-1].name  # the pack row is the last
     out.append(_plateau(pack, result.pack_sweep, "a larger buffer only costs packing time"))
     waste = ", ".join(

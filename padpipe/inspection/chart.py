@@ -80,12 +80,8 @@ def _histogram(ax, result: Findings) -> None:
     for q, style in (("p50", ":"), ("p90", "--"), ("p99", "-.")):
         ax.axvline(dist[q], color="#444444", linestyle=style, linewidth=1.2, label=f"{q} = {dist[q]:,.0f}")
     if result.max_length is not None:
-        ax.axvline(
-            result.max_length,
-            color=LIMIT_COLOR,
-            linewidth=2.2,
-            label=f"max_length = {result.max_length:,}: {dist['truncated_share']:.1%} truncated",
-        )
+        label = f"max_length = {result.max_length:,}: {dist['truncated_share']:.1%} truncated"
+        ax.axvline(result.max_length, color=LIMIT_COLOR, linewidth=2.2, label=label)
     ax.legend(loc="upper right", fontsize=9, framealpha=0.9)
     ax.grid(axis="y", alpha=0.3)
 
@@ -107,15 +103,7 @@ def _efficiency(ax, result: Findings) -> None:
     for bar, strategy, value in zip(bars, strategies, values):
         y = bar.get_y() + bar.get_height() / 2
         ax.text(value - 1.5, y, f"{value:.1f}%", va="center", ha="right", color="white", fontsize=10, fontweight="bold")
-        steps = result.steps_per_epoch(strategy)
-        ax.text(
-            value + 1.5,
-            y,
-            f"{steps:,} steps\n{strategy.attention / least:.2f}x attn",
-            va="center",
-            ha="left",
-            fontsize=8.5,
-            color="#333333",
-        )
+        label = f"{result.steps_per_epoch(strategy):,} steps\n{strategy.attention / least:.2f}x attn"
+        ax.text(value + 1.5, y, label, va="center", ha="left", fontsize=8.5, color="#333333")
     ax.grid(axis="x", alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)

@@ -64,10 +64,8 @@ class ChatFigures:
     Attributes:
         messages: The conversations' column.
         conversations: Conversations that gave rows.
-        rows: Their rows: one each, and one of its own per answer whose reasoning the whole conversation does
-            not render (``reasoning_rows``: those).
-        tokens: Tokens of all rows; ``trained_tokens`` those with a label other than -100;
-            ``reasoning_tokens`` and ``reasoning_trained`` those of the reasoning rows.
+        rows: Their rows: one each, and one per answer whose reasoning the conversation drops (``reasoning_rows``).
+        tokens: Tokens of all rows; ``trained_tokens`` those trained; ``reasoning_*`` those of the reasoning rows.
         max_length: The cut measured (``sft(seq_len=...)`` cuts every row to it): ``truncated_rows`` are longer,
             ``trained_cut`` trained tokens lie past it, ``emptied_rows`` keep no trained token (dropped).
         skipped: Conversations the stage drops, by reason (``chat.not_prefix``, ...).
@@ -180,11 +178,10 @@ def chat_lengths(
     lengths, trained, kept, reasoning = [np.concatenate(c) for c in zip(*parts)] if parts else empty
     snap = stats.snapshot()
     counters = snap.counters
+    count = {name: counters.get(f"chat.{name}", 0) for name in ("conversations", "rows", "reasoning_rows")}
     figures = ChatFigures(
-        messages=options["options"].messages,
-        conversations=counters.get("chat.conversations", 0),
-        rows=counters.get("chat.rows", 0),
-        reasoning_rows=counters.get("chat.reasoning_rows", 0),
+        options["options"].messages,
+        **count,
         tokens=int(lengths.sum()),
         trained_tokens=int(trained.sum()),
         reasoning_tokens=int(lengths[reasoning].sum()),

@@ -1,13 +1,10 @@
 """Why a model's packed logits differ from each document's own: the known causes, read from config and batch.
 
-:func:`diagnose` looks at what the model is (its ``attn_implementation``, ``use_cache``, whether its
-attention is causal) and what it was given (the keys and masks of the batch after any column
-filter), and names the first known cause that applies. :func:`padpipe.check_packing` calls it
-only once the logits (or an error of the forward) have shown that something is wrong.
-
-:data:`CONTACTS` names the private attributes of transformers the packing check reads; each is
-read through :func:`transformers_private`, which raises naming it when a release no longer has it
-(tests/integrations/test_contacts.py pins each against the installed transformers).
+:func:`diagnose` reads what the model is (``attn_implementation``, ``use_cache``, causal or not) and
+what it was given (the batch after any column filter), and names the first known cause that applies,
+once the logits (or the forward's error) have shown something is wrong. The private attributes of
+transformers it reads are in :data:`CONTACTS`, read through :func:`transformers_private`
+(tests/integrations/test_contacts.py pins each).
 """
 
 from __future__ import annotations
@@ -21,6 +18,12 @@ import torch
 from padpipe.inspection.packing_model import BUCKET, ModelKind, model_kind
 from padpipe.inspection.packing_rows import Document
 
+TESTED = "transformers 5.18 to 5.25"
+"""The transformers releases padpipe is tested with."""
+INSTALL_TESTED = (
+    "install a transformers release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') or a padpipe "
+    "release for yours"
+)
 FLASH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 TOLERANCES = {torch.float64: (1e-6, 1e-5), torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 1e-2)}
 BF16_TOLERANCE = (1e-2, 2e-2)
@@ -75,8 +78,7 @@ def transformers_private(owner: Any, name: str) -> Any:
     except AttributeError:
         raise ImportError(
             f"padpipe.check_packing reads transformers' `{name}` (of {classes}), but this {type(owner).__name__} has "
-            "none: install a transformers release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') "
-            "or a padpipe release for yours."
+            f"none: {INSTALL_TESTED}."
         ) from None
 
 

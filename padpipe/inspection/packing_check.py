@@ -1,10 +1,9 @@
 """``pp.check_packing``: does the user's own model see each packed document on its own?
 
-It runs the model as it is configured (attention implementation, ``use_cache``, dtype, device) on a
-few packed batches as the loader yields them and on each of a handful of their documents alone, and
-compares the logits, and, where the batch has labels, each document's loss
-(:mod:`padpipe.inspection.packing_loss`). Where they differ it raises :class:`PackingError` naming
-the cause (:mod:`padpipe.inspection.packing_causes`) and the fix.
+It runs the model as it is configured on a few packed batches and on each of a handful of their
+documents alone, compares the logits (and each document's loss: :mod:`padpipe.inspection.packing_loss`),
+and where they differ raises :class:`PackingError` naming the cause and the fix
+(:mod:`padpipe.inspection.packing_causes`).
 """
 
 from __future__ import annotations
@@ -123,22 +122,12 @@ def check_packing(
     The model runs as it is (its ``attn_implementation``, ``use_cache``, dtype and device), in eval
     mode under ``torch.no_grad()``, random states untouched: once per packed batch as the loader
     yields it (``columns`` applied), and once per document alone (``model(input_ids=doc[None])``).
-    Where the batch has ``labels``, each document's loss is compared too: the loss terms whose
-    targets are its tokens, packed, against its loss alone with its own labels (shifted for a
-    causal model, as HF's losses do), and the number of trained tokens of each; a label that lets
-    another document's token predict one of its own (no -100 at its first token) is named.
-    A padpipe loader is read through a copy of it (:meth:`~padpipe.loader.PipelineLoader.copy`),
-    so it may be checked inside its own ``for`` loop (e.g. at the first step): the checked batches
-    are those the loop reads next, and the loop, its ``state_dict()`` and its stats are as without
-    the check (under ``torch.distributed``, call it on every rank). Another loader with a state
-    (a ``StatefulDataLoader``) is put back where it was, which is exact before its loop only.
-    Cost: at most ``max_batches`` packed forwards (given without ``labels``: the model's own loss
-    over the batch is not computed) and ``max_documents`` single-document ones, under
-    ``torch.no_grad()``; the logits are compared, and turned into loss terms, 256 tokens at a time.
-    Its memory is one batch's logits (``rows x seq_len x vocab`` floats) plus one document's, where
-    a training step holds the logits, their gradient and the loss's own copies: at a 151k
-    vocabulary on CPU, one 4 x 1,024 batch measured 0.43 of a training step's time and 0.40 of its
-    peak memory (``benchmarks/check_packing_cost.py``).
+    Where the batch has ``labels``, each document's loss terms and trained tokens are compared too
+    (:mod:`padpipe.inspection.packing_loss`). A padpipe loader is read through
+    :meth:`~padpipe.loader.PipelineLoader.copy`, so it may be checked inside its own ``for`` loop
+    (under ``torch.distributed``, on every rank), the loop, its state and stats as without the check;
+    another stateful loader is put back where it was. Cost: at most ``max_batches`` packed forwards
+    and ``max_documents`` single ones, memory one batch's logits plus one document's (docs/packing.md).
 
     Args:
         model: A ``transformers`` model (or any module whose output has ``logits``, or is them).
@@ -154,10 +143,8 @@ def check_packing(
 
     Raises:
         PackingError: A document's logits or loss differ beyond the tolerance, or the packed forward
-            fails for a known cause; the message names the document, the difference, the cause and
-            the fix.
-        NothingToCheck: No document of the batches could see another (padding only, or one document
-            a row, for a causal model), so no verdict can be given.
+            fails for a known cause (the message names the document, the cause and the fix).
+        NothingToCheck: No document of the batches could see another: no verdict can be given.
 
     Example:
         >>> import transformers

@@ -1,8 +1,7 @@
 """``padpipe check-packing MODEL --data DATA``: :func:`padpipe.check_packing` on a local model folder or config.
 
-A folder with weights loads them (``from_pretrained``, local files only); a ``config.json`` or a
-folder with only a config builds the model from it with random weights, which is enough: what the
-check finds is how the attention code reads packed rows, not what the weights know. Exit status 0
+A folder with weights loads them (local files only); a ``config.json`` builds the model with random
+weights, which is enough: the check finds how the attention code reads packed rows. Exit status 0
 when every document gets its own logits, 1 when not (the cause and fix on standard error).
 """
 

@@ -1,10 +1,8 @@
 """The labels half of ``pp.check_packing``: does each packed document get the loss it gets alone?
 
-With the logits equal, a document's loss packed differs from its loss alone only where the labels
-let a token of another document (or padding) predict one of its own: a label that is not -100 at
-the document's first token. :func:`compare_loss` counts and sums the loss terms a model's loss
-gives each document's tokens, packed and alone, as HF's losses compute them (shifted for a causal
-model, ``-100`` left out); :func:`label_cause` names what was wrong.
+With the logits equal, the losses differ only where a label lets another document's token (or
+padding) predict one of its own: not -100 at the document's first token. :func:`compare_loss` sums
+each document's loss terms packed and alone as HF's losses compute them; :func:`label_cause` names it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """``pp.model_kind(model)``: does packing keep documents apart in this model, and what does it need?
 
-A layer carries state from token to token, so from one packed document into the next, when its
-config's layer type is one transformers caches a conv or recurrent state for (``conv``,
-``linear_attention``, ``hybrid`` ...) or it is one of :data:`RECURRENT_BLOCKS`. Only the kernels of
-:data:`KERNELS` keep documents apart in it, given the boundaries, on the devices of :data:`PACKAGES`
-(transformers' torch fallbacks refuse them). A one-time probe (one 16-token forward, no gradient)
-records which hooked kernels the layers call and whether each gets its boundary, so a layer whose
-caller drops them is found by what it does. The verdict, :attr:`ModelKind.layout`: ``"rows"``,
-``"flat"`` (flash-linear-attention takes one row) or ``"bucket"`` (nothing keeps them apart here).
+A layer carries state from one packed document into the next when its config's layer type is one
+transformers caches a conv or recurrent state for, or it is one of :data:`RECURRENT_BLOCKS`. Only the
+kernels of :data:`KERNELS` keep documents apart in it, given the boundaries, on the devices of
+:data:`PACKAGES`; a one-time probe (one 16-token forward) records whether each hooked kernel gets its
+boundary. The verdict, :attr:`ModelKind.layout`: ``"rows"``, ``"flat"`` (flash-linear-attention takes
+one row) or ``"bucket"`` (nothing keeps them apart here).
 """
 
 from __future__ import annotations
@@ -171,12 +169,8 @@ def model_kind(model: Any, *, device: str | torch.device | None = None, probe: b
     kernels = sorted({kernel for _, _, kernel, _ in hooks})
     blind = [k for k in kernels if KERNELS.get(k) is None]
     if blocks or not hooks or blind:
-        takes = "takes" if len(blind) == 1 else "take"
-        return kind(
-            "recurrent",
-            layers,
-            f"{_listed(blind)} {takes} no document boundaries" if blind else "no kernel of theirs takes any",
-        )
+        takes = f"{_listed(blind)} take{'s' if len(blind) == 1 else ''} no document boundaries"
+        return kind("recurrent", layers, takes if blind else "no kernel of theirs takes any")
     if probe and not any(p.is_meta for p in module.parameters()):
         dropped = [k for k, got in _probe(module, hooks).items() if not got]
         if dropped:
@@ -232,16 +226,12 @@ def _describe(module: torch.nn.Module, types: list[str], blocks: list[torch.nn.M
     return f"{what} ({', '.join(sorted(mixers))})" if mixers else what
 
 
-def _modules_of(module: torch.nn.Module) -> list[Any]:
-    names = {type(m).__module__ for m in module.modules() if type(m).__module__.startswith("transformers.models.")}
-    return [sys.modules[n] for n in sorted(names) if n in sys.modules]
-
-
 def _training_hooks(module: torch.nn.Module) -> list[tuple[Any, str, str, str]]:
     """``(modeling module, package, kernel, python name)`` of every hooked training kernel in the model's code."""
+    names = {type(m).__module__ for m in module.modules() if type(m).__module__.startswith("transformers.models.")}
     return [
         (code, package, kernel, python)
-        for code in _modules_of(module)
+        for code in [sys.modules[n] for n in sorted(names) if n in sys.modules]
         for kernel, package, python in _hooks(code.__name__)
         if not any(part in kernel for part in DECODE)  # an unknown kernel counts as one without boundaries
     ]

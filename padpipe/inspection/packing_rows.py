@@ -1,9 +1,5 @@
-"""Where the documents of a packed batch lie, read from the keys ``pack()`` puts in it.
-
-:func:`find_documents` reads the segments of every row from ``seq_idx``, else ``cu_seq_lens_q``,
-else the restarts of ``position_ids``, and leaves out each row's padding run; :func:`choose`
-picks the few documents :func:`padpipe.check_packing` runs alone.
-"""
+"""Where the documents of a packed batch lie (from ``seq_idx``, ``cu_seq_lens_q`` or ``position_ids``), and which
+few :func:`padpipe.check_packing` runs alone."""
 
 from __future__ import annotations
 
@@ -33,11 +29,8 @@ class Document:
 def read_batches(batches: Mapping[str, Any] | Iterable[Mapping[str, Any]], limit: int) -> list[dict]:
     """The first ``limit`` batches of ``batches`` (or the one batch it is), read so that training is not moved.
 
-    A padpipe loader is read through :meth:`~padpipe.loader.PipelineLoader.copy`: the batches it
-    yields next, even from inside its ``for`` loop, while the loop, its ``state_dict()`` and its
-    stats stay as they were. Another loader with a state (``state_dict``/``load_state_dict``: a
-    ``StatefulDataLoader``) is restored after the read, so a loop that starts on it next reads the
-    same batches as without the check (outside its loop only).
+    A padpipe loader is read through :meth:`~padpipe.loader.PipelineLoader.copy` (its loop, state and
+    stats stay as they were); another loader with ``state_dict``/``load_state_dict`` is restored after.
 
     Example:
         >>> loader = pp.from_iterable([{"text": "a b"}] * 4).tokenize(pp.examples.tokenizer()).pack(8).loader()
@@ -61,8 +54,7 @@ def read_batches(batches: Mapping[str, Any] | Iterable[Mapping[str, Any]], limit
 def find_documents(batch: Mapping[str, Any], number: int, *, pad_id: int | None = None) -> list[Document]:
     """The documents of ``batch`` (its padding runs left out), in row order.
 
-    A row's last segment is padding when all its labels are -100 and its ids one value (or, without
-    labels, all ``pad_id``).
+    A row's last segment is padding when its ids are one value and all its labels -100 (or all ``pad_id``).
 
     Args:
         batch: A packed batch as the loader yields it.
@@ -112,19 +104,18 @@ def choose(documents: list[Document], limit: int) -> list[Document]:
 
 def _segment_starts(batch: Mapping[str, Any], number: int, rows: int, length: int) -> list[list[int]]:
     seq_idx, cu, positions = batch.get("seq_idx"), batch.get("cu_seq_lens_q"), batch.get("position_ids")
+    change = torch.ones(rows, length, dtype=torch.bool)  # where a segment starts: seq_idx changes, positions restart
     if isinstance(seq_idx, torch.Tensor) and seq_idx.shape == (rows, length):
-        change = torch.ones(rows, length, dtype=torch.bool)
         change[:, 1:] = seq_idx[:, 1:].cpu() != seq_idx[:, :-1].cpu()
-        return [change[r].nonzero().flatten().tolist() for r in range(rows)]
-    if isinstance(cu, torch.Tensor) and cu.dim() == 1 and int(cu[-1]) == rows * length:
+    elif isinstance(cu, torch.Tensor) and cu.dim() == 1 and int(cu[-1]) == rows * length:
         bounds = cu.tolist()[:-1]
         return [[b - r * length for b in bounds if r * length <= b < (r + 1) * length] for r in range(rows)]
-    if isinstance(positions, torch.Tensor) and positions.shape[-1] == length:
+    elif isinstance(positions, torch.Tensor) and positions.shape[-1] == length:
         positions = positions.cpu().expand(rows, length)
-        change = torch.ones(rows, length, dtype=torch.bool)
         change[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
-        return [change[r].nonzero().flatten().tolist() for r in range(rows)]
-    raise ValueError(
-        f"check_packing: batch {number} has no seq_idx, cu_seq_lens_q or position_ids to find its documents in; "
-        "expected a batch as pack() yields it (check the batches before anything drops keys from them)."
-    )
+    else:
+        raise ValueError(
+            f"check_packing: batch {number} has no seq_idx, cu_seq_lens_q or position_ids to find its documents in; "
+            "expected a batch as pack() yields it (check the batches before anything drops keys from them)."
+        )
+    return [change[r].nonzero().flatten().tolist() for r in range(rows)]

@@ -32,8 +32,7 @@ class Settings:
         static_length: The length static padding pads every row to.
         shuffle_buffer: The ``shuffle(buffer_size)`` modelled when every row is read (0: none).
         seed: Seed of the sample, the shuffle and the bucket batch order.
-        budget: How ``max_tokens`` was chosen when no ``max_length`` sized it (``""``: given, or
-            ``batch_size`` x ``max_length``).
+        budget: How ``max_tokens`` was chosen when no ``max_length`` sized it (else ``""``).
     """
 
     batch_size: int
@@ -60,8 +59,7 @@ class InspectResult:
         fields: The text field(s) tokenized.
         tokenizer: The tokenizer, as given (a path) or its type.
         max_length: Truncation length (``None``: none).
-        model_max_length: The tokenizer's own limit (``transformers``' ``model_max_length``;
-            ``None`` when it has none): advice never goes past it.
+        model_max_length: The tokenizer's own limit (``None``: none); advice never goes past it.
         lengths: Token count of every row inspected, before truncation, special tokens included.
         sampled: ``True`` for a sample, ``False`` when every row was read.
         skipped_rows: Rows without text in a field (``None`` or not a string), left out.
@@ -71,9 +69,8 @@ class InspectResult:
         pack_sweep: ``(buffer_size, efficiency)`` of ``pack(seq_len)`` per buffer size tried.
         budget_truncated: Rows longer than ``max_tokens`` allows (``bucket(max_tokens)`` cut them).
         seconds: Time ``inspect`` took.
-        chat: With conversations, what ``.chat()`` made of them (``None`` for text); then a row is one of
-            the rows it makes (a conversation's, or one of its own for reasoning).
-        model: What keeps packed documents apart in the model given to ``inspect`` (``None``: none given).
+        chat: With conversations, what ``.chat()`` made of them (then a row is one of its rows); else ``None``.
+        model: The :class:`~padpipe.ModelKind` of the model given (``None``: none given).
     """
 
     source: str
@@ -150,15 +147,28 @@ class InspectResult:
             f"{'padded tok/step':>15} {'attention':>9}"
         )
         lines = [header, "-" * len(header)]
-        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
-        for st in self.strategies:
-            per = st.batches or 1
+        for r in self._rows():
             lines.append(
-                f"{st.name:<34} {st.efficiency:>10.1%} {self.steps_per_epoch(st):>11,} "
-                f"{st.real_tokens / per:>13,.0f} {st.padded_tokens / per:>15,.0f} "
-                f"{st.attention / least:>8.2f}x"
+                f"{r['name']:<34} {r['efficiency']:>10.1%} {r['steps_per_epoch']:>11,} "
+                f"{r['real_tokens_per_step']:>13,.0f} {r['padded_tokens_per_step']:>15,.0f} "
+                f"{r['attention_vs_least']:>8.2f}x"
             )
         return "\n".join(lines)
+
+    def _rows(self) -> list[dict[str, Any]]:
+        """Each strategy's figures, per step and against the least attention too."""
+        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
+        return [
+            {
+                **asdict(st),
+                "efficiency": st.efficiency,
+                "steps_per_epoch": self.steps_per_epoch(st),
+                "real_tokens_per_step": st.real_tokens / (st.batches or 1),
+                "padded_tokens_per_step": st.padded_tokens / (st.batches or 1),
+                "attention_vs_least": st.attention / least,
+            }
+            for st in self.strategies
+        ]
 
     def __str__(self) -> str:
         s, c, dist = self.settings, self.corpus, self.distribution()
@@ -179,23 +189,22 @@ class InspectResult:
             "token lengths (before truncation, special tokens included)",
         ]
         if self.rows:
+            cut = f"   longer than {self.max_length}: {dist['truncated_share']:.1%} (truncated)"
             lines.append(
                 f"  mean {dist['mean']:.1f}   p50 {_num(dist['p50'])}   p90 {_num(dist['p90'])}   "
-                f"p99 {_num(dist['p99'])}   max {dist['max']:,}"
-                + (
-                    f"   longer than {self.max_length}: {dist['truncated_share']:.1%} (truncated)"
-                    if self.max_length is not None
-                    else ""
-                )
+                f"p99 {_num(dist['p99'])}   max {dist['max']:,}" + (cut if self.max_length is not None else "")
             )
         multiple = "none" if s.pad_to_multiple_of is None else s.pad_to_multiple_of
+        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
+        varlen = next((st.varlen_attention / least for st in self.strategies if st.varlen_attention is not None), None)
         lines += [
             "",
             self.table(),
             f"  settings: batch_size={s.batch_size}, max_tokens={s.max_tokens}, pack {s.pack_batch_size} rows of "
             f"{s.seq_len}, buffer_size={s.buffer_size:,} (pack {s.pack_buffer_size}), pad_to_multiple_of={multiple}",
             "  attention: sum over batches of rows x padded length^2, relative to the least; pack attends over "
-            "whole packed rows" + self._varlen_note(),
+            "whole packed rows"
+            + ("" if varlen is None else f" ({varlen:.2f}x with a varlen kernel over cu_seq_lens_q)"),
         ]
         if s.budget:
             lines.append(f"  max_tokens={s.max_tokens}: {s.budget}; pass max_length or max_tokens to choose")
@@ -209,8 +218,7 @@ class InspectResult:
             lines.append(f"  steps/epoch: scaled from the sample to {c.rows:,} rows")
         if self.sampled and self.rows < s.buffer_size:
             lines.append(
-                f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, "
-                "so the "
+                f"  note: the sample ({self.rows:,} rows) is smaller than buffer_size={s.buffer_size:,}, so the "
                 "bucket figures are for a buffer of the whole sample (a lower bound): sample more rows"
             )
         lines += ["", "efficiency by buffer size"]
@@ -223,41 +231,12 @@ class InspectResult:
         lines += [f"  - {line}" for line in self.recommendations()]
         return "\n".join(lines)
 
-    def _varlen_note(self) -> str:
-        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
-        packed = [st for st in self.strategies if st.varlen_attention is not None]
-        if not packed:
-            return ""
-        return f" ({packed[0].varlen_attention / least:.2f}x with a varlen kernel over cu_seq_lens_q)"
-
     def as_dict(self) -> dict[str, Any]:
         """Everything in the report as plain JSON-ready values.
 
         Example:
             >>> json.dumps(result.as_dict())  # doctest: +SKIP
         """
-        least = min((st.attention for st in self.strategies), default=0.0) or 1.0
-        strategies = []
-        for st in self.strategies:
-            per = st.batches or 1
-            strategies.append(
-                {
-                    "name": st.name,
-                    "code": st.code,
-                    "efficiency": st.efficiency,
-                    "batches": st.batches,
-                    "steps_per_epoch": self.steps_per_epoch(st),
-                    "rows": st.rows,
-                    "real_tokens": st.real_tokens,
-                    "padded_tokens": st.padded_tokens,
-                    "real_tokens_per_step": st.real_tokens / per,
-                    "padded_tokens_per_step": st.padded_tokens / per,
-                    "attention": st.attention,
-                    "attention_vs_least": st.attention / least,
-                    "varlen_attention": st.varlen_attention,
-                    "whole": st.whole,
-                }
-            )
         return {
             "source": self.source,
             "format": self.format,
@@ -272,7 +251,7 @@ class InspectResult:
             "corpus": asdict(self.corpus),
             "lengths": self.distribution(),
             "settings": asdict(self.settings),
-            "strategies": strategies,
+            "strategies": self._rows(),
             "bucket_buffer_sweep": [{"buffer_size": b, "efficiency": e} for b, e in self.bucket_sweep],
             "pack_buffer_sweep": [{"buffer_size": b, "efficiency": e} for b, e in self.pack_sweep],
             "budget_truncated": self.budget_truncated,

@@ -1,9 +1,8 @@
-"""What ``inspect`` reads: the reader for the input, a seeded sample spread over its units, the corpus size.
+"""What ``inspect`` reads: the input's reader and text fields, a seeded sample spread over its units, its size.
 
-The input goes through padpipe's own readers (Parquet, Arrow IPC, JSONL; globs, folders, fsspec
-URLs, ``save_to_disk`` folders), picked from the file names. A sample is drawn unit by unit
-(row groups, record batches, byte ranges) in a seeded random order, a few random rows from each
-of at least :data:`SPREAD` units, so it is not the first rows of the first file.
+The input goes through padpipe's own readers (:func:`~padpipe.inspection.formats.read_corpus`). A
+sample is drawn unit by unit (row groups, record batches, byte ranges) in a seeded random order, a
+few random rows from each of at least :data:`SPREAD` units, not the first rows of the first file.
 """
 
 from __future__ import annotations
@@ -13,31 +12,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec.core
 import numpy as np
 import pyarrow as pa
 
 from padpipe._progress import Progress
 from padpipe.errors import DataError
+from padpipe.inspection.formats import FORMATS, read_corpus
 from padpipe.pipeline import Pipeline
-from padpipe.readers import arrow, jsonl, parquet
-from padpipe.readers.paths import GLOB_CHARS, check_paths
+from padpipe.readers import jsonl
+from padpipe.readers.paths import check_paths
 from padpipe.readers.schema import require_columns
 from padpipe.readers.source import UnitSource, WorkUnit
 from padpipe.sharing.consumer import Consumer
-from padpipe.sources import read_arrow, read_jsonl, read_parquet
 from padpipe.stats import PipelineStats
 
 SPREAD = 32
 """A sample takes rows from at least this many units (all of them when there are fewer)."""
 OVERSAMPLE = 4
 """From a unit that gives ``k`` rows to the sample, at most ``OVERSAMPLE * k`` rows are read."""
-FORMATS = {
-    "parquet": parquet.SUFFIXES,
-    "arrow": arrow.SUFFIXES,
-    "jsonl": jsonl.SUFFIXES,
-}
-READERS = {"read_parquet": "parquet", "read_arrow": "arrow", "read_jsonl": "jsonl", "from_hf": "datasets"}
+READERS = {read.__name__: name for name, (_, read) in FORMATS.items()} | {"from_hf": "datasets"}
+"""The format ``inspect`` reports, by the name of the reader of its input."""
 
 
 @dataclass(frozen=True)
@@ -78,45 +72,7 @@ def source_pipeline(data: Any, *, storage_options: dict[str, Any] | None = None)
                 f"{[s.name for s in data.stages]!r} instead."
             )
         return data
-    paths = list(check_paths(data))
-    options = storage_options or {}
-    fmt = detect_format(paths[0], options)
-    reader = {"parquet": read_parquet, "arrow": read_arrow, "jsonl": read_jsonl}[fmt]
-    return reader(paths, storage_options=options)
-
-
-def detect_format(path: str, storage_options: dict[str, Any]) -> str:
-    """``"parquet"``, ``"arrow"`` or ``"jsonl"`` from the file name, or from the files of a folder or glob.
-
-    Example:
-        >>> detect_format("s3://bucket/train/part-0.jsonl.zst", {})
-        'jsonl'
-    """
-    found = _format_of_name(path.rstrip("/"))
-    if found:
-        return found
-    fs, inner = fsspec.core.url_to_fs(path, **storage_options)
-    if any(c in GLOB_CHARS for c in inner):
-        names = sorted(fs.glob(inner))
-    elif not fs.exists(inner):
-        raise FileNotFoundError(f"No such file or folder: {path!r}.")
-    elif fs.isdir(inner):
-        if fs.exists(inner.rstrip("/") + "/state.json"):  # a Dataset.save_to_disk folder
-            return "arrow"
-        names = sorted(fs.find(inner))
-    else:
-        names = [inner]
-    for name in names:
-        found = _format_of_name(name)
-        if found:
-            return found
-    known = ", ".join(s for suffixes in FORMATS.values() for s in suffixes if s.count(".") == 1)
-    raise DataError(f"{path}: cannot tell the format; expected files ending in {known} (or .gz/.zst) there.")
-
-
-def _format_of_name(name: str) -> str | None:
-    lowered = name.lower()
-    return next((fmt for fmt, suffixes in FORMATS.items() if lowered.endswith(suffixes)), None)
+    return read_corpus(list(check_paths(data)), storage_options=storage_options)
 
 
 def make_reader(pipe: Pipeline, stats: PipelineStats) -> UnitSource:
@@ -172,14 +128,39 @@ def choose_fields(
     )
 
 
-def draw_sample(
-    reader: UnitSource,
-    units: Sequence[WorkUnit],
-    fields: Sequence[str],
+def detect_fields(
+    data: Any,
+    fields: str | Sequence[str] | None = None,
     *,
-    rows: int,
-    seed: int,
-    progress: bool | None,
+    option: str = "the text field(s) to tokenize",
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[str, ...]:
+    """``fields`` checked against ``data``'s columns, else ``text``, else its only one or two string columns.
+
+    Reads the schema of the first rows only.
+
+    Args:
+        data: What :func:`padpipe.inspect` takes: a path, glob, folder, URL or a list of them, or a reader pipeline.
+        fields: The field(s) asked for; ``None`` finds them.
+        option: How the error tells the user to name them when none is found (e.g. ``"--fields A [B]"``).
+        storage_options: fsspec options for a URL.
+
+    Raises:
+        DataError: A field asked for is not a column, or none is given and none is found.
+
+    Example:
+        >>> detect_fields(pp.examples.SAMPLE_PARQUET), detect_fields(pp.examples.SAMPLE_JSONL)
+        (('sentence1', 'sentence2'), ('text',))
+    """
+    pipe = source_pipeline(data, storage_options=storage_options)
+    reader = make_reader(pipe, PipelineStats())
+    units = reader.listed_units()
+    where = units[0].path if units else reader.format.describe()
+    return choose_fields(first_schema(reader, units), fields, where, option=option)
+
+
+def draw_sample(
+    reader: UnitSource, units: Sequence[WorkUnit], fields: Sequence[str], *, rows: int, seed: int, progress: bool | None
 ) -> tuple[pa.Table, Corpus]:
     """About ``rows`` rows (fewer if the input is smaller) in a random order, and the corpus size.
 
@@ -273,13 +254,8 @@ def _corpus(
     if visited == len(units) and all_complete:
         return Corpus(read_rows, True, "every unit read", **common)
     if full_bytes > 0:
-        estimate = round(full_rows / full_bytes * total_bytes)
-        return Corpus(
-            max(estimate, read_rows),
-            False,
-            f"estimated from {full_rows:,} rows in {_size(full_bytes)} of {_size(total_bytes)}",
-            **common,
-        )
+        how = f"estimated from {full_rows:,} rows in {_size(full_bytes)} of {_size(total_bytes)}"
+        return Corpus(max(round(full_rows / full_bytes * total_bytes), read_rows), False, how, **common)
     estimate = math.ceil(read_rows / max(visited, 1) * len(units))
     return Corpus(estimate, False, "at least: rows per unit read times units (units read in part)", **common)
 

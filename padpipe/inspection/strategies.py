@@ -1,12 +1,9 @@
 """Run every batching strategy on token lengths alone, through padpipe's own stages.
 
-The stream of tokenized chunks is replayed as chunks of the same row lengths (ids all 0, made one
-chunk at a time), and the real :class:`~padpipe.pipes.batch.FixedBatcher`,
-:class:`~padpipe.pipes.bucket.Bucketizer` and :class:`~padpipe.pipes.pack.Packer` nodes run over
-it with the settings a pipeline would give them; padded widths come from
-:func:`~padpipe.pipes.pad.padded_length`, the rule ``pad()`` applies. So the batches, the padding
-and the step counts are the ones a real pass over the same rows makes, and they stay so when
-a stage's logic changes. Memory holds one stage buffer of ids, never the whole stream.
+Chunks of the same row lengths (ids all 0, made one at a time) go through the real
+``FixedBatcher``, ``Bucketizer`` and ``Packer`` nodes with a pipeline's settings, padded by
+:func:`~padpipe.pipes.pad.padded_length` as ``pad()`` pads: the batches, padding and step counts
+of a real pass over the same rows, whatever the stages' logic becomes.
 """
 
 from __future__ import annotations
@@ -37,12 +34,10 @@ class StrategyResult:
         rows: Rows in those batches (``pack``: document pieces).
         real_tokens: Non-padding tokens.
         padded_tokens: Token slots, padding included.
-        attention: Attention work: sum over batches of rows x padded length squared (``pack``: full
-            attention over each packed row).
-        varlen_attention: For ``pack``, the work of a varlen kernel over ``cu_seq_lens_q`` (sum of squared
-            segment lengths); ``None`` for padded strategies.
-        whole: The rows are the documents untruncated (``tokenize(..., truncation=False)``), longer
-            ones split across packed rows; the other strategies' rows are truncated to ``max_length``.
+        attention: Attention work: sum over batches of rows x padded length squared (``pack``: over
+            each whole packed row).
+        varlen_attention: For ``pack``, a varlen kernel's work (sum of squared segment lengths).
+        whole: The rows are the documents untruncated, longer ones split across packed rows.
     """
 
     name: str
@@ -85,13 +80,10 @@ def padded(
     """Run a batching node and pad each batch as ``pad(pad_to_multiple_of=..., pad_to_length=...)`` would."""
     batches = rows = real = slots = 0
     attention = 0.0
+    pad = {"pad_to_multiple_of": pad_to_multiple_of, "pad_to_length": pad_to_length}
     for chunk in node:
         lengths = chunk.lengths
-        width = int(
-            padded_length(
-                np.array([lengths.max()]), pad_to_multiple_of=pad_to_multiple_of, pad_to_length=pad_to_length
-            )[0]
-        )
+        width = int(padded_length(np.array([lengths.max()]), **pad)[0])
         batches, rows = batches + 1, rows + len(lengths)
         real, slots = real + int(lengths.sum()), slots + len(lengths) * width
         attention += len(lengths) * float(width) ** 2
@@ -101,13 +93,8 @@ def padded(
 def static(stream: Sequence[np.ndarray], *, batch_size: int, length: int) -> StrategyResult:
     """Batches of ``batch_size`` in arrival order, every row padded to ``length``."""
     node = FixedBatcher(IterableWrapper(LengthChunks(stream)), batch_size=batch_size)
-    return padded(
-        f"static: pad to {length}",
-        f".batch({batch_size}).pad(pad_to_length={length})",
-        node,
-        pad_to_multiple_of=None,
-        pad_to_length=length,
-    )
+    code = f".batch({batch_size}).pad(pad_to_length={length})"
+    return padded(f"static: pad to {length}", code, node, pad_to_multiple_of=None, pad_to_length=length)
 
 
 def dynamic(
@@ -140,16 +127,9 @@ def bucket(
         if any(int(part.max(initial=0)) > limit for part in stream):
             oversize = ", on_oversize='truncate'"
     stats = PipelineStats()
-    node = Bucketizer(
-        IterableWrapper(LengthChunks(stream)),
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        buffer_size=buffer_size,
-        seed=seed,
-        on_oversize="truncate",
-        pad_to_multiple_of=pad_to_multiple_of,
-        stats=stats,
-    )
+    sizes = dict(batch_size=batch_size, max_tokens=max_tokens, buffer_size=buffer_size, seed=seed, stats=stats)
+    chunks = IterableWrapper(LengthChunks(stream))
+    node = Bucketizer(chunks, on_oversize="truncate", pad_to_multiple_of=pad_to_multiple_of, **sizes)
     size = f"batch_size={batch_size}" if max_tokens is None else f"max_tokens={max_tokens}"
     code = f".bucket({size}, buffer_size={buffer_size}{oversize}).pad({_pad_args(pad_to_multiple_of)})"
     result = padded(f"bucket({size})", code, node, pad_to_multiple_of=pad_to_multiple_of, pad_to_length=None)
@@ -164,32 +144,17 @@ def pack(
     ``whole``: ``stream`` holds the documents untruncated, and the result says so (``long_docs='split'``).
     """
     stats = PipelineStats()
-    node = Packer(
-        IterableWrapper(LengthChunks(stream)),
-        seq_len=seq_len,
-        batch_size=batch_size,
-        buffer_size=buffer_size,
-        pad_id=0,
-        stats=stats,
-    )
+    sizes = dict(seq_len=seq_len, batch_size=batch_size, buffer_size=buffer_size)
+    node = Packer(IterableWrapper(LengthChunks(stream)), pad_id=0, stats=stats, **sizes)
     attention = varlen = 0.0
     for batch in node:
         attention += batch["input_ids"].shape[0] * float(seq_len) ** 2
         segments = np.diff(batch["cu_seq_lens_q"].numpy()).astype(np.float64)
         varlen += float((segments**2).sum())
-    snap = stats.snapshot()
-    split = ", long_docs='split'" if whole else ""
-    return StrategyResult(
-        f"pack(seq_len={seq_len}){' split' if whole else ''}",
-        f".pack({seq_len}, batch_size={batch_size}, buffer_size={buffer_size}{split})",
-        snap.batches,
-        snap.rows,
-        snap.real_tokens,
-        snap.padded_tokens,
-        attention,
-        varlen,
-        whole,
-    )
+    s, split = stats.snapshot(), ", long_docs='split'" if whole else ""
+    name = f"pack(seq_len={seq_len}){' split' if whole else ''}"
+    code = f".pack({seq_len}, batch_size={batch_size}, buffer_size={buffer_size}{split})"
+    return StrategyResult(name, code, s.batches, s.rows, s.real_tokens, s.padded_tokens, attention, varlen, whole)
 
 
 def _pad_args(pad_to_multiple_of: int | None) -> str:

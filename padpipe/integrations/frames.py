@@ -1,14 +1,9 @@
 """The one way adapters learn who called padpipe: walk up the stack to the padpipe method in progress.
 
-A framework's loop is seen in the frames above a padpipe method (``PipelineLoader.__iter__``,
-``Pipeline.__iter__``); the walk starts at the adapter's own frame and looks for that method's
-frame by its ``self``, so frames padpipe adds between the method and the adapter do not move what
-the adapter sees. Only modules of ``padpipe/integrations/`` look at frames.
-
-Only the locals of frames running a method of a module the adapter names are read (:func:`self_of`):
-on Python before 3.13, reading a frame's ``f_locals`` leaves a snapshot of every local on the frame,
-so a user's ``del loader`` in the function that iterated it would not free the loader (nor stop its
-worker processes) until that function returned.
+The walk finds that method's frame by its ``self``, so frames padpipe adds in between do not move
+what the adapter sees. Only the locals of frames running a method of a module the adapter names are
+read (:func:`self_of`): before Python 3.13, reading ``f_locals`` keeps a snapshot of every local, so
+a user's ``del loader`` would not free the loader (nor stop its workers) until the function returned.
 """
 
 from __future__ import annotations
@@ -51,8 +46,6 @@ def takes_self(frame: FrameType) -> bool:
 
 def self_of(frame: FrameType, modules: tuple[str, ...]) -> Any:
     """The ``self`` of the method ``frame`` runs when its module starts with one of ``modules``, else ``None``.
-
-    The frames of other code (the user's functions) are never asked for their locals.
 
     Example:
         >>> class Box:

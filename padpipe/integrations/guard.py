@@ -1,16 +1,11 @@
 """What ``iter(pipe)`` learns from its callers: framework wrappers that lose or repeat rows.
 
-A pipeline yields ready batches: a torch ``DataLoader`` with a ``batch_size`` (what plain
-``transformers.Trainer`` builds) would stack several of them into one, so ``iter(pipe)`` refuses
-an auto-collating caller (torch's fetcher, the one frame that calls it: in worker processes too).
-A pipeline shards itself by rank and DataLoader worker. Accelerate's ``prepare`` shards an
-``IterableDataset`` again (``IterableDatasetShard``) or reads it on rank 0 only and splits the
-batches (``DataLoaderDispatcher``): either way each rank trains on part of its share, silently.
-Lightning over a plain ``DataLoader`` saves no data position, so a resumed run starts the epoch
-again. The frames above ``Pipeline.__iter__`` show which wrapper is reading; nothing here imports
-a framework, and nothing runs unless one is already imported. The check only raises or warns: what
-padpipe does never depends on who calls it. (Frameworks iterating, saving or restoring a
-``pipe.loader()``: :mod:`padpipe.integrations.loader_guard`.)
+A pipeline yields ready batches and shards itself by rank and worker. So ``iter(pipe)`` refuses a
+torch ``DataLoader`` with a ``batch_size`` (it would stack batches) and Accelerate's
+``IterableDatasetShard`` or ``DataLoaderDispatcher`` on several processes (each rank would train on
+part of its share), and warns when Lightning reads it through a torch ``DataLoader`` (no exact
+resume), read from the frames above ``Pipeline.__iter__``. The check only raises or warns; nothing
+here imports a framework. (A ``pipe.loader()``'s callers: :mod:`padpipe.integrations.loader_guard`.)
 """
 
 from __future__ import annotations
@@ -50,12 +45,9 @@ def check_caller(pipeline: Any, batches: bool = True) -> None:
     """Raise or warn when ``iter(pipeline)`` runs under a wrapper that would lose, repeat or stack rows.
 
     Registered in :mod:`padpipe.drivers`, asked by ``Pipeline.__iter__`` (``batches``: the pipeline
-    yields ready batches of tensors); ``pipeline`` is the pipeline being iterated, whose caller it reads.
-    Raises ``RuntimeError`` when a torch ``DataLoader`` with a ``batch_size`` reads a pipeline of
-    batches, and under Accelerate's ``IterableDatasetShard`` or ``DataLoaderDispatcher`` with
-    more than one process; warns once when Lightning's training loop reads the pipeline through a
-    torch ``DataLoader`` (seen when the ``DataLoader`` has no workers: worker processes do not see
-    Lightning's frames).
+    yields ready batches of tensors). Raises ``RuntimeError`` (see the module docs); warns once when
+    Lightning's loop reads the pipeline through a torch ``DataLoader`` without workers (worker
+    processes do not see Lightning's frames).
 
     Example:
         >>> check_caller(pipe)  # doctest: +SKIP
@@ -75,7 +67,7 @@ def check_caller(pipeline: Any, batches: bool = True) -> None:
             return  # padpipe's own loaders and adapters read it: they handle ranks and resume
         if module == "accelerate.data_loader":
             _check_accelerate(owner)
-        elif dataloader is None and _is_dataloader(owner):
+        elif dataloader is None and isinstance(owner, getattr(sys.modules.get("torch.utils.data"), "DataLoader", ())):
             dataloader = owner
         elif module in _LIGHTNING_FETCHERS and dataloader is not None:
             _warn_lightning(dataloader)
@@ -111,11 +103,6 @@ def _check_accelerate(owner: Any) -> None:
             "processes: `accelerator.prepare(DataLoader(pipe))` reads only rank 0's padpipe share and splits its "
             f"batches across ranks (or fails to concatenate batches of different shapes). Fix: {ACCELERATE_FIX}."
         )
-
-
-def _is_dataloader(owner: Any) -> bool:
-    data = sys.modules.get("torch.utils.data")
-    return data is not None and isinstance(owner, data.DataLoader)
 
 
 def _warn_lightning(dataloader: Any) -> None:

@@ -1,19 +1,7 @@
-"""``padpipe.hf.Trainer``: Hugging Face's ``Trainer`` that reads padpipe pipelines as they are.
-
-Pass pipelines that end in ``.pad()`` or ``.pack()`` as ``train_dataset``, ``eval_dataset`` or to
-``predict``; any other dataset goes to ``transformers.Trainer`` unchanged. Needs ``transformers``
-(``pip install 'padpipe[hf]'``); tested with transformers 5.18 to 5.25.
-
-Example:
-    >>> from padpipe.hf import Trainer  # doctest: +SKIP
-    >>> trainer = Trainer(model=model, args=TrainingArguments("out", max_steps=100),  # doctest: +SKIP
-    ...                   train_dataset=train, eval_dataset=val, compute_metrics=accuracy)
-    >>> trainer.train(); trainer.predict(val).predictions  # doctest: +SKIP
-"""
+"""``padpipe.hf.Trainer`` (its face: :mod:`padpipe.hf`): Hugging Face's ``Trainer`` reading padpipe pipelines."""
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import sys
@@ -31,7 +19,7 @@ transformers = require("transformers", "padpipe.hf")
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput  # noqa: E402
 
 from padpipe.errors import check_bool  # noqa: E402
-from padpipe.integrations.hf_epochs import EpochBatches, EpochPlan, count_batches, epochs_of  # noqa: E402
+from padpipe.integrations.hf_epochs import EpochBatches, EpochPlan, epochs_of  # noqa: E402
 from padpipe.integrations.hf_hooks import check_hooks, loss_shifts_labels, turn_off_unused_loss_kwargs  # noqa: E402
 from padpipe.integrations.hf_packing import guard_columns  # noqa: E402
 from padpipe.integrations.hf_parts import (  # noqa: E402  (the Trainer's batches, outputs and counts)
@@ -63,55 +51,20 @@ logger = logging.getLogger(__name__)
 
 LOADER_STATE = "padpipe_loader.pt"
 """The loader's state in a Trainer checkpoint folder: every rank's ``loader.checkpoint()`` and the pass read."""
-OLD_LOADER_STATE = "padpipe_loader_{rank}.pt"
-"""Each rank's loader state, as an older padpipe saved it (still read)."""
 
 
 class Trainer(transformers.Trainer):
     """``transformers.Trainer`` for padpipe pipelines: padded batches go to the model as they are.
 
     For a :class:`padpipe.Pipeline` as ``train_dataset``, ``eval_dataset`` (or a dict of them) or
-    ``predict(test_dataset)``, batches come from ``pipe.loader()`` (with
-    ``dataloader_num_workers`` worker processes), sharded by padpipe across ranks, never by
-    Accelerate, and are neither collated nor stacked again. Everything else is ``Trainer``'s:
-
-    - ``per_device_train_batch_size``, ``per_device_eval_batch_size`` and the data collator do not
-      apply to pipelines: the pipeline's ``bucket``/``batch``/``pack`` stage makes the batches.
-      Each pass over the data is one epoch (new shuffle), trained as ``Trainer`` trains a sized
-      loader: the last accumulation window of a pass is short and gets its own optimizer step.
-      Train for ``max_steps``, or for ``num_train_epochs`` (without ``max_steps``): the first
-      epoch's batches are counted by a pass of the loader before training, the schedule is built
-      on them, and each epoch ends when its data ends (:mod:`padpipe.integrations.hf_epochs`).
-      Each window's ``num_items_in_batch`` comes from the loader (``accumulation_steps``), counted
-      as ``Trainer`` counts it, where ``Trainer`` would sum it over the ranks and divide it by nothing.
-    - ``num_input_tokens_seen`` counts real tokens (padded or packed) for ``"all"`` and
-      ``"non_padding"`` alike. A model whose loss ignores ``num_items_in_batch`` although its
-      ``forward`` takes ``**kwargs`` (BERT classifiers) gets ``accepts_loss_kwargs = False``.
-    - Training ranks take equal steps with every row once (``equal_steps="balance"``: a rank short
-      of batches is given some by the others; a filler batch, whose loss is zeroed and whose row
-      ``train_samples`` does not count, only where no real piece is left for a rank).
-    - Columns the model's ``forward`` does not take (``idx``, ``row_index``, other pass-through
-      columns) are removed, as ``remove_unused_columns`` does; HF's flash-attention names of packed
-      batches (``seq_idx``, ``cu_seq_lens_*``, ``max_length_*``, ``use_cache``) are kept when ``forward``
-      takes ``**kwargs``.
-    - Before training on a packed pipeline, a model whose layers carry state across documents
-      with nothing here to keep them apart is refused on every rank (:func:`padpipe.model_kind`),
-      and the first batch is checked in the model
-      (:func:`padpipe.check_packing`, on rank 0): ``use_cache=False`` goes to the training forward
-      of an ``eager``/``sdpa`` model whose ``use_cache=True`` would let attention cross documents,
-      and any other leak raises :class:`padpipe.PackingError` naming the cause and the fix, before
-      the first step. ``check_packing=False`` turns this off.
-    - ``evaluate()`` and ``predict()`` read every row exactly once; predictions and ``label_ids``
-      come back in the split's row order when batches carry ``row_index`` (``glue()`` eval
-      splits do), gathered across ranks. The loss is the mean over rows;
-      ``*_samples_per_second``, ``*_steps_per_second`` and ``{prefix}_samples`` count real rows
-      and batches. ``batch_eval_metrics`` and FSDP/DeepSpeed evaluation on pipelines are not
-      supported (ranks may take different numbers of evaluation steps).
-    - A checkpoint holds every rank's loader state in one file (``padpipe_loader.pt``: ``loader.checkpoint()``
-      and the pass read);
-      ``train(resume_from_checkpoint=...)`` loads it and continues the data stream exactly
-      instead of skipping batches (``ignore_data_skip=True`` starts the data afresh), bit for bit
-      at every kind of checkpoint, with ``state.epoch`` going on.
+    ``predict(test_dataset)``, batches come from ``pipe.loader()`` (``dataloader_num_workers``
+    workers), sharded by padpipe, never collated again; anything else is ``Trainer``'s. Each pass is
+    one epoch, trained as ``Trainer`` trains a sized loader (:mod:`padpipe.integrations.hf_epochs`);
+    ranks take equal steps with every row once; columns ``forward`` does not take are removed; a
+    packed pipeline's first batch is checked in the model (:mod:`padpipe.integrations.hf_packing`;
+    ``check_packing=False`` turns it off); ``evaluate()``/``predict()`` read every row once, in row
+    order where batches carry ``row_index``; checkpoints hold every rank's loader state
+    (``padpipe_loader.pt``) for an exact resume. docs/training.md says each in full.
 
     Example:
         >>> from transformers import TrainingArguments  # doctest: +SKIP
@@ -170,7 +123,8 @@ class Trainer(transformers.Trainer):
         if self.args.max_steps > 0:
             self._padpipe_train = TrainBatches(loader, columns, tokens)
             return self._padpipe_train
-        batches = count_batches(self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="balance"))
+        first = self._pipeline_loader(self.train_dataset, "train_dataset", equal_steps="balance")
+        batches = sum(1 for _ in first)  # the first epoch's, on this rank
         self._epochs = EpochPlan(self, epochs_of(self.args), batches)
         self.add_callback(self._epochs)
         self._padpipe_train = EpochBatches(loader, columns, tokens, length=batches)
@@ -178,7 +132,8 @@ class Trainer(transformers.Trainer):
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """``Trainer``'s loader, or for a pipeline every row once with its ``row_index``."""
-        dataset = self._eval_dataset(eval_dataset)
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        dataset = self.eval_dataset[dataset] if isinstance(dataset, str) else dataset
         _refuse_loader("eval_dataset", dataset)
         if not isinstance(dataset, Pipeline):
             return super().get_eval_dataloader(eval_dataset)
@@ -213,8 +168,7 @@ class Trainer(transformers.Trainer):
         if self._padpipe_train is None or resume_from_checkpoint is None or self.args.ignore_data_skip:
             return epochs, steps
         path = os.path.join(resume_from_checkpoint, LOADER_STATE)
-        old = sorted(glob.glob(os.path.join(resume_from_checkpoint, OLD_LOADER_STATE.format(rank="*"))))
-        if not os.path.isfile(path) and not old:
+        if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"Checkpoint {resume_from_checkpoint} has no padpipe loader state ({LOADER_STATE}): it was not saved "
                 "by padpipe.hf.Trainer. Pass `TrainingArguments(ignore_data_skip=True)` to resume the model and start "
@@ -222,12 +176,7 @@ class Trainer(transformers.Trainer):
             )
         # every saved rank's state: each rank picks its own, or on another number of ranks the rest of the
         # epoch is shared over the new ones (docs/elastic.md); states are plain data
-        state = (
-            torch.load(path, weights_only=True)
-            if os.path.isfile(path)
-            else [torch.load(p, weights_only=True) for p in old]
-        )
-        self._padpipe_train.load_state_dict(state)
+        self._padpipe_train.load_state_dict(torch.load(path, weights_only=True))
         return self._padpipe_train.epoch, 0  # Trainer's epoch is the pass being read (the next, if it ended)
 
     def _run_epoch(self, **kwargs: Any) -> None:
@@ -357,10 +306,9 @@ class Trainer(transformers.Trainer):
         logger.info(f"***** Running {description} on a padpipe pipeline *****")
         self.callback_handler.eval_dataloader = dataloader
         main_input = getattr(self.model, "main_input_name", "input_ids")
+        keep = args.include_for_metrics
         outputs = Outputs(
-            keep_inputs="inputs" in args.include_for_metrics,
-            keep_losses="loss" in args.include_for_metrics,
-            accumulate=args.eval_accumulation_steps,
+            keep_inputs="inputs" in keep, keep_losses="loss" in keep, accumulate=args.eval_accumulation_steps
         )
         with rank_local_loss(args):
             for inputs, order in dataloader:
@@ -400,11 +348,6 @@ class Trainer(transformers.Trainer):
         if steps is not None:  # num_items_in_batch of each window, as HF counts it
             options.update(accumulation_steps=steps, causal=loss_shifts_labels(self, transformers.__version__))
         return pipe.loader(equal_steps=equal_steps, **options)
-
-    def _eval_dataset(self, eval_dataset: Any) -> Any:
-        if isinstance(eval_dataset, str):
-            return self.eval_dataset[eval_dataset]
-        return self.eval_dataset if eval_dataset is None else eval_dataset
 
 
 def _refuse_loader(name: str, dataset: Any) -> None:

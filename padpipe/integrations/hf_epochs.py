@@ -1,14 +1,10 @@
 """``num_train_epochs`` for ``padpipe.hf.Trainer`` on a pipeline: steps per epoch counted, each epoch ended by the data.
 
-A pipeline has no length, so ``transformers.Trainer`` needs ``max_steps`` for it. With
-``max_steps`` unset (``-1``), :func:`count_batches` runs this rank's loader over the first epoch
-once before training (same shares, workers and equal steps as training, no model): its batch count
-``n`` gives HF a length, so ``max_steps = epochs * ceil(n / gradient_accumulation_steps)`` (optimizer
-steps, equal on every rank) and the learning-rate schedule is built on that. Each epoch then runs
-until its data ends, whatever its count. A reshuffled epoch may make a few batches more or fewer
-than the first: at each epoch's end :class:`EpochPlan` rebuilds the schedule on the steps done plus
-the epochs left times that epoch's steps, before the epoch's checkpoint, and saves the plan in each
-checkpoint (``padpipe_epochs.json``), so a resumed run uses the same schedule.
+With ``max_steps`` unset, ``padpipe.hf.Trainer`` reads this rank's first epoch once before training
+(same shares, workers and equal steps, no model): ``max_steps = epochs * ceil(n / accumulation)``
+and the schedule is built on it. Each epoch then runs until its data ends; at each epoch's end
+:class:`EpochPlan` rebuilds the schedule on the steps done plus the epochs left times that epoch's
+steps, and saves the plan in each checkpoint (``padpipe_epochs.json``) for a resumed run.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
-from padpipe.integrations.hf_train import _END, TrainBatches
+from padpipe.integrations.hf_train import TrainBatches
 
 PLAN_FILE = "padpipe_epochs.json"
 """The epoch plan in a Trainer checkpoint folder."""
@@ -49,17 +45,6 @@ def epochs_of(args: Any) -> int:
     return int(epochs)
 
 
-def count_batches(loader: Any) -> int:
-    """The batches of one pass over ``loader`` (a fresh pipeline loader: its first epoch).
-
-    Example:
-        >>> pipe = pp.from_iterable([{"text": "a b"}] * 5).tokenize(pp.examples.tokenizer()).batch(2).pad()
-        >>> count_batches(pipe.loader())
-        3
-    """
-    return sum(1 for _ in loader)
-
-
 class EpochBatches(TrainBatches):
     """:class:`TrainBatches` with a length: the counted batches of the first epoch on this rank."""
 
@@ -69,12 +54,6 @@ class EpochBatches(TrainBatches):
 
     def __len__(self) -> int:
         return self.length
-
-    def ends_here(self) -> bool:
-        """Whether the pass has no batch after the last one given out (reading one ahead, as ``state_dict`` does)."""
-        if self._it is not None and not self.ended and self._peeked is _END:
-            self._peeked = self._next()
-        return self.ended
 
 
 class EpochPlan(TrainerCallback):
@@ -120,7 +99,7 @@ class EpochPlan(TrainerCallback):
         """Keep ``state.max_steps`` past the coming step unless it ends the last epoch: the data ends each epoch."""
         batches: EpochBatches = self.trainer._padpipe_train
         last = batches.epoch + 1 == self.epochs
-        if state.global_step + 1 >= state.max_steps and not (last and batches.ends_here()):
+        if state.global_step + 1 >= state.max_steps and not (last and batches.peek()):
             state.max_steps = state.global_step + 2
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

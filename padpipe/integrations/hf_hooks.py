@@ -1,14 +1,10 @@
 """The private ``transformers.Trainer`` hooks ``padpipe.hf.Trainer`` overrides or calls, and a loss check.
 
-:data:`HOOKS` pins each hook's parameters (:data:`OVERRIDDEN`: the ones ``padpipe.hf.Trainer``
-overrides, every method it overrides but ``__init__``); :func:`check_hooks` raises at import, naming
-the hook, when an installed transformers changed one (tests/integrations/test_hf_hooks*.py pin what
-each does). :data:`ATTRIBUTES` names the private attributes it reads (of ``Trainer`` and
-Accelerate's ``Accelerator``), read through :func:`private`, which raises naming the attribute
-when a release no longer has it (tests/integrations/test_contacts.py pins each).
-:func:`loss_shifts_labels` says how HF counts a window's label tokens on the installed release
-(5.11 and later). :func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves
-``num_items_in_batch`` out of its loss (transformers#47688).
+:func:`check_hooks` raises at import, naming the hook, when an installed transformers changed one of
+:data:`HOOKS`; :func:`private` reads an attribute of :data:`ATTRIBUTES`, raising naming it when a release
+dropped it (tests/integrations/test_hf_hooks*.py and test_contacts.py pin each).
+:func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves ``num_items_in_batch`` out of
+its loss (transformers#47688).
 """
 
 from __future__ import annotations
@@ -19,11 +15,13 @@ from typing import Any
 
 import torch
 
+from padpipe.inspection.packing_causes import INSTALL_TESTED, TESTED
+
 logger = logging.getLogger("padpipe.hf")
 
-HOOKS: dict[str, tuple[str, ...]] = {
-    # overridden: resume the loader, save its state, count rows, one pass per epoch, count real tokens,
-    # epochs of a pipeline (no max_steps check, the planned schedule), padpipe's loaders, row counts in logs
+OVERRIDES: dict[str, tuple[str, ...]] = {
+    # resume the loader, save its state, count rows, one pass per epoch, count real tokens, epochs of a
+    # pipeline (no max_steps check, the planned schedule), padpipe's loaders, row counts in logs
     "_validate_args": (),
     "get_train_dataloader": (),
     "get_eval_dataloader": ("eval_dataset",),
@@ -31,33 +29,24 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "create_scheduler": ("num_training_steps", "optimizer"),
     "log": ("logs", "start_time"),
     "predict": ("test_dataset", "ignore_keys", "metric_key_prefix"),
-    "_init_training_state": (
-        "max_steps",
-        "num_update_steps_per_epoch",
-        "num_train_epochs",
-        "resume_from_checkpoint",
-        "trial",
+    "_init_training_state": tuple(
+        "max_steps num_update_steps_per_epoch num_train_epochs resume_from_checkpoint trial".split()
     ),
     "_save_checkpoint": ("model", "trial"),
     "_finalize_training": ("trial", "num_train_samples", "start_time"),
-    "_run_epoch": (
-        "model",
-        "epoch",
-        "train_dataloader",
-        "steps_in_epoch",
-        "num_update_steps_per_epoch",
-        "trial",
-        "ignore_keys_for_eval",
-        "start_time",
-        "resume_from_checkpoint",
-        "epochs_trained",
-        "steps_trained_in_current_epoch",
+    "_run_epoch": tuple(
+        "model epoch train_dataloader steps_in_epoch num_update_steps_per_epoch trial ignore_keys_for_eval start_time "
+        "resume_from_checkpoint epochs_trained steps_trained_in_current_epoch".split()
     ),
     "_track_num_input_tokens": ("inputs",),
     "get_batch_samples": ("epoch_iterator", "num_batches", "device"),
     "evaluation_loop": ("dataloader", "description", "prediction_loss_only", "ignore_keys", "metric_key_prefix"),
     "_get_num_items_in_batch": ("batch_samples", "device"),  # the loader's count of a window, else HF's
     "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),  # a filler batch's loss times 0
+}
+"""Each ``Trainer`` method ``padpipe.hf.Trainer`` overrides (all but ``__init__``), with its parameters."""
+HOOKS: dict[str, tuple[str, ...]] = {
+    **OVERRIDES,
     # called, or relied on: a loader's length makes the epochs' max_steps
     "set_initial_training_values": ("args", "dataloader"),
     "_wrap_model": ("model", "training", "dataloader"),
@@ -65,29 +54,8 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "_set_signature_columns_if_needed": (),
     "_prepare_inputs": ("inputs",),
 }
-"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in 5.18-5.25."""
-
-OVERRIDDEN = frozenset(
-    {
-        "_validate_args",
-        "get_train_dataloader",
-        "get_eval_dataloader",
-        "get_test_dataloader",
-        "create_scheduler",
-        "log",
-        "predict",
-        "_init_training_state",
-        "_save_checkpoint",
-        "_finalize_training",
-        "_run_epoch",
-        "_track_num_input_tokens",
-        "get_batch_samples",
-        "evaluation_loop",
-        "_get_num_items_in_batch",
-        "compute_loss",
-    }
-)
-"""The hooks of :data:`HOOKS` that ``padpipe.hf.Trainer`` overrides."""
+"""Each ``Trainer`` method padpipe overrides or relies on, with its parameters (after ``self``) in :data:`TESTED`."""
+OVERRIDDEN = frozenset(OVERRIDES)
 
 
 ATTRIBUTES: tuple[tuple[str, str, str, str], ...] = (
@@ -116,9 +84,8 @@ def private(owner: Any, name: str) -> Any:
         return getattr(owner, name)
     except AttributeError:
         raise ImportError(
-            f"padpipe.hf reads {module}.{cls}'s `{name}` ({why}), but this {type(owner).__name__} has none: install "
-            "a transformers and accelerate release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') "
-            "or a padpipe release for yours."
+            f"padpipe.hf reads {module}.{cls}'s `{name}` ({why}), but this {type(owner).__name__} has none: "
+            f"{INSTALL_TESTED} (and its accelerate)."
         ) from None
 
 
@@ -139,18 +106,16 @@ def check_hooks(trainer: type, version: str) -> None:
         if found != expected:
             shown = "missing" if found is None else f"{name}({', '.join(found)})"
             raise ImportError(
-                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) (transformers 5.18 to 5.25), "
-                f"but transformers {version} has {shown} instead: install a transformers release padpipe was tested "
-                "with (pip install 'transformers>=5.18,<=5.25') or a padpipe release for yours."
+                f"padpipe.hf needs transformers.Trainer.{name}({', '.join(expected)}) ({TESTED}), but transformers "
+                f"{version} has {shown} instead: {INSTALL_TESTED}."
             )
 
 
 def loss_shifts_labels(trainer: Any, version: str) -> bool:
     """Whether ``trainer`` counts ``num_items_in_batch`` on labels shifted one token (a causal LM's loss).
 
-    ``Trainer.__init__`` sets ``_loss_shifts_labels`` since transformers 5.11 (before it HF counted
-    a causal LM's labels unshifted, one token a row too many: padpipe needs 5.11). Raises
-    ``ImportError`` naming the attribute when a release no longer sets it as a bool.
+    ``Trainer.__init__`` sets ``_loss_shifts_labels`` since transformers 5.11; ``ImportError`` naming it
+    when a release no longer sets it as a bool.
 
     Example:
         >>> class Old: ...
@@ -163,8 +128,7 @@ def loss_shifts_labels(trainer: Any, version: str) -> bool:
     if not isinstance(shifts, bool):
         raise ImportError(
             "padpipe.hf needs transformers.Trainer's `_loss_shifts_labels` (a bool set in __init__ since "
-            f"transformers 5.11), but found {shifts!r} in transformers {version} instead: install a transformers "
-            "release padpipe was tested with (pip install 'transformers>=5.18,<=5.25') or a padpipe release for yours."
+            f"transformers 5.11), but found {shifts!r} in transformers {version} instead: {INSTALL_TESTED}."
         )
     return shifts
 
@@ -173,9 +137,8 @@ def turn_off_unused_loss_kwargs(trainer: Any, batch: dict[str, Any]) -> bool:
     """Set ``accepts_loss_kwargs = False`` (model and trainer) for a model whose loss ignores ``num_items_in_batch``.
 
     Checked only where HF would pass it and it matters: a model taking ``**kwargs`` that does not
-    say ``accepts_loss_kwargs`` itself, its own loss (no ``compute_loss_func``, no label smoothing),
-    gradient accumulation or ``average_tokens_across_devices`` on several processes. Returns whether
-    it was set (and logs a warning naming the model).
+    say ``accepts_loss_kwargs`` itself, its own loss, gradient accumulation or
+    ``average_tokens_across_devices`` on several processes. Returns whether it was set (and warns).
     """
     model, args = trainer.accelerator.unwrap_model(trainer.model), trainer.args
     scaled = args.gradient_accumulation_steps > 1 or (args.average_tokens_across_devices and args.world_size > 1)
@@ -202,8 +165,7 @@ def turn_off_unused_loss_kwargs(trainer: Any, batch: dict[str, Any]) -> bool:
 def loss_ignores_items(model: Any, inputs: dict[str, Any]) -> bool:
     """Whether ``model``'s loss on ``inputs`` is the same for ``num_items_in_batch`` n and 2n.
 
-    A loss that honours it halves; one that ignores it (a per-batch mean) does not, and then HF must
-    divide by the accumulation steps itself (``model.accepts_loss_kwargs = False``). Runs the model
+    A loss that honours it halves; one that ignores it (a per-batch mean) does not. Runs the model
     twice in eval mode without gradients, leaving every random state as it was.
 
     Example:

@@ -1,14 +1,10 @@
 """``padpipe.hf.Trainer``'s packing guard: a packed pipeline never trains a model that reads it wrong.
 
-On the first packed training batch, :func:`guard_columns` fixes what it safely can (it passes
-``use_cache=False`` to the training forward of an ``eager``/``sdpa`` model that would otherwise
-attend across documents, on every rank alike), refuses on every rank a model whose layers carry
-state across documents that no setting of this run keeps apart (:func:`padpipe.model_kind`: a
-recurrent layer, a kernel missing on this device, boundaries the column filter dropped, several
-rows for flash-linear-attention), and then, on rank 0, runs :func:`padpipe.check_packing` on that
-batch exactly as the model will get it. Where a document still sees another it raises
-:class:`padpipe.PackingError` before the first optimizer step, naming the cause and the fix.
-``Trainer(check_packing=False)`` turns the guard off.
+On the first packed training batch, :func:`guard_columns` passes ``use_cache=False`` where that
+alone fixes an ``eager``/``sdpa`` model, refuses on every rank a model whose layers carry state
+across documents that nothing here keeps apart (:func:`padpipe.model_kind`), then runs
+:func:`padpipe.check_packing` on rank 0 on that batch as the model gets it: a leak raises
+:class:`padpipe.PackingError` before the first step. ``Trainer(check_packing=False)`` turns it off.
 """
 
 from __future__ import annotations
@@ -28,15 +24,11 @@ OFF = "Pass `check_packing=False` to padpipe.hf.Trainer to train anyway."
 
 
 def guard_columns(trainer: Any, columns: Callable[[dict], dict]) -> Callable[[dict], dict]:
-    """``columns`` (the training column filter), checked on the first batch and fixed where that is safe.
+    """``columns`` (the training column filter), checked on the first batch, plus ``use_cache=False`` where safe.
 
     Args:
         trainer: The ``padpipe.hf.Trainer`` (its ``model``, ``args`` and ``accelerator``).
         columns: What the model is given of a batch as the loader yields it.
-
-    Returns:
-        The filter to use for every training batch: ``columns``, plus ``use_cache=False`` where
-        that fixes the model's packing.
 
     Example:
         >>> select = guard_columns(trainer, _columns(trainer, "training"))  # doctest: +SKIP

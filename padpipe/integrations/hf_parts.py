@@ -1,7 +1,4 @@
-"""The parts of ``padpipe.hf.Trainer`` that are not Trainer hooks: batches, outputs in row order, counts.
-
-Imported by :mod:`padpipe.hf` once ``transformers`` is known to be installed.
-"""
+"""The parts of ``padpipe.hf.Trainer`` that are not Trainer hooks: batches, outputs in row order, counts."""
 
 from __future__ import annotations
 
@@ -41,16 +38,13 @@ class EvalBatches:
 
 
 class Outputs:
-    """One rank's evaluation results: numpy arrays in its batch order, the loss summed over rows.
-
-    Tensors stay where the model made them until ``eval_accumulation_steps`` batches have come (or the
-    end), as in ``Trainer.evaluation_loop``.
-    """
+    """One rank's evaluation results: arrays in its batch order (moved off the device every
+    ``eval_accumulation_steps`` batches, as ``Trainer.evaluation_loop`` does), the loss summed over rows."""
 
     def __init__(self, *, keep_inputs: bool, keep_losses: bool, accumulate: int | None) -> None:
         self.keep_inputs, self.keep_losses, self.accumulate = keep_inputs, keep_losses, accumulate
-        self.rows = self.steps = self.loss_rows = self.finite_rows = 0
-        self.loss_sum = self.finite_sum = 0.0
+        self.rows = self.steps = 0
+        self.losses_rows: list[tuple[float, int]] = []  # each batch's loss and rows
         self.order: list[np.ndarray] = []
         self.preds, self.labels, self.inputs, self.losses = (EvalLoopContainer(padding_index=-100) for _ in range(4))
 
@@ -61,12 +55,7 @@ class Outputs:
             self.order.append(np.asarray(order, dtype=np.int64))
         per_row = None
         if loss is not None:
-            value = float(loss)
-            self.loss_sum += value * rows
-            self.loss_rows += rows
-            if np.isfinite(value):
-                self.finite_sum += value * rows
-                self.finite_rows += rows
+            self.losses_rows.append((float(loss), rows))
             per_row = loss.detach().reshape(1).repeat(rows) if self.keep_losses else None
         containers = (self.preds, self.labels, self.inputs, self.losses)
         for container, value in zip(containers, (logits, labels, inputs if self.keep_inputs else None, per_row)):
@@ -81,10 +70,7 @@ class Outputs:
         return {
             "rows": self.rows,
             "steps": self.steps,
-            "loss_sum": self.loss_sum,
-            "loss_rows": self.loss_rows,
-            "finite_sum": self.finite_sum,
-            "finite_rows": self.finite_rows,
+            "losses_rows": np.array(self.losses_rows, dtype=np.float64).reshape(-1, 2),
             "order": np.concatenate(self.order) if ordered else None,
             "ordered": ordered or self.steps == 0,
             "preds": self.preds.get_arrays(),
@@ -95,11 +81,8 @@ class Outputs:
 
 
 def eval_metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | None, prefix: str) -> dict[str, Any]:
-    """``compute_metrics`` of the merged outputs, the loss over rows and the row count, keys prefixed.
-
-    With ``logging_nan_inf_filter`` the loss is over the batches with a finite loss when there are
-    any, else over all (NaN or inf), as in ``Trainer.evaluation_loop``.
-    """
+    """``compute_metrics`` of the merged outputs, the loss over rows (with ``logging_nan_inf_filter``, over the
+    batches of finite loss where there are any, as ``Trainer`` does) and the row count, keys prefixed."""
     metrics: dict[str, Any] = {}
     if compute_metrics is not None and merged["preds"] is not None and merged["labels"] is not None:
         extra = {
@@ -108,10 +91,10 @@ def eval_metrics(merged: dict[str, Any], args: Any, compute_metrics: Callable | 
         }
         metrics = compute_metrics(EvalPrediction(predictions=merged["preds"], label_ids=merged["labels"], **extra))
     metrics = denumpify_detensorize(metrics)
-    if args.logging_nan_inf_filter and merged["finite_rows"]:
-        metrics["loss"] = merged["finite_sum"] / merged["finite_rows"]
-    elif merged["loss_rows"]:
-        metrics["loss"] = merged["loss_sum"] / merged["loss_rows"]
+    loss, rows = merged["losses_rows"].T
+    kept = np.isfinite(loss) if args.logging_nan_inf_filter and rows[np.isfinite(loss)].sum() else rows > 0
+    if rows[kept].sum():
+        metrics["loss"] = float((loss * rows)[kept].sum() / rows[kept].sum())
     metrics["samples"] = merged["rows"]
     return {k if k.startswith(f"{prefix}_") else f"{prefix}_{k}": v for k, v in metrics.items()}
 
@@ -146,8 +129,8 @@ def evaluation_model(trainer: transformers.Trainer) -> Any:
 
 def merge_outputs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """All ranks' results in rank order, then sorted by ``row_index`` when every batch had one."""
-    merged = {key: sum(p[key] for p in parts) for key in ("rows", "loss_sum", "loss_rows", "finite_sum", "finite_rows")}
-    merged["steps"] = max(p["steps"] for p in parts)
+    merged = {"rows": sum(p["rows"] for p in parts), "steps": max(p["steps"] for p in parts)}
+    merged["losses_rows"] = np.concatenate([p["losses_rows"] for p in parts])
     for key in ("preds", "labels", "inputs", "losses"):
         arrays = [p[key] for p in parts if p[key] is not None]
         merged[key] = None

@@ -1,10 +1,9 @@
 """``padpipe.hf.Trainer``'s training batches: one pass over the data per Trainer epoch, as HF runs a sized loader.
 
-A pipeline's pass has no length before it ends (token budgets decide the batch count), so HF's loop takes
-the branch for a loader without one. :class:`PassLength` gives that loop what a length would: the short
-last accumulation window of a pass gets its own optimizer step, and ``state.epoch`` goes on across a
-resume. :class:`TrainBatches` counts each pass's batches, rows and real tokens, and saves where it is
-(``loader.checkpoint()``, the pass, its batches, whether it ended) for an exact resume.
+A pass has no length before it ends, so HF's loop takes its branch for a loader without one;
+:class:`PassLength` gives it what a length would (the short last window its own optimizer step,
+``state.epoch`` going on across a resume). :class:`TrainBatches` counts each pass's batches, rows
+and real tokens, and saves where it is for an exact resume.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ _END = object()
 
 
 class Batch(dict):
-    """A training batch for the model, with the real tokens of the batch padpipe made (``tokens``) and the
-    loader's ``num_items_in_batch`` of its accumulation window (``loss_items``; ``None`` when not counted)."""
+    """A training batch, with its real tokens (``tokens``) and its window's ``num_items_in_batch`` (``loss_items``)."""
 
     tokens: int = 0
     loss_items: torch.Tensor | None = None
@@ -32,11 +30,9 @@ class Batch(dict):
 class PassLength(int):
     """``steps_in_epoch`` for ``Trainer._run_epoch`` over a pipeline, whose pass length is known at its end.
 
-    Its value is HF's bound for a loader without a length (``max_steps * gradient_accumulation_steps``).
-    Once the pass has ended, ``step + 1 == steps_in_epoch`` holds at its last batch, which is how HF's
-    loop closes the last, short window of a sized loader with its own optimizer step; and
-    ``(step + 1) / steps_in_epoch`` counts the batches of the pass read before a resume too, so
-    ``state.epoch`` goes on where the checkpoint left it.
+    Its value is HF's bound for a loader without a length. Once the pass has ended, ``step + 1 ==
+    steps_in_epoch`` holds at its last batch (so HF closes the last, short window with its own
+    optimizer step), and ``(step + 1) / steps_in_epoch`` counts the batches read before a resume too.
 
     Example:
         >>> batches = TrainBatches([], dict)
@@ -83,7 +79,6 @@ class TrainBatches:
 
     PASS = dict(epoch=Int(0), batches=Int(0), ended=Bool())  # the pass being read, its batches read, whether it ended
     STATE = StateSchema("padpipe.hf.Trainer", 2, checkpoint=Child(), **PASS)  # checkpoint: loader.checkpoint()
-    STATE_V1 = StateSchema("padpipe.hf.Trainer", 1, loader=Child(), **PASS)  # an older padpipe's, one file a rank
 
     def __init__(
         self, loader: Any, columns: Callable[[dict], dict], tokens: Callable[[dict], int] = lambda batch: 0
@@ -119,8 +114,7 @@ class TrainBatches:
         A collective over the loader's ranks. It reads one batch ahead to learn whether the pass ended; that
         batch is kept in the checkpoint as fetched and not trained (the loader must keep one: ``keep_untrained(1)``).
         """
-        if self._it is not None and not self.ended and self._peeked is _END:
-            self._peeked = self._next()
+        self.peek()
         return self.STATE.make(
             {},
             checkpoint=self.loader.checkpoint(untrained=int(self._peeked is not _END)),
@@ -129,20 +123,21 @@ class TrainBatches:
             ended=self.ended,
         )
 
-    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (this rank's part, or on another number of ranks the elastic share of
-        them all), or from the list of every rank's state of an older padpipe (:attr:`STATE_V1`)."""
-        if isinstance(state, list):
-            loaded = [self.STATE_V1.check(s, {}) for s in state]
-            self.loader.load_state_dict([s.loader for s in loaded])
-        else:
-            loaded = [self.STATE.check(state, {})]
-            self.loader.load_state_dict(loaded[0].checkpoint)
-        first = loaded[0]
+        them all)."""
+        loaded = self.STATE.check(state, {})
+        self.loader.load_state_dict(loaded.checkpoint)
         self.ended = False
-        self.epoch = first.epoch + first.ended
-        self.offset = 0 if first.ended else first.batches
+        self.epoch = loaded.epoch + loaded.ended
+        self.offset = 0 if loaded.ended else loaded.batches
         self._started = self._resumed = True
+
+    def peek(self) -> bool:
+        """Whether the pass has no batch after the last one given out (read one ahead, given out next)."""
+        if self._it is not None and not self.ended and self._peeked is _END:
+            self._peeked = self._next()
+        return self.ended
 
     def _next(self) -> Any:
         if self._peeked is not _END:
@@ -166,8 +161,7 @@ def real_tokens(pad_id: int | None, label_pad_id: int) -> Callable[[dict], int]:
     """Count a padpipe batch's real tokens: ``attention_mask`` of padded rows, all but each packed row's padding.
 
     A packed row's padding is its last segment (``cu_seq_lens_q``) when every slot there holds
-    ``pad_id`` and ``label_pad_id``; a one-token document of just ``pad_id`` at a row's end reads as
-    padding.
+    ``pad_id`` and ``label_pad_id``.
 
     Example:
         >>> count = real_tokens(0, -100)
@@ -201,9 +195,7 @@ def counts_as_hf(trainer: Any) -> bool:
     """Whether the loader's ``num_items_in_batch`` is what ``Trainer._get_num_items_in_batch`` would compute.
 
     It is when HF sums the count over the ranks too (``average_tokens_across_devices``, or one
-    process) and divides it by nothing (no ``DataParallel``, no tensor, context or sequence
-    parallelism): then the loader counts each window, ``gradient_accumulation_steps`` batches of
-    one pass (the last one short), as HF's loop reads it.
+    process) and divides it by nothing (no ``DataParallel``, tensor, context or sequence parallelism).
     """
     args = trainer.args
     split = trainer.get_tp_size() * trainer.get_cp_size() * trainer.get_sp_size()

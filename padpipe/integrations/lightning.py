@@ -1,22 +1,10 @@
 """Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop.
 
-Lightning checkpoints a train loader that has ``state_dict``/``load_state_dict``, but its own call
-would save the loader's position one batch late (its loop fetches a batch ahead) and from rank 0
-only. :class:`ExactResume`, a callback, fixes both through Lightning's public hooks:
-
-- for a ``pipe.loader(...)`` returned from ``train_dataloader()``, it tells the loader after each
-  step that a batch was trained, and saves in the loader's place in Lightning's checkpoint the
-  loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint`: every rank's position and the batches
-  fetched and not trained, which the loader, restored by Lightning, returns first. When ``fit``
-  stops at ``max_steps`` inside an epoch, or ``limit_train_batches`` cuts it short, Lightning counts
-  that epoch as done: so does the loader.
-- for any other stateful loader (a ``StatefulDataLoader``), wrap it in :class:`LightningLoader`,
-  whose state holds the same; the callback tells it which batches the loop has trained.
-
-Without the callback, a fit that will save a ``pipe.loader()`` (a ``ModelCheckpoint``, Lightning's
-default) or resumes one raises at its first batch, before any step, naming it; one that can only
-save it through ``trainer.save_checkpoint`` warns, and that save raises
-(:mod:`padpipe.integrations.loader_guard`). A ``LightningLoader`` raises at its first batch too.
+Lightning's own save of a stateful train loader is one batch late (its loop fetches a batch ahead)
+and rank 0's only. The :class:`ExactResume` callback fixes both through Lightning's public hooks
+for a ``pipe.loader(...)`` returned from ``train_dataloader()``; wrap any other stateful loader (a
+``StatefulDataLoader``) in :class:`LightningLoader`. Without the callback, a fit that will save or
+resumes a ``pipe.loader()`` raises at its first batch, naming it (:mod:`padpipe.integrations.loader_guard`).
 
 Example:
     >>> import lightning as L  # doctest: +SKIP
@@ -31,23 +19,21 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from padpipe._optional import require
-from padpipe.checkpoints import CHECKPOINT, gathered, own_part
+from padpipe.checkpoints import gathered, own_part
 from padpipe.integrations.loader_guard import LOADER_SLOT, fit_trainer, held, hold, train_loaders
 from padpipe.loader import PipelineLoader
-from padpipe.runtime.held import Held
+from padpipe.runtime.held import Untrained
 from padpipe.sharing.ranks import ranks
-from padpipe.state import ListOf, Plain, StateMismatchError, StateSchema
+from padpipe.state import StateMismatchError
 
 pl = require("lightning.pytorch", "padpipe.integrations.lightning")
 
 MAX_AHEAD = 2
 """Batches yielded and not yet taken by the loop, at most: Lightning fetches one ahead."""
-OLD_STATE = StateSchema("LightningLoader", 2, ranks=ListOf(Plain()))
-"""The state of padpipe's LightningLoader before it saved :data:`~padpipe.checkpoints.CHECKPOINT` (the same parts)."""
 NEEDS_CALLBACK = (
     "LightningLoader needs `padpipe.integrations.lightning.ExactResume()` in `Trainer(callbacks=...)` (it tells the "
     "loader which batches were trained on), and must be returned from `train_dataloader()` only."
@@ -58,14 +44,10 @@ class LightningLoader:
     """A loader whose ``state_dict()`` is the position after the batches Lightning has trained on.
 
     Iterates ``loader`` (a ``pipe.loader(...)``, or any loader with ``state_dict`` and
-    ``load_state_dict``), remembering the batches Lightning has fetched but not yet given to
-    ``training_step`` (one, as Lightning fetches ahead). Its state holds the loader's state and
-    those batches, for every rank (rank 0 writes the checkpoint for all); after
-    ``load_state_dict`` it yields them first, so training continues with exactly the batch that
-    comes next. Return it from ``train_dataloader()`` and add :class:`ExactResume` to the
-    ``Trainer``'s callbacks. States are plain data (the loader's state and batch tensors, kept on
-    the CPU and moved back to the loader's ``device`` when yielded after a resume), so
-    checkpoints load with Lightning's default ``weights_only``.
+    ``load_state_dict``); its state is :meth:`~padpipe.loader.PipelineLoader.checkpoint`'s: every
+    rank's loader state and the batches fetched and not trained (on the CPU), which come first after
+    ``load_state_dict``. A ``pipe.loader()`` keeps those itself; another loader's are kept here.
+    Return it from ``train_dataloader()``, with :class:`ExactResume` in the ``Trainer``'s callbacks.
 
     Args:
         loader: The loader to wrap.
@@ -91,72 +73,78 @@ class LightningLoader:
                 f"{type(loader).__name__} instead."
             )
         self.loader = loader
-        self._ahead = Held()
-        self._restored = Held(device=getattr(loader, "device", None))
+        self._untrained = Untrained()  # another loader's batches fetched, not trained (a pipe.loader() keeps its own)
+        self._untrained.keep(MAX_AHEAD)
+        if isinstance(loader, PipelineLoader):
+            loader.keep_untrained(MAX_AHEAD)
 
     def __iter__(self) -> Iterator[Any]:
         trainer = fit_trainer(self, "__iter__")  # at the first batch: Lightning's fit without the callback fails now
         if trainer is not None and not held(trainer):
             raise RuntimeError(NEEDS_CALLBACK)
-        self._ahead.clear()
-        restored = list(self._restored)
-        self._restored.clear()
-        for batch in _chain(restored, self.loader):
-            self._ahead.append(_copy(batch))
-            if len(self._ahead) > MAX_AHEAD:
+        if isinstance(self.loader, PipelineLoader):  # it returns its restored batches first and counts the rest
+            for batch in self.loader:
+                if self.loader.untrained > MAX_AHEAD:
+                    raise RuntimeError(NEEDS_CALLBACK)
+                yield batch
+            return
+        kept = self._untrained
+        kept.outstanding = 0
+        for batch in self._restored_then(self.loader):
+            kept.note(dict(batch) if isinstance(batch, dict) else batch)  # a step popping keys leaves it whole
+            if kept.outstanding > MAX_AHEAD:
                 raise RuntimeError(NEEDS_CALLBACK)
             yield batch
 
+    def _restored_then(self, loader: Any) -> Iterator[Any]:
+        while self._untrained.restored:
+            yield self._untrained.restored.pop(0)
+        yield from loader
+
     def taken(self) -> None:
         """Note that the training loop trained the oldest batch fetched (called by :class:`ExactResume`)."""
-        if self._ahead:
-            self._ahead.pop(0)
         if isinstance(self.loader, PipelineLoader):
-            self.loader.trained()  # its stats() count the batches trained
+            self.loader.trained()  # and its stats() count the batches trained
+        else:
+            self._untrained.outstanding = max(0, self._untrained.outstanding - 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's loader state and its batches fetched but not trained (a collective under DDP).
-
-        The format of :meth:`~padpipe.loader.PipelineLoader.checkpoint`, so a ``pipe.loader()``
-        saved through this wrapper resumes bare (under ``ExactResume``) and the other way round.
-        """
-        return gathered(self.loader.state_dict(), self._ahead, getattr(self.loader, "group", None))
+        """Every rank's loader state and its batches fetched but not trained (a collective under DDP)."""
+        if isinstance(self.loader, PipelineLoader):
+            return self.loader.checkpoint(untrained=self.loader.untrained)
+        ahead = self._untrained.last(self._untrained.outstanding)
+        return gathered(self.loader.state_dict(), ahead, getattr(self.loader, "group", None))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume this rank's share from ``state`` at the next ``iter()``.
 
         A ``pipe.loader()`` takes the checkpoint itself, on any number of ranks (an elastic resume,
-        docs/elastic.md: every rank's batches fetched ahead are shared out with the rest of the
-        epoch). Any other loader resumes on as many ranks as saved it. A state of padpipe's older
-        LightningLoader format (version 2) is read as the same checkpoint.
+        docs/elastic.md). Any other loader resumes on as many ranks as saved it.
         """
-        if isinstance(state, Mapping) and state.get("version") == OLD_STATE.version:
-            state = CHECKPOINT.make({}, ranks=OLD_STATE.check(state, {}).ranks)
         if isinstance(self.loader, PipelineLoader):
-            self.loader.load_state_dict(state)  # it checks the checkpoint and returns its own batches ahead first
-        else:
-            parts = own_part(state)
-            rank, world = ranks(getattr(self.loader, "group", None))
-            if len(parts) != world:
-                raise StateMismatchError(
-                    f"LightningLoader state was saved by {len(parts)} ranks, but this run has {world}: only a "
-                    "pipe.loader() resumes on another number of ranks (docs/elastic.md)."
-                )
-            self.loader.load_state_dict(parts[rank]["loader"])
-            self._restored.restore(parts[rank]["ahead"])
+            self.loader.load_state_dict(state)
+            return
+        parts = own_part(state)
+        rank, world = ranks(getattr(self.loader, "group", None))
+        if len(parts) != world:
+            raise StateMismatchError(
+                f"LightningLoader state was saved by {len(parts)} ranks, but this run has {world}: only a "
+                "pipe.loader() resumes on another number of ranks (docs/elastic.md)."
+            )
+        self.loader.load_state_dict(parts[rank]["loader"])
+        self._untrained.restore(parts[rank]["ahead"], getattr(self.loader, "device", None))
 
 
 class ExactResume(pl.Callback):
     """Makes Lightning's checkpoints of the train loaders exact: every rank's position after the batches trained.
 
-    For each ``pipe.loader(...)`` among the train loaders: after each training step it notes the
-    batch trained (:meth:`~padpipe.loader.PipelineLoader.trained`), and in each checkpoint it puts
-    the loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint` (gathered from every rank, a
-    collective as Lightning's checkpoint already is) where Lightning keeps the loader's state, so
-    Lightning's own restore resumes it exactly. For each :class:`LightningLoader` it notes the
-    batches the loop has trained. Each epoch a ``pipe.loader()`` (bare or wrapped) reads is the one
-    Lightning runs (one cut short by ``limit_train_batches`` ends there). Warns at the start of training
-    when no train loader is either; refuses several train loaders (it keeps one exact).
+    For each ``pipe.loader(...)`` among the train loaders it notes each batch trained
+    (:meth:`~padpipe.loader.PipelineLoader.trained`) and puts the loader's
+    :meth:`~padpipe.loader.PipelineLoader.checkpoint` (every rank's position and the batches fetched
+    and not trained) where Lightning keeps the loader's state, so Lightning's own restore resumes it
+    exactly; a :class:`LightningLoader` is told the batches trained. Each epoch such a loader reads is
+    the one Lightning runs (a fit stopped at ``max_steps`` or cut by ``limit_train_batches`` ends it).
+    Warns when no train loader is either; refuses several train loaders (it keeps one exact).
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP
@@ -250,13 +238,3 @@ def _flattened(trainer: pl.Trainer) -> list[Any]:
     """The train loaders in the order Lightning keeps their states (its ``CombinedLoader``'s)."""
     loaders = trainer.train_dataloader
     return [] if loaders is None else list(pl.utilities.CombinedLoader(loaders).flattened)
-
-
-def _chain(first: list[Any], loader: Any) -> Iterator[Any]:
-    yield from first
-    yield from loader
-
-
-def _copy(batch: Any) -> Any:
-    """A shallow copy, so a ``training_step`` that pops keys does not change the batch kept for the state."""
-    return dict(batch) if isinstance(batch, dict) else batch

@@ -1,22 +1,13 @@
 """What a ``pipe.loader()`` learns from the framework iterating, saving or restoring it.
 
 Lightning trains on, saves and restores a ``pipe.loader()`` returned from ``train_dataloader()``
-(its ``CombinedLoader`` takes the loader's batches and calls its ``state_dict`` and ``load_state_dict``).
-Without the ``ExactResume`` callback those states would be one batch late (the loop fetches a
-batch ahead) and rank 0's only, and a resumed run's epochs would not follow Lightning's, so:
-
-- at the fit's first batch (fetched before any step), a ``Trainer`` that will save it (a
-  ``ModelCheckpoint``, Lightning's default) or resumes a checkpoint raises, before any step; one
-  that can only save it through ``trainer.save_checkpoint`` warns;
-- saving raises, and restoring a state this padpipe did not save with the callback raises,
-  naming the state's version when an older padpipe saved it.
-
-Accelerate's ``save_state`` saves a loader given to ``register_for_checkpointing`` from rank 0
-alone, which no other rank can resume from: with several processes it raises when it saves.
-
-The callback holds its ``Trainer`` (:func:`hold`, in its ``setup`` hook, before the first
-batch). Each check only raises or warns: what the loader does never depends on who calls it.
-Nothing here imports a framework, and nothing runs unless one is already imported.
+(its ``CombinedLoader`` calls ``state_dict``/``load_state_dict``). Without the ``ExactResume``
+callback (which :func:`hold`-s its ``Trainer`` before the first batch) those states would be one
+batch late and rank 0's only, so: at the fit's first batch, a ``Trainer`` that will save the loader
+or resumes raises before any step (one that can only save it through ``trainer.save_checkpoint``
+warns); saving raises; restoring a state this padpipe did not save with the callback raises, naming
+its version. Accelerate's ``save_state`` of a registered loader (rank 0's state alone) raises on
+several processes. Each check only raises or warns; nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ from padpipe.sharing.ranks import ranks
 from padpipe.state import CHECKSUM_KEY, SETTINGS_KEY, VERSION_KEY
 
 LIGHTNING_COMBINED = ("lightning.pytorch.utilities.combined_loader", "pytorch_lightning.utilities.combined_loader")
-"""The module of Lightning's ``CombinedLoader``, whose methods take a train loader's batches and call its state
-methods."""
+"""The module of Lightning's ``CombinedLoader``, which takes a train loader's batches and calls its state methods."""
 LIGHTNING_TRAINER = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 """The module of Lightning's ``Trainer``, whose method frames lie above every call of its loops."""
 LOADER_SLOT = ("loops", "fit_loop", "state_dict", "combined_loader")
@@ -101,11 +91,9 @@ def check_loader_caller(loader: Any, method: str, state: Any) -> None:
     """Raise (or warn) when a framework iterates, saves or restores ``loader`` in a way that cannot resume exactly.
 
     Registered in :mod:`padpipe.drivers`, asked by ``PipelineLoader.state_dict`` and ``load_state_dict``
-    (``method``; ``state``: the state being loaded) and by each epoch's iterator at its first batch
-    (``"__next__"``; ``loader`` is then that iterator). Lightning is the caller when the first method
-    above is its ``CombinedLoader``'s (it takes the batch or saves or restores the loader); its ``Trainer``, above
-    that, tells whether the ``ExactResume`` callback is there (:func:`hold`) and whether the fit
-    will save the loader (``trainer.checkpoint_callbacks``) or resumes (``trainer.ckpt_path``).
+    (``state``: the state being loaded) and by each epoch's iterator at its first batch (``"__next__"``).
+    Lightning is the caller when the first method above is its ``CombinedLoader``'s; its ``Trainer``
+    above tells whether ``ExactResume`` is there (:func:`hold`) and whether the fit saves or resumes.
 
     Example:
         >>> check_loader_caller(pipe.loader(), "state_dict", None)  # doctest: +SKIP
@@ -157,10 +145,8 @@ def _check_fit_start(trainer: Any) -> None:
             f"Lightning is resuming pipe.loader() from {trainer.ckpt_path} without the {EXACT_RESUME} callback, so "
             f"its epochs would not follow Lightning's: add `callbacks=[{EXACT_RESUME}]` to the Trainer."
         )
-    saves = [
-        one for one in trainer.checkpoint_callbacks if getattr(one, "save_top_k", 1) or getattr(one, "save_last", 0)
-    ]
-    saving = sorted({type(one).__name__ for one in saves})  # ModelCheckpoint(save_top_k=0) without save_last: never
+    callbacks = trainer.checkpoint_callbacks  # ModelCheckpoint(save_top_k=0) without save_last never saves
+    saving = sorted({type(c).__name__ for c in callbacks if getattr(c, "save_top_k", 1) or getattr(c, "save_last", 0)})
     if saving:
         raise RuntimeError(f"Lightning will save pipe.loader() in its checkpoints ({', '.join(saving)}) {WITHOUT}")
     warnings.warn(f"Lightning may save pipe.loader() in `trainer.save_checkpoint(...)` {WITHOUT}", stacklevel=2)

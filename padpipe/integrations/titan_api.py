@@ -1,10 +1,7 @@
-"""Every contact of padpipe with torchtitan's API, in one table, checked when the adapter is imported.
+"""Every contact of padpipe with torchtitan's API, in one table (:data:`CONTACTS`), checked at import.
 
-:data:`CONTACTS` names each torchtitan (0.3.0) object :mod:`padpipe.integrations.torchtitan` uses or
-relies on, and what it relies on. :func:`check_api` checks the ones that can be checked without
-running a trainer and raises ``ImportError`` naming the contact when an installed torchtitan
-differs; tests/integrations/test_torchtitan_api.py pins every row, the trainer's included (read
-from its source, which needs CUDA-side packages to import).
+:func:`check_api` raises ``ImportError`` naming the contact where an installed torchtitan differs in
+what can be checked without a trainer; tests/integrations/test_torchtitan_api.py pins every row.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """torchtitan's batches from padpipe's packed ones: ``({"input": ids, "positions": positions}, labels)``.
 
-torchtitan 0.3.0's trainer does not shift labels: its loaders give each position the token it must
-predict (its text loader shifts inside each document, so a document's last token predicts
-nothing). :func:`titan_batch` does the same to a ``.pack()`` batch, whose labels are unshifted
-(HF's convention, ``-100`` at each document's first token and at padding): a position's label is
-the next position's, so it is ``-100`` at each document's last token, at padding, on masked SFT
-tokens (``.chat()``) and at the row's end. Every batch is exactly ``rows`` x ``seq_len``: a short batch
-(the epoch's last, or one that equal steps split) is filled with rows that train nothing
-(:func:`fill_rows`), a piece of a row that equal steps cut (as long as its tokens) with a padding
-run that trains nothing, and a batch equal steps marks ``"is_filler"`` trains nothing either. A piece
-that starts inside a document has its positions start at 0 there: torchtitan's flex and varlen masks
-start a document only where positions are 0 (RoPE sees the same distances).
-
-Pure ``torch``: no torchtitan import here (:mod:`padpipe.integrations.torchtitan` uses it).
+torchtitan 0.3.0 does not shift labels (a position's label is the token it predicts), so
+:func:`titan_batch` shifts a ``.pack()`` batch's within each document: ``-100`` at each document's
+last token, at padding and masked tokens. Every batch is exactly ``rows`` x ``seq_len``: a short
+batch is filled with rows that train nothing (:func:`fill_rows`), a piece of a row that equal steps
+cut with a padding run, and equal steps' filler trains nothing. A piece starting inside a document
+has its positions start at 0 there (torchtitan's masks start a document only where positions are 0).
+Pure ``torch``: no torchtitan import here.
 """
 
 from __future__ import annotations
@@ -34,8 +28,8 @@ def titan_batch(batch: Mapping[str, Any], *, rows: int, seq_len: int, pad_id: in
     """torchtitan's batch of ``batch`` (a ``.pack()`` batch) as ``rows`` x ``seq_len``, and how many rows were filled.
 
     Args:
-        batch: A packed batch: ``input_ids``, ``position_ids`` and ``labels``, ``[b, n]`` int64, ``b <= rows``,
-            ``n <= seq_len`` (a piece of a cut row is as long as its tokens: a padding run ends it).
+        batch: A packed batch: ``input_ids``, ``position_ids`` and ``labels``, ``[b, n]``, ``b <= rows``,
+            ``n <= seq_len``.
         rows: The rows torchtitan takes per batch (its ``local_batch_size``).
         seq_len: The tokens torchtitan takes per row.
         pad_id: The token id of filled rows and padding runs.
@@ -67,7 +61,8 @@ def titan_batch(batch: Mapping[str, Any], *, rows: int, seq_len: int, pad_id: in
             f"input_ids, position_ids and labels alike, but they are {shapes}."
         )
     shifted = torch.full_like(labels, IGNORE_INDEX)
-    if not _is_filler(batch):  # equal steps' filler: one real row, to train nothing
+    mark = batch.get(FILLER_KEY)
+    if not (isinstance(mark, torch.Tensor) and bool(mark)):  # equal steps' filler: one real row, to train nothing
         shifted[:, :-1] = labels[:, 1:]
     lead = (positions == 0).cumsum(1) == 0  # a piece equal steps cut inside a document, up to the row's first 0:
     positions = torch.where(lead, positions - positions[:, :1], positions)  # torchtitan starts documents at 0
@@ -95,8 +90,3 @@ def fill_rows(rows: int, seq_len: int, pad_id: int) -> TitanBatch:
     ids = torch.full((rows, seq_len), pad_id, dtype=torch.int64)
     positions = torch.arange(seq_len, dtype=torch.int64).expand(rows, seq_len).contiguous()
     return {"input": ids, "positions": positions}, torch.full((rows, seq_len), IGNORE_INDEX, dtype=torch.int64)
-
-
-def _is_filler(batch: Mapping[str, Any]) -> bool:
-    mark = batch.get(FILLER_KEY)
-    return isinstance(mark, torch.Tensor) and bool(mark)

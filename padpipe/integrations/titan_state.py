@@ -1,27 +1,13 @@
 """The torchtitan loader's checkpoint state, and the data-parallel group it shares the data in.
 
-torchtitan saves the loader's ``state_dict()`` with ``torch.distributed.checkpoint`` (DCP) under
-``"dataloader"``. DCP flattens dicts, and lists that hold tensors, into one key per leaf, and at
-load reads only the keys that the new loader's ``state_dict()`` names; a value that is no dict or
-list (bytes, a number) is one leaf, written by one rank (the same key on every rank is written
-once) and read whole by every rank. So a per-rank key cannot reach a different number of ranks,
-and padpipe's states (dicts with tensors: buffered rows and batches) would not keep their shape.
-
-The state here is one key, :data:`KEY`, holding :data:`STATE`: the loader's
-:meth:`~padpipe.loader.PipelineLoader.checkpoint` (every data-parallel rank's position, gathered
-into one value, the same on every rank: tensor-, context- and pipeline-parallel peers of a DP rank
-read the same data) and torchtitan's own counts (batches yielded, batches per optimizer step,
-epochs done: the same on every DP rank, which take equal steps), serialized with ``torch.save``
-into bytes: plain data (dicts, lists, numbers, tensors) inside, read back with
-``torch.load(weights_only=True)`` and checked by its schema. Every new rank gets every saved
-rank's position, which is what an elastic resume needs. A state of an older padpipe (version 1:
-each rank's entry apart, :data:`RANK`) is read too.
-
-The state carries the loader's :func:`recipe` as its settings: the data (the pipeline's reader and
-what it reads), the tokenizer and ``seq_len``. ``load_state_dict`` checks them when it is called,
-inside torchtitan's ``CheckpointManager.load``, so a checkpoint of another dataset, tokenizer or
-``seq_len`` is refused there in one line, not at the first batch after the model was loaded (the
-rest of the pipeline's settings are checked by its stages at the first batch).
+torchtitan saves the loader's ``state_dict()`` with DCP, which flattens dicts (and lists holding
+tensors) into one key per leaf and reads back only the keys the new loader names: a per-rank key
+cannot reach another number of ranks. So the state is one key, :data:`KEY`, whose value is bytes
+(``torch.save`` of :data:`STATE`: plain data, read back with ``weights_only=True``), one leaf the
+same on every rank: the loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint` (every DP rank's
+position) and torchtitan's counts. Its settings are the loader's :func:`recipe` (the data, the
+tokenizer, ``seq_len``), checked inside torchtitan's ``CheckpointManager.load``, so a checkpoint
+of another run is refused there in one line, before the model loads.
 """
 
 from __future__ import annotations
@@ -34,7 +20,7 @@ from typing import Any
 import torch
 
 from padpipe.sharing.ranks import all_ranks
-from padpipe.state import Child, Int, ListOf, Loaded, StateMismatchError, StateSchema
+from padpipe.state import Child, Int, StateMismatchError, StateSchema
 
 KEY = "padpipe"
 """The one key of the loader's state (``"dataloader.padpipe"`` in a torchtitan checkpoint)."""
@@ -46,9 +32,6 @@ COUNTS = dict(
 )
 STATE = StateSchema("PadpipeDataLoader", 2, checkpoint=Child(), **COUNTS)  # settings: the loader's recipe()
 """``loader.checkpoint()`` (:data:`padpipe.checkpoints.CHECKPOINT`) and torchtitan's counts."""
-STATE_V1 = StateSchema("PadpipeDataLoader", 1, ranks=ListOf(Child()))  # an older padpipe: every DP rank's RANK state
-RANK = StateSchema("PadpipeDataLoader rank", 2, loader=Child(), **COUNTS)  # settings: the loader's recipe()
-RANK_V1 = StateSchema("PadpipeDataLoader rank", 1, loader=Child(), **COUNTS)  # saved without a recipe
 SOURCE_OPTIONS = ("paths", "columns", "iterable", "dataset")
 """The reader options that say what a pipeline reads (not how: retries, credentials, chunk sizes)."""
 HASHED_ITEMS = 100_000
@@ -103,11 +86,8 @@ def _shown(value: Any) -> str:
 
 
 def _tokenizers(pipe: Any) -> str:
-    found = (
-        [_tokenizers(part) for _, part in sorted(pipe.source.options["pipelines"].items())]
-        if (pipe.source.name == "mix")
-        else []
-    )
+    parts = sorted(pipe.source.options["pipelines"].items()) if pipe.source.name == "mix" else []
+    found = [_tokenizers(part) for _, part in parts]
     for stage in pipe.stages:
         if stage.name in ("tokenize", "chat"):
             found += [v.fingerprint() for v in stage.options.values() if callable(getattr(v, "fingerprint", None))]
@@ -117,18 +97,13 @@ def _tokenizers(pipe: Any) -> str:
 def unpacked(state: Any, expected: Mapping[str, Any] | None = None) -> Any:
     """A loader state's :data:`STATE`, checked and loaded (fields as attributes).
 
-    A state of an older padpipe (:data:`STATE_V1`, each DP rank's :data:`RANK` entry apart) is read
-    as one: its ``checkpoint`` is then the list of every rank's loader state (which
-    ``PipelineLoader.load_state_dict`` takes too).
-
     Args:
         state: The loader state (``{"padpipe": bytes}``).
-        expected: The loading loader's :func:`recipe`, which the saved one must equal (``None``: not checked). A
-            version-1 rank's entry holds none: its recipe is left to the stages to check.
+        expected: The loading loader's :func:`recipe`, which the saved one must equal (``None``: not checked).
 
     Raises:
-        StateMismatchError: ``state`` is not this loader's, is invalid, or was saved with another recipe (data,
-            tokenizer or ``seq_len``).
+        StateMismatchError: ``state`` is not this loader's, is of another version, is invalid, or was saved with
+            another recipe (data, tokenizer or ``seq_len``).
     """
     blob = state.get(KEY) if isinstance(state, Mapping) else None
     if not isinstance(blob, bytes):
@@ -141,35 +116,16 @@ def unpacked(state: Any, expected: Mapping[str, Any] | None = None) -> Any:
         loaded = torch.load(io.BytesIO(blob), weights_only=True)
     except Exception as exc:  # any unpickling failure: the bytes are not a state this loader wrote
         raise StateMismatchError(f"PadpipeDataLoader state {KEY!r} could not be read: {exc}") from None
-    if isinstance(loaded, Mapping) and loaded.get("version") == STATE_V1.version:
-        return _from_v1(STATE_V1.check(loaded, {}).ranks, expected or {})
     return STATE.check(loaded, expected or {})
-
-
-def _from_v1(ranks: list[Any], expected: Mapping[str, Any]) -> Loaded:
-    """A version-1 state (every rank's entry apart) as a :data:`STATE`'s fields."""
-    if not ranks:
-        raise StateMismatchError("PadpipeDataLoader state holds no rank's state: it must hold every saved DP rank's.")
-    old = [isinstance(one, Mapping) and one.get("version") == RANK_V1.version for one in ranks]
-    saved = [RANK_V1.check(one, {}) if v1 else RANK.check(one, expected) for one, v1 in zip(ranks, old)]
-    where = {tuple(s[key] for key in COUNTS) for s in saved}
-    if len(where) > 1:
-        raise StateMismatchError(
-            "PadpipeDataLoader state: the saved DP ranks were at different steps (batches yielded, batches per "
-            f"step, epochs done: {sorted(where)}); pass the state of one checkpoint."
-        )
-    return Loaded(dict(zip(COUNTS, where.pop()), checkpoint=[s.loader for s in saved]))
 
 
 def data_parallel_group(dp_rank: int, dp_world_size: int) -> Any:
     """The process group of this process's data-parallel peers, found from every process's DP rank (a collective).
 
-    torchtitan 0.3.0 builds its loader with ``dp_rank`` and ``dp_world_size`` only. Ranks with the
-    same DP rank (tensor-, context-, pipeline-parallel peers) read the same data; each group holds
-    one rank of every DP rank: the ``j``-th process (by global rank) of each DP rank, which for a
-    device mesh laid out in row-major order, as torchtitan's, are the ranks that share every other
-    coordinate. ``None`` (the world) where every process is its own DP rank in global-rank order;
-    new gloo groups otherwise (made once, by every rank in the same order).
+    torchtitan 0.3.0 builds its loader with ``dp_rank`` and ``dp_world_size`` only. Each group holds
+    the ``j``-th process (by global rank) of every DP rank: in a row-major device mesh, as
+    torchtitan's, the ranks sharing every other coordinate. ``None`` (the world) where every process
+    is its own DP rank in global-rank order; new gloo groups otherwise (made by every rank in order).
 
     Raises:
         ValueError: The processes' DP ranks and sizes do not make equal groups, or a group would

@@ -1,13 +1,9 @@
 """torchtitan's tokenizer as padpipe tokenizes with it: the same ids as torchtitan's text loader.
 
-torchtitan 0.3.0's text loader encodes each document with ``tokenizer.encode(text, add_bos=True,
-add_eos=True)``: its ``HuggingFaceTokenizer`` runs the ``tokenizers`` model with the tokenizer's own
-template, then inserts BOS and appends EOS where that template does not add them.
-:func:`as_padpipe` gives a ``tokenizers.Tokenizer`` whose ``encode(text).ids`` are exactly those
-ids, so ``pipe.tokenize(as_padpipe(tokenizer), truncation=False)`` reads documents as torchtitan does,
-save where the tokenizer's JSON fixes truncation or padding: torchtitan's ``encode`` then cuts or
-pads (``max_length`` 128: 128 ids), while padpipe tokenizes with ``truncation=False`` and yields
-the whole document.
+torchtitan 0.3.0 encodes a document with ``tokenizer.encode(text, add_bos=True, add_eos=True)``:
+the ``tokenizers`` model with its own template, then BOS and EOS where that template adds none.
+:func:`as_padpipe` gives a ``tokenizers.Tokenizer`` making exactly those ids (save where the
+tokenizer's JSON fixes truncation or padding: padpipe tokenizes whole documents).
 """
 
 from __future__ import annotations
@@ -29,9 +25,8 @@ def as_padpipe(titan: Any) -> Tokenizer:
         titan: A torchtitan ``HuggingFaceTokenizer`` (what torchtitan gives its loaders).
 
     Raises:
-        TypeError: ``titan`` has no ``tokenizers`` model or BOS/EOS attributes (another tokenizer class).
-        ValueError: The ids still differ on a probe text (a template that adds other tokens too):
-            build the pipeline yourself (``PadpipeDataLoader.Config(pipeline=...)``).
+        TypeError: ``titan`` has no ``tokenizers`` model or BOS/EOS attributes.
+        ValueError: The ids still differ on a probe text (a template that adds other tokens too).
 
     Example:
         >>> from torchtitan.components.tokenizer import HuggingFaceTokenizer  # doctest: +SKIP

@@ -1,30 +1,14 @@
 """torchtitan 0.3.0: pretrain from a padpipe pipeline; torchtitan checkpoints it, and it resumes on another DP degree.
 
 :class:`PadpipeDataLoader` is a ``torchtitan.components.dataloader.BaseDataLoader``: put its
-``Config`` in a trainer config (``config.dataloader = PadpipeDataLoader.Config(...)``) and the
-trainer builds it as it builds its own loaders. It yields torchtitan's batch,
-``({"input": ids, "positions": positions}, labels)``, ``[local_batch_size, seq_len]`` each, from
-packed rows (positions restart at each document, labels shifted within each document,
-:mod:`padpipe.integrations.titan_batches`). What it adds to torchtitan's own loaders:
-
-- **Data belongs to the DP coordinate.** Ranks of one DP rank (tensor-, context-, pipeline-parallel
-  peers) read the same batches; equal steps and the state are agreed in the DP group.
-- **Finite data on many ranks.** Every DP rank ends at the same step with every token of the
-  epoch once (padpipe's equal steps), then fills the last optimizer step with batches that train
-  nothing, so the data ends at a multiple of the batches torchtitan takes per optimizer step:
-  no step is cancelled and no rank hangs; torchtitan then stops ("ran out of data").
-- **Elastic resume.** Its state holds every DP rank's position in one value
-  (:mod:`padpipe.integrations.titan_state`), so a torchtitan checkpoint resumes on another number
-  of DP ranks (or loader workers), the rest of the epoch exactly once; torchtitan's own loaders
-  refuse a changed DP degree.
-- Packing, ``.chat()`` masks, mixing and the token cache of any padpipe pipeline.
-
-What the batch gives a model: positions that restart at each document and labels that never
-cross one, nothing else (no ``seq_idx``, ``cu_seq_lens_*``, no flat layout: torchtitan's batch is
-``[local_batch_size, seq_len]``). Attention stays within a document where torchtitan's own
-attention masking does that (its ``block_causal`` masks, which find documents from EOS tokens);
-a layer that carries state from token to token (Mamba, Gated DeltaNet, short convolutions, in a
-torchtitan model of one's own) carries it from one packed document into the next.
+``Config`` in a trainer config and the trainer builds it as its own loaders. It yields torchtitan's
+batch, ``({"input": ids, "positions": positions}, labels)``, ``[local_batch_size, seq_len]`` each,
+from packed rows (:mod:`padpipe.integrations.titan_batches`). Data belongs to the DP coordinate
+(tensor-, context- and pipeline-parallel peers read the same batches); every DP rank ends at the same
+step with every token once, the last optimizer step filled with batches that train nothing; its
+state holds every DP rank's position, so a checkpoint resumes on another number of DP ranks
+(:mod:`padpipe.integrations.titan_state`). Positions restart at each document and labels never
+cross one; nothing else keeps documents apart (docs/torchtitan.md).
 
 Example:
     >>> from padpipe.integrations.torchtitan import PadpipeDataLoader  # doctest: +SKIP
@@ -35,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -44,12 +29,12 @@ from typing import Annotated, Any
 
 from padpipe._optional import MissingDependencyError
 from padpipe.errors import positive
+from padpipe.inspection.formats import read_corpus
 from padpipe.integrations.titan_api import INSTALL, VERSION, check_api
 from padpipe.integrations.titan_batches import TitanBatch, fill_rows, titan_batch
 from padpipe.integrations.titan_state import STATE, data_parallel_group, packed, recipe, unpacked
 from padpipe.integrations.titan_tokenizer import as_padpipe
 from padpipe.pipeline import Pipeline
-from padpipe.recipes.formats import read_corpus
 from padpipe.runtime.rebalance import FILLER_KEY
 from padpipe.sharing.consumer import Consumer
 from padpipe.sharing.ranks import ranks
@@ -101,22 +86,17 @@ class PadpipeDataLoader(BaseDataLoader):
     """A torchtitan data loader over a padpipe pipeline of packed rows (see the module docs).
 
     Built by torchtitan's trainer as ``config.build(dp_world_size=, dp_rank=, tokenizer=, seq_len=,
-    local_batch_size=, snapshot_every_n_steps=)``; a script may pass ``group=`` too (the DP process
-    group, or a 1-D device mesh of it), else the DP group is found from every process's ``dp_rank``.
-    Without ``torch.distributed``, ``dp_rank`` of ``dp_world_size`` reads its share alone.
-
-    Each ``iter()`` goes on from where the loader is (torchtitan iterates it once); ``state_dict()``
-    is a collective over the DP group (every rank saves, as torchtitan's checkpoint does), and
-    ``load_state_dict()`` takes such a state saved on any number of DP ranks and workers.
-    ``snapshot_every_n_steps`` is taken and not needed: padpipe's state is exact at every batch.
+    local_batch_size=, snapshot_every_n_steps=)`` (not needed: the state is exact at every batch); a
+    script may pass ``group=`` (the DP process group, or a 1-D device mesh of it), else it is found
+    from every process's ``dp_rank``. Each ``iter()`` goes on from where the loader is;
+    ``state_dict()`` is a collective over the DP group, and ``load_state_dict()`` takes a state saved
+    on any number of DP ranks and workers.
 
     Attributes:
         loader: The ``pipe.loader()`` it reads (its ``stats()`` count rows, tokens, moves).
-        recipe: What a state to load must have been saved with (the data, the tokenizer and
-            ``seq_len``: :func:`padpipe.integrations.titan_state.recipe`), checked in ``load_state_dict``.
+        recipe: What a state to load must have been saved with (:func:`padpipe.integrations.titan_state.recipe`).
         counts: Rows filled into short batches (``filled_rows``), equal steps' filler batches
-            (``filler_batches``) and batches filling the last optimizer step (``end_batches``),
-            all training nothing, in this process.
+            (``filler_batches``) and batches filling the last optimizer step (``end_batches``), in this process.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -126,7 +106,7 @@ class PadpipeDataLoader(BaseDataLoader):
         pipeline: Annotated[Callable[..., Pipeline] | None, tyro.conf.Suppress] = None
         """``pipeline(tokenizer=, seq_len=, batch_size=)`` -> a padpipe pipeline ending in ``.pack(seq_len,
         batch_size=batch_size)`` (``tokenizer`` is torchtitan's: :func:`text_tokenizer` reads it as torchtitan
-        does). ``None``: read ``dataset_path`` (Parquet, Arrow or JSON Lines files: a path, glob or folder)."""
+        does). ``None``: read ``dataset_path`` (Parquet, Arrow, JSON Lines or CSV: a path, glob or folder)."""
 
         text_field: str = "text"
         """The column of each document's text (``dataset_path``)."""
@@ -178,20 +158,14 @@ class PadpipeDataLoader(BaseDataLoader):
         snapshot_every_n_steps: int | None = None,
         group: Any = None,
     ) -> None:
-        for name, value in (
-            ("dp_world_size", dp_world_size),
-            ("seq_len", seq_len),
-            ("local_batch_size", local_batch_size),
-        ):
-            positive(name, value)
+        positive("dp_world_size", dp_world_size)
+        positive("seq_len", seq_len)
+        positive("local_batch_size", local_batch_size)
         Consumer(rank=dp_rank, world_size=dp_world_size)  # checks dp_rank
         self.config, self.seq_len, self.rows = config, seq_len, local_batch_size
         self.batches_per_step = _batches_per_step(config.global_batch_size, local_batch_size, dp_world_size)
-        pipe = (
-            config.pipeline(tokenizer=tokenizer, seq_len=seq_len, batch_size=local_batch_size)
-            if config.pipeline is not None
-            else _text_pipeline(config, tokenizer, seq_len, local_batch_size)
-        )
+        make = config.pipeline or functools.partial(_text_pipeline, config)
+        pipe = make(tokenizer=tokenizer, seq_len=seq_len, batch_size=local_batch_size)
         self.pad_id = _pack_pad_id(pipe, seq_len, local_batch_size)
         self.recipe = recipe(pipe, seq_len)  # what a state to load must have been read with, checked at once
         self.group, consumer = _data_parallel(group, dp_rank, dp_world_size)
@@ -228,15 +202,9 @@ class PadpipeDataLoader(BaseDataLoader):
     def state_dict(self) -> dict[str, Any]:
         """Every DP rank's position (``loader.checkpoint()``) and this loader's counts, in one value the same on every
         rank (a collective over the DP group): :mod:`padpipe.integrations.titan_state`."""
-        return packed(
-            STATE.make(
-                self.recipe,
-                checkpoint=self.loader.checkpoint(),  # torchtitan trains each batch before it asks for the next
-                yielded=self._yielded,
-                batches_per_step=self.batches_per_step,
-                epochs=self._epochs,
-            )
-        )
+        counts = dict(yielded=self._yielded, batches_per_step=self.batches_per_step, epochs=self._epochs)
+        # torchtitan trains each batch before it asks for the next: nothing fetched ahead
+        return packed(STATE.make(self.recipe, checkpoint=self.loader.checkpoint(), **counts))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Go on from ``state_dict`` (saved on any number of DP ranks and workers) at the next ``iter()``.
@@ -267,8 +235,8 @@ def _batches_per_step(global_batch_size: int, rows: int, dp_world_size: int) -> 
     return global_batch_size // (rows * dp_world_size)
 
 
-def _text_pipeline(config: Any, tokenizer: Any, seq_len: int, rows: int) -> Pipeline:
-    """``dataset_path``'s documents, shuffled, tokenized as torchtitan does, packed into ``rows`` x ``seq_len``."""
+def _text_pipeline(config: Any, *, tokenizer: Any, seq_len: int, batch_size: int) -> Pipeline:
+    """``dataset_path``'s documents, shuffled, tokenized as torchtitan does, packed into rows of ``seq_len``."""
     rust = text_tokenizer(tokenizer)
     encoder = TextEncoder.load(rust, max_length=None, truncation=False, add_special_tokens=True)
     pad_id = next((i for i in (encoder.pad_id, encoder.eos_id, getattr(tokenizer, "eos_id", None)) if i is not None), 0)
@@ -276,7 +244,7 @@ def _text_pipeline(config: Any, tokenizer: Any, seq_len: int, rows: int) -> Pipe
         config.shuffle_buffer, seed=config.seed
     )
     pipe = pipe.tokenize(rust, fields=config.text_field, truncation=False, cache=config.cache)
-    return pipe.pack(seq_len, batch_size=rows, long_docs="split", pad_id=pad_id)
+    return pipe.pack(seq_len, batch_size=batch_size, long_docs="split", pad_id=pad_id)
 
 
 def _pack_pad_id(pipe: Any, seq_len: int, rows: int) -> int:

@@ -7,10 +7,7 @@ Example:
     >>> batch["input_ids"].shape, int(batch["chosen"][0, 0])
     (torch.Size([4, 1024]), 1)
 
-Run it from the command line (prints a few batch shapes, the pairs, the share of completion tokens, the packing or
-padding efficiency, and what was cut or dropped and why)::
-
-    python -m padpipe.recipes.dpo --data PATH [PATH ...] --tokenizer DIR [--seq-len N] [--mode pack|pad]
+Command line: ``python -m padpipe.recipes.dpo --help``.
 """
 
 from __future__ import annotations
@@ -23,9 +20,9 @@ from typing import Any, Literal
 import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe.errors import one_of, positive
+from padpipe.inspection.formats import records
 from padpipe.recipes import cli
 from padpipe.recipes.sft import DROPPED as CHAT_DROPPED
-from padpipe.recipes.sft import _records as records  # paths, a datasets dataset or a pipeline, as sft reads them
 
 DROPPED = {
     "preference.too_long": "its completions do not fit max_length with a token of prompt before them",
@@ -115,11 +112,8 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
     out = out or sys.stdout
     counters = stats.counters
     tokens, completion = counters.get("preference.tokens", 0), counters.get("preference.completion_tokens", 0)
-    share = completion / tokens if tokens else 0.0
-    print(
-        f"pairs: {counters.get('preference.rows', 0)}, completion tokens {completion} of {tokens} ({share:.1%})",
-        file=out,
-    )
+    share, pairs = completion / tokens if tokens else 0.0, counters.get("preference.rows", 0)
+    print(f"pairs: {pairs}, completion tokens {completion} of {tokens} ({share:.1%})", file=out)
     cut = counters.get("preference.prompt_cut", 0)
     print(f"prompt cut to max_length: {cut} pairs (their first tokens, alike in both members)", file=out)
     not_prefix = counters.get("preference.prompt_not_prefix", 0)
@@ -154,41 +148,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         0
     """
     parser = _command.parser(PROG, DESCRIPTION)
-    parser.add_argument(
-        "--data", required=True, nargs="+", metavar="PATH", help=f"files of pairs; {_shipped.data_help()}"
-    )
-    parser.add_argument(
-        "--tokenizer",
-        required=True,
-        metavar="DIR",
-        help=f"a pretrained folder with a chat template; {_shipped.tokenizer_help()}",
-    )
-    parser.add_argument("--seq-len", type=int, default=2048, metavar="N", help="tokens per packed row")
-    parser.add_argument("--mode", choices=("pack", "pad"), default="pack", help="pack pairs into rows, or pad them")
-    parser.add_argument("--batch-size", type=int, default=8, metavar="N", help="packed rows (pack) or pairs (pad)")
+    cli.data_arguments(parser, "pairs", "a pretrained folder with a chat template")
+    seq_len, mode = "tokens per packed row", "pack pairs into rows, or pad them"
+    cli.size_arguments(parser, seq_len=seq_len, modes=("pack", "pad"), mode=mode, batch="(pack), or pairs (pad)")
     parser.add_argument("--max-length", type=int, metavar="N", help="most tokens a member (default: seq-len/2 packed)")
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to use instead")
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise", help="a pair that cannot be read")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the file order, shuffle and batch order")
-    parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
+    cli.run_arguments(parser)
     args = parser.parse_args(argv)
     template = None if args.chat_template is None else Path(args.chat_template).read_text(encoding="utf-8")
     pipe = dpo(
         [_shipped.data(path) for path in args.data],
         _shipped.tokenizer(args.tokenizer),
-        seq_len=args.seq_len,
-        mode=args.mode,
-        batch_size=args.batch_size,
         max_length=args.max_length,
         chat_template=template,
         chat_options={"on_error": args.on_error},
-        seed=args.seed,
+        **cli.size_options(args),
     )
     max_length = next(s for s in pipe.stages if s.name == "preference").options["options"].max_length
     print(f"dpo {args.mode} seq_len={args.seq_len}, max_length={max_length}:")
-    efficiency = "packing" if args.mode == "pack" else "padding"
     unit = "pairs" if args.mode == "pack" else "members"
-    summary(cli.run(pipe, max_batches=args.max_batches, efficiency=efficiency, unit=unit))
+    summary(cli.run(pipe, max_batches=args.max_batches, unit=unit))
     return 0
 
 

@@ -7,10 +7,7 @@ Example:
     >>> sorted(batch)  # doctest: +SKIP
     ['attention_mask', 'idx', 'input_ids', 'labels', 'row_index', 'token_type_ids']
 
-Run it from the command line (prints a few batch shapes and the padding efficiency)::
-
-    python -m padpipe.recipes.glue --task mrpc --tokenizer PATH --data PATH [--split train]
-        [--batch-size N | --max-tokens N] [--max-batches N]
+Command line: ``python -m padpipe.recipes.glue --help``.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import pyarrow as pa
 import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe._progress import progress_stage
-from padpipe.errors import DataError, check_bool, positive
+from padpipe.errors import DataError, check_bool, check_seed, positive
 from padpipe.recipes import cli
 from padpipe.recipes.glue_data import SplitRows, columns_of, find_split, read_table
 
@@ -88,15 +85,12 @@ def glue(
 ) -> pp.Pipeline:
     """Padded, length-bucketed batches of one GLUE task's split.
 
-    The train split is shuffled (by ``seed``; each pass over a loader is the next epoch) and
-    bucketed from a ``buffer_size`` buffer. Evaluation and test splits are read in order, sorted
-    by length over the whole split (fastest inference), never dropped from, and every batch
-    carries ``row_index``: each row's position in the split, to put predictions back in order
-    (``preds[batch["row_index"]] = logits.argmax(-1)``). Test labels are GLUE's -1, kept as is.
-
-    Batches hold ``input_ids``, ``attention_mask`` and ``token_type_ids`` ``[B, L]`` (``L`` is
-    the longest row rounded up to ``pad_to_multiple_of``), ``labels`` (int64, or float32 for
-    stsb), ``idx`` when the data has it, and ``row_index`` on evaluation and test splits.
+    The train split is shuffled (by ``seed``, each pass the next epoch) and bucketed from a
+    ``buffer_size`` buffer. Evaluation and test splits are sorted by length over the whole split,
+    never dropped from, and carry ``row_index``, each row's position in the split
+    (``preds[batch["row_index"]] = logits.argmax(-1)``). Batches hold ``input_ids``,
+    ``attention_mask``, ``token_type_ids``, ``labels`` (float32 for stsb; -1 on test splits) and
+    ``idx`` when the data has it.
 
     Args:
         task: A GLUE task: ``cola``, ``sst2``, ``mrpc``, ``qqp``, ``stsb``, ``mnli``
@@ -104,12 +98,10 @@ def glue(
         split: One of the task's splits; mnli has ``validation_matched``,
             ``validation_mismatched``, ``test_matched`` and ``test_mismatched``; ax only ``test``.
         tokenizer: Anything :meth:`padpipe.Pipeline.tokenize` takes (fast tokenizer or path).
-        data: ``None`` downloads ``datasets.load_dataset("nyu-mll/glue", task, split=split)``;
-            else a ``datasets.DatasetDict`` or ``Dataset`` (the split's rows), a Parquet file or
-            glob (the split's rows), or a local folder: a ``save_to_disk`` folder (of a
-            ``DatasetDict`` or a ``Dataset``) or Parquet files ``<split>-*.parquet`` /
-            ``<split>/*.parquet``, there or in its ``<task>/`` subfolder. Only Parquet needs no
-            ``datasets`` (``pip install 'padpipe[hf]'`` for the others).
+        data: ``None`` downloads ``nyu-mll/glue``; else what
+            :func:`~padpipe.recipes.glue_data.find_split` takes: a ``datasets`` object, a Parquet file
+            or glob, or a local folder (``save_to_disk``, or Parquet files by split). Only Parquet
+            needs no ``datasets`` (``pip install 'padpipe[hf]'``).
         batch_size: Rows per batch (default 32 when ``max_tokens`` is not given).
         max_tokens: Instead of ``batch_size``, a budget on padded tokens per batch.
         max_length: Truncate each example (pair: ``longest_first``) to this many tokens.
@@ -117,8 +109,7 @@ def glue(
         pad_to_multiple_of: Round each batch's length up to a multiple (``None``: no rounding).
         buffer_size: Rows shuffled and sorted together on the train split.
         progress: Show progress while an evaluation or test split is tokenized and sorted before
-            its first batch (a bar on a terminal, else ``logging``); ``None`` reads
-            ``PADPIPE_PROGRESS`` (``0`` turns it off).
+            its first batch; ``None`` reads ``PADPIPE_PROGRESS`` (``0`` turns it off).
 
     Raises:
         ValueError: An unknown task or split (the message lists the valid ones), or bad sizes.
@@ -133,20 +124,22 @@ def glue(
         >>> batch["row_index"].tolist(), batch["input_ids"].shape
         ([1, 0], torch.Size([2, 8]))
     """
-    spec = _task(task)
+    if task not in TASKS:
+        raise ValueError(f"`task` must be one of {tuple(TASKS)!r}, but is {task!r} instead.")
+    spec = TASKS[task]
     if split not in spec.splits:
         raise ValueError(f"`split` must be one of {spec.splits!r} for GLUE task {task!r}, but is {split!r} instead.")
     if batch_size is not None and max_tokens is not None:
         raise ValueError("Pass at most one of `batch_size` or `max_tokens` to glue().")
     if max_tokens is None:
         batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-    positive("batch_size", batch_size, allow_none=True)
-    positive("max_tokens", max_tokens, allow_none=True)
-    positive("pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
+    for name, value in dict(
+        batch_size=batch_size, max_tokens=max_tokens, pad_to_multiple_of=pad_to_multiple_of
+    ).items():
+        positive(name, value, allow_none=True)
     positive("max_length", max_length)
     positive("buffer_size", buffer_size)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"`seed` must be an int, but is {seed!r} instead.")
+    check_seed(seed)
     if progress is not None:
         check_bool("progress", progress)
     longest = -(-max_length // (pad_to_multiple_of or 1)) * (pad_to_multiple_of or 1)
@@ -159,25 +152,15 @@ def glue(
     rows = find_split(data, task, split)
     columns = _columns(task, spec, split, columns_of(rows))
     if split == "train":
-        if isinstance(rows, list):
-            pipe = pp.read_parquet(rows, columns=columns)
-        else:
-            pipe = pp.from_hf(rows, columns=columns)
-        pipe = pipe.shuffle(buffer_size, seed=seed)
-        shuffle, buffer = True, buffer_size
+        pipe = (pp.read_parquet if isinstance(rows, list) else pp.from_hf)(rows, columns=columns)
+        pipe, shuffle, buffer = pipe.shuffle(buffer_size, seed=seed), True, buffer_size
     else:
         pipe, num_rows = _numbered(rows, columns)
         shuffle, buffer = False, max(num_rows, 1)  # the whole split is sorted by length at once
     pipe = pipe.tokenize(tokenizer, fields=spec.fields, max_length=max_length)
     if split != "train" and progress is not False:  # the first batch waits for the whole split
-        pipe = pipe.add_stage(
-            "progress",
-            progress_stage,
-            output="tokens",
-            desc=f"glue {task} {split}: sorting",
-            total=num_rows,
-            enabled=progress,
-        )
+        sorting = dict(desc=f"glue {task} {split}: sorting", total=num_rows, enabled=progress)
+        pipe = pipe.add_stage("progress", progress_stage, output="tokens", **sorting)
     pipe = pipe.bucket(batch_size, max_tokens=max_tokens, buffer_size=buffer, shuffle=shuffle, seed=seed)
     return pipe.pad(pad_to_multiple_of=pad_to_multiple_of)
 
@@ -194,12 +177,6 @@ def _numbered(rows: SplitRows, columns: list[str]) -> tuple[pp.Pipeline, int]:
     dataset = rows.select_columns(columns)
     dataset = dataset.add_column(ROW_INDEX, np.arange(len(dataset), dtype=np.int64))
     return pp.from_hf(dataset), len(dataset)
-
-
-def _task(task: str) -> GlueTask:
-    if task not in TASKS:
-        raise ValueError(f"`task` must be one of {tuple(TASKS)!r}, but is {task!r} instead.")
-    return TASKS[task]
 
 
 def _columns(task: str, spec: GlueTask, split: str, found: list[str]) -> list[str]:
@@ -243,17 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--task", required=True, choices=tuple(TASKS), metavar="TASK", help=f"one of {', '.join(TASKS)}"
     )
-    parser.add_argument(
-        "--tokenizer",
-        required=True,
-        metavar="PATH",
-        help=f"a tokenizer.json file, a pretrained folder or a hub name; {_shipped.tokenizer_help()}",
-    )
-    parser.add_argument(
-        "--data",
-        metavar="PATH",
-        help=f"where the split's rows are (see above); default: download. {_shipped.data_help()}",
-    )
+    cli.tokenizer_argument(parser, "a tokenizer.json file, a pretrained folder or a hub name", metavar="PATH")
+    where = f"where the split's rows are (see above); default: download. {_shipped.data_help()}"
+    parser.add_argument("--data", metavar="PATH", help=where)
     parser.add_argument(
         "--split", default="train", help="the split: train, validation or test (mnli: validation_matched, ...)"
     )
@@ -261,21 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     size.add_argument("--batch-size", type=int, metavar="N", help=f"rows per batch (default: {DEFAULT_BATCH_SIZE})")
     size.add_argument("--max-tokens", type=int, metavar="N", help="instead of --batch-size, padded tokens per batch")
     parser.add_argument("--max-length", type=int, default=128, metavar="N", help="truncate each example to N tokens")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train split's shuffle and batch order")
-    parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
+    cli.run_arguments(parser, "seed of the train split's shuffle and batch order")
     args = parser.parse_args(argv)
-    pipe = glue(
-        args.task,
-        args.split,
-        _shipped.tokenizer(args.tokenizer),
-        data=None if args.data is None else _shipped.data(args.data),
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        max_length=args.max_length,
-        seed=args.seed,
-    )
+    data = None if args.data is None else _shipped.data(args.data)
+    sizes = dict(batch_size=args.batch_size, max_tokens=args.max_tokens, max_length=args.max_length, seed=args.seed)
+    pipe = glue(args.task, args.split, _shipped.tokenizer(args.tokenizer), data=data, **sizes)
     print(f"glue {args.task} {args.split}:")
-    cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
+    cli.run(pipe, max_batches=args.max_batches)
     return 0
 
 

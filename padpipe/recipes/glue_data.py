@@ -1,9 +1,8 @@
 """Find one GLUE split's rows in what the user passed: a ``datasets`` object, a local path or nothing.
 
-:func:`find_split` returns either a ``datasets.Dataset`` (in memory or memory-mapped) or a list of
-Parquet files; :func:`columns_of` names its columns without reading rows; :func:`read_table`
-loads Parquet files whole (GLUE evaluation splits are small) so their rows can be numbered.
-Parquet needs only the core; everything else needs ``datasets`` (``padpipe[hf]``).
+:func:`find_split` returns a ``datasets.Dataset`` or a list of Parquet files (which need no
+``datasets``); :func:`columns_of` names its columns without reading rows; :func:`read_table` loads
+Parquet files whole (GLUE evaluation splits are small) so their rows can be numbered.
 """
 
 from __future__ import annotations
@@ -20,10 +19,10 @@ import pyarrow as pa
 
 from padpipe._optional import require
 from padpipe.errors import DataError
+from padpipe.readers import parquet
 
 GLUE_REPO = "nyu-mll/glue"
 """The Hugging Face Hub dataset ``glue(data=None)`` downloads from."""
-PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 LAYOUT = (
     "expected a Parquet file or glob (the split's rows), a folder of Parquet files named by split "
     "({split}-*.parquet or {split}/*.parquet, there or in its {task}/ subfolder), "
@@ -38,19 +37,16 @@ def find_split(data: Any, task: str, split: str) -> SplitRows:
     """The rows of ``split``: a ``datasets.Dataset`` or a sorted list of Parquet files.
 
     Args:
-        data: ``None`` (download ``nyu-mll/glue``), a ``datasets.DatasetDict`` or ``Dataset``, a
-            Parquet file or glob (the split's rows), or a local folder: a ``save_to_disk`` folder
-            of a ``DatasetDict`` or of a ``Dataset``, or Parquet files named ``<split>-*.parquet``
-            or ``<split>/*.parquet`` (Hugging Face's Parquet export), in the folder itself or in
-            its ``<task>/`` subfolder.
+        data: ``None`` (download ``nyu-mll/glue``), a ``datasets.DatasetDict`` or ``Dataset``, or a
+            path (:data:`LAYOUT`: a Parquet file or glob, a folder of Parquet files named by split as
+            Hugging Face exports them, there or in its ``<task>/`` subfolder, or a ``save_to_disk`` folder).
         task: The GLUE task (the Hub config name).
         split: The split wanted.
 
     Raises:
         DataError: ``data`` has no such split.
         FileNotFoundError: ``data`` is a path that names nothing.
-        MissingDependencyError: ``data`` is ``None`` or a ``save_to_disk`` folder, and ``datasets``
-            is not installed.
+        MissingDependencyError: ``data`` needs ``datasets``, which is not installed.
         TypeError: ``data`` is of another type.
 
     Example:
@@ -111,7 +107,7 @@ def _from_path(data: str, task: str, split: str) -> SplitRows:
         return files
     root = Path(data)
     if root.is_file():
-        if not data.endswith(PARQUET_SUFFIXES):
+        if not data.endswith(parquet.SUFFIXES):
             raise DataError(f"glue: `data` {data!r} is not a Parquet file; {layout}.")
         return [data]
     if not root.is_dir():

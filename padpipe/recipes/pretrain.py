@@ -8,10 +8,7 @@ Example:
     >>> batch["input_ids"].shape
     torch.Size([8, 512])
 
-Run it from the command line (prints a few batch shapes and the packing efficiency)::
-
-    python -m padpipe.recipes.pretrain --data PATH [PATH ...] --tokenizer PATH [--seq-len N]
-        [--mode pack|bucket] [--eos-token TOKEN]
+Command line: ``python -m padpipe.recipes.pretrain --help``.
 """
 
 from __future__ import annotations
@@ -24,10 +21,9 @@ from typing import Any, Literal
 import padpipe as pp
 from padpipe import _command, _shipped
 from padpipe._optional import require
-from padpipe.errors import positive
+from padpipe.inspection.formats import read_corpus
 from padpipe.recipes import cli
-from padpipe.recipes.batching import batching
-from padpipe.recipes.formats import read_corpus
+from padpipe.recipes.batching import sizes
 from padpipe.tokenizer import TextEncoder
 
 Sources = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any]
@@ -49,17 +45,13 @@ def pretrain(
 ) -> pp.Pipeline:
     """Language-model pretraining batches from raw text corpora, read in one streaming pass.
 
-    Each document is tokenized without the template's special tokens and followed by the
-    tokenizer's EOS token, so packed rows read ``doc EOS doc EOS ...``. With ``mode="pack"``
-    documents are packed into ``batch_size`` rows of exactly ``seq_len`` tokens (long documents
-    split across rows; see :meth:`padpipe.Pipeline.pack` for ``position_ids``, ``labels``,
-    ``cu_seq_lens_q``). With ``mode="bucket"`` each document is truncated to ``seq_len`` tokens and
-    documents of similar length are batched under a budget of ``max_tokens`` padded tokens, then
-    padded on the right (``input_ids``, ``attention_mask``, ``labels``: the ids, -100 at padding).
-    Rows are shuffled by ``seed`` through a ``shuffle_buffer`` buffer (and the file order per epoch).
-
-    The format of each path comes from its name: ``.parquet`` (Parquet), ``.arrow`` (Arrow IPC),
-    ``.jsonl``/``.jsonl.gz``/``.jsonl.zst``/``.json`` (JSON Lines); a folder is looked into.
+    Each document is tokenized without special tokens and followed by the tokenizer's EOS token
+    (``doc EOS doc EOS ...``). ``mode="pack"`` packs documents into ``batch_size`` rows of exactly
+    ``seq_len`` tokens, long ones split across rows (:meth:`padpipe.Pipeline.pack`); ``mode="bucket"``
+    truncates each to ``seq_len``, batches similar lengths under ``max_tokens`` padded tokens and pads
+    on the right (``labels``: the ids, -100 at padding). Rows are shuffled by ``seed`` through a
+    ``shuffle_buffer`` buffer (and the file order per epoch). A path's format comes from its name
+    (:func:`~padpipe.inspection.formats.format_of`).
 
     Args:
         sources: A path, glob or URL, or a list of them (one corpus, all of one format), or a dict
@@ -76,8 +68,7 @@ def pretrain(
         shuffle_buffer: Documents held in the shuffle buffer (and the bucketing buffer).
         seed: Seed of the file order, the shuffle buffer, batch order and mixing.
         model: The model to train (a transformers model or config, or its :class:`padpipe.ModelKind`):
-            packs with the layout it needs (:func:`padpipe.model_kind`), or buckets where packed
-            documents would see each other in it (a warning says why).
+            packs with the layout it needs, or buckets where packing cannot be right (a warning says why).
 
     Raises:
         ValueError: ``seq_len`` < 2, a tokenizer without EOS with ``mode="pack"``, or bad options.
@@ -86,20 +77,11 @@ def pretrain(
         >>> corpora = {"web": "web/*.parquet", "code": "code/"}
         >>> pipe = pretrain(corpora, tok, weights={"web": 3, "code": 1})  # doctest: +SKIP
     """
-    positive("seq_len", seq_len)
-    if seq_len < 2:
-        raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
-    positive("batch_size", batch_size)
-    positive("max_tokens", max_tokens, allow_none=True)
-    positive("shuffle_buffer", shuffle_buffer)
     if not isinstance(text_field, str):
         raise TypeError(f"`text_field` must be a column name, but is {text_field!r} instead.")
-    mode, layout = batching(model, mode, "pretrain")
-    if mode == "pack" and max_tokens is not None:
-        raise ValueError("`max_tokens` is for mode='bucket'; with mode='pack' a batch is `batch_size` x `seq_len`.")
-    max_tokens = seq_len * batch_size if max_tokens is None else max_tokens
-    if max_tokens < seq_len:
-        raise ValueError(f"`max_tokens` must be at least `seq_len`={seq_len}, but is {max_tokens} instead.")
+    mode, layout, max_tokens = sizes(
+        model, mode, "pretrain", seq_len, batch_size, max_tokens, shuffle_buffer=shuffle_buffer
+    )
     corpora = _corpora(sources, weights)
     eos_id, pad_id = _special_ids(tokenizer)
     if mode == "pack" and eos_id is None:
@@ -135,8 +117,7 @@ def _corpora(sources: Sources, weights: Any) -> list[str] | dict[str, list[str]]
         if not sources:
             raise ValueError("`sources` must name at least one corpus, but is {} instead.")
         corpora = {str(name): _paths(paths) for name, paths in sources.items()}
-        if weights is not None:
-            _weights_by_name(corpora, weights)
+        _weights_by_name(corpora, weights)
         return corpora
     paths = _paths(sources)
     if weights is None:
@@ -201,11 +182,10 @@ def load_tokenizer(path: str, eos_token: str | None) -> Any:
 PROG = "python -m padpipe.recipes.pretrain"
 DESCRIPTION = """\
 Pretraining batches from raw text corpora, read in one streaming pass: prints the first batches'
-shapes and the packing (or padding) efficiency. Each document is tokenized without special
-tokens and followed by the tokenizer's EOS token; --mode pack packs documents into
---batch-size rows of exactly --seq-len tokens, --mode bucket truncates each to --seq-len and
-batches similar lengths under --max-tokens. The format of each --data path comes from its name:
-.parquet, .arrow, .jsonl/.jsonl.gz/.jsonl.zst/.json; a folder is looked into.
+shapes and the packing (or padding) efficiency. Each document is followed by the tokenizer's EOS
+token; --mode pack packs documents into --batch-size rows of --seq-len tokens, --mode bucket
+truncates each to --seq-len and batches similar lengths under --max-tokens. A --data path's format
+comes from its name (.parquet, .arrow, .jsonl[.gz|.zst], .csv).
 Try it on the shipped corpus (its tokenizer has no EOS token, so [SEP] serves as one):
   python -m padpipe.recipes.pretrain --data corpus --tokenizer sample --eos-token '[SEP]'"""
 
@@ -222,37 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         0
     """
     parser = _command.parser(PROG, DESCRIPTION)
-    parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        metavar="PATH",
-        help=f"files, folders or globs of one corpus, all one format; {_shipped.data_help()}",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        required=True,
-        metavar="PATH",
-        help=f"a tokenizer.json file, a pretrained folder or a hub name; {_shipped.tokenizer_help()}",
-    )
-    parser.add_argument(
-        "--eos-token",
-        metavar="TOKEN",
-        help="set the tokenizer's EOS token, for tokenizers without one (needs padpipe[hf])",
-    )
-    parser.add_argument(
-        "--seq-len", type=int, default=2048, metavar="N", help="tokens per packed row; truncation length in bucket mode"
-    )
-    parser.add_argument(
-        "--mode", choices=("pack", "bucket"), default="pack", help="pack documents into rows, or bucket and pad them"
-    )
-    parser.add_argument("--batch-size", type=int, default=8, metavar="N", help="packed rows per batch (pack)")
-    parser.add_argument(
-        "--max-tokens", type=int, metavar="N", help="padded tokens per batch (bucket; default: seq-len x batch-size)"
-    )
+    cli.data_arguments(parser, "one corpus", "a tokenizer.json file, a pretrained folder or a hub name", metavar="PATH")
+    parser.add_argument("--eos-token", metavar="TOKEN", help="an EOS token for a tokenizer without one (padpipe[hf])")
+    seq_len, mode = "tokens per packed row; truncation length in bucket mode", "pack documents, or bucket and pad them"
+    cli.size_arguments(parser, seq_len=seq_len, modes=("pack", "bucket"), mode=mode)
     parser.add_argument("--text-field", default="text", metavar="NAME", help="the column holding each document's text")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the file order, shuffle and batch order")
-    parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
+    cli.run_arguments(parser)
     args = parser.parse_args(argv)
     tokenizer = load_tokenizer(_shipped.tokenizer(args.tokenizer), args.eos_token)
     eos_id = _special_ids(tokenizer)[0]
@@ -261,21 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--mode pack needs an EOS token between documents, but the tokenizer {args.tokenizer!r} has none; "
             "name one of its tokens with --eos-token (e.g. --eos-token '[SEP]'), or use --mode bucket."
         )
-    pipe = pretrain(
-        [_shipped.data(path) for path in args.data],
-        tokenizer,
-        seq_len=args.seq_len,
-        mode=args.mode,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        text_field=args.text_field,
-        seed=args.seed,
-    )
+    data = [_shipped.data(path) for path in args.data]
+    pipe = pretrain(data, tokenizer, text_field=args.text_field, **cli.size_options(args))
     print(f"pretrain {args.mode} seq_len={args.seq_len}:")
-    if args.mode == "pack":
-        cli.run(pipe, max_batches=args.max_batches, efficiency="packing", eos_id=eos_id)
-    else:
-        cli.run(pipe, max_batches=args.max_batches, efficiency="padding")
+    cli.run(pipe, max_batches=args.max_batches, eos_id=eos_id if args.mode == "pack" else None)
     return 0
 
 

@@ -7,11 +7,7 @@ Example:
     >>> batch["input_ids"].shape, bool((batch["labels"] != -100).any())
     (torch.Size([4, 1024]), True)
 
-Run it from the command line (prints a few batch shapes, the rows, the trained-token share, the packing
-efficiency, the conversations and the rows they became, and what was truncated or dropped and why)::
-
-    python -m padpipe.recipes.sft --data PATH [PATH ...] --tokenizer DIR [--seq-len N] [--mode pack|bucket]
-        [--train-on assistant|last|all] [--chat-template FILE] [--prompt COL --completion COL] [--cache DIR]
+Command line: ``python -m padpipe.recipes.sft --help``.
 """
 
 from __future__ import annotations
@@ -24,10 +20,9 @@ from typing import Any, Literal
 
 import padpipe as pp
 from padpipe import _command, _shipped
-from padpipe.errors import positive
+from padpipe.inspection.formats import records
 from padpipe.recipes import cli
-from padpipe.recipes.batching import batching
-from padpipe.recipes.formats import read_corpus
+from padpipe.recipes.batching import sizes
 
 DROPPED = {
     "chat.no_trained_tokens": "no token left to train (after truncation to seq_len, or under train_on)",
@@ -65,24 +60,17 @@ def sft(
 ) -> pp.Pipeline:
     """Chat SFT batches from conversations, read in one streaming pass: no pre-pass over the corpus.
 
-    Each conversation is rendered with the chat template and tokenized exactly as
-    ``tokenizer.apply_chat_template`` would (:meth:`padpipe.Pipeline.chat`), with ``labels`` that
-    are -100 except on the trained tokens: by default every assistant answer, from after its header
-    through its end-of-turn token. A conversation longer than ``seq_len`` keeps its first ``seq_len``
-    tokens (``max_length=seq_len``), so none is refused; one left with no trained token is dropped
-    and counted as ``chat.no_trained_tokens`` in ``loader.stats().skipped``.
-
-    With ``mode="pack"`` conversations are packed whole into ``batch_size`` rows of exactly
-    ``seq_len`` tokens (the fullest rows of ``pack_buffer`` conversations packed best fit decreasing; each keeps its
-    own labels, with -100 at its first token and at padding, and ``position_ids``/``cu_seq_lens_q`` tell the model
-    where each starts: see :meth:`padpipe.Pipeline.pack`). With ``mode="bucket"`` conversations of
-    similar length are batched under ``max_tokens`` padded tokens and padded (labels with -100).
-    Rows are shuffled by ``seed`` through a ``shuffle_buffer`` buffer (and the file order per epoch).
+    Each conversation is rendered and tokenized exactly as ``tokenizer.apply_chat_template`` would
+    (:meth:`padpipe.Pipeline.chat`), ``labels`` -100 but on the trained tokens (by default every
+    assistant answer through its end-of-turn token), cut to its first ``seq_len`` tokens; one left
+    with no trained token is dropped and counted (``chat.no_trained_tokens``). ``mode="pack"`` packs
+    conversations whole into ``batch_size`` rows of ``seq_len`` (:meth:`padpipe.Pipeline.pack`);
+    ``mode="bucket"`` batches similar lengths under ``max_tokens`` padded tokens. Rows are shuffled by
+    ``seed`` through a ``shuffle_buffer`` buffer (and the file order per epoch).
 
     Args:
-        data: A path, glob or URL of Parquet, Arrow or JSON Lines files (the format from the name; a
-            folder is looked into), a list of them, a ``datasets.Dataset``/``IterableDataset``, or a
-            :class:`padpipe.Pipeline` of records (``pp.from_iterable(rows)``).
+        data: A path, glob, folder or URL of Parquet, Arrow, JSON Lines or CSV files, a list of them, a
+            ``datasets`` dataset, or a :class:`padpipe.Pipeline` of records.
         tokenizer: A ``transformers`` fast tokenizer with a chat template, or its pretrained folder.
         seq_len: Tokens per packed row, and the length a longer conversation is cut to.
         mode: ``"pack"`` or ``"bucket"``; ``None``: ``"pack"``, or ``"bucket"`` for a ``model`` that
@@ -91,58 +79,39 @@ def sft(
         max_tokens: Padded-token budget per batch (``"bucket"``; default ``seq_len * batch_size``).
         messages: The column of conversations (lists of ``{"role", "content"}`` messages).
         prompt: With ``completion``: the columns of prompt/completion rows instead of ``messages``
-            (lists of messages, or plain text: see :meth:`padpipe.Pipeline.chat`); the completion is
-            trained.
+            (:meth:`padpipe.Pipeline.chat`); the completion is trained.
         completion: See ``prompt``.
         train_on: ``"assistant"`` (every answer), ``"last"`` (the last answer) or ``"all"`` (every token).
         chat_template: A Jinja template to use instead of the tokenizer's.
-        chat_options: More :meth:`padpipe.Pipeline.chat` settings (``on_error``, ``tools``,
-            ``template_kwargs``, ``training_field``, ``truncation``, ``num_threads``, ...).
+        chat_options: More :meth:`padpipe.Pipeline.chat` settings (``on_error``, ``tools``, ...).
         shuffle_buffer: Conversations held in the shuffle buffer (and the bucketing buffer).
         pack_buffer: Conversations held to choose fits from (``"pack"``; :meth:`padpipe.Pipeline.pack`'s
-            ``buffer_size``). Larger packs tighter, and every mid-epoch state holds them (the first
-            batch of an epoch does not wait for a full buffer): on ``benchmarks/sft.py``'s conversations
-            (about 200 tokens each), 256 fills 99.0% of 1,024-token rows and 99.5% of 2,048-token ones,
-            2,048 fills 99.4% and 99.7%.
-        keep: Columns to carry into packed batches as lists per row (``("id",)``: each row's
-            conversation ids); in ``"bucket"`` mode numeric columns pass through by themselves.
+            ``buffer_size``): larger packs tighter, and every mid-epoch state holds them (docs/sft.md).
+        keep: Columns to carry into packed batches as lists per row (``("id",)``); in ``"bucket"`` mode
+            numeric columns pass through by themselves.
         seed: Seed of the file order, the shuffle buffer and batch order.
         cache: A folder, fsspec URL or :class:`padpipe.TokenCache` for :meth:`padpipe.Pipeline.chat`'s cache:
-            the first epoch stores each conversation's token rows, labels and counters, later epochs and runs
-            read them instead of rendering and tokenizing (the same batches and ``stats()``). Needs files or
-            a ``datasets.Dataset`` (a reader with work units), not a pipeline or an ``IterableDataset``.
+            later epochs and runs read the rows instead of rendering (the same batches and ``stats()``).
+            Needs files or a ``datasets.Dataset``.
         model: The model to train (a transformers model or config, or its :class:`padpipe.ModelKind`):
-            packs with the layout it needs (:func:`padpipe.model_kind`), or buckets where packed
-            conversations would see each other in it (a warning says why).
+            packs with the layout it needs, or buckets where packing cannot be right (a warning says why).
 
     Raises:
-        ValueError: ``seq_len`` < 2, a tokenizer without a chat template and no ``chat_template``,
-            ``prompt`` without ``completion``, or bad options.
+        ValueError: ``seq_len`` < 2, no chat template, ``prompt`` without ``completion``, or bad options.
 
     Example:
         >>> pipe = sft("chats/*.parquet", "path/to/model", seq_len=4096, keep=("id",))  # doctest: +SKIP
     """
-    positive("seq_len", seq_len)
-    if seq_len < 2:
-        raise ValueError(f"`seq_len` must be at least 2, but is {seq_len} instead.")
-    positive("batch_size", batch_size)
-    positive("max_tokens", max_tokens, allow_none=True)
-    positive("shuffle_buffer", shuffle_buffer)
-    positive("pack_buffer", pack_buffer)
-    mode, layout = batching(model, mode, "sft")
-    if mode == "pack" and max_tokens is not None:
-        raise ValueError("`max_tokens` is for mode='bucket'; with mode='pack' a batch is `batch_size` x `seq_len`.")
+    buffers = {"shuffle_buffer": shuffle_buffer, "pack_buffer": pack_buffer}
+    mode, layout, max_tokens = sizes(model, mode, "sft", seq_len, batch_size, max_tokens, **buffers)
     if mode == "bucket" and keep:
         raise ValueError(f"`keep` is for mode='pack'; with mode='bucket' columns pass through, but is {keep!r}.")
-    max_tokens = seq_len * batch_size if max_tokens is None else max_tokens
-    if max_tokens < seq_len:
-        raise ValueError(f"`max_tokens` must be at least `seq_len`={seq_len}, but is {max_tokens} instead.")
     options = dict(chat_options or {})
     taken = {"messages", "prompt", "completion", "train_on", "chat_template", "max_length", "cache"} & set(options)
     if taken:
         raise ValueError(f"`chat_options` must not repeat the recipe's own arguments, but sets {sorted(taken)!r}.")
 
-    pipe = _records(data).shuffle(shuffle_buffer, seed=seed)
+    pipe = records(data).shuffle(shuffle_buffer, seed=seed)
     pipe = pipe.chat(
         tokenizer,
         messages=messages,
@@ -159,27 +128,11 @@ def sft(
     return pipe.bucket(max_tokens=max_tokens, buffer_size=shuffle_buffer, seed=seed).pad()
 
 
-def _records(data: Any) -> pp.Pipeline:
-    """A pipeline of records from paths, a ``datasets`` dataset or a pipeline."""
-    if isinstance(data, pp.Pipeline):
-        return data
-    if isinstance(data, (str, os.PathLike)):
-        return read_corpus([os.fspath(data)])
-    if isinstance(data, (list, tuple)) and data and all(isinstance(p, (str, os.PathLike)) for p in data):
-        return read_corpus([os.fspath(p) for p in data])
-    if type(data).__module__.split(".")[0] == "datasets":
-        return pp.from_hf(data)
-    raise TypeError(
-        "`data` must be a path, a list of paths, a datasets.Dataset or IterableDataset, or a padpipe.Pipeline of "
-        f"records, but is {type(data).__name__} instead."
-    )
-
-
 def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
     """Print the conversations and the rows they became, what was truncated and what was dropped, by reason.
 
-    A conversation is one row, or more where its reasoning is trained in rows of its own (``chat.reasoning_rows``);
-    truncation counts rows, and drops count conversations, and rows left with no token to train.
+    Truncation counts rows (a conversation is one row, or more where its reasoning is trained in rows of its
+    own); drops count conversations, and rows left with no token to train.
 
     Example:
         >>> snap = pp.StatsSnapshot(rows=9, batches=1, real_tokens=900, padded_tokens=1024, seconds={},
@@ -207,9 +160,8 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
         print(f"conversations holding special-token text (kept): {counters['chat.special_text']}", file=out)
     untrained = stats.skipped.get("chat.no_trained_tokens", 0)  # a row (a conversation's only row, or one of them)
     refused = sum(stats.skipped.values()) - untrained
-    parts = [f"{refused} conversations"] * bool(refused) + [f"{untrained} rows with no token to train"] * bool(
-        untrained
-    )
+    parts = [f"{refused} conversations"] * bool(refused)
+    parts += [f"{untrained} rows with no token to train"] * bool(untrained)
     print(f"dropped: {' and '.join(parts) or 'none'}", file=out)
     for name, count in sorted(stats.skipped.items()):
         print(f"  {name} {count}: {DROPPED.get(name, 'skipped under an on_error policy')}", file=out)
@@ -218,13 +170,11 @@ def summary(stats: pp.StatsSnapshot, out: Any = None) -> None:
 PROG = "python -m padpipe.recipes.sft"
 DESCRIPTION = """\
 Chat SFT batches from conversations, read in one streaming pass: prints the first batches' shapes,
-the rows, the share of tokens trained (labels other than -100), the packing (or padding)
-efficiency, and what was truncated to --seq-len or dropped, by reason. Each conversation is
-rendered with the tokenizer's chat template (or --chat-template) exactly as apply_chat_template
-renders it; only the assistant's answers are trained (--train-on). --mode pack packs whole
-conversations into --batch-size rows of exactly --seq-len tokens; --mode bucket batches similar
-lengths under --max-tokens. The format of each --data path comes from its name: .parquet, .arrow,
-.jsonl/.jsonl.gz/.jsonl.zst/.json; a folder is looked into.
+the share of tokens trained, the packing (or padding) efficiency, and what was truncated to
+--seq-len or dropped, by reason. Each conversation is rendered exactly as apply_chat_template
+renders it; the assistant's answers are trained (--train-on). --mode pack packs whole conversations
+into --batch-size rows of --seq-len tokens; --mode bucket batches similar lengths under --max-tokens.
+A --data path's format comes from its name (.parquet, .arrow, .jsonl[.gz|.zst], .csv).
 Try it on the shipped conversations and chat tokenizer (needs padpipe[hf]):
   python -m padpipe.recipes.sft --data chats --tokenizer chat --seq-len 1024"""
 
@@ -245,57 +195,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         0
     """
     parser = _command.parser(PROG, DESCRIPTION)
-    parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        metavar="PATH",
-        help=f"files, folders or globs of conversations, all one format; {_shipped.data_help()}",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        required=True,
-        metavar="DIR",
-        help=f"a pretrained folder or a hub name, with a chat template; {_shipped.tokenizer_help()}",
-    )
-    parser.add_argument("--seq-len", type=int, default=2048, metavar="N", help="tokens per packed row; cut length")
-    parser.add_argument(
-        "--mode", choices=("pack", "bucket"), default="pack", help="pack conversations into rows, or bucket and pad"
-    )
-    parser.add_argument("--batch-size", type=int, default=8, metavar="N", help="packed rows per batch (pack)")
-    parser.add_argument(
-        "--max-tokens", type=int, metavar="N", help="padded tokens per batch (bucket; default: seq-len x batch-size)"
-    )
+    cli.data_arguments(parser, "conversations", "a pretrained folder or a hub name, with a chat template")
+    seq_len, mode = "tokens per packed row; cut length", "pack conversations into rows, or bucket and pad"
+    cli.size_arguments(parser, seq_len=seq_len, modes=("pack", "bucket"), mode=mode)
     parser.add_argument("--messages", default="messages", metavar="NAME", help="the column of conversations")
     parser.add_argument("--prompt", metavar="NAME", help="with --completion: prompt/completion columns instead")
     parser.add_argument("--completion", metavar="NAME", help="the column of completions (trained)")
-    parser.add_argument(
-        "--train-on", choices=("assistant", "last", "all"), default="assistant", help="which tokens are trained"
-    )
+    for flag, values, what in (
+        ("--train-on", ("assistant", "last", "all"), "which tokens are trained"),
+        ("--on-error", ("raise", "skip"), "a conversation that cannot be rendered"),
+        ("--reasoning", ("every_turn", "as_rendered"), "reasoning the conversation drops: own rows, or as rendered"),
+        ("--special-text", ("keep", "skip", "raise"), "a message with a special token's text: kept, dropped, refused"),
+    ):
+        parser.add_argument(flag, choices=values, default=values[0], help=what)
     parser.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to use instead")
-    parser.add_argument(
-        "--on-error", choices=("raise", "skip"), default="raise", help="a conversation that cannot be rendered"
-    )
-    parser.add_argument(
-        "--reasoning",
-        choices=("every_turn", "as_rendered"),
-        default="every_turn",
-        help="reasoning the whole conversation drops: rows of their own, or trained as rendered",
-    )
-    parser.add_argument(
-        "--special-text",
-        choices=("keep", "skip", "raise"),
-        default="keep",
-        help="a message holding a special token's text: kept (counted), dropped or refused",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the file order, shuffle and batch order")
-    parser.add_argument(
-        "--cache",
-        metavar="DIR",
-        help="a token cache folder or URL: the first run stores each conversation's token rows and labels, later "
-        "runs read them instead of rendering (same batches)",
-    )
-    parser.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches (default: one epoch)")
+    cache = "a token cache folder or URL: later runs read the rows stored by the first instead of rendering them"
+    parser.add_argument("--cache", metavar="DIR", help=cache)
+    cli.run_arguments(parser)
     args = parser.parse_args(argv)
     if (args.prompt is None) != (args.completion is None):
         raise ValueError("--prompt and --completion go together: name both columns, or neither.")
@@ -309,22 +225,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipe = sft(
         [_shipped.data(path) for path in args.data],
         tokenizer,
-        seq_len=args.seq_len,
-        mode=args.mode,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
         messages=args.messages,
         prompt=args.prompt,
         completion=args.completion,
         train_on=args.train_on,
         chat_template=template,
         chat_options={"on_error": args.on_error, "reasoning": args.reasoning, "special_text": args.special_text},
-        seed=args.seed,
         cache=args.cache,
+        **cli.size_options(args),
     )
     print(f"sft {args.mode} seq_len={args.seq_len}, train_on={args.train_on}:")
-    efficiency = "packing" if args.mode == "pack" else "padding"
-    stats = cli.run(pipe, max_batches=args.max_batches, efficiency=efficiency, trained=True)
+    stats = cli.run(pipe, max_batches=args.max_batches, trained=True)
     summary(stats)
     if args.cache is not None:
         hits, misses = stats.counters.get("cache.hit_rows", 0), stats.counters.get("cache.miss_rows", 0)

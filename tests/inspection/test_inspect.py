@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 
 import padpipe as pp
-from padpipe.inspection import sample as _sample
+from padpipe.inspection.formats import format_of
 
 TOK = pp.examples.TOKENIZER_JSON
 PAIR = ("sentence1", "sentence2")
@@ -240,18 +240,18 @@ def test_inspect_raises_error_when_an_argument_is_bad(pairs: str, kwargs: dict, 
 
 def test_inspect_raises_error_when_the_input_is_not_a_known_format(tmp_path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(pp.DataError, match=r"cannot tell the format; expected files ending in \.parquet"):
+    with pytest.raises(FileNotFoundError, match=r"^'.*' holds no Parquet, Arrow, JSON Lines or CSV files\.$"):
         pp.inspect(str(tmp_path), TOK, progress=False)
     with pytest.raises(ValueError, match=r"reader's pipeline without stages"):
         pp.inspect(pp.read_jsonl(pp.examples.SAMPLE_JSONL).tokenize(TOK), TOK, progress=False)
 
 
-def test_detect_format_reads_names_folders_and_globs(pairs: str, docs: str) -> None:
-    assert _sample.detect_format("x/train-0.parquet", {}) == "parquet"
-    assert _sample.detect_format(os.path.dirname(pairs) + "/*", {}) == "parquet"
-    assert _sample.detect_format(os.path.dirname(docs), {}) == "jsonl"
+def test_format_of_reads_names_folders_and_globs(pairs: str, docs: str) -> None:
+    assert format_of("x/train-0.parquet") == "parquet"
+    assert format_of(os.path.dirname(pairs) + "/*") == "parquet"
+    assert format_of(os.path.dirname(docs)) == "jsonl"
     with pytest.raises(FileNotFoundError, match=r"^No such file or folder: 'nope/'\.$"):
-        _sample.detect_format("nope/", {})
+        format_of("nope/")
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,6 @@ torch = pytest.importorskip("torch")
 import padpipe as pp  # noqa: E402
 from padpipe.checkpoints import CHECKPOINT, PART_KEYS  # noqa: E402
 from padpipe.hf import LOADER_STATE, Trainer  # noqa: E402
-from padpipe.integrations.hf import OLD_LOADER_STATE  # noqa: E402
-from padpipe.integrations.hf_train import TrainBatches  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
 from tests.integrations.tiny import (  # noqa: E402
     ROOT,
@@ -180,17 +178,6 @@ def test_trainer_resumes_at_an_epoch_boundary_with_the_next_epoch(mrpc, tmp_path
         resume_from_checkpoint=str(checkpoint)
     )
     assert len(resumed.steps) == 4
-    assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in full.steps[first_epoch:]]
-    # an older padpipe's checkpoint: one file a rank (at a pass's end nothing was read ahead, so the same position)
-    old = TrainBatches.STATE_V1.make(
-        {}, loader=saved["checkpoint"]["ranks"][0]["loader"], epoch=0, batches=first_epoch, ended=True
-    )
-    torch.save(old, checkpoint / OLD_LOADER_STATE.format(rank=0))
-    (checkpoint / LOADER_STATE).unlink()
-    resumed = recorder()
-    Trainer(model=resumed, args=arguments(tmp_path / "old", max_steps=first_epoch + 4), train_dataset=train).train(
-        resume_from_checkpoint=str(checkpoint)
-    )
     assert [(s["idx"], s["batch"]) for s in resumed.steps] == [(s["idx"], s["batch"]) for s in full.steps[first_epoch:]]
 
 

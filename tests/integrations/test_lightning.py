@@ -22,7 +22,7 @@ import padpipe as pp  # noqa: E402
 from padpipe.checkpoints import CHECKPOINT  # noqa: E402
 from padpipe.integrations.lightning import ExactResume, LightningLoader  # noqa: E402
 from padpipe.recipes.glue import glue  # noqa: E402
-from padpipe.state import StateMismatchError  # noqa: E402
+from padpipe.state import ListOf, Plain, StateMismatchError, StateSchema  # noqa: E402
 from tests.integrations.scripts.lightning_run import Classifier  # noqa: E402
 from tests.integrations.tiny import write_mrpc  # noqa: E402
 
@@ -124,6 +124,17 @@ def test_lightning_loader_over_a_stateful_dataloader_resumes_on_as_many_ranks():
     two_ranks = CHECKPOINT.make({}, ranks=state["ranks"] * 2)
     with pytest.raises(StateMismatchError, match=r"^LightningLoader state was saved by 2 ranks, but this run has 1: "):
         LightningLoader(StatefulDataLoader(pipe, batch_size=None)).load_state_dict(two_ranks)
+
+
+def test_lightning_loader_refuses_a_state_of_an_earlier_version_by_its_version():
+    """padpipe's LightningLoader state before loader.checkpoint() (version 2): refused in one line, not read."""
+    pipe = pp.from_iterable([{"text": f"row {i}"} for i in range(6)]).tokenize(pp.examples.tokenizer()).batch(1).pad()
+    old = StateSchema("LightningLoader", 2, ranks=ListOf(Plain())).make({}, ranks=[])
+    for loader in (pipe.loader(), StatefulDataLoader(pipe, batch_size=None)):
+        with pytest.raises(
+            StateMismatchError, match=r"^PipelineLoader checkpoint state .*version found 2 instead of 1\.$"
+        ):
+            LightningLoader(loader).load_state_dict(old)
 
 
 @pytest.mark.parametrize(

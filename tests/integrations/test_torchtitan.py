@@ -21,7 +21,7 @@ import torch.nn as nn
 from tokenizers import Tokenizer
 
 import padpipe as pp
-from padpipe.state import StateMismatchError
+from padpipe.state import Child, ListOf, StateMismatchError, StateSchema
 
 INSTALL = "needs torchtitan 0.3.0: pip install 'padpipe[torchtitan]' && pip install --no-deps torchtitan==0.3.0"
 dataloader = pytest.importorskip("torchtitan.components.dataloader", reason=INSTALL)
@@ -30,7 +30,7 @@ from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
 from torchtitan.components.tokenizer import HuggingFaceTokenizer  # noqa: E402
 
 from padpipe.checkpoints import CHECKPOINT, PART_KEYS  # noqa: E402
-from padpipe.integrations.titan_state import KEY, RANK, RANK_V1, STATE, STATE_V1, unpacked  # noqa: E402
+from padpipe.integrations.titan_state import KEY, STATE, unpacked  # noqa: E402
 from padpipe.integrations.torchtitan import PadpipeDataLoader, text_tokenizer  # noqa: E402
 
 TITAN = HuggingFaceTokenizer(tokenizer_path=pp.examples.TOKENIZER_DIR)
@@ -307,32 +307,16 @@ def test_its_state_is_loader_checkpoint_plus_torchtitans_counts():
     assert unpacked(loader.state_dict()).yielded == 1
 
 
-def v1_state(loader: PadpipeDataLoader, rank_schema) -> dict[str, bytes]:
-    """A state as padpipe saved it before ``loader.checkpoint()``: every DP rank's entry apart (format version 1)."""
-    settings = loader.recipe if rank_schema is RANK else {}
-    mine = rank_schema.make(settings, loader=loader.loader.state_dict(), yielded=1, batches_per_step=1, epochs=0)
+def test_a_state_of_an_earlier_version_is_refused_by_its_version():
+    """padpipe before ``loader.checkpoint()`` saved every DP rank's entry apart (format 1): not read, named."""
+    old = StateSchema("PadpipeDataLoader", 1, ranks=ListOf(Child())).make({}, ranks=[])
     buffer = io.BytesIO()
-    torch.save(STATE_V1.make({}, ranks=[mine]), buffer)
-    return {KEY: buffer.getvalue()}
-
-
-@pytest.mark.parametrize("rank_schema", [RANK_V1, RANK], ids=["ranks-v1", "ranks-v2"])
-def test_a_state_of_the_format_before_loader_checkpoint_still_resumes(rank_schema):
-    loader = build(PadpipeDataLoader.Config(pipeline=packed))
-    it = iter(loader)
-    first = next(it)
-    rest = list(it)
-    loader = build(PadpipeDataLoader.Config(pipeline=packed))
-    next(iter(loader))
-    old = v1_state(loader, rank_schema)
-    again = build(PadpipeDataLoader.Config(pipeline=packed))
-    again.load_state_dict(old)
-    resumed = list(again)
-    assert first is not None and len(resumed) == len(rest)
-    assert all(torch.equal(a[1], b[1]) for a, b in zip(rest, resumed))
-    if rank_schema is RANK:  # its ranks held their recipe: checked as the new format's
-        with pytest.raises(StateMismatchError, match=r"^PadpipeDataLoader rank state .* setting 'seq_len' found 32"):
-            build(PadpipeDataLoader.Config(pipeline=packed), seq_len=16).load_state_dict(old)
+    torch.save(old, buffer)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"^PadpipeDataLoader state doesn't match this pipeline: version found 1 instead of 2\.$",
+    ):
+        build(PadpipeDataLoader.Config(pipeline=packed)).load_state_dict({KEY: buffer.getvalue()})
 
 
 def test_every_config_field_is_in_the_docs():

@@ -52,7 +52,7 @@ def test_read_csv_raises_error_naming_the_file_when_a_column_is_missing(folder):
 def test_pp_read_csv_tokenizes_pairs_and_resumes_through_the_loader(folder):
     """The public reader: a whole pipeline (tokenize, bucket, pad) over CSV files, every row once, exact resume."""
     import padpipe as pp
-    from padpipe.recipes.formats import format_of, read_corpus
+    from padpipe.inspection.formats import format_of, read_corpus
 
     pipe = pp.read_csv(str(folder)).tokenize(pp.examples.tokenizer(), fields=("text",)).batch(4).pad()
     loader = pipe.loader()

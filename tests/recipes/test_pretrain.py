@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 import padpipe as pp
 from padpipe import _command
-from padpipe.recipes.formats import format_of
+from padpipe.inspection.formats import format_of
 from padpipe.recipes.pretrain import main, pretrain
 
 TOKENIZER = pp.examples.tokenizer()  # no EOS token
