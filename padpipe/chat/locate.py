@@ -104,31 +104,40 @@ def locate(
     cursor, previous = 0, -1
     for k in indices:
         answer = messages[k]["role"] == ASSISTANT
+        lower = spans[-1][0] if spans and previous == k - 1 else cursor
+        for j in range(max(previous + 1, 1), k):  # past the messages since the last trained one (two may read alike)
+            lower = max(lower, _message_start(text, lower, messages, j, render, specials)[0])
         if answer:
-            lower = spans[-1][0] if previous == k - 1 else _past_answers(text, cursor, messages, previous + 1, k - 1)
             start = output_start(text, cursor, messages, k, render, lower=lower, specials=specials)
+        elif k and (found := _message_start(text, lower, messages, k, render, specials)[0]) >= 0:
+            start = max(cursor, found)  # (the previous answer's turn may end with its header: GLM's <|user|>)
         else:
             start = _turn_start(text, messages, k, render)
-        end = _turn_end(text, start, messages, k, render, ends)
-        check(text, messages[k], k, start, end, cursor, ends)
+        if answer and not _parts(messages[k]) and not text[start:].strip():  # an empty last answer it drops
+            spans.append((start, start))
+            continue
+        bound = _turn_bound(text, start, messages, k, render, ends, specials)
+        end = _turn_end(text, start, bound, messages, k, render, ends)
+        check(text, messages[k], k, start, end, cursor, ends, bound[0])
         spans.append((start, end))
         cursor, previous = end, k
     return spans
 
 
 def check(
-    text: str, message: Mapping[str, Any], k: int, start: int, end: int, cursor: int, ends: Sequence[str]
+    text: str, message: Mapping[str, Any], k: int, start: int, end: int, cursor: int, ends: Sequence[str], bound: int
 ) -> None:
     """Raise :class:`RowProblem` (``span_check``) unless ``text[start:end]`` is a span message ``k`` can have:
-    after the previous span, ending in the end-of-turn token, holding the message's rendered content."""
+    after the previous span, ending in the end-of-turn token (or where the next message starts, ``bound``), holding
+    the message's content where its turn renders it."""
     span = text[start:end]
     content = visible_content(message)
     problem = None
     if start < cursor or end <= start:
         problem = f"its span [{start}:{end}] is not after the previous trained message's (which ends at {cursor})"
-    elif ends and not any(span.endswith(e) for e in ends):
+    elif ends and not any(span.endswith(e) for e in ends) and text[end:bound].strip():
         problem = f"its span does not end in an end-of-turn token ({' or '.join(map(repr, ends))})"
-    elif content and content not in span and _find(text, content, 0)[0] >= 0:  # (a template may not render it)
+    elif content and content not in span and _find(text[:bound], content, start)[0] >= 0:  # (or may not render it)
         problem = "its span does not hold its content"
     if problem is not None:
         raise RowProblem(CHECK, f"message {k}: {problem}; the rendered text there is {_show(span)}")
@@ -200,7 +209,7 @@ def own_start(prompted: str, own: str, prompt: str, message: Mapping[str, Any], 
         13
     """
     at = len(os.path.commonprefix([prompted, own]))
-    at = next((m.start() for m in specials.finditer(own) if m.start() < at < m.end()), at)
+    at = _token_start(own, at, specials)
     texts = _rendered_texts(message)
     first = _find(own, texts[0], at)[0] if texts else -1
     header = own.find(prompt, max(0, at - len(prompt) + 1)) if prompt else -1
@@ -223,20 +232,6 @@ def _header(prompt: str, matched: int, specials: re.Pattern[str]) -> int:
     return max((m.end() for m in specials.finditer(prompt) if m.end() <= matched), default=0)
 
 
-def _past_answers(text: str, cursor: int, messages: Sequence[dict[str, Any]], first: int, stop: int) -> int:
-    """``cursor`` moved past the texts of ``messages[first:stop]`` (those after the last trained answer), found one
-    after another before the last place of message ``stop``'s: where the anchor of a later answer cannot be (two
-    tools may answer alike)."""
-    anchor = _rendered_texts(messages[stop])[:1]
-    limit = max((text.rfind(form) for a in anchor for form in (a, _as_json(a))), default=-1)
-    for message in messages[first:stop]:
-        for part in _rendered_texts(message):
-            at, size = _find(text, part, cursor)
-            if 0 <= at and at + size <= (limit if limit >= 0 else len(text)):
-                cursor = at + size
-    return cursor
-
-
 def _turn_start(text: str, messages: Sequence[dict[str, Any]], k: int, render: Render) -> int:
     before = render(list(messages[:k]), False) if k else ""
     if not text.startswith(before):
@@ -245,12 +240,18 @@ def _turn_start(text: str, messages: Sequence[dict[str, Any]], k: int, render: R
 
 
 def _turn_end(
-    text: str, start: int, messages: Sequence[dict[str, Any]], k: int, render: Render, ends: Sequence[str]
+    text: str,
+    start: int,
+    bound: tuple[int, int],
+    messages: Sequence[dict[str, Any]],
+    k: int,
+    render: Render,
+    ends: Sequence[str],
 ) -> int:
     after = start
-    for part in _rendered_texts(messages[k]):  # past its content and tool calls (they may hold end-of-turn text)
+    for part in _parts(messages[k]):  # past its reasoning, content and tool calls (they may hold end-of-turn text)
         at, size = _find(text, part, after)
-        if 0 <= at < _turn_bound(text, after, messages[k + 1 :], ends):  # a template may not render it
+        if 0 <= at and at + size <= bound[0]:  # (a template may not render it)
             after = at + size
     if ends:
         rest = len(text.rstrip())  # "": the last answer's turn ends with the rendering (GLM writes no end)
@@ -258,15 +259,17 @@ def _turn_end(
         if not found:
             raise RowProblem(CHECK, f"message {k}: no end-of-turn token ({' or '.join(map(repr, ends))}) follows it")
         at, size = min(found)  # the first; of two at one place the shorter (never an EOS after the end of turn)
-        following = visible_content(messages[k + 1]) if k + 1 < len(messages) else ""
-        between = text[after:at]
-        if following and (following in between or _as_json(following) in between):
-            raise RowProblem(
-                CHECK,
-                f"message {k}: the end-of-turn token that follows it comes after message {k + 1}'s text (the template "
-                "ends this turn otherwise, as some do a tool call's)",
-            )
-        return at + size
+        if at <= max(bound):
+            return at + size
+        if (
+            bound[1] >= 0
+        ):  # no end-of-turn token before the next message (GLM's <|assistant|>, <|system|>): it ends there
+            return trim_separator(text[: bound[0]], start)
+        raise RowProblem(
+            CHECK,
+            f"message {k}: the end-of-turn token that follows it comes after message {k + 1}'s text (the template "
+            "ends this turn otherwise, as some do a tool call's)",
+        )
     alone = render(list(messages[: k + 1]), False)  # no end-of-turn token: the turn as the last one ends
     head = render(list(messages[:k]), messages[k]["role"] == ASSISTANT) if k else ""
     if not alone.startswith(head):
@@ -292,17 +295,70 @@ def _find(text: str, part: str, start: int) -> tuple[int, int]:
     return min(found, default=(-1, 0))
 
 
-def _turn_bound(text: str, start: int, following: Sequence[dict[str, Any]], ends: Sequence[str]) -> int:
-    """Where the turn from ``start`` ends at the latest (a part found there is not its own): the first end-of-turn
-    token after it, or the first text of the messages ``following`` it, whichever is later (a turn may hold
-    end-of-turn text, or the next message's)."""
+def _turn_bound(
+    text: str,
+    start: int,
+    messages: Sequence[dict[str, Any]],
+    k: int,
+    render: Render,
+    ends: Sequence[str],
+    specials: re.Pattern[str],
+) -> tuple[int, int]:
+    """Where the turn of message ``k`` from ``start`` ends at the latest (a part found after it is not its own), and
+    where the next message's first text is (its end-of-turn token comes before it): the next message's start; or,
+    where the template renders that otherwise here, the first text of the messages following it or its first
+    end-of-turn token, whichever is later (the turn may hold either), and -1."""
+    if k + 1 < len(messages) and (found := _message_start(text, start, messages, k + 1, render, specials))[0] >= 0:
+        return found
     end = min((at for e in ends if e and (at := text.find(e, start)) >= 0), default=-1)
-    for message in following:
+    for message in messages[k + 1 :]:
         texts = _rendered_texts(message)
-        at = _find(text, texts[0], start)[0] if texts else -1
-        if at >= 0:
-            return max(at, end)
-    return len(text)
+        if texts and (at := _find(text, texts[0], start)[0]) >= 0:
+            return max(at, end), -1
+    return len(text), -1
+
+
+def _message_start(
+    text: str, at: int, messages: Sequence[dict[str, Any]], j: int, render: Render, specials: re.Pattern[str]
+) -> tuple[int, int]:
+    """Where message ``j`` starts in ``text`` at or after ``at``, and where its first text is (-1: not found there):
+    where the text the template writes for it after the messages before it, through its first text, is. That text
+    starts where the messages up to it, rendered without and with it, part; where they render message ``j - 1``
+    otherwise once it follows (Qwen3 drops its reasoning), where they part after its last text ``before`` writes."""
+    texts = _rendered_texts(messages[j])
+    try:
+        before, upto = render(list(messages[:j]), False), render(list(messages[: j + 1]), False)
+    except RowProblem:  # a template may not render a conversation that ends there (Llama 3.1: the system alone)
+        return -1, -1
+    first, size = _last(upto, texts[0], len(upto)) if texts else (-1, 0)  # its rendering is the last
+    part = len(os.path.commonprefix([before, upto]))
+    both = [  # the ends of the texts of message j - 1 both write after the parting, in each
+        (sum(was), sum(now))
+        for piece in _parts(messages[j - 1])
+        if min(now := _last(upto, piece, first), was := _last(before, piece, len(before)))[0] >= part
+    ]
+    if both:
+        here, there = max(both)  # its last text as ``before`` writes it
+        part = there + len(os.path.commonprefix([before[here:], upto[there:first]]))
+    part = _token_start(upto, part, specials)
+    found = text.find(upto[part : first + size], at) if 0 <= part <= first else -1
+    return found, found + first - part if found >= 0 else -1
+
+
+def _token_start(text: str, at: int, specials: re.Pattern[str]) -> int:
+    """``at``, or the start of the special token of ``text`` that ``at`` falls inside."""
+    return next((m.start() for m in specials.finditer(text) if m.start() < at < m.end()), at)
+
+
+def _last(text: str, part: str, end: int) -> tuple[int, int]:
+    """Where ``part`` last is in ``text[:end]``, as written or in JSON (-1: nowhere), and its size there."""
+    found = [(at, len(form)) for form in (part, _as_json(part)) if (at := text.rfind(form, 0, end)) >= 0]
+    return max(found, default=(-1, 0))
+
+
+def _parts(message: Mapping[str, Any]) -> list[str]:
+    """The texts of a message a template writes as given, its reasoning first."""
+    return [t for t in (reasoning_of(message), *_rendered_texts(message)) if t]
 
 
 def _rendered_texts(message: Mapping[str, Any]) -> list[str]:

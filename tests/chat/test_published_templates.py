@@ -254,12 +254,7 @@ def test_an_answer_after_a_result_starts_after_the_result_written_in_json_that_a
     assert times == {1: 1, 3: 1, 5: 1}
 
 
-KNOWN_BUG = pytest.mark.xfail(
-    strict=True, reason="review2: the answer is found inside its analysis, its final untrained"
-)
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=KNOWN_BUG) if n == "gpt_oss" else n for n in pb.MODELS])
+@pytest.mark.parametrize("name", list(pb.MODELS))
 def test_an_answer_its_reasoning_holds_is_trained_on_its_reference_span(
     name: str, tokenizers: dict[str, tuple[Path, Any]]
 ) -> None:
