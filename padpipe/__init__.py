@@ -40,68 +40,34 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from padpipe.state import StateMismatchError
     from padpipe.stats import PipelineStats, StatsSnapshot
 
-_HOMES = {
-    "Consumer": "padpipe.sharing.consumer",
-    "DataError": "padpipe.errors",
-    "InspectResult": "padpipe.inspection",
-    "ModelKind": "padpipe.inspection.packing_model",
-    "Pipeline": "padpipe.pipeline",
-    "PackingError": "padpipe.inspection.packing_check",
-    "PackingReport": "padpipe.inspection.packing_check",
-    "PipelineLoader": "padpipe.loader",
-    "PipelineStats": "padpipe.stats",
-    "Retry": "padpipe.readers.retry",
-    "StateMismatchError": "padpipe.state",
-    "StatsSnapshot": "padpipe.stats",
-    "TokenCache": "padpipe.cache",
-    "TokenChunk": "padpipe.chunks",
-    "check_packing": "padpipe.inspection.packing_check",
-    "equal_steps": "padpipe.runtime.equal_steps",
-    "from_hf": "padpipe.sources",
-    "from_iterable": "padpipe.sources",
-    "inspect": "padpipe.inspection",
-    "loss_weight": "padpipe.runtime.marks",
-    "model_kind": "padpipe.inspection.packing_model",
-    "mix": "padpipe.mix",
-    "pair_logps": "padpipe.pipes.pairs",
-    "read_arrow": "padpipe.sources",
-    "read_csv": "padpipe.sources",
-    "read_jsonl": "padpipe.sources",
-    "read_parquet": "padpipe.sources",
+_MODULES = {
+    "padpipe.cache": ("TokenCache",),
+    "padpipe.chunks": ("TokenChunk",),
+    "padpipe.errors": ("DataError",),
+    "padpipe.inspection": ("InspectResult", "inspect"),
+    "padpipe.inspection.packing_check": ("PackingError", "PackingReport", "check_packing"),
+    "padpipe.inspection.packing_model": ("ModelKind", "model_kind"),
+    "padpipe.loader": ("PipelineLoader",),
+    "padpipe.mix": ("mix",),
+    "padpipe.pipeline": ("Pipeline",),
+    "padpipe.pipes.pairs": ("pair_logps",),
+    "padpipe.readers.retry": ("Retry",),
+    "padpipe.runtime.equal_steps": ("equal_steps",),
+    "padpipe.runtime.marks": ("loss_weight",),
+    "padpipe.sharing.consumer": ("Consumer",),
+    "padpipe.sources": ("from_hf", "from_iterable", "read_arrow", "read_csv", "read_jsonl", "read_parquet"),
+    "padpipe.state": ("StateMismatchError",),
+    "padpipe.stats": ("PipelineStats", "StatsSnapshot"),
 }
+_HOMES = {name: home for home, names in _MODULES.items() for name in names}
 """Where each public name lives. They load on first use, so ``padpipe --help`` starts without torch."""
 
-
-__all__ = [
-    "Consumer",
-    "DataError",
-    "InspectResult",
-    "ModelKind",
-    "PackingError",
-    "PackingReport",
-    "Pipeline",
-    "PipelineLoader",
-    "PipelineStats",
-    "Retry",
-    "StateMismatchError",
-    "StatsSnapshot",
-    "TokenCache",
-    "TokenChunk",
-    "check_packing",
-    "equal_steps",
-    "examples",
-    "from_hf",
-    "from_iterable",
-    "inspect",
-    "loss_weight",
-    "mix",
-    "model_kind",
-    "pair_logps",
-    "read_arrow",
-    "read_csv",
-    "read_jsonl",
-    "read_parquet",
-]
+__all__ = [  # a literal list, as type checkers read a py.typed package's exports
+    "Consumer", "DataError", "InspectResult", "ModelKind", "PackingError", "PackingReport", "Pipeline",
+    "PipelineLoader", "PipelineStats", "Retry", "StateMismatchError", "StatsSnapshot", "TokenCache", "TokenChunk",
+    "check_packing", "equal_steps", "examples", "from_hf", "from_iterable", "inspect", "loss_weight", "mix",
+    "model_kind", "pair_logps", "read_arrow", "read_csv", "read_jsonl", "read_parquet",
+]  # fmt: skip
 __version__ = "0.1.0"
 
 
