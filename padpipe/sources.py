@@ -90,13 +90,7 @@ def read_arrow(
 ) -> Pipeline:
     """Read Arrow IPC files, file or stream format (``datasets`` cache files, ``save_to_disk`` folders).
 
-    Args:
-        paths: A path, glob, folder (a ``save_to_disk`` folder too) or list of them.
-        columns: Columns to read (default: all).
-        chunk_rows: Most rows per chunk passed downstream.
-        storage_options: Options for the fsspec filesystem.
-        retries: Retries of a transient storage error, as in :func:`read_parquet`.
-        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since it was listed.
+    Takes :func:`read_parquet`'s arguments (``paths`` may name a ``save_to_disk`` folder).
 
     Example:
         >>> pipe = pp.read_arrow("my_dataset/")  # doctest: +SKIP
@@ -116,13 +110,9 @@ def read_jsonl(
 ) -> Pipeline:
     """Read JSON Lines files: plain, ``.gz`` or ``.zst``; one JSON object per line.
 
+    Takes :func:`read_parquet`'s arguments (``columns``: the keys to keep) and this one:
+
     Args:
-        paths: A path, glob, folder or list of them.
-        columns: Keys to keep (default: all).
-        chunk_rows: Most rows per chunk passed downstream.
-        storage_options: Options for the fsspec filesystem.
-        retries: Retries of a transient storage error, as in :func:`read_parquet`.
-        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since it was listed.
         on_error: A line that cannot be a row (invalid UTF-8 or JSON, a value of the wrong
             type): ``"raise"`` a ``DataError`` naming file and line, or ``"skip"`` it (counted per
             file in ``loader.stats().skipped`` as ``read.bad_row:<file>``).
@@ -149,16 +139,8 @@ def read_csv(
 ) -> Pipeline:
     """Read CSV files with a header line (``pyarrow.csv``; column types from each file's first MiB).
 
-    Args:
-        paths: A path, glob, folder or list of them.
-        columns: Columns to keep (default: all).
-        chunk_rows: Most rows per chunk passed downstream.
-        storage_options: Options for the fsspec filesystem.
-        retries: Retries of a transient storage error, as in :func:`read_parquet`.
-        on_missing: ``"raise"`` or ``"skip"`` a file gone or resized since it was listed.
-
-    A file is one work unit, shared whole between consumers; a resumed reader parses its file
-    again up to the saved row.
+    Takes :func:`read_parquet`'s arguments. A file is one work unit, shared whole between consumers; a resumed
+    reader parses its file again up to the saved row.
 
     Example:
         >>> import pathlib, tempfile
