@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +31,22 @@ def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: in
     return ShuffleBuffer(upstream, buffer_size=buffer_size, seed=seed, stats=ctx.stats, references=ctx.cache)
 
 
+def _with_stats(node: Callable[..., BaseNode]) -> Callable[..., BaseNode]:
+    """The builder of a stage whose node takes the upstream node, the recipe's stats and its options."""
+
+    def build(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
+        return node(upstream, stats=ctx.stats, **options)
+
+    return build
+
+
+batch = _with_stats(FixedBatcher)
+pad = _with_stats(Padder)
+pack = _with_stats(Packer)
+pair_pad = _with_stats(PairPadder)  # TRL's DPO layout
+prefetch = _with_stats(DevicePrefetcher)  # a background thread, copying to ``device`` when set
+
+
 def tokenize(
     upstream: BaseNode,
     ctx: BuildContext,
@@ -42,15 +59,10 @@ def tokenize(
 ) -> BaseNode:
     """Build the tokenizer stage: the batch encoder run by ``num_threads`` threads, chunks in order.
 
-    Its state is the upstream position after the last chunk it returned, whatever ``num_threads``
-    (so resume is exact across thread counts), with the settings that change the tokens checked on
-    resume: ``fields``, ``max_length`` (as resolved), ``add_special_tokens``, ``append_eos``, the
-    truncation side and the tokenizer itself. ``on_error`` is not checked, so a run stopped by a bad
-    row can resume with ``on_error="skip"``. Errors from the threads reach the consumer unchanged.
-    With the recipe's token cache (its session is ``ctx.cache``), the threads tokenize only the rows
-    the cache does not hold, and a node after them collects the new rows for the cache.
+    Its state is the upstream position (exact across thread counts) with the settings that change the tokens;
+    ``on_error`` is not one, so a run stopped by a bad row can resume with ``on_error="skip"``. With the recipe's
+    token cache, the threads tokenize only the rows it does not hold, and a node after them fills it.
     """
-
     upstream = FirstChunks(upstream, references=ctx.cache)  # the first rows of an epoch in small chunks: fast
     fn: Any = ChunkTokenizer(encoder, fields=fields, on_error=on_error, append_eos=append_eos, stats=ctx.stats)
     if ctx.cache is not None:
@@ -65,11 +77,6 @@ def tokenize(
     }
     node = OrderedMapper(upstream, fn, num_threads=num_threads, stage="tokenize", settings=settings)
     return node if ctx.cache is None else ctx.cache.filler(node)
-
-
-def batch(upstream: BaseNode, ctx: BuildContext, *, batch_size: int, drop_last: bool) -> BaseNode:
-    """Build the in-order fixed-size batcher."""
-    return FixedBatcher(upstream, batch_size=batch_size, drop_last=drop_last, stats=ctx.stats)
 
 
 def bucket(upstream: BaseNode, ctx: BuildContext, *, seed: int | None, **options: Any) -> BaseNode:
@@ -87,32 +94,12 @@ def bucket(upstream: BaseNode, ctx: BuildContext, *, seed: int | None, **options
     )
 
 
-def pad(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
-    """Build the pad-collate stage."""
-    return Padder(upstream, stats=ctx.stats, **options)
-
-
-def prefetch(upstream: BaseNode, ctx: BuildContext, *, prefetch: int, device: Any, block_mask: Any = None) -> BaseNode:
-    """Build the background prefetcher (and CUDA copier when ``device`` is set)."""
-    return DevicePrefetcher(upstream, prefetch=prefetch, device=device, block_mask=block_mask, stats=ctx.stats)
-
-
 def source(upstream: None, ctx: BuildContext, *, reader: type, **options: Any) -> BaseNode:
     """Build a reader node; the shuffle seed and consumer slot come from the recipe (and the token cache, if any)."""
     node = reader(seed=ctx.seed, consumer=ctx.consumer, stats=ctx.stats, **options)
     if ctx.cache is not None:
         node.use_token_cache(ctx.cache)
     return node
-
-
-def pack(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
-    """Build the sequence packer."""
-    return Packer(upstream, stats=ctx.stats, **options)
-
-
-def pair_pad(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
-    """Build the pad-collate stage of preference pairs: TRL's DPO layout."""
-    return PairPadder(upstream, stats=ctx.stats, **options)
 
 
 def pair_pack(upstream: BaseNode, ctx: BuildContext, *, keep: tuple[str, ...], **options: Any) -> BaseNode:
@@ -143,7 +130,6 @@ def tokens(
     pad_id: int | None,
 ) -> BaseNode:
     """Build the tokens stage (rows that already hold token ids), run inline; ``pad_id`` is for pad/pack."""
-
     fn = TokenColumns(column=column, type_ids=type_ids, max_length=max_length, stats=ctx.stats)
     settings = {"column": column, "type_ids": type_ids, "max_length": max_length}
     upstream = FirstChunks(upstream)  # chunked as tokenize's input, so both give the same batches downstream
@@ -160,13 +146,9 @@ def chat(
 ) -> BaseNode:
     """Build the chat stage: templates rendered and tokenized by ``num_threads`` threads, chunks in order.
 
-    Its state is the upstream position after the last chunk it returned (exact across thread
-    counts, as tokenize's), with what changes the tokens and labels checked on resume: the options
-    but ``on_error``, the template and the tokenizer. With the recipe's token cache (its session
-    is ``ctx.cache``), the threads render only the conversations the cache does not hold, and a
-    node after them collects the new ones for the cache.
+    Its state is as :func:`tokenize`'s, with the options but ``on_error``, the template and the tokenizer checked
+    on resume; with the recipe's token cache, the threads render only the conversations it does not hold.
     """
-
     chat_fn = ChatTokenizer(template, options, stats=ctx.stats)
     fn: Any = chat_fn if ctx.cache is None else ctx.cache.chat(chat_fn)
     settings = {**options.settings(), "template": template.fingerprint(), "tokenizer": chat_fn.encoder.fingerprint()}
