@@ -1,12 +1,8 @@
-"""Versioned, checked, plain-data node state (docs/state.md).
+"""Versioned, checked, plain-data node state: what it holds and what resume checks is docs/state.md.
 
-A state is plain data (dicts with string keys, lists, scalars and ``torch`` tensors), so
-``torch.load(..., weights_only=True)`` loads a checkpoint that holds one. Each carries its ``version``,
-the ``settings`` resume depends on (each must equal the pipeline's own), its fields (each checked against a
-:class:`Spec`) and a CRC-32 ``checksum`` over all of them, so a value edited after saving is refused. A nested
-state or buffer (a dict with its own ``checksum``) counts by its checksum and checks itself. A stage declares
-its state once, as a :class:`StateSchema`; every failure is a :class:`StateMismatchError` naming the stage and
-the key.
+A stage declares its state once, as a :class:`StateSchema`: its ``version``, the ``settings`` that must match,
+each field's :class:`Spec`, and a CRC-32 ``checksum`` over them all. Every failure is a
+:class:`StateMismatchError` naming the stage and the key.
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ from padpipe.state_walk import crc, deeper_than, key_text, show
 
 VERSION_KEY = "version"
 SETTINGS_KEY = "settings"
-SOURCE_KEY = "source"
 CHECKSUM_KEY = "checksum"
 MISSING = "<missing>"
 MAX_DEPTH = 32

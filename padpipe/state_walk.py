@@ -1,11 +1,8 @@
 """Walks over a state's values, which anyone may have written: its CRC, its nesting depth, a short display.
 
-A state from a file may hold a list nested 100,000 deep, an int of 5,000 digits, a string of a gigabyte. Each
-walk here takes time linear in the state's size, never recurses (no ``RecursionError``), never converts an int of
-more than :data:`INT_BITS` bits to decimal (Python refuses past 4,300 digits, and the conversion is quadratic),
-and copies or shows at most a bounded part of a long string. A dict holding the ``sealed`` key (a nested state
-or buffer with its own checksum) counts by that checksum in :func:`crc` and is not entered by
-:func:`deeper_than`: it is checked on its own.
+Whatever a state holds (a list nested 100,000 deep, an int of 5,000 digits, a string of a gigabyte), each walk
+takes time linear in its size, never recurses, never converts an int of more than :data:`INT_BITS` bits to
+decimal, and copies or shows a bounded part of a long string.
 """
 
 from __future__ import annotations
