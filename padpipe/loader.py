@@ -25,25 +25,13 @@ T = TypeVar("T")
 class PipelineLoader(Generic[T]):
     """Iterable over a built pipeline: each ``iter(loader)`` is the next epoch, resumable mid-epoch.
 
-    ``state_dict()`` at any step and ``load_state_dict()`` on a loader of the same pipeline (in
-    this process or a new one) continue with exactly the batches that would have come next. At an
-    epoch's end the state says whether the epoch was finished (the ``for`` loop ended) or its
-    last batch was just taken (still inside the loop), so the ordinary loop resumes right:
-
-    * a state taken inside the loop after the epoch's last batch resumes with nothing left of
-      that epoch (the next ``iter`` yields no batch), then the following epoch;
-    * a state taken after the loop ended resumes with the next epoch;
-    * a :meth:`checkpoint` holding batches not trained yet resumes with them, then (if its loop
-      had ended, a trainer fetching ahead having met the epoch's end) that epoch ends.
-
-    This is what ``torchdata``'s ``StatefulDataLoader`` does. An ``iter`` whose epoch returned no
-    batch and did not end leaves that epoch unspent: the next ``iter`` starts it again (a framework
-    that calls ``iter`` once to check the loader moves no epoch on).
-
-    A loop that fetches batches ahead of the step it trains (Lightning's) holds batches the loader
-    cannot see: its adapter notes them (:meth:`trained`, :meth:`checkpoint`), and
-    :mod:`padpipe.integrations.loader_guard` raises where Lightning would save or resume the loader
-    without its ``ExactResume`` callback (docs/training.md).
+    ``state_dict()`` at any step and ``load_state_dict()`` on a loader of the same pipeline (in this process or a
+    new one) continue with exactly the batches that would have come next; a state taken at an epoch's end, inside
+    the ``for`` loop or after it, resumes right, as ``torchdata``'s ``StatefulDataLoader`` (docs/state.md, "Resume
+    in your loop"). An ``iter`` whose epoch returned no batch and did not end leaves that epoch unspent: the next
+    ``iter`` starts it again (a framework that calls ``iter`` once to check the loader moves no epoch on). A loop
+    that fetches batches ahead of the step it trains (Lightning's) notes them with :meth:`trained` and saves them
+    with :meth:`checkpoint` (docs/training.md).
 
     Args:
         pipeline: The recipe it reads.
