@@ -1,10 +1,8 @@
-"""Cheap checks made while a pipeline is put together, so a typo fails at the call that made it.
+"""Cheap checks made while a pipeline is put together, so a typo fails at the call that made it, not in a worker.
 
-Readers list their input on first use (in the loader, a DataLoader worker), where a mistyped path or column
-would surface many frames deep. Here the same mistakes are caught early, with the readers' messages, from what
-is cheap to know: a local path's first file (a few ``stat`` calls), a Parquet footer or Arrow schema, a local
-JSON Lines file's first row, ``columns=``, a ``datasets.Dataset``. Remote files, iterables and mixed pipelines
-are checked when read; a check that cannot decide (a file it cannot open) says nothing: the reader reports it.
+What is cheap to know: a local path's first file, a Parquet footer or Arrow schema, a local JSON Lines file's
+first row, ``columns=``, a ``datasets.Dataset``. Anything else, or a check that cannot decide (a file it cannot
+open), is left to the reader.
 """
 
 from __future__ import annotations

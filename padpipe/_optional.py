@@ -1,14 +1,6 @@
 """Optional dependencies: import one when it is needed, or fail with the ``pip install`` line that adds it.
 
-The core (``pip install padpipe``) reads local Parquet, Arrow and JSON Lines files (``.gz`` and
-``.zst`` too) and tokenizes with a ``tokenizers`` tokenizer or ``tokenizer.json`` file. The
-extras add:
-
-* ``[hf]``: ``transformers`` (``AutoTokenizer`` objects, tokenizer folders and hub names) and
-  ``datasets`` (``pp.from_hf``, GLUE from the Hub or a ``save_to_disk`` folder);
-* ``[s3]``: ``s3fs``, for ``s3://`` paths (other URLs need their fsspec backend: ``gcsfs``, ...);
-* ``[chart]``: ``matplotlib``, for ``padpipe inspect``'s chart;
-* ``[accelerate]``, ``[lightning]``: the frameworks (``padpipe.integrations.lightning`` needs Lightning).
+What each extra adds is docs/install.md's table.
 """
 
 from __future__ import annotations

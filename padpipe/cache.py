@@ -1,11 +1,7 @@
-"""The token cache: tokenize once, read ids on every later epoch and run (``tokenize(..., cache=...)``).
+"""The token cache: tokenize once, read ids on every later epoch and run (``tokenize(..., cache=...)``; docs/cache.md).
 
-The first pass writes what ``tokenize`` (or ``chat``) produced, unit by unit, as Arrow IPC files; later
-passes read them instead. Entries are keyed by the tokenizer and the stage's options, and by each source
-unit's file, size, version and row range, so any change is a miss, never stale ids; batches are exactly
-those without a cache. A recipe with a cache holds it (``Pipeline.cache``, :func:`tokenize_plan`).
-
-Command line: ``padpipe cache info PATH`` prints the size; ``padpipe cache clear PATH`` deletes it.
+A recipe with a cache holds it (``Pipeline.cache``, :func:`tokenize_plan`). Command line: ``padpipe cache info
+PATH`` prints the size; ``padpipe cache clear PATH`` deletes it.
 """
 
 from __future__ import annotations
