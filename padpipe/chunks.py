@@ -155,16 +155,10 @@ class TokenChunk:
             >>> state["ids"], state["offsets"]
             (tensor([1, 2, 3], dtype=torch.int32), tensor([0, 2, 3]))
         """
-        return seal(
-            {
-                "ids": torch.from_numpy(np.array(self.ids, dtype=ID_DTYPE, copy=True)),
-                "offsets": torch.from_numpy(np.array(self.offsets, dtype=np.int64, copy=True)),
-                "type_ids": None
-                if self.type_ids is None
-                else torch.from_numpy(np.array(self.type_ids, TYPE_ID_DTYPE, copy=True)),
-                "columns": None if not self.columns else bytes_to_tensor(_columns_to_ipc(self.columns)),
-            }
-        )
+        type_ids = None if self.type_ids is None else _copy(self.type_ids, TYPE_ID_DTYPE)
+        columns = None if not self.columns else bytes_to_tensor(_columns_to_ipc(self.columns))
+        ids, offsets = _copy(self.ids, ID_DTYPE), _copy(self.offsets, np.int64)
+        return seal({"ids": ids, "offsets": offsets, "type_ids": type_ids, "columns": columns})
 
     @staticmethod
     def from_state(state: Any) -> TokenChunk:
@@ -198,6 +192,10 @@ class TokenChunk:
 
 CHUNK_KEYS = ("ids", "offsets", "type_ids", "columns")
 RECORDS_KEYS = ("ipc",)
+
+
+def _copy(array: np.ndarray, dtype: Any) -> torch.Tensor:
+    return torch.from_numpy(np.array(array, dtype=dtype, copy=True))
 
 
 def _tensor(value: Any, dtype: torch.dtype, name: str) -> np.ndarray:
@@ -268,11 +266,9 @@ def record_batch_from_bytes(data: bytes | np.ndarray) -> pa.RecordBatch:
             raise ValueError("its body is compressed, which padpipe never writes (a small state could inflate to GBs)")
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
         table.validate(full=True)  # offsets and lengths within their buffers, before anything reads them
-        return (
-            table.combine_chunks().to_batches()[0]
-            if table.num_rows
-            else pa.RecordBatch.from_pylist([], schema=table.schema)
-        )
+        if not table.num_rows:
+            return pa.RecordBatch.from_pylist([], schema=table.schema)
+        return table.combine_chunks().to_batches()[0]
     except (pa.ArrowException, OSError, ValueError, TypeError, struct.error, IndexError) as exc:
         raise StateMismatchError(f"a saved record batch is not readable Arrow IPC ({str(exc)[:200]})") from None
 
