@@ -224,13 +224,5 @@ class PipelineStats:
     def _own_snapshot(self) -> StatsSnapshot:
         with self._lock:
             wall = 0.0 if self._started is None else time.perf_counter() - self._started
-            return StatsSnapshot(
-                rows=self._rows,
-                batches=self._batches,
-                real_tokens=self._real,
-                padded_tokens=self._padded,
-                skipped=dict(self._skipped),
-                seconds=dict(self._seconds),
-                counters=dict(self._counters),
-                wall_seconds=wall,
-            )
+            counts = (self._rows, self._batches, self._real, self._padded)  # StatsSnapshot's fields, in order
+            return StatsSnapshot(*counts, dict(self._skipped), dict(self._seconds), dict(self._counters), wall)
