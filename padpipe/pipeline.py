@@ -478,12 +478,8 @@ class Pipeline(Runnable, IterableDataset):
         }
         check_pack_options(**options)
         if self._paired():
-            if (
-                long_docs in ("split", "truncate")
-                or label_pad_id != -100
-                or CHOSEN in options["keep"]
-                or layout != "rows"
-            ):
+            whole = long_docs not in ("split", "truncate") and label_pad_id == -100 and CHOSEN not in options["keep"]
+            if not whole or layout != "rows":
                 raise ValueError(
                     "pack() keeps a preference pair whole in rows: `long_docs` must be None, 'raise' or 'drop', "
                     f"`label_pad_id` -100, `keep` without {CHOSEN!r} and `layout` 'rows', but they are {long_docs!r}, "
