@@ -1,9 +1,6 @@
-"""The ``padpipe`` command line (also ``python -m padpipe``): one subcommand per tool.
-
-``inspect`` (:func:`padpipe.inspect`), ``cache info|clear`` (:mod:`padpipe.cache`) and ``check-packing``
-(:func:`padpipe.check_packing`; exit status 1 when a model reads packed rows wrong). A user error prints one line
-and exits with status 2. The names of :mod:`padpipe._shipped` (``sample``, ``chats``, ...) stand for the files
-shipped inside the package.
+"""The ``padpipe`` command line (also ``python -m padpipe``): ``inspect`` (:func:`padpipe.inspect`), ``cache
+info|clear`` (:mod:`padpipe.cache`) and ``check-packing`` (:func:`padpipe.check_packing`; exit status 1 when a
+model reads packed rows wrong). A user error prints one line and exits with status 2.
 
 Example:
     $ padpipe inspect sample --tokenizer sample --max-length 128
@@ -15,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -33,12 +31,8 @@ def _at_least(text: str, minimum: int) -> int:
     return value
 
 
-def _positive(text: str) -> int:
-    return _at_least(text, 1)
-
-
-def _non_negative(text: str) -> int:
-    return _at_least(text, 0)
+_positive = functools.partial(_at_least, minimum=1)
+_non_negative = functools.partial(_at_least, minimum=0)
 
 
 def _fields(text: str) -> tuple[str, ...]:
@@ -139,13 +133,8 @@ def _add_inspect(commands: argparse._SubParsersAction) -> None:
         "conversations: --seq-len, else 2048)",
     )
     size = p.add_mutually_exclusive_group()
-    size.add_argument(
-        "--sample",
-        type=_positive,
-        default=20_000,
-        metavar="N",
-        help="rows to sample, spread over the input's files and row groups",
-    )
+    sample = "rows to sample, spread over the input's files and row groups"
+    size.add_argument("--sample", type=_positive, default=20_000, metavar="N", help=sample)
     size.add_argument(
         "--all",
         dest="sample",
