@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -53,11 +54,7 @@ def check_loader_call(loader: Any, method: str, state: Any) -> None:
         check(loader, method, state)
 
 
-_found: list[bool] = []
-
-
+@functools.cache
 def _discover() -> None:
     """Import :data:`ADAPTERS` once (it registers the adapters)."""
-    if not _found:
-        _found.append(True)
-        importlib.import_module(ADAPTERS)
+    importlib.import_module(ADAPTERS)
