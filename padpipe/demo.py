@@ -1,8 +1,4 @@
-"""The main job: padding strategies compared on the shipped sample (``python -m padpipe.demo``).
-
-Runs the same shuffled, tokenized stream through four batching strategies and prints padding efficiency,
-throughput and time to first batch for each, a row as each finishes, after one untimed batch that warms up what
-they share (the tokenizer, the reader, torch).
+"""The main job: padding strategies compared on the shipped sample (``python -m padpipe.demo``; :data:`DESCRIPTION`).
 
 Example:
     $ python -m padpipe.demo --max-length 128 --batch-size 32
