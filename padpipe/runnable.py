@@ -60,15 +60,10 @@ class Runnable:
         if consumer is None and self.sharding == "off":
             consumer = Consumer.detect(ranks=False)
         pad = next((s.options for s in self.stages if s.name == "pad"), {})
+        sizes = {key: pad.get(key) for key in ("pad_to_multiple_of", "pad_to_length")}  # for the bucket stage
         stats = stats or PipelineStats()
-        context = BuildContext(
-            stats=stats,
-            consumer=consumer,
-            seed=self.seed,
-            pad_to_multiple_of=pad.get("pad_to_multiple_of"),
-            pad_to_length=pad.get("pad_to_length"),
-            cache=None if self.cache is None else CacheSession(self.cache, stats),  # one per built graph
-        )
+        cache = None if self.cache is None else CacheSession(self.cache, stats)  # one per built graph
+        context = BuildContext(stats=stats, consumer=consumer, seed=self.seed, cache=cache, **sizes)
         node = self.source.builder(None, context, **self.source.options)
         for stage in self.stages:
             node = stage.builder(node, context, **stage.options)
@@ -179,7 +174,6 @@ class Runnable:
         reads the next epoch; non-persistent workers start from the main process's epoch, so call
         :meth:`set_epoch` each epoch (as with ``DistributedSampler``).
         """
-
         self._check_runnable()
         # fails under a DataLoader that batches again and wrappers that shard again (Accelerate), warns for a
         # bare Lightning resume
