@@ -1,9 +1,6 @@
-"""A loader's checkpoints: rank states checked as one checkpoint of one run, and every rank's in one value.
-
-:func:`one_checkpoint` checks a list of saved rank states before an elastic resume. :data:`CHECKPOINT` is the
-multi-rank format of :meth:`~padpipe.loader.PipelineLoader.checkpoint`, which every framework adapter saves: for
-each rank of the loader's process group, its loader state and the batches it had returned but its trainer had
-not trained, gathered so that the value is the same on every rank.
+"""A loader's checkpoints: rank states checked as one checkpoint of one run (:func:`one_checkpoint`), and every
+rank's in one value (:data:`CHECKPOINT`, what :meth:`~padpipe.loader.PipelineLoader.checkpoint` gathers and every
+framework adapter saves; docs/elastic.md).
 """
 
 from __future__ import annotations

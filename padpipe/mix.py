@@ -33,10 +33,8 @@ def mix(
     its own share. Epoch ``e`` of the mix reads epoch ``e`` of every sub-pipeline. Resume is exact
     (the sub-pipelines' states and the rows buffered per pipeline are saved).
 
-    Why not ``torchdata.nodes.MultiNodeWeightedSampler``: it draws whole items (a chunk of up to
-    ``chunk_rows`` rows), so unequal chunk sizes skew the row proportions; its epoch counter only
-    advances after an item was read (our ``reset()`` always starts the next epoch, and jumping to
-    an epoch breaks it), its draws are seeded per rank, and its state is not checked on resume.
+    Unlike ``torchdata.nodes.MultiNodeWeightedSampler``, it draws rows, not chunks of unequal sizes, the same
+    on every rank, starts any epoch on ``reset()``, and checks its state on resume.
 
     Args:
         pipelines: Name -> pipeline, all yielding ``"records"`` or all ``"tokens"``.
