@@ -1,13 +1,10 @@
-"""The node protocols: epochs (:class:`EpochAware`, and the walk that starts a graph at an epoch), and the
-loader's stack above the graphs (:class:`Layer`), each declared once; on the ground floor (it imports only
-``torchdata``).
+"""The node protocols, each declared once, on the ground floor (it imports only ``torchdata``): epochs
+(:class:`EpochAware`, and the walk that starts a graph at an epoch) and the loader's stack above the graphs.
 
-The stack: :func:`~padpipe.runtime.assemble.assemble` stacks loss-token windows, equal steps and a trailing
-prefetch or ``to_cuda`` stage over the graphs and records them as :class:`LayerRecord` s. Each layer takes a
-saved state apart (:meth:`Layer.split`: the state below it, the batches it held, whether the epoch had ended on
-every rank below it) and makes a fresh state of itself over a state below (:meth:`Layer.around`); the elastic
-planner (:mod:`padpipe.runtime.elastic`) folds over the record, so a layer added to the assembly is planned for
-by what it declares, nowhere else.
+:func:`~padpipe.runtime.assemble.assemble` stacks loss-token windows, equal steps and a trailing prefetch or
+``to_cuda`` stage over the graphs, recorded as :class:`LayerRecord` s; the elastic planner
+(:mod:`padpipe.runtime.elastic`) folds over the record, so a new layer is planned for by what its :class:`Layer`
+declares, nowhere else.
 """
 
 from __future__ import annotations
