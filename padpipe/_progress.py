@@ -141,10 +141,7 @@ class ProgressNode(BaseNode[Any]):
         super().reset(initial_state)
         self._end_bar()
         self._finished = False
-        if initial_state is None:
-            self.source.reset(None)
-            return
-        self.source.reset(self.STATE.check(initial_state, {}).source)
+        self.source.reset(None if initial_state is None else self.STATE.check(initial_state, {}).source)
 
     def next(self) -> Any:
         try:

@@ -278,12 +278,9 @@ def _compressed(meta: bytes) -> bool:
     (or dictionary batch's) ``compression`` field is set. Read by hand, as pyarrow reads a body only to inflate it."""
 
     def slot(table: int, index: int) -> int:  # the field's offset in its table, 0 when absent
-        vtable = table - struct.unpack_from("<i", meta, table)[0]
-        return (
-            struct.unpack_from("<H", meta, vtable + 4 + 2 * index)[0]
-            if 4 + 2 * index < struct.unpack_from("<H", meta, vtable)[0]
-            else 0
-        )
+        vtable, at = table - struct.unpack_from("<i", meta, table)[0], 4 + 2 * index
+        vtable_size = struct.unpack_from("<H", meta, vtable)[0]
+        return struct.unpack_from("<H", meta, vtable + at)[0] if at < vtable_size else 0
 
     def child(table: int, index: int) -> int | None:
         at = slot(table, index)
