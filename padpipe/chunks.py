@@ -1,9 +1,5 @@
-"""The columnar unit that flows between tokenized stages: many rows of token ids, stored flat.
-
-Raw stages (readers, shuffle) pass ``pyarrow.RecordBatch`` objects. From ``tokenize`` on, stages
-pass :class:`TokenChunk`: one flat ``int32`` id array plus row offsets, optional flat token type
-ids, and the pass-through columns (labels, ids, ...) as Arrow arrays. Gathering, concatenating and
-saving chunks are vectorized; no stage loops over rows in Python.
+"""The columnar unit that flows between tokenized stages (raw stages pass ``pyarrow.RecordBatch`` objects): many
+rows of token ids, stored flat. Gathering, concatenating and saving chunks are vectorized, never a loop over rows.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Checks of who calls padpipe: a registry the framework adapters fill, so the core knows no framework.
 
-A check only raises or warns, never changes what the call does. The adapters are found as plugins are: on the
-first question the package named by :data:`ADAPTERS` is imported by name and registers them.
-:func:`check_iteration` (``Pipeline.__iter__``) asks whether a wrapper reading the pipeline would lose, repeat or
-stack rows (:mod:`padpipe.integrations.guard`); :func:`check_loader_call` (``PipelineLoader.state_dict``,
-``load_state_dict`` and an epoch's first batch) whether a framework saves or restores the loader in a way that
-would not resume exactly (:mod:`padpipe.integrations.loader_guard`).
+A check only raises or warns, never changes what the call does: whether a wrapper reading the pipeline would
+lose, repeat or stack rows (:mod:`padpipe.integrations.guard`), or a framework save or restore the loader in a way
+that would not resume exactly (:mod:`padpipe.integrations.loader_guard`). The adapters are found as plugins are.
 
 Example:
     >>> check_iteration(object(), batches=True)  # nobody is wrapping it: nothing to say
