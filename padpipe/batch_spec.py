@@ -57,10 +57,9 @@ def batch_problem(batch: Mapping[Any, Any]) -> tuple[str, str] | None:
     for key in MARKS:
         if key in batch and (batch[key].dim() != 0 or batch[key].dtype != torch.bool):
             return f"`{key}` is a 0-d bool tensor", f"{_tensor(batch[key])} of {batch[key].dtype}"
-    if "num_items_in_batch" in batch and (
-        batch["num_items_in_batch"].dim() or not _is_int(batch["num_items_in_batch"])
-    ):
-        return "`num_items_in_batch` is a 0-d integer tensor", _tensor(batch["num_items_in_batch"])
+    count = batch.get("num_items_in_batch")
+    if count is not None and (count.dim() or not _is_int(count)):
+        return "`num_items_in_batch` is a 0-d integer tensor", _tensor(count)
     for key in (*INTEGER, "labels", "attention_mask"):
         if key in batch and batch[key].dim() == 0:
             return f"`{key}` is a tensor of one row or more", _tensor(batch[key])

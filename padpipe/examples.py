@@ -53,9 +53,7 @@ def tokenizer() -> Any:
 
 
 def hf_tokenizer() -> Any:
-    """The shipped tokenizer as a ``transformers`` fast tokenizer, loaded offline from its folder.
-
-    Needs ``transformers`` (``pip install 'padpipe[hf]'``).
+    """The shipped tokenizer as a ``transformers`` fast tokenizer, loaded offline from its folder (``padpipe[hf]``).
 
     Example:
         >>> pp.examples.hf_tokenizer().pad_token
@@ -66,9 +64,7 @@ def hf_tokenizer() -> Any:
 
 
 def chat_tokenizer() -> Any:
-    """The shipped chat tokenizer (ChatML template) as a ``transformers`` fast tokenizer, loaded offline.
-
-    Needs ``transformers`` (``pip install 'padpipe[hf]'``).
+    """The shipped ChatML chat tokenizer as a ``transformers`` fast tokenizer, loaded offline (``padpipe[hf]``).
 
     Example:
         >>> tok = pp.examples.chat_tokenizer()
