@@ -471,13 +471,9 @@ class StateSchema:
         if unknown:
             raise TypeError(f"{self.stage} state: specs given for undeclared keys {unknown}.")
         fields = {**self.fields, **(specs or {})}
+        between = None if check is None else lambda values: check(Loaded(values))
         loaded = check_state(
-            stage or self.stage,
-            state,
-            version=self.version,
-            settings=settings,
-            fields=fields,
-            check=None if check is None else lambda values: check(Loaded(values)),
+            stage or self.stage, state, version=self.version, settings=settings, fields=fields, check=between
         )
         return Loaded(loaded)
 
