@@ -151,15 +151,9 @@ class PipelineLoader(Generic[T]):
         if self._pending is not None:
             return self._pending
         root = self.root.state_dict() if self._started else None
-        return self.STATE.make(
-            self.options.settings(),
-            root=root,
-            finished=self._finished,
-            layout=self._built.layout(),
-            epoch=self._epoch,
-            step=self._step,
-            lockstep=bool(getattr(self.root, "in_lockstep", False)),
-        )
+        where = {"layout": self._built.layout(), "epoch": self._epoch, "step": self._step, "finished": self._finished}
+        lockstep = bool(getattr(self.root, "in_lockstep", False))
+        return self.STATE.make(self.options.settings(), root=root, lockstep=lockstep, **where)
 
     def load_state_dict(
         self,
