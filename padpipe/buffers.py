@@ -1,12 +1,9 @@
 """How a stage saves the rows it buffers: whole, or as references a token cache resolves (the stages' hook).
 
-The shuffle buffer, ``first_chunks`` and the bucketizer save buffered rows in their states with
-:func:`chunk_state` / :func:`records_state` and declare those fields as :class:`BufferedChunk` /
-:class:`BufferedRecords`. Without a token cache the rows are saved whole. With one, the stage is given the
-pipeline's cache session as its :class:`References` (the build context hands it over): rows it has
-published carry a reference column (``__padpipe_ref``: unit and position), a buffer whose every row
-it holds is saved as 12 bytes a row, and it reads them back on resume. A state that holds references
-is refused by name in a stage given none.
+A stage saves buffered rows with :func:`chunk_state` / :func:`records_state` and declares those fields as
+:class:`BufferedChunk` / :class:`BufferedRecords`. With a token cache (its session, the stage's
+:class:`References`), rows it has published carry a reference column (``__padpipe_ref``), and a buffer whose every
+row it holds is saved as 12 bytes a row; a state that holds references is refused in a stage given none.
 
 Example:
     >>> chunk = TokenChunk.from_lists([[1, 2]], {"x": [7]})

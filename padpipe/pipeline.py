@@ -271,14 +271,11 @@ class Pipeline(Runnable, IterableDataset):
     ) -> Pipeline:
         """Turn preference data (DPO, ORPO, reward pairs; KTO's labelled completions) into token rows, one per pair.
 
-        Reads TRL's formats (docs/preference.md, "Formats"): ``prompt`` messages with one assistant message
-        ``chosen`` and one ``rejected``, the same as plain text, an implicit prompt, or with ``unpaired=True`` KTO's
-        ``prompt``/``completion``/``label``. Each member, ``prompt + [completion]``, is encoded by ``.chat()``'s
-        machinery: ids ``apply_chat_template``'s, the completion from where the answer's output starts to the end
-        of the rendering (what TRL's DPO trains). A pair stays one token row through every later stage;
-        ``.batch(n).pad()`` gives TRL's DPO collator layout, ``.pack(seq_len)`` whole pairs, each member its own
-        sequence (:mod:`padpipe.pipes.pairs`). A member longer than ``max_length`` loses its prompt's first tokens,
-        the same from both members; a pair that does not fit so is skipped (docs/preference.md, "Truncation").
+        Reads TRL's formats (docs/preference.md, "Formats"), or with ``unpaired=True`` KTO's. Each member,
+        ``prompt + [completion]``, is encoded by ``.chat()``'s machinery, its completion what TRL's DPO trains. A pair
+        stays one token row through every later stage: ``.batch(n).pad()`` gives TRL's DPO collator layout,
+        ``.pack(seq_len)`` whole pairs, each member its own sequence (:mod:`padpipe.pipes.pairs`). A member longer
+        than ``max_length`` loses its prompt's first tokens (docs/preference.md, "Truncation").
 
         Args:
             tokenizer: A ``transformers`` fast tokenizer, or a pretrained folder (as :meth:`chat`'s).
