@@ -1,9 +1,7 @@
 """What padpipe's command lines share: ``--help`` that shows every default, and user errors as one line.
 
 A command builds its options with :func:`parser`, defines ``main(argv) -> int`` that raises on bad input as the
-library does, and ends with ``sys.exit(_command.run(main, prog=PROG))``: a user mistake then prints
-``PROG: error: <message>`` as one line and exits with 2 (``PADPIPE_TRACEBACK=1`` shows its traceback); anything
-else is a bug and keeps its traceback.
+library does, and ends with ``sys.exit(_command.run(main, prog=PROG))`` (:func:`run` says what a user error prints).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Counters every stage reports into: rows, tokens, padding, skips and time per stage.
 
 ``print(loader.stats())`` gives a short report people can read; ``loader.stats().as_dict()`` the same figures
-under flat, stable keys for loggers (docs/inspect.md lists them). A stage's time is what its own code took,
-summed over its threads, so the shares of the wall time may pass 1.0 (tokenize runs in several threads).
+under flat, stable keys for loggers (docs/inspect.md lists them).
 """
 
 from __future__ import annotations
