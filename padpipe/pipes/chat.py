@@ -1,14 +1,8 @@
 """The chat stage's work: one Arrow record batch of conversations in, one :class:`TokenChunk` with labels out.
 
-:class:`ChatTokenizer` is a plain callable; ``padpipe._build.chat`` runs it in an
-:class:`~padpipe.pipes.threads.OrderedMapper` of threads, as ``tokenize``, so it keeps no state between
-calls and resume is the upstream reader's position. Per conversation the template is rendered and the
-trained spans found (:class:`padpipe.chat.plan.Planner`); the chunk's texts are tokenized in one Rust
-batch call, and labels, truncation and dropping are vectorized.
-
-A call is two steps: :meth:`ChatTokenizer.outcome` (what each conversation becomes: token rows, trained
-tokens, the counters it adds) and :meth:`ChatTokenizer.chunk` (the token chunk, labels and counting), so
-a token cache can store each conversation's outcome and give it back (:mod:`padpipe.token_cache.chat_fill`).
+:class:`ChatTokenizer` keeps no state between calls (``padpipe._build.chat`` runs it in threads, as ``tokenize``).
+A call is two steps, :meth:`ChatTokenizer.outcome` then :meth:`ChatTokenizer.chunk`, so a token cache can store
+each conversation's outcome and give it back (:mod:`padpipe.token_cache.chat_fill`).
 """
 
 from __future__ import annotations

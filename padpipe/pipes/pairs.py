@@ -1,12 +1,8 @@
 """Preference pairs as batches: padded in TRL's DPO layout, or packed with each member its own sequence.
 
 A pair arrives as one token row (``.preference()``: the chosen member's tokens then the rejected one's, ``labels``
-on the completions, :data:`CHOSEN`) and stays one row until the last stage: :class:`PairPadder` (``.pad()``) gives
-TRL's ``DataCollatorForPreference`` layout, ``B`` chosen rows then ``B`` rejected rows, with ``completion_mask`` and
-``chosen`` (``[2B]``); :class:`PairLayout` (on ``.pack()``) cuts each packed pair into two sequences, with
-``completion_mask`` and ``chosen`` per token, a pair's chosen sequence right before its rejected one.
-:func:`pair_logps` sums each member's completion log-probabilities from either; :func:`count_pairs` is what
-``num_items_in_batch`` counts of a preference batch; :func:`paired_rows` lets equal steps cut TRL's layout by pairs.
+on the completions, :data:`CHOSEN`) and stays one row until the last stage: :class:`PairPadder` (``.pad()``) or
+:class:`PairLayout` (on ``.pack()``) lays it out as docs/preference.md shows.
 """
 
 from __future__ import annotations
