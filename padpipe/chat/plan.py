@@ -74,22 +74,15 @@ class Planner:
         rendered = self._render_shared(rows)
         counts: Counts = []
         plans = [
-            None if row is None else _or_problem(self._plan, row, rendered.get(i), _Counts(i, counts))
+            None if row is None else read.or_problem(self._plan, row, rendered.get(i), _Counts(i, counts))
             for i, row in enumerate(rows)
         ]
         return plans, counts
 
     def _render_shared(self, rows: list[Any]) -> dict[int, tuple[str, list[tuple[int, int]] | None]]:
         """The conversations without tools or template arguments of their own, rendered in one call."""
-        shared = [
-            i
-            for i, row in enumerate(rows)
-            if row is not None
-            and not isinstance(row, RowProblem)
-            and isinstance(row[0], list)
-            and row[1] is None
-            and not row[2]
-        ]
+        conversations = [i for i, row in enumerate(rows) if isinstance(row, tuple) and isinstance(row[0], list)]
+        shared = [i for i in conversations if rows[i][1] is None and not rows[i][2]]
         if len(shared) < 2:
             return {}
         try:
@@ -175,12 +168,3 @@ class _Counts:
 
     def __call__(self, name: str, n: int) -> None:
         self.into.append((self.row, name, n))
-
-
-def _or_problem(plan: Any, row: Any, *more: Any) -> Any:
-    if isinstance(row, RowProblem):
-        return row
-    try:
-        return plan(row, *more)
-    except RowProblem as problem:
-        return problem

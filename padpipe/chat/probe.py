@@ -92,14 +92,9 @@ def read_probe(render: ProbeRender, specials: re.Pattern[str], stops: tuple[str,
     error: Exception | None = None
     for opening, tools in ((o, t) for t in PROBE_TOOLS for o in PROBE_OPENINGS):
         try:
-            plain, prompted, whole = (
-                render(opening + chat, tools, prompt)
-                for chat, prompt in (
-                    ([PROBE_USER], False),
-                    ([PROBE_USER], True),
-                    ([PROBE_USER, PROBE_ANSWER], False),
-                )
-            )
+            plain = render(opening + [PROBE_USER], tools, False)
+            prompted = render(opening + [PROBE_USER], tools, True)
+            whole = render(opening + [PROBE_USER, PROBE_ANSWER], tools, False)
         except Exception as exc:  # a template is user code: anything may come out of it
             error = exc if error is None else error
             continue

@@ -115,13 +115,9 @@ class Padder(BaseNode[dict[str, Any]]):
             label_pad_id=label_pad_id,
             dtype=dtype,
         )
-        self.source = source
-        self.pad_id = pad_id
-        self.side = side
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_to_length = pad_to_length
-        self.label_pad_id = label_pad_id
         check_bool("ids_as_labels", ids_as_labels)
+        self.source, self.pad_id, self.side, self.label_pad_id = source, pad_id, side, label_pad_id
+        self.pad_to_multiple_of, self.pad_to_length = pad_to_multiple_of, pad_to_length
         self.dtype, self.ids_as_labels = dtype, ids_as_labels
         self.stats = stats or PipelineStats()
 

@@ -31,9 +31,9 @@ from padpipe.state import Child, StateSchema
 
 T = TypeVar("T")
 
-# How long the thread waits on a full queue (and the consumer on an empty one) before checking
-# whether it should stop (or whether the thread died).
 POLL_SECONDS = 0.1
+"""How long the thread waits on a full queue (the consumer on an empty one) before checking whether to stop
+(whether the thread died)."""
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,8 @@ class BackgroundProducer(Generic[T]):
         transfer: Callable[[Any], T] | None = None,
         name: str = "padpipe-prefetch",
     ) -> None:
-        self.source = source
-        self.prefetch = prefetch
+        self.source, self.prefetch, self.name = source, prefetch, name
         self.transfer = transfer or (lambda item: item)
-        self.name = name
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._stop: threading.Event | None = None

@@ -75,13 +75,9 @@ class TextEncoder:
         returns_token_type_ids: bool,
     ) -> None:
         self._tokenizer, self._source = tokenizer, source
-        self.max_length = max_length
-        self.truncation_side = truncation_side
-        self.add_special_tokens = add_special_tokens
-        self.encode_special_tokens = encode_special_tokens
-        self.pad_id = pad_id
-        self.eos_id = eos_id
-        self.bos_id = bos_id
+        self.max_length, self.truncation_side = max_length, truncation_side
+        self.add_special_tokens, self.encode_special_tokens = add_special_tokens, encode_special_tokens
+        self.pad_id, self.eos_id, self.bos_id = pad_id, eos_id, bos_id
         self.returns_token_type_ids = returns_token_type_ids
         self._configure()
 
