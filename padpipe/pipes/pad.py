@@ -146,11 +146,8 @@ class Padder(BaseNode[dict[str, Any]]):
                 f"pad: a row of {longest} tokens is longer than `pad_to_length`={self.pad_to_length}; "
                 "tokenize with max_length <= pad_to_length or raise pad_to_length."
             )
-        width = int(
-            padded_length(
-                np.array([longest]), pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
-            )[0]
-        )
+        rule = {"pad_to_multiple_of": self.pad_to_multiple_of, "pad_to_length": self.pad_to_length}
+        width = int(padded_length(np.array([longest]), **rule)[0])
         columns = np.arange(width, dtype=np.int64)
         if self.side == "right":
             mask = columns < lengths[:, None]

@@ -122,12 +122,8 @@ def token_problem(
     if labels is not None and len(labels) and (int(labels.min()) < 0 or int(labels.max()) > high):
         bad = ((labels < 0) | (labels > high)) & ~np.isin(labels, ignore)
         if bad.any():
-            at = int(np.argmax(bad))
-            return (
-                at,
-                f"labels that are {span} or {' or '.join(map(str, sorted(set(ignore))))}",
-                f"label {int(labels[at])}",
-            )
+            at, ignored = int(np.argmax(bad)), " or ".join(map(str, sorted(set(ignore))))
+            return at, f"labels that are {span} or {ignored}", f"label {int(labels[at])}"
     return None
 
 

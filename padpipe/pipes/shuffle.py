@@ -93,12 +93,8 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
 
         def check(loaded: Loaded) -> None:  # the live rows are rows of the segments
             rows = sum(s.num_rows for s in loaded.segments)
-            load_value(
-                self.STATE.stage,
-                "live",
-                initial_state["live"],
-                Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True),
-            )
+            live = Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True)
+            load_value(self.STATE.stage, "live", initial_state["live"], live)
 
         loaded = self.STATE.check(initial_state, self._settings(), specs=specs, check=check)
         self.source.reset(loaded.source)

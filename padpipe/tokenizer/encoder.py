@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from padpipe._optional import require
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk, exclusive_cumsum
-from padpipe.errors import positive
+from padpipe.errors import check_bool, positive
 from padpipe.tokenizer.prefix import cut, prefix_chars
 from padpipe.tokenizer.serialized import TokenizerJson, tokenizer_json
 from padpipe.tokenizer.truncate import truncate_pairs
@@ -107,9 +107,8 @@ class TextEncoder:
             (512, True)
         """
         positive("max_length", max_length, allow_none=True)
-        for name, flag in (("truncation", truncation), ("add_special_tokens", add_special_tokens)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"`{name}` must be a bool, but is {flag!r} instead.")
+        check_bool("truncation", truncation)
+        check_bool("add_special_tokens", add_special_tokens)
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = _from_path(tokenizer)
         if isinstance(tokenizer, Tokenizer):
