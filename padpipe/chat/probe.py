@@ -1,10 +1,5 @@
-"""What a chat template shows on a probe conversation: the generation prompt an answer follows, and every way a
-turn ends (after an answer, after an earlier answer, after a tool call), with the tokens generation stops at.
-
-:func:`read_probe` renders ``[user, assistant]``, a second exchange, and a tool call with its result (opening
-with a system message, or with tools, where a template needs them) and reads them; :func:`stop_tokens` reads
-what the tokenizer and its generation config stop at. :class:`~padpipe.chat.template.ChatTemplate` keeps the
-result as ``template.probe``.
+"""What a chat template shows on a probe conversation (:func:`read_probe`): the generation prompt an answer
+follows, and every way a turn ends, with the tokens generation stops at (:func:`stop_tokens`).
 """
 
 from __future__ import annotations

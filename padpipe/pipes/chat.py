@@ -118,11 +118,10 @@ class ChatTokenizer:
         for name, n in outcome.totals().items():
             if name.startswith(SKIP):
                 self.stats.record_skip(name[len(SKIP) :], n)
-            elif name.startswith(DROPPED):
-                self.stats.add(name, n)
+                continue
+            self.stats.add(name, n)
+            if name.startswith(DROPPED):
                 warn_dropped(name[len(DROPPED) :], name, self._said)
-            else:
-                self.stats.add(name, n)
         self.stats.add("chat.conversations", len(np.unique(outcome.source)))  # those giving rows: 1, or more
         self.stats.add("chat.rows", chunk.num_rows)
         self.stats.add("chat.tokens", chunk.num_tokens)

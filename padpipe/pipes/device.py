@@ -139,8 +139,7 @@ class DevicePrefetcher(BaseNode[Any]):
     ) -> None:
         super().__init__()
         positive("prefetch", prefetch)
-        self.source = source
-        self.prefetch = prefetch
+        self.source, self.prefetch = source, prefetch
         self.device = _check_device(device)
         if block_mask is not None and (self.device is None or block_mask not in MASK_DTYPES):
             raise ValueError(
@@ -165,9 +164,7 @@ class DevicePrefetcher(BaseNode[Any]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        source_state = None
-        if initial_state is not None:
-            source_state = self.STATE.check(initial_state, {}).source
+        source_state = None if initial_state is None else self.STATE.check(initial_state, {}).source
         if self._producer is None:
             self._producer = BackgroundProducer(self.source, prefetch=self.prefetch, transfer=self._transfer())
         self._producer.reset(source_state)

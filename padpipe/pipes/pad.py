@@ -123,10 +123,7 @@ class Padder(BaseNode[dict[str, Any]]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        if initial_state is None:
-            self.source.reset(None)
-            return
-        self.source.reset(self.STATE.check(initial_state, {}).source)
+        self.source.reset(None if initial_state is None else self.STATE.check(initial_state, {}).source)
 
     def next(self) -> dict[str, Any]:
         chunk = next(self.source)

@@ -111,9 +111,8 @@ def pair_layout(
     bounds = batch["cu_seq_lens_q"].numpy().astype(np.int64)
     counts = [len(row) for row in batch[CHOSEN]]  # pairs per row; each row's pairs come first, then its padding
     first = np.searchsorted(bounds, np.arange(rows) * width)  # each row's first segment
-    pair_segments = (first[:, None] + np.arange(max(counts, default=0))[None, :])[
-        np.arange(max(counts, default=0))[None, :] < np.array(counts)[:, None]
-    ]
+    slots = np.arange(max(counts, default=0))[None, :]
+    pair_segments = (first[:, None] + slots)[slots < np.array(counts)[:, None]]
     splits = bounds[pair_segments] + np.array([n for row in batch[CHOSEN] for n in row], dtype=np.int64)
     new = np.sort(np.concatenate([bounds, splits]))
     segments = np.diff(new)

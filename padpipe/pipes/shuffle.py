@@ -68,9 +68,7 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         super().__init__()
         positive("buffer_size", buffer_size)
         check_seed(seed)
-        self.source = source
-        self.buffer_size = buffer_size
-        self.seed = seed
+        self.source, self.buffer_size, self.seed = source, buffer_size, seed
         self.stats = stats or PipelineStats()
         self.references = references
         self._epoch = -1

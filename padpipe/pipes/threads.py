@@ -252,9 +252,7 @@ class OrderedMapper(BaseNode[Any]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        source_state = None
-        if initial_state is not None:
-            source_state = self.STATE.check(initial_state, self.settings).source
+        source_state = None if initial_state is None else self.STATE.check(initial_state, self.settings).source
         self._error = None
         if self.num_threads == 1:
             self.source.reset(source_state)

@@ -215,8 +215,7 @@ class TextEncoder:
             return chunk
         mask, kept = truncate_pairs(encodings, lengths, chunk.offsets, rows, self._pair_limit, self.truncation_side)
         lengths[rows] = kept
-        offsets = np.zeros_like(chunk.offsets)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = exclusive_cumsum(lengths)
         type_ids = None if chunk.type_ids is None else chunk.type_ids[mask]
         return TokenChunk(chunk.ids[mask], offsets, type_ids)
 

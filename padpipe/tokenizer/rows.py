@@ -86,9 +86,7 @@ class ChunkTokenizer:
         if len(fields) not in (1, 2) or not all(isinstance(f, str) for f in fields):
             raise ValueError(f"`fields` must be one column name or two for pairs, but is {fields!r} instead.")
         one_of("on_error", on_error, ("raise", "skip"))
-        self.encoder = encoder
-        self.fields = fields
-        self.on_error = on_error
+        self.encoder, self.fields, self.on_error = encoder, fields, on_error
         if append_eos and encoder.eos_id is None:
             raise ValueError(no_eos(encoder))
         self.eos_id = encoder.eos_id if append_eos else None
