@@ -1,10 +1,9 @@
 """Background prefetch of batches, and their copy to a GPU ahead of use.
 
-With a CUDA device the prefetch thread pins each tensor, copies it ``non_blocking`` on a side stream
-and records an event; the consumer's stream waits on it and ``record_stream`` marks every tensor as
-used there, so its memory is not reused while that stream reads it. Every CUDA call goes through
-:mod:`padpipe.pipes.device_backend` (a logging fake in the CPU tests). CUDA is set up at the first
-reset, only in the main process (never in a ``DataLoader`` worker).
+With a CUDA device the prefetch thread pins each tensor, copies it ``non_blocking`` on a side stream and records an
+event; the consumer's stream waits on it and ``record_stream`` marks every tensor as used there, so its memory is not
+reused while that stream reads it. Every CUDA call goes through :mod:`padpipe.pipes.device_backend` (a logging fake
+in the CPU tests). CUDA is set up at the first reset, only in the main process (never in a ``DataLoader`` worker).
 """
 
 from __future__ import annotations

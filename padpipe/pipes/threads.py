@@ -1,15 +1,10 @@
 """Background threads with exact consumer-side state: a read-ahead producer and an in-order mapper.
 
-:class:`BackgroundProducer`'s thread puts ``(transfer(item), upstream state after it)`` in a bounded
-queue; the consumer keeps the state of the last item it returned, so a saved state is the consumer's
-position, never how far the thread read ahead. :class:`OrderedMapper` maps items in a thread pool on
-top of it, its state the same for any number of threads.
-
-``torchdata.nodes.Prefetcher``/``PinMemory``/``ParallelMapper`` are not reused: their snapshot
-store (a state that depends on the thread count), the CUDA call in ``PinMemory.__init__`` and
-``ExceptionWrapper`` (which rebuilds the exception from its message: "Caught DataError in
-_populate_queue. Original Traceback ..." instead of the original exception) do not give these
-semantics, and their daemon threads are not stopped when a loader is abandoned after an error.
+:class:`BackgroundProducer`'s thread puts ``(transfer(item), upstream state after it)`` in a bounded queue; a saved
+state is the consumer's position, never how far the thread read ahead. :class:`OrderedMapper` maps items in a pool on
+top of it, its state the same for any number of threads. ``torchdata.nodes``' ``Prefetcher``, ``PinMemory`` and
+``ParallelMapper`` are not reused: their state depends on the thread count, ``PinMemory.__init__`` calls CUDA,
+``ExceptionWrapper`` rebuilds an exception from its message, and their threads outlive a loader an error dropped.
 """
 
 from __future__ import annotations
