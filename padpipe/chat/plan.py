@@ -62,9 +62,8 @@ class Planner:
         else:
             values = read.read_messages(batch.column(o.messages), o.messages)
         tools = read.read_tools(batch.column(o.tools) if o.tools in names else None, str(o.tools))
-        kwargs = read.read_kwargs(
-            batch.column(o.kwargs_column) if o.kwargs_column in names else None, str(o.kwargs_column)
-        )
+        kwargs_column = batch.column(o.kwargs_column) if o.kwargs_column in names else None
+        kwargs = read.read_kwargs(kwargs_column, str(o.kwargs_column))
         rows = zip(values, tools or [None] * len(values), kwargs or [{}] * len(values))
         return [next((v for v in row if isinstance(v, RowProblem)), row) for row in rows]
 
@@ -142,11 +141,8 @@ class Planner:
         if self.options.special_text == "keep":
             count(f"chat.{SPECIAL}", 1)
             return
-        raise RowProblem(
-            SPECIAL,
-            f"{found}, a special token's text, which the tokenizer reads as that token (a turn boundary inside a "
-            "message)",
-        )
+        why = "a special token's text, which the tokenizer reads as that token (a turn boundary inside a message)"
+        raise RowProblem(SPECIAL, f"{found}, {why}")
 
 
 def _render(

@@ -58,11 +58,8 @@ class Probe:
             another (``<|im_end|>``, ``<|eot_id|>``, Phi-3's ``<|end|>``, not the ``<|endoftext|>`` it writes
             after a newline; Cohere2's ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``), or ``None`` when it writes
             none there.
-        ends: Every way an answer's turn ends: ``end_of_turn``; how an earlier answer's does where that differs
-            (gpt-oss ends the last with ``<|return|>``, the others with ``<|end|>``; GLM-4 writes nothing after the
-            last, ``""``, and the next turn's ``<|user|>`` after the others); how a tool call's does (gpt-oss's
-            ``<|call|>``; GLM-4's next ``<|observation|>``, the stop token that ends a turn with no end-of-turn
-            token of its own); and the tokens generation stops at (the tokenizer's EOS, its generation config's).
+        ends: Every way an answer's turn ends: ``end_of_turn``, how an earlier answer's and a tool call's do where
+            that differs, and the tokens generation stops at (per template: docs/sft.md, "Where it ends").
     """
 
     generation_prompt: str | None

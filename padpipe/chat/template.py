@@ -176,10 +176,6 @@ class ChatTemplate:
 def _special_tokens(tokenizer: Any) -> re.Pattern[str]:
     """A pattern matching the text of the tokenizer's special added tokens (never matches when it has none or
     when ``split_special_tokens`` makes them text)."""
-    names = (
-        []
-        if getattr(tokenizer, "split_special_tokens", False)
-        else [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
-    )
-    names = sorted(set(names), key=len, reverse=True)
+    added = [] if getattr(tokenizer, "split_special_tokens", False) else tokenizer.added_tokens_decoder.values()
+    names = sorted({token.content for token in added if token.special}, key=len, reverse=True)
     return re.compile("|".join(map(re.escape, names)) if names else r"(?!)")

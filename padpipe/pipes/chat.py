@@ -142,9 +142,8 @@ class ChatTokenizer:
         (a field of a skipped row that is no conversation: pad() would refuse its nulls)."""
         consumed = self.options.consumed()
         taken = pa.array(rows, type=pa.int64())
-        columns = {
-            name: batch.column(i).take(taken) for i, name in enumerate(batch.schema.names) if name not in consumed
-        }
+        names = batch.schema.names
+        columns = {name: batch.column(i).take(taken) for i, name in enumerate(names) if name not in consumed}
         if dropped:
             columns = {name: c for name, c in columns.items() if not len(c) or c.null_count < len(c)}
         return columns

@@ -1,8 +1,5 @@
-"""The packer's pieces: documents cut to fit a row, each with its own token-level labels and kept values.
-
-:func:`cut_pieces` cuts a chunk's documents (vectorized) once :func:`token_problem` finds no id or
-label a model cannot take; :func:`pieces_to_chunk` makes pieces one chunk for the packer's state
-(:mod:`padpipe.pipes.piece_state` loads them back).
+"""The packer's pieces: documents cut to fit a row (:func:`cut_pieces`), each with its own token-level labels and
+kept values, and saved as one chunk in the packer's state (:func:`pieces_to_chunk`).
 """
 
 from __future__ import annotations

@@ -190,10 +190,8 @@ class BackgroundProducer(Generic[T]):
 
 
 class _Dropped:
-    """A flag set when an :class:`OrderedMapper` is garbage collected.
-
-    Set by a finalizer, which may run in any thread, inside whatever lock that thread holds (the
-    pool's own, in ``submit``): so setting it takes no lock, and nothing else is done there.
+    """A flag set when an :class:`OrderedMapper` is garbage collected, by a finalizer that may run in any thread
+    inside whatever lock it holds (the pool's own, in ``submit``): so setting it takes no lock and does nothing else.
     """
 
     __slots__ = ("value",)

@@ -343,8 +343,7 @@ def _is_hub_name(name: str) -> bool:
 
 
 def _padding_id(tok: Tokenizer) -> int | None:
-    padding = tok.padding
-    return None if padding is None else padding.get("pad_id")
+    return (tok.padding or {}).get("pad_id")
 
 
 def _first_id(tok: Tokenizer, known: list[int | None], names: Sequence[str]) -> int | None:

@@ -1,8 +1,7 @@
 """The tokenize stage's core, shared by ``pipes/`` and ``token_cache/``: a record batch of text in, a token chunk out.
 
-:class:`ChunkTokenizer` keeps no state between calls (``padpipe._build.tokenize`` runs it in threads; resume is
-the reader's position). The token cache reads and checks text with the same helpers, so a cached row is exactly
-what tokenizing would give.
+:class:`ChunkTokenizer` keeps no state between calls; the token cache reads and checks text with the same helpers,
+so a cached row is exactly what tokenizing would give.
 """
 
 from __future__ import annotations
