@@ -2,6 +2,4 @@
 options (options), a conversation row's columns read (rows), planned as rows (plan, conversation) with each
 trained message's span (spans, locate), what is refused and how it is said (problems), the tokens with their
 character spans (encode), the labels cut to ``max_length`` (labels) and what a batch became (outcome).
-
-Modules here carry plain names; the wing is private as a whole (the public face is ``padpipe/__init__.py``).
 """

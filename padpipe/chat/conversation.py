@@ -1,21 +1,11 @@
 """The rows one conversation becomes: each the template's own rendering of the messages up to one of its answers,
 every trained message in exactly one of them, and what the template left out of them counted.
 
-Most templates render every answer the same whatever follows: one row, the whole conversation. A reasoning
-template renders an answer's reasoning only while no user message follows it (Qwen3 keeps ``<think>`` blocks
-after the last user message and drops the earlier ones; gpt-oss writes a tool call's words only while no final
-answer follows). An answer whose reasoning (or content) the whole conversation does not render is trained in a
-row that ends with it (``reasoning="every_turn"``, the default), where it is rendered, together with the earlier
-answers whose reasoning that row renders too; the whole conversation still trains the rest.
-``reasoning="as_rendered"`` trains the whole rendering as one row instead. Where no row renders it
-(DeepSeek-R1-Distill drops every answer's reasoning), the answer is trained as rendered and its reasoning
-counted as dropped; so is a message of another role the template does not render (Mistral-v0.3 writes the system
-message only when a user message ends the conversation), and a tool call it does not render (SmolLM3).
-
-A template may also render the messages before an answer otherwise once later ones come (Mistral-Nemo moves the
-tools and the system message to the last user message): an answer the whole conversation cannot place is
-trained in the row that ends with it, as a reasoning row is (``split_rows``); only an answer that even that row
-cannot place refuses the conversation.
+Most templates give one row, the whole conversation. An answer whose reasoning (or content) the whole
+conversation does not render (Qwen3 drops the ``<think>`` blocks before the last user message) is trained in a
+row that ends with it (``reasoning="every_turn"``), and so is an answer the whole conversation renders otherwise
+(``split_rows``); what no row renders is counted as dropped. Why, and per template: docs/sft.md ("Reasoning",
+"Templates tried").
 """
 
 from __future__ import annotations

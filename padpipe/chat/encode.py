@@ -1,11 +1,11 @@
 """Rendered conversations to token ids, as ``apply_chat_template`` tokenizes them, and character spans to tokens.
 
-:class:`SpanEncoder` encodes with a private copy of the tokenizer's Rust core (the user's object is never
-changed) without its post-processor: with ``add_special_tokens=False`` (what ``apply_chat_template`` passes)
-a post-processor adds no token, so the ids are the same, and the character offsets of the tokens are the
-pre-tokenizer's own, untrimmed (a byte-level post-processor trims a whitespace token's offsets to nothing,
-and a span test on those would drop it from an answer). Plain-text prompt/completion rows are encoded
-with the special tokens, as TRL does, and mapped onto the same offsets.
+:class:`SpanEncoder` encodes with a private copy of the tokenizer's Rust core (the user's object is never changed)
+without its post-processor: with ``add_special_tokens=False`` (what ``apply_chat_template`` passes) a post-processor
+adds no token, so the ids are the same, and the character offsets of the tokens are the pre-tokenizer's own,
+untrimmed (a byte-level post-processor trims a whitespace token's offsets to nothing, and a span test on those would
+drop it from an answer). Plain-text prompt/completion rows are encoded with the special tokens, as TRL does, and
+mapped onto the same offsets.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Each trained message's canonical span in one rendering, found in that rendering itself: templates that render
 a conversation's turns otherwise when more follows (Qwen3, DeepSeek-R1, Mistral, Phi-3) included.
 
-For a trained answer ``k`` in a row's text ``R`` (the rendering of the messages up to the row's last answer):
-
-- **Start**: where the model's own output starts. ``P``, the messages before ``k`` rendered with the
-  generation prompt, usually starts ``R`` (the span starts at ``len(P)``). Where it does not (Mistral moves
-  the system message and the tools to the last user turn; DeepSeek-R1's generation prompt ends in
-  ``<think>\\n``, which an answer without reasoning does not repeat), the span starts after the text ``P``
-  writes after the previous message's content, found in ``R`` right after that content: as far as ``R``
-  repeats it (the part of the generation prompt the turn repeats stays prompt), never into the answer's
-  own content.
-- **End**: the end of the template's end-of-turn token (``<|im_end|>``, ``<|end|>``, ``</s>``) that first
-  follows the answer's content: never a separator or EOS written after it (Phi-3's ``<|endoftext|>``).
-
-A message of another role turned on by its flag spans its whole turn (its header included) through its
-end-of-turn token. Every span is checked (:func:`check`): in order, ending in the end-of-turn token, holding
-the message's rendered content; a row that fails is refused naming the message and the text, never given a
-wrong span.
+An answer's span starts where the model's own output starts (:func:`output_start`) and ends with the end-of-turn
+token that first follows its content; a message of another role turned on by its flag spans its whole turn. The
+rules, with the templates that need each: docs/sft.md. Every span is checked (:func:`check`); a row that fails is
+refused naming the message and the text, never given a wrong span.
 """
 
 from __future__ import annotations
@@ -261,9 +249,7 @@ def _turn_end(
         at, size = min(found)  # the first; of two at one place the shorter (never an EOS after the end of turn)
         if at <= max(bound):
             return at + size
-        if (
-            bound[1] >= 0
-        ):  # no end-of-turn token before the next message (GLM's <|assistant|>, <|system|>): it ends there
+        if bound[1] >= 0:  # no end-of-turn token before the next message (GLM's <|assistant|>, <|system|>): ends there
             return trim_separator(text[: bound[0]], start)
         raise RowProblem(
             CHECK,

@@ -62,9 +62,8 @@ class Planner:
         else:
             values = read.read_messages(batch.column(o.messages), o.messages)
         tools = read.read_tools(batch.column(o.tools) if o.tools in names else None, str(o.tools))
-        kwargs = read.read_kwargs(
-            batch.column(o.kwargs_column) if o.kwargs_column in names else None, str(o.kwargs_column)
-        )
+        kwargs_column = batch.column(o.kwargs_column) if o.kwargs_column in names else None
+        kwargs = read.read_kwargs(kwargs_column, str(o.kwargs_column))
         rows = zip(values, tools or [None] * len(values), kwargs or [{}] * len(values))
         return [next((v for v in row if isinstance(v, RowProblem)), row) for row in rows]
 
@@ -74,22 +73,15 @@ class Planner:
         rendered = self._render_shared(rows)
         counts: Counts = []
         plans = [
-            None if row is None else _or_problem(self._plan, row, rendered.get(i), _Counts(i, counts))
+            None if row is None else read.or_problem(self._plan, row, rendered.get(i), _Counts(i, counts))
             for i, row in enumerate(rows)
         ]
         return plans, counts
 
     def _render_shared(self, rows: list[Any]) -> dict[int, tuple[str, list[tuple[int, int]] | None]]:
         """The conversations without tools or template arguments of their own, rendered in one call."""
-        shared = [
-            i
-            for i, row in enumerate(rows)
-            if row is not None
-            and not isinstance(row, RowProblem)
-            and isinstance(row[0], list)
-            and row[1] is None
-            and not row[2]
-        ]
+        conversations = [i for i, row in enumerate(rows) if isinstance(row, tuple) and isinstance(row[0], list)]
+        shared = [i for i in conversations if rows[i][1] is None and not rows[i][2]]
         if len(shared) < 2:
             return {}
         try:
@@ -149,11 +141,8 @@ class Planner:
         if self.options.special_text == "keep":
             count(f"chat.{SPECIAL}", 1)
             return
-        raise RowProblem(
-            SPECIAL,
-            f"{found}, a special token's text, which the tokenizer reads as that token (a turn boundary inside a "
-            "message)",
-        )
+        why = "a special token's text, which the tokenizer reads as that token (a turn boundary inside a message)"
+        raise RowProblem(SPECIAL, f"{found}, {why}")
 
 
 def _render(
@@ -175,12 +164,3 @@ class _Counts:
 
     def __call__(self, name: str, n: int) -> None:
         self.into.append((self.row, name, n))
-
-
-def _or_problem(plan: Any, row: Any, *more: Any) -> Any:
-    if isinstance(row, RowProblem):
-        return row
-    try:
-        return plan(row, *more)
-    except RowProblem as problem:
-        return problem

@@ -1,10 +1,5 @@
-"""What a chat template shows on a probe conversation: the generation prompt an answer follows, and every way a
-turn ends (after an answer, after an earlier answer, after a tool call), with the tokens generation stops at.
-
-:func:`read_probe` renders ``[user, assistant]``, a second exchange, and a tool call with its result (opening
-with a system message, or with tools, where a template needs them) and reads them; :func:`stop_tokens` reads
-what the tokenizer and its generation config stop at. :class:`~padpipe.chat.template.ChatTemplate` keeps the
-result as ``template.probe``.
+"""What a chat template shows on a probe conversation (:func:`read_probe`): the generation prompt an answer
+follows, and every way a turn ends, with the tokens generation stops at (:func:`stop_tokens`).
 """
 
 from __future__ import annotations
@@ -63,11 +58,8 @@ class Probe:
             another (``<|im_end|>``, ``<|eot_id|>``, Phi-3's ``<|end|>``, not the ``<|endoftext|>`` it writes
             after a newline; Cohere2's ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``), or ``None`` when it writes
             none there.
-        ends: Every way an answer's turn ends: ``end_of_turn``; how an earlier answer's does where that differs
-            (gpt-oss ends the last with ``<|return|>``, the others with ``<|end|>``; GLM-4 writes nothing after the
-            last, ``""``, and the next turn's ``<|user|>`` after the others); how a tool call's does (gpt-oss's
-            ``<|call|>``; GLM-4's next ``<|observation|>``, the stop token that ends a turn with no end-of-turn
-            token of its own); and the tokens generation stops at (the tokenizer's EOS, its generation config's).
+        ends: Every way an answer's turn ends: ``end_of_turn``, how an earlier answer's and a tool call's do where
+            that differs, and the tokens generation stops at (per template: docs/sft.md, "Where it ends").
     """
 
     generation_prompt: str | None
@@ -92,14 +84,9 @@ def read_probe(render: ProbeRender, specials: re.Pattern[str], stops: tuple[str,
     error: Exception | None = None
     for opening, tools in ((o, t) for t in PROBE_TOOLS for o in PROBE_OPENINGS):
         try:
-            plain, prompted, whole = (
-                render(opening + chat, tools, prompt)
-                for chat, prompt in (
-                    ([PROBE_USER], False),
-                    ([PROBE_USER], True),
-                    ([PROBE_USER, PROBE_ANSWER], False),
-                )
-            )
+            plain = render(opening + [PROBE_USER], tools, False)
+            prompted = render(opening + [PROBE_USER], tools, True)
+            whole = render(opening + [PROBE_USER, PROBE_ANSWER], tools, False)
         except Exception as exc:  # a template is user code: anything may come out of it
             error = exc if error is None else error
             continue

@@ -16,11 +16,11 @@ from padpipe.chat.rows import CHECK, NOT_PREFIX, SPECIAL, RowProblem
 from padpipe.errors import DataError
 from padpipe.tokenizer.rows import LABELS, row_origin, row_place
 
+MARKERS = "pass chat_template= one with {% generation %} markers, or on_error='skip' to drop such rows"
 HINTS = {
     NOT_PREFIX: "the conversation is not well-formed for this template, or the template renders the turns in a way "
-    "padpipe cannot align: pass chat_template= one with {% generation %} markers, or on_error='skip' to drop such "
-    "rows",
-    CHECK: "pass chat_template= one with {% generation %} markers, or on_error='skip' to drop such rows",
+    f"padpipe cannot align: {MARKERS}",
+    CHECK: MARKERS,
     SPECIAL: "special_text='keep' trains it as the tokenizer reads it (counted), 'skip' drops such rows",
 }
 _SAID_LOCK = threading.Lock()

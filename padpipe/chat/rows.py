@@ -40,7 +40,7 @@ def read_messages(column: pa.Array, name: str) -> list[Any]:
         >>> read_messages(pa.array(['[{"role": "user", "content": "hi"}]', "[]"]), "messages")
         [[{'role': 'user', 'content': 'hi'}], RowProblem("'messages' is an empty list; expected a list of messages (dicts with a 'role' string)")]
     """  # noqa: E501
-    return [_or_problem(check_messages, value, name) for value in _values(column, name, parse=True)]
+    return [or_problem(check_messages, value, name) for value in _values(column, name, parse=True)]
 
 
 def read_prompt_completion(prompt: pa.Array, completion: pa.Array, names: tuple[str, str]) -> list[Any]:
@@ -51,7 +51,7 @@ def read_prompt_completion(prompt: pa.Array, completion: pa.Array, names: tuple[
         [('2+2=', '4')]
     """
     pairs = zip(_values(prompt, names[0], parse=False), _values(completion, names[1], parse=False))
-    return [_or_problem(_pair, pair, names) for pair in pairs]
+    return [or_problem(_pair, pair, names) for pair in pairs]
 
 
 def read_tools(column: pa.Array | None, name: str) -> list[Any]:
@@ -65,7 +65,7 @@ def read_tools(column: pa.Array | None, name: str) -> list[Any]:
     """
     if column is None:
         return []
-    return [_or_problem(_tools, value, name) for value in _values(column, name, parse=True, drop_none=True)]
+    return [or_problem(_tools, value, name) for value in _values(column, name, parse=True, drop_none=True)]
 
 
 def read_kwargs(column: pa.Array | None, name: str) -> list[Any]:
@@ -77,7 +77,7 @@ def read_kwargs(column: pa.Array | None, name: str) -> list[Any]:
     """
     if column is None:
         return []
-    return [_or_problem(_kwargs, value, name) for value in _values(column, name, parse=True, drop_none=True)]
+    return [or_problem(_kwargs, value, name) for value in _values(column, name, parse=True, drop_none=True)]
 
 
 def check_messages(value: Any, name: str) -> list[dict[str, Any]]:
@@ -102,8 +102,8 @@ def _values(column: pa.Array, name: str, *, parse: bool, drop_none: bool = False
     """The column's Python values; JSON text parsed when ``parse`` (a value that is no JSON: a RowProblem)."""
     kind = column.type
     if _has_json(kind):  # JSON text as written (read_jsonl and from_iterable under .chat(), datasets' Json)
-        values = [_or_problem(_decoded_row, value, (kind, name, drop_none)) for value in column.to_pylist()]
-        return [_or_problem(_parse, v, name) for v in values] if parse else values
+        values = [or_problem(_decoded_row, value, (kind, name, drop_none)) for value in column.to_pylist()]
+        return [or_problem(_parse, v, name) for v in values] if parse else values
     if pa.types.is_dictionary(kind):
         column, kind = column.dictionary_decode(), kind.value_type
     values = column.to_pylist()
@@ -112,7 +112,7 @@ def _values(column: pa.Array, name: str, *, parse: bool, drop_none: bool = False
     if drop_none and _has_struct(kind):
         values = [_without_none(v) for v in values]
     if parse and (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_text_list(kind)):
-        values = [_or_problem(_parse, v, name) for v in values]
+        values = [or_problem(_parse, v, name) for v in values]
     return values
 
 
@@ -149,16 +149,12 @@ def _pair(pair: tuple[Any, Any], names: tuple[str, str]) -> tuple[Any, Any]:
 
 
 def _tools(value: Any, name: str) -> list[Any] | None:
-    if isinstance(value, RowProblem):
-        raise value
     if value is None or (isinstance(value, list) and all(isinstance(t, dict) for t in value)):
         return value
     raise RowProblem(BAD, f"{name!r} is {_show(value)}; expected a list of tool schemas (JSON objects)")
 
 
 def _kwargs(value: Any, name: str) -> dict[str, Any]:
-    if isinstance(value, RowProblem):
-        raise value
     if value is None:
         return {}
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
@@ -166,11 +162,17 @@ def _kwargs(value: Any, name: str) -> dict[str, Any]:
     raise RowProblem(BAD, f"{name!r} is {_show(value)}; expected template arguments (a JSON object or a struct)")
 
 
-def _or_problem(check: Any, value: Any, name: Any) -> Any:
+def or_problem(check: Any, value: Any, *more: Any) -> Any:
+    """``check(value, *more)``, or the :class:`RowProblem` that ``value`` is or that ``check`` raises.
+
+    Example:
+        >>> or_problem(check_messages, [], "messages").reason
+        'bad_messages'
+    """
     if isinstance(value, RowProblem):
         return value
     try:
-        return check(value, name)
+        return check(value, *more)
     except RowProblem as problem:
         return problem
 

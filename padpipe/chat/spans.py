@@ -1,23 +1,10 @@
 """Each trained message's canonical span in a rendered conversation, with any template.
 
 The canonical span of an answer is the text the template writes for it after its header (after the
-generation prompt) through its end-of-turn token, never the separator written after that token. A
-message of another role (trained by its flag) spans its whole turn, header included (there is no
-generation prompt to end its header), through its end-of-turn token.
-
-Two ways to find it, both ending in that span:
-
-- **Markers.** A template with ``{% generation %}`` blocks gives each answer's text; the block is
-  moved to the canonical span: its start past the generation prompt when the block holds part of it
-  (TRL's Qwen2.5 training template opens the block before the header's newline; its DeepSeek-R1 one
-  holds the ``<｜Assistant｜>`` header), its end back to the last special token when only whitespace
-  follows it there (a separator inside the block), or on through the end-of-turn token when the
-  block holds the content only.
-- **Located.** Otherwise each span is found in the rendering itself (:mod:`padpipe.chat.locate`): after
-  the messages before it rendered with the generation prompt, or, where the template renders those
-  otherwise in the whole conversation, after the text it writes after the previous message's content;
-  through the end-of-turn token that follows the answer's content. Every span is checked, and a row
-  that fails is refused (:class:`~padpipe.chat.rows.RowProblem`), never given a wrong span.
+generation prompt) through its end-of-turn token, never the separator written after that token; a message
+of another role (trained by its flag) spans its whole turn, header included. It comes from ``{% generation
+%}`` markers (:func:`normalise`) or is found in the rendering itself (:mod:`padpipe.chat.locate`); the
+rules, and the templates they were tried on: docs/sft.md.
 """
 
 from __future__ import annotations
@@ -101,7 +88,11 @@ def completion_span(
 
 
 def normalise(full: str, start: int, end: int, probe: Probe, specials: re.Pattern[str]) -> tuple[int, int]:
-    """A ``{% generation %}`` block ``full[start:end]`` moved to the canonical span (see the module's docstring).
+    """A ``{% generation %}`` block ``full[start:end]`` moved to the canonical span: its start past the generation
+    prompt where the block holds part of it (TRL's Qwen2.5 training template opens the block before the header's
+    newline; its DeepSeek-R1 one holds the ``<｜Assistant｜>`` header), its end back to the last special token where
+    only whitespace follows it (a separator inside the block), or on through the end-of-turn token where the block
+    holds the content only.
 
     Example:
         >>> specials = re.compile(re.escape("<|im_end|>"))

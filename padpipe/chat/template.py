@@ -1,12 +1,10 @@
 """A tokenizer's chat template, rendered exactly as ``tokenizer.apply_chat_template`` renders it (what a probe
 conversation shows of it: :mod:`padpipe.chat.probe`).
 
-:class:`ChatTemplate` renders with ``transformers``' own renderer (``render_jinja_template``, the function
-``apply_chat_template`` calls) with the same inputs: the messages without their ``None`` values, the
-tokenizer's named special tokens (``bos_token``, ``eos_token``, ...) overridden by the template arguments,
-and the template ``get_chat_template`` picks (a tokenizer may hold a ``tool_use`` one). That is the one
-place padpipe meets ``transformers``' chat code; ``tests/chat/test_template.py`` pins it against
-``apply_chat_template``.
+:class:`ChatTemplate` calls ``transformers``' own renderer (``render_jinja_template``, what ``apply_chat_template``
+calls) with the same inputs: the messages without their ``None`` values, the tokenizer's named special tokens
+overridden by the template arguments, and the template ``get_chat_template`` picks. That is the one place padpipe
+meets ``transformers``' chat code; ``tests/chat/test_template.py`` pins it against ``apply_chat_template``.
 """
 
 from __future__ import annotations
@@ -178,10 +176,6 @@ class ChatTemplate:
 def _special_tokens(tokenizer: Any) -> re.Pattern[str]:
     """A pattern matching the text of the tokenizer's special added tokens (never matches when it has none or
     when ``split_special_tokens`` makes them text)."""
-    names = (
-        []
-        if getattr(tokenizer, "split_special_tokens", False)
-        else [token.content for token in tokenizer.added_tokens_decoder.values() if token.special]
-    )
-    names = sorted(set(names), key=len, reverse=True)
+    added = [] if getattr(tokenizer, "split_special_tokens", False) else tokenizer.added_tokens_decoder.values()
+    names = sorted({token.content for token in added if token.special}, key=len, reverse=True)
     return re.compile("|".join(map(re.escape, names)) if names else r"(?!)")

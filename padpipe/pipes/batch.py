@@ -8,7 +8,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from padpipe.chunks import Chunk, TokenChunk
-from padpipe.errors import positive
+from padpipe.errors import check_bool, positive
 from padpipe.state import Bool, Child, Int, Loaded, Optional, StateSchema, load_value
 from padpipe.stats import PipelineStats
 
@@ -47,11 +47,8 @@ class FixedBatcher(BaseNode[TokenChunk]):
     ) -> None:
         super().__init__()
         positive("batch_size", batch_size)
-        if not isinstance(drop_last, bool):
-            raise TypeError(f"`drop_last` must be a bool, but is {drop_last!r} instead.")
-        self.source = source
-        self.batch_size = batch_size
-        self.drop_last = drop_last
+        check_bool("drop_last", drop_last)
+        self.source, self.batch_size, self.drop_last = source, batch_size, drop_last
         self.stats = stats or PipelineStats()
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:

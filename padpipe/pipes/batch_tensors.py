@@ -1,10 +1,8 @@
 """The tensors of a batch, whatever its container: walk them, map them, move batches kept in a state.
 
-Containers are handled as ``torch.utils.data``'s pin-memory loop handles them: dicts and other
-``Mapping`` s (``UserDict``, HF ``BatchEncoding``) keep their type, namedtuples are rebuilt from
-their fields, lists and tuples keep their type; anything else passes through unchanged. A tensor
-that appears twice in a batch (``cu_seq_lens_q is cu_seq_lens_k``) is mapped once, and both
-places get the same result.
+Containers are handled as ``torch.utils.data``'s pin-memory loop handles them: ``Mapping`` s keep their type
+(``UserDict``, HF ``BatchEncoding``), namedtuples are rebuilt, lists and tuples keep their type, anything else passes
+through. A tensor that appears twice (``cu_seq_lens_q is cu_seq_lens_k``) is mapped once, both places the result.
 """
 
 from __future__ import annotations

@@ -47,9 +47,8 @@ def check_bucket_options(
     positive("batch_size", batch_size, allow_none=True)
     positive("max_tokens", max_tokens, allow_none=True)
     positive("buffer_size", buffer_size)
-    check_bool("drop_last", drop_last)
-    check_bool("shuffle", shuffle)
-    check_bool("eager", eager)
+    for name, flag in (("drop_last", drop_last), ("shuffle", shuffle), ("eager", eager)):
+        check_bool(name, flag)
     if drop_last and max_tokens is not None:
         raise ValueError("`drop_last` needs `batch_size`: with `max_tokens` no batch is short of a full size.")
     if seed is not None:
@@ -177,9 +176,8 @@ class Bucketizer(EpochAware, BaseNode[TokenChunk]):
             ready, sizes, batch = loaded.ready, loaded.sizes, loaded.batch
             rows = 0 if ready is None else ready.num_rows
             if rows != int(sizes.sum()) or (ready is None) != (len(sizes) == 0):
-                raise invalid(
-                    self.STATE.stage, "sizes", f"batch sizes adding up to the {rows} ready rows", sizes.tolist()
-                )
+                expected = f"batch sizes adding up to the {rows} ready rows"
+                raise invalid(self.STATE.stage, "sizes", expected, sizes.tolist())
             load_value(self.STATE.stage, "batch", batch, Int(0, max(len(sizes) - 1, 0)))
             emitted = int(sizes[:batch].sum())
             load_value(self.STATE.stage, "pos", loaded.pos, Int(emitted, emitted))

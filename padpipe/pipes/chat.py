@@ -1,14 +1,8 @@
 """The chat stage's work: one Arrow record batch of conversations in, one :class:`TokenChunk` with labels out.
 
-:class:`ChatTokenizer` is a plain callable; ``padpipe._build.chat`` runs it in an
-:class:`~padpipe.pipes.threads.OrderedMapper` of threads, as ``tokenize``, so it keeps no state between
-calls and resume is the upstream reader's position. Per conversation the template is rendered and the
-trained spans found (:class:`padpipe.chat.plan.Planner`); the chunk's texts are tokenized in one Rust
-batch call, and labels, truncation and dropping are vectorized.
-
-A call is two steps: :meth:`ChatTokenizer.outcome` (what each conversation becomes: token rows, trained
-tokens, the counters it adds) and :meth:`ChatTokenizer.chunk` (the token chunk, labels and counting), so
-a token cache can store each conversation's outcome and give it back (:mod:`padpipe.token_cache.chat_fill`).
+:class:`ChatTokenizer` keeps no state between calls (``padpipe._build.chat`` runs it in threads, as ``tokenize``).
+A call is two steps, :meth:`ChatTokenizer.outcome` then :meth:`ChatTokenizer.chunk`, so a token cache can store
+each conversation's outcome and give it back (:mod:`padpipe.token_cache.chat_fill`).
 """
 
 from __future__ import annotations
@@ -124,11 +118,10 @@ class ChatTokenizer:
         for name, n in outcome.totals().items():
             if name.startswith(SKIP):
                 self.stats.record_skip(name[len(SKIP) :], n)
-            elif name.startswith(DROPPED):
-                self.stats.add(name, n)
+                continue
+            self.stats.add(name, n)
+            if name.startswith(DROPPED):
                 warn_dropped(name[len(DROPPED) :], name, self._said)
-            else:
-                self.stats.add(name, n)
         self.stats.add("chat.conversations", len(np.unique(outcome.source)))  # those giving rows: 1, or more
         self.stats.add("chat.rows", chunk.num_rows)
         self.stats.add("chat.tokens", chunk.num_tokens)
@@ -149,9 +142,8 @@ class ChatTokenizer:
         (a field of a skipped row that is no conversation: pad() would refuse its nulls)."""
         consumed = self.options.consumed()
         taken = pa.array(rows, type=pa.int64())
-        columns = {
-            name: batch.column(i).take(taken) for i, name in enumerate(batch.schema.names) if name not in consumed
-        }
+        names = batch.schema.names
+        columns = {name: batch.column(i).take(taken) for i, name in enumerate(names) if name not in consumed}
         if dropped:
             columns = {name: c for name, c in columns.items() if not len(c) or c.null_count < len(c)}
         return columns

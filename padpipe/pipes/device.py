@@ -1,10 +1,9 @@
 """Background prefetch of batches, and their copy to a GPU ahead of use.
 
-With a CUDA device the prefetch thread pins each tensor, copies it ``non_blocking`` on a side stream
-and records an event; the consumer's stream waits on it and ``record_stream`` marks every tensor as
-used there, so its memory is not reused while that stream reads it. Every CUDA call goes through
-:mod:`padpipe.pipes.device_backend` (a logging fake in the CPU tests). CUDA is set up at the first
-reset, only in the main process (never in a ``DataLoader`` worker).
+With a CUDA device the prefetch thread pins each tensor, copies it ``non_blocking`` on a side stream and records an
+event; the consumer's stream waits on it and ``record_stream`` marks every tensor as used there, so its memory is not
+reused while that stream reads it. Every CUDA call goes through :mod:`padpipe.pipes.device_backend` (a logging fake
+in the CPU tests). CUDA is set up at the first reset, only in the main process (never in a ``DataLoader`` worker).
 """
 
 from __future__ import annotations
@@ -139,8 +138,7 @@ class DevicePrefetcher(BaseNode[Any]):
     ) -> None:
         super().__init__()
         positive("prefetch", prefetch)
-        self.source = source
-        self.prefetch = prefetch
+        self.source, self.prefetch = source, prefetch
         self.device = _check_device(device)
         if block_mask is not None and (self.device is None or block_mask not in MASK_DTYPES):
             raise ValueError(
@@ -165,9 +163,7 @@ class DevicePrefetcher(BaseNode[Any]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        source_state = None
-        if initial_state is not None:
-            source_state = self.STATE.check(initial_state, {}).source
+        source_state = None if initial_state is None else self.STATE.check(initial_state, {}).source
         if self._producer is None:
             self._producer = BackgroundProducer(self.source, prefetch=self.prefetch, transfer=self._transfer())
         self._producer.reset(source_state)

@@ -1,11 +1,8 @@
 """The CUDA calls of the device stage, behind one small object a CPU fake can stand in for.
 
-:class:`CudaBackend` is the real one (``torch.cuda``). The device stage makes every CUDA call
-through :func:`current` (availability, streams, pinning, copies, events, ``record_stream``), so a
-test can install a fake with :func:`use` and check, without a GPU, that the calls come in the
-right order (pin, copy on the side stream, an event after the last copy, the consumer's wait
-before the batch is returned, ``record_stream`` on every tensor) and that none happens where none
-may (recipe build, loader construction, worker processes).
+:class:`CudaBackend` is the real one (``torch.cuda``); a test installs a fake with :func:`use` and checks, without
+a GPU, that the calls come in the right order and that none happens where none may (recipe build, loader
+construction, worker processes).
 """
 
 from __future__ import annotations

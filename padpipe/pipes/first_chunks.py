@@ -1,10 +1,9 @@
 """Small first chunks: the first rows of each epoch go to ``tokenize`` in chunks of 32, 64, 128, ... rows.
 
-A tokenizer thread returns a chunk only when all its rows are tokenized, and readers pass about
-a thousand rows at a time: on long documents that is seconds before the first tokens reach the
-bucketizer. Splitting only the first :data:`RAMP_ROWS` rows of an epoch into doubling chunks
-makes the first tokens arrive after a few dozen rows, at no cost later on. The split depends on
-row counts only, so it is the same with or without a token cache and after resume.
+A tokenizer thread returns a chunk only when all its rows are tokenized, and readers pass about a thousand rows
+at a time: on long documents, seconds before the first tokens reach the bucketizer. Doubling chunks over the
+first :data:`RAMP_ROWS` rows bring them after a few dozen rows; the split depends on row counts only (the same
+with a token cache and after resume).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""``pack(layout="flat")``: each batch one row of ``batch_size * seq_len`` tokens, as varlen kernels read it.
-
-flash-linear-attention takes document boundaries (``cu_seqlens``) for a batch of one row only, so
-the flat layout packs bins of ``batch_size * seq_len`` tokens (one a batch) with pieces of at most
-``seq_len``: padding only at the batch's end; ``seq_idx`` ``[1, N]`` int32 (causal-conv1d, mamba-ssm),
-``cu_seq_lens_*`` ``[S + 1]`` int32 from 0 to ``N`` (FLA's ``cu_seqlens``). The token budget is the
-rows'; the epoch's last batch is as long as the rows it needs (the rows layout gives it fewer rows);
-every promise of ``pack()`` holds as for a packed batch of one row.
+"""``pack(layout="flat")``: each batch one row of ``batch_size * seq_len`` tokens, as varlen kernels read it
+(flash-linear-attention takes ``cu_seqlens`` for a batch of one row only): docs/packing.md, "The flat layout".
 """
 
 from __future__ import annotations

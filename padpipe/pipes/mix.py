@@ -137,13 +137,8 @@ class WeightedMixer(EpochAware, BaseNode[Item]):
             self._cycles, self._pass_rows, self._stopped = [0] * n, [0] * n, False
             return
         flags, counts = ListOf(Bool(), length=n), ListOf(Int(0), length=n)
-        specs = {
-            "buffers": ListOf(Optional(Buffered()), length=n),
-            "active": flags,
-            "seen": flags,
-            "cycles": counts,
-            "pass_rows": counts,
-        }
+        buffers = ListOf(Optional(Buffered()), length=n)
+        specs = {"buffers": buffers, "active": flags, "seen": flags, "cycles": counts, "pass_rows": counts}
         loaded = self.STATE.check(initial_state, self._settings(), specs=specs)
         sources = loaded.source
         if not isinstance(sources, Mapping) or sorted(sources) != sorted(self.names):

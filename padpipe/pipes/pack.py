@@ -344,9 +344,8 @@ class Packer(EpochAware, BaseNode[dict]):
             self._in_pos += 1
 
     def _plan(self) -> None:
-        """Pack the pool best fit decreasing and move its fullest rows to the plan (class docstring): whole
-        batches holding at least ``1 / PLAN_SHARE`` of the pooled pieces, or every row once the input is all
-        pooled."""
+        """Pack the pool best fit decreasing and move its fullest rows to the plan (class docstring): whole batches
+        holding at least ``1 / PLAN_SHARE`` of the pooled pieces, or every row once the input is all pooled."""
         longest_first = ((length, -neg_seq) for length, neg_seq in reversed(self._keys))  # ties to the oldest
         rows, used = best_fit_decreasing(longest_first, self.seq_len)
         enough, taken = len(self._keys) // PLAN_SHARE, 0

@@ -1,8 +1,6 @@
-"""Helpers of the packer: place pieces in rows (best fit decreasing), lay placed pieces out as a packed batch.
-
-:func:`assemble` works on flat arrays with ``np.repeat``/``cumsum`` index arithmetic; nothing loops
-per token or per row (the optional block mask copies one block per segment; kept columns are listed
-per row).
+"""Helpers of the packer: place pieces in rows (best fit decreasing), lay placed pieces out as a packed batch
+(:func:`assemble`: index arithmetic on flat arrays, no loop per token or row; the block mask copies one block per
+segment).
 """
 
 from __future__ import annotations

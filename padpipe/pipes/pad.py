@@ -115,22 +115,15 @@ class Padder(BaseNode[dict[str, Any]]):
             label_pad_id=label_pad_id,
             dtype=dtype,
         )
-        self.source = source
-        self.pad_id = pad_id
-        self.side = side
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_to_length = pad_to_length
-        self.label_pad_id = label_pad_id
         check_bool("ids_as_labels", ids_as_labels)
+        self.source, self.pad_id, self.side, self.label_pad_id = source, pad_id, side, label_pad_id
+        self.pad_to_multiple_of, self.pad_to_length = pad_to_multiple_of, pad_to_length
         self.dtype, self.ids_as_labels = dtype, ids_as_labels
         self.stats = stats or PipelineStats()
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        if initial_state is None:
-            self.source.reset(None)
-            return
-        self.source.reset(self.STATE.check(initial_state, {}).source)
+        self.source.reset(None if initial_state is None else self.STATE.check(initial_state, {}).source)
 
     def next(self) -> dict[str, Any]:
         chunk = next(self.source)
@@ -150,11 +143,8 @@ class Padder(BaseNode[dict[str, Any]]):
                 f"pad: a row of {longest} tokens is longer than `pad_to_length`={self.pad_to_length}; "
                 "tokenize with max_length <= pad_to_length or raise pad_to_length."
             )
-        width = int(
-            padded_length(
-                np.array([longest]), pad_to_multiple_of=self.pad_to_multiple_of, pad_to_length=self.pad_to_length
-            )[0]
-        )
+        rule = {"pad_to_multiple_of": self.pad_to_multiple_of, "pad_to_length": self.pad_to_length}
+        width = int(padded_length(np.array([longest]), **rule)[0])
         columns = np.arange(width, dtype=np.int64)
         if self.side == "right":
             mask = columns < lengths[:, None]

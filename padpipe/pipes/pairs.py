@@ -1,12 +1,8 @@
 """Preference pairs as batches: padded in TRL's DPO layout, or packed with each member its own sequence.
 
 A pair arrives as one token row (``.preference()``: the chosen member's tokens then the rejected one's, ``labels``
-on the completions, :data:`CHOSEN`) and stays one row until the last stage: :class:`PairPadder` (``.pad()``) gives
-TRL's ``DataCollatorForPreference`` layout, ``B`` chosen rows then ``B`` rejected rows, with ``completion_mask`` and
-``chosen`` (``[2B]``); :class:`PairLayout` (on ``.pack()``) cuts each packed pair into two sequences, with
-``completion_mask`` and ``chosen`` per token, a pair's chosen sequence right before its rejected one.
-:func:`pair_logps` sums each member's completion log-probabilities from either; :func:`count_pairs` is what
-``num_items_in_batch`` counts of a preference batch; :func:`paired_rows` lets equal steps cut TRL's layout by pairs.
+on the completions, :data:`CHOSEN`) and stays one row until the last stage: :class:`PairPadder` (``.pad()``) or
+:class:`PairLayout` (on ``.pack()``) lays it out as docs/preference.md shows.
 """
 
 from __future__ import annotations
@@ -115,9 +111,8 @@ def pair_layout(
     bounds = batch["cu_seq_lens_q"].numpy().astype(np.int64)
     counts = [len(row) for row in batch[CHOSEN]]  # pairs per row; each row's pairs come first, then its padding
     first = np.searchsorted(bounds, np.arange(rows) * width)  # each row's first segment
-    pair_segments = (first[:, None] + np.arange(max(counts, default=0))[None, :])[
-        np.arange(max(counts, default=0))[None, :] < np.array(counts)[:, None]
-    ]
+    slots = np.arange(max(counts, default=0))[None, :]
+    pair_segments = (first[:, None] + slots)[slots < np.array(counts)[:, None]]
     splits = bounds[pair_segments] + np.array([n for row in batch[CHOSEN] for n in row], dtype=np.int64)
     new = np.sort(np.concatenate([bounds, splits]))
     segments = np.diff(new)

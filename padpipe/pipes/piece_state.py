@@ -1,11 +1,7 @@
 """The packer's pieces in its state: a sealed chunk, every leaf checked before one piece is placed.
 
-A state edited with its checksums recomputed passes the CRC, so the checks here are what keeps a
-crafted piece from the model: each piece holds 1 to ``seq_len`` tokens, its ids are ids of the
-vocabulary (``>= 0`` where it is not known), it has one integer label per token or none (each
-label such an id or one the loss leaves out), no token type ids, and exactly the kept columns,
-one value of ids' types per piece. The offsets are the chunk's own check (rising from 0 to its
-ids). Every check is a reduction over the whole chunk (numpy, Arrow), none loops per piece.
+A state edited with its checksums recomputed passes the CRC, so these checks (:meth:`Pieces.load`) are what keeps a
+crafted piece from the model; each is a reduction over the whole chunk (numpy, Arrow), none loops per piece.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The packer's pieces: documents cut to fit a row, each with its own token-level labels and kept values.
-
-:func:`cut_pieces` cuts a chunk's documents (vectorized) once :func:`token_problem` finds no id or
-label a model cannot take; :func:`pieces_to_chunk` makes pieces one chunk for the packer's state
-(:mod:`padpipe.pipes.piece_state` loads them back).
+"""The packer's pieces: documents cut to fit a row (:func:`cut_pieces`), each with its own token-level labels and
+kept values, and saved as one chunk in the packer's state (:func:`pieces_to_chunk`).
 """
 
 from __future__ import annotations
@@ -122,12 +119,8 @@ def token_problem(
     if labels is not None and len(labels) and (int(labels.min()) < 0 or int(labels.max()) > high):
         bad = ((labels < 0) | (labels > high)) & ~np.isin(labels, ignore)
         if bad.any():
-            at = int(np.argmax(bad))
-            return (
-                at,
-                f"labels that are {span} or {' or '.join(map(str, sorted(set(ignore))))}",
-                f"label {int(labels[at])}",
-            )
+            at, ignored = int(np.argmax(bad)), " or ".join(map(str, sorted(set(ignore))))
+            return at, f"labels that are {span} or {ignored}", f"label {int(labels[at])}"
     return None
 
 

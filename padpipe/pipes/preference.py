@@ -1,9 +1,7 @@
 """The preference stage's work: rows of preference data in, one token row per pair (or per labelled completion) out.
 
-Each member, ``prompt + [completion]``, is encoded by :meth:`padpipe.pipes.chat.ChatTokenizer.outcome`
-(``train_on="last"``). A pair becomes one token row, the chosen member's tokens then the rejected one's, with
-``labels`` on the completions and :data:`padpipe.pipes.pairs.CHOSEN`, so every later stage carries it as one
-unit; ``.pad()`` and ``.pack()`` lay it out (docs/preference.md).
+Each member, ``prompt + [completion]``, is encoded by :meth:`padpipe.pipes.chat.ChatTokenizer.outcome`; a pair
+becomes one token row that every later stage carries as one unit (:mod:`padpipe.pipes.pairs`, docs/preference.md).
 """
 
 from __future__ import annotations

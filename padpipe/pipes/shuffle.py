@@ -68,9 +68,7 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
         super().__init__()
         positive("buffer_size", buffer_size)
         check_seed(seed)
-        self.source = source
-        self.buffer_size = buffer_size
-        self.seed = seed
+        self.source, self.buffer_size, self.seed = source, buffer_size, seed
         self.stats = stats or PipelineStats()
         self.references = references
         self._epoch = -1
@@ -93,12 +91,8 @@ class ShuffleBuffer(EpochAware, BaseNode[pa.RecordBatch]):
 
         def check(loaded: Loaded) -> None:  # the live rows are rows of the segments
             rows = sum(s.num_rows for s in loaded.segments)
-            load_value(
-                self.STATE.stage,
-                "live",
-                initial_state["live"],
-                Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True),
-            )
+            live = Array(torch.int64, lo=0, hi=rows - 1, max_length=self.buffer_size, unique=True)
+            load_value(self.STATE.stage, "live", initial_state["live"], live)
 
         loaded = self.STATE.check(initial_state, self._settings(), specs=specs, check=check)
         self.source.reset(loaded.source)

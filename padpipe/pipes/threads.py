@@ -1,15 +1,10 @@
 """Background threads with exact consumer-side state: a read-ahead producer and an in-order mapper.
 
-:class:`BackgroundProducer`'s thread puts ``(transfer(item), upstream state after it)`` in a bounded
-queue; the consumer keeps the state of the last item it returned, so a saved state is the consumer's
-position, never how far the thread read ahead. :class:`OrderedMapper` maps items in a thread pool on
-top of it, its state the same for any number of threads.
-
-``torchdata.nodes.Prefetcher``/``PinMemory``/``ParallelMapper`` are not reused: their snapshot
-store (a state that depends on the thread count), the CUDA call in ``PinMemory.__init__`` and
-``ExceptionWrapper`` (which rebuilds the exception from its message: "Caught DataError in
-_populate_queue. Original Traceback ..." instead of the original exception) do not give these
-semantics, and their daemon threads are not stopped when a loader is abandoned after an error.
+:class:`BackgroundProducer`'s thread puts ``(transfer(item), upstream state after it)`` in a bounded queue; a saved
+state is the consumer's position, never how far the thread read ahead. :class:`OrderedMapper` maps items in a pool on
+top of it, its state the same for any number of threads. ``torchdata.nodes``' ``Prefetcher``, ``PinMemory`` and
+``ParallelMapper`` are not reused: their state depends on the thread count, ``PinMemory.__init__`` calls CUDA,
+``ExceptionWrapper`` rebuilds an exception from its message, and their threads outlive a loader an error dropped.
 """
 
 from __future__ import annotations
@@ -31,9 +26,9 @@ from padpipe.state import Child, StateSchema
 
 T = TypeVar("T")
 
-# How long the thread waits on a full queue (and the consumer on an empty one) before checking
-# whether it should stop (or whether the thread died).
 POLL_SECONDS = 0.1
+"""How long the thread waits on a full queue (the consumer on an empty one) before checking whether to stop
+(whether the thread died)."""
 
 
 @dataclass(frozen=True)
@@ -114,10 +109,8 @@ class BackgroundProducer(Generic[T]):
         transfer: Callable[[Any], T] | None = None,
         name: str = "padpipe-prefetch",
     ) -> None:
-        self.source = source
-        self.prefetch = prefetch
+        self.source, self.prefetch, self.name = source, prefetch, name
         self.transfer = transfer or (lambda item: item)
-        self.name = name
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._stop: threading.Event | None = None
@@ -197,10 +190,8 @@ class BackgroundProducer(Generic[T]):
 
 
 class _Dropped:
-    """A flag set when an :class:`OrderedMapper` is garbage collected.
-
-    Set by a finalizer, which may run in any thread, inside whatever lock that thread holds (the
-    pool's own, in ``submit``): so setting it takes no lock, and nothing else is done there.
+    """A flag set when an :class:`OrderedMapper` is garbage collected, by a finalizer that may run in any thread
+    inside whatever lock it holds (the pool's own, in ``submit``): so setting it takes no lock and does nothing else.
     """
 
     __slots__ = ("value",)
@@ -254,9 +245,7 @@ class OrderedMapper(BaseNode[Any]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        source_state = None
-        if initial_state is not None:
-            source_state = self.STATE.check(initial_state, self.settings).source
+        source_state = None if initial_state is None else self.STATE.check(initial_state, self.settings).source
         self._error = None
         if self.num_threads == 1:
             self.source.reset(source_state)

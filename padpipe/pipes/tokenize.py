@@ -44,10 +44,4 @@ def tokenize_options(
     )
     if append_eos and encoder.eos_id is None:
         raise ValueError(no_eos(encoder))
-    return {
-        "encoder": encoder,
-        "fields": fields,
-        "num_threads": num_threads,
-        "on_error": on_error,
-        "append_eos": append_eos,
-    }
+    return dict(encoder=encoder, fields=fields, num_threads=num_threads, on_error=on_error, append_eos=append_eos)

@@ -1,7 +1,5 @@
-"""The tokens stage: rows that already hold token ids (a list column) enter as tokens, not tokenized again.
-
-:class:`TokenColumns` is a plain, stateless callable (one record batch in, one :class:`TokenChunk`
-out, in a few vectorized Arrow/NumPy calls), so resume is the upstream reader's position.
+"""The tokens stage: rows that already hold token ids (a list column) enter as tokens, not tokenized again
+(:class:`TokenColumns`, stateless: resume is the upstream reader's position).
 """
 
 from __future__ import annotations
@@ -142,9 +140,7 @@ class TokenColumns:
 
 def _looks_like_a_mask(labels: np.ndarray, ids: np.ndarray) -> bool:
     """Every label 0 or 1 while the ids are not: a 0/1 mask, not the ids to predict (nor -100)."""
-    if not len(labels):
-        return False
-    return labels.min() >= 0 and labels.max() <= 1 and not (ids.min() >= 0 and ids.max() <= 1)
+    return len(labels) > 0 and labels.min() >= 0 and labels.max() <= 1 and not (ids.min() >= 0 and ids.max() <= 1)
 
 
 def _mask_as_labels(labels: np.ndarray, ids: np.ndarray, column: str) -> str:

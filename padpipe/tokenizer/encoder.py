@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from padpipe._optional import require
 from padpipe.chunks import ID_DTYPE, TYPE_ID_DTYPE, TokenChunk, exclusive_cumsum
-from padpipe.errors import positive
+from padpipe.errors import check_bool, positive
 from padpipe.tokenizer.prefix import cut, prefix_chars
 from padpipe.tokenizer.serialized import TokenizerJson, tokenizer_json
 from padpipe.tokenizer.truncate import truncate_pairs
@@ -75,13 +75,9 @@ class TextEncoder:
         returns_token_type_ids: bool,
     ) -> None:
         self._tokenizer, self._source = tokenizer, source
-        self.max_length = max_length
-        self.truncation_side = truncation_side
-        self.add_special_tokens = add_special_tokens
-        self.encode_special_tokens = encode_special_tokens
-        self.pad_id = pad_id
-        self.eos_id = eos_id
-        self.bos_id = bos_id
+        self.max_length, self.truncation_side = max_length, truncation_side
+        self.add_special_tokens, self.encode_special_tokens = add_special_tokens, encode_special_tokens
+        self.pad_id, self.eos_id, self.bos_id = pad_id, eos_id, bos_id
         self.returns_token_type_ids = returns_token_type_ids
         self._configure()
 
@@ -111,9 +107,8 @@ class TextEncoder:
             (512, True)
         """
         positive("max_length", max_length, allow_none=True)
-        for name, flag in (("truncation", truncation), ("add_special_tokens", add_special_tokens)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"`{name}` must be a bool, but is {flag!r} instead.")
+        check_bool("truncation", truncation)
+        check_bool("add_special_tokens", add_special_tokens)
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = _from_path(tokenizer)
         if isinstance(tokenizer, Tokenizer):
@@ -220,8 +215,7 @@ class TextEncoder:
             return chunk
         mask, kept = truncate_pairs(encodings, lengths, chunk.offsets, rows, self._pair_limit, self.truncation_side)
         lengths[rows] = kept
-        offsets = np.zeros_like(chunk.offsets)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = exclusive_cumsum(lengths)
         type_ids = None if chunk.type_ids is None else chunk.type_ids[mask]
         return TokenChunk(chunk.ids[mask], offsets, type_ids)
 
@@ -349,8 +343,7 @@ def _is_hub_name(name: str) -> bool:
 
 
 def _padding_id(tok: Tokenizer) -> int | None:
-    padding = tok.padding
-    return None if padding is None else padding.get("pad_id")
+    return (tok.padding or {}).get("pad_id")
 
 
 def _first_id(tok: Tokenizer, known: list[int | None], names: Sequence[str]) -> int | None:

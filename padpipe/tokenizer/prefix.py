@@ -32,11 +32,10 @@ def prefix_chars(tokenizer_json: str, max_length: int | None, truncation_side: s
     if max_length is None or truncation_side != "right":
         return None
     config = json.loads(tokenizer_json)
-    if not _local(config.get("normalizer"), normalizer=True) or not _local(
-        config.get("pre_tokenizer"), normalizer=False
-    ):
+    pre_tokenizer = config.get("pre_tokenizer")
+    if pre_tokenizer is None:  # the whole text is one piece: tokens may cross spaces
         return None
-    if config.get("pre_tokenizer") is None:  # the whole text is one piece: tokens may cross spaces
+    if not _local(config.get("normalizer"), normalizer=True) or not _local(pre_tokenizer, normalizer=False):
         return None
     if any(any(c.isspace() for c in token.get("content", "")) for token in config.get("added_tokens") or []):
         return None

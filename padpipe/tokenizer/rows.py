@@ -1,8 +1,7 @@
 """The tokenize stage's core, shared by ``pipes/`` and ``token_cache/``: a record batch of text in, a token chunk out.
 
-:class:`ChunkTokenizer` keeps no state between calls (``padpipe._build.tokenize`` runs it in threads; resume is
-the reader's position). The token cache reads and checks text with the same helpers, so a cached row is exactly
-what tokenizing would give.
+:class:`ChunkTokenizer` keeps no state between calls; the token cache reads and checks text with the same helpers,
+so a cached row is exactly what tokenizing would give.
 """
 
 from __future__ import annotations
@@ -86,9 +85,7 @@ class ChunkTokenizer:
         if len(fields) not in (1, 2) or not all(isinstance(f, str) for f in fields):
             raise ValueError(f"`fields` must be one column name or two for pairs, but is {fields!r} instead.")
         one_of("on_error", on_error, ("raise", "skip"))
-        self.encoder = encoder
-        self.fields = fields
-        self.on_error = on_error
+        self.encoder, self.fields, self.on_error = encoder, fields, on_error
         if append_eos and encoder.eos_id is None:
             raise ValueError(no_eos(encoder))
         self.eos_id = encoder.eos_id if append_eos else None

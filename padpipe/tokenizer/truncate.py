@@ -1,11 +1,10 @@
 """``longest_first`` pair truncation in numpy, equal to the Rust tokenizer's, without its overflow cost.
 
-When the Rust tokenizer truncates a pair, it also builds every "overflowing" window of both texts
-and their cross product (``len(a) / k * len(b) / k`` encodings for a window of ``k`` tokens), which
-nobody here reads: at ``max_length=128`` on long pairs that is most of the tokenizer's time. So
-pairs are encoded untruncated and cut here, with the same arithmetic as ``tokenizers``'
-``truncate_encodings`` (``tokenizers/src/utils/truncation.rs``): the special tokens of the
-template stay, and each text keeps its first (``"right"``) or last (``"left"``) tokens.
+When the Rust tokenizer truncates a pair, it also builds every "overflowing" window of both texts and their cross
+product (``len(a) / k * len(b) / k`` encodings for a window of ``k`` tokens), which nobody here reads: at
+``max_length=128`` on long pairs that is most of the tokenizer's time. So pairs are encoded untruncated and cut here,
+with the same arithmetic as ``tokenizers``' ``truncate_encodings`` (``tokenizers/src/utils/truncation.rs``): the
+special tokens of the template stay, and each text keeps its first (``"right"``) or last (``"left"``) tokens.
 """
 
 from __future__ import annotations
