@@ -1,10 +1,8 @@
-"""Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop.
+"""Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop (docs/training.md).
 
-Lightning's own save of a stateful train loader is one batch late (its loop fetches a batch ahead)
-and rank 0's only. The :class:`ExactResume` callback fixes both through Lightning's public hooks
-for a ``pipe.loader(...)`` returned from ``train_dataloader()``; wrap any other stateful loader (a
-``StatefulDataLoader``) in :class:`LightningLoader`. Without the callback, a fit that will save or
-resumes a ``pipe.loader()`` raises at its first batch, naming it (:mod:`padpipe.integrations.loader_guard`).
+Lightning saves a stateful train loader one batch late and from rank 0 only; the :class:`ExactResume` callback
+fixes both through Lightning's public hooks, for a ``pipe.loader(...)`` or any stateful loader wrapped in
+:class:`LightningLoader` (:mod:`padpipe.integrations.loader_guard` raises without it).
 
 Example:
     >>> import lightning as L  # doctest: +SKIP

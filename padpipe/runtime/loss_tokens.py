@@ -1,9 +1,8 @@
 """Loss-token counts for gradient accumulation: ``num_items_in_batch`` of each optimizer step's window.
 
-A loss summed over tokens and divided by the label tokens of the whole optimizer step (its ``k`` accumulated
-batches on every rank) gives the gradient of the mean loss over all of those tokens, however unevenly they fall
-into batches and ranks. :class:`LossTokens` reads the window ahead itself, counts its label tokens as HF
-``Trainer`` does, sums them over the ranks in one all-reduce per window and gives every batch of it the total.
+:class:`LossTokens` reads each window of ``k`` batches ahead, counts its label tokens as HF ``Trainer`` does,
+sums them over the ranks in one all-reduce and gives every batch of it the total (docs/training.md,
+"Gradient accumulation").
 """
 
 from __future__ import annotations

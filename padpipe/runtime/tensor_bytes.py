@@ -1,11 +1,9 @@
 """Send a worker's batches and states to the main process as bytes in the pipe, not as shared-memory tensors.
 
-torch sends a tensor between processes by moving its storage into a new shared-memory file and handing its
-descriptor over a socket: for a worker that sends a batch and its state (a dozen tensors) every step, that cost
-more than reading and tokenizing small batches (``benchmarks/workers.py``, benchmarks/RESULTS.md). In a worker,
-:func:`as_bytes` replaces each plain CPU tensor by a :class:`TensorBytes` (dtype, shape and bytes), pickled like
-any bytes and unpickled in the main process as an ordinary tensor. Two equal ``TensorBytes`` compare equal, so
-of a state torchdata's ``StatefulDataLoader`` resends only the parts that changed since the step before.
+torch moves each tensor it sends between processes into a new shared-memory file, which costs more than reading
+and tokenizing small batches (``benchmarks/workers.py``). :func:`as_bytes` replaces each plain CPU tensor by a
+:class:`TensorBytes`, unpickled in the main process as an ordinary tensor; equal ones compare equal, so
+``StatefulDataLoader`` resends only the parts of a state that changed.
 """
 
 from __future__ import annotations
