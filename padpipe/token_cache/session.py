@@ -238,10 +238,7 @@ class CacheSession:
     def _file_identity(self, reader: UnitSource, path: str) -> str:
         """The file's name, size, version and content digest, as listed: a changed file is a different unit.
 
-        The reader checks the file against its listing once per epoch before reading from it
-        (``FileSource._check_file``), so a file rewritten with the same size and mtime after this
-        pipeline listed it is a ``ChangedFileError`` (the reader's ``on_missing`` applies), never a
-        hit on the old ids.
+        A file rewritten after the listing fails the reader's check before it is read, never hitting old ids.
         """
         ref = reader.file_of(path)
         if ref is None or not hasattr(ref, "fs"):
