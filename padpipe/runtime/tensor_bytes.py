@@ -83,10 +83,9 @@ class _Conversion:
     """One :func:`as_bytes` call: the tensors converted so far (by ``id``), and with ``earlier`` (the sealed dicts
     of the state sent before, by ``id``, each with what was sent for it) the sealed dicts met again, sent as before.
 
-    A sealed dict (one that holds its :data:`~padpipe.state.CHECKSUM_KEY`) is a value: padpipe never changes one
-    after sealing it, as its checksum would no longer hold. The shuffle buffer's rows are such dicts, the same
-    objects in every state until their rows leave the buffer; sent as the same objects, torchdata finds them
-    equal at once and resends nothing of them. ``sealed`` keeps each one met (and so its ``id``) for the next call.
+    A sealed dict (holding :data:`~padpipe.state.CHECKSUM_KEY`) never changes, so the shuffle buffer's rows, the
+    same objects in every state, are sent as before and torchdata resends nothing of them. ``sealed`` keeps each
+    one met (and so its ``id``) for the next call.
     """
 
     def __init__(self, earlier: dict[int, tuple[dict, dict]] | None) -> None:
