@@ -136,13 +136,10 @@ class LightningLoader:
 class ExactResume(pl.Callback):
     """Makes Lightning's checkpoints of the train loaders exact: every rank's position after the batches trained.
 
-    For each ``pipe.loader(...)`` among the train loaders it notes each batch trained
-    (:meth:`~padpipe.loader.PipelineLoader.trained`) and puts the loader's
-    :meth:`~padpipe.loader.PipelineLoader.checkpoint` (every rank's position and the batches fetched
-    and not trained) where Lightning keeps the loader's state, so Lightning's own restore resumes it
-    exactly; a :class:`LightningLoader` is told the batches trained. Each epoch such a loader reads is
-    the one Lightning runs (a fit stopped at ``max_steps`` or cut by ``limit_train_batches`` ends it).
-    Warns when no train loader is either; refuses several train loaders (it keeps one exact).
+    It notes each batch trained (:meth:`~padpipe.loader.PipelineLoader.trained`) and puts the loader's
+    :meth:`~padpipe.loader.PipelineLoader.checkpoint` where Lightning keeps the loader's state, so Lightning's own
+    restore resumes it exactly; a :class:`LightningLoader` is told the batches trained. Warns when no train loader
+    is either; refuses several train loaders (docs/training.md, "Lightning").
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP
