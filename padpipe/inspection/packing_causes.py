@@ -1,10 +1,8 @@
 """Why a model's packed logits differ from each document's own: the known causes, read from config and batch.
 
-:func:`diagnose` reads what the model is (``attn_implementation``, ``use_cache``, causal or not) and
-what it was given (the batch after any column filter), and names the first known cause that applies,
-once the logits (or the forward's error) have shown something is wrong. The private attributes of
-transformers it reads are in :data:`CONTACTS`, read through :func:`transformers_private`
-(tests/integrations/test_contacts.py pins each).
+:func:`diagnose` names the first known cause that applies, from what the model is and what it was given, once
+the logits have shown something is wrong. The private attributes of transformers it reads are in
+:data:`CONTACTS` (tests/integrations/test_contacts.py pins each).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``pp.check_packing``: does the user's own model see each packed document on its own?
 
-It runs the model as it is configured on a few packed batches and on each of a handful of their
-documents alone, compares the logits (and each document's loss: :mod:`padpipe.inspection.packing_loss`),
-and where they differ raises :class:`PackingError` naming the cause and the fix
+It compares the model's logits (and losses: :mod:`padpipe.inspection.packing_loss`) on packed batches with
+each document's alone, and raises :class:`PackingError` naming the cause and the fix
 (:mod:`padpipe.inspection.packing_causes`).
 """
 

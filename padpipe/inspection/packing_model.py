@@ -1,11 +1,9 @@
 """``pp.model_kind(model)``: does packing keep documents apart in this model, and what does it need?
 
-A layer carries state from one packed document into the next when its config's layer type is one
-transformers caches a conv or recurrent state for, or it is one of :data:`RECURRENT_BLOCKS`. Only the
-kernels of :data:`KERNELS` keep documents apart in it, given the boundaries, on the devices of
-:data:`PACKAGES`; a one-time probe (one 16-token forward) records whether each hooked kernel gets its
-boundary. The verdict, :attr:`ModelKind.layout`: ``"rows"``, ``"flat"`` (flash-linear-attention takes
-one row) or ``"bucket"`` (nothing keeps them apart here).
+A layer carries state across packed documents when transformers caches a conv or recurrent state for its
+layer type, or it is one of :data:`RECURRENT_BLOCKS`; only the kernels of :data:`KERNELS` (on the devices of
+:data:`PACKAGES`) keep documents apart there, which a one-time 16-token probe checks. The verdict is
+:attr:`ModelKind.layout` (docs/packing.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Run every batching strategy on token lengths alone, through padpipe's own stages.
 
-Chunks of the same row lengths (ids all 0, made one at a time) go through the real
-``FixedBatcher``, ``Bucketizer`` and ``Packer`` nodes with a pipeline's settings, padded by
-:func:`~padpipe.pipes.pad.padded_length` as ``pad()`` pads: the batches, padding and step counts
-of a real pass over the same rows, whatever the stages' logic becomes.
+Chunks of the given row lengths go through the real ``FixedBatcher``, ``Bucketizer`` and ``Packer`` nodes and
+are padded by :func:`~padpipe.pipes.pad.padded_length`, so the figures are those of a real pass.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Adapters for training frameworks, each importing its framework lazily.
+"""Adapters for training frameworks, each importing its framework lazily (Accelerate needs none).
 
-:mod:`padpipe.hf` (``transformers.Trainer``), :mod:`padpipe.integrations.lightning` (the ``ExactResume``
-callback, ``LightningLoader``) and :mod:`padpipe.integrations.torchtitan`; Accelerate needs none
-(``accelerator.prepare(..., pipe.loader())`` passes the loader through). Importing this package
-(``import padpipe`` does) registers in :mod:`padpipe.drivers` the checks of who iterates a pipeline
-and who iterates, saves or restores a loader; each only raises or warns.
+Importing this package (``import padpipe`` does) registers in :mod:`padpipe.drivers` the checks of who iterates
+a pipeline and who iterates, saves or restores a loader; each only raises or warns.
 """
 
 from padpipe.drivers import register_loader_check, register_pipeline_check

@@ -1,9 +1,8 @@
 """The one way adapters learn who called padpipe: walk up the stack to the padpipe method in progress.
 
-The walk finds that method's frame by its ``self``, so frames padpipe adds in between do not move
-what the adapter sees. Only the locals of frames running a method of a module the adapter names are
-read (:func:`self_of`): before Python 3.13, reading ``f_locals`` keeps a snapshot of every local, so
-a user's ``del loader`` would not free the loader (nor stop its workers) until the function returned.
+The walk finds that method's frame by its ``self``, and reads only the locals of frames running a method of a
+module the adapter names (:func:`self_of`): before Python 3.13 reading ``f_locals`` keeps every local alive, so
+a user's ``del loader`` would not free the loader until the function returned.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """What ``iter(pipe)`` learns from its callers: framework wrappers that lose or repeat rows.
 
-A pipeline yields ready batches and shards itself by rank and worker. So ``iter(pipe)`` refuses a
-torch ``DataLoader`` with a ``batch_size`` (it would stack batches) and Accelerate's
-``IterableDatasetShard`` or ``DataLoaderDispatcher`` on several processes (each rank would train on
-part of its share), and warns when Lightning reads it through a torch ``DataLoader`` (no exact
-resume), read from the frames above ``Pipeline.__iter__``. The check only raises or warns; nothing
-here imports a framework. (A ``pipe.loader()``'s callers: :mod:`padpipe.integrations.loader_guard`.)
+A pipeline yields ready batches and shards itself, so ``iter(pipe)`` refuses a torch ``DataLoader`` with a
+``batch_size`` and Accelerate's ``IterableDatasetShard`` or ``DataLoaderDispatcher`` on several processes, and
+warns when Lightning reads it through a torch ``DataLoader`` (no exact resume), read from the frames above
+``Pipeline.__iter__``; nothing here imports a framework. (A ``pipe.loader()``'s callers:
+:mod:`padpipe.integrations.loader_guard`.)
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``num_train_epochs`` for ``padpipe.hf.Trainer`` on a pipeline: steps per epoch counted, each epoch ended by the data.
 
-With ``max_steps`` unset, ``padpipe.hf.Trainer`` reads this rank's first epoch once before training
-(same shares, workers and equal steps, no model): ``max_steps = epochs * ceil(n / accumulation)``
-and the schedule is built on it. Each epoch then runs until its data ends; at each epoch's end
-:class:`EpochPlan` rebuilds the schedule on the steps done plus the epochs left times that epoch's
-steps, and saves the plan in each checkpoint (``padpipe_epochs.json``) for a resumed run.
+With ``max_steps`` unset, the first epoch is read once before training to size the schedule; :class:`EpochPlan`
+rebuilds it at each epoch's end and saves it in each checkpoint (docs/training.md, "Epochs").
 """
 
 from __future__ import annotations

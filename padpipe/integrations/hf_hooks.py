@@ -1,10 +1,8 @@
 """The private ``transformers.Trainer`` hooks ``padpipe.hf.Trainer`` overrides or calls, and a loss check.
 
-:func:`check_hooks` raises at import, naming the hook, when an installed transformers changed one of
-:data:`HOOKS`; :func:`private` reads an attribute of :data:`ATTRIBUTES`, raising naming it when a release
-dropped it (tests/integrations/test_hf_hooks*.py and test_contacts.py pin each).
-:func:`loss_ignores_items` finds a model that takes ``**kwargs`` but leaves ``num_items_in_batch`` out of
-its loss (transformers#47688).
+:func:`check_hooks` and :func:`private` raise, naming the hook or attribute, when a release changed one
+(tests/integrations/test_hf_hooks*.py and test_contacts.py pin each); :func:`loss_ignores_items` finds a model
+that leaves ``num_items_in_batch`` out of its loss (transformers#47688).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``padpipe.hf.Trainer``'s packing guard: a packed pipeline never trains a model that reads it wrong.
 
-On the first packed training batch, :func:`guard_columns` passes ``use_cache=False`` where that
-alone fixes an ``eager``/``sdpa`` model, refuses on every rank a model whose layers carry state
-across documents that nothing here keeps apart (:func:`padpipe.model_kind`), then runs
-:func:`padpipe.check_packing` on rank 0 on that batch as the model gets it: a leak raises
-:class:`padpipe.PackingError` before the first step. ``Trainer(check_packing=False)`` turns it off.
+On the first packed training batch, :func:`guard_columns` passes ``use_cache=False`` where that alone fixes the
+model, refuses on every rank a model that nothing here keeps documents apart in (:func:`padpipe.model_kind`),
+then runs :func:`padpipe.check_packing` on rank 0 on that batch. ``Trainer(check_packing=False)`` turns it off.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``padpipe.hf.Trainer``'s training batches: one pass over the data per Trainer epoch, as HF runs a sized loader.
 
-A pass has no length before it ends, so HF's loop takes its branch for a loader without one;
-:class:`PassLength` gives it what a length would (the short last window its own optimizer step,
-``state.epoch`` going on across a resume). :class:`TrainBatches` counts each pass's batches, rows
-and real tokens, and saves where it is for an exact resume.
+A pass has no length before it ends, so :class:`PassLength` gives HF's loop for a loader without one what a
+length would; :class:`TrainBatches` counts each pass's batches, rows and real tokens, and saves where it is.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop.
+"""Lightning: resume from a mid-epoch checkpoint exactly, with the default training loop (docs/training.md).
 
-Lightning's own save of a stateful train loader is one batch late (its loop fetches a batch ahead)
-and rank 0's only. The :class:`ExactResume` callback fixes both through Lightning's public hooks
-for a ``pipe.loader(...)`` returned from ``train_dataloader()``; wrap any other stateful loader (a
-``StatefulDataLoader``) in :class:`LightningLoader`. Without the callback, a fit that will save or
-resumes a ``pipe.loader()`` raises at its first batch, naming it (:mod:`padpipe.integrations.loader_guard`).
+Lightning saves a stateful train loader one batch late and from rank 0 only; the :class:`ExactResume` callback
+fixes both through Lightning's public hooks, for a ``pipe.loader(...)`` or any stateful loader wrapped in
+:class:`LightningLoader` (:mod:`padpipe.integrations.loader_guard` raises without it).
 
 Example:
     >>> import lightning as L  # doctest: +SKIP
@@ -138,13 +136,10 @@ class LightningLoader:
 class ExactResume(pl.Callback):
     """Makes Lightning's checkpoints of the train loaders exact: every rank's position after the batches trained.
 
-    For each ``pipe.loader(...)`` among the train loaders it notes each batch trained
-    (:meth:`~padpipe.loader.PipelineLoader.trained`) and puts the loader's
-    :meth:`~padpipe.loader.PipelineLoader.checkpoint` (every rank's position and the batches fetched
-    and not trained) where Lightning keeps the loader's state, so Lightning's own restore resumes it
-    exactly; a :class:`LightningLoader` is told the batches trained. Each epoch such a loader reads is
-    the one Lightning runs (a fit stopped at ``max_steps`` or cut by ``limit_train_batches`` ends it).
-    Warns when no train loader is either; refuses several train loaders (it keeps one exact).
+    It notes each batch trained (:meth:`~padpipe.loader.PipelineLoader.trained`) and puts the loader's
+    :meth:`~padpipe.loader.PipelineLoader.checkpoint` where Lightning keeps the loader's state, so Lightning's own
+    restore resumes it exactly; a :class:`LightningLoader` is told the batches trained. Warns when no train loader
+    is either; refuses several train loaders (docs/training.md, "Lightning").
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ExactResume()])  # doctest: +SKIP

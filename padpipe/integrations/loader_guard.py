@@ -1,13 +1,10 @@
 """What a ``pipe.loader()`` learns from the framework iterating, saving or restoring it.
 
-Lightning trains on, saves and restores a ``pipe.loader()`` returned from ``train_dataloader()``
-(its ``CombinedLoader`` calls ``state_dict``/``load_state_dict``). Without the ``ExactResume``
-callback (which :func:`hold`-s its ``Trainer`` before the first batch) those states would be one
-batch late and rank 0's only, so: at the fit's first batch, a ``Trainer`` that will save the loader
-or resumes raises before any step (one that can only save it through ``trainer.save_checkpoint``
-warns); saving raises; restoring a state this padpipe did not save with the callback raises, naming
-its version. Accelerate's ``save_state`` of a registered loader (rank 0's state alone) raises on
-several processes. Each check only raises or warns; nothing here imports a framework.
+Without the ``ExactResume`` callback (which :func:`hold`-s its ``Trainer``), Lightning's states of a loader would
+be one batch late and rank 0's only, so a fit that will save or resumes one raises at its first batch (one that
+can only save it through ``trainer.save_checkpoint`` warns), saving raises, and so does restoring a state not
+saved with the callback; Accelerate's ``save_state`` of a registered loader raises on several processes
+(docs/training.md). Each check only raises or warns; nothing here imports a framework.
 """
 
 from __future__ import annotations

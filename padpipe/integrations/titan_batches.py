@@ -1,12 +1,9 @@
 """torchtitan's batches from padpipe's packed ones: ``({"input": ids, "positions": positions}, labels)``.
 
-torchtitan 0.3.0 does not shift labels (a position's label is the token it predicts), so
-:func:`titan_batch` shifts a ``.pack()`` batch's within each document: ``-100`` at each document's
-last token, at padding and masked tokens. Every batch is exactly ``rows`` x ``seq_len``: a short
-batch is filled with rows that train nothing (:func:`fill_rows`), a piece of a row that equal steps
-cut with a padding run, and equal steps' filler trains nothing. A piece starting inside a document
-has its positions start at 0 there (torchtitan's masks start a document only where positions are 0).
-Pure ``torch``: no torchtitan import here.
+torchtitan 0.3.0 does not shift labels, so :func:`titan_batch` shifts a ``.pack()`` batch's within each document
+(``-100`` at a document's last token, padding and masked tokens), and positions start at 0 where a piece starts
+inside a document (torchtitan starts a document's mask only there). Every batch is exactly ``rows`` x
+``seq_len`` (:func:`fill_rows`). Pure ``torch``: no torchtitan import here.
 """
 
 from __future__ import annotations

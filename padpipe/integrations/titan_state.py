@@ -1,13 +1,9 @@
 """The torchtitan loader's checkpoint state, and the data-parallel group it shares the data in.
 
-torchtitan saves the loader's ``state_dict()`` with DCP, which flattens dicts (and lists holding
-tensors) into one key per leaf and reads back only the keys the new loader names: a per-rank key
-cannot reach another number of ranks. So the state is one key, :data:`KEY`, whose value is bytes
-(``torch.save`` of :data:`STATE`: plain data, read back with ``weights_only=True``), one leaf the
-same on every rank: the loader's :meth:`~padpipe.loader.PipelineLoader.checkpoint` (every DP rank's
-position) and torchtitan's counts. Its settings are the loader's :func:`recipe` (the data, the
-tokenizer, ``seq_len``), checked inside torchtitan's ``CheckpointManager.load``, so a checkpoint
-of another run is refused there in one line, before the model loads.
+torchtitan's DCP flattens a state into one key per leaf and reads back only the keys the new loader names, so a
+per-rank key cannot reach another number of ranks: the state is one key, :data:`KEY`, the same bytes on every
+rank (``torch.save`` of :data:`STATE`, every DP rank's position; docs/torchtitan.md). Its settings
+(:func:`recipe`) are checked inside torchtitan's ``CheckpointManager.load``, before the model loads.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """torchtitan's tokenizer as padpipe tokenizes with it: the same ids as torchtitan's text loader.
 
-torchtitan 0.3.0 encodes a document with ``tokenizer.encode(text, add_bos=True, add_eos=True)``:
-the ``tokenizers`` model with its own template, then BOS and EOS where that template adds none.
-:func:`as_padpipe` gives a ``tokenizers.Tokenizer`` making exactly those ids (save where the
-tokenizer's JSON fixes truncation or padding: padpipe tokenizes whole documents).
+torchtitan 0.3.0 encodes with ``tokenizer.encode(text, add_bos=True, add_eos=True)``; :func:`as_padpipe` gives
+a ``tokenizers.Tokenizer`` making exactly those ids (docs/torchtitan.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """torchtitan 0.3.0: pretrain from a padpipe pipeline; torchtitan checkpoints it, and it resumes on another DP degree.
 
-:class:`PadpipeDataLoader` is a ``torchtitan.components.dataloader.BaseDataLoader``: put its
-``Config`` in a trainer config and the trainer builds it as its own loaders. It yields torchtitan's
-batch, ``({"input": ids, "positions": positions}, labels)``, ``[local_batch_size, seq_len]`` each,
-from packed rows (:mod:`padpipe.integrations.titan_batches`). Data belongs to the DP coordinate
-(tensor-, context- and pipeline-parallel peers read the same batches); every DP rank ends at the same
-step with every token once, the last optimizer step filled with batches that train nothing; its
-state holds every DP rank's position, so a checkpoint resumes on another number of DP ranks
-(:mod:`padpipe.integrations.titan_state`). Positions restart at each document and labels never
-cross one; nothing else keeps documents apart (docs/torchtitan.md).
+:class:`PadpipeDataLoader` is a ``torchtitan.components.dataloader.BaseDataLoader`` yielding torchtitan's batch
+from packed rows (:mod:`padpipe.integrations.titan_batches`); data belongs to the DP coordinate, every DP rank
+ends at the same step, and its state resumes on another number of DP ranks
+(:mod:`padpipe.integrations.titan_state`). What keeps documents apart: docs/torchtitan.md.
 
 Example:
     >>> from padpipe.integrations.torchtitan import PadpipeDataLoader  # doctest: +SKIP

@@ -1,9 +1,7 @@
 """Cut a stream of record batches at fixed row boundaries, whatever sizes the batches came in.
 
-Readers emit ``chunk_rows``-row batches whose boundaries fall where the unit's row number is a
-multiple of ``chunk_rows``: a function of the rows alone, not of how a file's pages, blocks or a
-cache's pieces happened to split them. Downstream stages (the shuffle buffer's evictions) depend
-on batch sizes, so the same rows give the same batches from any source of them.
+Boundaries fall where the unit's row number is a multiple of ``chunk_rows``, so the same rows give the same
+batches (and the same shuffle-buffer evictions) from a file's pages, a cache's pieces or a resumed read.
 """
 
 from __future__ import annotations

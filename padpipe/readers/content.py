@@ -1,18 +1,9 @@
 """What a rewrite cannot keep: a digest of a file's bytes, read once per file when it is listed.
 
-A file's size and modification time survive ``cp -p``, ``rsync -t``, ``tar x`` and ``touch -r``,
-and coarse-mtime filesystems give a rewrite the same mtime, so neither tells a rewritten file
-from the one a state or the token cache was made from. Where the store gives a version that
-changes with the content (an ETag, a GCS generation, an S3 version id), that version is enough;
-otherwise padpipe hashes the file's size and
-
-* the whole file when it is at most :data:`FULL_BYTES` (1 MiB);
-* else its first and last :data:`EDGE_BYTES` (64 KiB each), and for a Parquet file its whole
-  footer (the schema, every row group's size and offsets and the column statistics) when that is
-  longer.
-
-A larger file rewritten only in its middle, with the same size, the same mtime and (Parquet) the
-same footer, is not told apart: that is the documented limit.
+Size and mtime survive ``cp -p`` and ``rsync -t``, so where the store gives no version that changes with the
+content (ETag, GCS generation, S3 version id), a file's identity holds this digest of its size and its whole
+bytes (up to :data:`FULL_BYTES`), or its first and last :data:`EDGE_BYTES` and its Parquet footer; what it
+cannot see is in docs/cache.md ("Keyed so it is never stale").
 """
 
 from __future__ import annotations

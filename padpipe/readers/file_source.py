@@ -1,13 +1,9 @@
 """The file readers' common node: paths on any fsspec store, one shared listing, retries, lost files.
 
-:class:`FileSource` adds to :class:`~padpipe.readers.source.UnitSource` what reading files from
-object storage needs: the pipeline's shared listing (:mod:`padpipe.readers.listing`); transient
-storage errors retried (:mod:`padpipe.readers.retry`), a read that failed mid-unit re-opened at the
-current ``(unit, row)``; a file that vanished or changed since it was listed (checked each epoch
-before it is read) is a ``DataError`` naming it, or with ``on_missing="skip"`` skipped and counted
-as ``read.missing_file``; a state holds a digest of the listing and the file being read
-(:mod:`padpipe.readers.listing_state`); every record batch carries its file and row in its schema
-metadata, so later stages name them in errors.
+:class:`FileSource` adds to :class:`~padpipe.readers.source.UnitSource` the shared listing
+(:mod:`padpipe.readers.listing`), retries (:mod:`padpipe.readers.retry`) with a failed read re-opened at the
+current ``(unit, row)``, files checked against their listing each epoch (``on_missing``), a state's listing
+digest (:mod:`padpipe.readers.listing_state`), and each batch's file and row in its schema metadata for errors.
 """
 
 from __future__ import annotations

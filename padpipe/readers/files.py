@@ -1,10 +1,8 @@
 """What a file format gets from its reader: the paths to list, retries, and the files it listed.
 
-A :class:`FileFormat` lists units from the files :meth:`FileAccess.expand` finds (each with its
-listed size, version and content digest) and opens the :class:`~padpipe.readers.paths.FileRef`
-of a unit to read it; transient storage errors in either are retried by :meth:`FileAccess.retried`.
-The reader (:class:`~padpipe.readers.file_source.FileSource`) does the rest: sharing the listing,
-checking files against it, re-opening after a transient error, skipping lost files.
+A :class:`FileFormat` lists units from the files :meth:`FileAccess.expand` finds and opens the
+:class:`~padpipe.readers.paths.FileRef` of a unit to read it, retried by :meth:`FileAccess.retried`; the rest is
+the reader's (:class:`~padpipe.readers.file_source.FileSource`).
 """
 
 from __future__ import annotations

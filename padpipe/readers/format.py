@@ -1,11 +1,9 @@
 """The reader protocol: what one input format writes, and nothing else.
 
-A format lists its *work units* (a Parquet row group, an Arrow record batch, a JSONL byte range,
-an index range of a ``datasets.Dataset``), reads one unit from a given row, and, where a row
-number alone cannot say where to resume inside a unit, keeps the state of that position; the rest
-is the reader node's (:class:`~padpipe.readers.source.UnitSource`). A new format writes
-:meth:`Format.describe`, :meth:`Format.list_units` and :meth:`Format.read_unit` (the others have
-defaults for units cut by rows); :mod:`padpipe.readers.csv` is a whole file format in a few lines.
+A format lists its *work units* (a Parquet row group, a JSONL byte range, ...), reads one from a given row, and
+keeps the state of a position a row number alone cannot say; the rest is the reader node's
+(:class:`~padpipe.readers.source.UnitSource`). A new format writes :meth:`Format.describe`,
+:meth:`Format.list_units` and :meth:`Format.read_unit`, as :mod:`padpipe.readers.csv` does in a few lines.
 """
 
 from __future__ import annotations

@@ -244,14 +244,10 @@ class JsonlFormat(FileFormat):
 class JsonlReader(FileSource):
     """JSON Lines files as record batches: one JSON object per line, blank lines skipped.
 
-    Blocks of about ``block_bytes``, cut at a newline, are parsed in one ``pyarrow.json`` call.
-    A plain file is split into units of ``unit_bytes`` byte ranges (a range owns every line that
-    *starts* in it), so one big file is still shared between consumers; a compressed file is one
-    unit. Row counts are unknown until read, so consumers' shares are balanced by bytes (byte
-    ranges cut where needed; a compressed file goes whole to one consumer). The state also holds
-    the byte offset of the current block, so a resumed reader seeks there (a compressed file is
-    decompressed up to it, without parsing) and re-parses only that block; a read retried after a
-    storage error re-opens the file the same way.
+    Blocks of about ``block_bytes``, cut at a newline, are parsed in one ``pyarrow.json`` call. A plain file is
+    split into byte ranges of ``unit_bytes`` (a range owns every line that *starts* in it), shared by bytes
+    (docs/distributed.md); a compressed file is one unit. The state holds the current block's byte offset, so a
+    resumed or retried read seeks there (a compressed file is decompressed up to it) and re-parses that block.
 
     The schema is fixed per reader: the keys (or ``columns``) and types of the first block that
     has rows (date-like strings kept as strings). Later a missing key comes out as nulls, a key not

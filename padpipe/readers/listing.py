@@ -1,16 +1,10 @@
 """One listing per pipeline, shared by every loader built from it and by all its DataLoader workers.
 
-Listing is the costly start of a read from object storage (globbing 10k files, reading 10k Parquet
-footers). A reader lists on its first ``reset``; the readers built from one pipeline share a
-:class:`SharedListing`, made without I/O by ``pp.read_parquet`` & co. It keeps the listing in
-memory for the pipeline's later loaders, travels with the pipeline into DataLoader workers (copied
-by ``fork``, pickled by ``spawn``), and otherwise lets the workers agree through a JSON file in a
-folder private to the pipeline (``$TMPDIR/padpipe-<uid>-<owner pid>-<token>``, mode 0700, used only
-when it is a real folder of this user that no one else may use): the first worker lists under a
-file lock, the others read its result. Nothing is ever unpickled from it. A new ``pp.read_*`` call
-lists again. The folder goes when its owner drops the pipeline or exits; folders of processes that
-died are removed by the next padpipe process that shares a listing. Without ``fcntl`` (Windows), or
-when the folder is not private, each worker lists for itself.
+Listing (globbing 10k files, reading their footers) is the costly start of a read from object storage, so the
+readers of one pipeline share a :class:`SharedListing`: kept in memory, carried into workers by ``fork`` or
+pickling, and otherwise agreed on through a JSON file in a folder private to the pipeline, listed by the first
+worker under a file lock (docs/state.md, "Sharing the file listing"). Without ``fcntl`` (Windows), or when the
+folder is not private, each worker lists for itself.
 """
 
 from __future__ import annotations

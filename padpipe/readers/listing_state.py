@@ -1,9 +1,8 @@
 """What a file reader's state keeps of its listing: digests and the file being read, never the file list.
 
-A listing identity (:attr:`~padpipe.readers.paths.FileRef.identity`, a line a file) would grow a
-state with the corpus (1 MB for 10,000 shards, per worker, rank and checkpoint), so a state holds a
-:class:`ListingDigest` of it under ``"files"`` and the line of the file being read under ``"file"``.
-Where the digests differ, :func:`listing_difference` says how, as far as they tell.
+A listing identity (a line a file) would grow a state with the corpus, so a state holds a :class:`ListingDigest`
+of it under ``"files"`` and the line of the file being read under ``"file"``; :func:`listing_difference` says
+how two differ, as far as the digests tell.
 
 Example:
     >>> saved = ListingDigest.of("a\\t1\\tv1\\nb\\t2\\tv1")

@@ -1,11 +1,9 @@
 """The elastic planner a reader holds: which pieces of its units one consumer reads each epoch.
 
-The epoch's unit order (the listing's, or a permutation seeded by ``(seed, epoch)``) is the same on
-every consumer, and each takes an equal stretch of it (:mod:`padpipe.sharing.shares`), units cut by
-the reader's ``measure`` (what a unit weighs, and whether it can be cut) and ``piece`` (its part
-``[lo, hi)``; :func:`by_rows` and :func:`rows_piece` by default). An elastic resume asks what a
-consumer had left (:meth:`EpochPlan.rest`), shares it again (:meth:`EpochPlan.share`) and hands each
-new consumer its part (:meth:`EpochPlan.override`).
+Every consumer takes an equal stretch (:mod:`padpipe.sharing.shares`) of the epoch's unit order, the same on all
+of them, units cut by the reader's ``measure`` and ``piece`` (:func:`by_rows` and :func:`rows_piece` by default).
+An elastic resume asks what a consumer had left (:meth:`EpochPlan.rest`), shares it again
+(:meth:`EpochPlan.share`) and hands each new consumer its part (:meth:`EpochPlan.override`).
 
 Example:
     >>> plan = EpochPlan(seed=None)

@@ -1,10 +1,8 @@
 """Retry transient storage errors with exponential backoff, then fail with a DataError naming the file.
 
-Readers wrap every open, list and read in the policy here: a *transient* error
-(:func:`is_transient`) is retried after ``backoff``, ``2 * backoff``, ... (capped, with jitter)
-until ``retries`` or ``max_seconds`` are used up; then a :class:`DataError` names the file, the
-attempts, the last error and the fix. Errors about the data itself are never retried, nor is a
-read the store refused (access denied: a :class:`DataError` at once).
+Readers wrap every open, list and read in it: a *transient* error (:func:`is_transient`) is retried after
+``backoff``, ``2 * backoff``, ... (capped, with jitter) until ``retries`` or ``max_seconds`` are used up. Errors
+about the data, and access denied, are never retried.
 
 Example:
     >>> policy = Retry.of(3)

@@ -1,11 +1,9 @@
 """The reader nodes: :class:`ReaderNode`, what every reader holds, and :class:`UnitSource`, a
 :class:`~padpipe.readers.format.Format` read in per-epoch unit order, one share per consumer.
 
-:class:`UnitSource` holds the parts every unit reader shares, not inherits: the elastic planner
-(:class:`~padpipe.readers.plan.EpochPlan`), the listing identity of input that is files
-(:class:`~padpipe.readers.identity.ListingIdentity`), and the token cache it reads through. It
-saves the position as ``(unit, row)`` (plus the format's own position keys), so resume reads from
-there instead of skipping.
+:class:`UnitSource` holds the elastic planner (:class:`~padpipe.readers.plan.EpochPlan`), the listing identity
+(:class:`~padpipe.readers.identity.ListingIdentity`) and the token cache, and saves its position as ``(unit,
+row)`` (plus the format's own keys), so resume reads from there instead of skipping.
 """
 
 from __future__ import annotations

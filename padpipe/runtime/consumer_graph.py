@@ -1,9 +1,8 @@
 """The top node of every consumer's graph, and the walk to a graph's readers.
 
-:class:`ConsumerGraph` passes a normal run through unchanged. Given an elastic plan (the rest of
-an epoch saved on another layout, :mod:`padpipe.runtime.elastic`), it yields the batches the plan
-gives it first, then its share of the unread pieces, read through its own graph; a state taken
-anywhere in that epoch holds both, so it resumes exactly, on this layout or on another one.
+:class:`ConsumerGraph` passes a normal run through unchanged; given an elastic plan
+(:mod:`padpipe.runtime.elastic`), it yields the plan's batches first, then its share of the unread pieces, and
+its state holds both, so it resumes exactly on any layout.
 """
 
 from __future__ import annotations

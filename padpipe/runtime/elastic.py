@@ -1,11 +1,8 @@
 """Elastic resume: the rest of an epoch saved on ``R x W`` consumers, re-shared over ``R' x W'`` (docs/elastic.md).
 
-Every row that had not come out in a batch comes out exactly once over the new consumers, and none that had:
-each old consumer's graph is restored with its readers told to read nothing new
-(:meth:`UnitSource.stop_on_load`), so its buffers drain into batches through the same stages; those and the
-batches held above the graphs are evened out and dealt round-robin over the new ranks and workers; the pieces no
-consumer had read are laid end to end in the epoch's order and shared again in equal stretches
-(:mod:`padpipe.sharing.shares`). Every new rank makes the same plan from the same states and keeps its own part.
+Each old consumer's graph is restored with its readers told to read nothing new
+(:meth:`UnitSource.stop_on_load`), so its buffers drain into batches, dealt round-robin over the new consumers;
+the pieces no consumer had read are shared again in equal stretches. Every new rank makes the same plan.
 """
 
 from __future__ import annotations

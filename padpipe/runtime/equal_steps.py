@@ -26,21 +26,13 @@ class EqualSteps(BaseNode[Any]):
 
     Each ``next()`` follows :class:`~padpipe.runtime.lockstep.Lockstep` under ``policy``:
 
-    - ``"balance"`` (the default): every row once. A rank that has run out is given, each step,
-      a batch another rank holds beyond the one it yields now; once every rank has read its share,
-      the batches left are split and moved until all hold the same number (counted as
-      ``equal_steps.moved_batches`` / ``split_batches``). Only where no real piece is left for a rank
-      does it get a *filler*: one real row marked ``"is_filler"``, to train nothing
-      (``loss * padpipe.loss_weight(batch)``; ``equal_steps.filler_batches``).
-    - ``"repeat"``: ranks that ran out replay, in turn, the first ``REPEAT_BUFFER`` (8) batches
-      they yielded this epoch, until the last rank finishes; every dict batch carries
-      ``"is_repeat"`` (a bool tensor), to train nothing.
-    - ``"drop"``: every rank stops when the first runs out; what the others hold or have not
-      read is read, dropped and counted as ``equal_steps.dropped_batches`` / ``_rows``.
+    - ``"balance"`` (the default): every row once; batches are moved and split between ranks, and a rank left
+      with no real piece gets a *filler* marked ``"is_filler"`` (``loss * padpipe.loss_weight(batch)``).
+    - ``"repeat"``: ranks that ran out replay their first ``REPEAT_BUFFER`` batches, marked ``"is_repeat"``.
+    - ``"drop"``: every rank stops when the first runs out; the rest is read, dropped and counted.
 
-    ``"off"`` and runs without ``torch.distributed`` (or with one rank, or inside a DataLoader
-    worker) pass batches through. The state holds the upstream state and the batches held (on the
-    CPU; back to ``device`` on resume), so resume is exact when all ranks save at the same step.
+    ``"off"`` and runs without ``torch.distributed`` (or with one rank, or inside a DataLoader worker) pass
+    batches through. Resume is exact when all ranks save at the same step (docs/distributed.md, "Equal steps").
 
     Args:
         source: The pipeline's last node.

@@ -1,9 +1,7 @@
 """Held batches, in one place: batches a layer has in hand and has not given out (or its trainer has not trained).
 
-Every layer that holds batches across a ``next()`` keeps them in a :class:`Held` (equal steps' read-ahead, the
-window of ``accumulation_steps``, an elastic plan's batches, a loader's restored and fetched-ahead batches,
-:class:`Untrained`). A state saves them with :meth:`Held.saved` (on the CPU: a checkpoint never holds GPU
-tensors) and declares them with :data:`SPEC`; :meth:`Held.restore` puts them back on the layer's device.
+Every layer that holds batches across a ``next()`` keeps them in a :class:`Held`, saved with :meth:`Held.saved`
+(on the CPU), declared with :data:`SPEC` and put back on the layer's device by :meth:`Held.restore`.
 """
 
 from __future__ import annotations

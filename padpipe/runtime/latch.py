@@ -1,10 +1,8 @@
-"""What happens after an error: a pipeline that raised stays failed until it is reset.
+"""What happens after an error: a pipeline that raised stays failed until it is reset (docs/state.md).
 
-A stage that raises in the middle of ``next()`` may have consumed input it has not emitted, so calling ``next()``
-again would silently lose rows. :class:`FailureLatch` sits at the root of every built pipeline: every later
-``next()`` raises the same exception again, ``state_dict()`` raises (a state saved after the error would not
-resume exactly), and ``reset()`` (a new epoch, or a state saved before the error) clears it. Nothing is skipped
-unless a stage's own policy says so (``on_error="skip"``, ...), counted in stats.
+A stage that raised in ``next()`` may have consumed input it has not emitted, so :class:`FailureLatch`, at the
+root of every built pipeline, raises the same exception again on every later ``next()`` and ``state_dict()``,
+until ``reset()`` (a new epoch, or a state saved before the error).
 """
 
 from __future__ import annotations

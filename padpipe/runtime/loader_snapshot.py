@@ -29,10 +29,7 @@ PARTS: tuple[tuple[tuple[str, ...], type, str], ...] = (
     (("_snapshot", "_main_snapshot", "_sampler_iter_yielded"), int, "an int >= 0"),
 )
 # (key, type, what) of each part of a worker's iterator state (a PipelineIterator's)
-ITERATOR_PARTS: tuple[tuple[str, type, str], ...] = (
-    (EPOCH_KEY, int, "an int >= 0"),
-    (NODE_KEY, Mapping, "a dict"),
-)
+ITERATOR_PARTS: tuple[tuple[str, type, str], ...] = ((EPOCH_KEY, int, "an int >= 0"), (NODE_KEY, Mapping, "a dict"))
 SHUTDOWN = (
     "torchdata.stateful_dataloader.stateful_dataloader",
     "_StatefulMultiProcessingDataLoaderIter",

@@ -15,16 +15,7 @@ import torch
 from padpipe.pipes.batch_tensors import to_cpu, to_device
 from padpipe.runtime.batch_cut import rows_of
 from padpipe.runtime.held import SPEC, Held
-from padpipe.runtime.rebalance import (
-    FILLER_KEY,
-    Move,
-    documents,
-    donations,
-    filler,
-    split,
-    splittable_rows,
-    tail_plan,
-)
+from padpipe.runtime.rebalance import FILLER_KEY, Move, documents, donations, filler, split, splittable_rows, tail_plan
 from padpipe.state import Bool, Int, StateSchema
 from padpipe.stats import PipelineStats
 
@@ -49,14 +40,10 @@ def _mark(item: Any, repeat: bool) -> Any:
 class Lockstep:
     """The per-step protocol both :class:`EqualSteps` and :func:`equal_steps` follow (see those for the policies).
 
-    ``"balance"``: every rank reads up to two batches ahead and the group gathers how many each
-    holds and whether it has read its whole share; once one has, every rank reads up to
-    ``TAIL_DEPTH`` ahead, so the epoch's tail is known while there is still material to even it
-    out with. A rank that ran out gets, for each step, the last batch of a rank that holds more
-    than the one it yields now (ranks still reading read further ahead when too few are spare);
-    once every rank has read its share, the batches left are split until their count divides by
-    the ranks and moved (:func:`~padpipe.runtime.rebalance.tail_plan`), and each rank yields its
-    own with no further agreement.
+    Under ``"balance"`` every rank reads up to two batches ahead, ``TAIL_DEPTH`` once a rank has read its whole
+    share; a rank that ran out gets a batch another holds beyond the one it yields now, and once every rank has
+    read its share the batches left are split and moved by :func:`~padpipe.runtime.rebalance.tail_plan`
+    (docs/distributed.md, "Equal steps").
 
     Args:
         policy: ``"balance"``, ``"repeat"`` or ``"drop"``.
@@ -79,14 +66,7 @@ class Lockstep:
         steps=Int(0),
     )
 
-    def __init__(
-        self,
-        policy: str,
-        sync: Any,
-        stats: PipelineStats,
-        *,
-        device: torch.device | None = None,
-    ) -> None:
+    def __init__(self, policy: str, sync: Any, stats: PipelineStats, *, device: torch.device | None = None) -> None:
         self.policy, self.sync, self.stats, self.device = policy, sync, stats, device
         self.held = Held(device=device)  # read ahead (or received), not yielded yet
         self.ring = Held(device=device)  # "repeat": the first batches yielded this epoch

@@ -1,9 +1,8 @@
 """Loss-token counts for gradient accumulation: ``num_items_in_batch`` of each optimizer step's window.
 
-A loss summed over tokens and divided by the label tokens of the whole optimizer step (its ``k`` accumulated
-batches on every rank) gives the gradient of the mean loss over all of those tokens, however unevenly they fall
-into batches and ranks. :class:`LossTokens` reads the window ahead itself, counts its label tokens as HF
-``Trainer`` does, sums them over the ranks in one all-reduce per window and gives every batch of it the total.
+:class:`LossTokens` reads each window of ``k`` batches ahead, counts its label tokens as HF ``Trainer`` does,
+sums them over the ranks in one all-reduce and gives every batch of it the total (docs/training.md,
+"Gradient accumulation").
 """
 
 from __future__ import annotations
@@ -62,12 +61,9 @@ def label_tokens(batch: Any, *, causal: bool = True) -> int:
 class LossTokens(BaseNode[Any]):
     """Give every batch ``num_items_in_batch``: the loss tokens of its optimizer step's window on all ranks.
 
-    Each window is the next ``steps`` batches of the epoch (the last one shorter); the count is
-    :func:`label_tokens` summed over the window and, under ``torch.distributed`` with ranks that
-    share the data, over every rank (one all-reduce per window), as a 0-d ``int64`` tensor on the
-    batch's ``labels`` device. It sits above :class:`~padpipe.runtime.equal_steps.EqualSteps`, so every
-    rank's windows hold the same steps. The state holds the window's batches not yet given out and its
-    count, so resume at any step of a window needs no other all-reduce.
+    Each window is the next ``steps`` batches (the last one shorter); the count, a 0-d ``int64`` tensor on the
+    ``labels`` device, is :func:`label_tokens` summed over the window and the ranks that share the data. The
+    state holds the window's batches not yet given out and its count, so resume needs no other all-reduce.
 
     Args:
         source: The node below (equal steps, or the graph).

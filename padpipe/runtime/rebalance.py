@@ -1,9 +1,7 @@
 """Where batches go so that every rank takes the same steps with every row once: plans, made alike on every rank.
 
-Every rank makes the same plan from the same gathered table, so no rank has to tell another what to do.
-:func:`donations` feeds a rank that ran out from ranks that hold more than the batch they yield now;
-:func:`tail_plan`, once every rank has read its whole share, splits batches until their count divides by the
-ranks and moves the surplus (docs/distributed.md, "The epoch's last steps").
+Every rank makes the same plan from the same gathered table (:func:`donations` while ranks read, :func:`tail_plan`
+at the epoch's end), so no rank has to tell another what to do (docs/distributed.md, "Equal steps").
 
 Example:
     >>> donations([3, 0, 2])

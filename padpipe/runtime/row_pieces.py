@@ -1,20 +1,10 @@
 """Cut a one-row packed batch in two real pieces, so an epoch's last steps need no filler: what equal steps splits last.
 
-A packed row holds whole documents (or conversations) one after another, each its own segment of
-``cu_seq_lens_q``. :func:`describe` reads a row as one code per document: its label tokens, and
-whether it may be cut (a pretraining document: every label but the first is its own token; a
-conversation, whose labels are masked in places, never is). :func:`halve` plans a cut from the
-codes alone, so every rank can plan another rank's cut from a gathered table: it *regroups* the
-documents in two runs (the label tokens as even as it can, each run with some) and only where no
-such regrouping exists does it cut the one document with labels, at a token boundary.
-:func:`cut_row` carries the plan out on the batch.
-
-A cut document's prediction of each token stays with exactly one piece: the first piece ends
-with the cut token (its label, the prediction of it from the token before, is kept there) and
-the second starts with that token again as context, its label ``-100``. Every piece keeps its
-documents' position ids, labels and kept values (``pack(keep=...)``: a cut document's on both
-pieces); its ``seq_idx`` and ``cu_seq_lens_*`` are its own. A piece is as long as its tokens (the
-row's padding goes), so it never holds more tokens than the row.
+A packed row holds whole documents, each its own segment of ``cu_seq_lens_q``. :func:`describe` reads it as one
+code per document (its label tokens, and whether it may be cut), :func:`halve` plans a cut from the codes alone,
+so every rank can plan another rank's cut from a gathered table, and :func:`cut_row` carries it out. Documents
+are regrouped in two runs where that gives each run label tokens; only else is a pretraining document cut
+between two tokens, each prediction kept by exactly one piece (docs/distributed.md, "The epoch's last steps").
 
 Example:
     >>> ids = torch.tensor([[5, 6, 7, 8, 9, 4, 0, 0]])

@@ -12,11 +12,9 @@ from padpipe.runtime.rebalance import Move
 class StepSync:
     """Gather a few ints from every rank of ``group``, and move batches between ranks.
 
-    It works on CPU tensors, so the host never waits for the GPU's queue (a CUDA tensor and
-    ``.tolist()`` would stall it every step, undoing the prefetch): in ``group`` when that takes
-    CPU tensors, else, for the default NCCL world, in a gloo group over the same ranks, created once
-    (every rank builds its loaders in the same order). A group passed in that takes only CUDA tensors
-    is used as it is, on the current CUDA device.
+    It works on CPU tensors, so the host never waits for the GPU's queue: in ``group`` when that takes CPU
+    tensors, else in a gloo group over the same ranks, created once (every rank builds its loaders in the same
+    order). A group passed in that takes only CUDA tensors is used as it is, on the current CUDA device.
 
     Attributes:
         rank: This process's rank in the group.

@@ -1,11 +1,9 @@
 """Send a worker's batches and states to the main process as bytes in the pipe, not as shared-memory tensors.
 
-torch sends a tensor between processes by moving its storage into a new shared-memory file and handing its
-descriptor over a socket: for a worker that sends a batch and its state (a dozen tensors) every step, that cost
-more than reading and tokenizing small batches (``benchmarks/workers.py``, benchmarks/RESULTS.md). In a worker,
-:func:`as_bytes` replaces each plain CPU tensor by a :class:`TensorBytes` (dtype, shape and bytes), pickled like
-any bytes and unpickled in the main process as an ordinary tensor. Two equal ``TensorBytes`` compare equal, so
-of a state torchdata's ``StatefulDataLoader`` resends only the parts that changed since the step before.
+torch moves each tensor it sends between processes into a new shared-memory file, which costs more than reading
+and tokenizing small batches (``benchmarks/workers.py``). :func:`as_bytes` replaces each plain CPU tensor by a
+:class:`TensorBytes`, unpickled in the main process as an ordinary tensor; equal ones compare equal, so
+``StatefulDataLoader`` resends only the parts of a state that changed.
 """
 
 from __future__ import annotations
@@ -85,10 +83,9 @@ class _Conversion:
     """One :func:`as_bytes` call: the tensors converted so far (by ``id``), and with ``earlier`` (the sealed dicts
     of the state sent before, by ``id``, each with what was sent for it) the sealed dicts met again, sent as before.
 
-    A sealed dict (one that holds its :data:`~padpipe.state.CHECKSUM_KEY`) is a value: padpipe never changes one
-    after sealing it, as its checksum would no longer hold. The shuffle buffer's rows are such dicts, the same
-    objects in every state until their rows leave the buffer; sent as the same objects, torchdata finds them
-    equal at once and resends nothing of them. ``sealed`` keeps each one met (and so its ``id``) for the next call.
+    A sealed dict (holding :data:`~padpipe.state.CHECKSUM_KEY`) never changes, so the shuffle buffer's rows, the
+    same objects in every state, are sent as before and torchdata resends nothing of them. ``sealed`` keeps each
+    one met (and so its ``id``) for the next call.
     """
 
     def __init__(self, earlier: dict[int, tuple[dict, dict]] | None) -> None:

@@ -1,9 +1,7 @@
 """Run a pipeline in DataLoader worker processes, as one resumable node of the main process.
 
-:class:`WorkerProcesses` drives a ``torchdata`` ``StatefulDataLoader`` over the pipeline (each worker reads its
-own share: rank x worker) and yields the workers' batches in its fixed round-robin order. The main process owns
-the epoch: workers are started for each epoch with the epoch set in the dataset they receive, and the state is
-the epoch plus the ``StatefulDataLoader``'s own (each worker's exact position).
+:class:`WorkerProcesses` drives a ``torchdata`` ``StatefulDataLoader`` over the pipeline (one share per rank x
+worker), started each epoch with that epoch; its state is the epoch plus the ``StatefulDataLoader``'s own.
 """
 
 from __future__ import annotations

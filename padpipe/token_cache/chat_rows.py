@@ -1,12 +1,10 @@
 """The chat cache: what each conversation became (its token rows, their trained tokens, the counters it added),
 stored per source position and read back in the chat stage's threads (:class:`CachedChat`).
 
-One conversation becomes 0 token rows (skipped, or nothing trained), 1, or several (reasoning rows), so a
-segment row holds lists of rows: ``__padpipe_ids`` (list of lists of ids), ``__padpipe_trained`` (the same
-shape, bools) and ``__padpipe_counts`` (a map from counter to count; ``skip.chat.<reason>`` for a skipped
-row). Text rows are rendered by the chat stage exactly as without a cache; text and cached rows become one
-outcome and one chunk, built and counted by the stage itself: batches and ``stats()`` are those without a
-cache. Freshly rendered rows go on in segment form to the :class:`~padpipe.token_cache.fill.CacheFiller`.
+A conversation becomes 0, 1 or several token rows, so a segment row holds lists of rows: ``__padpipe_ids`` (list
+of lists of ids), ``__padpipe_trained`` (the same shape, bools) and ``__padpipe_counts`` (counter to count;
+``skip.chat.<reason>`` for a skipped row). Text and cached rows become one outcome, built and counted by the
+stage itself, so batches and ``stats()`` are those without a cache.
 """
 
 from __future__ import annotations

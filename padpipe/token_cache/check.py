@@ -1,8 +1,7 @@
 """The checks a token-cache segment passes before a single id of it is used.
 
-A segment's name holds its size and CRC-32, but both come from the file itself: anyone who can
-write the cache location can publish a file that passes them. So, once per segment read
-(vectorized), its rows must also be what this tokenizer and these options could have produced:
+A segment's size and CRC-32 come from the file itself, so once per segment read (vectorized) its rows must also
+be what this tokenizer and these options could have produced:
 
 * Arrow's full validation passes (list offsets monotone and inside their buffers, valid UTF-8);
 * the hidden columns have this cache's types; every row is ``CACHED``, or (``tokenize``) ``BAD`` with no ids;
@@ -12,8 +11,7 @@ write the cache location can publish a file that passes them. So, once per segme
   the others), every counter is a ``chat.`` one (or ``skip.chat.``) counted 1 to :data:`MOST_COUNTED` times;
 * positions are the segment's: increasing and inside ``[lo, hi)`` (all of them for row numbers).
 
-Valid in-vocabulary ids written by someone else cannot be told from padpipe's own without a key:
-a cache location must be trusted like the data itself.
+What no check can catch is in docs/cache.md ("Trust").
 """
 
 from __future__ import annotations

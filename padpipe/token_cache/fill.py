@@ -1,10 +1,8 @@
 """The token cache after the shuffle buffer: tokenize what is text, convert what is cached, collect segments.
 
-:class:`CachedTokenizer` replaces the tokenize stage's function in its threads: text rows go through the
-:class:`ChunkTokenizer` exactly as without a cache (same ids, errors, skips and counters), cached rows become
-token chunks without a tokenizer call, in the input's row order. Freshly tokenized rows come back in segment
-form; :class:`CacheFiller` (one node after the threads, in order) hands them to the :class:`Collector`, which
-publishes a segment, in a background writer thread, once all the rows the reader announced for it are in.
+:class:`CachedTokenizer` replaces the tokenize stage's function in its threads: text rows are tokenized exactly
+as without a cache, cached rows become token chunks without a tokenizer call. :class:`CacheFiller` hands freshly
+tokenized rows to the :class:`Collector`, which publishes a segment in a background thread once it is whole.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The rows a cached pipeline passes from its reader to ``tokenize``: source columns plus hidden token columns.
 
-With a token cache on, the reader emits every row with the hidden columns, whether it read the row's text or
-its ids from the cache, so the shuffle buffer between them sees one schema and the batch sizes of no cache:
+The reader emits every row with the hidden columns, text or cached, so the stages between see one schema:
 
 * ``__padpipe_ids`` (list of the cache's id type): a cached row's ids, null for a text row; and
   ``__padpipe_type_ids`` (list of int8, for tokenizers that make them) likewise. With a chat cache,
@@ -10,8 +9,7 @@ its ids from the cache, so the shuffle buffer between them sees one schema and t
 * ``__padpipe_state`` (int8): :data:`TEXT` (tokenize it), :data:`CACHED`, or :data:`BAD` (its text was bad:
   dropped and counted as ``tokenize.bad_text``, as when it was tokenized);
 * ``__padpipe_ref`` (int64): ``unit << 40 | position`` (the session's unit number; a row number or JSONL byte
-  offset), ``-1`` when it cannot be cached. Kept on tokenize's chunks as far as a bucketizer, whose state can
-  then name rows instead of holding them.
+  offset), ``-1`` when it cannot be cached; kept on tokenize's chunks, so a bucketizer's state can name rows.
 
 A segment file holds the same columns, with ``__padpipe_pos`` (the position) in place of the reference and
 the text columns as nulls.

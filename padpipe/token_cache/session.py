@@ -1,14 +1,10 @@
 """The token cache in a built pipeline: the reader serves cached rows and marks the rest to be cached.
 
-A recipe with a cache holds a :class:`~padpipe.token_cache.plan.CachePlan` (``Pipeline.cache``). Each
-built pipeline (per loader, per DataLoader worker) opens one :class:`CacheSession` of it and hands it,
-through the build context, to the stages that read or fill it: the reader, the cached stage, and the
-buffers between them, which save rows the cache holds as references (:mod:`padpipe.token_cache.state`).
-The reader's pieces walk over the segments published for their units (:mod:`padpipe.token_cache.walk`):
-a stretch a segment covers comes from it (checked first: :mod:`padpipe.token_cache.check`; a file that
-fails is counted as ``cache.bad_files``, deleted and tokenized again), the rest is read as text and
-published, segment by segment, once tokenized (:mod:`padpipe.token_cache.fill`). Rows come out in the
-same order and batch sizes as without a cache, so every later stage sees the same stream.
+Each built pipeline (per loader, per DataLoader worker) opens one :class:`CacheSession` of the recipe's
+:class:`~padpipe.token_cache.plan.CachePlan` and hands it, through the build context, to the reader, the cached
+stage and the buffers between them (:mod:`padpipe.token_cache.state`). The reader's pieces walk the published
+segments (:mod:`padpipe.token_cache.walk`) and the rest is tokenized and published
+(:mod:`padpipe.token_cache.fill`), in the same order and batch sizes as without a cache (docs/cache.md).
 """
 
 from __future__ import annotations
@@ -242,10 +238,7 @@ class CacheSession:
     def _file_identity(self, reader: UnitSource, path: str) -> str:
         """The file's name, size, version and content digest, as listed: a changed file is a different unit.
 
-        The reader checks the file against its listing once per epoch before reading from it
-        (``FileSource._check_file``), so a file rewritten with the same size and mtime after this
-        pipeline listed it is a ``ChangedFileError`` (the reader's ``on_missing`` applies), never a
-        hit on the old ids.
+        A file rewritten after the listing fails the reader's check before it is read, never hitting old ids.
         """
         ref = reader.file_of(path)
         if ref is None or not hasattr(ref, "fs"):

@@ -1,9 +1,8 @@
 """Small states with a token cache: buffered rows the cache holds are saved as references, re-read on resume.
 
-Rows carry a reference (``__padpipe_ref``: unit and position); a buffered batch whose every row is in a segment
-the session published or read is saved as its units' folders and each row's unit and position (12 bytes a row),
-and read back from the cache on resume (the segments' checks apply), in the same order; rows no longer in the
-cache are an error naming them. Batches with rows not yet in the cache are saved whole, as without one.
+A buffered batch whose every row is in a segment the session published or read is saved as its units' folders
+and each row's unit and position (12 bytes a row; docs/state.md), and read back checked, in the same order; rows
+no longer in the cache are an error naming them. Other batches are saved whole, as without a cache.
 """
 
 from __future__ import annotations

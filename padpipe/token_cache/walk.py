@@ -1,10 +1,8 @@
 """The reader side of the token cache: one piece's walk over its unit's published segments and the gaps.
 
-:class:`Walk` goes through a piece's positions (row numbers of the whole unit, byte offsets of a JSONL range, or
-row numbers from the start of a unit that cannot be cut): a stretch a segment covers comes from it (checked
-first; a file that fails is counted, deleted and tokenized again); a stretch none covers is read as text rows
-tagged with their positions, cut into segments of :data:`SEGMENT_ROWS` rows (at multiples of it where rows are
-numbered), each announced to the collector once all its rows are out.
+:class:`Walk` reads a stretch a segment covers from it (checked first; a file that fails is counted, deleted and
+tokenized again), and a stretch none covers as text rows tagged with their positions, announced to the collector
+segment by segment (:data:`SEGMENT_ROWS` rows each).
 """
 
 from __future__ import annotations
