@@ -45,10 +45,16 @@ SLOW_FILES = (
     "tests/inspection/test_packing_check.py",  # transformers models run on every document
     "tests/inspection/test_packing_labels.py",  # the same, on masked rows
     "tests/inspection/test_packing_command.py",  # the same, from the command line
+    "tests/test_markers.py",  # pytest collections in fresh processes
+    "padpipe/integrations/",  # docstring examples that import Lightning, transformers' Trainer, torchtitan
 )
 OPTIONAL_MODULES = {"padpipe/integrations/torchtitan.py": "torchtitan.components.dataloader"}
 """Modules whose docstring examples run only where an optional package imports (their tests skip on their own)."""
-SLOW_DOCTESTS = ("padpipe.cache.TokenCache", "padpipe.recipes.glue.main")  # examples that take seconds alone
+SLOW_DOCTESTS = (
+    "padpipe.cache.TokenCache",
+    "padpipe.recipes.glue.main",
+    "padpipe.inspection.inspect",
+)  # examples that take seconds alone
 STARTS_PROCESSES = re.compile(r"\bsubprocess\.|\btorchrun\b|\bnum_workers=[1-9]")
 
 

@@ -208,6 +208,7 @@ def searched(pipe, held):
     return [(state, {}), (saved, {"accumulation_steps": 3})]
 
 
+@pytest.mark.slow  # seconds alone
 @settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_any_leaf_of_a_resealed_state_given_a_wrong_type_is_refused_with_one_line_or_changes_nothing(

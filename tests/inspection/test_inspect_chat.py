@@ -130,6 +130,7 @@ def test_inspect_says_when_chat_drops_every_conversation(tmp_path: Any) -> None:
         pp.inspect(str(path), qwen3(), progress=False)
 
 
+@pytest.mark.slow  # seconds alone
 def test_cli_inspects_the_shipped_chats_with_a_chat_template_file(capsys: pytest.CaptureFixture, tmp_path) -> None:
     assert main(["inspect", "chats", "--tokenizer", "chat", "--max-length", "512", "--no-progress"]) == 0
     out = capsys.readouterr().out

@@ -228,6 +228,7 @@ def test_pack_loads_the_states_it_saves_at_every_step_with_the_checks_on() -> No
         node.reset(None)
 
 
+@pytest.mark.slow  # seconds alone
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_pack_resumes_a_state_with_any_value_at_any_token_only_into_ids_and_labels_the_model_takes(saved, data):

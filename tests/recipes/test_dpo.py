@@ -83,6 +83,7 @@ def test_dpo_raises_error_when_options_do_not_fit():
         dpo(pp.from_iterable(ROWS), TOK, mode="bucket")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # seconds alone
 def test_dpo_cli_prints_pairs_efficiency_cuts_and_drops(capsys):
     assert main(["--data", "preferences", "--tokenizer", "chat", "--seq-len", "256", "--max-batches", "2"]) == 0
     out = capsys.readouterr().out

@@ -280,6 +280,7 @@ def test_chat_cache_rejects_a_crafted_or_corrupted_segment_and_renders_again(tmp
     assert len(segment_files(cache)) == len(files) and target.exists()  # the bad file gone, the true one back
 
 
+@pytest.mark.slow  # seconds alone
 def test_chat_cache_resumes_exactly_while_filling_and_when_full(tmp_path, qwen3):
     source, cache = write(tmp_path, chats()), str(tmp_path / "cache")
     reference = epochs(stages(source, qwen3).loader(), 2)
@@ -294,6 +295,7 @@ def test_chat_cache_resumes_exactly_while_filling_and_when_full(tmp_path, qwen3)
         assert epochs(fresh, 2 - epoch) == [reference[epoch][taken:]] + reference[epoch + 1 :], (epoch, taken)
 
 
+@pytest.mark.slow  # seconds alone
 @pytest.mark.parametrize("kind", fast_first(["jsonl", "parquet"]))
 def test_chat_cache_assembles_pieces_when_cut_points_move(tmp_path, qwen3, kind):
     source, cache = write(tmp_path, chats(), kind), str(tmp_path / "cache")
