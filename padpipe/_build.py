@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,13 +32,16 @@ def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: in
     return ShuffleBuffer(upstream, buffer_size=buffer_size, seed=seed, stats=ctx.stats, references=ctx.cache)
 
 
+def _build_with_stats(node: Callable[..., BaseNode], upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
+    return node(upstream, stats=ctx.stats, **options)
+
+
 def _with_stats(node: Callable[..., BaseNode]) -> Callable[..., BaseNode]:
-    """The builder of a stage whose node takes the upstream node, the recipe's stats and its options."""
+    """The builder of a stage whose node takes the upstream node, the recipe's stats and its options.
 
-    def build(upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
-        return node(upstream, stats=ctx.stats, **options)
-
-    return build
+    A partial of a module-level function, not a closure: recipes travel to spawned workers by pickle.
+    """
+    return functools.partial(_build_with_stats, node)
 
 
 batch = _with_stats(FixedBatcher)
