@@ -25,6 +25,7 @@ import gc  # noqa: E402
 import importlib  # noqa: E402
 import inspect  # noqa: E402
 import re  # noqa: E402
+from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -78,10 +79,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Add the ``slow`` marker to the tests that start processes, ``torchrun`` or a framework."""
+    """Add the ``slow`` marker to the tests that start processes, ``torchrun`` or a framework, and put the files
+    with the most such tests first: ``--dist loadfile`` hands files out in this order, so the long ones start early
+    and the many short ones fill in at the end (with the docs' page run, one long file, collected late, one
+    process worked alone for its last minutes)."""
+    slow_in_file: Counter[Path] = Counter()
     for item in items:
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)
+            slow_in_file[item.path] += 1
+    items.sort(key=lambda item: -slow_in_file[item.path])  # stable: each file's tests keep their order
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

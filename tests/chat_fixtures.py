@@ -326,3 +326,12 @@ def tool_conversation(city: str = "Paris") -> list[dict[str, Any]]:
 def reference(tok: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
     """``tok.apply_chat_template(messages, tokenize=True)``'s ids: what ``.chat()`` must emit."""
     return list(tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)["input_ids"])
+
+
+@functools.cache
+def offsets_tokenizer(tok: Any) -> Tokenizer:
+    """``tok``'s own tokenizer without its post-processor (no special tokens added, offsets untrimmed), parsed once
+    per tokenizer: the reference spans are read from its offsets."""
+    raw = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    raw.post_processor = None
+    return raw

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
 
 import padpipe as pp
 from padpipe.chat.template import ChatTemplate
@@ -46,9 +45,9 @@ def check_row(name: str, tok: Any, row: dict[str, Any], packed: dict[str, Any]) 
     k = next((k for k in ends if packed["ids"] == render(tok, row, k, return_dict=True)["input_ids"]), None)
     assert k is not None, "a row that is no rendering of the messages up to an answer"
     text = render(tok, row, k, tokenize=False)
-    raw = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-    raw.post_processor = None
-    offsets = np.array(raw.encode(text, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2)
+    offsets = np.array(
+        pb.fx.offsets_tokenizer(tok).encode(text, add_special_tokens=False).offsets, dtype=np.int64
+    ).reshape(-1, 2)
     answers = [j for j in range(k) if chat[j]["role"] == "assistant"]
     spans = pb.reference_spans(name, text)
     assert len(spans) == len(answers), text

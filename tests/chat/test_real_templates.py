@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from tokenizers import Tokenizer
 
 import padpipe as pp
 from padpipe.chat.labels import IGNORE
@@ -46,9 +45,9 @@ def run_chat(tok: Any, chats: list[list[dict[str, Any]]], **options: Any) -> tup
 
 def token_spans(tok: Any, text: str) -> np.ndarray:
     """Each token's characters in ``text`` (untrimmed offsets)."""
-    raw = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-    raw.post_processor = None
-    return np.array(raw.encode(text, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2)
+    return np.array(
+        rt.fx.offsets_tokenizer(tok).encode(text, add_special_tokens=False).offsets, dtype=np.int64
+    ).reshape(-1, 2)
 
 
 def answers_trained(name: str, tok: Any, chat: list[dict[str, Any]], row: dict[str, Any], **kwargs: Any) -> list[int]:

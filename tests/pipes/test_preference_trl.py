@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer
 
 import padpipe as pp
 from padpipe.chat.pairs import split_prompt
@@ -86,9 +85,7 @@ def reference(name: str, tok: Any, messages: list[dict[str, Any]], **kwargs: Any
     start = [m.end() for m in re.finditer(rt.MODELS[name].header, text)][-1]
     if kwargs.get("enable_thinking") is False and text.startswith("<think>\n\n</think>\n\n", start):
         start += len("<think>\n\n</think>\n\n")
-    raw = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-    raw.post_processor = None
-    encoding = raw.encode(text, add_special_tokens=False)
+    encoding = rt.fx.offsets_tokenizer(tok).encode(text, add_special_tokens=False)
     return encoding.ids, [int(end > start) for _, end in encoding.offsets]
 
 
