@@ -37,9 +37,7 @@ def visible_content(message: Mapping[str, Any]) -> str:
     if isinstance(content, list):  # parts: the last text part (what the previous turn's end follows)
         texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
         return texts[-1].strip() if texts else ""
-    if not isinstance(content, str):
-        return ""
-    return content.split("</think>")[-1].strip()
+    return content.split("</think>")[-1].strip() if isinstance(content, str) else ""
 
 
 def reasoning_of(message: Mapping[str, Any]) -> str:
@@ -164,7 +162,8 @@ def output_start(
     if text.startswith(prompted) and len(prompted) >= cursor:
         return len(prompted)
     prompt = prompted[len(plain) :] if prompted.startswith(plain) else prompted
-    if prompt and text.startswith(plain) and len(plain) >= cursor:  # the messages before it render alike
+    dropped = k > asked and plain == render(list(messages[: k - 1]), False)  # an empty last answer it drops (Nemotron)
+    if prompt and text.startswith(plain) and len(plain) >= cursor and not dropped:  # the messages before, alike
         return len(plain) + _header(prompt, _common_prefix(prompt, text, len(plain)), specials)
     content = visible_content(messages[k - 1]) if k > 0 else ""
     forms = [a for a in (content, _as_json(content)) if a and a in prompted]  # as written, or in JSON: its last
@@ -184,8 +183,9 @@ def output_start(
         found = text.find(anchor, found + 1)
     own = render(list(messages[: k + 1]), False)
     start = own_start(prompted, own, prompt, messages[k], specials)
-    if start >= cursor and text.startswith(own[:start]) and content and _find(own[:start], content, 0)[0] >= 0:
-        return start  # (past the message before it)
+    past = dropped or bool(content) and _find(own[:start], content, 0)[0] >= 0  # past the message before it (or
+    if start >= cursor and text.startswith(own[:start]) and past:  # that one is an empty last answer it drops)
+        return start
     raise _unaligned(text, prompted, k, f"message {k - 1}" if anchor else "the messages before it")
 
 

@@ -237,6 +237,11 @@ THINK = "\n<think></think>\n"
             ["Hello.<|assistant_end|>", 'It is 21 in Paris.', '<|tools_prefix|>[{"get_weather": {"city": "Lima"}}]<|tools_suffix|>',
              '<|tools_prefix|>[{"get_weather": {"city": "Paris"}}]<|tools_suffix|>'],
         ),
+        (  # it drops an empty answer when last: the next answer's header never trained with it
+            "nemotron_nano_v2",
+            [user("Hi."), answer(""), answer("Again.")],
+            ["\n<SPECIAL_12>", "Again.\n<SPECIAL_12>"],
+        ),
         ("apertus", [user("Hi."), answer("Hello."), answer("Again.")], ["Hello.Again."]),
         # the last answer ends with the rendering, its trailing blanks left out as a separator
         ("apertus", [user("Hi."), answer("\nHello.\n"), user("Again."), answer("  Hi  ")], ["\nHello.\n<|assistant_end|>", "  Hi"]),
@@ -261,3 +266,37 @@ def test_an_answer_ends_with_the_token_that_ends_it_for_the_model(
     rows, stats = pack(folder, chat)
     assert not stats.skipped
     assert trained(tok, rows) == sorted(spans)
+
+
+AGAIN = {  # the run of trained tokens that holds the second answer (DeepSeek V3.1 writes the first one's end before it)
+    "nemotron_nano_v2": "Again.\n<SPECIAL_12>",
+    "glm4_6": "\n<think></think>\nAgain.<|user|>",
+    "gemma4": "Again.<turn|>",
+    "gpt_oss": "<|channel|>final<|message|>Again.<|end|>",
+    "deepseek_v3_1": "<｜end▁of▁sentence｜>Again.<｜end▁of▁sentence｜>",
+    "llama3_1": "Again.<|eot_id|>",
+    "apertus": "Again.<|assistant_end|>",
+    "qwen3": "Again.<|im_end|>",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=pp.DataError, reason=why))
+        for n, why in [
+            (
+                "apertus",
+                "an empty answer right before another writes nothing of its own: its span is empty (span_check)",
+            ),
+            ("qwen3", "an empty answer before another: the prompt it takes for the next one is not in the rendering"),
+        ]
+    ]
+    + ["nemotron_nano_v2", "glm4_6", "gemma4", "gpt_oss", "deepseek_v3_1", "llama3_1"],
+)
+def test_an_empty_answer_right_before_another_is_not_refused(name: str, tokenizer: Any) -> None:
+    """Nothing the template renders is refused: two answers in a row, the first one empty (loud refusals, marked)."""
+    folder, tok = tokenizer(name)
+    rows, stats = pack(folder, [user("Hi."), answer(""), answer("Again."), user("Thanks."), answer("Welcome.")])
+    assert not stats.skipped
+    assert [r for r in trained(tok, rows) if "Again." in r] == [AGAIN[name]]
