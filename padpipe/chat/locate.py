@@ -37,9 +37,7 @@ def visible_content(message: Mapping[str, Any]) -> str:
     if isinstance(content, list):  # parts: the last text part (what the previous turn's end follows)
         texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
         return texts[-1].strip() if texts else ""
-    if not isinstance(content, str):
-        return ""
-    return content.split("</think>")[-1].strip()
+    return content.split("</think>")[-1].strip() if isinstance(content, str) else ""
 
 
 def reasoning_of(message: Mapping[str, Any]) -> str:
@@ -101,7 +99,7 @@ def locate(
             start = max(cursor, found)  # (the previous answer's turn may end with its header: GLM's <|user|>)
         else:
             start = _turn_start(text, messages, k, render)
-        if answer and not _parts(messages[k]) and not text[start:].strip():  # an empty last answer it drops
+        if answer and not text[start:].strip():  # a last answer it drops (empty, or its reasoning alone)
             spans.append((start, start))
             continue
         bound = _turn_bound(text, start, messages, k, render, ends, specials)
@@ -157,12 +155,15 @@ def output_start(
         >>> output_start("<user>Hi<assistant>Hello", 0, chat, 1, render)
         19
     """
-    prompted = render(list(messages[:k]), True)
+    prompted, plain = render(list(messages[:k]), True), render(list(messages[:k]), False)
+    asked = max((i + 1 for i in range(k) if messages[i]["role"] != ASSISTANT), default=0)
+    if plain.startswith(prompted) and asked:  # it goes on with a last answer (Nemotron v2): the prompt after another
+        prompted = plain + render(list(messages[:asked]), True)[len(render(list(messages[:asked]), False)) :]
     if text.startswith(prompted) and len(prompted) >= cursor:
         return len(prompted)
-    plain = render(list(messages[:k]), False)
     prompt = prompted[len(plain) :] if prompted.startswith(plain) else prompted
-    if prompt and text.startswith(plain) and len(plain) >= cursor:  # the messages before it render alike
+    dropped = k > asked and plain == render(list(messages[: k - 1]), False)  # an empty last answer it drops (Nemotron)
+    if prompt and text.startswith(plain) and len(plain) >= cursor and not dropped:  # the messages before, alike
         return len(plain) + _header(prompt, _common_prefix(prompt, text, len(plain)), specials)
     content = visible_content(messages[k - 1]) if k > 0 else ""
     forms = [a for a in (content, _as_json(content)) if a and a in prompted]  # as written, or in JSON: its last
@@ -182,8 +183,9 @@ def output_start(
         found = text.find(anchor, found + 1)
     own = render(list(messages[: k + 1]), False)
     start = own_start(prompted, own, prompt, messages[k], specials)
-    if start >= cursor and text.startswith(own[:start]) and content and _find(own[:start], content, 0)[0] >= 0:
-        return start  # (past the message before it)
+    past = dropped or bool(content) and _find(own[:start], content, 0)[0] >= 0  # past the message before it (or
+    if start >= cursor and text.startswith(own[:start]) and past:  # that one is an empty last answer it drops)
+        return start
     raise _unaligned(text, prompted, k, f"message {k - 1}" if anchor else "the messages before it")
 
 
@@ -247,7 +249,10 @@ def _turn_end(
         if not found:
             raise RowProblem(CHECK, f"message {k}: no end-of-turn token ({' or '.join(map(repr, ends))}) follows it")
         at, size = min(found)  # the first; of two at one place the shorter (never an EOS after the end of turn)
-        if at <= max(bound):
+        header = render(list(messages[:k]), True)[len(render(list(messages[:k]), False)) :] if k else ""
+        if after > start and not visible_content(messages[k]) and header and text.startswith(header, at + size):
+            return _turn_end(text, at + size + len(header), bound, messages, k, render, ends)  # (gpt-oss: its empty
+        if at <= max(bound):  # final answer, header and end, after its reasoning's end)
             return at + size
         if bound[1] >= 0:  # no end-of-turn token before the next message (GLM's <|assistant|>, <|system|>): ends there
             return trim_separator(text[: bound[0]], start)
@@ -355,8 +360,7 @@ def _rendered_texts(message: Mapping[str, Any]) -> list[str]:
         function = call.get("function", call) if isinstance(call, dict) else {}
         if not isinstance(function, dict):
             continue
-        name = function.get("name")
-        texts.append(name if isinstance(name, str) else "")
+        texts.append(name if isinstance(name := function.get("name"), str) else "")
         arguments = function.get("arguments")
         texts.extend(_strings(arguments) if not isinstance(arguments, str) else [arguments])
     return [t for t in texts if t]
@@ -379,11 +383,7 @@ def trim_separator(text: str, start: int) -> int:
 
 
 def _common_prefix(tail: str, text: str, at: int) -> int:
-    n = 0
-    limit = min(len(tail), len(text) - at)
-    while n < limit and tail[n] == text[at + n]:
-        n += 1
-    return n
+    return len(os.path.commonprefix([tail, text[at : at + len(tail)]]))
 
 
 def _unaligned(text: str, prompted: str, k: int, what: str) -> RowProblem:
