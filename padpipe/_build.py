@@ -32,23 +32,17 @@ def shuffle(upstream: BaseNode, ctx: BuildContext, *, buffer_size: int, seed: in
     return ShuffleBuffer(upstream, buffer_size=buffer_size, seed=seed, stats=ctx.stats, references=ctx.cache)
 
 
-def _build_with_stats(node: Callable[..., BaseNode], upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
+def _with_stats(node: Callable[..., BaseNode], upstream: BaseNode, ctx: BuildContext, **options: Any) -> BaseNode:
+    """Build a stage whose node takes the upstream node, the recipe's stats and its options (bound to ``node`` by
+    ``functools.partial``, not a closure: recipes travel to spawned workers by pickle)."""
     return node(upstream, stats=ctx.stats, **options)
 
 
-def _with_stats(node: Callable[..., BaseNode]) -> Callable[..., BaseNode]:
-    """The builder of a stage whose node takes the upstream node, the recipe's stats and its options.
-
-    A partial of a module-level function, not a closure: recipes travel to spawned workers by pickle.
-    """
-    return functools.partial(_build_with_stats, node)
-
-
-batch = _with_stats(FixedBatcher)
-pad = _with_stats(Padder)
-pack = _with_stats(Packer)
-pair_pad = _with_stats(PairPadder)  # TRL's DPO layout
-prefetch = _with_stats(DevicePrefetcher)  # a background thread, copying to ``device`` when set
+batch = functools.partial(_with_stats, FixedBatcher)
+pad = functools.partial(_with_stats, Padder)
+pack = functools.partial(_with_stats, Packer)
+pair_pad = functools.partial(_with_stats, PairPadder)  # TRL's DPO layout
+prefetch = functools.partial(_with_stats, DevicePrefetcher)  # a background thread, copying to ``device`` when set
 
 
 def tokenize(

@@ -158,7 +158,7 @@ def output_start(
     prompted, plain = render(list(messages[:k]), True), render(list(messages[:k]), False)
     asked = max((i + 1 for i in range(k) if messages[i]["role"] != ASSISTANT), default=0)
     if plain.startswith(prompted) and asked:  # it goes on with a last answer (Nemotron v2): the prompt after another
-        prompted = plain + render(list(messages[:asked]), True)[len(render(list(messages[:asked]), False)) :]
+        prompted = plain + _generation_prompt(messages, asked, render)
     if text.startswith(prompted) and len(prompted) >= cursor:
         return len(prompted)
     prompt = prompted[len(plain) :] if prompted.startswith(plain) else prompted
@@ -222,6 +222,11 @@ def _header(prompt: str, matched: int, specials: re.Pattern[str]) -> int:
     return max((m.end() for m in specials.finditer(prompt) if m.end() <= matched), default=0)
 
 
+def _generation_prompt(messages: Sequence[dict[str, Any]], n: int, render: Render) -> str:
+    """What the generation prompt adds to the rendering of ``messages[:n]`` (its assistant header)."""
+    return render(list(messages[:n]), True)[len(render(list(messages[:n]), False)) :]
+
+
 def _turn_start(text: str, messages: Sequence[dict[str, Any]], k: int, render: Render) -> int:
     before = render(list(messages[:k]), False) if k else ""
     if not text.startswith(before):
@@ -249,10 +254,11 @@ def _turn_end(
         if not found:
             raise RowProblem(CHECK, f"message {k}: no end-of-turn token ({' or '.join(map(repr, ends))}) follows it")
         at, size = min(found)  # the first; of two at one place the shorter (never an EOS after the end of turn)
-        header = render(list(messages[:k]), True)[len(render(list(messages[:k]), False)) :] if k else ""
-        if after > start and not visible_content(messages[k]) and header and text.startswith(header, at + size):
-            return _turn_end(text, at + size + len(header), bound, messages, k, render, ends)  # (gpt-oss: its empty
-        if at <= max(bound):  # final answer, header and end, after its reasoning's end)
+        if after > start and k and not visible_content(messages[k]):  # (gpt-oss: its empty final answer, header
+            header = _generation_prompt(messages, k, render)  # and end, after its reasoning's end)
+            if header and text.startswith(header, at + size):
+                return _turn_end(text, at + size + len(header), bound, messages, k, render, ends)
+        if at <= max(bound):
             return at + size
         if bound[1] >= 0:  # no end-of-turn token before the next message (GLM's <|assistant|>, <|system|>): ends there
             return trim_separator(text[: bound[0]], start)
