@@ -124,22 +124,3 @@ def _doctest_names(doctest_namespace: dict) -> None:
     doctest_namespace["pp"] = pp
     doctest_namespace["np"] = np
     doctest_namespace["datasets"] = pytest.importorskip("datasets")
-
-
-_KEPT_UNTIL_EXIT: list = []
-
-
-@pytest.fixture
-def keep_until_exit():
-    """A function that keeps an object alive until the test process exits.
-
-    For torch's DataLoader iterator after one of its workers raised: freed, it waits 5 s for each worker (they no
-    longer answer its shutdown) before killing them; at exit torch skips that wait and the daemonic workers end.
-    Hold the iterator, or the ``pytest.raises`` info whose traceback holds it::
-
-        def test_x(keep_until_exit):
-            with pytest.raises(ValueError) as raised:
-                ...
-            keep_until_exit(raised)
-    """
-    return _KEPT_UNTIL_EXIT.append

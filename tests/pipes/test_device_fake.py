@@ -105,17 +105,14 @@ def test_to_cuda_makes_no_cuda_call_before_the_loader_starts_nor_in_workers(fake
 
 
 @pytest.mark.timeout(120)
-def test_to_cuda_raises_error_when_it_runs_in_a_dataloader_worker(fake: FakeCuda, keep_until_exit) -> None:
-    batches = iter(
-        DataLoader(toy_pipeline(4).to_cuda(), batch_size=None, num_workers=1, multiprocessing_context="fork")
-    )
-    keep_until_exit(batches)
+def test_to_cuda_raises_error_when_it_runs_in_a_dataloader_worker(fake: FakeCuda) -> None:
+    pipe = toy_pipeline(4).to_cuda()
     with pytest.raises(
         RuntimeError,
         match=r"to_cuda\(\) must run in the main process, but it is running in a "
         r"DataLoader worker: give the DataLoader the pipeline without \.to_cuda\(\)",
     ):
-        next(batches)
+        next(iter(DataLoader(pipe, batch_size=None, num_workers=1, multiprocessing_context="fork")))
 
 
 def test_to_cuda_raises_error_when_a_stage_follows_it(fake: FakeCuda) -> None:

@@ -75,16 +75,14 @@ def test_an_error_in_a_tokenize_thread_names_the_file(files) -> None:
     )
 
 
-def test_a_dataloader_worker_error_names_the_file(files, keep_until_exit) -> None:
+def test_a_dataloader_worker_error_names_the_file(files) -> None:
     pipe = pp.read_parquet(str(files / "none.parquet"), chunk_rows=20).tokenize(TOK).batch(8).pad()
-    batches = iter(DataLoader(pipe, batch_size=None, num_workers=2))
-    keep_until_exit(batches)
     with pytest.raises(
         DataError,
         match=r"at row 130 of \S+/none\.parquet \(idx=130; row 10 of the chunk\) is None; "
         r"expected a string\.",
     ):
-        for _ in batches:
+        for _ in DataLoader(pipe, batch_size=None, num_workers=2):
             pass
 
 
