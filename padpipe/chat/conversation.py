@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from padpipe.chat.locate import ASSISTANT, reasoning_of, visible_content
+from padpipe.chat.message_texts import ASSISTANT, reasoning_of, visible_content
 from padpipe.chat.rows import NOT_PREFIX, RowProblem
 
 REASONING = ("every_turn", "as_rendered")

@@ -13,7 +13,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from padpipe.chat.locate import ASSISTANT, Render, locate, output_start
+from padpipe.chat.answer_start import Render, output_start
+from padpipe.chat.locate import locate
+from padpipe.chat.message_texts import ASSISTANT
 from padpipe.chat.rows import BAD, TEMPLATE, RowProblem
 from padpipe.chat.template import ChatTemplate, Probe
 
@@ -77,7 +79,7 @@ def completion_span(
     kwargs: Mapping[str, Any],
 ) -> tuple[int, int]:
     """The span of a prompt's completion in ``full``: from where the model's output starts after the prompt
-    (as an answer's, :func:`padpipe.chat.locate.output_start`) through the last end-of-turn token (the final
+    (as an answer's, :func:`padpipe.chat.answer_start.output_start`) through the last end-of-turn token (the final
     separator, and an EOS the template writes after that token, left out)."""
     messages = prompt + completion
     render = _prefixes(template, messages, tools, kwargs)

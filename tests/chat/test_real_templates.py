@@ -17,7 +17,7 @@ import pytest
 
 import padpipe as pp
 from padpipe.chat.labels import IGNORE
-from padpipe.chat.locate import reasoning_of
+from padpipe.chat.message_texts import reasoning_of
 from padpipe.chat.options import ChatOptions
 from padpipe.chat.template import ChatTemplate
 from padpipe.errors import DataError
