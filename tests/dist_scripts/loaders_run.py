@@ -15,6 +15,7 @@ Each rank writes ``OUT_DIR/<mode>-rank<R>.json``; tests/test_distributed.py chec
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import sys
@@ -28,6 +29,7 @@ import padpipe as pp
 
 EPOCHS = 2
 SAVE_AT = 5
+STALL = 150  # seconds without a batch on a rank: it prints every thread's stack (before gloo's 200 s timeout)
 
 
 def pipeline(path: str) -> pp.Pipeline:
@@ -42,6 +44,7 @@ def pipeline(path: str) -> pp.Pipeline:
 
 def summary(batch: dict) -> list:
     """A batch as comparable plain data: row ids, repeat flag, and a digest of its tensors."""
+    faulthandler.dump_traceback_later(STALL)  # re-armed at each batch: a rank that stalls says where
     digest = hashlib.sha1(batch["input_ids"].numpy().tobytes() + batch["attention_mask"].numpy().tobytes())
     return [batch["idx"].tolist(), bool(batch.get("is_repeat", False)), digest.hexdigest()]
 
@@ -113,6 +116,7 @@ def resume(path: str, state_file: str) -> list[list]:
 def main() -> None:
     mode, data, out_dir = sys.argv[1:4]
     dist.init_process_group("gloo", timeout=timedelta(seconds=200))
+    faulthandler.dump_traceback_later(STALL)
     rank = dist.get_rank()
     uneven, sample = f"{data}/uneven.parquet", pp.examples.SAMPLE_PARQUET
     state_file = f"{out_dir}/state-rank{rank}.pt"
@@ -132,6 +136,7 @@ def main() -> None:
     with open(f"{out_dir}/{mode}-rank{rank}.json", "w") as f:
         json.dump(result, f)
     dist.barrier()
+    faulthandler.cancel_dump_traceback_later()
     dist.destroy_process_group()
 
 
