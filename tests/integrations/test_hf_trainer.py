@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from tests.integrations.tiny import (  # noqa: E402
     torchrun,
     write_mrpc,
 )
+from tests.worker_errors import raises_in_workers  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -219,11 +219,8 @@ def test_plain_transformers_trainer_given_a_pipeline_fails_naming_padpipe_hf_tra
         trainer = transformers.Trainer(
             model=recorder(), args=arguments(tmp_path, dataloader_num_workers=workers), train_dataset=pipe
         )
-        with pytest.raises(RuntimeError, match=r"batches them again .* use padpipe\.hf\.Trainer \(it reads") as raised:
+        with raises_in_workers(RuntimeError, match=r"batches them again .* use padpipe\.hf\.Trainer \(it reads"):
             trainer.train()
-        # freed now, torch's iterator (held by the frames) stops its workers at once; freed later in a
-        # reference cycle, after the queues it signals them through, it waits 5 s for each
-        traceback.clear_frames(raised.tb)
 
 
 def test_trainer_refuses_a_pipeline_loader_naming_the_pipeline(mrpc, tmp_path):

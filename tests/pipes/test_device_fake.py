@@ -10,7 +10,6 @@ build, loader construction or in worker processes, which device a rank copies to
 from __future__ import annotations
 
 import collections
-import traceback
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from tests.contract import normalize
 from tests.pipes.fake_cuda import DeviceTensor, FakeCuda
 from tests.pipes.nodes import ListNode
 from tests.pipes.test_device import ToyBatches, reference, toy_pipeline
+from tests.worker_errors import raises_in_workers
 
 Pair = collections.namedtuple("Pair", ["ids", "mask"])
 
@@ -108,15 +108,12 @@ def test_to_cuda_makes_no_cuda_call_before_the_loader_starts_nor_in_workers(fake
 @pytest.mark.timeout(120)
 def test_to_cuda_raises_error_when_it_runs_in_a_dataloader_worker(fake: FakeCuda) -> None:
     pipe = toy_pipeline(4).to_cuda()
-    with pytest.raises(
+    with raises_in_workers(
         RuntimeError,
         match=r"to_cuda\(\) must run in the main process, but it is running in a "
         r"DataLoader worker: give the DataLoader the pipeline without \.to_cuda\(\)",
-    ) as raised:
+    ):
         next(iter(DataLoader(pipe, batch_size=None, num_workers=1, multiprocessing_context="fork")))
-    # freed now, torch's iterator (held by the frames) stops its workers at once; freed later in a
-    # reference cycle, after the queues it signals them through, it waits 5 s for each
-    traceback.clear_frames(raised.tb)
 
 
 def test_to_cuda_raises_error_when_a_stage_follows_it(fake: FakeCuda) -> None:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 import padpipe as pp
 from padpipe import DataError
 from tests.contract import normalize
+from tests.worker_errors import raises_in_workers
 
 TOK = pp.examples.TOKENIZER_JSON
 
@@ -77,16 +78,13 @@ def test_an_error_in_a_tokenize_thread_names_the_file(files) -> None:
 
 def test_a_dataloader_worker_error_names_the_file(files) -> None:
     pipe = pp.read_parquet(str(files / "none.parquet"), chunk_rows=20).tokenize(TOK).batch(8).pad()
-    with pytest.raises(
+    with raises_in_workers(
         DataError,
         match=r"at row 130 of \S+/none\.parquet \(idx=130; row 10 of the chunk\) is None; "
         r"expected a string\.",
-    ) as raised:
+    ):
         for _ in DataLoader(pipe, batch_size=None, num_workers=2):
             pass
-    # freed now, torch's iterator (held by the frames) stops its workers at once; freed later in a
-    # reference cycle, after the queues it signals them through, it waits 5 s for each
-    traceback.clear_frames(raised.tb)
 
 
 def test_a_shuffle_schema_error_reaches_the_consumer_unchanged(files) -> None:
