@@ -36,7 +36,7 @@ class Pieces(Spec):
         >>> Pieces(seq_len=4, vocab_size=4).load(saved)
         Traceback (most recent call last):
         ...
-        padpipe.state.Invalid: pieces with ids from 0 to 3
+        padpipe.state_specs.Invalid: pieces with ids from 0 to 3
     """
 
     keep: tuple[str, ...] = ()

@@ -81,7 +81,7 @@ class LoaderSnapshot(Spec):
         >>> LoaderSnapshot().load({"_snapshot": {}})
         Traceback (most recent call last):
         ...
-        padpipe.state.Invalid: a StatefulDataLoader state with '_steps_since_snapshot' an int >= 0
+        padpipe.state_specs.Invalid: a StatefulDataLoader state with '_steps_since_snapshot' an int >= 0
     """
 
     def load(self, value: Any) -> Any:
