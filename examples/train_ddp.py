@@ -1,12 +1,12 @@
 """Plain PyTorch DDP on padpipe batches: each rank reads its share, all ranks take equal steps.
 
-    torchrun --standalone --nproc_per_node=2 examples/train_ddp.py [PARQUET] [--max-steps N] [--log-every N]
-    python examples/train_ddp.py                                     # one process
+    torchrun --standalone --nproc_per_node=2 examples/train_ddp.py [PARQUET] [--epochs N] [--max-steps N]
+    python examples/train_ddp.py                                     # one process; --log-every N too
 
-Needs ``transformers`` for the model: ``pip install 'padpipe[hf]'``. Trains a tiny BERT for two
-epochs on MRPC-style Parquet files (default: the shipped sample, 20,000 sentence pairs), prints the
-loss every ``--log-every`` steps and, after each epoch, the steps and rows of every rank (rank 0
-prints them all, so lines never interleave). To resume mid-epoch, save each rank's
+Needs ``transformers`` for the model: ``pip install 'padpipe[hf]'``. Trains a tiny BERT for ``--epochs``
+epochs (default: two) on MRPC-style Parquet files (default: the shipped sample, 20,000 sentence
+pairs), prints the loss every ``--log-every`` steps and, after each epoch, the steps and rows of
+every rank (rank 0 prints them all, so lines never interleave). To resume mid-epoch, save each rank's
 ``loader.state_dict()`` with the model and ``loader.load_state_dict(state)`` on restart.
 """
 
@@ -32,7 +32,8 @@ def parse_args() -> argparse.Namespace:
         default=pp.examples.SAMPLE_PARQUET,
         help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)",
     )
-    parser.add_argument("--max-steps", type=int, help="stop after N steps in all (default: two epochs)")
+    parser.add_argument("--epochs", type=int, default=2, help="passes over the data (default: 2)")
+    parser.add_argument("--max-steps", type=int, help="stop after N steps in all (default: --epochs epochs)")
     parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (default: 50)")
     return parser.parse_args()
 
@@ -62,7 +63,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     total = 0
-    for epoch in range(2):  # each pass over the loader is the next epoch, reshuffled
+    for epoch in range(args.epochs):  # each pass over the loader is the next epoch, reshuffled
         steps = rows = 0
         for batch in loader:  # the same number of steps on every rank: DDP never waits on a finished rank
             batch.pop("idx")

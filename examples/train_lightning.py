@@ -1,15 +1,15 @@
 """Lightning on padpipe batches: DDP, equal steps, and an exact resume with the default training loop.
 
-    torchrun --standalone --nproc_per_node=2 examples/train_lightning.py [PARQUET [OUTPUT_DIR]] [--max-steps N]
-    python examples/train_lightning.py                               # one process; --log-every N too
+    torchrun --standalone --nproc_per_node=2 examples/train_lightning.py [PARQUET [OUTPUT_DIR]] [--epochs N]
+    python examples/train_lightning.py                               # one process; --max-steps N and --log-every N too
 
 Needs Lightning and ``transformers``: ``pip install 'padpipe[hf,lightning]'``. PARQUET: MRPC-style files
 (default: the shipped sample). ``train_dataloader()`` returns ``pipe.loader(...)`` and the ``ExactResume()``
 callback makes its state in Lightning's checkpoints every rank's position after the batches trained, so a run
 resumed from a mid-epoch checkpoint continues with exactly the next batch.
-Trains a tiny BERT for two epochs with a checkpoint every 50 steps in OUTPUT_DIR (default
-``runs/lightning``), printing the loss every ``--log-every`` steps (rank 0); rerun with the same
-OUTPUT_DIR to resume from the last one.
+Trains a tiny BERT for ``--epochs`` epochs (default: two) with a checkpoint every 50 steps in
+OUTPUT_DIR (default ``runs/lightning``), printing the loss every ``--log-every`` steps (rank 0);
+rerun with the same OUTPUT_DIR to resume from the last one.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def parse_args() -> argparse.Namespace:
         help="MRPC-style Parquet file(s), folder or glob (default: the shipped sample)",
     )
     parser.add_argument("output_dir", nargs="?", default="runs/lightning", help="checkpoints (default: runs/lightning)")
-    parser.add_argument("--max-steps", type=int, default=-1, help="stop after N steps (default: two epochs)")
+    parser.add_argument("--epochs", type=int, default=2, help="passes over the data (default: 2)")
+    parser.add_argument("--max-steps", type=int, default=-1, help="stop after N steps (default: --epochs epochs)")
     parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (default: 50)")
     return parser.parse_args()
 
@@ -85,7 +86,7 @@ def main() -> None:
         accelerator="cpu",
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
-        max_epochs=2,
+        max_epochs=args.epochs,
         max_steps=args.max_steps,
         callbacks=[ExactResume(), checkpoints],
         logger=False,

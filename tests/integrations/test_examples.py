@@ -52,6 +52,7 @@ def one_row(tmp_path_factory):
 def trainer_run(tmp_path_factory):
     """train_hf_trainer.py on one process, stopped at ``MAX_STEPS`` and logging every ``LOG_EVERY`` steps: one run for
     the max-steps test and the train/evaluate/predict test. Returns the MRPC folder, the output folder and stdout."""
+    require("datasets")
     folder = tmp_path_factory.mktemp("trainer")
     data = write_mrpc(folder / "mrpc", train_rows=1200, val_rows=100)
     steps = ("--max-steps", str(MAX_STEPS), "--log-every", str(LOG_EVERY))
@@ -73,27 +74,24 @@ def test_ddp_example_under_torchrun_takes_equal_steps_over_every_row(parquet):
     assert logs and all(re.fullmatch(r"epoch [01] step \d+: loss \d+\.\d{4} \(rank 0\)", line) for line in logs), out
 
 
-@pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py", "train_hf_trainer.py"])
-def test_examples_stop_at_max_steps_log_every_n_steps_and_name_their_extra(script, parquet, tmp_path, request):
-    if script != "train_ddp.py":
-        require("accelerate" if "accelerate" in script else "lightning" if "lightning" in script else "datasets")
-    extra = {
-        "train_ddp.py": "[hf]",
-        "train_accelerate.py": "[hf,accelerate]",
-        "train_lightning.py": "[hf,lightning]",
-        "train_hf_trainer.py": "[hf]",
-    }[script]
+@pytest.mark.parametrize(
+    ("script", "extra"),
+    [
+        ("train_ddp.py", "[hf]"),
+        ("train_accelerate.py", "[hf,accelerate]"),
+        ("train_lightning.py", "[hf,lightning]"),
+        ("train_hf_trainer.py", "[hf]"),
+        ("train_sft.py", "[hf]"),
+    ],
+)
+def test_examples_name_their_extra(script, extra):
     assert f"pip install 'padpipe{extra}'" in (EXAMPLES / script).read_text()
-    if script == "train_hf_trainer.py":  # the run the train/evaluate/predict test checks too
-        _, run, out = request.getfixturevalue("trainer_run")
-        assert len(re.findall(r"'loss': ", out)) == 2, out  # the Trainer's own log lines, at steps 15 and 30
-        assert not (run / f"checkpoint-{2 * MAX_STEPS}").exists()
-        return
-    data = [parquet] + ([str(tmp_path)] if script == "train_lightning.py" else [])
-    out = run_script(EXAMPLES / script, *data, "--max-steps", "4", "--log-every", "2", processes=1).stdout
-    steps = [int(n) for n in re.findall(r"step (\d+): loss \d+\.\d{4}", out)]
-    assert steps == [2, 4], out
-    assert re.search(r"^rank 0/1(?: epoch 0)?: 4 steps", out, re.M), out
+
+
+def test_trainer_example_stops_at_max_steps_and_logs_every_n_steps(trainer_run):
+    _, run, out = trainer_run
+    assert len(re.findall(r"'loss': ", out)) == 2, out  # the Trainer's own log lines, at steps 15 and 30
+    assert not (run / f"checkpoint-{2 * MAX_STEPS}").exists()
 
 
 def test_trainer_example_trains_evaluates_and_predicts_in_row_order(trainer_run):
@@ -106,7 +104,6 @@ def test_trainer_example_trains_evaluates_and_predicts_in_row_order(trainer_run)
 
 def test_sft_example_trains_packed_conversations_under_torchrun_and_resumes(tmp_path):
     script = EXAMPLES / "train_sft.py"
-    assert "pip install 'padpipe[hf]'" in script.read_text()
     data = tmp_path / "chats.jsonl"
     with gzip.open(pp.examples.CHATS_JSONL, "rt") as f:
         data.write_text("".join(line for line, _ in zip(f, range(300))))
@@ -120,30 +117,36 @@ def test_sft_example_trains_packed_conversations_under_torchrun_and_resumes(tmp_
 
 
 @pytest.mark.parametrize("script", ["train_ddp.py", "train_accelerate.py", "train_lightning.py"])
-def test_examples_under_torchrun_weigh_a_filler_by_zero_and_count_none_of_its_rows(script, one_row, tmp_path):
-    """One row for two ranks: rank 1 trains on a filler each epoch; the loops weigh it by 0 and count no row of it."""
+def test_examples_under_torchrun_weigh_a_filler_by_zero_stop_at_max_steps_and_log_every_n_steps(
+    script, one_row, tmp_path
+):
+    """One row for two ranks: each epoch is one step, one rank training the row and the other a filler, which the
+    loops weigh by 0 and count no row of. ``--max-steps 4`` ends the 5 epochs after the fourth (the fifth never
+    starts) and ``--log-every 2`` logs steps 2 and 4. (One launch for both promises: a launch costs ~15 CPU-s.)"""
     require({"train_accelerate.py": "accelerate", "train_lightning.py": "lightning"}.get(script, "torch"))
     args = [one_row] + ([str(tmp_path / "checkpoints")] if script == "train_lightning.py" else [])
-    out = run_script(EXAMPLES / script, *args, "--log-every", "1").stdout
+    out = run_script(EXAMPLES / script, *args, "--epochs", "5", "--max-steps", "4", "--log-every", "2").stdout
     # (the ranks print at once, so one rank's line may run into the other's: the patterns anchor on no line)
     if script == "train_ddp.py":  # each epoch: one rank trains the row, the other a filler it counts no row of
         lines = out.splitlines()  # rank 0 alone prints (the ranks' counts gathered): whole lines, in order
         found = [re.fullmatch(r"rank (\d)/2 epoch (\d): (\d+) steps, (\d+) rows", line) for line in lines]
         counts = [m.groups() for m in found if m]
-        assert [(rank, epoch, steps) for rank, epoch, steps, _ in counts] == [
-            ("0", "0", "1"),
-            ("1", "0", "1"),
-            ("0", "1", "1"),
-            ("1", "1", "1"),
-        ], out  # equal steps
-        assert sorted(rows for *_, rows in counts[:2]) == sorted(rows for *_, rows in counts[2:]) == ["0", "1"], out
-        logs = [line for line, m in zip(lines, found) if not m]
+        expected = [(rank, epoch, "1") for epoch in "0123" for rank in "01"]  # equal steps; no epoch 4
+        assert [(rank, epoch, steps) for rank, epoch, steps, _ in counts] == expected, out
+        for epoch in range(4):
+            assert sorted(rows for *_, rows in counts[2 * epoch : 2 * epoch + 2]) == ["0", "1"], out
+        logs = [line for line, m in zip(lines, found) if not m]  # at steps 2 and 4 in all: each epoch's only step
         assert len(logs) == 2 and all(
-            re.fullmatch(r"epoch [01] step 1: loss \d+\.\d{4} \(rank 0\)", x) for x in logs
+            re.fullmatch(rf"epoch {epoch} step 1: loss \d+\.\d{{4}} \(rank 0\)", line)
+            for epoch, line in zip((1, 3), logs)
         ), out
     elif script == "train_accelerate.py":  # (Accelerate under torchrun with cpu=True names each rank 0/1)
-        found = re.findall(r"rank \d/\d: (\d+) steps, (\d+) rows", out)
-        assert sorted(found) == [("1", "0"), ("1", "1")], out
-    else:  # its default run: two epochs, ending with a last checkpoint
-        assert len(re.findall(r"rank \d/2: 2 steps, 2 epochs", out)) == 2, out
+        found = re.findall(r"rank (\d)/\d: (\d+) steps, (\d+) rows", out)
+        assert sorted((steps, rows) for _, steps, rows in found) == [("4", "0"), ("4", "4")], out
+        mains = sum(rank == "0" for rank, _, _ in found)  # each rank that calls itself the main process logs
+        steps = sorted(int(n) for n in re.findall(r"step (\d+): loss \d+\.\d{4} \(main process\)", out))
+        assert steps == sorted([2, 4] * mains), out
+    else:  # ending with a last checkpoint
+        assert re.findall(r"step (\d+): loss \d+\.\d{4} \(rank 0\)", out) == ["2", "4"], out
+        assert len(re.findall(r"rank \d/2: 4 steps, 4 epochs", out)) == 2, out
         assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
