@@ -16,6 +16,7 @@ from one run.
 Usage:
     python benchmarks/torchtitan_loader.py             # the shipped corpus (5,000 documents), seq_len 2048 x 8
     python benchmarks/torchtitan_loader.py --repeat 4  # 20,000 documents (benchmarks/RESULTS.md)
+    python benchmarks/torchtitan_loader.py --documents 1000 --seq-len 256 --batch-size 2   # a smoke run
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ import padpipe as pp  # noqa: E402
 from padpipe.integrations.torchtitan import PadpipeDataLoader  # noqa: E402
 
 
-def corpus(folder: Path, repeat: int) -> Path:
-    """``folder/train.jsonl``: the shipped corpus, ``repeat`` times."""
+def corpus(folder: Path, repeat: int, documents: int = 0) -> Path:
+    """``folder/train.jsonl``: the shipped corpus (its first ``documents``; 0: all), ``repeat`` times."""
     with gzip.open(pp.examples.SAMPLE_JSONL, "rt") as f:
-        lines = f.read()
+        lines = f.readlines()
     path = folder / "train.jsonl"
-    path.write_text(lines * repeat)
+    path.write_text("".join(lines[:documents] if documents else lines) * repeat)
     return path
 
 
@@ -78,6 +79,7 @@ def measure(name: str, build, start_id: int, pad_id: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=1, help="the shipped corpus this many times")
+    parser.add_argument("--documents", type=int, default=0, help="the corpus's first documents only (0: all 5,000)")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
@@ -86,7 +88,7 @@ def main() -> None:
     os.environ["HF_DATASETS_CACHE"] = str(workdir / "hf-cache")
     try:
         (workdir / "corpus").mkdir()
-        data = corpus(workdir / "corpus", args.repeat)
+        data = corpus(workdir / "corpus", args.repeat, args.documents)
         tokenizer = HuggingFaceTokenizer(tokenizer_path=pp.examples.TOKENIZER_DIR)
         start_id, pad_id = tokenizer.tokenizer.token_to_id("[CLS]"), tokenizer.tokenizer.token_to_id("[PAD]")
         shape = dict(dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=args.seq_len)
@@ -100,8 +102,9 @@ def main() -> None:
         ]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    documents, size = 5000 * args.repeat, f"seq_len {args.seq_len} x {args.batch_size} rows"
-    print(f"{documents:,} documents (the shipped corpus x{args.repeat}), {size}")
+    documents, size = (args.documents or 5000) * args.repeat, f"seq_len {args.seq_len} x {args.batch_size} rows"
+    shipped = f"the shipped corpus's first {args.documents:,}" if args.documents else "the shipped corpus"
+    print(f"{documents:,} documents ({shipped} x{args.repeat}), {size}")
     print()
     columns = ["loader", "build + 1st batch (s)", "epoch (s)", "batches", "slots/s", "real tokens/s", "real tokens"]
     print("| " + " | ".join([*columns, "trained", "rows cut"]) + " |")

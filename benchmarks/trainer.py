@@ -1,6 +1,7 @@
 """Inside HF Trainer: padpipe against what HF and TRL ship, on the same tiny models, data and token budget.
 
-Two tasks, CPU, torch 2 threads, each arm in its own process (so peak RSS is its own):
+Two tasks, CPU, torch 2 threads, each arm in its own process (so peak RSS is its own; ``--one-process``, for
+smoke runs, runs them in turn in one):
 
 - ``cls``: a BERT pair classifier (hidden 128, 2 layers) on the shipped sentence pairs
   (``max_length=128``, 32 rows a step; the first 1,000 pairs held out);
@@ -31,6 +32,7 @@ Usage:
                                                     # each arm under torchrun x2 (gloo, 1 thread a rank)
     python benchmarks/trainer.py --repeat 3         # every arm 3 times, interleaved; the median run of each
     python benchmarks/trainer.py --tokenize-threads 1   # padpipe tokenizes in the training thread (no helpers)
+    python benchmarks/trainer.py --quick --one-process  # a smoke run: every arm in one process, imports once
 
 Under ``--ranks R`` every arm is one ``torchrun --standalone --nproc_per_node=R`` launch: each rank
 takes its per-device batch, tokens are summed over the ranks at every step (so the token budget and
@@ -100,18 +102,20 @@ def run_arm(cfg: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def spawn(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one arm in a fresh process; its result, or the error it ended with."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg['ranks']}"]
-    cmd = [sys.executable, *(launcher if cfg["ranks"] > 1 else []), os.path.abspath(__file__), "--arm", json.dumps(cfg)]
+def spawn(cfgs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """Run arms (one, or all under ``--one-process``) in turn in a fresh process; each one's result, or for each
+    the error the process ended with."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfgs[0]['ranks']}"]
+    script = [os.path.abspath(__file__), "--arm", json.dumps(cfgs)]
+    cmd = [sys.executable, *(launcher if cfgs[0]["ranks"] > 1 else []), *script]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("RESULT ")), None)
-    if done.returncode or line is None:
-        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}
-    return json.loads(line[len("RESULT ") :])
+        return [{"error": f"timed out after {timeout:.0f} s"}] * len(cfgs)
+    lines = [x[len("RESULT ") :] for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode or len(lines) != len(cfgs):
+        return [{"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}] * len(cfgs)
+    return [json.loads(line) for line in lines]
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -263,7 +267,7 @@ def chart(results: list[tuple[dict[str, Any], dict[str, Any]]], path: str) -> No
 
 def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arm", help=argparse.SUPPRESS)  # internal: run one arm (JSON config) and print its result
+    parser.add_argument("--arm", help=argparse.SUPPRESS)  # internal: run arms (JSON configs) and print their results
     parser.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
     parser.add_argument("--tasks", nargs="+", default=["cls", "lm"], choices=["cls", "lm"])
     parser.add_argument("--arms", nargs="+", help="only these arms (names in trainer_arms.py)")
@@ -283,14 +287,22 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="run every arm this many times, interleaved")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per arm")
+    parser.add_argument(
+        "--one-process",
+        action="store_true",
+        help="every arm in one process, in turn (a smoke run: imports once; the figures are not each arm's own)",
+    )
     parser.add_argument("--chart", help="write the PNG chart here")
     parser.add_argument("--workdir", help="where the corpora go (default: a temporary folder)")
     args = parser.parse_args(argv)
     if args.arm:
-        result = run_arm(json.loads(args.arm))
-        if result:
-            print("RESULT " + json.dumps(result), flush=True)
+        for cfg in json.loads(args.arm):
+            result = run_arm(cfg)
+            if result:
+                print("RESULT " + json.dumps(result), flush=True)
         return []
+    if args.one_process and args.ranks > 1:
+        parser.error("--one-process runs the arms in one process, not under torchrun: leave out --ranks")
     if args.quick:
         args.docs, args.eval_docs, args.eval_rows = (
             min(args.docs, 3000),
@@ -303,11 +315,14 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[dict[str, Any], dict[s
     os.makedirs(work, exist_ok=True)
     arms_cfg = configs(args, work)
     runs: list[list[dict[str, Any]]] = [[] for _ in arms_cfg]
+    groups = [list(range(len(arms_cfg)))] if args.one_process else [[i] for i in range(len(arms_cfg))]
     for round_ in range(args.repeat):  # interleaved: a load change on the machine hits every arm alike
-        for cfg, done in zip(arms_cfg, runs):
+        for group in groups:
             start = time.perf_counter()
-            done.append(spawn(cfg, args.timeout))
-            print(f"  {cfg['task']} {cfg['arm']} (run {round_ + 1}): {time.perf_counter() - start:.0f} s", flush=True)
+            for i, result in zip(group, spawn([arms_cfg[i] for i in group], args.timeout * len(group))):
+                runs[i].append(result)
+            names = ", ".join(f"{arms_cfg[i]['task']} {arms_cfg[i]['arm']}" for i in group)
+            print(f"  {names} (run {round_ + 1}): {time.perf_counter() - start:.0f} s", flush=True)
     results = [(cfg, median_run(done)) for cfg, done in zip(arms_cfg, runs)]
     ranks = f", torchrun x{args.ranks} (tokens, rows and slots summed over ranks)" if args.ranks > 1 else ""
     print(
