@@ -78,7 +78,8 @@ LADDER = (
     ("token_cache",),
     ("pipes",),
     ("runtime",),
-    ("_build", "_checks", "cache", "checkpoints", "drivers", "loader", "runnable", "pipeline", "sources", "mix"),  # core
+    ("_build", "_checks", "cache", "checkpoints", "drivers", "loader", "runnable", "stage_chain", "token_stages",
+     "batch_stages", "pipeline", "sources", "mix"),  # core
     ("inspection",),
     ("recipes",),  # plain functions that return pipelines (the torchtitan adapter reads corpora through them)
     ("integrations",),

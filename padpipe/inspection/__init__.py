@@ -35,11 +35,12 @@ from padpipe.inspection.sample import (
     source_pipeline,
 )
 from padpipe.inspection.strategies import StrategyResult
-from padpipe.pipeline import Pipeline, as_written
+from padpipe.pipeline import Pipeline
 from padpipe.pipes.pad import padded_length
 from padpipe.pipes.tokenize import tokenize_options
 from padpipe.sharing.consumer import Consumer
 from padpipe.stats import PipelineStats
+from padpipe.token_stages import as_written
 from padpipe.tokenizer import TextEncoder
 from padpipe.tokenizer.encoder import MODEL_MAX_LENGTH_LIMIT
 
