@@ -21,6 +21,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # more CPU for the same ids. padpipe's ``num_threads`` (its own threads) is unaffected.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+# The processes tests start keep their temporary files in a folder of this pytest process, removed when it exits:
+# torchrun's agent makes a torchelastic_* folder per launch and leaves it (some 250 a run in the shared temp folder).
+# This process keeps the shared one (``gettempdir`` reads TMPDIR once, here, before it changes), and with it pytest's
+# own tmp_path folders, which it keeps for a look after a failure.
+tempfile.gettempdir()
+CHILD_TEMP_FOLDER = tempfile.mkdtemp(prefix="padpipe-tests-")
+os.environ["TMPDIR"] = CHILD_TEMP_FOLDER
+atexit.register(shutil.rmtree, CHILD_TEMP_FOLDER, True)
+
 import gc  # noqa: E402
 import importlib  # noqa: E402
 import inspect  # noqa: E402
