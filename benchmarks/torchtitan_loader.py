@@ -89,6 +89,7 @@ def main() -> None:
     try:
         (workdir / "corpus").mkdir()
         data = corpus(workdir / "corpus", args.repeat, args.documents)
+        documents = sum(1 for _ in data.open())  # what was read: --documents past the corpus's 5,000 gives 5,000
         tokenizer = HuggingFaceTokenizer(tokenizer_path=pp.examples.TOKENIZER_DIR)
         start_id, pad_id = tokenizer.tokenizer.token_to_id("[CLS]"), tokenizer.tokenizer.token_to_id("[PAD]")
         shape = dict(dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=args.seq_len)
@@ -102,8 +103,8 @@ def main() -> None:
         ]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    documents, size = (args.documents or 5000) * args.repeat, f"seq_len {args.seq_len} x {args.batch_size} rows"
-    shipped = f"the shipped corpus's first {args.documents:,}" if args.documents else "the shipped corpus"
+    size = f"seq_len {args.seq_len} x {args.batch_size} rows"
+    shipped = f"the shipped corpus's first {documents // args.repeat:,}" if args.documents else "the shipped corpus"
     print(f"{documents:,} documents ({shipped} x{args.repeat}), {size}")
     print()
     columns = ["loader", "build + 1st batch (s)", "epoch (s)", "batches", "slots/s", "real tokens/s", "real tokens"]

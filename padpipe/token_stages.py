@@ -22,7 +22,15 @@ from padpipe.stage_chain import StageChain
 def as_written(source: Stage, columns: tuple[str, ...]) -> Stage:
     """``source``, reading ``columns`` as JSON text where its reader can (JSON Lines, ``from_iterable``): a
     conversation reaches the chat template as written, not as Arrow's struct inference unifies it across rows
-    (Parquet and ``datasets`` keep their own types; their ``Json`` feature is JSON text already)."""
+    (Parquet and ``datasets`` keep their own types; their ``Json`` feature is JSON text already).
+
+    Example:
+        >>> as_written(pp.read_jsonl(pp.examples.CHATS_JSONL).source, ("messages",)).options["json_columns"]
+        ('messages',)
+        >>> parquet = pp.read_parquet(pp.examples.SAMPLE_PARQUET).source
+        >>> as_written(parquet, ("messages",)) is parquet
+        True
+    """
     if not getattr(source.options.get("reader"), "JSON_COLUMNS", False):
         return source
     fresh = {"listing": SharedListing()} if "listing" in source.options else {}  # its schema differs
